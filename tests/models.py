@@ -1,0 +1,129 @@
+"""Helpers that write model folders and warmup files for the test-suite.
+
+Kept out of conftest.py so tests can import them explicitly and so that the
+fixtures stay small; the SavedModel builders themselves live in
+``workbench.demo``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+from tensorflow_serving.apis import (
+    classification_pb2,
+    input_pb2,
+    model_pb2,
+    predict_pb2,
+    prediction_log_pb2,
+    regression_pb2,
+)
+
+# Where TF Serving looks for warmup records, relative to a version folder.
+WARMUP_RELATIVE_PATH = Path("assets.extra") / "tf_serving_warmup_requests"
+
+
+def _warmup_path(version_dir: str | os.PathLike[str]) -> Path:
+    path = Path(version_dir) / WARMUP_RELATIVE_PATH
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def write_warmup_file(
+    version_dir: str | os.PathLike[str],
+    records: Sequence[prediction_log_pb2.PredictionLog],
+) -> Path:
+    """Write ``records`` as a TFRecord warmup file into ``version_dir``; return its path."""
+    path = _warmup_path(version_dir)
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        for record in records:
+            writer.write(record.SerializeToString())
+    return path
+
+
+def _model_spec(model_name: str, signature_name: str) -> model_pb2.ModelSpec:
+    return model_pb2.ModelSpec(name=model_name, signature_name=signature_name)
+
+
+def _input(examples: Sequence[Mapping[str, Sequence[float]]]) -> input_pb2.Input:
+    """Build an ``Input`` of ``tf.train.Example``s holding float features."""
+    protos = [
+        tf.train.Example(
+            features=tf.train.Features(
+                feature={
+                    name: tf.train.Feature(float_list=tf.train.FloatList(value=list(values)))
+                    for name, values in example.items()
+                }
+            )
+        )
+        for example in examples
+    ]
+    return input_pb2.Input(example_list=input_pb2.ExampleList(examples=protos))
+
+
+def predict_log(
+    model_name: str,
+    inputs: Mapping[str, np.ndarray],
+    signature_name: str = "serving_default",
+) -> prediction_log_pb2.PredictionLog:
+    """A warmup record holding a PredictRequest with ``inputs`` as tensors."""
+    request = predict_pb2.PredictRequest(model_spec=_model_spec(model_name, signature_name))
+    for alias, value in inputs.items():
+        request.inputs[alias].CopyFrom(tf.make_tensor_proto(value))
+    return prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
+
+
+def classify_log(
+    model_name: str,
+    examples: Sequence[Mapping[str, Sequence[float]]],
+    signature_name: str = "classify_x_to_y",
+) -> prediction_log_pb2.PredictionLog:
+    """A warmup record holding a ClassificationRequest over float-feature examples."""
+    request = classification_pb2.ClassificationRequest(
+        model_spec=_model_spec(model_name, signature_name), input=_input(examples)
+    )
+    return prediction_log_pb2.PredictionLog(classify_log=prediction_log_pb2.ClassifyLog(request=request))
+
+
+def regress_log(
+    model_name: str,
+    examples: Sequence[Mapping[str, Sequence[float]]],
+    signature_name: str = "regress_x_to_y",
+) -> prediction_log_pb2.PredictionLog:
+    """A warmup record holding a RegressionRequest over float-feature examples."""
+    request = regression_pb2.RegressionRequest(
+        model_spec=_model_spec(model_name, signature_name), input=_input(examples)
+    )
+    return prediction_log_pb2.PredictionLog(regress_log=prediction_log_pb2.RegressLog(request=request))
+
+
+def write_bad_warmup_file(version_dir: str | os.PathLike[str]) -> Path:
+    """Write a warmup file that is not TFRecord-framed; return its path.
+
+    Seeded bytes keep failures reproducible; the first 8 bytes decode to an
+    absurd record length whose CRC cannot match, so readers must reject it.
+    """
+    path = _warmup_path(version_dir)
+    path.write_bytes(random.Random(1234).randbytes(100))
+    return path
+
+
+def write_corrupt_version(version_dir: str | os.PathLike[str]) -> Path:
+    """Write a version folder that looks like a SavedModel but whose proto is garbage."""
+    path = Path(version_dir)
+    (path / "variables").mkdir(parents=True, exist_ok=True)
+    (path / "saved_model.pb").write_bytes(b"\xff\xfe this is not a SavedModel proto \x00\x01")
+    return path
+
+
+def write_legacy_export(version_dir: str | os.PathLike[str]) -> Path:
+    """Write a pre-SavedModel (SessionBundle-style) export: no saved_model.pb at all."""
+    path = Path(version_dir)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "export.meta").write_bytes(b"\x08\x01 legacy meta graph, not parsed by anyone")
+    (path / "checkpoint").write_text('model_checkpoint_path: "export"\n')
+    return path

@@ -1,0 +1,196 @@
+"""``workbench serve | demo``: the command line, with ``tensorflow_model_server``'s flag names.
+
+Flags are parsed with argparse. Booleans take TF Serving's forms (``--flag``, ``--flag=true``,
+``--flag=false``). A TF Serving flag this server does not implement is refused by name, never ignored.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+# TensorFlow's C++ INFO lines are noise for a server operator; warnings and errors still show.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+
+# tensorflow_model_server flags that workbench does not implement (yet): refused with a clear message.
+UNSUPPORTED_TF_SERVING_FLAGS = {
+    "enable_batching": "dynamic batching is not implemented yet",
+    "batching_parameters_file": "dynamic batching is not implemented yet",
+    "grpc_socket_path": "the gRPC API is not implemented yet",
+    "grpc_channel_arguments": "the gRPC API is not implemented yet",
+    "grpc_max_threads": "the gRPC API is not implemented yet",
+    "ssl_config_file": "TLS is not supported; put a TLS-terminating proxy in front",
+    "platform_config_file": "only the tensorflow platform is supported",
+    "tensorflow_session_parallelism": "TensorFlow thread pools are not configurable yet",
+    "tensorflow_intra_op_parallelism": "TensorFlow thread pools are not configurable yet",
+    "tensorflow_inter_op_parallelism": "TensorFlow thread pools are not configurable yet",
+    "per_process_gpu_memory_fraction": "GPU memory grows on demand (allow_growth) instead",
+    "saved_model_tags": "only the 'serve' tag-set is served",
+    "max_num_load_retries": "a failed version is retried when its files change instead",
+    "load_retry_interval_micros": "a failed version is retried when its files change instead",
+    "num_unload_threads": "unloads share the load threads",
+    "rest_api_num_threads": "the REST frontend is asynchronous; see --num_inference_threads",
+    "enable_signature_method_name_check": "method names are checked per API",
+    "xla_cpu_compilation_enabled": "XLA is not configurable",
+    "enable_profiler": "the TensorFlow profiler service is not exposed",
+    "use_tflite_model": "TensorFlow Lite models are not supported",
+    "remove_unused_fields_from_bundle_metagraph": "not applicable",
+    "flush_filesystem_caches": "not applicable",
+    "mixed_precision": "not supported",
+    "thread_pool_factory_config_file": "not supported",
+    "version": "use `workbench --version`",
+}
+
+
+def _bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "t", "yes", "y"):
+        return True
+    if value in ("0", "false", "f", "no", "n"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}\n(see `{self.prog} --help`)\n")
+
+
+def _flag(parser: argparse.ArgumentParser, name: str, kind: type | object, default: object, help_text: str) -> None:
+    if kind is bool:
+        parser.add_argument(f"--{name}", type=_bool, nargs="?", const=True, default=default, help=help_text)
+    else:
+        parser.add_argument(f"--{name}", type=kind, default=default, help=help_text)  # type: ignore[arg-type]
+
+
+def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "serve",
+        help="serve models over TF Serving's REST API (tensorflow_model_server's flags)",
+        description="Serve TensorFlow SavedModels with TF Serving's REST API. Flag names and defaults are "
+        "tensorflow_model_server's.",
+    )
+    _flag(p, "port", int, 8500, "gRPC port (TF Serving's default 8500)")
+    _flag(p, "rest_api_port", int, 0, "REST port; 0 turns REST off (as in TF Serving), -1 picks a free port")
+    _flag(p, "rest_api_timeout_in_ms", int, 30000, "deadline for a REST inference request")
+    _flag(p, "rest_api_enable_cors_support", bool, False, "answer CORS preflights and allow any origin")
+    _flag(p, "model_name", str, "default", "name of the one model served with --model_base_path")
+    _flag(p, "model_base_path", str, "", "folder of numbered version folders of the one model to serve")
+    _flag(p, "model_config_file", str, "", "text-format tensorflow.serving.ModelServerConfig listing the models")
+    _flag(p, "model_config_file_poll_wait_seconds", float, 0.0, "re-read the model config file this often (0: once)")
+    _flag(p, "file_system_poll_wait_seconds", float, 1.0, "scan model folders this often (0: once, <0: never)")
+    _flag(p, "enable_model_warmup", bool, True, "replay assets.extra/tf_serving_warmup_requests before serving")
+    _flag(p, "monitoring_config_file", str, "", "text-format MonitoringConfig (enables Prometheus metrics)")
+    _flag(p, "allow_version_labels_for_unavailable_models", bool, False, "allow labels on versions not loaded yet")
+    _flag(p, "num_load_threads", int, 2, "threads that load and unload model versions")
+    # workbench's own flags
+    _flag(p, "host", str, "127.0.0.1", "address to bind (workbench: loopback unless told otherwise)")
+    _flag(p, "rest_api_max_request_bytes", int, 256 * 1024 * 1024, "largest REST request body accepted")
+    _flag(p, "num_inference_threads", int, 0, "threads running TensorFlow (0: twice the cores, at least 4)")
+    for name in UNSUPPORTED_TF_SERVING_FLAGS:
+        p.add_argument(f"--{name}", nargs="?", const=True, default=None, help=argparse.SUPPRESS, dest=f"x_{name}")
+    p.set_defaults(command=_serve)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from workbench.engine.options import ServerOptions
+
+    refused = [n for n in UNSUPPORTED_TF_SERVING_FLAGS if getattr(args, f"x_{n}") is not None]
+    if refused:
+        for name in refused:
+            print(f"workbench serve: --{name} is not supported: {UNSUPPORTED_TF_SERVING_FLAGS[name]}", file=sys.stderr)
+        return 2
+    if args.model_config_file and args.model_base_path:
+        print("workbench serve: give --model_config_file or --model_base_path, not both", file=sys.stderr)
+        return 2
+    if not args.model_config_file and not args.model_base_path:
+        print(
+            "workbench serve: nothing to serve: give --model_base_path=DIR (with --model_name) or "
+            "--model_config_file=FILE",
+            file=sys.stderr,
+        )
+        return 2
+    options = ServerOptions(
+        port=args.port,
+        rest_api_port=args.rest_api_port,
+        rest_api_host=args.host,
+        grpc_host=args.host,
+        rest_api_timeout_in_ms=args.rest_api_timeout_in_ms,
+        rest_api_enable_cors_support=args.rest_api_enable_cors_support,
+        rest_api_max_request_bytes=args.rest_api_max_request_bytes,
+        model_name=args.model_name,
+        model_base_path=args.model_base_path,
+        model_config_file=args.model_config_file,
+        model_config_file_poll_wait_seconds=args.model_config_file_poll_wait_seconds,
+        file_system_poll_wait_seconds=args.file_system_poll_wait_seconds,
+        enable_model_warmup=args.enable_model_warmup,
+        monitoring_config_file=args.monitoring_config_file,
+        allow_version_labels_for_unavailable_models=args.allow_version_labels_for_unavailable_models,
+        num_inference_threads=args.num_inference_threads,
+        num_load_threads=args.num_load_threads,
+    )
+    _configure_logging()
+    from workbench.engine.status import ServingError
+    from workbench.server import run
+
+    try:
+        return run(options)
+    except ServingError as exc:
+        print(f"workbench serve: {exc.message}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # e.g. the port is taken
+        print(f"workbench serve: {exc}", file=sys.stderr)
+        return 1
+
+
+def _configure_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("tensorflow", "absl", "uvicorn.error"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _demo_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "demo",
+        help="write the bundled demo model repository (half_plus_two v1+v2, a digits classifier)",
+        description="Write a model repository with half_plus_two (versions 1 and 2) and a small classifier "
+        "trained on scikit-learn's digits data, plus models.config to serve them.",
+    )
+    p.add_argument("directory", help="folder to create (must not exist or be empty)")
+    p.set_defaults(command=_demo)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from workbench.demo import write_demo_repository
+
+    try:
+        root = write_demo_repository(args.directory)
+    except ValueError as exc:
+        print(f"workbench demo: {exc}", file=sys.stderr)
+        return 2
+    print(f"Wrote demo models to {root}")
+    print(f"Serve them with: workbench serve --rest_api_port=8501 --model_config_file={root / 'models.config'}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from workbench import __version__
+
+    parser = _Parser(prog="workbench", description="A Jupyter-centric model-serving workbench.")
+    parser.add_argument("--version", action="version", version=f"workbench {__version__}")
+    sub = parser.add_subparsers(title="commands", required=True, parser_class=_Parser)
+    _serve_parser(sub)
+    _demo_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.command(args))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,141 @@
+"""The one place a request is resolved and executed, for every frontend.
+
+Frontends decode their wire format, then call here: model/version/label resolution, signature lookup, the
+run itself (on worker threads, never on the event loop), deadlines and metrics all live once, so REST and
+gRPC cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Executor
+from typing import Any, TypeVar
+
+import numpy as np
+
+from workbench.engine import inference
+from workbench.engine.manager import Manager, VersionStatus
+from workbench.engine.metrics import ServingMetrics
+from workbench.engine.servable import Servable, Signature, TensorSpec
+from workbench.engine.status import Code, ServingError, from_exception
+
+T = TypeVar("T")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """What a request names: a model and at most one of a version or a label."""
+
+    name: str
+    version: int | None = None
+    label: str | None = None
+    signature_name: str = ""
+
+
+@dataclasses.dataclass
+class Call:
+    """One request in flight, for metrics: the frontend fills in the version once it is known."""
+
+    model: str
+    api: str
+    protocol: str
+    version: int | None = None
+
+
+class Dataplane:
+    def __init__(self, manager: Manager, metrics: ServingMetrics, executor: Executor) -> None:
+        self.manager = manager
+        self.metrics = metrics
+        self._executor = executor
+
+    # --------------------------------------------------------------------------------- resolution
+    def resolve(self, spec: ModelSpec) -> Servable:
+        if spec.version is not None and spec.label is not None:
+            raise ServingError(Code.INVALID_ARGUMENT, "A request may name a version or a label, not both")
+        return self.manager.resolve(spec.name, spec.version, spec.label)
+
+    @staticmethod
+    def rest_input_specs(servable: Servable, signature_name: str) -> Mapping[str, TensorSpec]:
+        """Inputs of a signature for decoding REST JSON (TF Serving's REST layer has its own message)."""
+        key = inference.signature_name_or_default(signature_name)
+        sig = servable.signatures.get(key)
+        if sig is None:
+            raise ServingError(Code.INVALID_ARGUMENT, f'Serving signature name: "{key}" not found in signature def')
+        return sig.inputs
+
+    # ------------------------------------------------------------------------------------ running
+    async def _run(self, fn: Callable[[], T], timeout: float | None) -> T:
+        loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(self._executor, fn)
+        if timeout is None:
+            return await future
+        try:
+            return await asyncio.wait_for(future, timeout)
+        except asyncio.TimeoutError:
+            raise ServingError(Code.DEADLINE_EXCEEDED, "Deadline Exceeded") from None
+
+    async def predict(
+        self,
+        servable: Servable,
+        signature_name: str,
+        inputs: Mapping[str, np.ndarray],
+        output_filter: Sequence[str] = (),
+        timeout: float | None = None,
+    ) -> tuple[Signature, dict[str, np.ndarray]]:
+        signature = inference.predict_signature(servable, signature_name)
+        outputs = await self._run(lambda: inference.predict(servable, signature, inputs, output_filter), timeout)
+        return signature, outputs
+
+    async def classify(
+        self, servable: Servable, signature_name: str, examples: Sequence[bytes], timeout: float | None = None
+    ) -> tuple[str, inference.Classifications]:
+        return await self._run(lambda: inference.classify(servable, signature_name, examples), timeout)
+
+    async def regress(
+        self, servable: Servable, signature_name: str, examples: Sequence[bytes], timeout: float | None = None
+    ) -> tuple[str, list[float]]:
+        return await self._run(lambda: inference.regress(servable, signature_name, examples), timeout)
+
+    async def multi_inference(
+        self,
+        servable: Servable,
+        tasks: Sequence[inference.InferenceTask],
+        examples: Sequence[bytes],
+        timeout: float | None = None,
+    ) -> list[tuple[str, Any]]:
+        return await self._run(lambda: inference.multi_inference(servable, tasks, examples), timeout)
+
+    # ------------------------------------------------------------------------------------ queries
+    def model_status(self, name: str, version: int | None = None, label: str | None = None) -> list[VersionStatus]:
+        if label is not None:
+            version = self.manager.label_version(name, label)
+        return self.manager.version_status(name, version)
+
+    @staticmethod
+    def metadata(servable: Servable) -> Any:
+        return servable.signature_def_map()
+
+    # ------------------------------------------------------------------------------------ metrics
+    @contextlib.contextmanager
+    def track(self, model: str, api: str, protocol: str) -> Iterator[Call]:
+        """Time one request and count it by its final status, whatever the frontend raised."""
+        call = Call(model=model, api=api, protocol=protocol)
+        started = time.perf_counter()
+        code = "OK"
+        try:
+            yield call
+        except ServingError as exc:
+            code = exc.code.name
+            raise
+        except asyncio.CancelledError:
+            code = Code.CANCELLED.name
+            raise
+        except BaseException as exc:
+            code = from_exception(exc).code.name
+            raise
+        finally:
+            self.metrics.observe_request(model, call.version, api, protocol, code, time.perf_counter() - started)

@@ -1,0 +1,234 @@
+"""Running predict, classify and regress on a servable, with TF Serving's validation and messages.
+
+This is protocol-neutral: inputs are numpy arrays and serialized ``tf.Example``s; the REST and gRPC
+frontends, and warmup replay, all come through here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from workbench.engine.servable import (
+    CLASSIFY_METHOD,
+    DEFAULT_SIGNATURE,
+    PREDICT_METHOD,
+    REGRESS_METHOD,
+    Servable,
+    Signature,
+    TensorSpec,
+)
+from workbench.engine.status import Code, ServingError, invalid_argument
+
+CLASSES = "classes"
+SCORES = "scores"
+REGRESS_OUTPUTS = "outputs"
+
+
+def signature_name_or_default(name: str) -> str:
+    return name or DEFAULT_SIGNATURE
+
+
+def predict_signature(servable: Servable, name: str) -> Signature:
+    sig = servable.signatures.get(signature_name_or_default(name))
+    if sig is None:
+        raise ServingError(
+            Code.FAILED_PRECONDITION, f'Serving signature key "{signature_name_or_default(name)}" not found.'
+        )
+    return sig
+
+
+def _join(names: Sequence[str]) -> str:
+    return ",".join(sorted(names))
+
+
+def predict(
+    servable: Servable,
+    signature: Signature,
+    inputs: Mapping[str, np.ndarray],
+    output_filter: Sequence[str] = (),
+) -> dict[str, np.ndarray]:
+    """Validate a predict request against ``signature`` and run it (TF Serving's predict_util)."""
+    expected = signature.inputs
+    sent = list(inputs)
+    if len(sent) > len(expected) or (len(sent) < len(expected) and not signature.defaults):
+        extra = [a for a in sent if a not in expected]
+        missing = [a for a in expected if a not in inputs]
+        raise invalid_argument(
+            f"input size does not match signature: {len(sent)}!={len(expected)} "
+            f"len({{{_join(sent)}}}) != len({{{_join(list(expected))}}}). "
+            f"Sent extra: {{{_join(extra)}}}. Missing but required: {{{_join(missing)}}}."
+        )
+    feed: dict[str, np.ndarray] = {}
+    for alias in sent:
+        if alias not in expected:
+            raise invalid_argument(
+                f"input tensor alias not found in signature: {alias}. "
+                f"Inputs expected to be in the set {{{_join(list(expected))}}}."
+            )
+        feed[alias] = _check_dtype(expected[alias], inputs[alias])
+    for alias in expected:
+        if alias not in feed:
+            if alias not in signature.defaults:
+                raise invalid_argument(f"Missing input: {alias} is neither in the request nor in the defaults")
+            feed[alias] = signature.defaults[alias]
+
+    outputs: list[str] = []
+    for alias in output_filter:
+        if alias not in signature.outputs:
+            raise invalid_argument(
+                f"output tensor alias not found in signature: {alias} "
+                f"Outputs expected to be in the set {{{_join(list(signature.outputs))}}}."
+            )
+        if alias in outputs:
+            raise invalid_argument(f"duplicate output tensor alias: {alias}")
+        outputs.append(alias)
+    if not outputs:
+        outputs = list(signature.outputs)
+    return servable.run(signature, feed, outputs)
+
+
+def _check_dtype(spec: TensorSpec, value: np.ndarray) -> np.ndarray:
+    """Fail clearly when a tensor's type differs from the signature's (TF would say 'Type mismatch')."""
+    if spec.dtype == value.dtype:
+        return value
+    if spec.dtype.kind == "O" and value.dtype.kind in "OSU":
+        return value
+    raise invalid_argument(
+        f"Expects arg[{spec.alias}] to be {spec.dtype_name} but {_numpy_type_name(value.dtype)} is provided"
+    )
+
+
+def _numpy_type_name(dtype: np.dtype) -> str:
+    return "string" if dtype.kind in "OSU" else str(dtype)
+
+
+# --------------------------------------------------------------------------------- classify / regress
+def _example_signature(servable: Servable, name: str, method: str, what: str) -> Signature:
+    key = signature_name_or_default(name)
+    sig = servable.signatures.get(key)
+    if sig is None:
+        raise invalid_argument(f"No signature was found with the name: {key}")
+    # TF2's tf.saved_model.save writes every signature as a predict method; accept those when they have the
+    # shape of a classify/regress signature, so Keras/TF2 exports work with :classify and :regress too.
+    if sig.method_name != method and sig.method_name != PREDICT_METHOD:
+        raise invalid_argument(f"Expected {what} signature method_name to be {method}. Was: {sig.method_name}")
+    if len(sig.inputs) != 1:
+        raise invalid_argument("Expected one input Tensor.")
+    (spec,) = sig.inputs.values()
+    if spec.dtype.kind != "O":
+        raise invalid_argument(
+            f"Expected the input Tensor of signature {key} to be of type string (serialized tf.Example), "
+            f"got {spec.dtype_name}"
+        )
+    return sig
+
+
+def _run_examples(servable: Servable, sig: Signature, examples: Sequence[bytes], outputs: list[str]) -> dict:
+    if not examples:
+        raise invalid_argument("Input is empty.")
+    (alias,) = sig.inputs
+    batch = np.empty(len(examples), dtype=object)
+    batch[:] = list(examples)
+    return servable.run(sig, {alias: batch}, outputs)
+
+
+def _shape(a: np.ndarray) -> str:
+    return "[" + ",".join(str(d) for d in a.shape) + "]"
+
+
+Classifications = list[list[tuple[str, float]]]
+
+
+def classify(servable: Servable, signature_name: str, examples: Sequence[bytes]) -> tuple[str, Classifications]:
+    """Run a classification signature; per example, a list of (label, score)."""
+    sig = _example_signature(servable, signature_name, CLASSIFY_METHOD, "classification")
+    wanted = [o for o in (CLASSES, SCORES) if o in sig.outputs]
+    if len(sig.outputs) not in (1, 2) and sig.method_name == CLASSIFY_METHOD:
+        raise invalid_argument(f"Expected one or two output Tensors, found {len(sig.outputs)}")
+    if not wanted:
+        raise invalid_argument(
+            'Expected classification signature outputs to contain at least one of "classes" or "scores". '
+            f"Found: {_join(list(sig.outputs))}"
+        )
+    result = _run_examples(servable, sig, examples, wanted)
+    n = len(examples)
+    classes, scores = result.get(CLASSES), result.get(SCORES)
+    num_classes = None
+    for label, tensor in ((CLASSES, classes), (SCORES, scores)):
+        if tensor is None:
+            continue
+        if tensor.ndim != 2:
+            raise invalid_argument(f"Expected Tensor shape: [batch_size num_classes] but got {_shape(tensor)}")
+        if tensor.shape[0] != n:
+            raise invalid_argument(f"Input batch size did not match output batch size: {n} vs. {tensor.shape[0]}")
+        if num_classes is not None and tensor.shape[1] != num_classes:
+            raise invalid_argument(
+                f"Tensors class and score should match in shape, but got {_shape(classes)} vs. {_shape(scores)}"
+            )
+        num_classes = tensor.shape[1]
+        if label == CLASSES and tensor.dtype.kind not in "OSU":
+            raise invalid_argument(f"Expected classes Tensor of DT_STRING. Got: {tensor.dtype}")
+        if label == SCORES and tensor.dtype != np.float32:
+            raise invalid_argument(f"Expected scores Tensor of DT_FLOAT. Got: {tensor.dtype}")
+    assert num_classes is not None
+    out: Classifications = []
+    for i in range(n):
+        row = []
+        for j in range(num_classes):
+            label = classes[i, j] if classes is not None else b""
+            label = label.decode("utf-8", "replace") if isinstance(label, bytes) else str(label)
+            score = float(scores[i, j]) if scores is not None else 0.0
+            row.append((label, score))
+        out.append(row)
+    return sig.name, out
+
+
+def regress(servable: Servable, signature_name: str, examples: Sequence[bytes]) -> tuple[str, list[float]]:
+    """Run a regression signature; one float per example."""
+    sig = _example_signature(servable, signature_name, REGRESS_METHOD, "regression")
+    if len(sig.outputs) != 1:
+        raise invalid_argument("Expected one output Tensor.")
+    if REGRESS_OUTPUTS not in sig.outputs:
+        raise invalid_argument(f'No "{REGRESS_OUTPUTS}" output in signature {sig.name}')
+    tensor = _run_examples(servable, sig, examples, [REGRESS_OUTPUTS])[REGRESS_OUTPUTS]
+    n = len(examples)
+    if not (tensor.ndim == 1 or (tensor.ndim == 2 and tensor.shape[1] == 1)):
+        raise invalid_argument(
+            f"Expected output Tensor shape to be either [batch_size] or [batch_size, 1] but got {_shape(tensor)}"
+        )
+    if tensor.shape[0] != n:
+        raise invalid_argument(f"Input batch size did not match output batch size: {n} vs. {tensor.shape[0]}")
+    if tensor.dtype != np.float32:
+        raise invalid_argument(f"Expected output Tensor of DT_FLOAT.  Got: {tensor.dtype}")
+    return sig.name, [float(v) for v in tensor.reshape(-1)]
+
+
+@dataclasses.dataclass(frozen=True)
+class InferenceTask:
+    signature_name: str
+    method_name: str
+
+
+def multi_inference(
+    servable: Servable, tasks: Sequence[InferenceTask], examples: Sequence[bytes]
+) -> list[tuple[str, Classifications | list[float]]]:
+    """Several classify/regress tasks on the same examples and model (TF Serving's MultiInference)."""
+    if not tasks:
+        raise invalid_argument("Tasks are empty")
+    seen: set[str] = set()
+    results: list[tuple[str, Classifications | list[float]]] = []
+    for task in tasks:
+        key = signature_name_or_default(task.signature_name)
+        if key in seen:
+            raise invalid_argument("Duplicate evaluation of signature: " + key)
+        seen.add(key)
+        if task.method_name == CLASSIFY_METHOD:
+            results.append(classify(servable, key, examples))
+        elif task.method_name == REGRESS_METHOD:
+            results.append(regress(servable, key, examples))
+        else:
+            raise ServingError(Code.UNIMPLEMENTED, f"Unsupported signature method_name: {task.method_name}")
+    return results

@@ -1,0 +1,106 @@
+"""Prometheus metrics: TF Serving's names as the baseline, plus per-version series of our own.
+
+Exposition is ``prometheus_client``'s. TF Serving's ``:tensorflow:serving:request_count`` keeps its exact
+sample name (clients' PromQL uses it); prometheus_client would append ``_total`` to a counter, so that one
+family is exported untyped. Our own series carry the model *version* too, which TF Serving lacks.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics_core import Metric
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# TF Serving's request_latency buckets: 10 µs growing by 1.8x, 33 of them (up to about 2 hours).
+_TF_LATENCY_BUCKETS_US = tuple(10 * 1.8**i for i in range(33))
+_LATENCY_BUCKETS_S = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
+
+
+class _TFServingRequestCount:
+    """``:tensorflow:serving:request_count{model_name, status}`` exactly as TF Serving names it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: dict[tuple[str, str], int] = defaultdict(int)
+
+    def inc(self, model_name: str, status: str) -> None:
+        with self._lock:
+            self._counts[(model_name, status)] += 1
+
+    def collect(self) -> Iterator[Metric]:
+        metric = Metric(":tensorflow:serving:request_count", "The total number of requests.", "unknown")
+        with self._lock:
+            items = sorted(self._counts.items())
+        for (model_name, status), count in items:
+            metric.add_sample(":tensorflow:serving:request_count", {"model_name": model_name, "status": status}, count)
+        yield metric
+
+
+class ServingMetrics:
+    """The server's metrics; every frontend records through :meth:`observe_request`."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._tf_request_count = _TFServingRequestCount()
+        self.registry.register(self._tf_request_count)
+        self._tf_request_latency = Histogram(
+            ":tensorflow:serving:request_latency",
+            "Distribution of wall time (in microseconds) for Tensorflow Serving request.",
+            ["model_name", "API", "entrypoint"],
+            buckets=_TF_LATENCY_BUCKETS_US,
+            registry=self.registry,
+        )
+        self.requests = Counter(
+            "workbench_requests",
+            "Requests by model, version, API, protocol and canonical status code.",
+            ["model", "version", "api", "protocol", "code"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "workbench_request_latency_seconds",
+            "Request latency from decoded request to encoded answer, per model version.",
+            ["model", "version", "api", "protocol"],
+            buckets=_LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.version_available = Gauge(
+            "workbench_model_version_available",
+            "1 while a model version is AVAILABLE, else 0.",
+            ["model", "version"],
+            registry=self.registry,
+        )
+
+    def observe_request(
+        self, model: str, version: int | None, api: str, protocol: str, code: str, seconds: float
+    ) -> None:
+        version_label = "" if version is None else str(version)
+        self._tf_request_count.inc(model, "OK" if code == "OK" else code)
+        self._tf_request_latency.labels(model, api, protocol.upper()).observe(seconds * 1e6)
+        self.requests.labels(model, version_label, api, protocol, code).inc()
+        if code == "OK":
+            self.latency.labels(model, version_label, api, protocol).observe(seconds)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

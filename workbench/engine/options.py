@@ -1,0 +1,190 @@
+"""Server options and the text-proto config files TF Serving reads.
+
+The model config and monitoring config are parsed with TF Serving's own protos (shipped in the
+``tensorflow-serving-api`` wheel) and ``google.protobuf.text_format``, so a file that works with
+``tensorflow_model_server`` works here, and a malformed one fails with the same words.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Literal
+
+from google.protobuf import text_format
+
+from workbench.engine.status import Code, ServingError
+
+PolicyKind = Literal["latest", "all", "specific"]
+
+
+@dataclasses.dataclass(frozen=True)
+class VersionPolicy:
+    """Which of the versions found on disk a model should serve (TF Serving's ServableVersionPolicy)."""
+
+    kind: PolicyKind = "latest"
+    num_versions: int = 1
+    versions: frozenset[int] = frozenset()
+
+    def select(self, on_disk: Iterable[int]) -> set[int]:
+        found = sorted(set(on_disk))
+        if self.kind == "all":
+            return set(found)
+        if self.kind == "specific":
+            return {v for v in found if v in self.versions}
+        return set(found[-self.num_versions :]) if self.num_versions > 0 else set()
+
+    def describe(self) -> str:
+        if self.kind == "latest":
+            return f"latest({self.num_versions})"
+        if self.kind == "specific":
+            return f"specific({', '.join(map(str, sorted(self.versions)))})"
+        return "all"
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """One model of the server: where its versions live, which to serve, and its version labels."""
+
+    name: str
+    base_path: str
+    policy: VersionPolicy = VersionPolicy()
+    labels: Mapping[str, int] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class MonitoringOptions:
+    prometheus_enabled: bool = False
+    prometheus_path: str = "/monitoring/prometheus/metrics"
+
+
+@dataclasses.dataclass
+class ServerOptions:
+    """Everything ``workbench serve`` was asked for; field names are tensorflow_model_server's flag names."""
+
+    port: int = 8500
+    grpc_socket_path: str = ""
+    rest_api_port: int = 0
+    rest_api_host: str = "127.0.0.1"
+    grpc_host: str = "127.0.0.1"
+    rest_api_timeout_in_ms: int = 30000
+    rest_api_enable_cors_support: bool = False
+    rest_api_max_request_bytes: int = 256 * 1024 * 1024
+    grpc_max_message_bytes: int = 256 * 1024 * 1024
+    model_name: str = "default"
+    model_base_path: str = ""
+    model_config_file: str = ""
+    model_config_file_poll_wait_seconds: float = 0.0
+    file_system_poll_wait_seconds: float = 1.0
+    enable_model_warmup: bool = True
+    monitoring_config_file: str = ""
+    allow_version_labels_for_unavailable_models: bool = False
+    num_inference_threads: int = 0
+    num_load_threads: int = 2
+
+    def initial_models(self) -> list[ModelConfig]:
+        """The models to serve at start-up: the config file's, or the one-model shorthand."""
+        if self.model_config_file:
+            return parse_model_config_file(self.model_config_file)
+        if self.model_base_path:
+            return [ModelConfig(name=self.model_name, base_path=os.path.abspath(self.model_base_path))]
+        return []
+
+    def monitoring(self) -> MonitoringOptions:
+        if not self.monitoring_config_file:
+            return MonitoringOptions()
+        return parse_monitoring_config_file(self.monitoring_config_file)
+
+
+def _config_error(kind: str, path: str | os.PathLike[str], detail: str) -> ServingError:
+    return ServingError(Code.INVALID_ARGUMENT, f"Error parsing text-format {kind}: {path}: {detail}")
+
+
+def parse_model_config_file(path: str | os.PathLike[str]) -> list[ModelConfig]:
+    """Read a ``ModelServerConfig`` text proto; relative base paths are taken from the file's folder."""
+    from tensorflow_serving.config import model_server_config_pb2
+
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ServingError(Code.NOT_FOUND, f"Could not read model config file {path}: {exc.strerror}") from None
+    config = model_server_config_pb2.ModelServerConfig()
+    try:
+        text_format.Parse(text, config)
+    except text_format.ParseError as exc:
+        raise _config_error("tensorflow.serving.ModelServerConfig", path, str(exc)) from None
+    if config.WhichOneof("config") == "custom_model_config":
+        raise ServingError(Code.UNIMPLEMENTED, "custom_model_config is not supported; use model_config_list")
+    return model_configs_from_proto(config.model_config_list, base_dir=Path(path).resolve().parent)
+
+
+def model_configs_from_proto(config_list: object, base_dir: Path | None = None) -> list[ModelConfig]:
+    """Validate a ``ModelConfigList`` proto and turn it into ModelConfigs (also used by gRPC's reload)."""
+    models: list[ModelConfig] = []
+    seen: set[str] = set()
+    for entry in config_list.config:  # type: ignore[attr-defined]
+        if not entry.name:
+            raise ServingError(Code.INVALID_ARGUMENT, "Every model in the config must have a name")
+        if entry.name in seen:
+            raise ServingError(
+                Code.INVALID_ARGUMENT, f"Illegal to list model {entry.name} multiple times in config list"
+            )
+        seen.add(entry.name)
+        if entry.model_platform not in ("", "tensorflow"):
+            raise ServingError(
+                Code.UNIMPLEMENTED,
+                f'Model {entry.name}: model_platform "{entry.model_platform}" is not supported (only "tensorflow")',
+            )
+        if not entry.base_path:
+            raise ServingError(Code.INVALID_ARGUMENT, f"Model {entry.name} has no base_path")
+        base_path = entry.base_path
+        if base_dir is not None and not os.path.isabs(base_path) and "://" not in base_path:
+            base_path = str((base_dir / base_path).resolve())
+        models.append(
+            ModelConfig(
+                name=entry.name,
+                base_path=base_path,
+                policy=_policy_from_proto(entry),
+                labels=dict(entry.version_labels),
+            )
+        )
+    return models
+
+
+def _policy_from_proto(entry: object) -> VersionPolicy:
+    if not entry.HasField("model_version_policy"):  # type: ignore[attr-defined]
+        return VersionPolicy()
+    policy = entry.model_version_policy  # type: ignore[attr-defined]
+    which = policy.WhichOneof("policy_choice")
+    if which == "all":
+        return VersionPolicy(kind="all")
+    if which == "specific":
+        if not policy.specific.versions:
+            raise ServingError(
+                Code.INVALID_ARGUMENT,
+                f"Model {entry.name}: the specific version policy needs at least one version",  # type: ignore[attr-defined]
+            )
+        return VersionPolicy(kind="specific", versions=frozenset(policy.specific.versions))
+    num = policy.latest.num_versions if which == "latest" else 1
+    return VersionPolicy(kind="latest", num_versions=num or 1)
+
+
+def parse_monitoring_config_file(path: str | os.PathLike[str]) -> MonitoringOptions:
+    from tensorflow_serving.config import monitoring_config_pb2
+
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ServingError(Code.NOT_FOUND, f"Could not read monitoring config file {path}: {exc.strerror}") from None
+    config = monitoring_config_pb2.MonitoringConfig()
+    try:
+        text_format.Parse(text, config)
+    except text_format.ParseError as exc:
+        raise _config_error("tensorflow.serving.MonitoringConfig", path, str(exc)) from None
+    prometheus = config.prometheus_config
+    metrics_path = prometheus.path or "/monitoring/prometheus/metrics"
+    if not metrics_path.startswith("/"):
+        metrics_path = "/" + metrics_path
+    return MonitoringOptions(prometheus_enabled=prometheus.enable, prometheus_path=metrics_path)

@@ -1,0 +1,263 @@
+"""Servables: what the manager loads, and the TensorFlow SavedModel implementation.
+
+The manager, the batcher and the frontends know only :class:`Servable` and :class:`Loader`, so other
+frameworks can slot in later without touching them (TF Serving's Source → Loader → Manager split).
+
+SavedModels run the way ``tensorflow_model_server`` runs them: the ``serve`` MetaGraph is imported into its
+own graph and session, and a signature is executed by feeding and fetching the tensor names its SignatureDef
+lists. That gives TF Serving's exact semantics for every SavedModel, TF1-era or TF2-native (inputs are not
+shape-checked against the signature beyond what the graph's ops need), and it is fast: a prepared session
+callable costs about 20 µs, against about 300 µs for calling a TF2 ``ConcreteFunction`` from Python.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import logging
+import os
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from workbench.engine.status import Code, ServingError, from_exception
+
+log = logging.getLogger(__name__)
+
+SERVING_TAG = "serve"
+DEFAULT_SIGNATURE = "serving_default"
+PREDICT_METHOD = "tensorflow/serving/predict"
+CLASSIFY_METHOD = "tensorflow/serving/classify"
+REGRESS_METHOD = "tensorflow/serving/regress"
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSpec:
+    """One input or output of a signature, as clients address it (by alias)."""
+
+    alias: str
+    tensor_name: str
+    dtype: np.dtype[Any]
+    dtype_enum: int  # tensorflow DataType enum value (DT_FLOAT = 1, ...)
+    shape: tuple[int, ...] | None  # -1 for unknown dimensions, None for unknown rank
+
+    @property
+    def dtype_name(self) -> str:
+        """TensorFlow's type name ("float", "int64", "string"), as TF Serving's messages write it."""
+        from tensorflow.core.framework import types_pb2
+
+        return types_pb2.DataType.Name(self.dtype_enum).removeprefix("DT_").lower()
+
+
+@dataclasses.dataclass(frozen=True)
+class Signature:
+    name: str
+    method_name: str
+    inputs: Mapping[str, TensorSpec]
+    outputs: Mapping[str, TensorSpec]
+    defaults: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict)
+
+
+class Servable(abc.ABC):
+    """A loaded model version that can run its signatures on numpy batches.
+
+    Unloading waits for the calls already running to finish, so a version swap never breaks a request that
+    was resolved to the old version just before it went away.
+    """
+
+    name: str
+    version: int
+    path: str
+    signatures: Mapping[str, Signature]
+
+    def __init__(self) -> None:
+        self._in_flight = 0
+        self._unloaded = False
+        self._idle = threading.Condition()
+
+    def run(
+        self, signature: Signature, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]
+    ) -> dict[str, np.ndarray]:
+        """Run ``signature`` on ``inputs`` (keyed by alias) and return the ``outputs`` asked for."""
+        with self._idle:
+            if self._unloaded:
+                raise ServingError(Code.UNAVAILABLE, f"Servable {self.name} version {self.version} was unloaded")
+            self._in_flight += 1
+        try:
+            return self._run(signature, inputs, outputs)
+        finally:
+            with self._idle:
+                self._in_flight -= 1
+                if self._in_flight == 0:
+                    self._idle.notify_all()
+
+    def unload(self, drain_timeout: float = 60.0) -> None:
+        """Refuse new calls, wait for running ones (bounded), then free the model's resources."""
+        with self._idle:
+            if self._unloaded:
+                return
+            self._unloaded = True
+            self._idle.wait_for(lambda: self._in_flight == 0, timeout=drain_timeout)
+        self._release()
+
+    @abc.abstractmethod
+    def _run(
+        self, signature: Signature, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]
+    ) -> dict[str, np.ndarray]: ...
+
+    @abc.abstractmethod
+    def _release(self) -> None: ...
+
+    @abc.abstractmethod
+    def signature_def_map(self) -> Any:
+        """The model's ``tensorflow.serving.SignatureDefMap`` proto, reported by the metadata APIs."""
+
+
+class Loader(Protocol):
+    def __call__(self, name: str, version: int, path: str) -> Servable: ...
+
+
+def _spec(alias: str, info: Any) -> TensorSpec:
+    from tensorflow.python.framework import dtypes
+
+    if info.WhichOneof("encoding") != "name":
+        raise ServingError(
+            Code.UNIMPLEMENTED, f"Signature tensor {alias} is not a dense tensor (sparse/composite are unsupported)"
+        )
+    dtype = dtypes.as_dtype(info.dtype)
+    np_dtype = np.dtype(object) if dtype == dtypes.string else np.dtype(dtype.as_numpy_dtype)
+    shape: tuple[int, ...] | None
+    shape = None if info.tensor_shape.unknown_rank else tuple(int(d.size) for d in info.tensor_shape.dim)
+    return TensorSpec(alias=alias, tensor_name=info.name, dtype=np_dtype, dtype_enum=info.dtype, shape=shape)
+
+
+def signature_from_proto(name: str, sig: Any) -> Signature:
+    import tensorflow as tf
+
+    defaults = {alias: tf.make_ndarray(proto) for alias, proto in sig.defaults.items()}
+    return Signature(
+        name=name,
+        method_name=sig.method_name,
+        inputs={alias: _spec(alias, info) for alias, info in sorted(sig.inputs.items())},
+        outputs={alias: _spec(alias, info) for alias, info in sorted(sig.outputs.items())},
+        defaults=defaults,
+    )
+
+
+def read_serving_meta_graph(path: str) -> Any:
+    """Parse ``saved_model.pb`` (or ``.pbtxt``) and return the MetaGraphDef tagged ``serve``."""
+    from google.protobuf import text_format
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    saved_model = saved_model_pb2.SavedModel()
+    pb, pbtxt = Path(path, "saved_model.pb"), Path(path, "saved_model.pbtxt")
+    try:
+        if pb.is_file():
+            saved_model.ParseFromString(pb.read_bytes())
+        elif pbtxt.is_file():
+            text_format.Parse(pbtxt.read_text(), saved_model)
+        else:
+            hint = ""
+            if Path(path, "export.meta").exists():
+                hint = (
+                    " (this is a legacy pre-SavedModel export with export.meta; re-export it with "
+                    "tf.saved_model.save or workbench.export)"
+                )
+            raise ServingError(
+                Code.NOT_FOUND,
+                f"Could not find SavedModel .pb or .pbtxt at supplied export directory path: {path}{hint}",
+            )
+    except ServingError:
+        raise
+    except Exception as exc:  # a truncated or garbage protobuf
+        raise ServingError(Code.DATA_LOSS, f"Could not parse SavedModel at {path}: {exc}") from None
+    for meta_graph in saved_model.meta_graphs:
+        if SERVING_TAG in meta_graph.meta_info_def.tags:
+            return meta_graph
+    found = [sorted(m.meta_info_def.tags) for m in saved_model.meta_graphs]
+    raise ServingError(
+        Code.NOT_FOUND,
+        f"Could not find meta graph def matching supplied tags: {{ {SERVING_TAG} }}. "
+        f"The SavedModel at {path} has tag-sets {found}",
+    )
+
+
+class SavedModelServable(Servable):
+    """A SavedModel imported into its own TensorFlow graph and session."""
+
+    def __init__(self, name: str, version: int, path: str) -> None:
+        import tensorflow as tf
+
+        super().__init__()
+        self.name, self.version, self.path = name, version, path
+        meta_graph = read_serving_meta_graph(path)
+        self._meta_graph_signatures = meta_graph.signature_def
+        self._graph = tf.Graph()
+        config = tf.compat.v1.ConfigProto(allow_soft_placement=True)
+        # Serving and training in the notebook kernel share a GPU: take memory as needed, not all of it.
+        config.gpu_options.allow_growth = True
+        self._session = tf.compat.v1.Session(graph=self._graph, config=config)
+        try:
+            with self._graph.as_default():
+                tf.compat.v1.saved_model.loader.load(self._session, [SERVING_TAG], path)
+        except Exception as exc:
+            self._session.close()
+            raise from_exception(exc) from None
+        self.signatures = {
+            key: signature_from_proto(key, sig) for key, sig in sorted(self._meta_graph_signatures.items())
+        }
+        self._callables: dict[tuple[str, tuple[str, ...], tuple[str, ...]], Any] = {}
+        self._callables_lock = threading.Lock()
+
+    def signature_def_map(self) -> Any:
+        from tensorflow_serving.apis import get_model_metadata_pb2
+
+        result = get_model_metadata_pb2.SignatureDefMap()
+        for key, sig in self._meta_graph_signatures.items():
+            result.signature_def[key].CopyFrom(sig)
+        return result
+
+    def _callable(self, signature: Signature, feeds: tuple[str, ...], fetches: tuple[str, ...]) -> Any:
+        key = (signature.name, feeds, fetches)
+        fn = self._callables.get(key)
+        if fn is None:
+            from tensorflow.core.protobuf import config_pb2
+
+            with self._callables_lock:
+                fn = self._callables.get(key)
+                if fn is None:
+                    options = config_pb2.CallableOptions(
+                        feed=[signature.inputs[a].tensor_name for a in feeds],
+                        fetch=[signature.outputs[a].tensor_name for a in fetches],
+                    )
+                    # The public make_callable() re-checks feed shapes in Python (TF Serving does not) and
+                    # falls back to Session.run; the options form runs straight through the C API.
+                    fn = self._session._make_callable_from_options(options)
+                    self._callables[key] = fn
+        return fn
+
+    def _run(
+        self, signature: Signature, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]
+    ) -> dict[str, np.ndarray]:
+        feeds = tuple(inputs)
+        fetches = tuple(outputs)
+        fn = self._callable(signature, feeds, fetches)
+        try:
+            results = fn(*(inputs[a] for a in feeds))
+        except Exception as exc:
+            raise from_exception(exc) from None
+        return {alias: np.asarray(value) for alias, value in zip(fetches, results, strict=True)}
+
+    def _release(self) -> None:
+        with self._callables_lock:
+            self._callables.clear()
+        self._session.close()
+
+
+def load_saved_model(name: str, version: int, path: str) -> Servable:
+    if not os.path.isdir(path):
+        raise ServingError(Code.NOT_FOUND, f"Model version folder does not exist: {path}")
+    return SavedModelServable(name, version, path)

@@ -1,0 +1,109 @@
+"""The model repository source: scans ``<base_path>/<version>/`` folders and aspires versions per policy.
+
+Like TF Serving's FileSystemStoragePathSource: a folder whose name parses as an integer is a version
+(``00000123`` is 123), anything else is ignored; the model's version policy picks which of them to serve;
+the scan repeats every ``file_system_poll_wait_seconds`` (0 scans once, a negative value never).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+
+from workbench.engine.manager import DiskVersion, Manager
+from workbench.engine.options import ModelConfig
+
+log = logging.getLogger(__name__)
+
+
+def parse_version(folder_name: str) -> int | None:
+    if not folder_name.isdigit():  # also rejects "-1", "+1", " 1" and non-ASCII digits' surprises
+        return None
+    if not folder_name.isascii():
+        return None
+    return int(folder_name)
+
+
+def _fingerprint(path: str) -> tuple[int, ...]:
+    """Changes when a version folder's top-level files change, so a fixed, failed version is retried."""
+    stamps = []
+    for candidate in (path, os.path.join(path, "saved_model.pb"), os.path.join(path, "variables")):
+        try:
+            st = os.stat(candidate)
+            stamps.extend((st.st_mtime_ns, st.st_size))
+        except OSError:
+            stamps.extend((0, 0))
+    return tuple(stamps)
+
+
+def scan_versions(base_path: str) -> dict[int, DiskVersion]:
+    """All version folders under ``base_path`` (empty if it does not exist)."""
+    found: dict[int, DiskVersion] = {}
+    try:
+        entries = list(os.scandir(base_path))
+    except OSError:
+        return found
+    for entry in entries:
+        if entry.name.startswith("."):
+            continue
+        version = parse_version(entry.name)
+        if version is None or not entry.is_dir():
+            continue
+        if version in found:  # "1" and "001": TF Serving takes one of them; be predictable
+            continue
+        found[version] = DiskVersion(path=entry.path, fingerprint=_fingerprint(entry.path))
+    return found
+
+
+class RepositorySource:
+    """Feeds the manager the aspired versions of every configured model, once or on a poll loop."""
+
+    def __init__(
+        self,
+        manager: Manager,
+        poll_wait_seconds: float,
+        models: Callable[[], list[ModelConfig]] | None = None,
+    ) -> None:
+        self._manager = manager
+        self._poll_wait = poll_wait_seconds
+        self._models = models or manager.configs
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._warned: set[str] = set()
+        self._scan_lock = threading.Lock()
+
+    def poll_once(self) -> None:
+        """Scan every model's base path now (a negative poll wait means never, as in TF Serving)."""
+        if self._poll_wait < 0:
+            return
+        with self._scan_lock:
+            for config in self._models():
+                on_disk = scan_versions(config.base_path)
+                if not on_disk and config.name not in self._warned:
+                    log.warning("No versions of servable %s found under base path %s", config.name, config.base_path)
+                    self._warned.add(config.name)
+                elif on_disk:
+                    self._warned.discard(config.name)
+                aspired = config.policy.select(on_disk)
+                self._manager.set_aspired_versions(config.name, {v: on_disk[v] for v in aspired})
+
+    def start_polling(self) -> None:
+        """Keep scanning in a background thread, if a positive poll wait asks for it."""
+        if self._poll_wait <= 0 or self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, name="workbench-source", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._poll_wait):
+            try:
+                self.poll_once()
+            except Exception:  # noqa: BLE001 - a bad scan must not end polling
+                log.exception("Repository scan failed")
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)

@@ -1,0 +1,187 @@
+"""TF Serving's REST API (``/v1/...``) on Starlette: decode JSON, call the dataplane, encode JSON.
+
+Routing follows TF Serving's own two regular expressions, so anything under ``/v1`` that they do not match
+is the same ``Malformed request: <METHOD> <path>`` error TF Serving gives. Every answer, errors included, is
+``application/json``; nothing reaching here can produce a 500 with a traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Awaitable, Callable
+
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from workbench.dataplane import Dataplane, ModelSpec
+from workbench.engine.metrics import CONTENT_TYPE as PROMETHEUS_CONTENT_TYPE
+from workbench.engine.status import Code, ServingError, from_exception
+from workbench.protocol import json_tensor
+from workbench.protocol.examples import input_from_json, serialized_examples
+from workbench.protocol.serving_protos import model_spec_proto, model_status_proto, to_json_dict
+
+log = logging.getLogger(__name__)
+
+JSON = "application/json"
+
+_PREDICTION_PATH = re.compile(
+    r"/v1/models/([^/:]+)(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?:(classify|regress|predict)",
+    re.IGNORECASE,
+)
+_STATUS_PATH = re.compile(
+    r"/v1/models(?:/([^/:]+))?(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?(?:/(metadata))?",
+    re.IGNORECASE,
+)
+_MAX_INT64 = (1 << 63) - 1
+
+
+def json_response(body: bytes, status: int = 200) -> Response:
+    return Response(body, status_code=status, media_type=JSON)
+
+
+def error_response(error: ServingError) -> Response:
+    return json_response(json_tensor.encode_error(error.message), error.http_status)
+
+
+def _version(text: str | None) -> int | None:
+    if not text:
+        return None
+    value = int(text)
+    if value > _MAX_INT64:
+        raise ServingError(Code.INVALID_ARGUMENT, f"Failed to convert version: {text} to numeric.")
+    return value
+
+
+class RestApi:
+    """The handlers; :func:`create_app` mounts them."""
+
+    def __init__(self, dataplane: Dataplane, timeout_ms: int, max_request_bytes: int) -> None:
+        self.dataplane = dataplane
+        self.timeout = timeout_ms / 1000 if timeout_ms > 0 else None
+        self.max_request_bytes = max_request_bytes
+
+    async def _body(self, request: Request) -> bytes:
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > self.max_request_bytes:
+            raise self._too_large()
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > self.max_request_bytes:
+                raise self._too_large()
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def _too_large(self) -> ServingError:
+        return ServingError(
+            Code.RESOURCE_EXHAUSTED,
+            f"Request body is larger than the server's limit of {self.max_request_bytes} bytes "
+            "(workbench serve --rest_api_max_request_bytes)",
+        )
+
+    async def v1(self, request: Request) -> Response:
+        path, method = request.url.path, request.method
+        try:
+            match = _PREDICTION_PATH.fullmatch(path)
+            if method == "POST" and match:
+                name, version, label, verb = match.groups()
+                spec = ModelSpec(name=name, version=_version(version), label=label)
+                body = await self._body(request)
+                handler = {"predict": self._predict, "classify": self._classify, "regress": self._regress}
+                return await handler[verb.lower()](spec, body)
+            match = _STATUS_PATH.fullmatch(path)
+            if method == "GET" and match:
+                name, version, label, metadata = match.groups()
+                if not name:
+                    raise ServingError(Code.INVALID_ARGUMENT, "Missing model name in request.")
+                spec = ModelSpec(name=name, version=_version(version), label=label)
+                return self._metadata(spec) if metadata else self._status(spec)
+            raise ServingError(Code.INVALID_ARGUMENT, f"Malformed request: {method} {path}")
+        except ServingError as exc:
+            return error_response(exc)
+        except Exception as exc:  # noqa: BLE001 - a bug must still answer JSON, and be logged
+            log.exception("REST %s %s failed", method, path)
+            return error_response(from_exception(exc))
+
+    async def _predict(self, spec: ModelSpec, body: bytes) -> Response:
+        with self.dataplane.track(spec.name, "predict", "rest") as call:
+            servable = self.dataplane.resolve(spec)
+            call.version = servable.version
+            signature_name, inputs, fmt = json_tensor.decode_predict_request(
+                body, lambda name: self.dataplane.rest_input_specs(servable, name)
+            )
+            _, outputs = await self.dataplane.predict(servable, signature_name, inputs, timeout=self.timeout)
+            return json_response(json_tensor.encode_predict_response(outputs, fmt))
+
+    async def _classify(self, spec: ModelSpec, body: bytes) -> Response:
+        with self.dataplane.track(spec.name, "classify", "rest") as call:
+            signature_name, request_input = input_from_json(body)
+            servable = self.dataplane.resolve(spec)
+            call.version = servable.version
+            examples = serialized_examples(request_input)
+            _, results = await self.dataplane.classify(servable, signature_name, examples, timeout=self.timeout)
+            return json_response(json_tensor.encode_classify_response(results))
+
+    async def _regress(self, spec: ModelSpec, body: bytes) -> Response:
+        with self.dataplane.track(spec.name, "regress", "rest") as call:
+            signature_name, request_input = input_from_json(body)
+            servable = self.dataplane.resolve(spec)
+            call.version = servable.version
+            examples = serialized_examples(request_input)
+            _, results = await self.dataplane.regress(servable, signature_name, examples, timeout=self.timeout)
+            return json_response(json_tensor.encode_regress_response(results))
+
+    def _status(self, spec: ModelSpec) -> Response:
+        statuses = self.dataplane.model_status(spec.name, spec.version, spec.label)
+        return json_response(json_tensor.dumps(to_json_dict(model_status_proto(statuses))))
+
+    def _metadata(self, spec: ModelSpec) -> Response:
+        servable = self.dataplane.resolve(spec)
+        body = {
+            "model_spec": to_json_dict(model_spec_proto(spec.name, servable.version, spec.signature_name)),
+            "metadata": {"signature_def": to_json_dict(self.dataplane.metadata(servable))},
+        }
+        return json_response(json_tensor.dumps(body))
+
+
+def create_app(
+    dataplane: Dataplane,
+    *,
+    timeout_ms: int = 30000,
+    max_request_bytes: int = 256 * 1024 * 1024,
+    enable_cors: bool = False,
+    prometheus_path: str | None = None,
+    extra_routes: list[Route] | None = None,
+) -> Starlette:
+    api = RestApi(dataplane, timeout_ms, max_request_bytes)
+    routes = [Route("/v1/{rest:path}", api.v1, methods=["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD"])]
+    routes.append(Route("/v1", api.v1, methods=["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD"]))
+    if prometheus_path:
+
+        async def prometheus(_: Request) -> Response:
+            return Response(dataplane.metrics.exposition(), media_type=PROMETHEUS_CONTENT_TYPE)
+
+        routes.append(Route(prometheus_path, prometheus, methods=["GET"]))
+    routes.extend(extra_routes or [])
+    middleware = []
+    if enable_cors:
+        middleware.append(Middleware(CORSMiddleware, allow_origins=["*"], allow_methods=["*"], allow_headers=["*"]))
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        return error_response(ServingError(Code.NOT_FOUND, f"Not found: {request.method} {request.url.path}"))
+
+    async def method_not_allowed(request: Request, exc: Exception) -> Response:
+        return error_response(
+            ServingError(Code.INVALID_ARGUMENT, f"Malformed request: {request.method} {request.url.path}")
+        )
+
+    handlers: dict[int, Callable[[Request, Exception], Awaitable[Response]]] = {
+        404: not_found,
+        405: method_not_allowed,
+    }
+    return Starlette(routes=routes, middleware=middleware, exception_handlers=handlers)  # type: ignore[arg-type]

@@ -1,0 +1,394 @@
+"""TF Serving's REST JSON ↔ numpy: predict requests (row and columnar), responses, and float printing.
+
+Pure translation, no sockets and no model: the REST frontend hands in the body and the signature's input
+specs; the rules and messages are those of TF Serving's ``json_tensor.cc``. Numbers take a numpy fast path;
+anything numpy refuses (ragged lists, wrong JSON types) is re-walked element by element to say exactly where
+the request is wrong.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import enum
+import json
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from workbench.engine.servable import TensorSpec
+from workbench.engine.status import invalid_argument
+
+B64 = "b64"
+BYTES_SUFFIX = "_bytes"
+
+
+class Format(enum.Enum):
+    ROW = "instances"
+    COLUMNAR = "inputs"
+
+
+# ------------------------------------------------------------------------------------------ parsing
+def parse_body(body: bytes) -> dict[str, Any]:
+    """Parse a request body that must be a JSON object (NaN and ±Infinity tokens accepted)."""
+    if not body.strip():
+        raise invalid_argument("JSON Parse error: The document is empty")
+    try:
+        doc = json.loads(body)
+    except UnicodeDecodeError:
+        raise invalid_argument("JSON Parse error: Invalid encoding in string.") from None
+    except json.JSONDecodeError as exc:
+        raise invalid_argument(f"JSON Parse error: {exc.msg} at offset: {exc.pos}") from None
+    except RecursionError:
+        raise invalid_argument("JSON Parse error: The document is nested too deeply") from None
+    if not isinstance(doc, dict):
+        raise invalid_argument(f"JSON Value: {dumps_value(doc)} Is not object")
+    return doc
+
+
+def signature_name_of(doc: Mapping[str, Any]) -> str:
+    name = doc.get("signature_name", "")
+    if not isinstance(name, str):
+        raise invalid_argument(
+            f"JSON Value: {dumps_value(doc)} not formatted correctly. 'signature_name' key must be a string value."
+        )
+    return name
+
+
+def _is_b64(value: Any) -> bool:
+    return isinstance(value, dict) and len(value) == 1 and isinstance(value.get(B64), str)
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "Null"
+    if value is True:
+        return "True"
+    if value is False:
+        return "False"
+    if isinstance(value, dict):
+        return "Object"
+    if isinstance(value, list):
+        return "Array"
+    if isinstance(value, str):
+        return "String"
+    return "Number"
+
+
+def dumps_value(value: Any) -> str:
+    """A JSON value as TF Serving quotes it in error messages (truncated: messages stay readable)."""
+    text = json.dumps(value, separators=(",", ":"), allow_nan=True)
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
+def decode_predict_request(
+    body: bytes, input_specs: Callable[[str], Mapping[str, TensorSpec]]
+) -> tuple[str, dict[str, np.ndarray], Format]:
+    """Decode a ``:predict`` body; ``input_specs(signature_name)`` gives the signature's inputs."""
+    doc = parse_body(body)
+    signature_name = signature_name_of(doc)
+    specs = input_specs(signature_name)
+    if not specs:
+        raise invalid_argument(f"Failed to get input map for signature: {signature_name or 'DEFAULT'}")
+    has_instances, has_inputs = "instances" in doc, "inputs" in doc
+    if has_instances and has_inputs:
+        raise invalid_argument(
+            f"JSON Value: {dumps_value(doc)} Not formatted correctly expecting only one of 'inputs' or "
+            "'instances' keys to exist "
+        )
+    if has_instances:
+        return signature_name, _decode_instances(doc, specs), Format.ROW
+    if has_inputs:
+        return signature_name, _decode_inputs(doc["inputs"], specs), Format.COLUMNAR
+    raise invalid_argument("Missing 'inputs' or 'instances' key")
+
+
+def _decode_instances(doc: Mapping[str, Any], specs: Mapping[str, TensorSpec]) -> dict[str, np.ndarray]:
+    instances = doc["instances"]
+    if not isinstance(instances, list):
+        raise invalid_argument(f"JSON Value: {dumps_value(doc)} Excepting 'instances' to be an list/array")
+    if not instances:
+        raise invalid_argument(f"JSON Value: {dumps_value(doc)} No values in 'instances' array")
+    first = instances[0]
+    objects = isinstance(first, dict) and not _is_b64(first)
+    if not objects:
+        if len(specs) > 1:
+            raise invalid_argument(
+                "instances is a plain list, but expecting list of objects as multiple input tensors required "
+                "as per tensorinfo_map"
+            )
+        for i, item in enumerate(instances):
+            if isinstance(item, dict) and not _is_b64(item):
+                raise invalid_argument(f"Expecting value/list but got object at item {i} of input list")
+        ((name, spec),) = specs.items()
+        return {name: _decode_batch(instances, spec, name=None)}
+
+    names = sorted(specs)
+    columns: dict[str, list[Any]] = {name: [] for name in names}
+    for i, item in enumerate(instances):
+        if not isinstance(item, dict) or _is_b64(item):
+            raise invalid_argument(f"Expecting object but got list at item {i} of input list")
+        for key in item:
+            if key not in specs:
+                raise invalid_argument(
+                    f"Failed to process element: {i} key: {key} of 'instances' list. Error: INVALID_ARGUMENT: "
+                    f"JSON object: does not have named input: {key}"
+                )
+        if sorted(item) != names:
+            raise invalid_argument(
+                f"Failed to process element: {i} of 'instances' list. JSON object: {dumps_value(item)} "
+                f"keys must be equal to: {','.join(names)}"
+            )
+        for name in names:
+            columns[name].append(item[name])
+    return {name: _decode_batch(columns[name], specs[name], name=name) for name in names}
+
+
+def _decode_inputs(value: Any, specs: Mapping[str, TensorSpec]) -> dict[str, np.ndarray]:
+    if not isinstance(value, dict) or _is_b64(value):
+        if len(specs) > 1:
+            raise invalid_argument(
+                "inputs is a plain value/list, but expecting an object as multiple input tensors required as "
+                "per tensorinfo_map"
+            )
+        ((name, spec),) = specs.items()
+        return {name: decode_tensor(value, spec)}
+    tensors = {}
+    for name, spec in sorted(specs.items()):
+        if name not in value:
+            raise invalid_argument(f"Missing named input: {name} in 'inputs' object.")
+        tensors[name] = decode_tensor(value[name], spec)
+    return tensors
+
+
+def _decode_batch(items: list[Any], spec: TensorSpec, name: str | None) -> np.ndarray:
+    """The row format: each instance is one example; all must have the same shape."""
+    try:
+        return decode_tensor(items, spec)
+    except Exception as batch_error:
+        # Find the instance at fault, for a message that says which one and why.
+        shape0 = None
+        for i, item in enumerate(items):
+            where = f"Failed to process element: {i}" + (f" key: {name}" if name else "")
+            try:
+                shape = decode_tensor(item, spec).shape
+            except Exception as exc:
+                raise invalid_argument(f"{where} of 'instances' list. Error: INVALID_ARGUMENT: {exc}") from None
+            if shape0 is None:
+                shape0 = shape
+            elif shape != shape0:
+                size0, size = int(np.prod(shape0)), int(np.prod(shape))
+                detail = (
+                    f"Expecting tensor size: {size0} but got: {size}"
+                    if size0 != size
+                    else f"Expecting shape {_shape_str(shape0)} but got: {_shape_str(shape)}"
+                )
+                raise invalid_argument(f"{where} of 'instances' list. Error: INVALID_ARGUMENT: {detail}") from None
+        raise batch_error
+
+
+def _shape_str(shape: tuple[int, ...]) -> str:
+    return "[" + ",".join(str(d) for d in shape) + "]"
+
+
+# --------------------------------------------------------------------------------- value → tensor
+_MAX_EXACT_INT = {np.dtype(np.float32): (1 << 24) - 1, np.dtype(np.float64): (1 << 53) - 1}
+
+
+def decode_tensor(value: Any, spec: TensorSpec) -> np.ndarray:
+    """A JSON value (scalar or nested lists) as an array of the signature's dtype, or a clear error."""
+    dtype = spec.dtype
+    if dtype.kind != "O":
+        fast = _numeric_fast_path(value, dtype)
+        if fast is not None:
+            return fast
+    return _walk(value, spec)
+
+
+def _numeric_fast_path(value: Any, dtype: np.dtype) -> np.ndarray | None:
+    """numpy's C conversion when the JSON holds only the right kind of numbers; None means walk it."""
+    try:
+        raw = np.asarray(value)
+    except (ValueError, TypeError, OverflowError):
+        return None
+    kind = raw.dtype.kind
+    if dtype.kind == "f":
+        if kind == "f":
+            finite = raw[np.isfinite(raw)]
+            if finite.size and np.abs(finite).max() > np.finfo(dtype).max:
+                return None
+            return raw.astype(dtype)
+        if kind in "iu":
+            if raw.size and np.abs(raw).max() > _MAX_EXACT_INT.get(dtype, 1 << 11):
+                return None
+            return raw.astype(dtype)
+        if raw.size == 0 and kind in "fiu":
+            return raw.astype(dtype)
+        return None
+    if dtype.kind in "iu":
+        if kind not in "iu":
+            return None if raw.size else raw.astype(dtype)
+        info = np.iinfo(dtype)
+        if raw.size and (raw.min() < info.min or raw.max() > info.max):
+            return None
+        return raw.astype(dtype)
+    if dtype.kind == "b":
+        return raw if kind == "b" else (None if raw.size else raw.astype(dtype))
+    return None
+
+
+def _leaf_shape(value: Any) -> list[int]:
+    shape = []
+    while isinstance(value, list):
+        shape.append(len(value))
+        if not value:
+            break
+        value = value[0]
+    return shape
+
+
+def _walk(value: Any, spec: TensorSpec) -> np.ndarray:
+    """TF Serving's FillTensorProto: shape from the first elements, every leaf at the same depth."""
+    shape = _leaf_shape(value)
+    rank = len(shape)
+    flat: list[Any] = []
+
+    def visit(v: Any, level: int) -> None:
+        if not isinstance(v, list):
+            if level != rank:
+                raise invalid_argument(
+                    f"JSON Value: {dumps_value(v)} found at incorrect level: {level + 1} in the JSON DOM. "
+                    f"Expected at level: {rank}"
+                )
+            flat.append(_leaf(v, spec))
+            return
+        if level >= rank:
+            raise invalid_argument(f"Encountered list at unexpected level: {level} expected < {rank}")
+        if len(v) != shape[level]:
+            raise invalid_argument(
+                f"Encountered list at unexpected size: {len(v)} at level: {level} expected size: {shape[level]}"
+            )
+        for item in v:
+            visit(item, level + 1)
+
+    visit(value, 0)
+    out = np.empty(len(flat), dtype=spec.dtype)
+    if flat:
+        out[:] = flat
+    return out.reshape(shape)
+
+
+def _type_error(v: Any, spec: TensorSpec) -> Exception:
+    return invalid_argument(
+        f"JSON Value: {dumps_value(v)} Type: {_json_type(v)} is not of expected type: {spec.dtype_name}"
+    )
+
+
+def _leaf(v: Any, spec: TensorSpec) -> Any:
+    kind = spec.dtype.kind
+    if kind == "O":
+        if isinstance(v, str):
+            return v.encode("utf-8")
+        if isinstance(v, dict):
+            if not _is_b64(v):
+                raise invalid_argument(f"JSON Value: {dumps_value(v)} not formatted correctly for base64 data")
+            try:
+                return base64.b64decode(v[B64], validate=True)
+            except (binascii.Error, ValueError):
+                raise invalid_argument("Unable to base64 decode") from None
+        raise _type_error(v, spec)
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        if kind == "b" and isinstance(v, bool):
+            return v
+        raise _type_error(v, spec)
+    if kind == "b":
+        raise _type_error(v, spec)
+    if kind == "f":
+        if isinstance(v, int):
+            if abs(v) > _MAX_EXACT_INT.get(spec.dtype, 1 << 11):
+                raise invalid_argument(
+                    f"Cannot convert JSON value: {v} to {spec.dtype_name} without loss of precision."
+                )
+        elif math.isfinite(v) and abs(v) > float(np.finfo(spec.dtype).max):
+            raise invalid_argument(f"Cannot convert JSON value: {v} to {spec.dtype_name} without loss of precision.")
+        return v
+    if isinstance(v, float):
+        raise _type_error(v, spec)
+    info = np.iinfo(spec.dtype)
+    if not info.min <= v <= info.max:
+        raise _type_error(v, spec)
+    return v
+
+
+# ------------------------------------------------------------------------------------ responses
+def to_json_value(array: np.ndarray, as_b64: bool = False) -> Any:
+    """An output tensor as nested JSON-ready lists (floats in shortest form, bytes as text or b64)."""
+    kind = array.dtype.kind
+    if kind == "f":
+        if array.dtype.itemsize < 8:
+            # float32 → the shortest decimal that round-trips in float32 ("0.1", not 0.10000000149011612),
+            # carried in a float64 whose repr is that same decimal.
+            array = array.astype(str).astype(np.float64)
+        return array.tolist()
+    if kind in "OSU":
+        return _strings(array.tolist(), as_b64)
+    if kind == "c":
+        raise invalid_argument(f"Failed to write JSON value for tensor type: {array.dtype}")
+    return array.tolist()
+
+
+def _strings(value: Any, as_b64: bool) -> Any:
+    if isinstance(value, list):
+        return [_strings(v, as_b64) for v in value]
+    if isinstance(value, str):
+        value = value.encode("utf-8")
+    if not as_b64:
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            pass  # not text: send it losslessly rather than as invalid JSON
+    return {B64: base64.b64encode(value).decode("ascii")}
+
+
+def dumps(obj: Any) -> bytes:
+    """Compact JSON with TF Serving's NaN / Infinity / -Infinity tokens."""
+    return json.dumps(obj, separators=(",", ":"), allow_nan=True, ensure_ascii=False).encode("utf-8")
+
+
+def encode_predict_response(outputs: Mapping[str, np.ndarray], fmt: Format) -> bytes:
+    if not outputs:
+        raise invalid_argument("Cannot convert empty tensor map to JSON")
+    names = sorted(outputs)
+    values = {n: to_json_value(outputs[n], n.endswith(BYTES_SUFFIX)) for n in names}
+    if fmt is Format.COLUMNAR:
+        return dumps({"outputs": values[names[0]] if len(names) == 1 else values})
+    batch = None
+    for name in names:
+        if outputs[name].ndim == 0:
+            raise invalid_argument(f"Tensor name: {name} has no shape information ")
+        size = outputs[name].shape[0]
+        if batch is not None and size != batch:
+            raise invalid_argument(f"Tensor name: {name} has inconsistent batch size: {size} expecting: {batch}")
+        batch = size
+    if len(names) == 1:
+        return dumps({"predictions": values[names[0]]})
+    assert batch is not None
+    return dumps({"predictions": [{n: values[n][i] for n in names} for i in range(batch)]})
+
+
+def _score(value: float) -> float:
+    return float(np.float32(value).astype(str)) if math.isfinite(value) else value
+
+
+def encode_classify_response(results: list[list[tuple[str, float]]]) -> bytes:
+    return dumps({"results": [[[label, _score(score)] for label, score in row] for row in results]})
+
+
+def encode_regress_response(values: list[float]) -> bytes:
+    return dumps({"results": [_score(v) for v in values]})
+
+
+def encode_error(message: str) -> bytes:
+    return dumps({"error": message})

@@ -1,0 +1,239 @@
+"""The serving process: engine + frontends on one asyncio loop.
+
+:class:`ModelServer` wires the manager, the repository source, config reloading, metrics, the dataplane and
+the frontends. ``workbench serve`` runs it in the main thread (:func:`run`); tests and in-process use run it
+on a background thread (:class:`ServerThread`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import uvicorn
+
+from workbench.dataplane import Dataplane
+from workbench.engine.manager import Manager
+from workbench.engine.metrics import ServingMetrics
+from workbench.engine.options import ModelConfig, ServerOptions, parse_model_config_file
+from workbench.engine.servable import load_saved_model
+from workbench.engine.source import RepositorySource
+from workbench.engine.status import ServingError
+from workbench.engine.warmup import warm_up
+from workbench.frontends.rest import create_app
+
+log = logging.getLogger(__name__)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+class ModelServer:
+    """One server: load the models, then answer on the configured ports until stopped."""
+
+    def __init__(self, options: ServerOptions) -> None:
+        self.options = options
+        self.metrics = ServingMetrics()
+        self.manager = Manager(
+            load_saved_model,
+            warmup=warm_up if options.enable_model_warmup else None,
+            load_threads=options.num_load_threads,
+            allow_labels_for_unavailable=options.allow_version_labels_for_unavailable_models,
+        )
+        self.manager.add_listener(self._on_state_change)
+        self.source = RepositorySource(self.manager, options.file_system_poll_wait_seconds)
+        threads = options.num_inference_threads or max(4, 2 * (os.cpu_count() or 1))
+        self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="workbench-infer")
+        self.dataplane = Dataplane(self.manager, self.metrics, self._executor)
+        self.rest_port: int | None = None
+        self._uvicorn: uvicorn.Server | None = None
+        self._sockets: list[socket.socket] = []
+        self._stopping = threading.Event()
+        self._config_thread: threading.Thread | None = None
+        self._config_text: str | None = None
+        self.started_at: float | None = None
+
+    def _on_state_change(self, model: str) -> None:
+        for status in self.manager.version_status(model) if model in self.manager.model_names() else []:
+            self.metrics.version_available.labels(model, str(status.version)).set(
+                1 if status.state.name == "AVAILABLE" else 0
+            )
+
+    # -------------------------------------------------------------------------------------- models
+    def apply_models(self, models: list[ModelConfig], wait_timeout: float | None = None) -> None:
+        """Realise exactly ``models``: load what is new, unload what went, then set their labels.
+
+        Like TF Serving, labels are applied once the versions have finished loading, so a label may point
+        at a version that the same config brings in.
+        """
+        self.manager.set_models(models)
+        self.source.poll_once()
+        self.manager.wait_until_settled(wait_timeout)
+        self.manager.set_labels({m.name: m.labels for m in models})
+
+    def _watch_config_file(self) -> None:
+        path, wait = self.options.model_config_file, self.options.model_config_file_poll_wait_seconds
+        while not self._stopping.wait(wait):
+            try:
+                text = Path(path).read_text()
+            except OSError as exc:
+                log.error("Could not read model config file %s: %s", path, exc)
+                continue
+            if text == self._config_text:
+                continue
+            try:
+                models = parse_model_config_file(path)
+                self.apply_models(models)
+                self._config_text = text
+                log.info("Applied new model config from %s", path)
+            except ServingError as exc:
+                log.error("Model config %s not applied: %s", path, exc.message)
+                self._config_text = text  # do not retry the same broken text every poll
+
+    # ------------------------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        options = self.options
+        models = options.initial_models()  # raises on a malformed config file, before anything starts
+        monitoring = options.monitoring()
+        if options.model_config_file:
+            self._config_text = Path(options.model_config_file).read_text()
+        loop = asyncio.get_running_loop()
+        # Loading blocks (TensorFlow); run it off the loop, then open the ports, as TF Serving does.
+        await loop.run_in_executor(None, self.apply_models, models)
+        self.source.start_polling()
+        if options.model_config_file and options.model_config_file_poll_wait_seconds > 0:
+            self._config_thread = threading.Thread(target=self._watch_config_file, name="workbench-config", daemon=True)
+            self._config_thread.start()
+        if options.rest_api_port != 0:  # 0 is off, as in TF Serving; -1 picks a free port
+            prometheus_path = monitoring.prometheus_path if monitoring.prometheus_enabled else None
+            await self._start_rest(max(options.rest_api_port, 0), prometheus_path)
+        self.started_at = time.time()
+
+    async def _start_rest(self, port: int, prometheus_path: str | None) -> None:
+        app = create_app(
+            self.dataplane,
+            timeout_ms=self.options.rest_api_timeout_in_ms,
+            max_request_bytes=self.options.rest_api_max_request_bytes,
+            enable_cors=self.options.rest_api_enable_cors_support,
+            prometheus_path=prometheus_path,
+        )
+        sock = _bind(self.options.rest_api_host, port)
+        self._sockets.append(sock)
+        self.rest_port = sock.getsockname()[1]
+        config = uvicorn.Config(
+            app,
+            lifespan="off",
+            log_config=None,
+            access_log=False,
+            http="httptools",
+            loop="none",
+            timeout_keep_alive=30,
+        )
+        config.load()
+        server = uvicorn.Server(config)
+        server.lifespan = config.lifespan_class(config)
+        await server.startup(sockets=[sock])
+        self._uvicorn = server
+        log.info("Exporting HTTP/REST API at %s:%d", self.options.rest_api_host, self.rest_port)
+
+    async def stop(self) -> None:
+        self._stopping.set()
+        if self._uvicorn is not None:
+            self._uvicorn.should_exit = True
+            await self._uvicorn.shutdown(sockets=self._sockets)
+            self._uvicorn = None
+        self.source.stop()
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self.manager.stop)
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop
+
+        return uvloop.new_event_loop()
+    except ImportError:  # pragma: no cover - uvloop is a dependency on every supported platform
+        return asyncio.new_event_loop()
+
+
+def run(options: ServerOptions) -> int:
+    """``workbench serve``: serve until SIGINT/SIGTERM; returns the process exit code."""
+    loop = new_event_loop()
+    asyncio.set_event_loop(loop)
+    server = ModelServer(options)
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+
+    async def main() -> None:
+        await server.start()
+        await stop.wait()
+        await server.stop()
+
+    try:
+        loop.run_until_complete(main())
+    finally:
+        loop.close()
+    return 0
+
+
+class ServerThread:
+    """A ModelServer on its own loop in a background thread (tests, in-process use)."""
+
+    def __init__(self, options: ServerOptions) -> None:
+        self.server = ModelServer(options)
+        self._loop = new_event_loop()
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="workbench-server", daemon=True)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._loop.run_until_complete(self.server.start())
+        except BaseException as exc:  # noqa: BLE001 - handed to the thread that called start()
+            self._error = exc
+            self._ready.set()
+            return
+        self._ready.set()
+        self._loop.run_forever()
+
+    def start(self, timeout: float = 120) -> ServerThread:
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            raise TimeoutError("server did not start in time")
+        if self._error is not None:
+            raise self._error
+        return self
+
+    @property
+    def rest_url(self) -> str:
+        return f"http://{self.server.options.rest_api_host}:{self.server.rest_port}"
+
+    def stop(self) -> None:
+        if not self._thread.is_alive():
+            return
+        asyncio.run_coroutine_threadsafe(self.server.stop(), self._loop).result(timeout=60)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=30)
+
+    def __enter__(self) -> ServerThread:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
