@@ -127,3 +127,34 @@ def write_legacy_export(version_dir: str | os.PathLike[str]) -> Path:
     (path / "export.meta").write_bytes(b"\x08\x01 legacy meta graph, not parsed by anyone")
     (path / "checkpoint").write_text('model_checkpoint_path: "export"\n')
     return path
+
+
+def save_multi_io(export_dir: str | os.PathLike[str]) -> Path:
+    """A TF2 model with several typed inputs and outputs, for the REST formats' corner cases.
+
+    Inputs: ``a`` float32 [None, 2], ``b`` int64 [None], ``text`` string [None].
+    Outputs: ``total`` = sum(a) + b (float32 [None]), ``doubled`` = 2b (int64 [None]),
+    ``upper`` = upper-cased text (string [None]) and ``echo_bytes`` = text (string, sent back as b64).
+    """
+    import tensorflow as tf
+
+    class MultiIO(tf.Module):
+        @tf.function(
+            input_signature=[
+                tf.TensorSpec([None, 2], tf.float32, name="a"),
+                tf.TensorSpec([None], tf.int64, name="b"),
+                tf.TensorSpec([None], tf.string, name="text"),
+            ]
+        )
+        def serve(self, a: tf.Tensor, b: tf.Tensor, text: tf.Tensor) -> dict[str, tf.Tensor]:
+            return {
+                "total": tf.reduce_sum(a, axis=1) + tf.cast(b, tf.float32),
+                "doubled": b * 2,
+                "upper": tf.strings.upper(text),
+                "echo_bytes": tf.identity(text),
+            }
+
+    module = MultiIO()
+    path = Path(export_dir)
+    tf.saved_model.save(module, str(path), signatures={"serving_default": module.serve})
+    return path

@@ -127,8 +127,11 @@ def _spec(alias: str, info: Any) -> TensorSpec:
         raise ServingError(
             Code.UNIMPLEMENTED, f"Signature tensor {alias} is not a dense tensor (sparse/composite are unsupported)"
         )
-    dtype = dtypes.as_dtype(info.dtype)
-    np_dtype = np.dtype(object) if dtype == dtypes.string else np.dtype(dtype.as_numpy_dtype)
+    if info.dtype == 0:  # DT_INVALID: e.g. the NoOp output of TF2's __saved_model_init_op
+        np_dtype = np.dtype(object)
+    else:
+        dtype = dtypes.as_dtype(info.dtype)
+        np_dtype = np.dtype(object) if dtype == dtypes.string else np.dtype(dtype.as_numpy_dtype)
     shape: tuple[int, ...] | None
     shape = None if info.tensor_shape.unknown_rank else tuple(int(d.size) for d in info.tensor_shape.dim)
     return TensorSpec(alias=alias, tensor_name=info.name, dtype=np_dtype, dtype_enum=info.dtype, shape=shape)
@@ -206,9 +209,12 @@ class SavedModelServable(Servable):
         except Exception as exc:
             self._session.close()
             raise from_exception(exc) from None
-        self.signatures = {
-            key: signature_from_proto(key, sig) for key, sig in sorted(self._meta_graph_signatures.items())
-        }
+        self.signatures = {}
+        for key, sig in sorted(self._meta_graph_signatures.items()):
+            try:
+                self.signatures[key] = signature_from_proto(key, sig)
+            except ServingError as exc:  # still listed in metadata; only running it is refused
+                log.warning("Signature %s of %s version %d cannot be served: %s", key, name, version, exc.message)
         self._callables: dict[tuple[str, tuple[str, ...], tuple[str, ...]], Any] = {}
         self._callables_lock = threading.Lock()
 

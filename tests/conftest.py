@@ -1,0 +1,70 @@
+"""Shared fixtures: real SavedModels built once per session, and servers on 127.0.0.1 ephemeral ports."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import pytest
+import requests
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import models  # noqa: E402  (tests/models.py)
+
+from workbench import demo  # noqa: E402
+from workbench.engine.options import ServerOptions  # noqa: E402
+from workbench.server import ServerThread  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def model_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One copy of every test model; tests copy versions from here into their own repositories."""
+    root = tmp_path_factory.mktemp("store")
+    demo.save_half_plus_two(root / "hp2_tf2")
+    demo.save_half_plus_two(root / "hp3_tf2", offset=3.0)
+    demo.save_half_plus_two_tf1(root / "hp2_tf1")
+    models.save_multi_io(root / "multi_io")
+    return root
+
+
+@pytest.fixture
+def make_repo(tmp_path: Path, model_store: Path) -> Callable[..., Path]:
+    """``make_repo("name", {1: "hp2_tf1", 2: "hp2_tf2"})`` → a base path with those versions."""
+
+    def make(name: str, versions: dict[int, str]) -> Path:
+        base = tmp_path / "models" / name
+        base.mkdir(parents=True, exist_ok=True)
+        for version, stored in versions.items():
+            shutil.copytree(model_store / stored, base / str(version))
+        return base
+
+    return make
+
+
+@pytest.fixture
+def serve() -> Iterator[Callable[..., ServerThread]]:
+    """Start servers with the given ServerOptions fields (REST on a free port); all stop after the test."""
+    started: list[ServerThread] = []
+
+    def start(**fields: object) -> ServerThread:
+        fields.setdefault("rest_api_port", -1)
+        fields.setdefault("port", 0)
+        server = ServerThread(ServerOptions(**fields)).start()  # type: ignore[arg-type]
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def http() -> Iterator[requests.Session]:
+    with requests.Session() as session:
+        yield session
