@@ -19,9 +19,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 UNSUPPORTED_TF_SERVING_FLAGS = {
     "enable_batching": "dynamic batching is not implemented yet",
     "batching_parameters_file": "dynamic batching is not implemented yet",
-    "grpc_socket_path": "the gRPC API is not implemented yet",
-    "grpc_channel_arguments": "the gRPC API is not implemented yet",
-    "grpc_max_threads": "the gRPC API is not implemented yet",
     "ssl_config_file": "TLS is not supported; put a TLS-terminating proxy in front",
     "platform_config_file": "only the tensorflow platform is supported",
     "tensorflow_session_parallelism": "TensorFlow thread pools are not configurable yet",
@@ -69,8 +66,8 @@ def _flag(parser: argparse.ArgumentParser, name: str, kind: type | object, defau
 def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "serve",
-        help="serve models over TF Serving's REST API (tensorflow_model_server's flags)",
-        description="Serve TensorFlow SavedModels with TF Serving's REST API. Flag names and defaults are "
+        help="serve models over TF Serving's REST and gRPC APIs (tensorflow_model_server's flags)",
+        description="Serve TensorFlow SavedModels with TF Serving's REST and gRPC APIs. Flag names and defaults are "
         "tensorflow_model_server's.",
     )
     _flag(p, "port", int, 8500, "gRPC port (TF Serving's default 8500)")
@@ -86,9 +83,12 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     _flag(p, "monitoring_config_file", str, "", "text-format MonitoringConfig (enables Prometheus metrics)")
     _flag(p, "allow_version_labels_for_unavailable_models", bool, False, "allow labels on versions not loaded yet")
     _flag(p, "num_load_threads", int, 2, "threads that load and unload model versions")
+    _flag(p, "grpc_socket_path", str, "", "also serve gRPC on this Unix socket")
+    _flag(p, "grpc_channel_arguments", str, "", "gRPC server arguments, comma-separated key=value")
     # workbench's own flags
     _flag(p, "host", str, "127.0.0.1", "address to bind (workbench: loopback unless told otherwise)")
     _flag(p, "rest_api_max_request_bytes", int, 256 * 1024 * 1024, "largest REST request body accepted")
+    _flag(p, "grpc_max_message_bytes", int, 256 * 1024 * 1024, "largest gRPC message received or sent")
     _flag(p, "num_inference_threads", int, 0, "threads running TensorFlow (0: twice the cores, at least 4)")
     for name in UNSUPPORTED_TF_SERVING_FLAGS:
         p.add_argument(f"--{name}", nargs="?", const=True, default=None, help=argparse.SUPPRESS, dest=f"x_{name}")
@@ -121,6 +121,9 @@ def _serve(args: argparse.Namespace) -> int:
         rest_api_timeout_in_ms=args.rest_api_timeout_in_ms,
         rest_api_enable_cors_support=args.rest_api_enable_cors_support,
         rest_api_max_request_bytes=args.rest_api_max_request_bytes,
+        grpc_socket_path=args.grpc_socket_path,
+        grpc_channel_arguments=args.grpc_channel_arguments,
+        grpc_max_message_bytes=args.grpc_max_message_bytes,
         model_name=args.model_name,
         model_base_path=args.model_base_path,
         model_config_file=args.model_config_file,

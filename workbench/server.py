@@ -17,6 +17,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import grpc
 import uvicorn
 
 from workbench.dataplane import Dataplane
@@ -27,9 +28,14 @@ from workbench.engine.servable import load_saved_model
 from workbench.engine.source import RepositorySource
 from workbench.engine.status import ServingError
 from workbench.engine.warmup import warm_up
+from workbench.frontends.grpc import start_grpc_server
 from workbench.frontends.rest import create_app
 
 log = logging.getLogger(__name__)
+
+
+def _host_for_grpc(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -60,6 +66,9 @@ class ModelServer:
         self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="workbench-infer")
         self.dataplane = Dataplane(self.manager, self.metrics, self._executor)
         self.rest_port: int | None = None
+        self.grpc_port: int | None = None
+        self._grpc: grpc.aio.Server | None = None
+        self._apply_lock = threading.Lock()
         self._uvicorn: uvicorn.Server | None = None
         self._sockets: list[socket.socket] = []
         self._stopping = threading.Event()
@@ -80,10 +89,11 @@ class ModelServer:
         Like TF Serving, labels are applied once the versions have finished loading, so a label may point
         at a version that the same config brings in.
         """
-        self.manager.set_models(models)
-        self.source.poll_once()
-        self.manager.wait_until_settled(wait_timeout)
-        self.manager.set_labels({m.name: m.labels for m in models})
+        with self._apply_lock:  # the config-file watcher and gRPC's HandleReloadConfigRequest take turns
+            self.manager.set_models(models)
+            self.source.poll_once()
+            self.manager.wait_until_settled(wait_timeout)
+            self.manager.set_labels({m.name: m.labels for m in models})
 
     def _watch_config_file(self) -> None:
         path, wait = self.options.model_config_file, self.options.model_config_file_poll_wait_seconds
@@ -118,6 +128,15 @@ class ModelServer:
         if options.model_config_file and options.model_config_file_poll_wait_seconds > 0:
             self._config_thread = threading.Thread(target=self._watch_config_file, name="workbench-config", daemon=True)
             self._config_thread.start()
+        self._grpc, self.grpc_port = await start_grpc_server(
+            self.dataplane,
+            self.apply_models,
+            address=f"{_host_for_grpc(options.grpc_host)}:{options.port}",
+            socket_path=options.grpc_socket_path,
+            max_message_bytes=options.grpc_max_message_bytes,
+            channel_arguments=options.grpc_arguments(),
+        )
+        log.info("Running gRPC ModelServer at %s:%d", options.grpc_host, self.grpc_port)
         if options.rest_api_port != 0:  # 0 is off, as in TF Serving; -1 picks a free port
             prometheus_path = monitoring.prometheus_path if monitoring.prometheus_enabled else None
             await self._start_rest(max(options.rest_api_port, 0), prometheus_path)
@@ -152,6 +171,9 @@ class ModelServer:
 
     async def stop(self) -> None:
         self._stopping.set()
+        if self._grpc is not None:
+            await self._grpc.stop(grace=2)
+            self._grpc = None
         if self._uvicorn is not None:
             self._uvicorn.should_exit = True
             await self._uvicorn.shutdown(sockets=self._sockets)
@@ -224,6 +246,10 @@ class ServerThread:
     @property
     def rest_url(self) -> str:
         return f"http://{self.server.options.rest_api_host}:{self.server.rest_port}"
+
+    @property
+    def grpc_target(self) -> str:
+        return f"{self.server.options.grpc_host}:{self.server.grpc_port}"
 
     def stop(self) -> None:
         if not self._thread.is_alive():

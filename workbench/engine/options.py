@@ -73,6 +73,7 @@ class ServerOptions:
     rest_api_enable_cors_support: bool = False
     rest_api_max_request_bytes: int = 256 * 1024 * 1024
     grpc_max_message_bytes: int = 256 * 1024 * 1024
+    grpc_channel_arguments: str = ""
     model_name: str = "default"
     model_base_path: str = ""
     model_config_file: str = ""
@@ -91,6 +92,10 @@ class ServerOptions:
         if self.model_base_path:
             return [ModelConfig(name=self.model_name, base_path=os.path.abspath(self.model_base_path))]
         return []
+
+    def grpc_arguments(self) -> tuple[tuple[str, int | str], ...]:
+        """``--grpc_channel_arguments``: TF Serving's comma-separated ``key=value`` list."""
+        return parse_channel_arguments(self.grpc_channel_arguments)
 
     def monitoring(self) -> MonitoringOptions:
         if not self.monitoring_config_file:
@@ -188,3 +193,16 @@ def parse_monitoring_config_file(path: str | os.PathLike[str]) -> MonitoringOpti
     if not metrics_path.startswith("/"):
         metrics_path = "/" + metrics_path
     return MonitoringOptions(prometheus_enabled=prometheus.enable, prometheus_path=metrics_path)
+
+
+def parse_channel_arguments(text: str) -> tuple[tuple[str, int | str], ...]:
+    arguments: list[tuple[str, int | str]] = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ServingError(
+                Code.INVALID_ARGUMENT, f"Malformed --grpc_channel_arguments entry {item!r}: want key=value"
+            )
+        value = value.strip()
+        arguments.append((key.strip(), int(value) if value.lstrip("-").isdigit() else value))
+    return tuple(arguments)

@@ -1,0 +1,262 @@
+"""TF Serving's gRPC API on ``grpc.aio``: PredictionService, ModelService and grpc.health.v1.
+
+Thin like the REST frontend: protos in, the dataplane in the middle, protos out. Servicers are the
+generated ones from ``tensorflow-serving-api``, so any TF Serving client works unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from tensorflow_serving.apis import (
+    classification_pb2,
+    get_model_metadata_pb2,
+    inference_pb2,
+    model_management_pb2,
+    model_service_pb2_grpc,
+    predict_pb2,
+    prediction_service_pb2_grpc,
+    regression_pb2,
+)
+
+from workbench.dataplane import Dataplane, ModelSpec
+from workbench.engine import inference
+from workbench.engine.options import ModelConfig, model_configs_from_proto
+from workbench.engine.servable import CLASSIFY_METHOD
+from workbench.engine.status import Code, ServingError, from_exception
+from workbench.protocol.examples import serialized_examples
+from workbench.protocol.serving_protos import model_status_proto
+from workbench.protocol.tensor_proto import from_numpy, to_numpy
+
+log = logging.getLogger(__name__)
+
+PREDICTION_SERVICE = "tensorflow.serving.PredictionService"
+MODEL_SERVICE = "tensorflow.serving.ModelService"
+
+
+def _spec(model_spec: Any) -> ModelSpec:
+    which = model_spec.WhichOneof("version_choice")
+    return ModelSpec(
+        name=model_spec.name,
+        version=model_spec.version.value if which == "version" else None,
+        label=model_spec.version_label if which == "version_label" else None,
+        signature_name=model_spec.signature_name,
+    )
+
+
+def _echo(target: Any, name: str, version: int, signature_name: str | None) -> None:
+    """Fill a response's model_spec with the resolved name, version and signature, as TF Serving does."""
+    target.name = name
+    target.version.value = version
+    if signature_name is not None:
+        target.signature_name = signature_name
+
+
+async def _abort(context: grpc.aio.ServicerContext, error: ServingError) -> NoReturn:
+    await context.abort(grpc.StatusCode[error.code.name], error.message)
+    raise AssertionError("unreachable")  # context.abort raises
+
+
+def _timeout(context: grpc.aio.ServicerContext) -> float | None:
+    remaining = context.time_remaining()
+    return remaining if remaining is not None and remaining > 0 else None
+
+
+class _Errors:
+    """Run a handler; any ServingError (or bug) becomes its gRPC status, never an UNKNOWN traceback."""
+
+    async def call(self, context: grpc.aio.ServicerContext, body: Callable[[], Any]) -> Any:
+        try:
+            return await body()
+        except ServingError as exc:
+            await _abort(context, exc)
+        except (grpc.aio.AbortError, asyncio.CancelledError):
+            raise
+        except Exception as exc:  # noqa: BLE001
+            log.exception("gRPC handler failed")
+            await _abort(context, from_exception(exc))
+
+
+class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer, _Errors):
+    def __init__(self, dataplane: Dataplane) -> None:
+        self.dataplane = dataplane
+
+    async def Predict(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        async def body() -> Any:
+            spec = _spec(request.model_spec)
+            with self.dataplane.track(spec.name, "predict", "grpc") as call:
+                servable = self.dataplane.resolve(spec)
+                call.version = servable.version
+                inputs = {alias: to_numpy(proto, alias) for alias, proto in request.inputs.items()}
+                signature, outputs = await self.dataplane.predict(
+                    servable, spec.signature_name, inputs, list(request.output_filter), timeout=_timeout(context)
+                )
+                response = predict_pb2.PredictResponse()
+                _echo(response.model_spec, spec.name, servable.version, signature.name)
+                for alias, value in outputs.items():
+                    from_numpy(value, response.outputs[alias])
+                return response
+
+        return await self.call(context, body)
+
+    async def Classify(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        async def body() -> Any:
+            spec = _spec(request.model_spec)
+            with self.dataplane.track(spec.name, "classify", "grpc") as call:
+                servable = self.dataplane.resolve(spec)
+                call.version = servable.version
+                examples = serialized_examples(request.input)
+                name, results = await self.dataplane.classify(
+                    servable, spec.signature_name, examples, timeout=_timeout(context)
+                )
+                response = classification_pb2.ClassificationResponse()
+                _echo(response.model_spec, spec.name, servable.version, name)
+                _fill_classifications(response.result, results)
+                return response
+
+        return await self.call(context, body)
+
+    async def Regress(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        async def body() -> Any:
+            spec = _spec(request.model_spec)
+            with self.dataplane.track(spec.name, "regress", "grpc") as call:
+                servable = self.dataplane.resolve(spec)
+                call.version = servable.version
+                examples = serialized_examples(request.input)
+                name, values = await self.dataplane.regress(
+                    servable, spec.signature_name, examples, timeout=_timeout(context)
+                )
+                response = regression_pb2.RegressionResponse()
+                _echo(response.model_spec, spec.name, servable.version, name)
+                for value in values:
+                    response.result.regressions.add().value = value
+                return response
+
+        return await self.call(context, body)
+
+    async def MultiInference(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        async def body() -> Any:
+            if not request.tasks:
+                raise ServingError(Code.INVALID_ARGUMENT, "Tasks are empty")
+            specs = [_spec(task.model_spec) for task in request.tasks]
+            if len({(s.name, s.version, s.label) for s in specs}) != 1:
+                raise ServingError(
+                    Code.INVALID_ARGUMENT, "All ModelSpecs in a MultiInferenceRequest must access the same model"
+                )
+            with self.dataplane.track(specs[0].name, "multi_inference", "grpc") as call:
+                servable = self.dataplane.resolve(specs[0])
+                call.version = servable.version
+                tasks = [
+                    inference.InferenceTask(s.signature_name, t.method_name)
+                    for s, t in zip(specs, request.tasks, strict=True)
+                ]
+                examples = serialized_examples(request.input)
+                results = await self.dataplane.multi_inference(servable, tasks, examples, timeout=_timeout(context))
+                response = inference_pb2.MultiInferenceResponse()
+                for (name, result), task in zip(results, tasks, strict=True):
+                    entry = response.results.add()
+                    _echo(entry.model_spec, specs[0].name, servable.version, name)
+                    if task.method_name == CLASSIFY_METHOD:
+                        _fill_classifications(entry.classification_result, result)
+                    else:
+                        for value in result:
+                            entry.regression_result.regressions.add().value = value
+                return response
+
+        return await self.call(context, body)
+
+    async def GetModelMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        async def body() -> Any:
+            if not request.metadata_field:
+                raise ServingError(
+                    Code.INVALID_ARGUMENT, "GetModelMetadataRequest must specify at least one metadata_field"
+                )
+            for field in request.metadata_field:
+                if field != "signature_def":
+                    raise ServingError(Code.INVALID_ARGUMENT, f"Metadata field {field} is not supported")
+            spec = _spec(request.model_spec)
+            servable = self.dataplane.resolve(spec)
+            response = get_model_metadata_pb2.GetModelMetadataResponse()
+            _echo(response.model_spec, spec.name, servable.version, None)
+            response.metadata["signature_def"].Pack(self.dataplane.metadata(servable))
+            return response
+
+        return await self.call(context, body)
+
+
+def _fill_classifications(result: Any, rows: inference.Classifications) -> None:
+    for row in rows:
+        classifications = result.classifications.add()
+        for label, score in row:
+            entry = classifications.classes.add()
+            entry.label = label
+            entry.score = score
+
+
+class ModelService(model_service_pb2_grpc.ModelServiceServicer, _Errors):
+    def __init__(self, dataplane: Dataplane, reload_config: Callable[[list[ModelConfig]], None]) -> None:
+        self.dataplane = dataplane
+        self._reload_config = reload_config
+
+    async def GetModelStatus(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        async def body() -> Any:
+            if not request.HasField("model_spec"):
+                raise ServingError(Code.INVALID_ARGUMENT, "Missing ModelSpec")
+            spec = _spec(request.model_spec)
+            return model_status_proto(self.dataplane.model_status(spec.name, spec.version, spec.label))
+
+        return await self.call(context, body)
+
+    async def HandleReloadConfigRequest(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        async def body() -> Any:
+            which = request.config.WhichOneof("config")
+            if which != "model_config_list":
+                raise ServingError(Code.UNIMPLEMENTED, "ServerConfig type not supported: only model_config_list is")
+            models = model_configs_from_proto(request.config.model_config_list)
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, self._reload_config, models)
+            response = model_management_pb2.ReloadConfigResponse()
+            response.status.error_code = 0
+            return response
+
+        return await self.call(context, body)
+
+
+async def start_grpc_server(
+    dataplane: Dataplane,
+    reload_config: Callable[[list[ModelConfig]], None],
+    *,
+    address: str | None,
+    socket_path: str = "",
+    max_message_bytes: int,
+    channel_arguments: tuple[tuple[str, Any], ...] = (),
+) -> tuple[grpc.aio.Server, int | None]:
+    """Start the gRPC server; returns it with the bound TCP port (None when only a Unix socket is served)."""
+    options = [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.so_reuseport", 0),
+        *channel_arguments,
+    ]
+    server = grpc.aio.server(options=options)
+    prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(PredictionService(dataplane), server)
+    model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelService(dataplane, reload_config), server)
+    health = HealthServicer()
+    for service in ("", PREDICTION_SERVICE, MODEL_SERVICE):
+        await health.set(service, health_pb2.HealthCheckResponse.SERVING)
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    port = None
+    if address is not None:
+        port = server.add_insecure_port(address)
+        if port == 0:
+            raise ServingError(Code.UNAVAILABLE, f"Could not bind the gRPC port at {address}")
+    if socket_path:
+        server.add_insecure_port(f"unix:{socket_path}")
+    await server.start()
+    return server, port

@@ -1,0 +1,64 @@
+"""``TensorProto`` ↔ numpy for gRPC.
+
+Requests are read with TensorFlow's own ``make_ndarray`` (every encoding clients send: typed ``*_val``
+fields and ``tensor_content``). Responses use the typed fields, as TF Serving does by default, so clients
+that read ``response.outputs["y"].float_val`` directly keep working.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from workbench.engine.status import invalid_argument
+
+# numpy dtype → (TensorFlow DataType enum, TensorProto field holding the values)
+_FIELDS: dict[np.dtype[Any], tuple[int, str]] = {
+    np.dtype(np.float32): (1, "float_val"),
+    np.dtype(np.float64): (2, "double_val"),
+    np.dtype(np.int32): (3, "int_val"),
+    np.dtype(np.uint8): (4, "int_val"),
+    np.dtype(np.int16): (5, "int_val"),
+    np.dtype(np.int8): (6, "int_val"),
+    np.dtype(np.int64): (9, "int64_val"),
+    np.dtype(np.bool_): (10, "bool_val"),
+    np.dtype(np.uint16): (17, "int_val"),
+    np.dtype(np.float16): (19, "half_val"),
+    np.dtype(np.uint32): (22, "uint32_val"),
+    np.dtype(np.uint64): (23, "uint64_val"),
+}
+_DT_STRING = 7
+
+
+def to_numpy(proto: Any, alias: str) -> np.ndarray:
+    import tensorflow as tf
+
+    try:
+        return tf.make_ndarray(proto)
+    except Exception as exc:  # malformed content: wrong sizes, unknown dtype
+        raise invalid_argument(f"Could not parse input tensor {alias}: {exc}") from None
+
+
+def from_numpy(array: np.ndarray, proto: Any) -> Any:
+    """Fill ``proto`` (a TensorProto) with ``array``; returns it."""
+    array = np.asarray(array)
+    for dim in array.shape:
+        proto.tensor_shape.dim.add().size = dim
+    if array.dtype.kind in "OSU":
+        proto.dtype = _DT_STRING
+        proto.string_val.extend(v.encode("utf-8") if isinstance(v, str) else bytes(v) for v in array.reshape(-1))
+        return proto
+    entry = _FIELDS.get(array.dtype)
+    if entry is None:
+        import tensorflow as tf
+
+        proto.CopyFrom(tf.make_tensor_proto(array))  # complex and other rare types: tensor_content
+        return proto
+    dtype_enum, field = entry
+    proto.dtype = dtype_enum
+    flat = array.reshape(-1)
+    if field == "half_val":
+        flat = flat.view(np.uint16)
+    getattr(proto, field).extend(flat.tolist())
+    return proto
