@@ -20,6 +20,7 @@ from pathlib import Path
 import grpc
 import uvicorn
 
+from workbench._loop import new_event_loop
 from workbench.dataplane import Dataplane
 from workbench.engine.manager import Manager
 from workbench.engine.metrics import ServingMetrics
@@ -182,15 +183,6 @@ class ModelServer:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self.manager.stop)
         self._executor.shutdown(wait=False, cancel_futures=True)
-
-
-def new_event_loop() -> asyncio.AbstractEventLoop:
-    try:
-        import uvloop
-
-        return uvloop.new_event_loop()
-    except ImportError:  # pragma: no cover - uvloop is a dependency on every supported platform
-        return asyncio.new_event_loop()
 
 
 def run(options: ServerOptions) -> int:

@@ -1,0 +1,116 @@
+"""Shared pieces of the benchmarks: models built on the spot, and a `workbench serve` child process."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def save_mnist_mlp(export_dir: Path, hidden: int = 256, seed: int = 0) -> Path:
+    """An MNIST-shaped MLP (784 → hidden → hidden → 10), random weights: the compute is what matters here."""
+    import tensorflow as tf
+
+    rng = np.random.default_rng(seed)
+
+    class MLP(tf.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w1 = tf.Variable(rng.normal(0, 0.05, (784, hidden)).astype(np.float32))
+            self.w2 = tf.Variable(rng.normal(0, 0.05, (hidden, hidden)).astype(np.float32))
+            self.w3 = tf.Variable(rng.normal(0, 0.05, (hidden, 10)).astype(np.float32))
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 784], tf.float32, name="images")])
+        def serve(self, images: tf.Tensor) -> dict[str, tf.Tensor]:
+            h = tf.nn.relu(images @ self.w1)
+            h = tf.nn.relu(h @ self.w2)
+            return {"probabilities": tf.nn.softmax(h @ self.w3)}
+
+    module = MLP()
+    tf.saved_model.save(module, str(export_dir), signatures={"serving_default": module.serve})
+    return export_dir
+
+
+def write_config(path: Path, models: dict[str, Path]) -> Path:
+    entries = "".join(
+        f'  config {{ name: "{name}" base_path: "{base}" model_platform: "tensorflow" }}\n'
+        for name, base in models.items()
+    )
+    path.write_text("model_config_list {\n" + entries + "}\n")
+    return path
+
+
+class ServeProcess:
+    """`workbench serve` as a child process, as users run it."""
+
+    def __init__(self, config: Path, *extra: str) -> None:
+        self.grpc_port, self.rest_port = free_port(), free_port()
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+        self.started = time.perf_counter()
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "workbench",
+                "serve",
+                f"--port={self.grpc_port}",
+                f"--rest_api_port={self.rest_port}",
+                f"--model_config_file={config}",
+                *extra,
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+
+    @property
+    def rest_url(self) -> str:
+        return f"http://127.0.0.1:{self.rest_port}"
+
+    @property
+    def grpc_target(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    def wait_for_answer(self, model: str, body: dict, timeout: float = 180) -> float:
+        """Seconds from spawning the process to its first answered predict request."""
+        data = json.dumps(body).encode()
+        deadline = time.perf_counter() + timeout
+        while time.perf_counter() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError("workbench serve exited:\n" + self.proc.stderr.read().decode()[-3000:])
+            try:
+                req = urllib.request.Request(f"{self.rest_url}/v1/models/{model}:predict", data=data)
+                with urllib.request.urlopen(req, timeout=5) as response:
+                    if response.status == 200:
+                        return time.perf_counter() - self.started
+            except OSError:
+                time.sleep(0.05)
+        raise TimeoutError("server did not answer in time")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def save_results(name: str, payload: dict) -> Path:
+    out = Path(__file__).parent / "results"
+    out.mkdir(exist_ok=True)
+    path = out / f"{name}.json"
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+    return path

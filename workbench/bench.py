@@ -1,0 +1,213 @@
+"""A closed-loop load generator for TF Serving's REST and gRPC predict APIs.
+
+N concurrent clients each send a request, wait for its answer, and send the next, for a duration or a
+request count; the result has throughput and latency percentiles. It must not be the bottleneck it
+measures, so requests are encoded once up front and answers are not decoded (only their status is read):
+gRPC goes through ``grpc.aio`` with pre-serialized bytes, and REST through a minimal HTTP/1.1 keep-alive
+client on asyncio streams, a few times cheaper per request than a general HTTP client library.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import time
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urlsplit
+
+import numpy as np
+
+PREDICT_METHOD = "/tensorflow.serving.PredictionService/Predict"
+
+
+@dataclasses.dataclass
+class BenchResult:
+    protocol: str
+    model: str
+    concurrency: int
+    requests: int
+    errors: int
+    seconds: float
+    latencies_ms: list[float] = dataclasses.field(repr=False, default_factory=list)
+
+    @property
+    def requests_per_second(self) -> float:
+        return self.requests / self.seconds if self.seconds else 0.0
+
+    def percentile(self, q: float) -> float:
+        return float(np.percentile(self.latencies_ms, q)) if self.latencies_ms else float("nan")
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "protocol": self.protocol,
+            "model": self.model,
+            "concurrency": self.concurrency,
+            "requests": self.requests,
+            "errors": self.errors,
+            "seconds": round(self.seconds, 3),
+            "requests_per_second": round(self.requests_per_second, 1),
+            "p50_ms": round(self.percentile(50), 3),
+            "p95_ms": round(self.percentile(95), 3),
+            "p99_ms": round(self.percentile(99), 3),
+        }
+
+
+def rest_predict_body(inputs: Mapping[str, np.ndarray], signature_name: str = "") -> bytes:
+    """A columnar ``:predict`` body for ``inputs``."""
+    doc: dict[str, Any] = {"inputs": {k: np.asarray(v).tolist() for k, v in inputs.items()}}
+    if signature_name:
+        doc["signature_name"] = signature_name
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def grpc_predict_bytes(model: str, inputs: Mapping[str, np.ndarray], signature_name: str = "") -> bytes:
+    import tensorflow as tf
+    from tensorflow_serving.apis import predict_pb2
+
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = model
+    request.model_spec.signature_name = signature_name
+    for alias, value in inputs.items():
+        request.inputs[alias].CopyFrom(tf.make_tensor_proto(value))
+    return request.SerializeToString()
+
+
+class _Clock:
+    """Shared stop condition of the clients: a deadline and/or a request budget."""
+
+    def __init__(self, duration: float | None, total: int | None) -> None:
+        self.deadline = time.perf_counter() + duration if duration else None
+        self.remaining = total
+
+    def take(self) -> bool:
+        if self.deadline is not None and time.perf_counter() >= self.deadline:
+            return False
+        if self.remaining is not None:
+            if self.remaining <= 0:
+                return False
+            self.remaining -= 1
+        return True
+
+
+async def _rest_client(host: str, port: int, request: bytes, clock: _Clock, result: BenchResult) -> None:
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        while clock.take():
+            started = time.perf_counter()
+            writer.write(request)
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = 0
+            for line in head.split(b"\r\n"):
+                if line[:15].lower() == b"content-length:":
+                    length = int(line[15:])
+            await reader.readexactly(length)
+            result.latencies_ms.append((time.perf_counter() - started) * 1000)
+            result.requests += 1
+            if head[9:12] != b"200":
+                result.errors += 1
+    finally:
+        writer.close()
+
+
+async def _grpc_client(channel: Any, request: bytes, clock: _Clock, result: BenchResult, timeout: float) -> None:
+    import grpc
+
+    call = channel.unary_unary(PREDICT_METHOD)  # bytes in, bytes out: no client-side protobuf work
+    while clock.take():
+        started = time.perf_counter()
+        try:
+            await call(request, timeout=timeout)
+        except grpc.aio.AioRpcError:
+            result.errors += 1
+        result.latencies_ms.append((time.perf_counter() - started) * 1000)
+        result.requests += 1
+
+
+async def run_load_async(
+    target: str,
+    protocol: str,
+    model: str,
+    inputs: Mapping[str, np.ndarray],
+    *,
+    concurrency: int = 1,
+    duration: float | None = 5.0,
+    requests: int | None = None,
+    signature_name: str = "",
+    warmup_requests: int = 20,
+    timeout: float = 30.0,
+) -> BenchResult:
+    """Drive ``target`` (``http://host:port`` for REST, ``host:port`` for gRPC) and measure it."""
+    if duration is None and requests is None:
+        raise ValueError("give a duration or a request count")
+    result = BenchResult(protocol=protocol, model=model, concurrency=concurrency, requests=0, errors=0, seconds=0)
+    if protocol == "rest":
+        url = urlsplit(target if "://" in target else f"http://{target}")
+        host, port = url.hostname or "127.0.0.1", url.port or 80
+        path = f"/v1/models/{model}:predict"
+        body = rest_predict_body(inputs, signature_name)
+        request = (
+            f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode() + body
+
+        def client(clock: _Clock, into: BenchResult) -> Any:
+            return _rest_client(host, port, request, clock, into)
+
+        await asyncio.gather(
+            *(client(_Clock(None, warmup_requests), BenchResult(**_blank(result))) for _ in range(min(concurrency, 4)))
+        )
+        clock = _Clock(duration, requests)
+        started = time.perf_counter()
+        await asyncio.gather(*(client(clock, result) for _ in range(concurrency)))
+    elif protocol == "grpc":
+        import grpc
+
+        payload = grpc_predict_bytes(model, inputs, signature_name)
+        options = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+        async with grpc.aio.insecure_channel(target, options=options) as channel:
+            await asyncio.gather(
+                *(
+                    _grpc_client(
+                        channel, payload, _Clock(None, warmup_requests), BenchResult(**_blank(result)), timeout
+                    )
+                    for _ in range(4)
+                )
+            )
+            clock = _Clock(duration, requests)
+            started = time.perf_counter()
+            await asyncio.gather(*(_grpc_client(channel, payload, clock, result, timeout) for _ in range(concurrency)))
+    else:
+        raise ValueError(f"protocol must be rest or grpc, not {protocol!r}")
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def _blank(result: BenchResult) -> dict[str, Any]:
+    return {
+        "protocol": result.protocol,
+        "model": result.model,
+        "concurrency": result.concurrency,
+        "requests": 0,
+        "errors": 0,
+        "seconds": 0.0,
+    }
+
+
+def run_load(target: str, protocol: str, model: str, inputs: Mapping[str, np.ndarray], **kwargs: Any) -> BenchResult:
+    """Synchronous :func:`run_load_async`, on a fresh event loop (uvloop when available)."""
+    from workbench._loop import new_event_loop
+
+    loop = new_event_loop()
+    try:
+        return loop.run_until_complete(run_load_async(target, protocol, model, inputs, **kwargs))
+    finally:
+        loop.close()
+
+
+def format_table(rows: list[dict[str, Any]], columns: list[str]) -> str:
+    widths = {c: max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in columns}
+    lines = ["  ".join(c.rjust(widths[c]) for c in columns)]
+    lines += ["  ".join(str(r.get(c, "")).rjust(widths[c]) for c in columns) for r in rows]
+    return "\n".join(lines)
