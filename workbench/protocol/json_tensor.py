@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
+import orjson
 
 from workbench.engine.servable import TensorSpec
 from workbench.engine.status import invalid_argument
@@ -36,16 +37,23 @@ def parse_body(body: bytes) -> dict[str, Any]:
     if not body.strip():
         raise invalid_argument("JSON Parse error: The document is empty")
     try:
-        doc = json.loads(body)
+        doc = orjson.loads(body)  # about 10x faster than json on numeric payloads...
+    except orjson.JSONDecodeError:
+        doc = _parse_body_slowly(body)  # ...but it refuses NaN/Infinity tokens, which TF Serving accepts
+    if not isinstance(doc, dict):
+        raise invalid_argument(f"JSON Value: {dumps_value(doc)} Is not object")
+    return doc
+
+
+def _parse_body_slowly(body: bytes) -> Any:
+    try:
+        return json.loads(body)
     except UnicodeDecodeError:
         raise invalid_argument("JSON Parse error: Invalid encoding in string.") from None
     except json.JSONDecodeError as exc:
         raise invalid_argument(f"JSON Parse error: {exc.msg} at offset: {exc.pos}") from None
     except RecursionError:
         raise invalid_argument("JSON Parse error: The document is nested too deeply") from None
-    if not isinstance(doc, dict):
-        raise invalid_argument(f"JSON Value: {dumps_value(doc)} Is not object")
-    return doc
 
 
 def signature_name_of(doc: Mapping[str, Any]) -> str:
