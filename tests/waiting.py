@@ -1,0 +1,117 @@
+"""Polling helpers for tests that watch a live server change state (never a bare sleep as a readiness check)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import requests
+
+T = TypeVar("T")
+
+
+def wait_until(predicate: Callable[[], T], timeout: float = 30.0, interval: float = 0.02, what: str = "") -> T:
+    """Call ``predicate`` until it returns something truthy (returned) or ``timeout`` passes (AssertionError)."""
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while True:
+        try:
+            last = predicate()
+        except requests.RequestException as exc:  # a server between states may refuse a connection once
+            last = exc
+        if last and not isinstance(last, Exception):
+            return last  # type: ignore[return-value]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate!r}; last value: {last!r}")
+        time.sleep(interval)
+
+
+def version_states(base_url: str, model: str) -> dict[str, str]:
+    """``{"2": "AVAILABLE", "1": "END"}`` from the REST status API (empty when the model is unknown)."""
+    r = requests.get(f"{base_url}/v1/models/{model}", timeout=10)
+    if r.status_code != 200:
+        return {}
+    return {s["version"]: s["state"] for s in r.json()["model_version_status"]}
+
+
+def states_are(base_url: str, model: str, expected: dict[str, str]) -> Callable[[], bool]:
+    """A predicate: the model's versions are exactly ``expected`` (version → state)."""
+    return lambda: version_states(base_url, model) == expected
+
+
+def place_atomically(source: str | os.PathLike[str], target: str | os.PathLike[str]) -> Path:
+    """Copy ``source`` (a folder) to ``target`` through a hidden sibling and one rename, as exporters should."""
+    target = Path(target)
+    staging = target.parent / f".staging-{target.name}-{uuid.uuid4().hex}"
+    shutil.copytree(source, staging)
+    os.replace(staging, target)
+    return target
+
+
+def remove_atomically(target: str | os.PathLike[str]) -> None:
+    """Rename a version folder out of sight (one rename), then delete it."""
+    target = Path(target)
+    hidden = target.parent / f".removed-{target.name}-{uuid.uuid4().hex}"
+    os.replace(target, hidden)
+    shutil.rmtree(hidden)
+
+
+def write_atomically(path: str | os.PathLike[str], text: str) -> None:
+    path = Path(path)
+    staging = path.parent / f".{path.name}.{uuid.uuid4().hex}"
+    staging.write_text(text)
+    os.replace(staging, path)
+
+
+class RequestLoop(threading.Thread):
+    """Keeps POSTing one request until stopped; records every (HTTP status, body) in order."""
+
+    def __init__(self, url: str, body: object) -> None:
+        super().__init__(daemon=True)
+        self.url = url
+        self.data = json.dumps(body)
+        self.results: list[tuple[int, str]] = []
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        with requests.Session() as session:
+            while not self._stop_event.is_set():
+                try:
+                    r = session.post(self.url, data=self.data, timeout=30)
+                    self.results.append((r.status_code, r.text))
+                except requests.RequestException as exc:
+                    self.results.append((-1, repr(exc)))
+
+    def count(self, text: str | None = None) -> int:
+        return sum(1 for code, body in list(self.results) if text is None or (code == 200 and body == text))
+
+    def failures(self) -> list[tuple[int, str]]:
+        return [(code, body) for code, body in list(self.results) if code != 200]
+
+    def stop(self) -> list[tuple[int, str]]:
+        self._stop_event.set()
+        self.join(timeout=30)
+        return list(self.results)
+
+    def __enter__(self) -> RequestLoop:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def model_config_text(*models: tuple[str, str | os.PathLike[str], str]) -> str:
+    """A ModelServerConfig text proto; each model is (name, base_path, extra fields inside its ``config {}``)."""
+    entries = "".join(
+        f'  config {{ name: "{name}" base_path: "{base}" model_platform: "tensorflow" {extra} }}\n'
+        for name, base, extra in models
+    )
+    return "model_config_list {\n" + entries + "}\n"
