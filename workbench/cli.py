@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shlex
 import sys
 from collections.abc import Sequence
 
@@ -17,8 +18,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
 # tensorflow_model_server flags that workbench does not implement (yet): refused with a clear message.
 UNSUPPORTED_TF_SERVING_FLAGS = {
-    "enable_batching": "dynamic batching is not implemented yet",
-    "batching_parameters_file": "dynamic batching is not implemented yet",
     "ssl_config_file": "TLS is not supported; put a TLS-terminating proxy in front",
     "platform_config_file": "only the tensorflow platform is supported",
     "tensorflow_session_parallelism": "TensorFlow thread pools are not configurable yet",
@@ -83,6 +82,8 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     _flag(p, "monitoring_config_file", str, "", "text-format MonitoringConfig (enables Prometheus metrics)")
     _flag(p, "allow_version_labels_for_unavailable_models", bool, False, "allow labels on versions not loaded yet")
     _flag(p, "num_load_threads", int, 2, "threads that load and unload model versions")
+    _flag(p, "enable_batching", bool, False, "merge concurrent requests into batches (TF Serving's defaults)")
+    _flag(p, "batching_parameters_file", str, "", "text-format BatchingParameters (needs --enable_batching)")
     _flag(p, "grpc_socket_path", str, "", "also serve gRPC on this Unix socket")
     _flag(p, "grpc_channel_arguments", str, "", "gRPC server arguments, comma-separated key=value")
     # workbench's own flags
@@ -134,6 +135,8 @@ def _serve(args: argparse.Namespace) -> int:
         allow_version_labels_for_unavailable_models=args.allow_version_labels_for_unavailable_models,
         num_inference_threads=args.num_inference_threads,
         num_load_threads=args.num_load_threads,
+        enable_batching=args.enable_batching,
+        batching_parameters_file=args.batching_parameters_file,
     )
     _configure_logging()
     from workbench.engine.status import ServingError
@@ -175,7 +178,8 @@ def _demo(args: argparse.Namespace) -> int:
         print(f"workbench demo: {exc}", file=sys.stderr)
         return 2
     print(f"Wrote demo models to {root}")
-    print(f"Serve them with: workbench serve --rest_api_port=8501 --model_config_file={root / 'models.config'}")
+    config = shlex.quote(str(root / "models.config"))
+    print(f"Serve them with: workbench serve --rest_api_port=8501 --model_config_file={config}")
     return 0
 
 

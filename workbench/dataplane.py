@@ -11,16 +11,18 @@ import asyncio
 import contextlib
 import dataclasses
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Iterator, Mapping, Sequence
 from concurrent.futures import Executor
 from typing import Any, TypeVar
 
 import numpy as np
 
 from workbench.engine import inference
+from workbench.engine.batching import BatchScheduler
 from workbench.engine.manager import Manager, VersionStatus
 from workbench.engine.metrics import ServingMetrics
 from workbench.engine.servable import Servable, Signature, TensorSpec
+from workbench.engine.stats import RollingStats
 from workbench.engine.status import Code, ServingError, from_exception
 
 T = TypeVar("T")
@@ -47,16 +49,26 @@ class Call:
 
 
 class Dataplane:
-    def __init__(self, manager: Manager, metrics: ServingMetrics, executor: Executor) -> None:
+    def __init__(
+        self,
+        manager: Manager,
+        metrics: ServingMetrics,
+        stats: RollingStats,
+        executor: Executor,
+        scheduler: BatchScheduler,
+    ) -> None:
         self.manager = manager
         self.metrics = metrics
+        self.stats = stats
+        self.scheduler = scheduler
         self._executor = executor
 
     # --------------------------------------------------------------------------------- resolution
-    def resolve(self, spec: ModelSpec) -> Servable:
+    def handle(self, spec: ModelSpec) -> contextlib.AbstractContextManager[Servable]:
+        """The servable ``spec`` names, held until the ``with`` block ends (it cannot unload meanwhile)."""
         if spec.version is not None and spec.label is not None:
             raise ServingError(Code.INVALID_ARGUMENT, "A request may name a version or a label, not both")
-        return self.manager.resolve(spec.name, spec.version, spec.label)
+        return self.manager.handle(spec.name, spec.version, spec.label)
 
     @staticmethod
     def rest_input_specs(servable: Servable, signature_name: str) -> Mapping[str, TensorSpec]:
@@ -68,13 +80,12 @@ class Dataplane:
         return sig.inputs
 
     # ------------------------------------------------------------------------------------ running
-    async def _run(self, fn: Callable[[], T], timeout: float | None) -> T:
-        loop = asyncio.get_running_loop()
-        future = loop.run_in_executor(self._executor, fn)
+    @staticmethod
+    async def _deadline(awaitable: Awaitable[T], timeout: float | None) -> T:
         if timeout is None:
-            return await future
+            return await awaitable
         try:
-            return await asyncio.wait_for(future, timeout)
+            return await asyncio.wait_for(awaitable, timeout)
         except asyncio.TimeoutError:
             raise ServingError(Code.DEADLINE_EXCEEDED, "Deadline Exceeded") from None
 
@@ -87,18 +98,23 @@ class Dataplane:
         timeout: float | None = None,
     ) -> tuple[Signature, dict[str, np.ndarray]]:
         signature = inference.predict_signature(servable, signature_name)
-        outputs = await self._run(lambda: inference.predict(servable, signature, inputs, output_filter), timeout)
-        return signature, outputs
+        feed, outputs = inference.prepare_predict(signature, inputs, output_filter)
+        result = await self._deadline(self.scheduler.run(servable, signature, feed, outputs), timeout)
+        return signature, result
 
     async def classify(
         self, servable: Servable, signature_name: str, examples: Sequence[bytes], timeout: float | None = None
     ) -> tuple[str, inference.Classifications]:
-        return await self._run(lambda: inference.classify(servable, signature_name, examples), timeout)
+        call = inference.classify_call(servable, signature_name, examples)
+        result = await self._deadline(self.scheduler.run(servable, call.signature, call.feed, call.outputs), timeout)
+        return call.signature.name, inference.classify_results(call, result)
 
     async def regress(
         self, servable: Servable, signature_name: str, examples: Sequence[bytes], timeout: float | None = None
     ) -> tuple[str, list[float]]:
-        return await self._run(lambda: inference.regress(servable, signature_name, examples), timeout)
+        call = inference.regress_call(servable, signature_name, examples)
+        result = await self._deadline(self.scheduler.run(servable, call.signature, call.feed, call.outputs), timeout)
+        return call.signature.name, inference.regress_results(call, result)
 
     async def multi_inference(
         self,
@@ -107,7 +123,10 @@ class Dataplane:
         examples: Sequence[bytes],
         timeout: float | None = None,
     ) -> list[tuple[str, Any]]:
-        return await self._run(lambda: inference.multi_inference(servable, tasks, examples), timeout)
+        """Several signatures on one input: run together, unbatched."""
+        loop = asyncio.get_running_loop()
+        work = loop.run_in_executor(self._executor, inference.multi_inference, servable, tasks, examples)
+        return await self._deadline(work, timeout)
 
     # ------------------------------------------------------------------------------------ queries
     def model_status(self, name: str, version: int | None = None, label: str | None = None) -> list[VersionStatus]:
@@ -138,4 +157,6 @@ class Dataplane:
             code = from_exception(exc).code.name
             raise
         finally:
-            self.metrics.observe_request(model, call.version, api, protocol, code, time.perf_counter() - started)
+            seconds = time.perf_counter() - started
+            self.metrics.observe_request(model, call.version, api, protocol, code, seconds)
+            self.stats.record_request(model, call.version, seconds, code == "OK")

@@ -22,14 +22,18 @@ import uvicorn
 
 from workbench._loop import new_event_loop
 from workbench.dataplane import Dataplane
-from workbench.engine.manager import Manager
+from workbench.engine.batching import BatchRecord, BatchScheduler
+from workbench.engine.batching_config import BatchingParameters, model_batching_parameters
+from workbench.engine.manager import Manager, VersionState
 from workbench.engine.metrics import ServingMetrics
 from workbench.engine.options import ModelConfig, ServerOptions, parse_model_config_file
-from workbench.engine.servable import load_saved_model
+from workbench.engine.servable import LOADERS
 from workbench.engine.source import RepositorySource
-from workbench.engine.status import ServingError
+from workbench.engine.stats import RollingStats
+from workbench.engine.status import Code, ServingError
 from workbench.engine.warmup import warm_up
 from workbench.frontends.grpc import start_grpc_server
+from workbench.frontends.management import management_routes
 from workbench.frontends.rest import create_app
 
 log = logging.getLogger(__name__)
@@ -43,7 +47,11 @@ def _bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ServingError(Code.UNAVAILABLE, f"Could not bind the REST port {host}:{port}: {exc.strerror}") from None
     sock.listen(2048)
     sock.setblocking(False)
     return sock
@@ -55,8 +63,11 @@ class ModelServer:
     def __init__(self, options: ServerOptions) -> None:
         self.options = options
         self.metrics = ServingMetrics()
+        self.stats = RollingStats()
+        self._default_batching = options.batching_parameters()
+        self._batching: dict[str, BatchingParameters | None] = {}
         self.manager = Manager(
-            load_saved_model,
+            LOADERS,
             warmup=warm_up if options.enable_model_warmup else None,
             load_threads=options.num_load_threads,
             allow_labels_for_unavailable=options.allow_version_labels_for_unavailable_models,
@@ -65,7 +76,12 @@ class ModelServer:
         self.source = RepositorySource(self.manager, options.file_system_poll_wait_seconds)
         threads = options.num_inference_threads or max(4, 2 * (os.cpu_count() or 1))
         self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="workbench-infer")
-        self.dataplane = Dataplane(self.manager, self.metrics, self._executor)
+        self.scheduler = BatchScheduler(
+            self._executor, lambda servable: self._batching.get(servable.name), listener=self._on_batch
+        )
+        self.metrics.report_queue_depths(self._queue_depths)
+        self.dataplane = Dataplane(self.manager, self.metrics, self.stats, self._executor, self.scheduler)
+        self._stopped: asyncio.Event | None = None
         self.rest_port: int | None = None
         self.grpc_port: int | None = None
         self._grpc: grpc.aio.Server | None = None
@@ -77,11 +93,29 @@ class ModelServer:
         self._config_text: str | None = None
         self.started_at: float | None = None
 
-    def _on_state_change(self, model: str) -> None:
-        for status in self.manager.version_status(model) if model in self.manager.model_names() else []:
-            self.metrics.version_available.labels(model, str(status.version)).set(
-                1 if status.state.name == "AVAILABLE" else 0
-            )
+    def _on_state_change(self, model: str, version: int, state: VersionState) -> None:
+        self.metrics.set_version_state(model, version, state == VersionState.AVAILABLE)
+
+    def _on_batch(self, record: BatchRecord) -> None:
+        self.metrics.observe_batch(record)
+        self.stats.record_batch(record.model, record.version, record.size, record.tasks)
+
+    def _queue_depths(self) -> list[tuple[str, int, int]]:
+        return self.scheduler.queue_depths()
+
+    def stats_snapshot(self) -> dict[str, object]:
+        depths = {(m, v): rows for m, v, rows in self.scheduler.queue_depths()}
+        return self.stats.snapshot(lambda model, version: depths.get((model, version), 0))
+
+    def health(self) -> dict[str, object]:
+        return {
+            "status": "ok",
+            "pid": os.getpid(),
+            "grpc_port": self.grpc_port,
+            "rest_port": self.rest_port,
+            "models": self.manager.model_names(),
+            "batching": {name: params is not None for name, params in self._batching.items()},
+        }
 
     # -------------------------------------------------------------------------------------- models
     def apply_models(self, models: list[ModelConfig], wait_timeout: float | None = None) -> None:
@@ -91,6 +125,9 @@ class ModelServer:
         at a version that the same config brings in.
         """
         with self._apply_lock:  # the config-file watcher and gRPC's HandleReloadConfigRequest take turns
+            # Per-model batching parameters sit beside the model (<base_path>/batching_parameters.txt).
+            batching = {m.name: model_batching_parameters(m.base_path) or self._default_batching for m in models}
+            self._batching.update(batching)
             self.manager.set_models(models)
             self.source.poll_once()
             self.manager.wait_until_settled(wait_timeout)
@@ -118,6 +155,7 @@ class ModelServer:
     # ------------------------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         options = self.options
+        self._stopped = asyncio.Event()
         models = options.initial_models()  # raises on a malformed config file, before anything starts
         monitoring = options.monitoring()
         if options.model_config_file:
@@ -150,6 +188,7 @@ class ModelServer:
             max_request_bytes=self.options.rest_api_max_request_bytes,
             enable_cors=self.options.rest_api_enable_cors_support,
             prometheus_path=prometheus_path,
+            extra_routes=management_routes(self.stats_snapshot, self.health, self._stopped or asyncio.Event()),
         )
         sock = _bind(self.options.rest_api_host, port)
         self._sockets.append(sock)
@@ -172,6 +211,8 @@ class ModelServer:
 
     async def stop(self) -> None:
         self._stopping.set()
+        if self._stopped is not None:
+            self._stopped.set()
         if self._grpc is not None:
             await self._grpc.stop(grace=2)
             self._grpc = None

@@ -51,6 +51,14 @@ def predict(
     output_filter: Sequence[str] = (),
 ) -> dict[str, np.ndarray]:
     """Validate a predict request against ``signature`` and run it (TF Serving's predict_util)."""
+    feed, outputs = prepare_predict(signature, inputs, output_filter)
+    return servable.run(signature, feed, outputs)
+
+
+def prepare_predict(
+    signature: Signature, inputs: Mapping[str, np.ndarray], output_filter: Sequence[str] = ()
+) -> tuple[dict[str, np.ndarray], list[str]]:
+    """The tensors to feed and the outputs to fetch for a predict request, or TF Serving's error."""
     expected = signature.inputs
     sent = list(inputs)
     if len(sent) > len(expected) or (len(sent) < len(expected) and not signature.defaults):
@@ -87,7 +95,7 @@ def predict(
         outputs.append(alias)
     if not outputs:
         outputs = list(signature.outputs)
-    return servable.run(signature, feed, outputs)
+    return feed, outputs
 
 
 def _check_dtype(spec: TensorSpec, value: np.ndarray) -> np.ndarray:
@@ -126,13 +134,23 @@ def _example_signature(servable: Servable, name: str, method: str, what: str) ->
     return sig
 
 
-def _run_examples(servable: Servable, sig: Signature, examples: Sequence[bytes], outputs: list[str]) -> dict:
+@dataclasses.dataclass(frozen=True)
+class ExamplesCall:
+    """A classify or regress request ready to run: the signature, its feed, and what to fetch."""
+
+    signature: Signature
+    feed: dict[str, np.ndarray]
+    outputs: list[str]
+    count: int
+
+
+def _examples_feed(sig: Signature, examples: Sequence[bytes]) -> dict[str, np.ndarray]:
     if not examples:
         raise invalid_argument("Input is empty.")
     (alias,) = sig.inputs
     batch = np.empty(len(examples), dtype=object)
     batch[:] = list(examples)
-    return servable.run(sig, {alias: batch}, outputs)
+    return {alias: batch}
 
 
 def _shape(a: np.ndarray) -> str:
@@ -142,8 +160,7 @@ def _shape(a: np.ndarray) -> str:
 Classifications = list[list[tuple[str, float]]]
 
 
-def classify(servable: Servable, signature_name: str, examples: Sequence[bytes]) -> tuple[str, Classifications]:
-    """Run a classification signature; per example, a list of (label, score)."""
+def classify_call(servable: Servable, signature_name: str, examples: Sequence[bytes]) -> ExamplesCall:
     sig = _example_signature(servable, signature_name, CLASSIFY_METHOD, "classification")
     wanted = [o for o in (CLASSES, SCORES) if o in sig.outputs]
     if len(sig.outputs) not in (1, 2) and sig.method_name == CLASSIFY_METHOD:
@@ -153,8 +170,12 @@ def classify(servable: Servable, signature_name: str, examples: Sequence[bytes])
             'Expected classification signature outputs to contain at least one of "classes" or "scores". '
             f"Found: {_join(list(sig.outputs))}"
         )
-    result = _run_examples(servable, sig, examples, wanted)
-    n = len(examples)
+    return ExamplesCall(sig, _examples_feed(sig, examples), wanted, len(examples))
+
+
+def classify_results(call: ExamplesCall, result: Mapping[str, np.ndarray]) -> Classifications:
+    """Per example, a list of (label, score), with TF Serving's checks of the outputs' shapes and types."""
+    n = call.count
     classes, scores = result.get(CLASSES), result.get(SCORES)
     num_classes = None
     for label, tensor in ((CLASSES, classes), (SCORES, scores)):
@@ -183,18 +204,27 @@ def classify(servable: Servable, signature_name: str, examples: Sequence[bytes])
             score = float(scores[i, j]) if scores is not None else 0.0
             row.append((label, score))
         out.append(row)
-    return sig.name, out
+    return out
 
 
-def regress(servable: Servable, signature_name: str, examples: Sequence[bytes]) -> tuple[str, list[float]]:
-    """Run a regression signature; one float per example."""
+def classify(servable: Servable, signature_name: str, examples: Sequence[bytes]) -> tuple[str, Classifications]:
+    """Run a classification signature; per example, a list of (label, score)."""
+    call = classify_call(servable, signature_name, examples)
+    return call.signature.name, classify_results(call, servable.run(call.signature, call.feed, call.outputs))
+
+
+def regress_call(servable: Servable, signature_name: str, examples: Sequence[bytes]) -> ExamplesCall:
     sig = _example_signature(servable, signature_name, REGRESS_METHOD, "regression")
     if len(sig.outputs) != 1:
         raise invalid_argument("Expected one output Tensor.")
     if REGRESS_OUTPUTS not in sig.outputs:
         raise invalid_argument(f'No "{REGRESS_OUTPUTS}" output in signature {sig.name}')
-    tensor = _run_examples(servable, sig, examples, [REGRESS_OUTPUTS])[REGRESS_OUTPUTS]
-    n = len(examples)
+    return ExamplesCall(sig, _examples_feed(sig, examples), [REGRESS_OUTPUTS], len(examples))
+
+
+def regress_results(call: ExamplesCall, result: Mapping[str, np.ndarray]) -> list[float]:
+    tensor = result[REGRESS_OUTPUTS]
+    n = call.count
     if not (tensor.ndim == 1 or (tensor.ndim == 2 and tensor.shape[1] == 1)):
         raise invalid_argument(
             f"Expected output Tensor shape to be either [batch_size] or [batch_size, 1] but got {_shape(tensor)}"
@@ -203,7 +233,13 @@ def regress(servable: Servable, signature_name: str, examples: Sequence[bytes]) 
         raise invalid_argument(f"Input batch size did not match output batch size: {n} vs. {tensor.shape[0]}")
     if tensor.dtype != np.float32:
         raise invalid_argument(f"Expected output Tensor of DT_FLOAT.  Got: {tensor.dtype}")
-    return sig.name, [float(v) for v in tensor.reshape(-1)]
+    return [float(v) for v in tensor.reshape(-1)]
+
+
+def regress(servable: Servable, signature_name: str, examples: Sequence[bytes]) -> tuple[str, list[float]]:
+    """Run a regression signature; one float per example."""
+    call = regress_call(servable, signature_name, examples)
+    return call.signature.name, regress_results(call, servable.run(call.signature, call.feed, call.outputs))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,12 +8,13 @@ versions already serving keep serving. All state sits behind one lock; loads and
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 from workbench.engine.options import ModelConfig
@@ -72,18 +73,19 @@ class _Model:
 
 
 Warmup = Callable[[Servable], None]
+StateListener = Callable[[str, int, "VersionState"], None]
 
 
 class Manager:
     def __init__(
         self,
-        loader: Loader,
+        loaders: Mapping[str, Loader],
         *,
         warmup: Warmup | None = None,
         load_threads: int = 2,
         allow_labels_for_unavailable: bool = False,
     ) -> None:
-        self._loader = loader
+        self._loaders = dict(loaders)
         self._warmup = warmup
         self._allow_unavailable_labels = allow_labels_for_unavailable
         self._lock = threading.RLock()
@@ -91,7 +93,7 @@ class Manager:
         self._models: dict[str, _Model] = {}
         self._executor = ThreadPoolExecutor(max_workers=max(1, load_threads), thread_name_prefix="workbench-load")
         self._closed = False
-        self._listeners: list[Callable[[str], None]] = []
+        self._listeners: list[StateListener] = []
 
     # ----------------------------------------------------------------------------------------- config
     def set_models(self, configs: Iterable[ModelConfig]) -> None:
@@ -191,7 +193,7 @@ class Manager:
         name = model.config.name
         started = time.perf_counter()
         try:
-            servable = self._loader(name, record.version, record.path)
+            servable = self._loaders[model.config.platform](name, record.version, record.path)
         except BaseException as exc:  # noqa: BLE001 - a load failure must never kill the load thread
             self._finish_load(model, record, None, from_exception(exc))
             return
@@ -245,17 +247,30 @@ class Manager:
         record.since = time.time()
         for listener in list(self._listeners):
             try:
-                listener(model.config.name)
+                listener(model.config.name, record.version, state)
             except Exception:  # noqa: BLE001 - listeners must not break the manager
                 log.exception("state listener failed")
 
-    def add_listener(self, listener: Callable[[str], None]) -> None:
-        """Call ``listener(model_name)`` (under the manager's lock) whenever a version changes state."""
+    def add_listener(self, listener: StateListener) -> None:
+        """Call ``listener(model, version, state)`` (under the manager's lock) whenever a version changes state."""
         self._listeners.append(listener)
 
     # -------------------------------------------------------------------------------------- queries
+    @contextlib.contextmanager
+    def handle(self, name: str, version: int | None = None, label: str | None = None) -> Iterator[Servable]:
+        """Hold the servable a request runs on until the request is answered (it cannot unload meanwhile)."""
+        servable = self.resolve(name, version, label)
+        try:
+            yield servable
+        finally:
+            servable.release()
+
     def resolve(self, name: str, version: int | None = None, label: str | None = None) -> Servable:
-        """The servable a request for (name, version or label) runs on, with TF Serving's errors."""
+        """The servable a request for (name, version or label) runs on, already acquired for the caller.
+
+        Resolution and acquisition happen under the manager's lock, where versions also leave AVAILABLE, so
+        a version chosen here cannot start unloading before the caller holds it. Callers release it.
+        """
         with self._lock:
             model = self._models.get(name)
             if label is not None:
@@ -268,11 +283,12 @@ class Manager:
                     available = [r for r in model.versions.values() if r.state == VersionState.AVAILABLE and r.servable]
                     if available:
                         servable = max(available, key=lambda r: r.version).servable
-                        assert servable is not None
-                        return servable
+                        if servable is not None and servable.acquire():
+                            return servable
                 else:
                     record = model.versions.get(version)
-                    if record is not None and record.state == VersionState.AVAILABLE and record.servable:
+                    available_record = record is not None and record.state == VersionState.AVAILABLE
+                    if available_record and record.servable is not None and record.servable.acquire():
                         return record.servable
         if version is None:
             raise ServingError(Code.NOT_FOUND, f"Servable not found for request: Latest({name})")

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.metrics_core import Metric
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+
+from workbench.engine.batching import BatchRecord
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -58,6 +60,19 @@ class _TFServingRequestCount:
         yield metric
 
 
+class _QueueDepth:
+    def __init__(self, depths: Callable[[], Iterable[tuple[str, int, int]]]) -> None:
+        self._depths = depths
+
+    def collect(self) -> Iterator[Metric]:
+        metric = GaugeMetricFamily(
+            "workbench_queue_depth", "Rows waiting in batch queues, per model version.", labels=["model", "version"]
+        )
+        for model, version, rows in self._depths():
+            metric.add_metric([model, str(version)], rows)
+        yield metric
+
+
 class ServingMetrics:
     """The server's metrics; every frontend records through :meth:`observe_request`."""
 
@@ -85,6 +100,29 @@ class ServingMetrics:
             buckets=_LATENCY_BUCKETS_S,
             registry=self.registry,
         )
+        self.batch_size = Histogram(
+            "workbench_batch_size",
+            "Rows of real requests in each TensorFlow call (1 per request when batching is off).",
+            ["model", "version"],
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048),
+            registry=self.registry,
+        )
+        self.queue_seconds = Histogram(
+            "workbench_queue_seconds",
+            "Time a request waited in its batch queue before its batch started.",
+            ["model", "version"],
+            buckets=_LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.inference_seconds = Histogram(
+            "workbench_inference_seconds",
+            "Time of each TensorFlow call (a whole batch), merging and splitting included.",
+            ["model", "version"],
+            buckets=_LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
+        self._queue_depths: Callable[[], Iterable[tuple[str, int, int]]] = lambda: ()
+        self.registry.register(_QueueDepth(lambda: self._queue_depths()))
         self.version_available = Gauge(
             "workbench_model_version_available",
             "1 while a model version is AVAILABLE, else 0.",
@@ -101,6 +139,21 @@ class ServingMetrics:
         self.requests.labels(model, version_label, api, protocol, code).inc()
         if code == "OK":
             self.latency.labels(model, version_label, api, protocol).observe(seconds)
+
+    def observe_batch(self, record: BatchRecord) -> None:
+        version = str(record.version)
+        self.batch_size.labels(record.model, version).observe(record.size)
+        self.inference_seconds.labels(record.model, version).observe(record.run_seconds)
+        queue = self.queue_seconds.labels(record.model, version)
+        for seconds in record.queue_seconds:
+            queue.observe(seconds)
+
+    def report_queue_depths(self, depths: Callable[[], Iterable[tuple[str, int, int]]]) -> None:
+        """Where the queue-depth gauge reads (model, version, rows waiting) at scrape time."""
+        self._queue_depths = depths
+
+    def set_version_state(self, model: str, version: int, available: bool) -> None:
+        self.version_available.labels(model, str(version)).set(1 if available else 0)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

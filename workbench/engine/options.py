@@ -15,9 +15,14 @@ from typing import Literal
 
 from google.protobuf import text_format
 
+from workbench.engine.batching_config import BatchingParameters, read_batching_parameters_file
 from workbench.engine.status import Code, ServingError
 
 PolicyKind = Literal["latest", "all", "specific"]
+
+# "workbench_null" serves a SavedModel's signatures without running it (zeros of the right types): the
+# frontends' own ceiling, for benchmarks.
+PLATFORMS = ("tensorflow", "workbench_null")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +57,7 @@ class ModelConfig:
     base_path: str
     policy: VersionPolicy = VersionPolicy()
     labels: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    platform: str = "tensorflow"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +90,8 @@ class ServerOptions:
     allow_version_labels_for_unavailable_models: bool = False
     num_inference_threads: int = 0
     num_load_threads: int = 2
+    enable_batching: bool = False
+    batching_parameters_file: str = ""
 
     def initial_models(self) -> list[ModelConfig]:
         """The models to serve at start-up: the config file's, or the one-model shorthand."""
@@ -92,6 +100,16 @@ class ServerOptions:
         if self.model_base_path:
             return [ModelConfig(name=self.model_name, base_path=os.path.abspath(self.model_base_path))]
         return []
+
+    def batching_parameters(self) -> BatchingParameters | None:
+        """The server-wide batching parameters (None: batching off unless a model has its own file)."""
+        if self.batching_parameters_file and not self.enable_batching:
+            raise ServingError(Code.INVALID_ARGUMENT, "--batching_parameters_file was given without --enable_batching")
+        if not self.enable_batching:
+            return None
+        if self.batching_parameters_file:
+            return read_batching_parameters_file(self.batching_parameters_file)
+        return BatchingParameters()
 
     def grpc_arguments(self) -> tuple[tuple[str, int | str], ...]:
         """``--grpc_channel_arguments``: TF Serving's comma-separated ``key=value`` list."""
@@ -137,10 +155,12 @@ def model_configs_from_proto(config_list: object, base_dir: Path | None = None) 
                 Code.INVALID_ARGUMENT, f"Illegal to list model {entry.name} multiple times in config list"
             )
         seen.add(entry.name)
-        if entry.model_platform not in ("", "tensorflow"):
+        platform = entry.model_platform or "tensorflow"
+        if platform not in PLATFORMS:
             raise ServingError(
                 Code.UNIMPLEMENTED,
-                f'Model {entry.name}: model_platform "{entry.model_platform}" is not supported (only "tensorflow")',
+                f'Model {entry.name}: model_platform "{entry.model_platform}" is not supported '
+                f"(supported: {', '.join(PLATFORMS)})",
             )
         if not entry.base_path:
             raise ServingError(Code.INVALID_ARGUMENT, f"Model {entry.name} has no base_path")
@@ -153,6 +173,7 @@ def model_configs_from_proto(config_list: object, base_dir: Path | None = None) 
                 base_path=base_path,
                 policy=_policy_from_proto(entry),
                 labels=dict(entry.version_labels),
+                platform=platform,
             )
         )
     return models
@@ -177,13 +198,13 @@ def _policy_from_proto(entry: object) -> VersionPolicy:
 
 
 def parse_monitoring_config_file(path: str | os.PathLike[str]) -> MonitoringOptions:
-    from tensorflow_serving.config import monitoring_config_pb2
+    from workbench.engine.extra_protos import MonitoringConfig
 
     try:
         text = Path(path).read_text()
     except OSError as exc:
         raise ServingError(Code.NOT_FOUND, f"Could not read monitoring config file {path}: {exc.strerror}") from None
-    config = monitoring_config_pb2.MonitoringConfig()
+    config = MonitoringConfig()
     try:
         text_format.Parse(text, config)
     except text_format.ParseError as exc:

@@ -64,8 +64,9 @@ class Signature:
 class Servable(abc.ABC):
     """A loaded model version that can run its signatures on numpy batches.
 
-    Unloading waits for the calls already running to finish, so a version swap never breaks a request that
-    was resolved to the old version just before it went away.
+    Requests hold a servable from resolution to answer (:meth:`acquire` / :meth:`release`, done by the
+    manager's handles); :meth:`unload` refuses new holders and waits for the current ones, so a version swap
+    never breaks a request that resolved to the old version just before it went away.
     """
 
     name: str
@@ -74,33 +75,41 @@ class Servable(abc.ABC):
     signatures: Mapping[str, Signature]
 
     def __init__(self) -> None:
-        self._in_flight = 0
-        self._unloaded = False
+        self._holders = 0
+        self._unloading = False
+        self._released = False
         self._idle = threading.Condition()
+
+    def acquire(self) -> bool:
+        """Hold the servable for one request; False once it is unloading."""
+        with self._idle:
+            if self._unloading:
+                return False
+            self._holders += 1
+            return True
+
+    def release(self) -> None:
+        with self._idle:
+            self._holders -= 1
+            if self._holders == 0:
+                self._idle.notify_all()
 
     def run(
         self, signature: Signature, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]
     ) -> dict[str, np.ndarray]:
         """Run ``signature`` on ``inputs`` (keyed by alias) and return the ``outputs`` asked for."""
-        with self._idle:
-            if self._unloaded:
-                raise ServingError(Code.UNAVAILABLE, f"Servable {self.name} version {self.version} was unloaded")
-            self._in_flight += 1
-        try:
-            return self._run(signature, inputs, outputs)
-        finally:
-            with self._idle:
-                self._in_flight -= 1
-                if self._in_flight == 0:
-                    self._idle.notify_all()
+        if self._released:
+            raise ServingError(Code.UNAVAILABLE, f"Servable {self.name} version {self.version} was unloaded")
+        return self._run(signature, inputs, outputs)
 
     def unload(self, drain_timeout: float = 60.0) -> None:
-        """Refuse new calls, wait for running ones (bounded), then free the model's resources."""
+        """Refuse new holders, wait for the current ones (bounded), then free the model's resources."""
         with self._idle:
-            if self._unloaded:
+            if self._unloading:
                 return
-            self._unloaded = True
-            self._idle.wait_for(lambda: self._in_flight == 0, timeout=drain_timeout)
+            self._unloading = True
+            self._idle.wait_for(lambda: self._holders == 0, timeout=drain_timeout)
+            self._released = True
         self._release()
 
     @abc.abstractmethod
@@ -267,3 +276,51 @@ def load_saved_model(name: str, version: int, path: str) -> Servable:
     if not os.path.isdir(path):
         raise ServingError(Code.NOT_FOUND, f"Model version folder does not exist: {path}")
     return SavedModelServable(name, version, path)
+
+
+class NullServable(Servable):
+    """A SavedModel's signatures answered with zeros, without TensorFlow: the frontends' own ceiling.
+
+    Served with ``model_platform: "workbench_null"``; every request walks the real path (decoding, resolution,
+    validation, batching, encoding) except the model call itself.
+    """
+
+    def __init__(self, name: str, version: int, path: str) -> None:
+        super().__init__()
+        self.name, self.version, self.path = name, version, path
+        meta_graph = read_serving_meta_graph(path)
+        self._signature_defs = meta_graph.signature_def
+        self.signatures = {}
+        for key, sig in sorted(meta_graph.signature_def.items()):
+            try:
+                self.signatures[key] = signature_from_proto(key, sig)
+            except ServingError:
+                continue
+
+    def signature_def_map(self) -> Any:
+        from tensorflow_serving.apis import get_model_metadata_pb2
+
+        result = get_model_metadata_pb2.SignatureDefMap()
+        for key, sig in self._signature_defs.items():
+            result.signature_def[key].CopyFrom(sig)
+        return result
+
+    def _run(
+        self, signature: Signature, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]
+    ) -> dict[str, np.ndarray]:
+        rows = next((v.shape[0] for v in inputs.values() if v.ndim), 1)
+        result = {}
+        for alias in outputs:
+            spec = signature.outputs[alias]
+            shape = (rows,) + tuple(max(d, 1) for d in (spec.shape or (-1,))[1:])
+            result[alias] = np.zeros(shape, dtype=spec.dtype) if spec.dtype.kind != "O" else np.full(shape, b"", object)
+        return result
+
+    def _release(self) -> None:
+        pass
+
+
+LOADERS: dict[str, Loader] = {
+    "tensorflow": load_saved_model,
+    "workbench_null": lambda name, version, path: NullServable(name, version, path),
+}

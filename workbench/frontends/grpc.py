@@ -91,17 +91,17 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer, _
         async def body() -> Any:
             spec = _spec(request.model_spec)
             with self.dataplane.track(spec.name, "predict", "grpc") as call:
-                servable = self.dataplane.resolve(spec)
-                call.version = servable.version
-                inputs = {alias: to_numpy(proto, alias) for alias, proto in request.inputs.items()}
-                signature, outputs = await self.dataplane.predict(
-                    servable, spec.signature_name, inputs, list(request.output_filter), timeout=_timeout(context)
-                )
-                response = predict_pb2.PredictResponse()
-                _echo(response.model_spec, spec.name, servable.version, signature.name)
-                for alias, value in outputs.items():
-                    from_numpy(value, response.outputs[alias])
-                return response
+                with self.dataplane.handle(spec) as servable:
+                    call.version = servable.version
+                    inputs = {alias: to_numpy(proto, alias) for alias, proto in request.inputs.items()}
+                    signature, outputs = await self.dataplane.predict(
+                        servable, spec.signature_name, inputs, list(request.output_filter), timeout=_timeout(context)
+                    )
+                    response = predict_pb2.PredictResponse()
+                    _echo(response.model_spec, spec.name, servable.version, signature.name)
+                    for alias, value in outputs.items():
+                        from_numpy(value, response.outputs[alias])
+                    return response
 
         return await self.call(context, body)
 
@@ -109,16 +109,16 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer, _
         async def body() -> Any:
             spec = _spec(request.model_spec)
             with self.dataplane.track(spec.name, "classify", "grpc") as call:
-                servable = self.dataplane.resolve(spec)
-                call.version = servable.version
-                examples = serialized_examples(request.input)
-                name, results = await self.dataplane.classify(
-                    servable, spec.signature_name, examples, timeout=_timeout(context)
-                )
-                response = classification_pb2.ClassificationResponse()
-                _echo(response.model_spec, spec.name, servable.version, name)
-                _fill_classifications(response.result, results)
-                return response
+                with self.dataplane.handle(spec) as servable:
+                    call.version = servable.version
+                    examples = serialized_examples(request.input)
+                    name, results = await self.dataplane.classify(
+                        servable, spec.signature_name, examples, timeout=_timeout(context)
+                    )
+                    response = classification_pb2.ClassificationResponse()
+                    _echo(response.model_spec, spec.name, servable.version, name)
+                    _fill_classifications(response.result, results)
+                    return response
 
         return await self.call(context, body)
 
@@ -126,17 +126,17 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer, _
         async def body() -> Any:
             spec = _spec(request.model_spec)
             with self.dataplane.track(spec.name, "regress", "grpc") as call:
-                servable = self.dataplane.resolve(spec)
-                call.version = servable.version
-                examples = serialized_examples(request.input)
-                name, values = await self.dataplane.regress(
-                    servable, spec.signature_name, examples, timeout=_timeout(context)
-                )
-                response = regression_pb2.RegressionResponse()
-                _echo(response.model_spec, spec.name, servable.version, name)
-                for value in values:
-                    response.result.regressions.add().value = value
-                return response
+                with self.dataplane.handle(spec) as servable:
+                    call.version = servable.version
+                    examples = serialized_examples(request.input)
+                    name, values = await self.dataplane.regress(
+                        servable, spec.signature_name, examples, timeout=_timeout(context)
+                    )
+                    response = regression_pb2.RegressionResponse()
+                    _echo(response.model_spec, spec.name, servable.version, name)
+                    for value in values:
+                        response.result.regressions.add().value = value
+                    return response
 
         return await self.call(context, body)
 
@@ -150,24 +150,24 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer, _
                     Code.INVALID_ARGUMENT, "All ModelSpecs in a MultiInferenceRequest must access the same model"
                 )
             with self.dataplane.track(specs[0].name, "multi_inference", "grpc") as call:
-                servable = self.dataplane.resolve(specs[0])
-                call.version = servable.version
-                tasks = [
-                    inference.InferenceTask(s.signature_name, t.method_name)
-                    for s, t in zip(specs, request.tasks, strict=True)
-                ]
-                examples = serialized_examples(request.input)
-                results = await self.dataplane.multi_inference(servable, tasks, examples, timeout=_timeout(context))
-                response = inference_pb2.MultiInferenceResponse()
-                for (name, result), task in zip(results, tasks, strict=True):
-                    entry = response.results.add()
-                    _echo(entry.model_spec, specs[0].name, servable.version, name)
-                    if task.method_name == CLASSIFY_METHOD:
-                        _fill_classifications(entry.classification_result, result)
-                    else:
-                        for value in result:
-                            entry.regression_result.regressions.add().value = value
-                return response
+                with self.dataplane.handle(specs[0]) as servable:
+                    call.version = servable.version
+                    tasks = [
+                        inference.InferenceTask(s.signature_name, t.method_name)
+                        for s, t in zip(specs, request.tasks, strict=True)
+                    ]
+                    examples = serialized_examples(request.input)
+                    results = await self.dataplane.multi_inference(servable, tasks, examples, timeout=_timeout(context))
+                    response = inference_pb2.MultiInferenceResponse()
+                    for (name, result), task in zip(results, tasks, strict=True):
+                        entry = response.results.add()
+                        _echo(entry.model_spec, specs[0].name, servable.version, name)
+                        if task.method_name == CLASSIFY_METHOD:
+                            _fill_classifications(entry.classification_result, result)
+                        else:
+                            for value in result:
+                                entry.regression_result.regressions.add().value = value
+                    return response
 
         return await self.call(context, body)
 
@@ -181,11 +181,11 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer, _
                 if field != "signature_def":
                     raise ServingError(Code.INVALID_ARGUMENT, f"Metadata field {field} is not supported")
             spec = _spec(request.model_spec)
-            servable = self.dataplane.resolve(spec)
-            response = get_model_metadata_pb2.GetModelMetadataResponse()
-            _echo(response.model_spec, spec.name, servable.version, None)
-            response.metadata["signature_def"].Pack(self.dataplane.metadata(servable))
-            return response
+            with self.dataplane.handle(spec) as servable:
+                response = get_model_metadata_pb2.GetModelMetadataResponse()
+                _echo(response.model_spec, spec.name, servable.version, None)
+                response.metadata["signature_def"].Pack(self.dataplane.metadata(servable))
+                return response
 
         return await self.call(context, body)
 
@@ -253,9 +253,12 @@ async def start_grpc_server(
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     port = None
     if address is not None:
-        port = server.add_insecure_port(address)
+        try:
+            port = server.add_insecure_port(address)
+        except RuntimeError:  # grpc raises when the port is taken
+            port = 0
         if port == 0:
-            raise ServingError(Code.UNAVAILABLE, f"Could not bind the gRPC port at {address}")
+            raise ServingError(Code.UNAVAILABLE, f"Could not bind the gRPC port {address}: address already in use")
     if socket_path:
         server.add_insecure_port(f"unix:{socket_path}")
     await server.start()

@@ -110,43 +110,43 @@ class RestApi:
 
     async def _predict(self, spec: ModelSpec, body: bytes) -> Response:
         with self.dataplane.track(spec.name, "predict", "rest") as call:
-            servable = self.dataplane.resolve(spec)
-            call.version = servable.version
-            signature_name, inputs, fmt = json_tensor.decode_predict_request(
-                body, lambda name: self.dataplane.rest_input_specs(servable, name)
-            )
-            _, outputs = await self.dataplane.predict(servable, signature_name, inputs, timeout=self.timeout)
-            return json_response(json_tensor.encode_predict_response(outputs, fmt))
+            with self.dataplane.handle(spec) as servable:
+                call.version = servable.version
+                signature_name, inputs, fmt = json_tensor.decode_predict_request(
+                    body, lambda name: self.dataplane.rest_input_specs(servable, name)
+                )
+                _, outputs = await self.dataplane.predict(servable, signature_name, inputs, timeout=self.timeout)
+                return json_response(json_tensor.encode_predict_response(outputs, fmt))
 
     async def _classify(self, spec: ModelSpec, body: bytes) -> Response:
         with self.dataplane.track(spec.name, "classify", "rest") as call:
             signature_name, request_input = input_from_json(body)
-            servable = self.dataplane.resolve(spec)
-            call.version = servable.version
-            examples = serialized_examples(request_input)
-            _, results = await self.dataplane.classify(servable, signature_name, examples, timeout=self.timeout)
-            return json_response(json_tensor.encode_classify_response(results))
+            with self.dataplane.handle(spec) as servable:
+                call.version = servable.version
+                examples = serialized_examples(request_input)
+                _, results = await self.dataplane.classify(servable, signature_name, examples, timeout=self.timeout)
+                return json_response(json_tensor.encode_classify_response(results))
 
     async def _regress(self, spec: ModelSpec, body: bytes) -> Response:
         with self.dataplane.track(spec.name, "regress", "rest") as call:
             signature_name, request_input = input_from_json(body)
-            servable = self.dataplane.resolve(spec)
-            call.version = servable.version
-            examples = serialized_examples(request_input)
-            _, results = await self.dataplane.regress(servable, signature_name, examples, timeout=self.timeout)
-            return json_response(json_tensor.encode_regress_response(results))
+            with self.dataplane.handle(spec) as servable:
+                call.version = servable.version
+                examples = serialized_examples(request_input)
+                _, results = await self.dataplane.regress(servable, signature_name, examples, timeout=self.timeout)
+                return json_response(json_tensor.encode_regress_response(results))
 
     def _status(self, spec: ModelSpec) -> Response:
         statuses = self.dataplane.model_status(spec.name, spec.version, spec.label)
         return json_response(json_tensor.dumps(to_json_dict(model_status_proto(statuses))))
 
     def _metadata(self, spec: ModelSpec) -> Response:
-        servable = self.dataplane.resolve(spec)
-        body = {
-            "model_spec": to_json_dict(model_spec_proto(spec.name, servable.version, spec.signature_name)),
-            "metadata": {"signature_def": to_json_dict(self.dataplane.metadata(servable))},
-        }
-        return json_response(json_tensor.dumps(body))
+        with self.dataplane.handle(spec) as servable:
+            body = {
+                "model_spec": to_json_dict(model_spec_proto(spec.name, servable.version, spec.signature_name)),
+                "metadata": {"signature_def": to_json_dict(self.dataplane.metadata(servable))},
+            }
+            return json_response(json_tensor.dumps(body))
 
 
 def create_app(

@@ -24,8 +24,11 @@ from workbench.protocol.json_tensor import (
 _MAX_FLOAT32 = 3.4028234663852886e38
 
 
+_KIND_NAMES = {"int64_list": "int64", "float_list": "float", "bytes_list": "bytes"}
+
+
 def _feature_kind_error(name: str, kind: str) -> Exception:
-    return invalid_argument(f"Unexpected element type in feature: {name} expecting type: {kind}")
+    return invalid_argument(f"Unexpected element type in feature: {name} expecting type: {_KIND_NAMES[kind]}")
 
 
 def _add_value(feature: Any, name: str, value: Any) -> None:

@@ -98,6 +98,9 @@ def decode_predict_request(
     doc = parse_body(body)
     signature_name = signature_name_of(doc)
     specs = input_specs(signature_name)
+    # numpy turns [1, true] into [1, 1]; TF Serving refuses the bool. Bodies with a boolean token anywhere
+    # (rare in numeric inputs) take the exact, element-by-element path.
+    fast = b"true" not in body and b"false" not in body
     if not specs:
         raise invalid_argument(f"Failed to get input map for signature: {signature_name or 'DEFAULT'}")
     has_instances, has_inputs = "instances" in doc, "inputs" in doc
@@ -107,13 +110,13 @@ def decode_predict_request(
             "'instances' keys to exist "
         )
     if has_instances:
-        return signature_name, _decode_instances(doc, specs), Format.ROW
+        return signature_name, _decode_instances(doc, specs, fast), Format.ROW
     if has_inputs:
-        return signature_name, _decode_inputs(doc["inputs"], specs), Format.COLUMNAR
+        return signature_name, _decode_inputs(doc["inputs"], specs, fast), Format.COLUMNAR
     raise invalid_argument("Missing 'inputs' or 'instances' key")
 
 
-def _decode_instances(doc: Mapping[str, Any], specs: Mapping[str, TensorSpec]) -> dict[str, np.ndarray]:
+def _decode_instances(doc: Mapping[str, Any], specs: Mapping[str, TensorSpec], fast: bool) -> dict[str, np.ndarray]:
     instances = doc["instances"]
     if not isinstance(instances, list):
         raise invalid_argument(f"JSON Value: {dumps_value(doc)} Excepting 'instances' to be an list/array")
@@ -131,7 +134,7 @@ def _decode_instances(doc: Mapping[str, Any], specs: Mapping[str, TensorSpec]) -
             if isinstance(item, dict) and not _is_b64(item):
                 raise invalid_argument(f"Expecting value/list but got object at item {i} of input list")
         ((name, spec),) = specs.items()
-        return {name: _decode_batch(instances, spec, name=None)}
+        return {name: _decode_batch(instances, spec, name=None, fast=fast)}
 
     names = sorted(specs)
     columns: dict[str, list[Any]] = {name: [] for name in names}
@@ -151,10 +154,10 @@ def _decode_instances(doc: Mapping[str, Any], specs: Mapping[str, TensorSpec]) -
             )
         for name in names:
             columns[name].append(item[name])
-    return {name: _decode_batch(columns[name], specs[name], name=name) for name in names}
+    return {name: _decode_batch(columns[name], specs[name], name=name, fast=fast) for name in names}
 
 
-def _decode_inputs(value: Any, specs: Mapping[str, TensorSpec]) -> dict[str, np.ndarray]:
+def _decode_inputs(value: Any, specs: Mapping[str, TensorSpec], fast: bool) -> dict[str, np.ndarray]:
     if not isinstance(value, dict) or _is_b64(value):
         if len(specs) > 1:
             raise invalid_argument(
@@ -162,19 +165,19 @@ def _decode_inputs(value: Any, specs: Mapping[str, TensorSpec]) -> dict[str, np.
                 "per tensorinfo_map"
             )
         ((name, spec),) = specs.items()
-        return {name: decode_tensor(value, spec)}
+        return {name: decode_tensor(value, spec, fast)}
     tensors = {}
     for name, spec in sorted(specs.items()):
         if name not in value:
             raise invalid_argument(f"Missing named input: {name} in 'inputs' object.")
-        tensors[name] = decode_tensor(value[name], spec)
+        tensors[name] = decode_tensor(value[name], spec, fast)
     return tensors
 
 
-def _decode_batch(items: list[Any], spec: TensorSpec, name: str | None) -> np.ndarray:
+def _decode_batch(items: list[Any], spec: TensorSpec, name: str | None, fast: bool) -> np.ndarray:
     """The row format: each instance is one example; all must have the same shape."""
     try:
-        return decode_tensor(items, spec)
+        return decode_tensor(items, spec, fast)
     except Exception as batch_error:
         # Find the instance at fault, for a message that says which one and why.
         shape0 = None
@@ -205,10 +208,14 @@ def _shape_str(shape: tuple[int, ...]) -> str:
 _MAX_EXACT_INT = {np.dtype(np.float32): (1 << 24) - 1, np.dtype(np.float64): (1 << 53) - 1}
 
 
-def decode_tensor(value: Any, spec: TensorSpec) -> np.ndarray:
-    """A JSON value (scalar or nested lists) as an array of the signature's dtype, or a clear error."""
+def decode_tensor(value: Any, spec: TensorSpec, fast: bool = False) -> np.ndarray:
+    """A JSON value (scalar or nested lists) as an array of the signature's dtype, or a clear error.
+
+    ``fast`` lets numpy convert numbers in C. It cannot see a boolean hidden among numbers (it makes
+    ``[1, true]`` into ``[1, 1]``), so callers pass it only when the JSON has no boolean token at all.
+    """
     dtype = spec.dtype
-    if dtype.kind != "O":
+    if dtype.kind != "O" and fast:
         fast = _numeric_fast_path(value, dtype)
         if fast is not None:
             return fast
@@ -225,7 +232,8 @@ def _numeric_fast_path(value: Any, dtype: np.dtype) -> np.ndarray | None:
     if dtype.kind == "f":
         if kind == "f":
             finite = raw[np.isfinite(raw)]
-            if finite.size and np.abs(finite).max() > np.finfo(dtype).max:
+            # Past the largest exact integer an int token among floats may be lossy: check token by token.
+            if finite.size and np.abs(finite).max() > _MAX_EXACT_INT.get(dtype, 1 << 11):
                 return None
             return raw.astype(dtype)
         if kind in "iu":

@@ -1,0 +1,88 @@
+"""Rolling statistics per model version, for the live charts: rates and percentiles over a short window.
+
+Recording is an append to a deque (cheap on the request path); a snapshot trims what fell out of the window
+and computes requests/s, p50/p95/p99 latency, errors, mean batch size and queue depth.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+Key = tuple[str, int | None]
+
+
+class _Series:
+    def __init__(self) -> None:
+        self.requests: collections.deque[tuple[float, float, bool]] = collections.deque()  # (t, seconds, ok)
+        self.batches: collections.deque[tuple[float, int, int]] = collections.deque()  # (t, rows, tasks)
+        self.total_requests = 0
+        self.total_errors = 0
+
+
+class RollingStats:
+    def __init__(self, window_seconds: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.window = window_seconds
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._series: dict[Key, _Series] = collections.defaultdict(_Series)
+        self.started = clock()
+
+    def record_request(self, model: str, version: int | None, seconds: float, ok: bool) -> None:
+        now = self._clock()
+        with self._lock:
+            series = self._series[(model, version)]
+            series.requests.append((now, seconds, ok))
+            series.total_requests += 1
+            series.total_errors += not ok
+
+    def record_batch(self, model: str, version: int, rows: int, tasks: int) -> None:
+        now = self._clock()
+        with self._lock:
+            self._series[(model, version)].batches.append((now, rows, tasks))
+
+    def snapshot(self, queue_depth: Callable[[str, int], int] | None = None) -> dict[str, Any]:
+        """``{"time", "window_seconds", "models": {name: {version: {...}}}}``, JSON-ready."""
+        now = self._clock()
+        horizon = now - self.window
+        span = min(self.window, max(now - self.started, 1e-9))
+        models: dict[str, dict[str, Any]] = {}
+        with self._lock:
+            items = list(self._series.items())
+            for _, series in items:
+                while series.requests and series.requests[0][0] < horizon:
+                    series.requests.popleft()
+                while series.batches and series.batches[0][0] < horizon:
+                    series.batches.popleft()
+            rows = [
+                (key, list(series.requests), list(series.batches), series.total_requests, series.total_errors)
+                for key, series in items
+            ]
+        for (model, version), requests, batches, total, total_errors in rows:
+            latencies = np.array([r[1] for r in requests if r[2]], dtype=np.float64) * 1000
+            errors = sum(1 for r in requests if not r[2])
+            p50, p95, p99 = np.percentile(latencies, [50, 95, 99]).tolist() if latencies.size else (None, None, None)
+            batch_rows = sum(b[1] for b in batches)
+            entry = {
+                "requests_per_second": round(len(requests) / span, 3),
+                "errors_per_second": round(errors / span, 3),
+                "p50_ms": _round(p50),
+                "p95_ms": _round(p95),
+                "p99_ms": _round(p99),
+                "mean_batch_size": round(batch_rows / len(batches), 3) if batches else None,
+                "batches_per_second": round(len(batches) / span, 3),
+                "queue_depth": queue_depth(model, version) if queue_depth and version is not None else 0,
+                "total_requests": total,
+                "total_errors": total_errors,
+            }
+            models.setdefault(model, {})["" if version is None else str(version)] = entry
+        return {"time": time.time(), "window_seconds": self.window, "models": models}
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
