@@ -211,3 +211,36 @@ def format_table(rows: list[dict[str, Any]], columns: list[str]) -> str:
     lines = ["  ".join(c.rjust(widths[c]) for c in columns)]
     lines += ["  ".join(str(r.get(c, "")).rjust(widths[c]) for c in columns) for r in rows]
     return "\n".join(lines)
+
+
+def input_dtypes(target: str, protocol: str, model: str, signature_name: str = "") -> dict[str, np.dtype[Any]]:
+    """The signature's input dtypes, read from the server's metadata (so JSON numbers get the right type)."""
+    from tensorflow.core.framework import types_pb2
+    from tensorflow.python.framework import dtypes
+
+    signature = signature_name or "serving_default"
+    if protocol == "rest":
+        import requests
+
+        base = target if "://" in target else f"http://{target}"
+        doc = requests.get(f"{base}/v1/models/{model}/metadata", timeout=30).json()
+        if "error" in doc:
+            raise ValueError(doc["error"])
+        inputs = doc["metadata"]["signature_def"]["signature_def"][signature]["inputs"]
+        enums = {alias: types_pb2.DataType.Value(info["dtype"]) for alias, info in inputs.items()}
+    else:
+        import grpc
+        from tensorflow_serving.apis import get_model_metadata_pb2, prediction_service_pb2_grpc
+
+        request = get_model_metadata_pb2.GetModelMetadataRequest()
+        request.model_spec.name = model
+        request.metadata_field.append("signature_def")
+        with grpc.insecure_channel(target) as channel:
+            response = prediction_service_pb2_grpc.PredictionServiceStub(channel).GetModelMetadata(request, 30)
+        signatures = get_model_metadata_pb2.SignatureDefMap()
+        response.metadata["signature_def"].Unpack(signatures)
+        enums = {alias: info.dtype for alias, info in signatures.signature_def[signature].inputs.items()}
+    return {
+        alias: np.dtype(object) if enum == types_pb2.DT_STRING else np.dtype(dtypes.as_dtype(enum).as_numpy_dtype)
+        for alias, enum in enums.items()
+    }

@@ -183,6 +183,67 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "bench",
+        help="closed-loop load on a server's predict API (REST or gRPC), with latency percentiles",
+        description="Send predict requests from N concurrent clients, each waiting for its answer before sending "
+        "the next, for a duration or a number of requests; print requests/s and latency percentiles. Works "
+        "against workbench and TF Serving alike.",
+    )
+    p.add_argument("--target", required=True, help="host:port (gRPC) or http://host:port (REST)")
+    p.add_argument("--protocol", choices=["rest", "grpc"], default="grpc")
+    p.add_argument("--model", required=True, help="model name")
+    p.add_argument("--signature_name", default="", help="signature (default: serving_default)")
+    p.add_argument(
+        "--inputs", required=True, help="one request's inputs as JSON, e.g. '{\"x\": [[1.0]]}' (dtypes from metadata)"
+    )
+    p.add_argument("--concurrency", type=int, default=1, help="clients in flight at once")
+    p.add_argument("--duration", type=float, default=10.0, help="seconds to run (ignored with --requests)")
+    p.add_argument("--requests", type=int, default=None, help="stop after this many requests instead")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(command=_bench)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    import json
+
+    import numpy as np
+
+    from workbench.bench import format_table, input_dtypes, run_load
+
+    try:
+        values = json.loads(args.inputs)
+        if not isinstance(values, dict) or not values:
+            raise ValueError("--inputs must be a JSON object of input name → value")
+        dtypes = input_dtypes(args.target, args.protocol, args.model, args.signature_name)
+        unknown = sorted(set(values) - set(dtypes))
+        if unknown:
+            raise ValueError(f"the signature has no input {', '.join(unknown)} (it has {', '.join(sorted(dtypes))})")
+        inputs = {name: np.asarray(value, dtype=dtypes[name]) for name, value in values.items()}
+        if args.concurrency < 1:
+            raise ValueError("--concurrency must be at least 1")
+        result = run_load(
+            args.target,
+            args.protocol,
+            args.model,
+            inputs,
+            concurrency=args.concurrency,
+            duration=None if args.requests else args.duration,
+            requests=args.requests,
+            signature_name=args.signature_name,
+        )
+    except Exception as exc:  # noqa: BLE001 - a command line tool: say what went wrong, no traceback
+        print(f"workbench bench: {exc}", file=sys.stderr)
+        return 1
+    summary = result.summary()
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(format_table([summary], list(summary)))
+    return 0 if result.errors == 0 else 3
+
+
 def build_parser() -> argparse.ArgumentParser:
     from workbench import __version__
 
@@ -191,6 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(title="commands", required=True, parser_class=_Parser)
     _serve_parser(sub)
     _demo_parser(sub)
+    _bench_parser(sub)
     return parser
 
 

@@ -8,10 +8,9 @@ gRPC cannot drift apart.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import time
-from collections.abc import Awaitable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from concurrent.futures import Executor
 from typing import Any, TypeVar
 
@@ -19,7 +18,7 @@ import numpy as np
 
 from workbench.engine import inference
 from workbench.engine.batching import BatchScheduler
-from workbench.engine.manager import Manager, VersionStatus
+from workbench.engine.manager import Manager, ServableHandle, VersionStatus
 from workbench.engine.metrics import ServingMetrics
 from workbench.engine.servable import Servable, Signature, TensorSpec
 from workbench.engine.stats import RollingStats
@@ -38,14 +37,36 @@ class ModelSpec:
     signature_name: str = ""
 
 
-@dataclasses.dataclass
 class Call:
-    """One request in flight, for metrics: the frontend fills in the version once it is known."""
+    """One request in flight, timed and counted by its final status when its ``with`` block ends.
 
-    model: str
-    api: str
-    protocol: str
-    version: int | None = None
+    The frontend fills in ``version`` once it is known. (A class rather than a generator-based context
+    manager: this runs on every request.)
+    """
+
+    __slots__ = ("_dataplane", "model", "api", "protocol", "version", "_started")
+
+    def __init__(self, dataplane: Dataplane, model: str, api: str, protocol: str) -> None:
+        self._dataplane = dataplane
+        self.model, self.api, self.protocol = model, api, protocol
+        self.version: int | None = None
+        self._started = time.perf_counter()
+
+    def __enter__(self) -> Call:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        if exc is None:
+            code = "OK"
+        elif isinstance(exc, ServingError):
+            code = exc.code.name
+        elif isinstance(exc, asyncio.CancelledError):
+            code = Code.CANCELLED.name
+        else:
+            code = from_exception(exc).code.name
+        seconds = time.perf_counter() - self._started
+        self._dataplane.metrics.observe_request(self.model, self.version, self.api, self.protocol, code, seconds)
+        self._dataplane.stats.record_request(self.model, self.version, seconds, code == "OK")
 
 
 class Dataplane:
@@ -64,7 +85,7 @@ class Dataplane:
         self._executor = executor
 
     # --------------------------------------------------------------------------------- resolution
-    def handle(self, spec: ModelSpec) -> contextlib.AbstractContextManager[Servable]:
+    def handle(self, spec: ModelSpec) -> ServableHandle:
         """The servable ``spec`` names, held until the ``with`` block ends (it cannot unload meanwhile)."""
         if spec.version is not None and spec.label is not None:
             raise ServingError(Code.INVALID_ARGUMENT, "A request may name a version or a label, not both")
@@ -139,24 +160,6 @@ class Dataplane:
         return servable.signature_def_map()
 
     # ------------------------------------------------------------------------------------ metrics
-    @contextlib.contextmanager
-    def track(self, model: str, api: str, protocol: str) -> Iterator[Call]:
-        """Time one request and count it by its final status, whatever the frontend raised."""
-        call = Call(model=model, api=api, protocol=protocol)
-        started = time.perf_counter()
-        code = "OK"
-        try:
-            yield call
-        except ServingError as exc:
-            code = exc.code.name
-            raise
-        except asyncio.CancelledError:
-            code = Code.CANCELLED.name
-            raise
-        except BaseException as exc:
-            code = from_exception(exc).code.name
-            raise
-        finally:
-            seconds = time.perf_counter() - started
-            self.metrics.observe_request(model, call.version, api, protocol, code, seconds)
-            self.stats.record_request(model, call.version, seconds, code == "OK")
+    def track(self, model: str, api: str, protocol: str) -> Call:
+        """``with dataplane.track(...) as call:`` times one request and counts it by its final status."""
+        return Call(self, model, api, protocol)

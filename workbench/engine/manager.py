@@ -8,13 +8,12 @@ versions already serving keep serving. All state sits behind one lock; loads and
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import enum
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 from workbench.engine.options import ModelConfig
@@ -70,6 +69,21 @@ class _Model:
     versions: dict[int, VersionRecord] = dataclasses.field(default_factory=dict)
     labels: dict[str, int] = dataclasses.field(default_factory=dict)
     removed: bool = False
+
+
+class ServableHandle:
+    """``with handle as servable:`` releases the servable when the request is done (a class: it is hot)."""
+
+    __slots__ = ("_servable",)
+
+    def __init__(self, servable: Servable) -> None:
+        self._servable = servable
+
+    def __enter__(self) -> Servable:
+        return self._servable
+
+    def __exit__(self, *exc: object) -> None:
+        self._servable.release()
 
 
 Warmup = Callable[[Servable], None]
@@ -256,14 +270,9 @@ class Manager:
         self._listeners.append(listener)
 
     # -------------------------------------------------------------------------------------- queries
-    @contextlib.contextmanager
-    def handle(self, name: str, version: int | None = None, label: str | None = None) -> Iterator[Servable]:
+    def handle(self, name: str, version: int | None = None, label: str | None = None) -> ServableHandle:
         """Hold the servable a request runs on until the request is answered (it cannot unload meanwhile)."""
-        servable = self.resolve(name, version, label)
-        try:
-            yield servable
-        finally:
-            servable.release()
+        return ServableHandle(self.resolve(name, version, label))
 
     def resolve(self, name: str, version: int | None = None, label: str | None = None) -> Servable:
         """The servable a request for (name, version or label) runs on, already acquired for the caller.

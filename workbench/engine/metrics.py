@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
@@ -121,6 +122,8 @@ class ServingMetrics:
             buckets=_LATENCY_BUCKETS_S,
             registry=self.registry,
         )
+        self._request_children: dict[tuple[object, ...], tuple[Any, Any, Any]] = {}
+        self._batch_children: dict[tuple[str, int], tuple[Any, Any, Any]] = {}
         self._queue_depths: Callable[[], Iterable[tuple[str, int, int]]] = lambda: ()
         self.registry.register(_QueueDepth(lambda: self._queue_depths()))
         self.version_available = Gauge(
@@ -133,20 +136,37 @@ class ServingMetrics:
     def observe_request(
         self, model: str, version: int | None, api: str, protocol: str, code: str, seconds: float
     ) -> None:
-        version_label = "" if version is None else str(version)
-        self._tf_request_count.inc(model, "OK" if code == "OK" else code)
-        self._tf_request_latency.labels(model, api, protocol.upper()).observe(seconds * 1e6)
-        self.requests.labels(model, version_label, api, protocol, code).inc()
-        if code == "OK":
-            self.latency.labels(model, version_label, api, protocol).observe(seconds)
+        key = (model, version, api, protocol, code)
+        children = self._request_children.get(key)
+        if children is None:  # labels() costs a lock and tuple work: resolve each label set once
+            version_label = "" if version is None else str(version)
+            children = self._request_children[key] = (
+                self._tf_request_latency.labels(model, api, protocol.upper()),
+                self.requests.labels(model, version_label, api, protocol, code),
+                self.latency.labels(model, version_label, api, protocol) if code == "OK" else None,
+            )
+        tf_latency, requests, latency = children
+        self._tf_request_count.inc(model, code)
+        tf_latency.observe(seconds * 1e6)
+        requests.inc()
+        if latency is not None:
+            latency.observe(seconds)
 
     def observe_batch(self, record: BatchRecord) -> None:
-        version = str(record.version)
-        self.batch_size.labels(record.model, version).observe(record.size)
-        self.inference_seconds.labels(record.model, version).observe(record.run_seconds)
-        queue = self.queue_seconds.labels(record.model, version)
+        key = (record.model, record.version)
+        children = self._batch_children.get(key)
+        if children is None:
+            version = str(record.version)
+            children = self._batch_children[key] = (
+                self.batch_size.labels(record.model, version),
+                self.inference_seconds.labels(record.model, version),
+                self.queue_seconds.labels(record.model, version),
+            )
+        batch_size, inference_seconds, queue_seconds = children
+        batch_size.observe(record.size)
+        inference_seconds.observe(record.run_seconds)
         for seconds in record.queue_seconds:
-            queue.observe(seconds)
+            queue_seconds.observe(seconds)
 
     def report_queue_depths(self, depths: Callable[[], Iterable[tuple[str, int, int]]]) -> None:
         """Where the queue-depth gauge reads (model, version, rows waiting) at scrape time."""

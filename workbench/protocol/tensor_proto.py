@@ -1,8 +1,9 @@
 """``TensorProto`` ↔ numpy for gRPC.
 
-Requests are read with TensorFlow's own ``make_ndarray`` (every encoding clients send: typed ``*_val``
-fields and ``tensor_content``). Responses use the typed fields, as TF Serving does by default, so clients
-that read ``response.outputs["y"].float_val`` directly keep working.
+Requests: the common dtypes are decoded here with TensorFlow's rules (``tensor_content`` is raw bytes; typed
+``*_val`` fields with fewer values than the shape repeat the last one, none means zeros) at a fraction of
+``tf.make_ndarray``'s per-call cost; rare dtypes go to ``tf.make_ndarray`` itself. Responses use the typed
+fields, as TF Serving does by default, so clients that read ``response.outputs["y"].float_val`` keep working.
 """
 
 from __future__ import annotations
@@ -31,11 +32,41 @@ _FIELDS: dict[np.dtype[Any], tuple[int, str]] = {
 _DT_STRING = 7
 
 
-def to_numpy(proto: Any, alias: str) -> np.ndarray:
-    import tensorflow as tf
+_DECODE: dict[int, tuple[np.dtype[Any], str]] = {enum: (dtype, field) for dtype, (enum, field) in _FIELDS.items()}
 
+
+def to_numpy(proto: Any, alias: str) -> np.ndarray:
     try:
-        return tf.make_ndarray(proto)
+        entry = _DECODE.get(proto.dtype)
+        if entry is None and proto.dtype != _DT_STRING:
+            import tensorflow as tf
+
+            return tf.make_ndarray(proto)
+        shape = tuple(d.size for d in proto.tensor_shape.dim)
+        count = 1
+        for d in shape:
+            count *= d
+        if entry is None:  # DT_STRING
+            values: Any = list(proto.string_val)
+            if values and len(values) < count:
+                values.extend([values[-1]] * (count - len(values)))
+            array = np.empty(len(values), dtype=object)
+            array[:] = values
+            if not values:
+                array = np.full(count, b"", dtype=object)
+            return array.reshape(shape)
+        dtype, field = entry
+        if proto.tensor_content:
+            return np.frombuffer(proto.tensor_content, dtype=dtype).reshape(shape)
+        raw = getattr(proto, field)
+        values = np.array(raw, dtype=np.uint16).view(np.float16) if field == "half_val" else np.array(raw, dtype)
+        if values.size == count:
+            return values.reshape(shape)
+        if values.size == 0:
+            return np.zeros(shape, dtype)
+        if values.size < count:
+            return np.pad(values, (0, count - values.size), "edge").reshape(shape)
+        raise ValueError(f"{values.size} values do not fit the shape {list(shape)}")
     except Exception as exc:  # malformed content: wrong sizes, unknown dtype
         raise invalid_argument(f"Could not parse input tensor {alias}: {exc}") from None
 
