@@ -114,3 +114,32 @@ def save_results(name: str, payload: dict) -> Path:
     path = out / f"{name}.json"
     path.write_text(json.dumps(payload, indent=2) + "\n")
     return path
+
+
+def save_small_cnn(export_dir: Path, seed: int = 0) -> Path:
+    """A compute-bound MNIST-style CNN (28x28x1 → conv 32 → conv 64 → pool → dense 128 → 10), random weights."""
+    import tensorflow as tf
+
+    rng = np.random.default_rng(seed)
+
+    def weight(*shape: int) -> tf.Variable:
+        return tf.Variable(rng.normal(0, 0.05, shape).astype(np.float32))
+
+    class CNN(tf.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.c1, self.c2 = weight(3, 3, 1, 32), weight(3, 3, 32, 64)
+            self.d1, self.d2 = weight(12 * 12 * 64, 128), weight(128, 10)
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 784], tf.float32, name="images")])
+        def serve(self, images: tf.Tensor) -> dict[str, tf.Tensor]:
+            x = tf.reshape(images, [-1, 28, 28, 1])
+            x = tf.nn.relu(tf.nn.conv2d(x, self.c1, 1, "VALID"))
+            x = tf.nn.relu(tf.nn.conv2d(x, self.c2, 1, "VALID"))
+            x = tf.nn.max_pool2d(x, 2, 2, "VALID")
+            x = tf.nn.relu(tf.reshape(x, [-1, 12 * 12 * 64]) @ self.d1)
+            return {"probabilities": tf.nn.softmax(x @ self.d2)}
+
+    module = CNN()
+    tf.saved_model.save(module, str(export_dir), signatures={"serving_default": module.serve})
+    return export_dir

@@ -104,8 +104,7 @@ class ModelServer:
         return self.scheduler.queue_depths()
 
     def stats_snapshot(self) -> dict[str, object]:
-        depths = {(m, v): rows for m, v, rows in self.scheduler.queue_depths()}
-        return self.stats.snapshot(lambda model, version: depths.get((model, version), 0))
+        return self.stats.snapshot({(m, v): rows for m, v, rows in self.scheduler.queue_depths()})
 
     def health(self) -> dict[str, object]:
         return {
@@ -154,6 +153,14 @@ class ModelServer:
 
     # ------------------------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
+        """Load the models, then open the ports; on any failure, stop what had started and re-raise."""
+        try:
+            await self._start()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _start(self) -> None:
         options = self.options
         self._stopped = asyncio.Event()
         models = options.initial_models()  # raises on a malformed config file, before anything starts
@@ -243,6 +250,7 @@ def run(options: ServerOptions) -> int:
     try:
         loop.run_until_complete(main())
     finally:
+        loop.run_until_complete(loop.shutdown_default_executor())
         loop.close()
     return 0
 
@@ -260,13 +268,18 @@ class ServerThread:
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
         try:
-            self._loop.run_until_complete(self.server.start())
-        except BaseException as exc:  # noqa: BLE001 - handed to the thread that called start()
-            self._error = exc
-            self._ready.set()
-            return
-        self._ready.set()
-        self._loop.run_forever()
+            try:
+                self._loop.run_until_complete(self.server.start())
+            except BaseException as exc:  # noqa: BLE001 - handed to the thread that called start()
+                self._error = exc
+                return
+            finally:
+                self._ready.set()
+            self._loop.run_forever()
+        finally:
+            # run_in_executor(None, ...) started the loop's default executor: end its thread too.
+            self._loop.run_until_complete(self._loop.shutdown_default_executor())
+            self._loop.close()
 
     def start(self, timeout: float = 120) -> ServerThread:
         self._thread.start()

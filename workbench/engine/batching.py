@@ -231,6 +231,9 @@ class BatchScheduler:
                     if queue.timer is None:
                         queue.timer = loop.call_later(remaining, self._on_timer, queue)
                     return
+            if queue.timer is not None:  # this batch starts now: its timer has nothing left to do
+                queue.timer.cancel()
+                queue.timer = None
             batch = self._take(queue)
             if not batch:
                 continue
@@ -239,7 +242,9 @@ class BatchScheduler:
             future = loop.run_in_executor(self._executor, self._execute, queue, batch)
             future.add_done_callback(lambda f, q=queue, b=batch, s=started: self._finish(q, b, s, f))
         if not queue.pending and queue.running == 0 and not queue.dispatch_pending:
-            self._queues.pop((id(queue.servable), queue.signature.name, queue.outputs), None)
+            key = (id(queue.servable), queue.signature.name, queue.outputs)
+            if self._queues.get(key) is queue:  # a newer queue under the same key stays
+                del self._queues[key]
 
     def _dispatch(self, queue: _Queue) -> None:
         queue.dispatch_pending = False

@@ -9,7 +9,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -46,13 +46,20 @@ class RollingStats:
         with self._lock:
             self._series[(model, version)].batches.append((now, rows, tasks))
 
-    def snapshot(self, queue_depth: Callable[[str, int], int] | None = None) -> dict[str, Any]:
-        """``{"time", "window_seconds", "models": {name: {version: {...}}}}``, JSON-ready."""
+    def snapshot(self, queue_depths: Mapping[tuple[str, int], int] | None = None) -> dict[str, Any]:
+        """``{"time", "window_seconds", "models": {name: {version: {...}}}}``, JSON-ready.
+
+        ``queue_depths`` gives the rows waiting per (model, version); a version with rows waiting is listed
+        even before its first request has finished.
+        """
+        queue_depths = queue_depths or {}
         now = self._clock()
         horizon = now - self.window
         span = min(self.window, max(now - self.started, 1e-9))
         models: dict[str, dict[str, Any]] = {}
         with self._lock:
+            for key in queue_depths:
+                self._series.setdefault(key, _Series())
             items = list(self._series.items())
             for _, series in items:
                 while series.requests and series.requests[0][0] < horizon:
@@ -76,7 +83,7 @@ class RollingStats:
                 "p99_ms": _round(p99),
                 "mean_batch_size": round(batch_rows / len(batches), 3) if batches else None,
                 "batches_per_second": round(len(batches) / span, 3),
-                "queue_depth": queue_depth(model, version) if queue_depth and version is not None else 0,
+                "queue_depth": queue_depths.get((model, version), 0) if version is not None else 0,
                 "total_requests": total,
                 "total_errors": total_errors,
             }

@@ -1,0 +1,244 @@
+"""workbench's own endpoints: ``/workbench/v1/health``, the rolling ``/workbench/v1/stats`` snapshot per model
+version, its server-sent-events stream, and the RollingStats window itself (with an injected clock)."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+
+import pytest
+import requests
+from waiting import model_config_text
+
+from workbench.engine.stats import RollingStats
+
+ENTRY_KEYS = {
+    "requests_per_second",
+    "errors_per_second",
+    "p50_ms",
+    "p95_ms",
+    "p99_ms",
+    "mean_batch_size",
+    "batches_per_second",
+    "queue_depth",
+    "total_requests",
+    "total_errors",
+}
+
+
+@pytest.fixture
+def two_versions(serve, make_repo, tmp_path):
+    base = make_repo("m", {1: "hp2_tf2", 2: "hp3_tf2"})
+    config = tmp_path / "models.config"
+    config.write_text(model_config_text(("m", base, "model_version_policy { all {} }")))
+    return serve(model_config_file=str(config), file_system_poll_wait_seconds=0)
+
+
+def stats(server) -> dict:
+    r = requests.get(server.rest_url + "/workbench/v1/stats", timeout=30)
+    assert r.status_code == 200
+    assert r.headers["content-type"] == "application/json"
+    return r.json()
+
+
+def assert_snapshot_shape(snapshot: dict) -> None:
+    assert set(snapshot) == {"time", "window_seconds", "models"}
+    assert isinstance(snapshot["time"], float) and snapshot["window_seconds"] > 0
+    for versions in snapshot["models"].values():
+        for entry in versions.values():
+            assert set(entry) == ENTRY_KEYS
+
+
+def test_stats_per_version_after_requests_and_errors(two_versions):
+    server = two_versions
+    n = 12
+    for version, offset in ((1, 2.0), (2, 3.0)):
+        for i in range(n):
+            r = requests.post(
+                f"{server.rest_url}/v1/models/m/versions/{version}:predict",
+                json={"instances": [[float(i)]]},
+                timeout=30,
+            )
+            assert r.json() == {"predictions": [[0.5 * i + offset]]}
+
+    snapshot = stats(server)
+    assert_snapshot_shape(snapshot)
+    assert set(snapshot["models"]) == {"m"}
+    assert set(snapshot["models"]["m"]) == {"1", "2"}
+    for entry in snapshot["models"]["m"].values():
+        assert entry["total_requests"] == n
+        assert entry["total_errors"] == 0
+        assert entry["requests_per_second"] > 0
+        assert entry["errors_per_second"] == 0
+        assert 0 < entry["p50_ms"] <= entry["p95_ms"] <= entry["p99_ms"]
+        assert entry["mean_batch_size"] == 1.0  # batching is off: one TensorFlow call per one-row request
+        assert entry["batches_per_second"] > 0
+        assert entry["queue_depth"] == 0
+
+    # A bad input on a known version is an error of that version, and only of that one.
+    r = requests.post(f"{server.rest_url}/v1/models/m/versions/1:predict", json={"instances": [["x"]]}, timeout=30)
+    assert r.status_code == 400
+    versions = stats(server)["models"]["m"]
+    assert versions["1"]["total_requests"] == n + 1
+    assert versions["1"]["total_errors"] == 1
+    assert versions["1"]["errors_per_second"] > 0
+    assert versions["2"]["total_requests"] == n
+    assert versions["2"]["total_errors"] == 0
+
+
+def read_events(url: str, count: int, deadline_s: float = 20.0) -> list[dict]:
+    """The first ``count`` ``data:`` events of an SSE stream, parsed; fails past the deadline."""
+    events: list[dict] = []
+    deadline = time.monotonic() + deadline_s
+    with requests.get(url, stream=True, timeout=(5, deadline_s)) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        for line in r.iter_lines():
+            assert time.monotonic() < deadline, f"only {len(events)} events within {deadline_s}s"
+            if line.startswith(b"data: "):
+                events.append(json.loads(line[len(b"data: ") :]))
+                if len(events) == count:
+                    break
+            else:
+                assert line == b"", f"unexpected SSE line {line!r}"
+    assert len(events) == count, "the stream ended early"
+    return events
+
+
+def test_stats_stream_pushes_snapshots(two_versions):
+    server = two_versions
+    r = requests.post(f"{server.rest_url}/v1/models/m/versions/2:predict", json={"instances": [[1.0]]}, timeout=30)
+    assert r.status_code == 200
+    events = read_events(f"{server.rest_url}/workbench/v1/stats/stream?interval=0.1", 3)
+    for event in events:
+        assert_snapshot_shape(event)
+        assert event["models"]["m"]["2"]["total_requests"] == 1
+    assert [e["time"] for e in events] == sorted(e["time"] for e in events)
+    assert len({e["time"] for e in events}) == 3
+
+
+@pytest.mark.parametrize(
+    ("interval", "message"),
+    [
+        ("abc", "interval must be a number of seconds"),
+        ("0.01", "interval must be between 0.05 and 60 seconds"),
+        ("61", "interval must be between 0.05 and 60 seconds"),
+        ("-1", "interval must be between 0.05 and 60 seconds"),
+        ("nan", "interval must be between 0.05 and 60 seconds"),
+    ],
+)
+def test_stats_stream_refuses_a_bad_interval(two_versions, interval, message):
+    r = requests.get(f"{two_versions.rest_url}/workbench/v1/stats/stream?interval={interval}", timeout=30)
+    assert r.status_code == 400
+    assert r.headers["content-type"] == "application/json"
+    assert r.json() == {"error": message}
+
+
+def test_health_lists_models_and_ports(two_versions):
+    server = two_versions
+    r = requests.get(server.rest_url + "/workbench/v1/health", timeout=30)
+    assert r.status_code == 200
+    assert r.headers["content-type"] == "application/json"
+    assert r.json() == {
+        "status": "ok",
+        "pid": os.getpid(),
+        "grpc_port": server.server.grpc_port,
+        "rest_port": server.server.rest_port,
+        "models": ["m"],
+        "batching": {"m": False},
+    }
+    assert server.server.grpc_port > 0 and server.server.rest_port > 0
+
+
+def test_stopping_the_server_ends_an_open_stream_and_leaves_no_thread(serve, make_repo):
+    before = set(threading.enumerate())
+    server = serve(model_name="m", model_base_path=str(make_repo("m", {1: "hp2_tf2"})), file_system_poll_wait_seconds=0)
+    first = threading.Event()
+    outcome: list[object] = []
+
+    def reader() -> None:
+        try:
+            with requests.get(
+                f"{server.rest_url}/workbench/v1/stats/stream?interval=0.1", stream=True, timeout=30
+            ) as r:
+                for line in r.iter_lines():
+                    if line.startswith(b"data: "):
+                        first.set()
+            outcome.append("ended")
+        except requests.RequestException as exc:  # a reset instead of a clean end still ends the iteration
+            outcome.append(exc)
+
+    thread = threading.Thread(target=reader, name="test-sse-reader", daemon=True)
+    thread.start()
+    assert first.wait(20), "no event arrived"
+    server.stop()
+    thread.join(30)
+    assert not thread.is_alive(), "the stream kept going after the server stopped"
+    assert outcome == ["ended"]
+
+    def leftovers() -> list[str]:
+        return sorted(t.name for t in threading.enumerate() if t not in before and t.is_alive())
+
+    deadline = time.monotonic() + 5  # threads may take a moment to notice; poll, then name the stragglers
+    while leftovers() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert leftovers() == [], "threads the server started are still running after stop()"
+
+
+# ---------------------------------------------------------------------------------------- RollingStats
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_rolling_stats_window_with_an_injected_clock():
+    clock = FakeClock()
+    rolling = RollingStats(window_seconds=10.0, clock=clock)
+    for ms in (10, 20, 30):
+        rolling.record_request("m", 1, ms / 1000, ok=True)
+    rolling.record_batch("m", 1, rows=4, tasks=2)
+    clock.now += 5
+    rolling.record_request("m", 1, 0.040, ok=True)
+    rolling.record_request("m", 1, 0.500, ok=False)  # an error's latency is not in the percentiles
+    rolling.record_batch("m", 1, rows=2, tasks=1)
+    rolling.record_request("m", None, 0.001, ok=False)  # failed before a version was known
+
+    clock.now += 1  # 6 s after the start: everything is in the window
+    entry = rolling.snapshot()["models"]["m"]["1"]
+    assert entry["requests_per_second"] == round(5 / 6, 3)
+    assert entry["errors_per_second"] == round(1 / 6, 3)
+    assert entry["p50_ms"] == 25.0
+    assert entry["p50_ms"] <= entry["p95_ms"] <= entry["p99_ms"] <= 40.0
+    assert entry["mean_batch_size"] == 3.0
+    assert entry["batches_per_second"] == round(2 / 6, 3)
+    assert (entry["total_requests"], entry["total_errors"]) == (5, 1)
+    assert rolling.snapshot()["models"]["m"][""]["total_errors"] == 1
+
+    clock.now += 6  # 12 s: the first three requests and the first batch fell out of the 10 s window
+    snapshot = rolling.snapshot({("m", 1): 7, ("queued", 3): 2})
+    entry = snapshot["models"]["m"]["1"]
+    assert snapshot["window_seconds"] == 10.0
+    assert entry["requests_per_second"] == 0.2  # 2 requests over a full 10 s window
+    assert entry["errors_per_second"] == 0.1
+    assert entry["p50_ms"] == entry["p95_ms"] == entry["p99_ms"] == 40.0
+    assert entry["mean_batch_size"] == 2.0
+    assert entry["queue_depth"] == 7
+    assert (entry["total_requests"], entry["total_errors"]) == (5, 1)  # totals never fall out
+    assert snapshot["models"]["m"][""]["queue_depth"] == 0  # no version, no queue
+    # A version whose requests are all still queued is listed with its queue.
+    assert snapshot["models"]["queued"]["3"]["queue_depth"] == 2
+    assert snapshot["models"]["queued"]["3"]["total_requests"] == 0
+
+    clock.now += 100  # all of it is history now
+    entry = rolling.snapshot()["models"]["m"]["1"]
+    assert entry["requests_per_second"] == 0
+    assert entry["errors_per_second"] == 0
+    assert entry["p50_ms"] is None and entry["p95_ms"] is None and entry["p99_ms"] is None
+    assert entry["mean_batch_size"] is None
+    assert entry["batches_per_second"] == 0
+    assert (entry["total_requests"], entry["total_errors"]) == (5, 1)
