@@ -116,8 +116,13 @@ def save_results(name: str, payload: dict) -> Path:
     return path
 
 
-def save_small_cnn(export_dir: Path, seed: int = 0) -> Path:
-    """A compute-bound MNIST-style CNN (28x28x1 → conv 32 → conv 64 → pool → dense 128 → 10), random weights."""
+def save_small_cnn(export_dir: Path, channels: tuple[int, int] = (32, 64), seed: int = 0) -> Path:
+    """A compute-bound MNIST-style CNN (28x28x1 → conv → conv → pool → dense 128 → 10), random weights.
+
+    ``channels`` (32, 64) is the classic Keras MNIST example (≈12 M multiply-adds an image); (64, 128) is
+    about four times the work.
+    """
+    c1, c2 = channels
     import tensorflow as tf
 
     rng = np.random.default_rng(seed)
@@ -128,8 +133,8 @@ def save_small_cnn(export_dir: Path, seed: int = 0) -> Path:
     class CNN(tf.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.c1, self.c2 = weight(3, 3, 1, 32), weight(3, 3, 32, 64)
-            self.d1, self.d2 = weight(12 * 12 * 64, 128), weight(128, 10)
+            self.c1, self.c2 = weight(3, 3, 1, c1), weight(3, 3, c1, c2)
+            self.d1, self.d2 = weight(12 * 12 * c2, 128), weight(128, 10)
 
         @tf.function(input_signature=[tf.TensorSpec([None, 784], tf.float32, name="images")])
         def serve(self, images: tf.Tensor) -> dict[str, tf.Tensor]:
@@ -137,7 +142,7 @@ def save_small_cnn(export_dir: Path, seed: int = 0) -> Path:
             x = tf.nn.relu(tf.nn.conv2d(x, self.c1, 1, "VALID"))
             x = tf.nn.relu(tf.nn.conv2d(x, self.c2, 1, "VALID"))
             x = tf.nn.max_pool2d(x, 2, 2, "VALID")
-            x = tf.nn.relu(tf.reshape(x, [-1, 12 * 12 * 64]) @ self.d1)
+            x = tf.nn.relu(tf.reshape(x, [-1, 12 * 12 * c2]) @ self.d1)
             return {"probabilities": tf.nn.softmax(x @ self.d2)}
 
     module = CNN()

@@ -140,7 +140,11 @@ def main() -> None:
         root = Path(tmp)
         save_half_plus_two(root / "half_plus_two" / "1")
         save_small_cnn(root / "cnn" / "1")
-        config = write_config(root / "models.config", {"half_plus_two": root / "half_plus_two", "cnn": root / "cnn"})
+        save_small_cnn(root / "cnn_wide" / "1", channels=(64, 128))
+        config = write_config(
+            root / "models.config",
+            {"half_plus_two": root / "half_plus_two", "cnn": root / "cnn", "cnn_wide": root / "cnn_wide"},
+        )
         # The ceiling: the same signatures, answered without running the model.
         with open(config) as f:
             text = f.read().rstrip().rstrip("}")
@@ -149,7 +153,7 @@ def main() -> None:
         (root / "batching.txt").write_text(BATCHING)
         (root / "monitoring.txt").write_text(MONITORING)
         bodies = {}
-        for model, inputs in (("half_plus_two", hp_inputs), ("null", hp_inputs), ("cnn", image)):
+        for model, inputs in (("half_plus_two", hp_inputs), ("null", hp_inputs), ("cnn", image), ("cnn_wide", image)):
             payload = grpc_predict_bytes(model, inputs)
             bodies[model] = root / f"{model}.bin"
             bodies[model].write_bytes(b"\x00" + struct.pack(">I", len(payload)) + payload)
@@ -163,6 +167,8 @@ def main() -> None:
             ("cnn", image, 1),
             ("cnn", image, 16),
             ("cnn", image, 64),
+            ("cnn_wide", image, 1),
+            ("cnn_wide", image, 64),
         ]
         for batching in (False, True):
             flags = [f"--monitoring_config_file={root / 'monitoring.txt'}", "--file_system_poll_wait_seconds=0"]
@@ -205,6 +211,7 @@ def main() -> None:
         limits = {}
         for model, make in (
             ("cnn", lambda n: {"images": rng.random((n, 784), dtype=np.float32)}),
+            ("cnn_wide", lambda n: {"images": rng.random((n, 784), dtype=np.float32)}),
             ("half_plus_two", lambda n: {"x": np.full((n, 1), 2.0, np.float32)}),
         ):
             for batch in sorted({1, formed.get(model, 1)}):
@@ -217,6 +224,8 @@ def main() -> None:
     hp32 = row("half_plus_two", "on", 32)
     cnn_on, cnn_off = row("cnn", "on", 64), row("cnn", "off", 64)
     cnn_limit = limits[f"cnn@{formed.get('cnn', 1)}"]
+    wide_on, wide_off = row("cnn_wide", "on", 64), row("cnn_wide", "off", 64)
+    wide_limit = limits[f"cnn_wide@{formed.get('cnn_wide', 1)}"]
     hp1_on, hp1_off = row("half_plus_two", "on", 1), row("half_plus_two", "off", 1)
     targets = [
         (
@@ -233,6 +242,16 @@ def main() -> None:
         (
             "cnn, 64 clients: batching on / off",
             cnn_on["requests_per_second"] / cnn_off["requests_per_second"],
+            ">= 2.0",
+        ),
+        (
+            "cnn_wide, 64 clients, batching on: examples/s vs in-process limit at the batch formed",
+            wide_on["requests_per_second"] / wide_limit,
+            ">= 0.80",
+        ),
+        (
+            "cnn_wide, 64 clients: batching on / off",
+            wide_on["requests_per_second"] / wide_off["requests_per_second"],
             ">= 2.0",
         ),
         ("half_plus_two, 1 client: p50 on / off", hp1_on["p50_ms"] / hp1_off["p50_ms"], "<= 1.1"),

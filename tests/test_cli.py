@@ -155,7 +155,7 @@ def test_enable_batching_false_is_not_refused(capsys):
 def test_both_config_file_and_base_path_is_refused(capsys, tmp_path):
     assert main(["serve", f"--model_config_file={tmp_path / 'm.config'}", f"--model_base_path={tmp_path}"]) == 2
     err = capsys.readouterr().err
-    assert "--model_config_file" in err and "--model_base_path" in err and "not both" in err
+    assert "--model_config_file" in err and "--model_base_path" in err and "not several" in err
 
 
 def test_nothing_to_serve_is_refused(capsys):

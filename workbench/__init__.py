@@ -1,7 +1,42 @@
-"""workbench: serve TensorFlow models from a notebook, speaking TF Serving's REST API."""
+"""workbench: serve TensorFlow models from a notebook, speaking TF Serving's REST and gRPC APIs.
+
+The public face: :func:`serve` (a server process of the kernel), :func:`export` (a model → the next numbered
+version), :class:`Client` (REST/gRPC with numpy), and ``%load_ext workbench`` for the ``%serve`` magics.
+Everything is imported lazily: ``import workbench`` must not pull in TensorFlow.
+"""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+if TYPE_CHECKING:
+    from workbench.client import Client
+    from workbench.export import export
+    from workbench.notebook.handle import ServerHandle, serve
+
+__all__ = ["Client", "ServerHandle", "__version__", "export", "load_ipython_extension", "serve"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Client":
+        from workbench.client import Client
+
+        return Client
+    if name == "export":
+        from workbench.export import export
+
+        return export
+    if name in ("serve", "ServerHandle"):
+        from workbench.notebook import handle
+
+        return getattr(handle, name)
+    raise AttributeError(f"module 'workbench' has no attribute {name!r}")
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext workbench``: register the ``%serve`` magics."""
+    from workbench.notebook.magics import load_ipython_extension as load
+
+    load(ipython)

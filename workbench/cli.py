@@ -91,6 +91,11 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     _flag(p, "rest_api_max_request_bytes", int, 256 * 1024 * 1024, "largest REST request body accepted")
     _flag(p, "grpc_max_message_bytes", int, 256 * 1024 * 1024, "largest gRPC message received or sent")
     _flag(p, "num_inference_threads", int, 0, "threads running TensorFlow (0: twice the cores, at least 4)")
+    _flag(p, "model_repository", str, "", "serve every model folder under this root (models come and go with folders)")
+    _flag(p, "management_state_file", str, "", "where promotions, canaries and pins persist (JSON)")
+    _flag(p, "management_token", str, "", "require this bearer token for the management API's changes")
+    _flag(p, "ready_file", str, "", "write the ports as JSON here once the server answers")
+    _flag(p, "parent_pid", int, 0, "stop when this process exits (set by notebook handles)")
     for name in UNSUPPORTED_TF_SERVING_FLAGS:
         p.add_argument(f"--{name}", nargs="?", const=True, default=None, help=argparse.SUPPRESS, dest=f"x_{name}")
     p.set_defaults(command=_serve)
@@ -104,13 +109,14 @@ def _serve(args: argparse.Namespace) -> int:
         for name in refused:
             print(f"workbench serve: --{name} is not supported: {UNSUPPORTED_TF_SERVING_FLAGS[name]}", file=sys.stderr)
         return 2
-    if args.model_config_file and args.model_base_path:
-        print("workbench serve: give --model_config_file or --model_base_path, not both", file=sys.stderr)
+    sources = [flag for flag in ("model_config_file", "model_base_path", "model_repository") if getattr(args, flag)]
+    if len(sources) > 1:
+        print(f"workbench serve: give one of --{' or --'.join(sources)}, not several", file=sys.stderr)
         return 2
-    if not args.model_config_file and not args.model_base_path:
+    if not sources:
         print(
-            "workbench serve: nothing to serve: give --model_base_path=DIR (with --model_name) or "
-            "--model_config_file=FILE",
+            "workbench serve: nothing to serve: give --model_base_path=DIR (with --model_name), "
+            "--model_config_file=FILE or --model_repository=DIR",
             file=sys.stderr,
         )
         return 2
@@ -137,6 +143,11 @@ def _serve(args: argparse.Namespace) -> int:
         num_load_threads=args.num_load_threads,
         enable_batching=args.enable_batching,
         batching_parameters_file=args.batching_parameters_file,
+        model_repository=args.model_repository,
+        management_state_file=args.management_state_file,
+        management_token=args.management_token,
+        ready_file=args.ready_file,
+        parent_pid=args.parent_pid,
     )
     _configure_logging()
     from workbench.engine.status import ServingError

@@ -8,6 +8,7 @@ on a background thread (:class:`ServerThread`).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import signal
@@ -26,7 +27,8 @@ from workbench.engine.batching import BatchRecord, BatchScheduler
 from workbench.engine.batching_config import BatchingParameters, model_batching_parameters
 from workbench.engine.manager import Manager, VersionState
 from workbench.engine.metrics import ServingMetrics
-from workbench.engine.options import ModelConfig, ServerOptions, parse_model_config_file
+from workbench.engine.options import ModelConfig, ServerOptions, discover_models, parse_model_config_file
+from workbench.engine.routing import RoutingStore
 from workbench.engine.servable import LOADERS
 from workbench.engine.source import RepositorySource
 from workbench.engine.stats import RollingStats
@@ -37,6 +39,26 @@ from workbench.frontends.management import management_routes
 from workbench.frontends.rest import create_app
 
 log = logging.getLogger(__name__)
+
+
+def _process_alive(pid: int) -> bool:
+    if os.getppid() != pid:  # re-parented: the parent exited
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def write_ready_file(path: str, content: dict[str, object]) -> None:
+    """Tell whoever started this server that it answers, and on which ports (written atomically)."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(content, f)
+    os.replace(tmp, path)
 
 
 def _host_for_grpc(host: str) -> str:
@@ -71,15 +93,18 @@ class ModelServer:
             warmup=warm_up if options.enable_model_warmup else None,
             load_threads=options.num_load_threads,
             allow_labels_for_unavailable=options.allow_version_labels_for_unavailable_models,
+            routing_store=RoutingStore(options.routing_state_path() or None),
         )
         self.manager.add_listener(self._on_state_change)
-        self.source = RepositorySource(self.manager, options.file_system_poll_wait_seconds)
+        discover = (lambda: discover_models(options.model_repository)) if options.model_repository else None
+        self.source = RepositorySource(self.manager, options.file_system_poll_wait_seconds, discover=discover)
         threads = options.num_inference_threads or max(4, 2 * (os.cpu_count() or 1))
         self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="workbench-infer")
         self.scheduler = BatchScheduler(
             self._executor, lambda servable: self._batching.get(servable.name), listener=self._on_batch
         )
         self.metrics.report_queue_depths(self._queue_depths)
+        self.metrics.report_traffic_shares(self._traffic_shares)
         self.dataplane = Dataplane(self.manager, self.metrics, self.stats, self._executor, self.scheduler)
         self._stopped: asyncio.Event | None = None
         self.rest_port: int | None = None
@@ -102,6 +127,14 @@ class ModelServer:
 
     def _queue_depths(self) -> list[tuple[str, int, int]]:
         return self.scheduler.queue_depths()
+
+    def _traffic_shares(self) -> list[tuple[str, int, float]]:
+        return [
+            (model["name"], version["version"], version["traffic_share"])
+            for model in self.manager.describe()
+            for version in model["versions"]  # type: ignore[attr-defined]
+            if version["state"] == "AVAILABLE"
+        ]
 
     def stats_snapshot(self) -> dict[str, object]:
         return self.stats.snapshot({(m, v): rows for m, v, rows in self.scheduler.queue_depths()})
@@ -187,6 +220,21 @@ class ModelServer:
             prometheus_path = monitoring.prometheus_path if monitoring.prometheus_enabled else None
             await self._start_rest(max(options.rest_api_port, 0), prometheus_path)
         self.started_at = time.time()
+        if options.parent_pid:
+            threading.Thread(target=self._watch_parent, name="workbench-parent", daemon=True).start()
+        if options.ready_file:
+            write_ready_file(options.ready_file, self.health())
+
+    def _watch_parent(self) -> None:
+        """Serve only as long as the process that started us lives (a notebook kernel, even one killed -9)."""
+        while not self._stopping.wait(0.5):
+            if not _process_alive(self.options.parent_pid):
+                log.warning("Parent process %d is gone: stopping", self.options.parent_pid)
+                self._on_parent_exit()
+                return
+
+    def _on_parent_exit(self) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
 
     async def _start_rest(self, port: int, prometheus_path: str | None) -> None:
         app = create_app(
@@ -195,7 +243,7 @@ class ModelServer:
             max_request_bytes=self.options.rest_api_max_request_bytes,
             enable_cors=self.options.rest_api_enable_cors_support,
             prometheus_path=prometheus_path,
-            extra_routes=management_routes(self.stats_snapshot, self.health, self._stopped or asyncio.Event()),
+            extra_routes=management_routes(self, self._stopped or asyncio.Event(), self.options.management_token),
         )
         sock = _bind(self.options.rest_api_host, port)
         self._sockets.append(sock)

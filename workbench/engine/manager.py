@@ -8,15 +8,17 @@ versions already serving keep serving. All state sits behind one lock; loads and
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 from workbench.engine.options import ModelConfig
+from workbench.engine.routing import Routing, RoutingStore
 from workbench.engine.servable import Loader, Servable
 from workbench.engine.status import Code, ServingError, from_exception
 
@@ -66,6 +68,8 @@ class VersionStatus:
 class _Model:
     config: ModelConfig
     aspired: dict[int, DiskVersion] = dataclasses.field(default_factory=dict)
+    on_disk: dict[int, DiskVersion] = dataclasses.field(default_factory=dict)
+    policy_versions: set[int] = dataclasses.field(default_factory=set)
     versions: dict[int, VersionRecord] = dataclasses.field(default_factory=dict)
     labels: dict[str, int] = dataclasses.field(default_factory=dict)
     removed: bool = False
@@ -98,8 +102,11 @@ class Manager:
         warmup: Warmup | None = None,
         load_threads: int = 2,
         allow_labels_for_unavailable: bool = False,
+        routing_store: RoutingStore | None = None,
     ) -> None:
         self._loaders = dict(loaders)
+        self._store = routing_store or RoutingStore(None)
+        self._routings: dict[str, Routing] = self._store.load()
         self._warmup = warmup
         self._allow_unavailable_labels = allow_labels_for_unavailable
         self._lock = threading.RLock()
@@ -108,6 +115,7 @@ class Manager:
         self._executor = ThreadPoolExecutor(max_workers=max(1, load_threads), thread_name_prefix="workbench-load")
         self._closed = False
         self._listeners: list[StateListener] = []
+        self._routing_listeners: list[Callable[[str], None]] = []
 
     # ----------------------------------------------------------------------------------------- config
     def set_models(self, configs: Iterable[ModelConfig]) -> None:
@@ -162,14 +170,30 @@ class Manager:
         return model
 
     # ---------------------------------------------------------------------------------------- source
-    def set_aspired_versions(self, name: str, versions: Mapping[int, DiskVersion]) -> None:
-        """Called by the source: these versions of ``name`` should be served."""
+    def set_aspired_versions(
+        self, name: str, versions: Mapping[int, DiskVersion], on_disk: Mapping[int, DiskVersion] | None = None
+    ) -> None:
+        """Called by the source: the policy wants ``versions`` of ``name``; ``on_disk`` is all there is."""
         with self._lock:
             model = self._models.get(name)
             if model is None or model.removed:
                 return
-            model.aspired = dict(versions)
-            self._reconcile(model)
+            model.on_disk = dict(on_disk if on_disk is not None else versions)
+            model.policy_versions = set(versions)
+            self._update_aspired(model)
+
+    def _update_aspired(self, model: _Model) -> None:
+        """Aspired = what the policy wants, plus what routing needs loaded, minus what was dropped (lock held)."""
+        routing = self._routing(model.config.name)
+        wanted = (model.policy_versions | routing.required()) - routing.dropped
+        model.aspired = {v: model.on_disk[v] for v in sorted(wanted) if v in model.on_disk}
+        self._reconcile(model)
+
+    def _routing(self, name: str) -> Routing:
+        routing = self._routings.get(name)
+        if routing is None:
+            routing = self._routings[name] = Routing()
+        return routing
 
     def _reconcile(self, model: _Model) -> None:
         """Start the loads and unloads that move ``model`` towards its aspired versions (lock held)."""
@@ -269,6 +293,187 @@ class Manager:
         """Call ``listener(model, version, state)`` (under the manager's lock) whenever a version changes state."""
         self._listeners.append(listener)
 
+    # ---------------------------------------------------------------------------- version management
+    def promote(self, name: str, version: int, timeout: float = 300.0) -> None:
+        """Point ``stable`` at ``version`` (loading it first) and make it the default of ``name``."""
+        with self._lock:
+            routing = self._routing(name)
+            with self._loaded(name, version, timeout):
+                if routing.stable != version:
+                    if routing.stable is not None:
+                        routing.history.append(routing.stable)
+                    routing.stable = version
+                if routing.canary == version:  # the canary graduated
+                    routing.canary, routing.canary_weight = None, 0.0
+            self._routing_changed(name)
+
+    def rollback(self, name: str) -> int:
+        """Return ``stable`` to the version it pointed at before the last promotion; returns that version."""
+        with self._lock:
+            model = self._live_model(name)
+            routing = self._routing(name)
+            while routing.history:
+                previous = routing.history.pop()
+                record = model.versions.get(previous)
+                if record is not None and record.state == VersionState.AVAILABLE:
+                    routing.stable = previous
+                    self._routing_changed(name)
+                    return previous
+            raise ServingError(Code.FAILED_PRECONDITION, f"Model {name} has no previous stable version to roll back to")
+
+    def set_canary(self, name: str, version: int, weight: float, timeout: float = 300.0) -> None:
+        """Send ``weight`` (0 to 1) of ``name``'s default traffic to ``version``; weight 0 ends the canary."""
+        if not 0.0 <= weight <= 1.0:
+            raise ServingError(Code.INVALID_ARGUMENT, f"Canary weight must be between 0 and 1, got {weight}")
+        with self._lock:
+            self._live_model(name)
+            routing = self._routing(name)
+            if weight == 0:
+                if routing.canary in (version, None):
+                    routing.canary, routing.canary_weight = None, 0.0
+            else:
+                with self._loaded(name, version, timeout):
+                    routing.canary, routing.canary_weight = version, weight
+            self._routing_changed(name)
+
+    def load_version(self, name: str, version: int, timeout: float = 300.0) -> None:
+        """Load (pin) ``version`` beyond the model's policy, and keep it loaded."""
+        with self._lock:
+            with self._loaded(name, version, timeout):
+                pass
+            self._routing(name).pinned.add(version)
+            self._routing_changed(name)
+
+    def unload_version(self, name: str, version: int) -> None:
+        """Unload ``version`` (even if the policy wants it) — never the stable, canary or last serving one."""
+        with self._lock:
+            model = self._live_model(name)
+            routing = self._routing(name)
+            if version not in model.versions and version not in model.on_disk:
+                raise ServingError(Code.NOT_FOUND, f"Model {name} has no version {version}")
+            if version in (routing.stable, routing.canary):
+                role = "stable" if version == routing.stable else "canary"
+                raise ServingError(
+                    Code.FAILED_PRECONDITION,
+                    f"Version {version} of model {name} is its {role} version: promote another or end the canary first",
+                )
+            others = [r for r in model.versions.values() if r.state == VersionState.AVAILABLE and r.version != version]
+            if not others:
+                raise ServingError(
+                    Code.FAILED_PRECONDITION,
+                    f"Version {version} is the only version of model {name} serving; load another one first",
+                )
+            routing.pinned.discard(version)
+            routing.dropped.add(version)
+            if routing.history and routing.history[-1] == version:
+                routing.history.pop()  # a rollback target that is gone is no target
+            self._routing_changed(name)
+
+    @contextlib.contextmanager
+    def _loaded(self, name: str, version: int, timeout: float) -> Iterator[None]:
+        """Load ``version`` if it is not serving and wait for it (lock held; the wait releases it).
+
+        The version stays pinned while the ``with`` block gives it a role (stable, canary, pin), so it cannot be
+        unloaded in between; a version that fails to load raises with its load error and is left unpinned.
+        """
+        model = self._live_model(name)
+        if version not in model.on_disk:
+            record = model.versions.get(version)
+            if record is None or record.state != VersionState.AVAILABLE:
+                raise ServingError(Code.NOT_FOUND, f"Model {name} has no version {version} in its repository")
+        routing = self._routing(name)
+        was_pinned = version in routing.pinned
+        routing.dropped.discard(version)
+        routing.pinned.add(version)
+        self._update_aspired(model)
+
+        def settled() -> bool:
+            record = model.versions.get(version)
+            return record is not None and record.state in (VersionState.AVAILABLE, VersionState.END)
+
+        finished = self._settled.wait_for(settled, timeout=timeout)
+        record = model.versions.get(version)
+        ok = finished and record is not None and record.state == VersionState.AVAILABLE
+        try:
+            if ok:
+                yield
+        finally:
+            if not was_pinned:
+                routing.pinned.discard(version)
+            if not ok:
+                self._update_aspired(model)
+        if not finished:
+            raise ServingError(
+                Code.DEADLINE_EXCEEDED, f"Version {version} of model {name} did not load in {timeout:g}s"
+            )
+        if not ok:
+            detail = f": {record.error.message}" if record is not None and record.error is not None else ""
+            raise ServingError(Code.FAILED_PRECONDITION, f"Version {version} of model {name} failed to load{detail}")
+
+    def _routing_changed(self, name: str) -> None:
+        """Apply a routing change (load/unload what it implies) and persist every model's routing (lock held)."""
+        model = self._models.get(name)
+        if model is not None and not model.removed:
+            self._update_aspired(model)
+        self._store.save(self._routings)
+        for listener in list(self._routing_listeners):
+            try:
+                listener(name)
+            except Exception:  # noqa: BLE001 - listeners must not break the manager
+                log.exception("routing listener failed")
+
+    def add_routing_listener(self, listener: Callable[[str], None]) -> None:
+        self._routing_listeners.append(listener)
+
+    def describe(self, name: str | None = None) -> list[dict[str, object]]:
+        """Every model (or one) with its versions, states, labels, traffic shares and routing, JSON-ready."""
+        with self._lock:
+            if name is not None:
+                models = [self._live_model(name)]
+            else:
+                models = [m for _, m in sorted(self._models.items()) if not m.removed]
+            result = []
+            for model in models:
+                routing = self._routing(model.config.name)
+                available = {v for v, r in model.versions.items() if r.state == VersionState.AVAILABLE}
+                shares = routing.shares(available)
+                labels = self._labels(model)
+                versions = []
+                for version in sorted(set(model.versions) | set(model.on_disk), reverse=True):
+                    record = model.versions.get(version)
+                    versions.append(
+                        {
+                            "version": version,
+                            "state": record.state.name if record is not None else "NOT_LOADED",
+                            "error": record.error.message if record is not None and record.error else "",
+                            "error_code": record.error.code.name if record is not None and record.error else "OK",
+                            "labels": sorted(label for label, v in labels.items() if v == version),
+                            "traffic_share": round(shares.get(version, 0.0), 6),
+                            "pinned": version in routing.pinned,
+                            "dropped": version in routing.dropped,
+                            "on_disk": version in model.on_disk,
+                        }
+                    )
+                result.append(
+                    {
+                        "name": model.config.name,
+                        "base_path": model.config.base_path,
+                        "platform": model.config.platform,
+                        "policy": model.config.policy.describe(),
+                        "default_version": routing.stable
+                        if routing.stable in available
+                        else max(available, default=None),
+                        "stable": routing.stable,
+                        "previous_stable": routing.history[-1] if routing.history else None,
+                        "canary": {"version": routing.canary, "weight": routing.canary_weight}
+                        if routing.canary is not None
+                        else None,
+                        "labels": labels,
+                        "versions": versions,
+                    }
+                )
+            return result
+
     # -------------------------------------------------------------------------------------- queries
     def handle(self, name: str, version: int | None = None, label: str | None = None) -> ServableHandle:
         """Hold the servable a request runs on until the request is answered (it cannot unload meanwhile)."""
@@ -283,15 +488,20 @@ class Manager:
         with self._lock:
             model = self._models.get(name)
             if label is not None:
-                target = model.labels.get(label) if model is not None and not model.removed else None
+                target = self._labels(model).get(label) if model is not None and not model.removed else None
                 if target is None:
                     raise ServingError(Code.INVALID_ARGUMENT, f"Unrecognized servable version label: {label}")
                 version = target
             if model is not None:
                 if version is None:
-                    available = [r for r in model.versions.values() if r.state == VersionState.AVAILABLE and r.servable]
+                    available = {
+                        r.version: r.servable
+                        for r in model.versions.values()
+                        if r.state == VersionState.AVAILABLE and r.servable is not None
+                    }
                     if available:
-                        servable = max(available, key=lambda r: r.version).servable
+                        # TF Serving's default is the latest version; a promotion or a canary changes that.
+                        servable = available[self._routing(name).pick(set(available))]
                         if servable is not None and servable.acquire():
                             return servable
                 else:
@@ -319,10 +529,14 @@ class Manager:
             for r in sorted(records, key=lambda r: r.version, reverse=True)
         ]
 
+    def _labels(self, model: _Model) -> dict[str, int]:
+        """The config's labels, with the ones promotion and canary set on top (lock held)."""
+        return {**model.labels, **self._routing(model.config.name).labels()}
+
     def label_version(self, name: str, label: str) -> int:
         with self._lock:
             model = self._models.get(name)
-            version = model.labels.get(label) if model is not None and not model.removed else None
+            version = self._labels(model).get(label) if model is not None and not model.removed else None
         if version is None:
             raise ServingError(Code.INVALID_ARGUMENT, f"Unrecognized servable version label: {label}")
         return version
@@ -330,7 +544,7 @@ class Manager:
     def labels(self, name: str) -> dict[str, int]:
         with self._lock:
             model = self._models.get(name)
-            return dict(model.labels) if model is not None else {}
+            return self._labels(model) if model is not None else {}
 
     def model_names(self) -> list[str]:
         with self._lock:

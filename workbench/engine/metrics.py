@@ -61,16 +61,16 @@ class _TFServingRequestCount:
         yield metric
 
 
-class _QueueDepth:
-    def __init__(self, depths: Callable[[], Iterable[tuple[str, int, int]]]) -> None:
-        self._depths = depths
+class _ScrapeTimeGauge:
+    """A per-(model, version) gauge read from the engine when Prometheus scrapes, not kept up to date."""
+
+    def __init__(self, name: str, documentation: str, read: Callable[[], Iterable[tuple[str, int, float]]]) -> None:
+        self._name, self._documentation, self._read = name, documentation, read
 
     def collect(self) -> Iterator[Metric]:
-        metric = GaugeMetricFamily(
-            "workbench_queue_depth", "Rows waiting in batch queues, per model version.", labels=["model", "version"]
-        )
-        for model, version, rows in self._depths():
-            metric.add_metric([model, str(version)], rows)
+        metric = GaugeMetricFamily(self._name, self._documentation, labels=["model", "version"])
+        for model, version, value in self._read():
+            metric.add_metric([model, str(version)], value)
         yield metric
 
 
@@ -125,7 +125,21 @@ class ServingMetrics:
         self._request_children: dict[tuple[object, ...], tuple[Any, Any, Any]] = {}
         self._batch_children: dict[tuple[str, int], tuple[Any, Any, Any]] = {}
         self._queue_depths: Callable[[], Iterable[tuple[str, int, int]]] = lambda: ()
-        self.registry.register(_QueueDepth(lambda: self._queue_depths()))
+        self._traffic_shares: Callable[[], Iterable[tuple[str, int, float]]] = lambda: ()
+        self.registry.register(
+            _ScrapeTimeGauge(
+                "workbench_queue_depth",
+                "Rows waiting in batch queues, per model version.",
+                lambda: self._queue_depths(),
+            )
+        )
+        self.registry.register(
+            _ScrapeTimeGauge(
+                "workbench_traffic_share",
+                "Share of a model's default traffic (requests naming no version) each version receives.",
+                lambda: self._traffic_shares(),
+            )
+        )
         self.version_available = Gauge(
             "workbench_model_version_available",
             "1 while a model version is AVAILABLE, else 0.",
@@ -171,6 +185,9 @@ class ServingMetrics:
     def report_queue_depths(self, depths: Callable[[], Iterable[tuple[str, int, int]]]) -> None:
         """Where the queue-depth gauge reads (model, version, rows waiting) at scrape time."""
         self._queue_depths = depths
+
+    def report_traffic_shares(self, shares: Callable[[], Iterable[tuple[str, int, float]]]) -> None:
+        self._traffic_shares = shares
 
     def set_version_state(self, model: str, version: int, available: bool) -> None:
         self.version_available.labels(model, str(version)).set(1 if available else 0)

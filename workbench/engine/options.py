@@ -92,11 +92,27 @@ class ServerOptions:
     num_load_threads: int = 2
     enable_batching: bool = False
     batching_parameters_file: str = ""
+    # workbench's own: a model repository root (every sub-folder is a model), version management, handles
+    model_repository: str = ""
+    management_state_file: str = ""
+    management_token: str = ""
+    ready_file: str = ""
+    parent_pid: int = 0
+
+    def routing_state_path(self) -> str:
+        """Where promotions, canaries and pins persist (in a model repository: ``.workbench/routing.json``)."""
+        if self.management_state_file:
+            return self.management_state_file
+        if self.model_repository:
+            return os.path.join(self.model_repository, ".workbench", "routing.json")
+        return ""
 
     def initial_models(self) -> list[ModelConfig]:
         """The models to serve at start-up: the config file's, or the one-model shorthand."""
         if self.model_config_file:
             return parse_model_config_file(self.model_config_file)
+        if self.model_repository:
+            return discover_models(self.model_repository)
         if self.model_base_path:
             return [ModelConfig(name=self.model_name, base_path=os.path.abspath(self.model_base_path))]
         return []
@@ -227,3 +243,23 @@ def parse_channel_arguments(text: str) -> tuple[tuple[str, int | str], ...]:
         value = value.strip()
         arguments.append((key.strip(), int(value) if value.lstrip("-").isdigit() else value))
     return tuple(arguments)
+
+
+def discover_models(root: str | os.PathLike[str]) -> list[ModelConfig]:
+    """A model repository root: every sub-folder whose name is a valid model name is a model (latest policy).
+
+    Hidden folders (``.workbench``, an export's temporary folder) are skipped. A missing root is created, so a
+    server can start on an empty repository and pick up models as they are exported into it.
+    """
+    base = Path(root).resolve()
+    base.mkdir(parents=True, exist_ok=True)
+    return [
+        ModelConfig(name=entry.name, base_path=str(entry))
+        for entry in sorted(base.iterdir())
+        if entry.is_dir() and is_model_name(entry.name)
+    ]
+
+
+def is_model_name(name: str) -> bool:
+    """Letters, digits, ``_``, ``-`` and ``.``, not starting with ``.``: safe as a folder and in a URL path."""
+    return bool(name) and not name.startswith(".") and all(c.isalnum() or c in "_-." for c in name) and name.isascii()

@@ -65,10 +65,13 @@ class RepositorySource:
         manager: Manager,
         poll_wait_seconds: float,
         models: Callable[[], list[ModelConfig]] | None = None,
+        discover: Callable[[], list[ModelConfig]] | None = None,
     ) -> None:
         self._manager = manager
         self._poll_wait = poll_wait_seconds
         self._models = models or manager.configs
+        # A model repository root: models appear and disappear with their folders.
+        self._discover = discover
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._warned: set[str] = set()
@@ -79,6 +82,10 @@ class RepositorySource:
         if self._poll_wait < 0:
             return
         with self._scan_lock:
+            if self._discover is not None:
+                found = self._discover()
+                if {c.name for c in found} != {c.name for c in self._models()}:
+                    self._manager.set_models(found)
             for config in self._models():
                 on_disk = scan_versions(config.base_path)
                 if not on_disk and config.name not in self._warned:
@@ -87,7 +94,7 @@ class RepositorySource:
                 elif on_disk:
                     self._warned.discard(config.name)
                 aspired = config.policy.select(on_disk)
-                self._manager.set_aspired_versions(config.name, {v: on_disk[v] for v in aspired})
+                self._manager.set_aspired_versions(config.name, {v: on_disk[v] for v in aspired}, on_disk)
 
     def start_polling(self) -> None:
         """Keep scanning in a background thread, if a positive poll wait asks for it."""

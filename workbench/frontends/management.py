@@ -1,38 +1,58 @@
-"""workbench's own REST endpoints, outside TF Serving's ``/v1``: health and live statistics.
+"""workbench's own REST endpoints, outside TF Serving's ``/v1``: health, live statistics, version management.
 
+Reading:
 - ``GET /workbench/v1/health``: the server answers, with its models and ports;
 - ``GET /workbench/v1/stats``: a JSON snapshot of rolling windows per model version;
-- ``GET /workbench/v1/stats/stream``: the same snapshot pushed as server-sent events, ``?interval=`` seconds
-  apart (default 0.25), for live charts.
+- ``GET /workbench/v1/stats/stream``: the same snapshot as server-sent events, ``?interval=`` seconds apart;
+- ``GET /workbench/v1/models[/{model}]``: versions, states, load errors, labels, traffic shares, routing.
+
+Changing (``POST``, with ``Authorization: Bearer <token>`` when the server was given a management token):
+- ``/workbench/v1/models/{model}:promote`` ``{"version": N}`` · ``:rollback`` · ``:canary`` ``{"version": N,
+  "weight": 0.1}`` (weight 0 ends it) · ``/workbench/v1/models/{model}/versions/{N}:load`` · ``:unload``.
+Each change is atomic, persisted, and answered with the model's new description.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import hmac
 import json
+import re
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, Protocol
 
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from workbench.engine.manager import Manager
 from workbench.engine.status import Code, ServingError
 from workbench.frontends.rest import error_response, json_response
 from workbench.protocol.json_tensor import dumps
 
 PREFIX = "/workbench/v1"
+_MODEL_ACTION = re.compile(r"([^/:]+):(promote|rollback|canary)")
+_VERSION_ACTION = re.compile(r"([^/:]+)/versions/(\d+):(load|unload)")
 
 
-def management_routes(
-    snapshot: Callable[[], dict[str, Any]], health: Callable[[], dict[str, Any]], stopping: asyncio.Event
-) -> list[Route]:
-    async def health_endpoint(_: Request) -> Response:
-        return json_response(dumps(health()))
+class ManagedServer(Protocol):
+    manager: Manager
+
+    def stats_snapshot(self) -> dict[str, Any]: ...
+
+    def health(self) -> dict[str, Any]: ...
+
+
+def management_routes(server: ManagedServer, stopping: asyncio.Event, token: str = "") -> list[Route]:
+    manager = server.manager
+
+    async def health(_: Request) -> Response:
+        return json_response(dumps(server.health()))
 
     async def stats(_: Request) -> Response:
-        return json_response(dumps(snapshot()))
+        return json_response(dumps(server.stats_snapshot()))
 
     async def stats_stream(request: Request) -> Response:
         try:
@@ -44,15 +64,87 @@ def management_routes(
 
         async def events() -> AsyncIterator[bytes]:
             while not stopping.is_set() and not await request.is_disconnected():
-                yield b"data: " + json.dumps(snapshot(), separators=(",", ":")).encode() + b"\n\n"
+                yield b"data: " + json.dumps(server.stats_snapshot(), separators=(",", ":")).encode() + b"\n\n"
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(stopping.wait(), interval)
 
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
 
+    async def models(request: Request) -> Response:
+        name = request.path_params.get("name")
+        try:
+            described = manager.describe(name)
+        except ServingError as exc:
+            return error_response(exc)
+        return json_response(dumps(described[0] if name else {"models": described}))
+
+    async def change(request: Request) -> Response:
+        """The POST endpoints: authorize, parse, run the (possibly slow) change off the loop, describe."""
+        try:
+            if token and not _authorized(request, token):
+                raise ServingError(Code.UNAUTHENTICATED, "This server's management API needs its bearer token")
+            name, action = await _parse_action(request, request.path_params["target"], manager)
+            # A promotion or canary may wait for a version to load: never on the event loop.
+            await asyncio.get_running_loop().run_in_executor(None, action)
+            return json_response(dumps(manager.describe(name)[0]))
+        except ServingError as exc:
+            return error_response(exc)
+
     return [
-        Route(f"{PREFIX}/health", health_endpoint, methods=["GET"]),
+        Route(f"{PREFIX}/health", health, methods=["GET"]),
         Route(f"{PREFIX}/stats", stats, methods=["GET"]),
         Route(f"{PREFIX}/stats/stream", stats_stream, methods=["GET"]),
+        Route(f"{PREFIX}/models", models, methods=["GET"]),
+        Route(f"{PREFIX}/models/{{name:str}}", models, methods=["GET"]),
+        Route(f"{PREFIX}/models/{{target:path}}", change, methods=["POST"]),
     ]
+
+
+def _authorized(request: Request, token: str) -> bool:
+    header = request.headers.get("authorization", "")
+    scheme, _, given = header.partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
+
+
+async def _json_object(request: Request) -> dict[str, Any]:
+    body = await request.body()
+    if not body.strip():
+        return {}
+    try:
+        doc = json.loads(body)
+    except ValueError as exc:
+        raise ServingError(Code.INVALID_ARGUMENT, f"Request body is not JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ServingError(Code.INVALID_ARGUMENT, "Request body must be a JSON object")
+    return doc
+
+
+def _int_field(doc: dict[str, Any], key: str) -> int:
+    value = doc.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ServingError(Code.INVALID_ARGUMENT, f'"{key}" must be a non-negative integer, got {json.dumps(value)}')
+    return value
+
+
+async def _parse_action(request: Request, target: str, manager: Manager) -> tuple[str, Callable[[], object]]:
+    """The model a POST changes, and the change itself, ready to run."""
+    if match := _MODEL_ACTION.fullmatch(target):
+        name, verb = match.groups()
+        doc = await _json_object(request)
+        if verb == "promote":
+            return name, functools.partial(manager.promote, name, _int_field(doc, "version"))
+        if verb == "rollback":
+            return name, functools.partial(manager.rollback, name)
+        version = _int_field(doc, "version")
+        weight = doc.get("weight")
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)):
+            raise ServingError(
+                Code.INVALID_ARGUMENT, f'"weight" must be a number from 0 to 1, got {json.dumps(weight)}'
+            )
+        return name, functools.partial(manager.set_canary, name, version, float(weight))
+    if match := _VERSION_ACTION.fullmatch(target):
+        name, version_text, verb = match.groups()
+        method = manager.load_version if verb == "load" else manager.unload_version
+        return name, functools.partial(method, name, int(version_text))
+    raise ServingError(Code.INVALID_ARGUMENT, f"Malformed request: POST {PREFIX}/models/{target}")

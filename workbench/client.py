@@ -1,0 +1,434 @@
+"""A client for TF Serving's REST and gRPC APIs with numpy in and out, and for workbench's management API.
+
+The same call works over both protocols (``protocol="rest"`` or ``"grpc"``) and against a real TF Serving
+(everything but the management methods, which are workbench's own). Input dtypes come from the model's
+metadata, fetched once per model, so ``client.predict("m", [[1.0]])`` sends float32 when the signature says so.
+Every answer carries its latency; errors are :class:`~workbench.engine.status.ServingError` with the server's
+code and message.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import requests
+
+from workbench.engine.status import Code, ServingError
+
+_HTTP_CODES = {
+    400: Code.INVALID_ARGUMENT,
+    401: Code.UNAUTHENTICATED,
+    403: Code.PERMISSION_DENIED,
+    404: Code.NOT_FOUND,
+    409: Code.ABORTED,
+    429: Code.RESOURCE_EXHAUSTED,
+    499: Code.CANCELLED,
+    501: Code.UNIMPLEMENTED,
+    503: Code.UNAVAILABLE,
+    504: Code.DEADLINE_EXCEEDED,
+}
+
+
+class Prediction(dict):  # type: ignore[type-arg]
+    """Output name → numpy array, with where it ran and how long the call took."""
+
+    def __init__(
+        self, outputs: Mapping[str, np.ndarray], *, model: str, version: int | None, protocol: str, latency_ms: float
+    ) -> None:
+        super().__init__(outputs)
+        self.model, self.version, self.protocol, self.latency_ms = model, version, protocol, latency_ms
+
+    def __repr__(self) -> str:
+        shapes = ", ".join(f"{k}: {v.dtype}{list(v.shape)}" for k, v in sorted(self.items()))
+        where = f"{self.model}" + (f" v{self.version}" if self.version is not None else "")
+        return f"Prediction({where} over {self.protocol}, {self.latency_ms:.2f} ms; {shapes})"
+
+
+class Client:
+    """Talk to one server: REST at ``url``, gRPC at ``grpc`` (``host:port``), whichever ``protocol`` picks."""
+
+    def __init__(
+        self,
+        url: str | None = "http://127.0.0.1:8501",
+        grpc: str | None = None,
+        *,
+        protocol: str = "rest",
+        timeout: float = 30.0,
+        token: str | None = None,
+    ) -> None:
+        if protocol not in ("rest", "grpc"):
+            raise ValueError(f"protocol must be 'rest' or 'grpc', not {protocol!r}")
+        self.url = url.rstrip("/") if url else None
+        self.grpc_target = grpc
+        self.protocol = protocol
+        self.timeout = timeout
+        self._session = requests.Session()
+        if token:
+            self._session.headers["Authorization"] = f"Bearer {token}"
+        self._channel: Any = None
+        self._stubs: dict[str, Any] = {}
+        self._signatures: dict[tuple[str, int | None, str | None], Any] = {}
+        self.last_latency_ms: float | None = None
+
+    def __repr__(self) -> str:
+        return f"Client(url={self.url!r}, grpc={self.grpc_target!r}, protocol={self.protocol!r})"
+
+    def close(self) -> None:
+        self._session.close()
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ----------------------------------------------------------------------------------- plumbing
+    def _protocol(self, protocol: str | None) -> str:
+        chosen = protocol or self.protocol
+        if chosen == "rest" and not self.url:
+            raise ValueError("this client has no REST url")
+        if chosen == "grpc" and not self.grpc_target:
+            raise ValueError("this client has no gRPC target")
+        return chosen
+
+    def _path(self, model: str, version: int | None, label: str | None) -> str:
+        if version is not None and label is not None:
+            raise ValueError("give a version or a label, not both")
+        path = f"/v1/models/{model}"
+        if version is not None:
+            path += f"/versions/{int(version)}"
+        elif label is not None:
+            path += f"/labels/{label}"
+        return path
+
+    def _rest(self, method: str, path: str, body: Any = None) -> Any:
+        assert self.url is not None
+        try:
+            response = self._session.request(method, self.url + path, json=body, timeout=self.timeout)
+        except requests.RequestException as exc:
+            raise ServingError(Code.UNAVAILABLE, f"Could not reach {self.url}: {exc}") from None
+        try:
+            doc = response.json()
+        except ValueError:
+            doc = {"error": response.text[:500]}
+        if response.status_code != 200:
+            code = _HTTP_CODES.get(response.status_code, Code.INTERNAL if response.status_code >= 500 else Code.UNKNOWN)
+            raise ServingError(code, doc.get("error", response.reason) if isinstance(doc, dict) else response.reason)
+        return doc
+
+    def _stub(self, service: str) -> Any:
+        if service not in self._stubs:
+            import grpc
+            from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
+
+            if self._channel is None:
+                options = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+                self._channel = grpc.insecure_channel(self.grpc_target, options=options)
+            module = prediction_service_pb2_grpc if service == "predict" else model_service_pb2_grpc
+            stub = module.PredictionServiceStub if service == "predict" else module.ModelServiceStub
+            self._stubs[service] = stub(self._channel)
+        return self._stubs[service]
+
+    def _grpc_call(self, service: str, method: str, request: Any) -> Any:
+        import grpc
+
+        try:
+            return getattr(self._stub(service), method)(request, timeout=self.timeout)
+        except grpc.RpcError as exc:
+            raise ServingError(Code[exc.code().name], exc.details() or "") from None
+
+    @staticmethod
+    def _spec(spec: Any, model: str, version: int | None, label: str | None, signature_name: str = "") -> None:
+        spec.name = model
+        if version is not None:
+            spec.version.value = int(version)
+        elif label is not None:
+            spec.version_label = label
+        if signature_name:
+            spec.signature_name = signature_name
+
+    # ----------------------------------------------------------------------------------- TF Serving
+    def signature(
+        self, model: str, signature_name: str = "", version: int | None = None, label: str | None = None
+    ) -> Any:
+        """The SignatureDef of a model's signature (cached per model, version or label)."""
+        key = (model, version, label)
+        if key not in self._signatures:
+            self._signatures[key] = self.metadata(model, version=version, label=label)
+        name = signature_name or "serving_default"
+        signatures = self._signatures[key]
+        if name not in signatures.signature_def:
+            raise ServingError(Code.INVALID_ARGUMENT, f'Serving signature name: "{name}" not found in signature def')
+        return signatures.signature_def[name]
+
+    def metadata(
+        self, model: str, *, version: int | None = None, label: str | None = None, protocol: str | None = None
+    ) -> Any:
+        """The model's ``SignatureDefMap`` proto (``.signature_def[name].inputs`` ...)."""
+        from google.protobuf import json_format
+        from tensorflow_serving.apis import get_model_metadata_pb2
+
+        if self._protocol(protocol) == "rest":
+            doc = self._rest("GET", self._path(model, version, label) + "/metadata")
+            return json_format.ParseDict(doc["metadata"]["signature_def"], get_model_metadata_pb2.SignatureDefMap())
+        request = get_model_metadata_pb2.GetModelMetadataRequest()
+        self._spec(request.model_spec, model, version, label)
+        request.metadata_field.append("signature_def")
+        response = self._grpc_call("predict", "GetModelMetadata", request)
+        signatures = get_model_metadata_pb2.SignatureDefMap()
+        response.metadata["signature_def"].Unpack(signatures)
+        return signatures
+
+    def status(
+        self, model: str, *, version: int | None = None, label: str | None = None, protocol: str | None = None
+    ) -> list[dict[str, Any]]:
+        """``[{"version": 2, "state": "AVAILABLE", "error_code": "OK", "error_message": ""}, ...]``."""
+        if self._protocol(protocol) == "rest":
+            doc = self._rest("GET", self._path(model, version, label))
+            return [
+                {
+                    "version": int(s["version"]),
+                    "state": s["state"],
+                    "error_code": s["status"]["error_code"],
+                    "error_message": s["status"]["error_message"],
+                }
+                for s in doc["model_version_status"]
+            ]
+        from tensorflow_serving.apis import get_model_status_pb2
+
+        request = get_model_status_pb2.GetModelStatusRequest()
+        self._spec(request.model_spec, model, version, label)
+        response = self._grpc_call("model", "GetModelStatus", request)
+        return [
+            {
+                "version": s.version,
+                "state": get_model_status_pb2.ModelVersionStatus.State.Name(s.state),
+                "error_code": Code(s.status.error_code).name,
+                "error_message": s.status.error_message,
+            }
+            for s in response.model_version_status
+        ]
+
+    def predict(
+        self,
+        model: str,
+        inputs: Mapping[str, Any] | Any,
+        *,
+        version: int | None = None,
+        label: str | None = None,
+        signature_name: str = "",
+        output_filter: Sequence[str] = (),
+        protocol: str | None = None,
+    ) -> Prediction:
+        """Run a predict; ``inputs`` maps input names to arrays (or is one array for a one-input signature)."""
+        chosen = self._protocol(protocol)
+        signature = self.signature(model, signature_name, version, label)
+        feeds = self._feeds(signature, inputs)
+        started = time.perf_counter()
+        if chosen == "rest":
+            body: dict[str, Any] = {"inputs": {k: _to_json(v) for k, v in feeds.items()}}
+            if signature_name:
+                body["signature_name"] = signature_name
+            doc = self._rest("POST", self._path(model, version, label) + ":predict", body)
+            latency = (time.perf_counter() - started) * 1000
+            names = list(signature.outputs)
+            # Columnar answers hold the one output's value directly, or an object of several.
+            raw = {names[0]: doc["outputs"]} if len(names) == 1 else doc["outputs"]
+            outputs = {  # REST has no output_filter: filter here, so both protocols answer alike
+                k: _from_json(v, signature.outputs[k].dtype)
+                for k, v in raw.items()
+                if not output_filter or k in output_filter
+            }
+            served_version = version
+        else:
+            from tensorflow_serving.apis import predict_pb2
+
+            from workbench.protocol.tensor_proto import from_numpy, to_numpy
+
+            request = predict_pb2.PredictRequest()
+            self._spec(request.model_spec, model, version, label, signature_name)
+            for alias, value in feeds.items():
+                from_numpy(value, request.inputs[alias])
+            request.output_filter.extend(output_filter)
+            response = self._grpc_call("predict", "Predict", request)
+            latency = (time.perf_counter() - started) * 1000
+            outputs = {alias: to_numpy(proto, alias) for alias, proto in response.outputs.items()}
+            served_version = response.model_spec.version.value if response.model_spec.HasField("version") else None
+        self.last_latency_ms = latency
+        return Prediction(outputs, model=model, version=served_version, protocol=chosen, latency_ms=latency)
+
+    def _feeds(self, signature: Any, inputs: Mapping[str, Any] | Any) -> dict[str, np.ndarray]:
+        from workbench.engine.servable import signature_from_proto
+
+        spec = signature_from_proto("", signature)
+        if not isinstance(inputs, Mapping):
+            if len(spec.inputs) != 1:
+                raise ValueError(f"this signature has several inputs ({', '.join(spec.inputs)}): pass a dict")
+            inputs = {next(iter(spec.inputs)): inputs}
+        feeds = {}
+        for alias, value in inputs.items():
+            if alias not in spec.inputs:
+                raise ValueError(f"the signature has no input {alias!r} (it has {', '.join(spec.inputs)})")
+            dtype = spec.inputs[alias].dtype
+            array = np.asarray(value, dtype=dtype if dtype.kind != "O" else None)
+            if dtype.kind == "O":
+                array = np.vectorize(lambda s: s.encode() if isinstance(s, str) else s, otypes=[object])(array)
+            feeds[alias] = array
+        return feeds
+
+    def _examples_request(
+        self,
+        kind: str,
+        model: str,
+        examples: Sequence[Mapping[str, Any]],
+        version: int | None,
+        label: str | None,
+        signature_name: str,
+        protocol: str | None,
+    ) -> tuple[Any, float]:
+        chosen = self._protocol(protocol)
+        started = time.perf_counter()
+        if chosen == "rest":
+            body: dict[str, Any] = {"examples": [_example_json(e) for e in examples]}
+            if signature_name:
+                body["signature_name"] = signature_name
+            doc = self._rest("POST", self._path(model, version, label) + f":{kind}", body)
+            return doc["results"], (time.perf_counter() - started) * 1000
+        from tensorflow_serving.apis import classification_pb2, regression_pb2
+
+        request = (
+            classification_pb2.ClassificationRequest if kind == "classify" else regression_pb2.RegressionRequest
+        )()
+        self._spec(request.model_spec, model, version, label, signature_name)
+        for example in examples:
+            _example_proto(example, request.input.example_list.examples.add())
+        response = self._grpc_call("predict", "Classify" if kind == "classify" else "Regress", request)
+        latency = (time.perf_counter() - started) * 1000
+        if kind == "classify":
+            results = [[[c.label, c.score] for c in row.classes] for row in response.result.classifications]
+        else:
+            results = [r.value for r in response.result.regressions]
+        return results, latency
+
+    def classify(
+        self,
+        model: str,
+        examples: Sequence[Mapping[str, Any]],
+        *,
+        version: int | None = None,
+        label: str | None = None,
+        signature_name: str = "",
+        protocol: str | None = None,
+    ) -> list[list[tuple[str, float]]]:
+        """Classify tf.Examples given as ``{feature: value or list}``; per example, (label, score) pairs."""
+        results, self.last_latency_ms = self._examples_request(
+            "classify", model, examples, version, label, signature_name, protocol
+        )
+        return [[(str(label_), float(score)) for label_, score in row] for row in results]
+
+    def regress(
+        self,
+        model: str,
+        examples: Sequence[Mapping[str, Any]],
+        *,
+        version: int | None = None,
+        label: str | None = None,
+        signature_name: str = "",
+        protocol: str | None = None,
+    ) -> list[float]:
+        results, self.last_latency_ms = self._examples_request(
+            "regress", model, examples, version, label, signature_name, protocol
+        )
+        return [float(v) for v in results]
+
+    # ----------------------------------------------------------------------------- workbench only
+    def models(self) -> list[dict[str, Any]]:
+        """Every model with versions, states, labels and traffic shares (workbench's management API)."""
+        return self._rest("GET", "/workbench/v1/models")["models"]
+
+    def model(self, name: str) -> dict[str, Any]:
+        return self._rest("GET", f"/workbench/v1/models/{name}")
+
+    def promote(self, model: str, version: int) -> dict[str, Any]:
+        """Point ``stable`` at ``version`` and make it the default for requests that name no version."""
+        return self._rest("POST", f"/workbench/v1/models/{model}:promote", {"version": int(version)})
+
+    def rollback(self, model: str) -> dict[str, Any]:
+        return self._rest("POST", f"/workbench/v1/models/{model}:rollback", {})
+
+    def canary(self, model: str, version: int, weight: float) -> dict[str, Any]:
+        """Send ``weight`` (0–1) of the default traffic to ``version``; 0 ends the canary."""
+        return self._rest("POST", f"/workbench/v1/models/{model}:canary", {"version": int(version), "weight": weight})
+
+    def load(self, model: str, version: int) -> dict[str, Any]:
+        return self._rest("POST", f"/workbench/v1/models/{model}/versions/{int(version)}:load", {})
+
+    def unload(self, model: str, version: int) -> dict[str, Any]:
+        return self._rest("POST", f"/workbench/v1/models/{model}/versions/{int(version)}:unload", {})
+
+    def stats(self) -> dict[str, Any]:
+        return self._rest("GET", "/workbench/v1/stats")
+
+    def health(self) -> dict[str, Any]:
+        return self._rest("GET", "/workbench/v1/health")
+
+
+def _to_json(array: np.ndarray) -> Any:
+    if array.dtype.kind == "O":
+        return _bytes_to_json(array.tolist())
+    return array.tolist()
+
+
+def _bytes_to_json(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_bytes_to_json(v) for v in value]
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            return {"b64": base64.b64encode(value).decode()}
+    return value
+
+
+def _from_json(value: Any, dtype_enum: int) -> np.ndarray:
+    if dtype_enum == 7:  # DT_STRING: text or {"b64": ...}
+        return np.array(_json_to_bytes(value), dtype=object)
+    from tensorflow.python.framework import dtypes
+
+    return np.asarray(value, dtype=dtypes.as_dtype(dtype_enum).as_numpy_dtype)
+
+
+def _json_to_bytes(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_json_to_bytes(v) for v in value]
+    if isinstance(value, dict) and "b64" in value:
+        return base64.b64decode(value["b64"])
+    return value.encode("utf-8") if isinstance(value, str) else value
+
+
+def _example_json(example: Mapping[str, Any]) -> dict[str, Any]:
+    out = {}
+    for name, value in example.items():
+        values = np.asarray(value).reshape(-1).tolist() if not isinstance(value, (str, bytes)) else [value]
+        out[name] = [_bytes_to_json(v) if isinstance(v, bytes) else v for v in values]
+    return out
+
+
+def _example_proto(example: Mapping[str, Any], proto: Any) -> None:
+    for name, value in example.items():
+        values = [value] if isinstance(value, (str, bytes)) else np.asarray(value).reshape(-1).tolist()
+        feature = proto.features.feature[name]
+        for v in values:
+            if isinstance(v, (str, bytes)):
+                feature.bytes_list.value.append(v.encode() if isinstance(v, str) else v)
+            elif isinstance(v, float):
+                feature.float_list.value.append(v)
+            else:
+                feature.int64_list.value.append(int(v))
