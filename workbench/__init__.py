@@ -11,12 +11,15 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
+# Bound eagerly (it imports only numpy at module level): a lazy binding would be shadowed by the submodule
+# ``workbench.export`` itself the first time anything imports it.
+from workbench.export import ExportError, export
+
 if TYPE_CHECKING:
     from workbench.client import Client
-    from workbench.export import export
     from workbench.notebook.handle import ServerHandle, serve
 
-__all__ = ["Client", "ServerHandle", "__version__", "export", "load_ipython_extension", "serve"]
+__all__ = ["Client", "ExportError", "ServerHandle", "__version__", "export", "load_ipython_extension", "serve"]
 
 
 def __getattr__(name: str) -> Any:
@@ -24,10 +27,6 @@ def __getattr__(name: str) -> Any:
         from workbench.client import Client
 
         return Client
-    if name == "export":
-        from workbench.export import export
-
-        return export
     if name in ("serve", "ServerHandle"):
         from workbench.notebook import handle
 

@@ -230,7 +230,7 @@ class Client:
         """Run a predict; ``inputs`` maps input names to arrays (or is one array for a one-input signature)."""
         chosen = self._protocol(protocol)
         signature = self.signature(model, signature_name, version, label)
-        feeds = self._feeds(signature, inputs)
+        feeds = self.encode_inputs(signature, inputs)
         started = time.perf_counter()
         if chosen == "rest":
             body: dict[str, Any] = {"inputs": {k: _to_json(v) for k, v in feeds.items()}}
@@ -264,7 +264,8 @@ class Client:
         self.last_latency_ms = latency
         return Prediction(outputs, model=model, version=served_version, protocol=chosen, latency_ms=latency)
 
-    def _feeds(self, signature: Any, inputs: Mapping[str, Any] | Any) -> dict[str, np.ndarray]:
+    def encode_inputs(self, signature: Any, inputs: Mapping[str, Any] | Any) -> dict[str, np.ndarray]:
+        """``inputs`` as numpy arrays of the signature's input dtypes (one array is fine for one input)."""
         from workbench.engine.servable import signature_from_proto
 
         spec = signature_from_proto("", signature)

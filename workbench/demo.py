@@ -20,6 +20,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from workbench._tf import quiet_tensorflow
+
 if TYPE_CHECKING:  # only for annotations: importing TF at runtime is slow
     import tensorflow as tf
     from tensorflow.core.protobuf.meta_graph_pb2 import SignatureDef
@@ -97,15 +99,16 @@ def save_half_plus_two(export_dir: str | os.PathLike[str], *, offset: float = 2.
 
     module = HalfPlusTwo()
     with _atomic_export(export_dir) as staging:
-        tf.saved_model.save(
-            module,
-            str(staging),
-            signatures={
-                "serving_default": module.predict,
-                "classify_x_to_y": module.classify,
-                "regress_x_to_y": module.regress,
-            },
-        )
+        with quiet_tensorflow():
+            tf.saved_model.save(
+                module,
+                str(staging),
+                signatures={
+                    "serving_default": module.predict,
+                    "classify_x_to_y": module.classify,
+                    "regress_x_to_y": module.regress,
+                },
+            )
     return Path(export_dir).absolute()
 
 
@@ -283,7 +286,8 @@ def save_digits_classifier(
     accuracy = float(np.mean(predicted == y_test))
 
     with _atomic_export(export_dir) as staging:
-        tf.saved_model.save(module, str(staging), signatures={"serving_default": module.serve})
+        with quiet_tensorflow():
+            tf.saved_model.save(module, str(staging), signatures={"serving_default": module.serve})
     return Path(export_dir).absolute(), accuracy
 
 

@@ -43,6 +43,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from workbench._tf import quiet_tensorflow
+
 if TYPE_CHECKING:  # only for annotations: importing TensorFlow at runtime is slow
     from numpy.typing import ArrayLike
 
@@ -389,7 +391,8 @@ def _save(functions: Mapping[str, Any], trackables: Sequence[Any], path: Path) -
     root.signature_variables = variables
     root.signature_resources, root.signature_assets = _tracked_resources(trackables)
     try:
-        tf.saved_model.save(root, str(path), signatures=dict(functions))
+        with quiet_tensorflow():
+            tf.saved_model.save(root, str(path), signatures=dict(functions))
     except Exception as exc:
         raise ExportError(f"Could not save the model as a SavedModel: {_one_line(exc)}") from exc
 

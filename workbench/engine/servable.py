@@ -202,6 +202,7 @@ class SavedModelServable(Servable):
 
     def __init__(self, name: str, version: int, path: str) -> None:
         import tensorflow as tf
+        from tensorflow.python.util import deprecation
 
         super().__init__()
         self.name, self.version, self.path = name, version, path
@@ -214,7 +215,10 @@ class SavedModelServable(Servable):
         self._session = tf.compat.v1.Session(graph=self._graph, config=config)
         try:
             with self._graph.as_default():
-                tf.compat.v1.saved_model.loader.load(self._session, [SERVING_TAG], path)
+                # The TF1 loader is deprecated in favour of tf.saved_model.load, which cannot give TF Serving's
+                # semantics; keep its deprecation notice out of logs and notebook cells.
+                with deprecation.silence():
+                    tf.compat.v1.saved_model.loader.load(self._session, [SERVING_TAG], path)
         except Exception as exc:
             self._session.close()
             raise from_exception(exc) from None

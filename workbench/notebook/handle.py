@@ -20,7 +20,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +66,7 @@ class ServerHandle:
         self.grpc_port: int | None = None
         self.started_seconds: float | None = None
         self._client: Client | None = None
+        self._on_stop: list[Callable[[], None]] = []
 
     # --------------------------------------------------------------------------------- lifecycle
     def command(self) -> list[str]:
@@ -121,8 +122,16 @@ class ServerHandle:
         self._client = None
         return self
 
+    def on_stop(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` when this server stops (widgets close their threads with it)."""
+        self._on_stop.append(callback)
+
     def stop(self, timeout: float = 30.0) -> None:
         """Stop the server (SIGTERM, then SIGKILL after ``timeout``); the ports are free when this returns."""
+        callbacks, self._on_stop = self._on_stop, []
+        for callback in callbacks:
+            with contextlib.suppress(Exception):  # a widget failing to close must not keep the server up
+                callback()
         process, self._process = self._process, None
         if process is not None and process.poll() is None:
             process.send_signal(signal.SIGTERM)

@@ -1,0 +1,119 @@
+"""Helpers for the browser tests: JupyterLab in a child process, and Debian's Chromium through Playwright.
+
+The browser is the system's (``/usr/bin/chromium``, Debian's ``chromium`` package that ``.ci/run`` installs);
+Playwright never downloads one. Where either is missing the tests skip and say why.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMIUM_ARGS = [
+    "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]  # fmt: skip
+
+
+def require_browser() -> None:
+    if CHROMIUM is None:
+        pytest.skip("no Chromium on this machine (Debian package 'chromium'; .ci/run installs it)")
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        pytest.skip("playwright is not installed (pip install -e '.[test]')")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def notebook(cells: list[str]) -> dict:
+    return {
+        "cells": [
+            {"cell_type": "code", "metadata": {}, "source": source, "outputs": [], "execution_count": None}
+            for source in cells
+        ],
+        "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
+
+
+@contextmanager
+def jupyterlab(root: Path) -> Iterator[str]:
+    """JupyterLab serving ``root`` on a free port; yields its base URL with the token."""
+    port, token = free_port(), "workbench-test-token"
+    # User settings of our own: no news pop-up over the screenshots, no kernel picker for python3 notebooks.
+    settings = root / ".lab-settings"
+    (settings / "@jupyterlab" / "apputils-extension").mkdir(parents=True, exist_ok=True)
+    (settings / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings").write_text(
+        json.dumps({"fetchNews": "false", "checkForUpdates": False})
+    )
+    (settings / "@jupyterlab" / "notebook-extension").mkdir(parents=True, exist_ok=True)
+    (settings / "@jupyterlab" / "notebook-extension" / "tracker.jupyterlab-settings").write_text(
+        json.dumps({"autoStartDefaultKernel": True})
+    )
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", JUPYTERLAB_SETTINGS_DIR=str(settings))
+    log = open(root / "jupyterlab.log", "wb")  # noqa: SIM115 - closed below
+    process = subprocess.Popen(
+        [sys.executable, "-m", "jupyter", "lab", "--no-browser", f"--port={port}", "--ServerApp.ip=127.0.0.1",
+         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}", "--ServerApp.open_browser=False",
+         "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate", "--allow-root"],
+        cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=5) as response:
+                    json.load(response)
+                    break
+            except OSError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("JupyterLab did not start:\n" + (root / "jupyterlab.log").read_text()[-3000:])
+                time.sleep(0.2)
+        yield f"{url}?token={token}".replace("?token", "/lab?token")
+    finally:
+        process.terminate()
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+        log.close()
+
+
+def open_notebook(page, lab_url: str, name: str) -> None:  # type: ignore[no-untyped-def]
+    base, _, token = lab_url.partition("/lab?token=")
+    page.goto(f"{base}/lab/tree/{name}?token={token}")
+    page.wait_for_selector(".jp-NotebookPanel", timeout=120_000)
+    # Older settings files or a changed default can still bring up the kernel picker: accept python3.
+    picker = page.locator(".jp-Dialog button:has-text('Select')")
+    try:
+        picker.click(timeout=5_000)
+    except Exception:  # noqa: BLE001 - no dialog: the kernel started by itself
+        pass
+    # The status bar says "Python 3 (ipykernel) | Idle" once the kernel is up and connected.
+    page.wait_for_function("() => document.body.innerText.includes('| Idle')", timeout=120_000)
+
+
+def run_all_cells(page) -> None:  # type: ignore[no-untyped-def]
+    """Run every cell as a user would: the toolbar's "run and select next", once per cell (they queue up)."""
+    run = page.locator("[data-command='notebook:run-cell-and-select-next']").first
+    for _ in range(page.locator(".jp-Notebook .jp-Cell").count()):
+        run.click()

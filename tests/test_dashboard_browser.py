@@ -1,0 +1,73 @@
+"""The dashboard seen in a real browser: JupyterLab in headless Chromium, a notebook that starts a server and
+shows the dashboard under load; the screenshot after the chart has drawn is docs/dashboard.png."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from browser import CHROMIUM, CHROMIUM_ARGS, jupyterlab, notebook, open_notebook, require_browser, run_all_cells
+
+SCREENSHOT = Path(__file__).resolve().parent.parent / "docs" / "dashboard.png"
+
+CELLS = [
+    "import numpy as np, threading, workbench\n"
+    "from workbench.demo import save_half_plus_two\n"
+    "save_half_plus_two('models/half_plus_two/1')\n"
+    "save_half_plus_two('models/half_plus_two/2', offset=3.0)",
+    "server = workbench.serve('models', batching=True)\n"
+    "server.wait_for_version('half_plus_two', 2)\n"
+    "server.client.canary('half_plus_two', 1, 0.3)\n"
+    "server",
+    "from workbench.notebook.widgets import Dashboard\ndashboard = Dashboard(server, window_seconds=30)\ndashboard",
+    "from workbench.bench import run_load\n"
+    "load = threading.Thread(target=run_load, args=(server.grpc_target, 'grpc', 'half_plus_two',\n"
+    "    {'x': np.ones((1, 1), np.float32)}), kwargs={'concurrency': 16, 'duration': 60}, daemon=True)\n"
+    "load.start()",
+]
+
+
+def test_dashboard_renders_in_jupyterlab(tmp_path):
+    require_browser()
+    from playwright.sync_api import sync_playwright
+
+    (tmp_path / "dashboard.ipynb").write_text(json.dumps(notebook(CELLS)))
+    with jupyterlab(tmp_path) as lab, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1500})
+            failure_shot = tmp_path / "failure.png"
+            try:
+                _drive(page, lab, tmp_path)
+            except Exception:
+                page.screenshot(path=str(failure_shot), full_page=True)
+                shutil.copy(failure_shot, Path(os.environ.get("TMPDIR", "/tmp")) / "workbench-dashboard-failure.png")
+                raise
+        finally:
+            browser.close()
+
+
+def _drive(page, lab: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    if True:
+        if True:
+            open_notebook(page, lab, "dashboard.ipynb")
+            run_all_cells(page)
+            # The versions table (server state through the management API) and the canary in it.
+            page.wait_for_selector(".jp-OutputArea-output td:has-text('half_plus_two')", timeout=180_000)
+            page.wait_for_selector(".jp-OutputArea-output td:has-text('canary')", timeout=60_000)
+            # The live chart: plotly drew lines for both versions from the stats stream, under load.
+            page.wait_for_selector(".js-plotly-plot", timeout=120_000)
+            page.wait_for_function(
+                "() => [...document.querySelectorAll('.js-plotly-plot .scatterlayer .trace path.js-line')]"
+                ".filter(p => (p.getAttribute('d') || '').length > 40).length >= 4",
+                timeout=120_000,
+            )
+            page.wait_for_timeout(3000)  # a few more snapshots on the chart
+            shot = tmp_path / "dashboard.png"
+            page.screenshot(path=str(shot), full_page=True)
+            assert shot.stat().st_size > 20_000
+            if os.environ.get("WORKBENCH_UPDATE_SCREENSHOTS"):
+                SCREENSHOT.parent.mkdir(exist_ok=True)
+                shutil.copy(shot, SCREENSHOT)

@@ -1,0 +1,147 @@
+"""The dashboard parts built headless against a real server: buttons act through the management API, the query
+panel answers, the load button drives the server, the chart fills from the live stats stream, and closing
+leaves no thread behind."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from waiting import wait_until
+
+from workbench.client import Client
+from workbench.notebook.widgets import Dashboard, LiveChart, LoadPanel, QueryPanel, VersionsPanel, example_inputs
+
+
+@pytest.fixture
+def server(serve, make_repo, tmp_path):
+    make_repo("hp", {1: "hp2_tf2", 2: "hp3_tf2"})
+    return serve(model_repository=str(tmp_path / "models"), file_system_poll_wait_seconds=0.2)
+
+
+@pytest.fixture
+def client(server):
+    with Client(server.rest_url, server.grpc_target) as c:
+        yield c
+
+
+def workbench_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("workbench-") and t.is_alive()
+            and t.name.split("-")[1] in ("versions", "action", "chart", "query", "load")]
+
+
+def settle(status) -> str:
+    return wait_until(lambda: status.value if ("done" in status.value or "c00" in status.value) else "", timeout=60)
+
+
+def test_versions_panel_buttons_change_the_server(client):
+    panel = VersionsPanel(client, refresh_seconds=0.2)
+    try:
+        assert panel.model.options == ("hp",)
+        assert panel.version.options == (2, 1)
+        assert "AVAILABLE" in panel.table.value
+
+        panel.version.value = 1
+        panel.promote_button.click()
+        assert "done" in settle(panel.status)
+        assert client.model("hp")["stable"] == 1
+        assert client.predict("hp", [[2.0]], protocol="grpc").version == 1
+
+        panel.version.value = 2
+        panel.canary_weight.value = 0.25
+        panel.canary_button.click()
+        assert "done" in settle(panel.status)
+        assert client.model("hp")["canary"] == {"version": 2, "weight": 0.25}
+        # The table refreshes by itself from the server's state.
+        wait_until(lambda: "25%" in panel.table.value and "canary" in panel.table.value)
+
+        panel.version.value = 1
+        panel.unload_button.click()  # the stable version cannot go: the error is shown, nothing changes
+        assert "stable version" in settle(panel.status)
+        assert client.model("hp")["stable"] == 1
+        assert all(not b.disabled for b in panel.buttons)
+    finally:
+        panel.close()
+
+
+def test_versions_panel_sees_a_new_export_without_a_click(client, model_store, tmp_path):
+    import shutil
+
+    panel = VersionsPanel(client, refresh_seconds=0.2)
+    try:
+        staging = tmp_path / "models" / "hp" / ".staging"
+        shutil.copytree(model_store / "hp2_tf2", staging)
+        staging.rename(tmp_path / "models" / "hp" / "3")
+        wait_until(lambda: 3 in panel.version.options, timeout=60)
+    finally:
+        panel.close()
+
+
+def test_query_panel_prefills_a_valid_example_and_sends_over_both_protocols(client):
+    panel = QueryPanel(client)
+    try:
+        assert panel.signature.value == "serving_default"
+        assert panel.inputs.value == '{"x": [[0.0]]}'
+        for protocol in ("rest", "grpc"):
+            panel.last = None
+            panel.protocol.value = protocol
+            panel.inputs.value = '{"x": [[2.0]]}'
+            panel.send.click()
+            wait_until(lambda: panel.last is not None)
+            assert panel.last["y"].tolist() == [[4.0]]  # v2 is the latest: 0.5 * 2 + 3
+            assert protocol.upper() in panel.response.value and " ms" in panel.response.value
+        panel.inputs.value = "not json"
+        panel.send.click()
+        assert "not JSON" in panel.status.value
+    finally:
+        panel.close()
+
+
+def test_example_inputs_follow_the_signature(client):
+    signature = client.signature("hp")
+    assert example_inputs(signature) == {"x": [[0.0]]}
+    classify = client.signature("hp", "classify_x_to_y")
+    assert example_inputs(classify) == {"inputs": [""]}
+
+
+def test_load_panel_runs_the_generator_and_shows_the_result(client):
+    panel = LoadPanel(client)
+    try:
+        panel.model.value = "hp"
+        panel.clients.value = 4
+        panel.seconds.value = 1
+        panel.start.click()
+        wait_until(lambda: panel.last is not None, timeout=60)
+        assert panel.last.requests > 0 and panel.last.errors == 0
+        assert panel.progress.value == 1.0
+        assert "requests_per_second" in panel.result.value
+    finally:
+        panel.close()
+
+
+def test_live_chart_fills_from_the_stats_stream_and_stops(client):
+    chart = LiveChart(client, window_seconds=5, interval=0.1, min_redraw_seconds=0.1)
+    try:
+        for _ in range(20):
+            client.predict("hp", [[1.0]])
+        wait_until(lambda: chart.points("hp", 2) >= 3, timeout=30)
+        chart.redraw()
+        names = {trace.name for trace in chart.figure.data}
+        assert names == {"hp v2"}
+        assert len(chart.figure.data) == 5  # p50, p95, p99, requests/s, mean batch size
+        assert chart.figure.data[3].y[-1] > 0  # requests/s
+        assert chart.figure.data[4].y[-1] == 1.0  # unbatched: one request a call
+        # The window is bounded: 5 s at 10 snapshots a second.
+        wait_until(lambda: chart.points("hp", 2) == 50, timeout=30)
+    finally:
+        chart.close()
+    assert chart.threads == []
+
+
+def test_dashboard_composes_the_parts_and_closing_stops_every_thread(client):
+    dashboard = Dashboard(client, window_seconds=10)
+    assert len(dashboard.widget.children) == 2
+    assert dashboard.threads  # the versions poller and the chart's stream reader and painter
+    dashboard.close()
+    assert dashboard.threads == []
+    wait_until(lambda: workbench_threads() == [], what="dashboard threads gone")

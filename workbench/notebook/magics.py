@@ -1,0 +1,488 @@
+"""The ``%serve`` line magic: start servers, export models, manage versions, predict and benchmark from cells.
+
+``%load_ext workbench`` registers it; ``%serve --help`` lists the subcommands and ``%serve SUBCOMMAND --help``
+shows one's options. Every mistake (a bad argument, no server, an unknown variable, an error from the server)
+is an :class:`~IPython.core.error.UsageError` with a one-line message, which IPython shows without a traceback.
+Servers are child processes (see :mod:`workbench.notebook.handle`): they never print into cells.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import html
+import json
+import keyword
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_magic, magics_class, no_var_expand
+from IPython.core.magic_arguments import argument, kwds, magic_arguments
+from IPython.utils.process import arg_split
+
+from workbench.engine.status import ServingError
+from workbench.notebook.handle import (
+    DEFAULT_REPOSITORY,
+    ServerDied,
+    ServerHandle,
+    models_table_html,
+    models_table_text,
+    running_servers,
+)
+
+if TYPE_CHECKING:  # workbench.export is imported when first used: loading the extension stays cheap
+    from workbench.export import ExportResult
+
+__all__ = ["ServeMagics", "ServingStatus", "load_ipython_extension"]
+
+DEFAULT_NAME = "default"
+_TRANSITIONAL = ("START", "LOADING", "UNLOADING")
+
+
+class ServingStatus:
+    """Models and versions of a server: an HTML table in notebooks, stable plain text for output comparison.
+
+    The text holds no ports, paths or timings, so a notebook checked with nbval compares equal from run to run.
+    """
+
+    def __init__(
+        self,
+        models: list[dict[str, Any]],
+        server: str = DEFAULT_NAME,
+        note: str = "",
+        export: ExportResult | None = None,
+    ) -> None:
+        self.models = models
+        self.server = server
+        self.note = note
+        self.export = export  # what ``%serve export`` wrote (path, signatures, warmup records)
+
+    def __repr__(self) -> str:
+        table = models_table_text(self.models)
+        return f"{self.note}\n{table}" if self.note else table
+
+    def _repr_html_(self) -> str:
+        note = f"<p>{html.escape(self.note)}</p>" if self.note else ""
+        return note + models_table_html(self.models, title=f"workbench server <code>{html.escape(self.server)}</code>")
+
+
+# ------------------------------------------------------------------------------------------- subcommand parsers
+# Each function only carries a parser (``.parser``) and its help text: ``magic_arguments`` builds them from the
+# decorators, and the docstring's first line is the subcommand's one-line summary in ``%serve --help``. Help is
+# plain argparse text: IPython's formatter writes reST for docstrings ("::" and a doubled "%" in a cell). Each
+# gets its own ``kwds``: the parser builder writes the description into that dict, so a shared one would leak.
+_SERVER_OPTION = argument("--server", metavar="NAME", help="the server to use (default: the only one running)")
+
+
+@magic_arguments(name="%serve start")
+@kwds(formatter_class=argparse.RawDescriptionHelpFormatter)
+@argument("--name", default=DEFAULT_NAME, help=f"the server's name (default: {DEFAULT_NAME})")
+@argument("--repo", metavar="DIR", help=f"model repository folder (default: {DEFAULT_REPOSITORY})")
+@argument("--rest-port", type=int, metavar="P", help="REST port (default: a free one)")
+@argument("--grpc-port", type=int, metavar="P", help="gRPC port (default: a free one)")
+@argument("--batching", action="store_true", help="dynamic batching with TF Serving's default parameters")
+@argument("--batching-parameters", metavar="FILE", help="a BatchingParameters text proto (turns batching on)")
+def _start_parser(line: str) -> None:
+    """Start a server on a model repository (every sub-folder is a model); returns its handle."""
+
+
+@magic_arguments(name="%serve stop")
+@kwds(formatter_class=argparse.RawDescriptionHelpFormatter)
+@argument("name", nargs="?", metavar="NAME", help="the server to stop (default: the only one running)")
+@argument("--all", action="store_true", help="stop every server of this kernel")
+def _stop_parser(line: str) -> None:
+    """Stop a server (or --all)."""
+
+
+@magic_arguments(name="%serve status")
+@kwds(formatter_class=argparse.RawDescriptionHelpFormatter)
+@argument("model", nargs="?", metavar="MODEL", help="only this model")
+@_SERVER_OPTION
+def _status_parser(line: str) -> None:
+    """Show the models, their versions, states, labels and traffic shares."""
+
+
+@magic_arguments(name="%serve export")
+@kwds(formatter_class=argparse.RawDescriptionHelpFormatter)
+@argument("model_var", metavar="MODEL_VAR", help="the variable holding the model (Keras, tf.Module, tf.function)")
+@argument("name", metavar="NAME", help="the served model's name")
+@argument("--version", type=int, metavar="N", help="the version number (default: the next one)")
+@argument("--examples", metavar="VAR", help="warmup examples: a variable name or a JSON literal")
+@_SERVER_OPTION
+def _export_parser(line: str) -> None:
+    """Export a model variable as the next version and wait until the server serves it."""
+
+
+@magic_arguments(name="%serve promote")
+@kwds(formatter_class=argparse.RawDescriptionHelpFormatter)
+@argument("model", metavar="MODEL")
+@argument("version", type=int, metavar="VERSION")
+@_SERVER_OPTION
+def _promote_parser(line: str) -> None:
+    """Make VERSION the stable (default) version of MODEL."""
+
+
+@magic_arguments(name="%serve rollback")
+@kwds(formatter_class=argparse.RawDescriptionHelpFormatter)
+@argument("model", metavar="MODEL")
+@_SERVER_OPTION
+def _rollback_parser(line: str) -> None:
+    """Return MODEL's stable label to the version it had before the last promotion."""
+
+
+@magic_arguments(name="%serve canary")
+@kwds(formatter_class=argparse.RawDescriptionHelpFormatter)
+@argument("model", metavar="MODEL")
+@argument("version", type=int, metavar="VERSION")
+@argument("weight", type=float, metavar="WEIGHT", help="share of default traffic, 0 to 1 (0 ends the canary)")
+@_SERVER_OPTION
+def _canary_parser(line: str) -> None:
+    """Send a share (0 to 1) of MODEL's default traffic to VERSION; 0 ends the canary."""
+
+
+@magic_arguments(name="%serve predict")
+@kwds(formatter_class=argparse.RawDescriptionHelpFormatter)
+@argument("model", metavar="MODEL")
+@argument("data", nargs="+", metavar="DATA", help="""a variable name or a JSON literal: '{"x": [[1.0]]}' or [[1.0]]""")
+@argument("--grpc", action="store_true", help="over gRPC (default: REST)")
+@argument("--version", type=int, metavar="N", help="this version")
+@argument("--label", metavar="L", help="the version with this label")
+@argument("--signature", default="", metavar="S", help="signature name (default: serving_default)")
+@_SERVER_OPTION
+def _predict_parser(line: str) -> None:
+    """Run a predict; returns the outputs (a dict of numpy arrays with .latency_ms)."""
+
+
+@magic_arguments(name="%serve bench")
+@kwds(formatter_class=argparse.RawDescriptionHelpFormatter)
+@argument("model", metavar="MODEL")
+@argument("data", nargs="+", metavar="DATA", help="one request's inputs: a variable name or a JSON literal")
+@argument("--clients", type=int, default=1, metavar="N", help="concurrent clients (default: 1)")
+@argument("--duration", type=float, metavar="S", help="seconds to run (default: 5)")
+@argument("--requests", type=int, metavar="N", help="stop after this many requests instead")
+@argument("--grpc", action="store_true", help="over gRPC (default: REST)")
+@argument("--signature", default="", metavar="S", help="signature name (default: serving_default)")
+@_SERVER_OPTION
+def _bench_parser(line: str) -> None:
+    """Closed-loop load on MODEL; shows throughput and latency percentiles, returns the BenchResult."""
+
+
+_PARSERS: dict[str, Callable[..., Any]] = {
+    "start": _start_parser,
+    "stop": _stop_parser,
+    "status": _status_parser,
+    "export": _export_parser,
+    "promote": _promote_parser,
+    "rollback": _rollback_parser,
+    "canary": _canary_parser,
+    "predict": _predict_parser,
+    "bench": _bench_parser,
+}
+
+
+def _summary(sub: str) -> str:
+    description = _PARSERS[sub].parser.description or ""  # type: ignore[attr-defined]
+    return description.strip().splitlines()[0]
+
+
+def overview() -> str:
+    """The text of ``%serve --help``: one line per subcommand."""
+    width = max(map(len, _PARSERS))
+    lines = ["Usage: %serve SUBCOMMAND [options]   (%serve SUBCOMMAND --help for its options)", ""]
+    lines += [f"  {sub:<{width}}  {_summary(sub)}" for sub in _PARSERS]
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------- helpers
+def _split(line: str) -> list[str]:
+    """Split like a shell, but keep JSON intact.
+
+    IPython's non-POSIX split keeps quotes inside words (POSIX rules would turn ``{"x":[[1]]}`` into
+    ``{x:[[1]]}``); a word quoted as a whole loses its outer quotes here.
+    """
+    try:
+        words = arg_split(line, strict=True)
+    except ValueError as exc:  # an unclosed quote
+        raise UsageError(f"%serve: cannot split the line: {exc}") from None
+    return [w[1:-1] if len(w) >= 2 and w[0] == w[-1] and w[0] in "'\"" else w for w in words]
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    """The first non-empty line of ``text``, shortened: UsageError messages must stay one line."""
+    line = next((s.strip() for s in str(text).splitlines() if s.strip()), "")
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def _died(exc: ServerDied, handle: ServerHandle | None) -> str:
+    """One line for a server that is gone: what happened, where the log is, how to go on."""
+    first = _one_line(str(exc)).rstrip(":")
+    name = handle.name if handle is not None else DEFAULT_NAME
+    again = "%serve start" + ("" if name == DEFAULT_NAME else f" --name {name}")
+    return f"{first}; see handle.log_tail() for why, `{again}` starts it again"
+
+
+# --------------------------------------------------------------------------------------------------- magics
+@magics_class
+class ServeMagics(Magics):
+    """``%serve``: notebook servers by name, kept per shell."""
+
+    def __init__(self, shell: Any) -> None:
+        super().__init__(shell)
+        self.servers: dict[str, ServerHandle] = {}
+        self._current: ServerHandle | None = None  # the server the running subcommand uses, for error messages
+
+    @no_var_expand  # JSON literals hold braces, which IPython would otherwise try to expand as {expressions}
+    @line_magic
+    def serve(self, line: str) -> Any:
+        """Serve models from the notebook: ``%serve --help`` lists the subcommands."""
+        words = _split(line)
+        if not words or words[0] in ("-h", "--help", "help"):
+            print(overview())
+            return None
+        sub, rest = words[0], words[1:]
+        if sub not in _PARSERS:
+            close = difflib.get_close_matches(sub, _PARSERS, n=2)
+            hint = f"did you mean {' or '.join(map(repr, close))}? " if close else ""
+            raise UsageError(f"%serve: unknown subcommand {sub!r}: {hint}one of {', '.join(_PARSERS)} (%serve --help)")
+        parser = _PARSERS[sub].parser  # type: ignore[attr-defined]
+        if "-h" in rest or "--help" in rest:
+            print(parser.format_help().rstrip())
+            return None
+        try:
+            args = parser.parse_args(rest)
+        except UsageError as exc:  # argparse's message: make it say which subcommand and where help is
+            raise UsageError(f"%serve {sub}: {_one_line(str(exc))} (%serve {sub} --help)") from None
+        handler: Callable[[Any], Any] = getattr(self, f"_{sub}")
+        self._current = None
+        try:
+            return handler(args)
+        except UsageError as exc:  # the subcommand's own message: say which subcommand it comes from
+            raise UsageError(f"%serve {sub}: {exc}") from None
+        except ServerDied as exc:
+            raise UsageError(_died(exc, self._current)) from None
+        except ServingError as exc:
+            raise UsageError(f"%serve {sub}: {exc.code.name}: {_one_line(exc.message)}") from None
+        except (ValueError, TimeoutError, OSError) as exc:  # bad inputs for the client, a load that never came
+            raise UsageError(f"%serve {sub}: {_one_line(str(exc))}") from None
+
+    # ------------------------------------------------------------------------------------- servers
+    def _known(self) -> dict[str, ServerHandle]:
+        """Servers by name: this shell's plus any started with ``workbench.serve()`` in this kernel."""
+        known = {h.name: h for h in running_servers()}  # started and not stopped (possibly died since)
+        known.update({name: h for name, h in self.servers.items() if h.pid is not None})
+        return known
+
+    def _server(self, name: str | None) -> ServerHandle:
+        known = self._known()
+        if name is not None:
+            if name not in known:
+                names = ", ".join(sorted(known)) or "none"
+                raise UsageError(
+                    f"no workbench server named {name!r} (running: {names}); start it with `%serve start --name {name}`"
+                )
+            handle = known[name]
+        else:
+            alive = [h for h in known.values() if h.running]
+            if len(alive) > 1:
+                names = ", ".join(sorted(h.name for h in alive))
+                raise UsageError(f"several workbench servers run ({names}): pick one with --server NAME")
+            if alive:
+                handle = alive[0]
+            elif len(known) == 1:  # one that died: check() below says so, with what to do
+                handle = next(iter(known.values()))
+            else:
+                raise UsageError("no workbench server is running: start one with `%serve start --repo DIR`")
+        self._current = handle
+        handle.check()
+        return handle
+
+    def _status_of(
+        self, handle: ServerHandle, model: str, note: str = "", export: ExportResult | None = None
+    ) -> ServingStatus:
+        return ServingStatus([handle.client.model(model)], handle.name, note, export)
+
+    # ----------------------------------------------------------------------------------- subcommands
+    def _start(self, args: Any) -> ServerHandle:
+        if args.batching_parameters and not Path(args.batching_parameters).is_file():
+            raise UsageError(f"no batching parameters file {args.batching_parameters!r}")
+        handle = self._known().get(args.name)
+        if handle is not None and handle.running:
+            if args.repo is not None and handle.repository != Path(args.repo).resolve():
+                print(f"server {args.name!r} already runs on {handle.repository}: returning it (stop it to move it)")
+            self.servers[args.name] = handle
+            return handle
+        if handle is None:
+            handle = ServerHandle(
+                args.repo or DEFAULT_REPOSITORY,
+                name=args.name,
+                rest_port=args.rest_port,
+                grpc_port=args.grpc_port,
+                batching=args.batching,
+                batching_parameters=args.batching_parameters,
+            )
+        self._current = handle
+        try:
+            handle.restart()  # a handle that died starts again on the same ports if they were chosen
+        except ServerDied:
+            last = _one_line(handle.log_tail(1)) or "no output"
+            handle.stop()  # frees what is left; the log file stays for reading
+            self.servers.pop(args.name, None)
+            raise UsageError(
+                f"workbench server {args.name!r} could not start: {last} (log: {handle.log_path})"
+            ) from None
+        self.servers[args.name] = handle
+        return handle
+
+    def _stop(self, args: Any) -> None:
+        known = self._known()
+        names = ", ".join(sorted(known)) or "none"
+        if args.all:
+            handles = list(known.values())  # none is fine: teardown code stops "all" without knowing
+        elif args.name is not None:
+            if args.name not in known:
+                raise UsageError(f"no workbench server named {args.name!r} (running: {names})")
+            handles = [known[args.name]]
+        elif len(known) == 1:
+            handles = list(known.values())
+        elif not known:
+            raise UsageError("no workbench server is running")
+        else:
+            raise UsageError(f"several workbench servers run ({names}): name one, or give --all")
+        for handle in handles:
+            handle.stop()
+            self.servers.pop(handle.name, None)
+            print(f"stopped workbench server {handle.name!r}")
+
+    def _status(self, args: Any) -> ServingStatus:
+        handle = self._server(args.server)
+        if args.model is not None:
+            return self._status_of(handle, args.model)
+        return ServingStatus(handle.models(), handle.name)
+
+    def _export(self, args: Any) -> ServingStatus:
+        from workbench.export import ExportError, export
+
+        handle = self._server(args.server)
+        model = self._variable(args.model_var, "MODEL_VAR")
+        examples = self._data(args.examples, "--examples") if args.examples is not None else None
+        try:
+            result = export(model, args.name, repo=handle.repository, version=args.version, examples=examples)
+        except ExportError as exc:
+            raise UsageError(_one_line(str(exc))) from None
+        try:
+            handle.wait_for_version(args.name, result.version)
+        except ServerDied as exc:
+            if not handle.running:
+                raise
+            # wait_for_version also says "died" for a version that failed to load: the server itself is fine.
+            raise UsageError(_one_line(str(exc))) from None
+        self._settle(handle, args.name)
+        signature = result.signatures.get("serving_default", "")
+        note = f"exported {args.name} v{result.version} {signature}".rstrip()
+        return self._status_of(handle, args.name, note, export=result)
+
+    @staticmethod
+    def _settle(handle: ServerHandle, model: str, timeout: float = 10.0) -> None:
+        """Wait (briefly) until no version of ``model`` is loading or unloading, so the status shown is final."""
+        deadline = time.perf_counter() + timeout
+        while time.perf_counter() < deadline:
+            states = [v["state"] for v in handle.client.model(model)["versions"]]
+            if not any(s in _TRANSITIONAL for s in states):
+                return
+            time.sleep(0.05)
+
+    def _promote(self, args: Any) -> ServingStatus:
+        handle = self._server(args.server)
+        doc = handle.client.promote(args.model, args.version)
+        return ServingStatus([doc], handle.name, f"promoted {args.model} v{args.version} to stable")
+
+    def _rollback(self, args: Any) -> ServingStatus:
+        handle = self._server(args.server)
+        doc = handle.client.rollback(args.model)
+        return ServingStatus([doc], handle.name, f"rolled {args.model} back to v{doc.get('stable')}")
+
+    def _canary(self, args: Any) -> ServingStatus:
+        if not 0.0 <= args.weight <= 1.0:
+            raise UsageError(f"WEIGHT must be from 0 to 1, not {args.weight:g}")
+        handle = self._server(args.server)
+        doc = handle.client.canary(args.model, args.version, args.weight)
+        note = (
+            f"canary of {args.model} ended"
+            if args.weight == 0
+            else f"canary: {args.weight:.0%} of {args.model}'s traffic to v{args.version}"
+        )
+        return ServingStatus([doc], handle.name, note)
+
+    def _predict(self, args: Any) -> Any:
+        if args.version is not None and args.label is not None:
+            raise UsageError("give --version or --label, not both")
+        handle = self._server(args.server)
+        data = self._data(" ".join(args.data), "DATA")
+        return handle.client.predict(
+            args.model,
+            data,
+            version=args.version,
+            label=args.label,
+            signature_name=args.signature,
+            protocol="grpc" if args.grpc else "rest",
+        )
+
+    def _bench(self, args: Any) -> Any:
+        from workbench.bench import format_table, run_load
+
+        if args.duration is not None and args.requests is not None:
+            raise UsageError("give --duration or --requests, not both")
+        if args.clients < 1:
+            raise UsageError("--clients must be at least 1")
+        if (args.duration is not None and args.duration <= 0) or (args.requests is not None and args.requests < 1):
+            raise UsageError("--duration and --requests must be positive")
+        handle = self._server(args.server)
+        data = self._data(" ".join(args.data), "DATA")
+        client = handle.client
+        # Cast once with the model's own dtypes (and check the model exists) before any load is sent.
+        inputs = client.encode_inputs(client.signature(args.model, args.signature), data)
+        protocol = "grpc" if args.grpc else "rest"
+        result = run_load(
+            handle.grpc_target if args.grpc else handle.rest_url,
+            protocol,
+            args.model,
+            inputs,
+            concurrency=args.clients,
+            duration=None if args.requests is not None else (5.0 if args.duration is None else args.duration),
+            requests=args.requests,
+            signature_name=args.signature,
+        )
+        summary = result.summary()
+        print(format_table([summary], list(summary)))
+        return result
+
+    # ------------------------------------------------------------------------------------ user data
+    def _variable(self, name: str, what: str) -> Any:
+        namespace = self.shell.user_ns if self.shell is not None else {}
+        if name not in namespace:
+            raise UsageError(f"no variable {name!r} in the notebook for {what}")
+        return namespace[name]
+
+    def _data(self, text: str, what: str) -> Any:
+        """A user variable's value, or a JSON literal (a variable wins when a name is both)."""
+        namespace = self.shell.user_ns if self.shell is not None else {}
+        if text.isidentifier() and not keyword.iskeyword(text) and text in namespace:
+            return namespace[text]
+        try:
+            return json.loads(text)
+        except ValueError as exc:
+            if text.isidentifier():
+                raise UsageError(f"no variable {text!r} in the notebook for {what}") from None
+            raise UsageError(f"{what} is neither a variable nor JSON: {_one_line(str(exc))}") from None
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """Register ``%serve`` (``%load_ext workbench``); ``%reload_ext`` keeps the servers already started."""
+    magics = ServeMagics(ipython)
+    previous = ipython.magics_manager.registry.get(ServeMagics.__name__)
+    if previous is not None:  # servers outlive a reload of the code: don't lose track of them
+        magics.servers = getattr(previous, "servers", {})
+    ipython.register_magics(magics)

@@ -1,0 +1,564 @@
+"""The serving dashboard: versions, queries, a live latency chart and a load button, inside the notebook.
+
+Every part works on its own (``VersionsPanel``, ``QueryPanel``, ``LiveChart``, ``LoadPanel``) and
+:class:`Dashboard` puts them together. They talk to the server only through its public APIs (the management
+and stats endpoints, REST/gRPC predict), so they work for a child server, a remote one, and — read-only parts —
+a real TF Serving.
+
+Threads: button callbacks run their (network) work on a worker thread so the kernel never blocks; the chart is
+fed by a thread reading the server's server-sent stats stream; panels refresh from a polling thread. Shared
+state sits behind locks, figure updates are batched (``batch_update``) and rate-limited, and ``close()`` (or
+stopping the server's handle) stops every thread a part started.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import html
+import json
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import ipywidgets as widgets
+import numpy as np
+import requests
+
+from workbench.client import Client
+from workbench.engine.status import ServingError
+
+Server = Any  # a ServerHandle, a Client, or a REST base URL
+
+_PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf"]
+
+
+def _client(server: Server) -> Client:
+    if isinstance(server, Client):
+        return server
+    if isinstance(server, str):
+        return Client(server)
+    return server.client  # a ServerHandle
+
+
+def _set_options(dropdown: widgets.Dropdown, options: list[Any]) -> None:
+    """Replace a dropdown's options, keeping its value if still offered, else the first option."""
+    values = [o[1] if isinstance(o, tuple) else o for o in options]
+    if list(dropdown.options) == list(options):
+        return
+    current = dropdown.value
+    dropdown.options = options
+    if values:
+        dropdown.value = current if current in values else values[0]
+
+
+def _register(server: Server, part: _Part) -> None:
+    """Stopping a ServerHandle closes the widgets built on it (their threads would talk to nothing)."""
+    register = getattr(server, "on_stop", None)
+    if callable(register):
+        register(part.close)
+
+
+class _Part:
+    """Background-thread bookkeeping shared by every dashboard part."""
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def _spawn(self, target: Callable[[], None], name: str) -> threading.Thread:
+        thread = threading.Thread(target=target, name=f"workbench-{name}", daemon=True)
+        self._threads.append(thread)
+        thread.start()
+        return thread
+
+    def _run_action(
+        self,
+        work: Callable[[], Any],
+        buttons: list[widgets.Button],
+        status: widgets.HTML,
+        done: Callable[[Any], None] | None = None,
+    ) -> None:
+        """Run ``work`` off the kernel's main thread, with the buttons disabled and the outcome shown."""
+        for button in buttons:
+            button.disabled = True
+        status.value = "<i>working…</i>"
+
+        def run() -> None:
+            try:
+                result = work()
+            except (ServingError, requests.RequestException, ValueError) as exc:
+                status.value = f'<span style="color:#c00">{html.escape(str(exc))}</span>'
+            else:
+                status.value = '<span style="color:#080">done</span>'
+                if done is not None:
+                    done(result)
+            finally:
+                for button in buttons:
+                    button.disabled = False
+
+        self._threads = [t for t in self._threads if t.is_alive()]
+        self._spawn(run, "action")
+
+    @property
+    def threads(self) -> list[threading.Thread]:
+        return [t for t in self._threads if t.is_alive()]
+
+    def close(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        for thread in list(self._threads):
+            if thread is not threading.current_thread():
+                thread.join(timeout)
+
+
+# ------------------------------------------------------------------------------------------ versions
+class VersionsPanel(_Part):
+    """Every model and version with state, labels, traffic share and load errors, and the buttons to change them."""
+
+    def __init__(self, server: Server, refresh_seconds: float = 1.0) -> None:
+        super().__init__()
+        self.client = _client(server)
+        self.table = widgets.HTML()
+        self.model = widgets.Dropdown(description="model")
+        self.version = widgets.Dropdown(description="version")
+        self.promote_button = widgets.Button(description="Promote", button_style="success", tooltip="make it stable")
+        self.rollback_button = widgets.Button(description="Roll back", tooltip="stable back to the previous version")
+        self.unload_button = widgets.Button(description="Unload", button_style="warning")
+        self.load_button = widgets.Button(description="Load", tooltip="load beyond the version policy")
+        self.canary_weight = widgets.FloatSlider(
+            value=0.1, min=0.0, max=1.0, step=0.05, description="canary", readout_format=".0%"
+        )
+        self.canary_button = widgets.Button(description="Set canary", tooltip="send this share to the version")
+        self.status = widgets.HTML()
+        self.buttons = [
+            self.promote_button,
+            self.rollback_button,
+            self.unload_button,
+            self.load_button,
+            self.canary_button,
+        ]
+        self._lock = threading.Lock()
+        self._models: list[dict[str, Any]] = []
+        self._fingerprint = ""
+        self.promote_button.on_click(lambda _: self._act(lambda c, m, v: c.promote(m, v)))
+        self.rollback_button.on_click(lambda _: self._act(lambda c, m, v: c.rollback(m), needs_version=False))
+        self.unload_button.on_click(lambda _: self._act(lambda c, m, v: c.unload(m, v)))
+        self.load_button.on_click(lambda _: self._act(lambda c, m, v: c.load(m, v)))
+        self.canary_button.on_click(lambda _: self._act(lambda c, m, v: c.canary(m, v, self.canary_weight.value)))
+        self.model.observe(lambda _: self._fill_versions(), names="value")
+        self.widget = widgets.VBox([
+            self.table,
+            widgets.HBox([self.model, self.version]),
+            widgets.HBox([self.promote_button, self.rollback_button, self.load_button, self.unload_button]),
+            widgets.HBox([self.canary_weight, self.canary_button]),
+            self.status,
+        ])  # fmt: skip
+        self.refresh()
+        _register(server, self)
+        self._spawn(lambda: self._poll(refresh_seconds), "versions")
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        display(self.widget)
+
+    def refresh(self) -> None:
+        """Fetch the models and redraw if anything changed (a new export appears without a click)."""
+        try:
+            models = self.client.models()
+        except (ServingError, requests.RequestException) as exc:
+            self.status.value = f'<span style="color:#c00">{html.escape(str(exc))}</span>'
+            return
+        fingerprint = json.dumps(models, sort_keys=True)
+        with self._lock:
+            if fingerprint == self._fingerprint:
+                return
+            self._fingerprint, self._models = fingerprint, models
+        from workbench.notebook.handle import models_table_html
+
+        self.table.value = models_table_html(models)
+        _set_options(self.model, [m["name"] for m in models])
+        self._fill_versions()
+
+    def _fill_versions(self) -> None:
+        with self._lock:
+            model = next((m for m in self._models if m["name"] == self.model.value), None)
+        _set_options(self.version, [v["version"] for v in model["versions"]] if model else [])
+
+    def _poll(self, seconds: float) -> None:
+        while not self._stop.wait(seconds):
+            self.refresh()
+
+    def _act(self, action: Callable[[Client, str, int], Any], needs_version: bool = True) -> None:
+        model, version = self.model.value, self.version.value
+        if model is None or (needs_version and version is None):
+            self.status.value = '<span style="color:#c00">pick a model and a version first</span>'
+            return
+        self._run_action(
+            lambda: action(self.client, model, version), self.buttons, self.status, done=lambda _: self.refresh()
+        )
+
+
+# --------------------------------------------------------------------------------------------- query
+def example_inputs(signature: Any) -> dict[str, Any]:
+    """A valid request for a signature: zeros (or empty strings) with unknown dimensions set to 1."""
+    from workbench.engine.servable import signature_from_proto
+
+    spec = signature_from_proto("", signature)
+    example: dict[str, Any] = {}
+    for alias, tensor in spec.inputs.items():
+        shape = tuple(max(d, 1) for d in (tensor.shape if tensor.shape is not None else (1,)))
+        if tensor.dtype.kind == "O":
+            example[alias] = np.full(shape, "", dtype=object).tolist()
+        else:
+            example[alias] = np.zeros(shape, dtype=tensor.dtype).tolist()
+    return example
+
+
+class QueryPanel(_Part):
+    """Pick a model, a version or label and a signature; edit the prefilled input; send over REST or gRPC."""
+
+    def __init__(self, server: Server) -> None:
+        super().__init__()
+        self.client = _client(server)
+        self.model = widgets.Dropdown(description="model")
+        self.target = widgets.Dropdown(description="version")
+        self.signature = widgets.Dropdown(description="signature")
+        self.protocol = widgets.ToggleButtons(options=[("REST", "rest"), ("gRPC", "grpc")], value="rest")
+        self.inputs = widgets.Textarea(layout=widgets.Layout(width="100%", height="80px"))
+        self.send = widgets.Button(description="Send", button_style="primary")
+        self.response = widgets.HTML()
+        self.status = widgets.HTML()
+        self.last: Any = None
+        self.model.observe(lambda _: self._fill_targets(), names="value")
+        self.target.observe(lambda _: self._fill_signatures(), names="value")
+        self.signature.observe(lambda _: self._prefill(), names="value")
+        self.send.on_click(lambda _: self._send())
+        self.widget = widgets.VBox([
+            widgets.HBox([self.model, self.target, self.signature]),
+            self.inputs,
+            widgets.HBox([self.protocol, self.send, self.status]),
+            self.response,
+        ])  # fmt: skip
+        self.refresh()
+        _register(server, self)
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        display(self.widget)
+
+    def refresh(self) -> None:
+        try:
+            self._models = self.client.models()
+        except (ServingError, requests.RequestException) as exc:
+            self.status.value = html.escape(str(exc))
+            return
+        _set_options(self.model, [m["name"] for m in self._models])
+        self._fill_targets()
+
+    def _fill_targets(self) -> None:
+        model = next((m for m in self._models if m["name"] == self.model.value), None)
+        options: list[tuple[str, Any]] = [("default", None)]
+        if model:
+            options += [(f"label {label}", ("label", label)) for label in sorted(model["labels"])]
+            options += [
+                (f"v{v['version']}", ("version", v["version"])) for v in model["versions"] if v["state"] == "AVAILABLE"
+            ]
+        _set_options(self.target, options)
+        self._fill_signatures()
+
+    def _where(self) -> dict[str, Any]:
+        target = self.target.value
+        if target is None:
+            return {}
+        return {target[0]: target[1]}
+
+    def _fill_signatures(self) -> None:
+        if self.model.value is None:
+            self.signature.options = []
+            return
+        try:
+            signatures = self.client.metadata(self.model.value, **self._where())
+        except (ServingError, requests.RequestException) as exc:
+            self.status.value = html.escape(str(exc))
+            return
+        self._signatures = signatures
+        names = sorted(k for k in signatures.signature_def if not k.startswith("__"))
+        _set_options(self.signature, names)
+        if "serving_default" in names:
+            self.signature.value = "serving_default"
+        self._prefill()
+
+    def _prefill(self) -> None:
+        name = self.signature.value
+        if name is None:
+            return
+        self.inputs.value = json.dumps(example_inputs(self._signatures.signature_def[name]))
+
+    def _send(self) -> None:
+        try:
+            inputs = json.loads(self.inputs.value)
+        except ValueError as exc:
+            self.status.value = f'<span style="color:#c00">input is not JSON: {html.escape(str(exc))}</span>'
+            return
+        model, signature, protocol, where = self.model.value, self.signature.value, self.protocol.value, self._where()
+
+        def work() -> Any:
+            return self.client.predict(model, inputs, signature_name=signature or "", protocol=protocol, **where)
+
+        def show(prediction: Any) -> None:
+            self.last = prediction
+            body = "\n".join(f"{k}: {np.array2string(v, threshold=50)}" for k, v in sorted(prediction.items()))
+            self.response.value = (
+                f"<pre>{html.escape(body)}</pre><small>{protocol.upper()} · "
+                f"version {prediction.version if prediction.version is not None else '?'} · "
+                f"{prediction.latency_ms:.2f} ms</small>"
+            )
+
+        self._run_action(work, [self.send], self.status, done=show)
+
+
+# --------------------------------------------------------------------------------------------- chart
+class LiveChart(_Part):
+    """p50/p95/p99 latency, requests/s and mean batch size over time, one colour per model version.
+
+    Fed by the server's stats stream a few times a second; keeps the last ``window_seconds``; redraws at most
+    every ``min_redraw_seconds`` in one ``batch_update``. It keeps updating while other cells run.
+    """
+
+    def __init__(
+        self, server: Server, window_seconds: float = 60.0, interval: float = 0.25, min_redraw_seconds: float = 0.5
+    ) -> None:
+        super().__init__()
+        from plotly.subplots import make_subplots
+
+        self.client = _client(server)
+        self.url = self.client.url
+        self.interval, self.min_redraw = interval, min_redraw_seconds
+        points = max(2, int(window_seconds / interval))
+        self._series: dict[tuple[str, str], dict[str, collections.deque[Any]]] = {}
+        self._points = points
+        self._lock = threading.Lock()
+        self._dirty = False
+        self.snapshots = 0
+        figure = make_subplots(
+            rows=3,
+            cols=1,
+            shared_xaxes=True,
+            vertical_spacing=0.06,
+            subplot_titles=("latency (ms): p50 ─  p95 ┄  p99 ·", "requests / s", "mean batch size"),
+        )
+        import plotly.graph_objects as go
+
+        self.figure = go.FigureWidget(figure)
+        self.figure.update_layout(height=520, margin={"l": 50, "r": 20, "t": 40, "b": 30}, legend={"orientation": "h"})
+        self._traces: dict[tuple[str, str], dict[str, int]] = {}
+        self.widget = self.figure
+        _register(server, self)
+        self._spawn(self._read_stream, "chart-stream")
+        self._spawn(self._redraw_loop, "chart-draw")
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        display(self.figure)
+
+    def _read_stream(self) -> None:
+        """Follow the server-sent events; reconnect if the stream drops, until closed."""
+        while not self._stop.is_set():
+            try:
+                with requests.get(
+                    f"{self.url}/workbench/v1/stats/stream",
+                    params={"interval": self.interval},
+                    stream=True,
+                    timeout=(5, 30),
+                ) as response:
+                    for line in response.iter_lines():
+                        if self._stop.is_set():
+                            return
+                        if line.startswith(b"data: "):
+                            self._add(json.loads(line[6:]))
+            except (requests.RequestException, ValueError):
+                pass
+            self._stop.wait(1.0)
+
+    def _add(self, snapshot: dict[str, Any]) -> None:
+        stamp = snapshot["time"]
+        with self._lock:
+            self.snapshots += 1
+            for model, versions in snapshot["models"].items():
+                for version, entry in versions.items():
+                    if not version:  # requests that never reached a version (unknown model): not a series
+                        continue
+                    series = self._series.get((model, version))
+                    if series is None:
+                        series = self._series[(model, version)] = {
+                            k: collections.deque(maxlen=self._points)
+                            for k in ("t", "p50", "p95", "p99", "rps", "batch")
+                        }
+                    series["t"].append(stamp * 1000)
+                    series["p50"].append(entry["p50_ms"])
+                    series["p95"].append(entry["p95_ms"])
+                    series["p99"].append(entry["p99_ms"])
+                    series["rps"].append(entry["requests_per_second"])
+                    series["batch"].append(entry["mean_batch_size"])
+            self._dirty = True
+
+    def _redraw_loop(self) -> None:
+        while not self._stop.wait(self.min_redraw):
+            self.redraw()
+
+    def redraw(self) -> None:
+        with self._lock:
+            if not self._dirty:
+                return
+            self._dirty = False
+            data = {key: {k: list(v) for k, v in series.items()} for key, series in self._series.items()}
+        with self.figure.batch_update():
+            for key, series in sorted(data.items()):
+                traces = self._traces.get(key) or self._add_traces(key)
+                x = [time.strftime("%H:%M:%S", time.localtime(t / 1000)) for t in series["t"]]
+                for name, index in traces.items():
+                    self.figure.data[index].x = x
+                    self.figure.data[index].y = series[name]
+
+    def _add_traces(self, key: tuple[str, str]) -> dict[str, int]:
+        colour = _PALETTE[len(self._traces) % len(_PALETTE)]
+        label = f"{key[0]} v{key[1]}"
+        traces = {}
+        for name, row, dash, legend in (
+            ("p50", 1, "solid", True),
+            ("p95", 1, "dash", False),
+            ("p99", 1, "dot", False),
+            ("rps", 2, "solid", False),
+            ("batch", 3, "solid", False),
+        ):
+            self.figure.add_scatter(
+                x=[],
+                y=[],
+                mode="lines",
+                name=label,
+                legendgroup=label,
+                showlegend=legend,
+                line={"color": colour, "dash": dash},
+                row=row,
+                col=1,
+            )
+            traces[name] = len(self.figure.data) - 1
+        self._traces[key] = traces
+        return traces
+
+    def points(self, model: str, version: int | str) -> int:
+        """How many snapshots the chart holds for a model version."""
+        with self._lock:
+            series = self._series.get((model, str(version)))
+            return len(series["t"]) if series else 0
+
+
+# ---------------------------------------------------------------------------------------------- load
+class LoadPanel(_Part):
+    """Send N clients for T seconds through the benchmark generator, with a progress bar and a result table."""
+
+    def __init__(self, server: Server) -> None:
+        super().__init__()
+        self.client = _client(server)
+        self.model = widgets.Dropdown(description="model")
+        self.clients = widgets.IntSlider(value=16, min=1, max=128, description="clients")
+        self.seconds = widgets.FloatSlider(value=10, min=1, max=120, step=1, description="seconds")
+        self.protocol = widgets.ToggleButtons(options=[("gRPC", "grpc"), ("REST", "rest")], value="grpc")
+        self.start = widgets.Button(description="Send load", button_style="danger")
+        self.progress = widgets.FloatProgress(value=0, min=0, max=1, description="")
+        self.result = widgets.HTML()
+        self.status = widgets.HTML()
+        self.last: Any = None
+        self.start.on_click(lambda _: self._go())
+        self.widget = widgets.VBox([
+            widgets.HBox([self.model, self.protocol]),
+            widgets.HBox([self.clients, self.seconds, self.start]),
+            widgets.HBox([self.progress, self.status]),
+            self.result,
+        ])  # fmt: skip
+        with contextlib.suppress(ServingError, requests.RequestException):
+            _set_options(self.model, [m["name"] for m in self.client.models()])
+        _register(server, self)
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        display(self.widget)
+
+    def _go(self) -> None:
+        from workbench.bench import format_table, run_load
+
+        model, clients, seconds, protocol = (
+            self.model.value,
+            self.clients.value,
+            self.seconds.value,
+            self.protocol.value,
+        )
+        if model is None:
+            self.status.value = '<span style="color:#c00">no model to load</span>'
+            return
+        target = self.client.url if protocol == "rest" else self.client.grpc_target
+        if target is None:
+            self.status.value = f'<span style="color:#c00">this client has no {protocol} address</span>'
+            return
+
+        def work() -> Any:
+            signature = self.client.signature(model)
+            feeds = self.client.encode_inputs(signature, example_inputs(signature))
+            started = time.perf_counter()
+            done = threading.Event()
+
+            def tick() -> None:
+                while not done.wait(0.2):
+                    self.progress.value = min(1.0, (time.perf_counter() - started) / seconds)
+
+            ticker = threading.Thread(target=tick, daemon=True)
+            ticker.start()
+            try:
+                return run_load(target, protocol, model, feeds, concurrency=clients, duration=seconds)
+            finally:
+                done.set()
+                ticker.join()
+                self.progress.value = 1.0
+
+        def show(result: Any) -> None:
+            self.last = result
+            self.result.value = f"<pre>{html.escape(format_table([result.summary()], list(result.summary())))}</pre>"
+
+        self.progress.value = 0.0
+        self._run_action(work, [self.start], self.status, done=show)
+
+
+# ----------------------------------------------------------------------------------------- dashboard
+class Dashboard(_Part):
+    """All the parts together: versions and query side by side, the live chart, and the load button."""
+
+    def __init__(self, server: Server, window_seconds: float = 60.0) -> None:
+        super().__init__()
+        self.versions = VersionsPanel(server)
+        self.query = QueryPanel(server)
+        self.chart = LiveChart(server, window_seconds=window_seconds)
+        self.load = LoadPanel(server)
+        self.parts: list[_Part] = [self.versions, self.query, self.chart, self.load]
+        tabs = widgets.Tab(children=[self.versions.widget, self.query.widget, self.load.widget])
+        for index, title in enumerate(("Versions", "Query", "Load")):
+            tabs.set_title(index, title)
+        self.widget = widgets.VBox([tabs, self.chart.widget])
+        _register(server, self)
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        display(self.widget)
+
+    @property
+    def threads(self) -> list[threading.Thread]:
+        return [t for part in self.parts for t in part.threads]
+
+    def close(self, timeout: float = 5.0) -> None:
+        for part in self.parts:
+            part.close(timeout)
