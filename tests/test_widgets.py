@@ -145,3 +145,26 @@ def test_dashboard_composes_the_parts_and_closing_stops_every_thread(client):
     dashboard.close()
     assert dashboard.threads == []
     wait_until(lambda: workbench_threads() == [], what="dashboard threads gone")
+
+
+def test_serve_dashboard_magic(server, tmp_path):
+    """`%serve dashboard` builds the same Dashboard on a server the notebook started."""
+    from IPython.core.error import UsageError
+    from IPython.testing.globalipapp import get_ipython
+
+    import workbench
+
+    ip = get_ipython()
+    ip.run_line_magic("load_ext", "workbench")
+    handle = workbench.serve(tmp_path / "models", name="dash")
+    try:
+        dashboard = ip.run_line_magic("serve", "dashboard --server dash --window 10")
+        try:
+            assert isinstance(dashboard, workbench.Dashboard)
+            assert dashboard.versions.model.options == ("hp",)
+        finally:
+            dashboard.close()
+        with pytest.raises(UsageError, match="--window must be positive"):
+            ip.run_line_magic("serve", "dashboard --server dash --window 0")
+    finally:
+        handle.stop()

@@ -18,8 +18,18 @@ from workbench.export import ExportError, export
 if TYPE_CHECKING:
     from workbench.client import Client
     from workbench.notebook.handle import ServerHandle, serve
+    from workbench.notebook.widgets import Dashboard
 
-__all__ = ["Client", "ExportError", "ServerHandle", "__version__", "export", "load_ipython_extension", "serve"]
+__all__ = [
+    "Client",
+    "Dashboard",
+    "ExportError",
+    "ServerHandle",
+    "__version__",
+    "export",
+    "load_ipython_extension",
+    "serve",
+]
 
 
 def __getattr__(name: str) -> Any:
@@ -27,6 +37,10 @@ def __getattr__(name: str) -> Any:
         from workbench.client import Client
 
         return Client
+    if name == "Dashboard":
+        from workbench.notebook.widgets import Dashboard
+
+        return Dashboard
     if name in ("serve", "ServerHandle"):
         from workbench.notebook import handle
 

@@ -170,6 +170,14 @@ def _bench_parser(line: str) -> None:
     """Closed-loop load on MODEL; shows throughput and latency percentiles, returns the BenchResult."""
 
 
+@magic_arguments(name="%serve dashboard")
+@kwds(formatter_class=argparse.RawDescriptionHelpFormatter)
+@argument("--window", type=float, default=60.0, metavar="S", help="seconds of history on the live chart (default: 60)")
+@_SERVER_OPTION
+def _dashboard_parser(line: str) -> None:
+    """The serving dashboard: versions and their buttons, queries, a live latency chart and a load button."""
+
+
 _PARSERS: dict[str, Callable[..., Any]] = {
     "start": _start_parser,
     "stop": _stop_parser,
@@ -180,6 +188,7 @@ _PARSERS: dict[str, Callable[..., Any]] = {
     "canary": _canary_parser,
     "predict": _predict_parser,
     "bench": _bench_parser,
+    "dashboard": _dashboard_parser,
 }
 
 
@@ -458,6 +467,13 @@ class ServeMagics(Magics):
         summary = result.summary()
         print(format_table([summary], list(summary)))
         return result
+
+    def _dashboard(self, args: Any) -> Any:
+        from workbench.notebook.widgets import Dashboard
+
+        if args.window <= 0:
+            raise UsageError("--window must be positive")
+        return Dashboard(self._server(args.server), window_seconds=args.window)
 
     # ------------------------------------------------------------------------------------ user data
     def _variable(self, name: str, what: str) -> Any:
