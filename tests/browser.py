@@ -6,6 +6,7 @@ Playwright never downloads one. Where either is missing the tests skip and say w
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -86,7 +87,8 @@ def jupyterlab(root: Path) -> Iterator[str]:
                     break
             except OSError:
                 if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("JupyterLab did not start:\n" + (root / "jupyterlab.log").read_text()[-3000:])
+                    log_text = (root / "jupyterlab.log").read_text()[-3000:]
+                    raise RuntimeError("JupyterLab did not start:\n" + log_text) from None
                 time.sleep(0.2)
         yield f"{url}?token={token}".replace("?token", "/lab?token")
     finally:
@@ -104,10 +106,8 @@ def open_notebook(page, lab_url: str, name: str) -> None:  # type: ignore[no-unt
     page.wait_for_selector(".jp-NotebookPanel", timeout=120_000)
     # Older settings files or a changed default can still bring up the kernel picker: accept python3.
     picker = page.locator(".jp-Dialog button:has-text('Select')")
-    try:
+    with contextlib.suppress(Exception):  # no dialog: the kernel started by itself
         picker.click(timeout=5_000)
-    except Exception:  # noqa: BLE001 - no dialog: the kernel started by itself
-        pass
     # The status bar says "Python 3 (ipykernel) | Idle" once the kernel is up and connected.
     page.wait_for_function("() => document.body.innerText.includes('| Idle')", timeout=120_000)
 

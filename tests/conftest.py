@@ -68,3 +68,16 @@ def serve() -> Iterator[Callable[..., ServerThread]]:
 def http() -> Iterator[requests.Session]:
     with requests.Session() as session:
         yield session
+
+
+@pytest.fixture(scope="session")
+def ipython_shell():  # type: ignore[no-untyped-def]
+    """One IPython shell for every test that drives magics (IPython allows one shell instance per process)."""
+    from IPython.core.interactiveshell import InteractiveShell
+    from traitlets.config import Config
+
+    config = Config()
+    config.HistoryManager.hist_file = ":memory:"  # a test shell must not write the user's history database
+    shell = InteractiveShell.instance(config=config)
+    shell.run_line_magic("load_ext", "workbench")
+    return shell

@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
-from traitlets.config import Config
 from waiting import wait_until
 
 from workbench.bench import BenchResult, run_load
@@ -40,12 +39,8 @@ def linear(weight: float, bias: float) -> Any:
 
 
 @pytest.fixture(scope="module")
-def ip() -> InteractiveShell:
-    config = Config()
-    config.HistoryManager.hist_file = ":memory:"  # a test shell must not write the user's history database
-    shell = InteractiveShell.instance(config=config)
-    shell.run_line_magic("load_ext", "workbench")
-    return shell
+def ip(ipython_shell: InteractiveShell) -> InteractiveShell:
+    return ipython_shell
 
 
 def serve(ip: InteractiveShell, line: str) -> Any:

@@ -26,8 +26,13 @@ def client(server):
 
 
 def workbench_threads() -> list[str]:
-    return [t.name for t in threading.enumerate() if t.name.startswith("workbench-") and t.is_alive()
-            and t.name.split("-")[1] in ("versions", "action", "chart", "query", "load")]
+    return [
+        t.name
+        for t in threading.enumerate()
+        if t.name.startswith("workbench-")
+        and t.is_alive()
+        and t.name.split("-")[1] in ("versions", "action", "chart", "query", "load")
+    ]
 
 
 def settle(status) -> str:
@@ -147,15 +152,13 @@ def test_dashboard_composes_the_parts_and_closing_stops_every_thread(client):
     wait_until(lambda: workbench_threads() == [], what="dashboard threads gone")
 
 
-def test_serve_dashboard_magic(server, tmp_path):
+def test_serve_dashboard_magic(server, tmp_path, ipython_shell):
     """`%serve dashboard` builds the same Dashboard on a server the notebook started."""
     from IPython.core.error import UsageError
-    from IPython.testing.globalipapp import get_ipython
 
     import workbench
 
-    ip = get_ipython()
-    ip.run_line_magic("load_ext", "workbench")
+    ip = ipython_shell
     handle = workbench.serve(tmp_path / "models", name="dash")
     try:
         dashboard = ip.run_line_magic("serve", "dashboard --server dash --window 10")

@@ -115,3 +115,32 @@ def model_config_text(*models: tuple[str, str | os.PathLike[str], str]) -> str:
         for name, base, extra in models
     )
     return "model_config_list {\n" + entries + "}\n"
+
+
+def process_gone(pid: int) -> bool:
+    """True once ``pid`` has exited: no such process, or a zombie its parent has not reaped yet."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    """True when a new server could listen on ``port`` now (bound and listened on, then closed again)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+            sock.listen(1)
+        except OSError:
+            return False
+    return True

@@ -146,6 +146,8 @@ class Client:
 
     @staticmethod
     def _spec(spec: Any, model: str, version: int | None, label: str | None, signature_name: str = "") -> None:
+        if version is not None and label is not None:
+            raise ValueError("give a version or a label, not both")
         spec.name = model
         if version is not None:
             spec.version.value = int(version)
@@ -278,9 +280,12 @@ class Client:
             if alias not in spec.inputs:
                 raise ValueError(f"the signature has no input {alias!r} (it has {', '.join(spec.inputs)})")
             dtype = spec.inputs[alias].dtype
-            array = np.asarray(value, dtype=dtype if dtype.kind != "O" else None)
             if dtype.kind == "O":
-                array = np.vectorize(lambda s: s.encode() if isinstance(s, str) else s, otypes=[object])(array)
+                # Strings stay Python objects: numpy's fixed-width bytes would drop trailing NULs.
+                array = np.asarray(value, dtype=object)
+                array = np.vectorize(lambda v: v.encode() if isinstance(v, str) else v, otypes=[object])(array)
+            else:
+                array = np.asarray(value, dtype=dtype)
             feeds[alias] = array
         return feeds
 

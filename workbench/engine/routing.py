@@ -92,10 +92,19 @@ class Routing:
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> Routing:
+        """Parse one model's entry; a wrongly typed value raises ValueError/TypeError (the store ignores the file)."""
+
+        def version(value: Any) -> int | None:
+            if value is None:
+                return None
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"a version must be an integer, not {value!r}")
+            return value
+
         return cls(
-            stable=doc.get("stable"),
+            stable=version(doc.get("stable")),
             history=[int(v) for v in doc.get("history", [])],
-            canary=doc.get("canary"),
+            canary=version(doc.get("canary")),
             canary_weight=float(doc.get("canary_weight", 0.0)),
             pinned={int(v) for v in doc.get("pinned", [])},
             dropped={int(v) for v in doc.get("dropped", [])},

@@ -111,7 +111,9 @@ class ServerHandle:
         deadline = time.perf_counter() + timeout
         while not self._ready_path.exists():
             if self._process.poll() is not None:
-                raise ServerDied(f"workbench server {self.name!r} could not start:\n{self.log_tail()}")
+                message = f"workbench server {self.name!r} could not start:\n{self.log_tail()}"
+                self.stop()
+                raise ServerDied(message)
             if time.perf_counter() > deadline:
                 self.stop()
                 raise ServerDied(f"workbench server {self.name!r} did not answer in {timeout:g}s:\n{self.log_tail()}")
