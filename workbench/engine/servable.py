@@ -159,6 +159,16 @@ def signature_from_proto(name: str, sig: Any) -> Signature:
     )
 
 
+def signature_def_map(signature_defs: Mapping[str, Any]) -> Any:
+    """A MetaGraph's signatures as the ``tensorflow.serving.SignatureDefMap`` the metadata APIs report."""
+    from tensorflow_serving.apis import get_model_metadata_pb2
+
+    result = get_model_metadata_pb2.SignatureDefMap()
+    for key, sig in signature_defs.items():
+        result.signature_def[key].CopyFrom(sig)
+    return result
+
+
 def read_serving_meta_graph(path: str) -> Any:
     """Parse ``saved_model.pb`` (or ``.pbtxt``) and return the MetaGraphDef tagged ``serve``."""
     from google.protobuf import text_format
@@ -232,12 +242,7 @@ class SavedModelServable(Servable):
         self._callables_lock = threading.Lock()
 
     def signature_def_map(self) -> Any:
-        from tensorflow_serving.apis import get_model_metadata_pb2
-
-        result = get_model_metadata_pb2.SignatureDefMap()
-        for key, sig in self._meta_graph_signatures.items():
-            result.signature_def[key].CopyFrom(sig)
-        return result
+        return signature_def_map(self._meta_graph_signatures)
 
     def _callable(self, signature: Signature, feeds: tuple[str, ...], fetches: tuple[str, ...]) -> Any:
         key = (signature.name, feeds, fetches)
@@ -302,12 +307,7 @@ class NullServable(Servable):
                 continue
 
     def signature_def_map(self) -> Any:
-        from tensorflow_serving.apis import get_model_metadata_pb2
-
-        result = get_model_metadata_pb2.SignatureDefMap()
-        for key, sig in self._signature_defs.items():
-            result.signature_def[key].CopyFrom(sig)
-        return result
+        return signature_def_map(self._signature_defs)
 
     def _run(
         self, signature: Signature, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]

@@ -106,37 +106,31 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer, _
         return await self.call(context, body)
 
     async def Classify(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        async def body() -> Any:
-            spec = _spec(request.model_spec)
-            with self.dataplane.track(spec.name, "classify", "grpc") as call:
-                with self.dataplane.handle(spec) as servable:
-                    call.version = servable.version
-                    examples = serialized_examples(request.input)
-                    name, results = await self.dataplane.classify(
-                        servable, spec.signature_name, examples, timeout=_timeout(context)
-                    )
-                    response = classification_pb2.ClassificationResponse()
-                    _echo(response.model_spec, spec.name, servable.version, name)
-                    _fill_classifications(response.result, results)
-                    return response
-
-        return await self.call(context, body)
+        return await self._examples("classify", request, context)
 
     async def Regress(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        return await self._examples("regress", request, context)
+
+    async def _examples(self, api: str, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        """Classify and Regress: an ``Input`` of tf.Examples in, a ClassificationResult/RegressionResult out."""
+
         async def body() -> Any:
             spec = _spec(request.model_spec)
-            with self.dataplane.track(spec.name, "regress", "grpc") as call:
-                with self.dataplane.handle(spec) as servable:
-                    call.version = servable.version
-                    examples = serialized_examples(request.input)
-                    name, values = await self.dataplane.regress(
-                        servable, spec.signature_name, examples, timeout=_timeout(context)
-                    )
+            with self.dataplane.track(spec.name, api, "grpc") as call, self.dataplane.handle(spec) as servable:
+                call.version = servable.version
+                examples = serialized_examples(request.input)
+                timeout = _timeout(context)
+                if api == "classify":
+                    name, labelled = await self.dataplane.classify(servable, spec.signature_name, examples, timeout)
+                    response = classification_pb2.ClassificationResponse()
+                    _fill_classifications(response.result, labelled)
+                else:
+                    name, values = await self.dataplane.regress(servable, spec.signature_name, examples, timeout)
                     response = regression_pb2.RegressionResponse()
-                    _echo(response.model_spec, spec.name, servable.version, name)
                     for value in values:
                         response.result.regressions.add().value = value
-                    return response
+                _echo(response.model_spec, spec.name, servable.version, name)
+                return response
 
         return await self.call(context, body)
 

@@ -119,22 +119,23 @@ class RestApi:
                 return json_response(json_tensor.encode_predict_response(outputs, fmt))
 
     async def _classify(self, spec: ModelSpec, body: bytes) -> Response:
-        with self.dataplane.track(spec.name, "classify", "rest") as call:
-            signature_name, request_input = input_from_json(body)
-            with self.dataplane.handle(spec) as servable:
-                call.version = servable.version
-                examples = serialized_examples(request_input)
-                _, results = await self.dataplane.classify(servable, signature_name, examples, timeout=self.timeout)
-                return json_response(json_tensor.encode_classify_response(results))
+        return await self._examples("classify", spec, body)
 
     async def _regress(self, spec: ModelSpec, body: bytes) -> Response:
-        with self.dataplane.track(spec.name, "regress", "rest") as call:
+        return await self._examples("regress", spec, body)
+
+    async def _examples(self, api: str, spec: ModelSpec, body: bytes) -> Response:
+        """``:classify`` and ``:regress``: tf.Examples from JSON in, ``{"results": …}`` out."""
+        with self.dataplane.track(spec.name, api, "rest") as call:
             signature_name, request_input = input_from_json(body)
             with self.dataplane.handle(spec) as servable:
                 call.version = servable.version
                 examples = serialized_examples(request_input)
-                _, results = await self.dataplane.regress(servable, signature_name, examples, timeout=self.timeout)
-                return json_response(json_tensor.encode_regress_response(results))
+                if api == "classify":
+                    _, labelled = await self.dataplane.classify(servable, signature_name, examples, self.timeout)
+                    return json_response(json_tensor.encode_classify_response(labelled))
+                _, values = await self.dataplane.regress(servable, signature_name, examples, self.timeout)
+                return json_response(json_tensor.encode_regress_response(values))
 
     def _status(self, spec: ModelSpec) -> Response:
         statuses = self.dataplane.model_status(spec.name, spec.version, spec.label)
