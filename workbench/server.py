@@ -132,7 +132,7 @@ class ModelServer:
         return [
             (model["name"], version["version"], version["traffic_share"])
             for model in self.manager.describe()
-            for version in model["versions"]  # type: ignore[attr-defined]
+            for version in model["versions"]
             if version["state"] == "AVAILABLE"
         ]
 

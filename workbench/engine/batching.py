@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
@@ -240,7 +241,7 @@ class BatchScheduler:
             queue.running += 1
             started = time.perf_counter()
             future = loop.run_in_executor(self._executor, self._execute, queue, batch)
-            future.add_done_callback(lambda f, q=queue, b=batch, s=started: self._finish(q, b, s, f))
+            future.add_done_callback(functools.partial(self._finish, queue, batch, started))
         if not queue.pending and queue.running == 0 and not queue.dispatch_pending:
             key = (id(queue.servable), queue.signature.name, queue.outputs)
             if self._queues.get(key) is queue:  # a newer queue under the same key stays

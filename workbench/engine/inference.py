@@ -185,7 +185,7 @@ def classify_results(call: ExamplesCall, result: Mapping[str, np.ndarray]) -> Cl
             raise invalid_argument(f"Expected Tensor shape: [batch_size num_classes] but got {_shape(tensor)}")
         if tensor.shape[0] != n:
             raise invalid_argument(f"Input batch size did not match output batch size: {n} vs. {tensor.shape[0]}")
-        if num_classes is not None and tensor.shape[1] != num_classes:
+        if num_classes is not None and tensor.shape[1] != num_classes and classes is not None and scores is not None:
             raise invalid_argument(
                 f"Tensors class and score should match in shape, but got {_shape(classes)} vs. {_shape(scores)}"
             )
@@ -199,8 +199,8 @@ def classify_results(call: ExamplesCall, result: Mapping[str, np.ndarray]) -> Cl
     for i in range(n):
         row = []
         for j in range(num_classes):
-            label = classes[i, j] if classes is not None else b""
-            label = label.decode("utf-8", "replace") if isinstance(label, bytes) else str(label)
+            raw = classes[i, j] if classes is not None else b""
+            label = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
             score = float(scores[i, j]) if scores is not None else 0.0
             row.append((label, score))
         out.append(row)

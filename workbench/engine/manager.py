@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from workbench.engine.options import ModelConfig
 from workbench.engine.routing import Routing, RoutingStore
@@ -425,7 +426,7 @@ class Manager:
     def add_routing_listener(self, listener: Callable[[str], None]) -> None:
         self._routing_listeners.append(listener)
 
-    def describe(self, name: str | None = None) -> list[dict[str, object]]:
+    def describe(self, name: str | None = None) -> list[dict[str, Any]]:
         """Every model (or one) with its versions, states, labels, traffic shares and routing, JSON-ready."""
         with self._lock:
             if name is not None:
@@ -506,9 +507,9 @@ class Manager:
                             return servable
                 else:
                     record = model.versions.get(version)
-                    available_record = record is not None and record.state == VersionState.AVAILABLE
-                    if available_record and record.servable is not None and record.servable.acquire():
-                        return record.servable
+                    chosen = record.servable if record is not None and record.state == VersionState.AVAILABLE else None
+                    if chosen is not None and chosen.acquire():
+                        return chosen
         if version is None:
             raise ServingError(Code.NOT_FOUND, f"Servable not found for request: Latest({name})")
         raise ServingError(Code.NOT_FOUND, f"Servable not found for request: Specific({name}, {version})")

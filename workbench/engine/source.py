@@ -28,7 +28,7 @@ def parse_version(folder_name: str) -> int | None:
 
 def _fingerprint(path: str) -> tuple[int, ...]:
     """Changes when a version folder's top-level files change, so a fixed, failed version is retried."""
-    stamps = []
+    stamps: list[int] = []
     for candidate in (path, os.path.join(path, "saved_model.pb"), os.path.join(path, "variables")):
         try:
             st = os.stat(candidate)

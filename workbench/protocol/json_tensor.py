@@ -216,9 +216,9 @@ def decode_tensor(value: Any, spec: TensorSpec, fast: bool = False) -> np.ndarra
     """
     dtype = spec.dtype
     if dtype.kind != "O" and fast:
-        fast = _numeric_fast_path(value, dtype)
-        if fast is not None:
-            return fast
+        converted = _numeric_fast_path(value, dtype)
+        if converted is not None:
+            return converted
     return _walk(value, spec)
 
 
