@@ -22,6 +22,19 @@ from workbench.engine.options import ServerOptions  # noqa: E402
 from workbench.server import ServerThread  # noqa: E402
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_runtime_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Servers started by tests register in a folder of the test session's, not the user's Jupyter runtime."""
+    folder = tmp_path_factory.mktemp("jupyter-runtime")
+    previous = os.environ.get("WORKBENCH_RUNTIME_DIR")
+    os.environ["WORKBENCH_RUNTIME_DIR"] = str(folder)  # inherited by the server processes tests start
+    yield folder
+    if previous is None:
+        os.environ.pop("WORKBENCH_RUNTIME_DIR", None)
+    else:
+        os.environ["WORKBENCH_RUNTIME_DIR"] = previous
+
+
 @pytest.fixture(scope="session")
 def model_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One copy of every test model; tests copy versions from here into their own repositories."""

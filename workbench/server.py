@@ -37,6 +37,7 @@ from workbench.engine.warmup import warm_up
 from workbench.frontends.grpc import start_grpc_server
 from workbench.frontends.management import management_routes
 from workbench.frontends.rest import create_app
+from workbench.jupyter import registry  # Jupyter's server extension lists and proxies running servers
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +118,7 @@ class ModelServer:
         self._config_thread: threading.Thread | None = None
         self._config_text: str | None = None
         self.started_at: float | None = None
+        self._registry_id: str | None = None  # our record for Jupyter (workbench.jupyter.registry)
 
     def _on_state_change(self, model: str, version: int, state: VersionState) -> None:
         self.metrics.set_version_state(model, version, state == VersionState.AVAILABLE)
@@ -222,6 +224,8 @@ class ModelServer:
         self.started_at = time.time()
         if options.parent_pid:
             threading.Thread(target=self._watch_parent, name="workbench-parent", daemon=True).start()
+        # Recorded once it answers, before the ready file so a started handle is listed; never raises.
+        self._registry_id = registry.register_server(options, self.rest_port, self.grpc_port, self.started_at)
         if options.ready_file:
             write_ready_file(options.ready_file, self.health())
 
@@ -266,6 +270,9 @@ class ModelServer:
 
     async def stop(self) -> None:
         self._stopping.set()
+        if self._registry_id is not None:  # first: Jupyter stops listing and proxying a server going away
+            registry.unregister(self._registry_id)
+            self._registry_id = None
         if self._stopped is not None:
             self._stopped.set()
         if self._grpc is not None:

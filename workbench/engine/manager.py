@@ -279,6 +279,10 @@ class Manager:
             finished = all(r.state == VersionState.END for r in model.versions.values())
             if model.removed and finished and self._models.get(model.config.name) is model:
                 del self._models[model.config.name]
+            elif not model.removed:
+                # Aspired again while it was unloading (a load right after an unload): load it anew. Done under
+                # the same lock as END, so a waiter never mistakes this unload's END for a failed load.
+                self._reconcile(model)
             self._settled.notify_all()
 
     def _set_state(self, model: _Model, record: VersionRecord, state: VersionState) -> None:

@@ -195,6 +195,18 @@ class ServerHandle:
         return f"127.0.0.1:{self.grpc_port}"
 
     @property
+    def proxy_url(self) -> str | None:
+        """The REST API's path through jupyter-server-proxy, when this kernel runs behind JupyterHub or Binder.
+
+        There only the Jupyter server's port reaches the browser; jupyter-server-proxy forwards
+        ``<prefix>proxy/<port>/`` to ``127.0.0.1:<port>``. The prefix is the hub's ``JUPYTERHUB_SERVICE_PREFIX``.
+        """
+        prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX")
+        if not prefix or not self.running:
+            return None
+        return f"{prefix.rstrip('/')}/proxy/{self.rest_port}/"
+
+    @property
     def client(self) -> Client:
         """A :class:`~workbench.client.Client` for this server (REST by default, gRPC with ``protocol="grpc"``)."""
         self.check()
@@ -230,9 +242,10 @@ class ServerHandle:
         state = "running" if self.running else "stopped"
         if not self.running:
             return f"<workbench server {self.name!r}: {state}, repository {self.repository}>"
+        proxied = f", browser {self.proxy_url}" if self.proxy_url else ""
         return (
             f"<workbench server {self.name!r}: {state}, REST http://127.0.0.1:{self.rest_port}, "
-            f"gRPC 127.0.0.1:{self.grpc_port}, repository {self.repository}>"
+            f"gRPC 127.0.0.1:{self.grpc_port}{proxied}, repository {self.repository}>"
         )
 
     def _repr_html_(self) -> str:
@@ -297,7 +310,7 @@ def serve(
     Ports are free picks unless given; ``batching=True`` turns dynamic batching on with TF Serving's defaults,
     ``batching_parameters`` names a BatchingParameters text file. The server stops with the kernel.
     """
-    return ServerHandle(
+    handle = ServerHandle(
         repository,
         name=name,
         rest_port=rest_port,
@@ -305,6 +318,9 @@ def serve(
         batching=batching,
         batching_parameters=batching_parameters,
     ).start(timeout)
+    if handle.proxy_url:  # behind a hub, the browser reaches the REST API only through the Jupyter server
+        print(f"workbench server {name!r}: REST API in the browser at {handle.proxy_url}")
+    return handle
 
 
 def running_servers() -> list[ServerHandle]:
