@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import statistics
 import struct
@@ -82,7 +83,7 @@ def h2load(target: str, body: Path, clients: int, duration: float, log: Path) ->
     if "finished in" not in out:
         raise RuntimeError(f"h2load failed: {' '.join(command)}\n{out[-2000:]}{run.stderr[-2000:]}")
     rps = next(float(line.split()[3]) for line in out.splitlines() if line.startswith("finished in"))
-    failed = next(int(line.split()[7]) for line in out.splitlines() if line.startswith("requests:"))
+    failed = int(re.search(r"(\d+) failed", out).group(1))  # type: ignore[union-attr]
     latencies = [int(line.split()[2]) / 1000 for line in log.read_text().splitlines() if line.strip()]
     log.unlink()
     return {

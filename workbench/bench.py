@@ -10,6 +10,7 @@ client on asyncio streams, a few times cheaper per request than a general HTTP c
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import json
 import time
@@ -196,14 +197,26 @@ def _blank(result: BenchResult) -> dict[str, Any]:
 
 
 def run_load(target: str, protocol: str, model: str, inputs: Mapping[str, np.ndarray], **kwargs: Any) -> BenchResult:
-    """Synchronous :func:`run_load_async`, on a fresh event loop (uvloop when available)."""
+    """Synchronous :func:`run_load_async`, on a fresh event loop (uvloop when available).
+
+    A Jupyter kernel already runs an asyncio loop in its main thread, and a thread can run only one loop: there the
+    load runs on a worker thread of its own.
+    """
     from workbench._loop import new_event_loop
 
-    loop = new_event_loop()
+    def run() -> BenchResult:
+        loop = new_event_loop()
+        try:
+            return loop.run_until_complete(run_load_async(target, protocol, model, inputs, **kwargs))
+        finally:
+            loop.close()
+
     try:
-        return loop.run_until_complete(run_load_async(target, protocol, model, inputs, **kwargs))
-    finally:
-        loop.close()
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return run()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="workbench-bench") as pool:
+        return pool.submit(run).result()
 
 
 def format_table(rows: list[dict[str, Any]], columns: list[str]) -> str:

@@ -405,7 +405,8 @@ def _write_warmup_and_verify(name: str, path: Path, examples: Any) -> tuple[dict
     from workbench.engine.status import Code, ServingError
 
     try:
-        servable = load_saved_model(name, 0, str(path))
+        with quiet_tensorflow():  # "Restoring parameters from ..." must not land in the user's cell
+            servable = load_saved_model(name, 0, str(path))
     except Exception as exc:
         raise ExportError(f"The exported model failed its check: it does not load: {_one_line(exc)}") from exc
     try:

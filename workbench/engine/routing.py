@@ -34,9 +34,10 @@ class Routing:
     canary_weight: float = 0.0
     pinned: set[int] = dataclasses.field(default_factory=set)
     dropped: set[int] = dataclasses.field(default_factory=set)
-    # Deterministic split: each default request adds the canary weight; a full unit goes to the canary. Over N
-    # requests the canary gets round(N * weight) of them, without the noise of a random draw.
-    _credit: float = dataclasses.field(default=0.0, repr=False, compare=False)
+    # Deterministic split: the canary gets a request whenever its count falls behind weight * requests, so over
+    # N requests it gets floor(N * weight) of them (integers: no float drift), without a random draw's noise.
+    _requests: int = dataclasses.field(default=0, repr=False, compare=False)
+    _canary_hits: int = dataclasses.field(default=0, repr=False, compare=False)
 
     def required(self) -> set[int]:
         """Versions that must stay loaded: the stable one, the one a rollback returns to, the canary, pins."""
@@ -57,9 +58,10 @@ class Routing:
     def pick(self, available: set[int]) -> int:
         """The version a request that names none runs on (``available`` is not empty)."""
         if self.canary in available and self.canary_weight > 0:
-            self._credit += self.canary_weight
-            if self._credit >= 1.0:
-                self._credit -= 1.0
+            self._requests += 1
+            # Exact in integers: weights are compared in millionths.
+            if (self._canary_hits + 1) * 1_000_000 <= self._requests * round(self.canary_weight * 1_000_000):
+                self._canary_hits += 1
                 return self.canary  # type: ignore[return-value]
         if self.stable in available:
             return self.stable  # type: ignore[return-value]

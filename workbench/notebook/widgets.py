@@ -309,13 +309,13 @@ class QueryPanel(_Part):
             return self.client.predict(model, inputs, signature_name=signature or "", protocol=protocol, **where)
 
         def show(prediction: Any) -> None:
-            self.last = prediction
             body = "\n".join(f"{k}: {np.array2string(v, threshold=50)}" for k, v in sorted(prediction.items()))
             self.response.value = (
                 f"<pre>{html.escape(body)}</pre><small>{protocol.upper()} · "
                 f"version {prediction.version if prediction.version is not None else '?'} · "
                 f"{prediction.latency_ms:.2f} ms</small>"
             )
+            self.last = prediction  # last: whoever waits on it finds the response already shown
 
         self._run_action(work, [self.send], self.status, done=show)
 
@@ -526,8 +526,8 @@ class LoadPanel(_Part):
                 self.progress.value = 1.0
 
         def show(result: Any) -> None:
-            self.last = result
             self.result.value = f"<pre>{html.escape(format_table([result.summary()], list(result.summary())))}</pre>"
+            self.last = result  # last: whoever waits on it finds the table already shown
 
         self.progress.value = 0.0
         self._run_action(work, [self.start], self.status, done=show)
