@@ -249,15 +249,11 @@ def test_a_kernel_exiting_normally_stops_its_server_at_exit(tmp_path, model_stor
             os.kill(info["pid"], signal.SIGKILL)
 
 
-def test_proxy_url_behind_a_hub(monkeypatch, tmp_path):
+def test_proxy_url_behind_a_hub(first, monkeypatch, tmp_path):
     """On Binder/JupyterHub the browser reaches the REST API through jupyter-server-proxy at <prefix>proxy/<port>/."""
-    from workbench.notebook.handle import ServerHandle
-
-    handle = ServerHandle(tmp_path / "repo")
     monkeypatch.delenv("JUPYTERHUB_SERVICE_PREFIX", raising=False)
-    assert handle.proxy_url is None  # not started, and no hub
-    monkeypatch.setattr(ServerHandle, "running", property(lambda self: True))
-    handle.rest_port = 41234
-    assert handle.proxy_url is None
+    assert first.proxy_url is None  # no hub
+    assert ServerHandle(tmp_path / "repo").proxy_url is None  # not started
     monkeypatch.setenv("JUPYTERHUB_SERVICE_PREFIX", "/user/ada/")
-    assert handle.proxy_url == "/user/ada/proxy/41234/"
+    assert first.proxy_url == f"/user/ada/proxy/{first.rest_port}/"
+    assert f"browser /user/ada/proxy/{first.rest_port}/" in repr(first)

@@ -148,9 +148,6 @@ class BatchScheduler:
         self._listener = listener
         self._queues: dict[tuple[int, str, tuple[str, ...]], _Queue] = {}
 
-    def parameters(self, servable: Servable) -> BatchingParameters | None:
-        return self._params_for(servable)
-
     def queue_depths(self) -> list[tuple[str, int, int]]:
         """(model, version, rows waiting) for every servable with a live queue."""
         depths: dict[tuple[str, int], int] = {}

@@ -116,7 +116,6 @@ class Manager:
         self._executor = ThreadPoolExecutor(max_workers=max(1, load_threads), thread_name_prefix="workbench-load")
         self._closed = False
         self._listeners: list[StateListener] = []
-        self._routing_listeners: list[Callable[[str], None]] = []
 
     # ----------------------------------------------------------------------------------------- config
     def set_models(self, configs: Iterable[ModelConfig]) -> None:
@@ -421,14 +420,6 @@ class Manager:
         if model is not None and not model.removed:
             self._update_aspired(model)
         self._store.save(self._routings)
-        for listener in list(self._routing_listeners):
-            try:
-                listener(name)
-            except Exception:  # noqa: BLE001 - listeners must not break the manager
-                log.exception("routing listener failed")
-
-    def add_routing_listener(self, listener: Callable[[str], None]) -> None:
-        self._routing_listeners.append(listener)
 
     def describe(self, name: str | None = None) -> list[dict[str, Any]]:
         """Every model (or one) with its versions, states, labels, traffic shares and routing, JSON-ready."""
@@ -554,10 +545,6 @@ class Manager:
     def model_names(self) -> list[str]:
         with self._lock:
             return sorted(n for n, m in self._models.items() if not m.removed)
-
-    def is_settled(self) -> bool:
-        with self._lock:
-            return self._settled_locked()
 
     def _settled_locked(self) -> bool:
         for model in self._models.values():

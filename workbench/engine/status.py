@@ -7,7 +7,6 @@ using the table below (the one in TF Serving's REST handler), so a rule about er
 from __future__ import annotations
 
 import enum
-from typing import NoReturn
 
 
 class Code(enum.IntEnum):
@@ -78,14 +77,6 @@ def invalid_argument(message: str) -> ServingError:
     return ServingError(Code.INVALID_ARGUMENT, message)
 
 
-def not_found(message: str) -> ServingError:
-    return ServingError(Code.NOT_FOUND, message)
-
-
-def failed_precondition(message: str) -> ServingError:
-    return ServingError(Code.FAILED_PRECONDITION, message)
-
-
 def from_exception(exc: BaseException) -> ServingError:
     """Map anything raised while serving to a ServingError, keeping TensorFlow's own codes.
 
@@ -102,7 +93,3 @@ def from_exception(exc: BaseException) -> ServingError:
         except ValueError:
             pass
     return ServingError(Code.INTERNAL, f"{type(exc).__name__}: {exc}")
-
-
-def raise_invalid(message: str) -> NoReturn:
-    raise invalid_argument(message)
