@@ -103,6 +103,14 @@ def test_two_servers_of_one_process_have_their_own_records(
     assert [r.rest_port for r in registry.list_servers()] == [first.server.rest_port]
 
 
+def test_a_given_name_is_the_records_name(
+    runtime_dir: Path, serve: Callable[..., ServerThread], make_repo: Callable[..., Path]
+) -> None:
+    serve(model_repository=str(make_repo("hp", {1: "hp2_tf2"}).parent), server_name="experiments")
+    (record,) = registry.list_servers()
+    assert record.name == "experiments"
+
+
 def test_a_server_without_rest_is_listed(
     runtime_dir: Path, serve: Callable[..., ServerThread], make_repo: Callable[..., Path]
 ) -> None:
@@ -204,7 +212,8 @@ def test_a_workbench_serve_process_records_itself_and_a_killed_one_is_cleaned(
     try:
         (record,) = registry.list_servers()  # recorded before the ready file: listed once start() returns
         assert (record.pid, record.rest_port, record.grpc_port) == (handle.pid, handle.rest_port, handle.grpc_port)
-        assert record.name == "models" and record.process_start is not None
+        # A notebook's server is listed under the handle's name (--server_name), not its folder's.
+        assert record.name == "child" and record.process_start is not None
         handle.stop()  # SIGTERM: the server removes its record on the way out
         assert registry.list_servers() == [] and list(runtime_dir.iterdir()) == []
 

@@ -94,6 +94,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     _flag(p, "model_repository", str, "", "serve every model folder under this root (models come and go with folders)")
     _flag(p, "management_state_file", str, "", "where promotions, canaries and pins persist (JSON)")
     _flag(p, "management_token", str, "", "require this bearer token for the management API's changes")
+    _flag(p, "server_name", str, "", "this server's name in Jupyter's sidebar (default: its repository folder)")
     _flag(p, "ready_file", str, "", "write the ports as JSON here once the server answers")
     _flag(p, "parent_pid", int, 0, "stop when this process exits (set by notebook handles)")
     for name in UNSUPPORTED_TF_SERVING_FLAGS:
@@ -146,6 +147,7 @@ def _serve(args: argparse.Namespace) -> int:
         model_repository=args.model_repository,
         management_state_file=args.management_state_file,
         management_token=args.management_token,
+        server_name=args.server_name,
         ready_file=args.ready_file,
         parent_pid=args.parent_pid,
     )

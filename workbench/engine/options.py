@@ -96,6 +96,7 @@ class ServerOptions:
     model_repository: str = ""
     management_state_file: str = ""
     management_token: str = ""
+    server_name: str = ""  # shown by the Jupyter sidebar; a notebook handle passes its own name
     ready_file: str = ""
     parent_pid: int = 0
 

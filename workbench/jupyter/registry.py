@@ -43,6 +43,7 @@ class _Options(Protocol):
     model_repository: str
     model_config_file: str
     model_base_path: str
+    server_name: str
     management_token: str
 
 
@@ -122,7 +123,9 @@ def is_valid_id(server_id: str) -> bool:
 
 
 def server_name(options: _Options) -> str:
-    """A human name for a server (ServerOptions has none): its repository folder, config file or model."""
+    """A human name for a server: the one it was given, else its repository folder, config file or model."""
+    if options.server_name:
+        return options.server_name
     if options.model_repository:
         return Path(options.model_repository).resolve().name or "default"
     if options.model_config_file:

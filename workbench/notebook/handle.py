@@ -76,6 +76,7 @@ class ServerHandle:
             f"--port={self._grpc_port_asked or 0}",
             f"--rest_api_port={self._rest_port_asked or -1}",
             f"--file_system_poll_wait_seconds={self.poll_seconds}",
+            f"--server_name={self.name}",
             f"--ready_file={self._ready_path}",
             f"--parent_pid={os.getpid()}",
         ]  # fmt: skip
