@@ -74,7 +74,9 @@ def jupyterlab(root: Path) -> Iterator[str]:
     process = subprocess.Popen(
         [sys.executable, "-m", "jupyter", "lab", "--no-browser", f"--port={port}", "--ServerApp.ip=127.0.0.1",
          f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}", "--ServerApp.open_browser=False",
-         "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate", "--allow-root"],
+         "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate", "--allow-root",
+         # A workspace of the test's own: the user's saved layout (an open sidebar, say) must not leak in.
+         f"--LabApp.workspaces_dir={root / '.lab-workspaces'}"],
         cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"

@@ -50,24 +50,22 @@ def test_dashboard_renders_in_jupyterlab(tmp_path):
 
 
 def _drive(page, lab: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    if True:
-        if True:
-            open_notebook(page, lab, "dashboard.ipynb")
-            run_all_cells(page)
-            # The versions table (server state through the management API) and the canary in it.
-            page.wait_for_selector(".jp-OutputArea-output td:has-text('half_plus_two')", timeout=180_000)
-            page.wait_for_selector(".jp-OutputArea-output td:has-text('canary')", timeout=60_000)
-            # The live chart: plotly drew lines for both versions from the stats stream, under load.
-            page.wait_for_selector(".js-plotly-plot", timeout=120_000)
-            page.wait_for_function(
-                "() => [...document.querySelectorAll('.js-plotly-plot .scatterlayer .trace path.js-line')]"
-                ".filter(p => (p.getAttribute('d') || '').length > 40).length >= 4",
-                timeout=120_000,
-            )
-            page.wait_for_timeout(3000)  # a few more snapshots on the chart
-            shot = tmp_path / "dashboard.png"
-            page.screenshot(path=str(shot), full_page=True)
-            assert shot.stat().st_size > 20_000
-            if os.environ.get("WORKBENCH_UPDATE_SCREENSHOTS"):
-                SCREENSHOT.parent.mkdir(exist_ok=True)
-                shutil.copy(shot, SCREENSHOT)
+    open_notebook(page, lab, "dashboard.ipynb")
+    run_all_cells(page)
+    # The versions table (server state through the management API) and the canary in it.
+    page.wait_for_selector(".jp-OutputArea-output td:has-text('half_plus_two')", timeout=180_000)
+    page.wait_for_selector(".jp-OutputArea-output td:has-text('canary')", timeout=60_000)
+    # The live chart: plotly drew lines for both versions from the stats stream, under load.
+    page.wait_for_selector(".js-plotly-plot", timeout=120_000)
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('.js-plotly-plot .scatterlayer .trace path.js-line')]"
+        ".filter(p => (p.getAttribute('d') || '').length > 40).length >= 4",
+        timeout=120_000,
+    )
+    page.wait_for_timeout(3000)  # a few more snapshots on the chart
+    shot = tmp_path / "dashboard.png"
+    page.screenshot(path=str(shot), full_page=True)
+    assert shot.stat().st_size > 20_000
+    if os.environ.get("WORKBENCH_UPDATE_SCREENSHOTS"):
+        SCREENSHOT.parent.mkdir(exist_ok=True)
+        shutil.copy(shot, SCREENSHOT)

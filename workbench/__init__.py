@@ -48,6 +48,15 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'workbench' has no attribute {name!r}")
 
 
+def _jupyter_labextension_paths() -> list[dict[str, str]]:
+    """Where the prebuilt JupyterLab extension (the "Model serving" sidebar, built from ``extension/``) lies.
+
+    ``jupyter labextension develop`` reads this to link ``workbench/labextension`` into JupyterLab's paths; a
+    wheel installs the same folder as shared data.
+    """
+    return [{"src": "labextension", "dest": "workbench-jupyterlab"}]
+
+
 def load_ipython_extension(ipython: Any) -> None:
     """``%load_ext workbench``: register the ``%serve`` magics."""
     from workbench.notebook.magics import load_ipython_extension as load
