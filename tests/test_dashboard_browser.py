@@ -62,7 +62,13 @@ def _drive(page, lab: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-d
         ".filter(p => (p.getAttribute('d') || '').length > 40).length >= 4",
         timeout=120_000,
     )
-    page.wait_for_timeout(3000)  # a few more snapshots on the chart
+    # The chart is live before the picture: its lines are redrawn from a newer snapshot.
+    lines = (
+        "() => [...document.querySelectorAll('.js-plotly-plot .scatterlayer .trace path.js-line')]"
+        ".map(p => p.getAttribute('d')).join('|')"
+    )
+    drawn = page.evaluate(lines)
+    page.wait_for_function(f"() => ({lines})() !== {json.dumps(drawn)}", timeout=60_000)
     shot = tmp_path / "dashboard.png"
     page.screenshot(path=str(shot), full_page=True)
     assert shot.stat().st_size > 20_000

@@ -81,7 +81,15 @@ def _promote_from_the_sidebar(page, lab: str, tmp_path: Path) -> None:  # type: 
     assert described.json()["labels"]["stable"] == 2
 
     update_docs = bool(os.environ.get("WORKBENCH_UPDATE_SCREENSHOTS"))
-    page.wait_for_timeout(30_000 if update_docs else 2_000)  # the docs' picture shows half a minute of sparkline
+    # The rate sparkline has drawn several points (the docs' picture: its full half minute).
+    points = 30 if update_docs else 3
+    model.locator(".jp-mod-rate path").wait_for(timeout=10_000)
+    wait_until(
+        lambda: (model.locator(".jp-mod-rate path").get_attribute("d") or "").count("L") >= points - 1,
+        timeout=points + 30,
+        interval=0.5,
+        what=f"{points} points on the rate sparkline",
+    )
     shot = tmp_path / "sidebar.png"
     page.screenshot(path=str(shot))
     assert shot.stat().st_size > 20_000

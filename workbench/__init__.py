@@ -51,8 +51,8 @@ def __getattr__(name: str) -> Any:
 def _jupyter_labextension_paths() -> list[dict[str, str]]:
     """Where the prebuilt JupyterLab extension (the "Model serving" sidebar, built from ``extension/``) lies.
 
-    ``jupyter labextension develop`` reads this to link ``workbench/labextension`` into JupyterLab's paths; a
-    wheel installs the same folder as shared data.
+    ``jupyter-builder develop`` (run by ``make install``) reads this to link ``workbench/labextension`` into
+    JupyterLab's paths; a wheel installs the same folder as shared data.
     """
     return [{"src": "labextension", "dest": "workbench-jupyterlab"}]
 
