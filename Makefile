@@ -3,13 +3,23 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-DEMO   := demo-models
+DEMO   ?= demo-models
+# `make serve`'s ports: TF Serving's defaults.
+GRPC_PORT ?= 8500
+REST_PORT ?= 8501
+# Extra arguments for JupyterLab (`make lab LAB_ARGS="--no-browser --port=8900"`).
+LAB_ARGS ?=
+# JupyterLab refuses to start as root without --allow-root, and root is how containers, cloud notebooks and CI
+# machines run it.
+LAB_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
+WHEEL_DIR ?= dist
 # The JupyterLab sidebar: TypeScript in extension/, built into the Python package (and shipped in its wheel).
 LABEXT      := workbench/labextension/package.json
+LABEXT_LINK := $(VENV)/share/jupyter/labextensions/workbench-serving-jupyterlab
 EXT_SOURCES := $(wildcard extension/src/*.ts extension/src/*.tsx extension/style/*) \
                extension/package.json extension/package-lock.json extension/tsconfig.json
 
-.PHONY: install lab serve test test-extension bench lint clean
+.PHONY: install lab serve test test-extension wheel lint clean
 
 install: $(STAMP) $(LABEXT)
 
@@ -18,6 +28,9 @@ install: $(STAMP) $(LABEXT)
 $(STAMP): pyproject.toml extension/package.json extension/package-lock.json
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	@# `develop` below links the built extension into the venv; a reinstall would copy the wheel's shared data
+	@# through that link into workbench/labextension (install.json there breaks the next wheel build).
+	test ! -L $(LABEXT_LINK) || rm $(LABEXT_LINK)
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	$(BIN)/jupyter-builder develop --overwrite workbench
 	touch $(STAMP)
@@ -29,13 +42,20 @@ $(LABEXT): $(EXT_SOURCES) | $(STAMP)
 	touch $(LABEXT)
 
 lab: install
-	$(BIN)/jupyter lab notebooks/
+	$(BIN)/jupyter lab $(LAB_ROOT) $(LAB_ARGS) notebooks/
 
 $(DEMO)/models.config: | install
 	$(BIN)/workbench demo $(DEMO)
 
 serve: install $(DEMO)/models.config
-	$(BIN)/workbench serve --port=8500 --rest_api_port=8501 --model_config_file=$(DEMO)/models.config
+	$(BIN)/workbench serve --port=$(GRPC_PORT) --rest_api_port=$(REST_PORT) --model_config_file=$(DEMO)/models.config
+
+# The wheel users install: the extension in its production build inside (no Node.js needed to install it).
+# Built without isolation, with the build backends the dev extras installed; the hook sees the fresh build
+# and does not run npm again.
+wheel: install
+	cd extension && PATH="$(abspath $(BIN)):$$PATH" npm run build:prod
+	$(BIN)/python -m pip wheel --quiet --no-deps --no-build-isolation --wheel-dir $(WHEEL_DIR) .
 
 test: install test-extension
 	$(BIN)/python -m pytest
@@ -50,4 +70,4 @@ lint: install
 	cd extension && npx tsc --noEmit -p tsconfig.test.json
 
 clean:
-	rm -rf $(VENV) $(DEMO) .pytest_cache workbench/labextension extension/node_modules extension/lib extension/tsconfig.tsbuildinfo
+	rm -rf $(VENV) $(DEMO) $(WHEEL_DIR) .pytest_cache workbench/labextension extension/node_modules extension/lib extension/tsconfig.tsbuildinfo

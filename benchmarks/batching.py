@@ -10,6 +10,10 @@ targets, writes benchmarks/results/batching.json. All figures come from one run,
 
 Load comes from h2load (Debian's nghttp2-client) when it is installed, else from workbench's own Python
 generator (`workbench bench`), which saturates sooner; the table says which.
+
+Every request must succeed: a run in which any fails stops the benchmark (figures with failures in them compare
+nothing). Success is counted by the server, from TF Serving's `request_count` metric by status, because h2load
+judges a response by its HTTP status alone, and a gRPC error is an HTTP 200 with an error trailer.
 """
 
 from __future__ import annotations
@@ -45,16 +49,27 @@ num_batch_threads { value: 1 }
 MONITORING = 'prometheus_config { enable: true path: "/metrics" }\n'
 
 
-def batch_histogram(rest_url: str, model: str) -> tuple[float, float]:
-    """(sum, count) of workbench_batch_size for ``model``: deltas give the mean batch size of a run."""
+def server_counters(rest_url: str, model: str) -> tuple[float, float, float]:
+    """(examples, batches, failed requests) so far for ``model``, from the server's Prometheus metrics.
+
+    Deltas over a run give its mean batch size (workbench_batch_size's sum / count) and how many of its requests
+    failed (TF Serving's request_count with a status other than OK).
+    """
     text = urllib.request.urlopen(f"{rest_url}/metrics", timeout=10).read().decode()
-    total = count = 0.0
+    examples = batches = failed = 0.0
     for line in text.splitlines():
+        value = line.rsplit(" ", 1)[-1]
         if line.startswith("workbench_batch_size_sum") and f'model="{model}"' in line:
-            total += float(line.rsplit(" ", 1)[1])
+            examples += float(value)
         elif line.startswith("workbench_batch_size_count") and f'model="{model}"' in line:
-            count += float(line.rsplit(" ", 1)[1])
-    return total, count
+            batches += float(value)
+        elif (
+            line.startswith(":tensorflow:serving:request_count")
+            and f'model_name="{model}"' in line
+            and 'status="OK"' not in line
+        ):
+            failed += float(value)
+    return examples, batches, failed
 
 
 def h2load(target: str, body: Path, clients: int, duration: float, log: Path) -> dict[str, float]:
@@ -83,24 +98,27 @@ def h2load(target: str, body: Path, clients: int, duration: float, log: Path) ->
     if "finished in" not in out:
         raise RuntimeError(f"h2load failed: {' '.join(command)}\n{out[-2000:]}{run.stderr[-2000:]}")
     rps = next(float(line.split()[3]) for line in out.splitlines() if line.startswith("finished in"))
-    failed = int(re.search(r"(\d+) failed", out).group(1))  # type: ignore[union-attr]
+    # Streams h2load saw broken or timed out; its "failed" count is about HTTP statuses, which gRPC does not use.
+    broken = sum(int(re.search(rf"(\d+) {what}", out).group(1)) for what in ("errored", "timeout"))  # type: ignore[union-attr]
+    if broken:
+        raise RuntimeError(f"h2load: {broken} requests errored or timed out\n{out[-2000:]}")
     latencies = [int(line.split()[2]) / 1000 for line in log.read_text().splitlines() if line.strip()]
     log.unlink()
     return {
         "requests_per_second": rps,
         "p50_ms": float(np.percentile(latencies, 50)),
         "p99_ms": float(np.percentile(latencies, 99)),
-        "errors": failed,
     }
 
 
 def python_load(target: str, model: str, inputs: dict[str, np.ndarray], clients: int, duration: float) -> dict:
     result = run_load(target, "grpc", model, inputs, concurrency=clients, duration=duration)
+    if result.errors:
+        raise RuntimeError(f"{result.errors} requests to {model} failed")
     return {
         "requests_per_second": result.requests_per_second,
         "p50_ms": result.percentile(50),
         "p99_ms": result.percentile(99),
-        "errors": result.errors,
     }
 
 
@@ -179,14 +197,16 @@ def main() -> None:
             try:
                 server.wait_for_answer("half_plus_two", {"instances": [[1.0]]})
                 for model, inputs, clients in plan:
-                    before = batch_histogram(server.rest_url, model)
+                    before = server_counters(server.rest_url, model)
                     if use_h2load:
                         measured = h2load(server.grpc_target, bodies[model], clients, args.duration, root / "h2.log")
                     else:
                         measured = python_load(server.grpc_target, model, inputs, clients, args.duration)
-                    after = batch_histogram(server.rest_url, model)
-                    batches = after[1] - before[1]
-                    mean_batch = (after[0] - before[0]) / batches if batches else float("nan")
+                    after = server_counters(server.rest_url, model)
+                    examples, batches, failed = (a - b for a, b in zip(after, before, strict=True))
+                    if failed:
+                        raise RuntimeError(f"{failed:.0f} requests to {model} failed ({clients} clients)")
+                    mean_batch = examples / batches if batches else float("nan")
                     rows.append(
                         {
                             "model": model,
@@ -196,7 +216,6 @@ def main() -> None:
                             "p50_ms": round(measured["p50_ms"], 2),
                             "p99_ms": round(measured["p99_ms"], 2),
                             "mean_batch": round(mean_batch, 2),
-                            "errors": measured["errors"],
                         }
                     )
                     print(format_table([rows[-1]], list(rows[-1])).splitlines()[-1], flush=True)

@@ -114,8 +114,15 @@ def open_notebook(page, lab_url: str, name: str) -> None:  # type: ignore[no-unt
     page.wait_for_function("() => document.body.innerText.includes('| Idle')", timeout=120_000)
 
 
-def run_all_cells(page) -> None:  # type: ignore[no-untyped-def]
-    """Run every cell as a user would: the toolbar's "run and select next", once per cell (they queue up)."""
+def run_all_cells(page, count: int | None = None) -> None:  # type: ignore[no-untyped-def]
+    """Run every cell (or the next ``count``) as a user would: the toolbar's "run and select next", once per cell
+    (they queue up)."""
     run = page.locator("[data-command='notebook:run-cell-and-select-next']").first
-    for _ in range(page.locator(".jp-Notebook .jp-Cell").count()):
+    for _ in range(page.locator(".jp-Notebook .jp-Cell").count() if count is None else count):
         run.click()
+
+
+def stderr_outputs(page) -> list[str]:  # type: ignore[no-untyped-def]
+    """The text of every stderr output in the notebook (log lines that reached a cell)."""
+    selector = ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']"
+    return [text for text in page.locator(selector).all_inner_texts() if text.strip()]

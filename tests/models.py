@@ -158,3 +158,74 @@ def save_multi_io(export_dir: str | os.PathLike[str]) -> Path:
     path = Path(export_dir)
     tf.saved_model.save(module, str(path), signatures={"serving_default": module.serve})
     return path
+
+
+def save_tf1_regress_declared_float(export_dir: str | os.PathLike[str]) -> Path:
+    """A TF1-era model shaped like TF Serving's saved_model_half_plus_three: a signature mislabels its input.
+
+    A string placeholder ``tf_example`` feeds ``ParseExample`` (feature ``x``, float); ``y = 0.5 * x + 3``.
+    Signatures:
+      * ``serving_default`` (predict): ``x`` float [None, 1] -> ``y``
+      * ``tensorflow/serving/regress`` (regress): ``inputs`` -> ``outputs`` (y)
+      * ``tensorflow/serving/classify`` (classify): ``inputs`` -> ``scores`` (y)
+    Both example-reading signatures declare their input as DT_FLOAT (with no shape) while the tensor they
+    name is the DT_STRING placeholder, exactly as the TF Serving test model does; TF Serving feeds the
+    serialized examples to that tensor and never looks at the declared type.
+    """
+    from tensorflow.core.framework import types_pb2
+    from tensorflow.core.protobuf import meta_graph_pb2
+
+    v1 = tf.compat.v1
+    consts = v1.saved_model.signature_constants
+    path = Path(export_dir)
+    with tf.Graph().as_default(), v1.Session() as session:
+        tf_example = v1.placeholder(tf.string, shape=[None], name="tf_example")
+        parsed = v1.parse_example(tf_example, {"x": v1.FixedLenFeature([1], tf.float32)})
+        x = v1.placeholder_with_default(parsed["x"], shape=[None, 1], name="x")
+        y = tf.add(0.5 * x, 3.0, name="y")
+
+        declared_float = meta_graph_pb2.TensorInfo(name=tf_example.name, dtype=types_pb2.DT_FLOAT)
+        declared_float.tensor_shape.unknown_rank = True
+        y_info = v1.saved_model.utils.build_tensor_info(y)
+
+        def signature(method: str, output: str) -> meta_graph_pb2.SignatureDef:
+            sig = meta_graph_pb2.SignatureDef(method_name=method)
+            sig.inputs["inputs"].CopyFrom(declared_float)
+            sig.outputs[output].CopyFrom(y_info)
+            return sig
+
+        predict = v1.saved_model.signature_def_utils.predict_signature_def({"x": x}, {"y": y})
+        builder = v1.saved_model.Builder(str(path))
+        builder.add_meta_graph_and_variables(
+            session,
+            [v1.saved_model.tag_constants.SERVING],
+            signature_def_map={
+                consts.DEFAULT_SERVING_SIGNATURE_DEF_KEY: predict,
+                consts.REGRESS_METHOD_NAME: signature(consts.REGRESS_METHOD_NAME, consts.REGRESS_OUTPUTS),
+                consts.CLASSIFY_METHOD_NAME: signature(consts.CLASSIFY_METHOD_NAME, consts.CLASSIFY_OUTPUT_SCORES),
+            },
+        )
+        builder.save()
+    return path
+
+
+def save_dense(export_dir: str | os.PathLike[str], width: int = 4) -> Path:
+    """A TF2 model whose graph needs its declared width: ``features`` float32 [None, width] → ``logits`` [None, 2].
+
+    A matrix product, so a row of another width fails in TensorFlow itself (``Matrix size-incompatible``),
+    the way a Keras Dense layer does; ``logits`` is the sum of the row and the sum of twice the row.
+    """
+
+    class Dense(tf.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.kernel = tf.Variable(np.tile(np.array([[1.0, 2.0]], np.float32), (width, 1)))
+
+        @tf.function(input_signature=[tf.TensorSpec([None, width], tf.float32, name="features")])
+        def serve(self, features: tf.Tensor) -> dict[str, tf.Tensor]:
+            return {"logits": tf.matmul(features, self.kernel)}
+
+    module = Dense()
+    path = Path(export_dir)
+    tf.saved_model.save(module, str(path), signatures={"serving_default": module.serve})
+    return path

@@ -19,7 +19,16 @@ import requests
 import tensorflow as tf
 from prometheus_client.parser import text_string_to_metric_families
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
-from waiting import RequestLoop, model_config_text, place_atomically, states_are, version_states, wait_until
+from waiting import (
+    JumpingClockLoop,
+    RequestLoop,
+    model_config_text,
+    place_atomically,
+    run_with_jumping_clock,
+    states_are,
+    version_states,
+    wait_until,
+)
 
 from workbench.engine.batching import BatchRecord, BatchScheduler, batch_key, merge, padded_size, split
 from workbench.engine.batching_config import BatchingParameters, parse_batching_parameters
@@ -424,36 +433,43 @@ def test_an_idle_model_runs_each_request_at_once_as_a_batch_of_one(harness):
 
 
 def test_a_finished_batch_timer_does_not_evict_a_newer_queue(harness):
-    # A batch that started because it was full leaves its timeout timer armed; when that timer fires after
-    # the queue was emptied and replaced, the newer queue must stay the one new tasks join.
-    h = harness(BatchingParameters(max_batch_size=2, batch_timeout_micros=1_000_000, num_batch_threads=1))
+    # A batch that started because it was full had armed a timeout timer while its first row waited. If that
+    # timer still fires after the queue was emptied and replaced, the newer queue must stay the one new tasks
+    # join. The loop's clock jumps: timers fire in the order they are due however slow the machine is, and a
+    # minute-long batch timeout leaves the real time a test run takes nothing to race.
+    timeout = 60.0
+    h = harness(BatchingParameters(max_batch_size=2, batch_timeout_micros=int(timeout * 1e6), num_batch_threads=1))
 
-    async def main():
-        loop = asyncio.get_running_loop()
+    async def main(loop: JumpingClockLoop) -> tuple[np.ndarray, np.ndarray]:
         start = loop.time()
         first = asyncio.ensure_future(h.run({"x": column(1)}))
         await until(lambda: h.scheduler.queue_depths() == [("hp", 1, 1)], what="the first row waiting, timer armed")
-        await h.run({"x": column(2)})  # fills the batch: both rows run at once; the first one's timer stays armed
-        await first
-        await asyncio.sleep(max(0.0, start + 0.5 - loop.time()))  # ordering, not readiness: the next task
-        late = asyncio.ensure_future(h.run({"x": column(3)}))  # must be enqueued after the first batch's
-        await until(lambda: h.scheduler.queue_depths() == [("hp", 1, 1)], what="1 row waiting")
+        await h.run({"x": column(2)})  # fills the batch: both rows run at once; the first row's timer was due at
+        await first  # start + 60 s (plus the real seconds this took)
+        loop.jump(timeout / 2)
+        late = asyncio.ensure_future(h.run({"x": column(3)}))  # a new queue; its timer is due at start + 90 s
+        await until(lambda: h.scheduler.queue_depths() == [("hp", 1, 1)], what="the late row waiting")
         seen: list[object] = []
         joined: list[asyncio.Future[np.ndarray]] = []
 
-        def probe() -> None:  # a timer after the first batch's (start + 1 s) and before `late`'s own (≥ +1.5 s)
+        def probe() -> None:  # between the first batch's timer and the late row's own
             seen.append(h.scheduler.queue_depths())
             joined.append(asyncio.ensure_future(h.run({"x": column(4)})))
 
-        loop.call_at(start + 1.2, probe)
+        probe_at = start + timeout * 1.25
+        loop.call_at(probe_at, probe)
+        loop.jump(probe_at - loop.time())
         await until(lambda: joined, what="the probe")
-        return seen[0], await asyncio.wait_for(late, 20), await asyncio.wait_for(joined[0], 20)
+        assert seen == [[("hp", 1, 1)]], "the waiting row vanished from the queue depths"
+        # Together they fill a batch that runs at once; apart, each would wait for a timer no jump brings closer.
+        _, waiting = await asyncio.wait([late, joined[0]], timeout=20)
+        assert not waiting, "the late task and the next one were not batched together"
+        return late.result(), joined[0].result()
 
-    depths, late, joined = asyncio.run(main())
+    late, joined = run_with_jumping_clock(main)
     np.testing.assert_array_equal(late, half_plus_two(3))
     np.testing.assert_array_equal(joined, half_plus_two(4))
-    assert depths == [("hp", 1, 1)], "the waiting row vanished from the queue depths"
-    assert h.shapes() == [(2, 2, 2), (2, 2, 2)], "the late task and the next one were not batched together"
+    assert h.shapes() == [(2, 2, 2), (2, 2, 2)]
 
 
 # ============================================================================= through the real server

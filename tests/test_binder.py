@@ -48,8 +48,8 @@ def test_requirements_resolve_with_pip(tmp_path: Path) -> None:
     installs = {item["metadata"]["name"].lower().replace("_", "-"): item for item in items}
     # pip always (re)installs a requirement that is a local folder: the project must be among what it would install,
     # from this repository's root, with the extras asked for.
-    assert "workbench" in installs, f"pip would not install the project: {sorted(installs)}"
-    project = installs["workbench"]
+    assert "workbench-serving" in installs, f"pip would not install the project: {sorted(installs)}"
+    project = installs["workbench-serving"]
     assert project["download_info"]["url"] == ROOT.as_uri()
     assert project.get("requested_extras") == ["notebook"]
     # Installed already here, or to be installed: either way resolvable.

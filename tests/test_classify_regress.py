@@ -4,12 +4,26 @@ from __future__ import annotations
 
 import json
 import math
+import sys
+from pathlib import Path
 
+import grpc
 import pytest
 import requests
+import tensorflow as tf
+from tensorflow_serving.apis import (
+    classification_pb2,
+    inference_pb2,
+    prediction_service_pb2_grpc,
+    regression_pb2,
+)
 
 from workbench.engine.status import ServingError
 from workbench.protocol.examples import input_from_json, serialized_examples
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import models  # noqa: E402  (tests/models.py)
 
 
 def post(server, path: str, body) -> requests.Response:
@@ -127,9 +141,15 @@ def test_version_and_label_paths(serve, make_repo, tmp_path):
     for path, value in expected.items():
         r = post(server, path, body)
         assert r.json() == {"results": [value]}, path
+        # The version that answered, in headers (a workbench addition): value 3.0 is version 1's, 4.0 version 2's.
+        assert (r.headers["X-Model-Name"], r.headers["X-Model-Version"]) == ("hp", "1" if value == 3.0 else "2")
     classify = {"signature_name": "classify_x_to_y", "examples": [{"x": 2.0}]}
-    assert post(server, "/v1/models/hp/labels/stable:classify", classify).json() == {"results": [[["", 3.0]]]}
-    assert post(server, "/v1/models/hp/versions/2:classify", classify).json() == {"results": [[["", 4.0]]]}
+    r = post(server, "/v1/models/hp/labels/stable:classify", classify)
+    assert r.json() == {"results": [[["", 3.0]]]}
+    assert (r.headers["X-Model-Name"], r.headers["X-Model-Version"]) == ("hp", "1")
+    r = post(server, "/v1/models/hp/versions/2:classify", classify)
+    assert r.json() == {"results": [[["", 4.0]]]}
+    assert (r.headers["X-Model-Name"], r.headers["X-Model-Version"]) == ("hp", "2")
 
     r = post(server, "/v1/models/hp/versions/3:regress", body)
     assert r.status_code == 404
@@ -280,12 +300,14 @@ def test_unknown_signature(tf1, verb):
     assert r.json() == {"error": "No signature was found with the name: nope"}
 
 
+# TF Serving checks a signature's method_name only with --enable_signature_method_name_check (off by default):
+# a signature is refused for what it lacks (the outputs), and the message says which method it has.
 def test_classify_on_a_regression_signature(tf1):
     r = post(tf1, "/v1/models/hp:classify", {"signature_name": "regress_x_to_y", "examples": [{"x": 1.0}]})
     assert r.status_code == 400
     assert r.json() == {
-        "error": "Expected classification signature method_name to be tensorflow/serving/classify. "
-        "Was: tensorflow/serving/regress"
+        "error": 'Expected classification signature outputs to contain at least one of "classes" or "scores". '
+        "Found: outputs (signature regress_x_to_y, method tensorflow/serving/regress)"
     }
 
 
@@ -293,16 +315,19 @@ def test_regress_on_a_classification_signature(tf1):
     r = post(tf1, "/v1/models/hp:regress", {"signature_name": "classify_x_to_y", "examples": [{"x": 1.0}]})
     assert r.status_code == 400
     assert r.json() == {
-        "error": "Expected regression signature method_name to be tensorflow/serving/regress. "
-        "Was: tensorflow/serving/classify"
+        "error": 'No regression outputs found: expected "outputs". '
+        "Found: scores (signature classify_x_to_y, method tensorflow/serving/classify)"
     }
 
 
-def test_regress_on_a_signature_with_a_float_input(tf1):
+def test_regress_on_a_signature_whose_input_tensor_is_float(tf1):
+    # The input names a float tensor (x2:0), so serialized examples cannot be fed: the error names the input.
     r = post(tf1, "/v1/models/hp:regress", {"signature_name": "regress_x2_to_y3", "examples": [{"x2": 1.0}]})
     assert r.status_code == 400
-    error = r.json()["error"]
-    assert "regress_x2_to_y3" in error and "string" in error and "float" in error
+    assert r.json() == {
+        "error": 'Input "inputs" expects float [-1,1] but received 1 serialized tf.Example(s): signature '
+        "regress_x2_to_y3 does not read tf.Examples; send its input to :predict"
+    }
 
 
 @pytest.mark.parametrize("verb", ["classify", "regress"])
@@ -340,3 +365,86 @@ def test_get_on_classify_is_malformed(tf1):
     r = requests.get(tf1.rest_url + "/v1/models/hp:classify", timeout=10)
     assert r.status_code == 400
     assert r.json() == {"error": "Malformed request: GET /v1/models/hp:classify"}
+
+
+# ---------------------------------------------- a TF1 signature that declares its string input DT_FLOAT (issue 13)
+REGRESS = "tensorflow/serving/regress"
+CLASSIFY = "tensorflow/serving/classify"
+
+
+@pytest.fixture(scope="module")
+def declared_float(tmp_path_factory):
+    """A server of a model like TF Serving's saved_model_half_plus_three (y = 0.5 * x + 3), REST and gRPC."""
+    from workbench.engine.options import ServerOptions
+    from workbench.server import ServerThread
+
+    base = tmp_path_factory.mktemp("declared_float") / "half_plus_three"
+    models.save_tf1_regress_declared_float(base / "123")
+    options = ServerOptions(rest_api_port=-1, port=0, model_name="half_plus_three", model_base_path=str(base))
+    with ServerThread(options) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def declared_float_stub(declared_float):
+    with grpc.insecure_channel(declared_float.grpc_target) as channel:
+        yield prediction_service_pb2_grpc.PredictionServiceStub(channel)
+
+
+def x_examples(*values: float) -> list[tf.train.Example]:
+    return [
+        tf.train.Example(
+            features=tf.train.Features(feature={"x": tf.train.Feature(float_list=tf.train.FloatList(value=[v]))})
+        )
+        for v in values
+    ]
+
+
+def test_declared_float_regress_over_rest_is_served_as_tf_serving_serves_it(declared_float):
+    body = {"signature_name": REGRESS, "examples": [{"x": 1.0}, {"x": 2.0}]}
+    r = post(declared_float, "/v1/models/half_plus_three:regress", body)
+    assert r.status_code == 200, r.text
+    assert r.text == '{"results":[3.5,4.0]}'
+    assert (r.headers["X-Model-Name"], r.headers["X-Model-Version"]) == ("half_plus_three", "123")
+
+
+def test_declared_float_classify_over_rest(declared_float):
+    body = {"signature_name": CLASSIFY, "examples": [{"x": 1.0}, {"x": 2.0}]}
+    r = post(declared_float, "/v1/models/half_plus_three:classify", body)
+    assert r.status_code == 200, r.text
+    assert r.json() == {"results": [[["", 3.5]], [["", 4.0]]]}
+
+
+def test_declared_float_metadata_still_reports_the_signature_as_written(declared_float):
+    # TF Serving reports the SignatureDef as the model wrote it; only feeding goes by the graph's tensor type.
+    r = requests.get(declared_float.rest_url + "/v1/models/half_plus_three/metadata", timeout=30)
+    signature = r.json()["metadata"]["signature_def"]["signature_def"][REGRESS]
+    assert signature["inputs"]["inputs"]["dtype"] == "DT_FLOAT"
+    assert signature["inputs"]["inputs"]["name"] == "tf_example:0"
+
+
+def test_declared_float_regress_classify_and_multi_inference_over_grpc(declared_float_stub):
+    request = regression_pb2.RegressionRequest()
+    request.model_spec.name = "half_plus_three"
+    request.model_spec.signature_name = REGRESS
+    request.input.example_list.examples.extend(x_examples(1.0, 2.0))
+    response = declared_float_stub.Regress(request, 30.0)
+    assert [r.value for r in response.result.regressions] == [3.5, 4.0]
+    assert (response.model_spec.version.value, response.model_spec.signature_name) == (123, REGRESS)
+
+    request = classification_pb2.ClassificationRequest()
+    request.model_spec.name = "half_plus_three"
+    request.model_spec.signature_name = CLASSIFY
+    request.input.example_list.examples.extend(x_examples(1.0, 2.0))
+    response = declared_float_stub.Classify(request, 30.0)
+    assert [[c.score for c in row.classes] for row in response.result.classifications] == [[3.5], [4.0]]
+
+    request = inference_pb2.MultiInferenceRequest()
+    for signature, method in ((REGRESS, REGRESS), (CLASSIFY, CLASSIFY)):
+        task = request.tasks.add(method_name=method)
+        task.model_spec.name = "half_plus_three"
+        task.model_spec.signature_name = signature
+    request.input.example_list.examples.extend(x_examples(4.0))
+    response = declared_float_stub.MultiInference(request, 30.0)
+    assert response.results[0].regression_result.regressions[0].value == 5.0
+    assert response.results[1].classification_result.classifications[0].classes[0].score == 5.0

@@ -1,5 +1,7 @@
-"""The dashboard seen in a real browser: JupyterLab in headless Chromium, a notebook that starts a server and
-shows the dashboard under load; the screenshot after the chart has drawn is docs/dashboard.png."""
+"""The dashboard seen in a real browser: JupyterLab in headless Chromium, a notebook that starts a server with a
+stable version and a canary and shows the dashboard under load. The widgets must say what the server says (the
+canary's share on the slider and in the table) and the cells nothing but their results; the screenshot after
+the chart has drawn is docs/dashboard.png."""
 
 from __future__ import annotations
 
@@ -8,7 +10,16 @@ import os
 import shutil
 from pathlib import Path
 
-from browser import CHROMIUM, CHROMIUM_ARGS, jupyterlab, notebook, open_notebook, require_browser, run_all_cells
+from browser import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    jupyterlab,
+    notebook,
+    open_notebook,
+    require_browser,
+    run_all_cells,
+    stderr_outputs,
+)
 
 SCREENSHOT = Path(__file__).resolve().parent.parent / "docs" / "dashboard.png"
 
@@ -16,10 +27,11 @@ CELLS = [
     "import numpy as np, threading, workbench\n"
     "from workbench.demo import save_half_plus_two\n"
     "save_half_plus_two('models/half_plus_two/1')\n"
-    "save_half_plus_two('models/half_plus_two/2', offset=3.0)",
-    "server = workbench.serve('models', batching=True)\n"
+    "save_half_plus_two('models/half_plus_two/2', offset=3.0);",
+    "server = workbench.serve('models', enable_batching=True)\n"
     "server.wait_for_version('half_plus_two', 2)\n"
-    "server.client.canary('half_plus_two', 1, 0.3)\n"
+    "server.client.promote('half_plus_two', 1)  # v1 is the stable version,\n"
+    "server.client.canary('half_plus_two', 2, 0.3)  # and v2 the canary, with 30% of the traffic\n"
     "server",
     "from workbench.notebook.widgets import Dashboard\ndashboard = Dashboard(server, window_seconds=30)\ndashboard",
     "from workbench.bench import run_load\n"
@@ -55,6 +67,13 @@ def _drive(page, lab: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-d
     # The versions table (server state through the management API) and the canary in it.
     page.wait_for_selector(".jp-OutputArea-output td:has-text('half_plus_two')", timeout=180_000)
     page.wait_for_selector(".jp-OutputArea-output td:has-text('canary')", timeout=60_000)
+    # The versions panel says what the server says: the canary's share on the slider, the canary selected.
+    # (The Versions tab comes first in the page: its slider and version list are the first of their kind.)
+    panel = page.locator(".jp-OutputArea-output .widget-tab")
+    panel.locator(".widget-html-content:has-text('stable v1 · canary v2 at 30%')").wait_for(timeout=60_000)
+    assert panel.locator(".widget-slider .widget-readout").first.inner_text() == "30%"
+    version = panel.locator(".widget-dropdown:has(label:text-is('version')) select").first
+    assert version.evaluate("select => select.options[select.selectedIndex].text") == "2"
     # The live chart: plotly drew lines for both versions from the stats stream, under load.
     page.wait_for_selector(".js-plotly-plot", timeout=120_000)
     page.wait_for_function(
@@ -69,6 +88,7 @@ def _drive(page, lab: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-d
     )
     drawn = page.evaluate(lines)
     page.wait_for_function(f"() => ({lines})() !== {json.dumps(drawn)}", timeout=60_000)
+    assert stderr_outputs(page) == [], "log lines reached the cells"
     shot = tmp_path / "dashboard.png"
     page.screenshot(path=str(shot), full_page=True)
     assert shot.stat().st_size > 20_000

@@ -208,7 +208,7 @@ def test_version_numbering(tmp_path: Path) -> None:
     module = Affine()
     repo = tmp_path / "deep" / "repo"  # created as needed
     assert export(module, "m", repo=repo).version == 1
-    assert export(module, "m", repo=repo).version == 2
+    assert export(module, "m", model_repository=repo).version == 2
     assert export(module, "m", repo=repo, version=5).version == 5
     assert export(module, "m", repo=repo).version == 6
     assert listing(repo / "m") == ["1", "2", "5", "6"]

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import shutil
+import sys
 import threading
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -26,6 +28,10 @@ from tensorflow_serving.config import model_server_config_pb2
 from workbench.engine.options import ServerOptions
 from workbench.server import ServerThread
 
+sys.path.insert(0, str(Path(__file__).parent))
+
+import models  # noqa: E402  (tests/models.py)
+
 
 def write_config(path, models: dict[str, str], labels: dict[str, dict[str, int]] | None = None) -> None:
     config = model_server_config_pb2.ModelServerConfig()
@@ -46,8 +52,10 @@ def server(tmp_path_factory, model_store):
     shutil.copytree(model_store / "hp2_tf1", root / "tf1" / "2")
     shutil.copytree(model_store / "hp2_tf2", root / "tf2" / "1")
     shutil.copytree(model_store / "multi_io", root / "multi" / "1")
+    models.save_dense(root / "dense" / "1")
     config = root / "models.config"
-    write_config(config, {n: root / n for n in ("tf1", "tf2", "multi")}, labels={"tf1": {"stable": 1, "canary": 2}})
+    names = ("tf1", "tf2", "multi", "dense")
+    write_config(config, {n: root / n for n in names}, labels={"tf1": {"stable": 1, "canary": 2}})
     options = ServerOptions(
         rest_api_port=0,
         port=0,
@@ -178,7 +186,8 @@ def test_multiple_inputs_outputs_strings_and_output_filter(stub):
         (
             lambda r: r.inputs["x"].CopyFrom(tf.make_tensor_proto([[1.0]], dtype=tf.float64)),
             grpc.StatusCode.INVALID_ARGUMENT,
-            "Expects arg[x] to be float but float64 is provided",
+            'Input "x" expects float [-1,1] but received double [1,1]: Expects arg[x] to be float but double is '
+            "provided",
         ),
         (
             lambda r: r.inputs["x"].CopyFrom(tf.make_tensor_proto([b"a"])),
@@ -199,7 +208,50 @@ def test_missing_input(stub):
     request = predict_request("multi", a=np.zeros((1, 2), np.float32))
     error = rpc_error(stub.Predict, request)
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "Missing but required: {b,text}." in error.details()
+    assert error.details() == (
+        "input size does not match signature: 1!=3 len({a}) != len({a,b,text}). Sent extra: {}. Missing but "
+        "required: {b,text}. Signature inputs: a float [-1,2], b int64 [-1], text string [-1]."
+    )
+
+
+# ------------------------------------------------------------------------ errors name the input (issue 13)
+def test_a_tensor_of_another_shape_than_declared_is_named_when_tensorflow_refuses_it(stub):
+    error = rpc_error(stub.Predict, predict_request("dense", features=np.ones((1, 3), np.float32)))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.details().startswith(
+        'Input "features" expects float [-1,4] but received float [1,3]: Matrix size-incompatible: In[0]: [1,3], '
+        "In[1]: [4,2]"
+    )
+    response = stub.Predict(predict_request("dense", features=np.ones((1, 4), np.float32)), 10.0)
+    assert tf.make_ndarray(response.outputs["logits"]).tolist() == [[4.0, 8.0]]
+
+
+def test_a_malformed_tensor_proto_names_the_input(stub):
+    request = predict_request("tf1")
+    tensor = request.inputs["x"]
+    tensor.dtype = tf.float32.as_datatype_enum
+    tensor.tensor_shape.dim.add(size=2)
+    tensor.tensor_shape.dim.add(size=3)
+    tensor.float_val.extend([1.0] * 7)  # seven values for six places
+    error = rpc_error(stub.Predict, request)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.details() == (
+        'Input "x" expects float [-1,1] but received a malformed TensorProto (DT_FLOAT [2,3]): Could not parse '
+        "input tensor x: 7 values do not fit the shape [2, 3]"
+    )
+
+
+def test_regress_on_a_float_input_tensor_names_the_input(stub):
+    request = regression_pb2.RegressionRequest()
+    request.model_spec.name = "tf1"
+    request.model_spec.signature_name = "regress_x2_to_y3"
+    request.input.example_list.examples.extend(examples(1.0))
+    error = rpc_error(stub.Regress, request)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.details() == (
+        'Input "inputs" expects float [-1,1] but received 1 serialized tf.Example(s): signature regress_x2_to_y3 '
+        "does not read tf.Examples; send its input to :predict"
+    )
 
 
 def examples(*values: float) -> list[tf.train.Example]:

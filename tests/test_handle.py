@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 import requests
-from waiting import place_atomically, port_is_free, process_gone, wait_until
+from waiting import place_atomically, port_is_free, process_gone, remove_atomically, wait_until
 
 import workbench
 from workbench.notebook.handle import ServerDied, ServerHandle, models_table_text, running_servers
@@ -257,3 +257,49 @@ def test_proxy_url_behind_a_hub(first, monkeypatch, tmp_path):
     monkeypatch.setenv("JUPYTERHUB_SERVICE_PREFIX", "/user/ada/")
     assert first.proxy_url == f"/user/ada/proxy/{first.rest_port}/"
     assert f"browser /user/ada/proxy/{first.rest_port}/" in repr(first)
+
+
+def test_wait_for_state_follows_a_version_in_and_out(first, model_store):
+    """Loaded, replaced (latest policy: the old one unloads), removed: each state is waited for, never slept on."""
+    base = first.repository / "w"
+    place_atomically(model_store / "hp2_tf2", base / "1")
+    first.wait_for_state("w", 1)  # AVAILABLE
+    assert [(s["version"], s["state"]) for s in first.client.status("w")] == [(1, "AVAILABLE")]
+
+    place_atomically(model_store / "hp3_tf2", base / "2")
+    first.wait_for_state("w", 1, "END")
+    assert [(s["version"], s["state"]) for s in first.client.status("w")] == [(2, "AVAILABLE"), (1, "END")]
+
+    remove_atomically(base / "2")  # v1 is the latest on disk again: v2 unloads and v1 loads
+    first.wait_for_state("w", 2, "END")
+    first.wait_for_state("w", 1)
+    assert first.client.predict("w", [[1.0]])["y"].item() == 2.5
+
+    with pytest.raises(TimeoutError, match="w v1 not UNLOADING after 0.3s"):
+        first.wait_for_state("w", 1, "UNLOADING", timeout=0.3)
+
+
+def test_wait_for_state_reports_a_failed_load_at_once(first, tmp_path):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "saved_model.pb").write_bytes(b"not a SavedModel")
+    place_atomically(broken, first.repository / "broken" / "1")
+    with pytest.raises(RuntimeError, match="version 1 of broken failed to load: "):
+        first.wait_for_state("broken", 1, timeout=60)
+    first.wait_for_state("broken", 1, "END", timeout=1)  # END is where it ended, so waiting for END is done
+
+
+def test_wait_for_state_works_with_any_client_and_stops_when_told(first):
+    """The module-level function serves a server this kernel did not start (here: through a plain Client)."""
+    from workbench.notebook.handle import wait_for_state
+
+    with workbench.Client(first.rest_url, first.grpc_target) as client:
+        # Whichever version serves now (an earlier test of this module may have replaced v1 by v2).
+        serving = max(int(s["version"]) for s in first.client.status("m") if s["state"] == "AVAILABLE")
+        wait_for_state(client, "m", serving, timeout=60)
+
+        def server_gone() -> None:
+            raise ServerDied("stop waiting")
+
+        with pytest.raises(ServerDied, match="stop waiting"):
+            wait_for_state(client, "m", 99, alive=server_gone)

@@ -16,8 +16,8 @@ from workbench.protocol import json_tensor
 from workbench.protocol.json_tensor import Format, decode_tensor, dumps, encode_predict_response, to_json_value
 
 
-def spec(dtype: object, dtype_enum: int, alias: str = "x") -> TensorSpec:
-    return TensorSpec(alias=alias, tensor_name=f"{alias}:0", dtype=np.dtype(dtype), dtype_enum=dtype_enum, shape=None)
+def spec(dtype: object, dtype_enum: int, alias: str = "x", shape: tuple[int, ...] | None = None) -> TensorSpec:
+    return TensorSpec(alias=alias, tensor_name=f"{alias}:0", dtype=np.dtype(dtype), dtype_enum=dtype_enum, shape=shape)
 
 
 FLOAT = spec(np.float32, types_pb2.DT_FLOAT)
@@ -29,12 +29,20 @@ BOOL = spec(np.bool_, types_pb2.DT_BOOL)
 STRING = spec(object, types_pb2.DT_STRING)
 
 
-def decode_error(value: object, tensor_spec: TensorSpec) -> str:
+def full_decode_error(value: object, tensor_spec: TensorSpec) -> str:
     with pytest.raises(ServingError) as info:
         decode_tensor(value, tensor_spec)
     assert info.value.code == Code.INVALID_ARGUMENT
     assert info.value.http_status == 400
     return info.value.message
+
+
+def decode_error(value: object, tensor_spec: TensorSpec) -> str:
+    """TF Serving's own words for a value that does not decode, after the lead naming the input (checked here)."""
+    message = full_decode_error(value, tensor_spec)
+    lead = f'Input "{tensor_spec.alias}" expects {tensor_spec.describe()} but received '
+    assert message.startswith(lead), message
+    return message.split(": ", 1)[1]
 
 
 # ------------------------------------------------------------------------------------------- decode: numbers
@@ -317,5 +325,133 @@ def test_decode_predict_request_row_instances_of_different_sizes():
     with pytest.raises(ServingError) as info:
         json_tensor.decode_predict_request(b'{"instances": [[1.0], [1.0, 2.0]]}', lambda _: {"x": FLOAT})
     assert info.value.message == (
-        "Failed to process element: 1 of 'instances' list. Error: INVALID_ARGUMENT: Expecting tensor size: 1 but got: 2"
+        'Input "x" expects float of any shape but received instances of different shapes ([1] in instance 0, [2] in '
+        "instance 1): Failed to process element: 1 of 'instances' list. Error: INVALID_ARGUMENT: Expecting tensor "
+        "size: 1 but got: 2"
     )
+
+
+# ------------------------------------------------------------------------ errors name the input (issue 13)
+PIXELS = spec(np.float32, types_pb2.DT_FLOAT, alias="pixels", shape=(-1, 64))
+IMAGE = spec(object, types_pb2.DT_STRING, alias="image_bytes", shape=(-1,))
+COUNT = spec(np.int32, types_pb2.DT_INT32, alias="count", shape=(-1,))
+
+
+@pytest.mark.parametrize(
+    ("value", "tensor_spec", "received", "tf_serving_says"),
+    [
+        (
+            [[0.0] * 64, [0.0] * 63],
+            PIXELS,
+            "a ragged list (lists of 64 and of 63 at depth 1)",
+            "Encountered list at unexpected size: 63 at level: 1 expected size: 64",
+        ),
+        (
+            [[0.0] * 64, 0.0],
+            PIXELS,
+            "a ragged list (a value at depth 1 where the first values are at depth 2)",
+            "JSON Value: 0.0 found at incorrect level: 2 in the JSON DOM. Expected at level: 2",
+        ),
+        (
+            [["a"] * 64],
+            PIXELS,
+            "a JSON String",
+            'JSON Value: "a" Type: String is not of expected type: float',
+        ),
+        (
+            [[{"b64": "AAA="}] * 64],
+            PIXELS,
+            "a JSON Object",
+            'JSON Value: {"b64":"AAA="} Type: Object is not of expected type: float',
+        ),
+        (
+            [[16777217] + [0] * 63],
+            PIXELS,
+            "16777217, which float cannot hold exactly",
+            "Cannot convert JSON value: 16777217 to float without loss of precision.",
+        ),
+        ([{"b64": "!!"}], IMAGE, "invalid base64", "Unable to base64 decode"),
+        (
+            [{"base64": "AA=="}],
+            IMAGE,
+            'an object other than {"b64": "..."}',
+            'JSON Value: {"base64":"AA=="} not formatted correctly for base64 data',
+        ),
+        ([1.5], COUNT, "the JSON float 1.5", "JSON Value: 1.5 Type: Number is not of expected type: int32"),
+        (
+            [2**31],
+            COUNT,
+            "2147483648, out of int32's range",
+            "JSON Value: 2147483648 Type: Number is not of expected type: int32",
+        ),
+    ],
+    ids=[
+        "ragged-63-wide",
+        "value-for-a-row",
+        "string",
+        "b64-for-float",
+        "lossy",
+        "bad-b64",
+        "not-b64",
+        "float",
+        "range",
+    ],
+)
+def test_errors_name_the_input_what_it_expects_and_what_came(value, tensor_spec, received, tf_serving_says):
+    message = full_decode_error(value, tensor_spec)
+    lead = f'Input "{tensor_spec.alias}" expects {tensor_spec.describe()} but received {received}'
+    assert message == f"{lead}: {tf_serving_says}"
+
+
+def test_the_expected_shape_keeps_its_unknown_dimensions():
+    assert PIXELS.describe() == "float [-1,64]"
+    assert IMAGE.describe() == "string [-1]"
+    assert FLOAT.describe() == "float of any shape"
+    assert spec(np.float32, types_pb2.DT_FLOAT, shape=()).describe() == "float []"
+
+
+def test_row_format_names_the_instance_at_fault_and_the_input():
+    specs = {"pixels": PIXELS}
+    body = json.dumps({"instances": [[0.0] * 64, [0.0] * 32 + ["x"] * 32]}).encode()
+    with pytest.raises(ServingError) as info:
+        json_tensor.decode_predict_request(body, lambda _: specs)
+    assert info.value.message == (
+        'Input "pixels" expects float [-1,64] but received a JSON String in instance 1: Failed to process element: 1 '
+        """of 'instances' list. Error: INVALID_ARGUMENT: JSON Value: "x" Type: String is not of expected type: float"""
+    )
+
+
+MULTI = {
+    "a": spec(np.float32, types_pb2.DT_FLOAT, alias="a", shape=(-1, 2)),
+    "b": spec(np.int64, types_pb2.DT_INT64, alias="b", shape=(-1,)),
+}
+MULTI_INPUTS = "Signature inputs: a float [-1,2], b int64 [-1]."
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"inputs": {"a": [[1.0, 2.0]]}}, f"Missing named input: b in 'inputs' object. {MULTI_INPUTS}"),
+        (
+            {"instances": [{"a": [1.0, 2.0]}]},
+            """Failed to process element: 0 of 'instances' list. JSON object: {"a":[1.0,2.0]} keys must be equal to: """
+            f"a,b. Missing: b. {MULTI_INPUTS}",
+        ),
+        (
+            {"instances": [{"a": [1.0, 2.0], "b": 1, "c": 2}]},
+            "Failed to process element: 0 key: c of 'instances' list. Error: INVALID_ARGUMENT: JSON object: does not "
+            f"have named input: c. {MULTI_INPUTS}",
+        ),
+        (
+            {"inputs": [[1.0, 2.0]]},
+            "inputs is a plain value/list, but expecting an object as multiple input tensors required as per "
+            f"tensorinfo_map. {MULTI_INPUTS}",
+        ),
+    ],
+    ids=["columnar-missing", "row-missing", "row-extra", "columnar-plain"],
+)
+def test_missing_and_extra_inputs_list_the_signature_inputs(body, message):
+    with pytest.raises(ServingError) as info:
+        json_tensor.decode_predict_request(json.dumps(body).encode(), lambda _: MULTI)
+    assert info.value.code == Code.INVALID_ARGUMENT
+    assert info.value.message == message

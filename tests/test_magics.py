@@ -1,9 +1,11 @@
 """``%serve`` through IPython's shell against one real server: start, export, promote/rollback/canary, predict,
-bench, help texts and one-line errors. Also measures start-to-first-answer and the kernel's responsiveness under
-load (printed; run with ``-s`` to see them), without asserting on timings."""
+bench, help texts and one-line errors. Also measures start-to-first-answer (printed; run with ``-s`` to see it), and
+checks that the kernel answers cells while a full load runs in it."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import statistics
 import sys
 import threading
@@ -19,12 +21,15 @@ from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 from waiting import wait_until
 
-from workbench.bench import BenchResult, run_load
+from workbench._loop import new_event_loop
+from workbench.bench import BenchResult, run_load_async
 from workbench.client import Prediction
 from workbench.notebook import magics
 from workbench.notebook.handle import ServerHandle, models_table_text, running_servers
 
-SUBCOMMANDS = ["start", "stop", "status", "export", "promote", "rollback", "canary", "predict", "bench", "dashboard"]
+SUBCOMMANDS = [
+    "start", "stop", "status", "export", "promote", "rollback", "canary", "predict", "bench", "dashboard", "logs",
+]  # fmt: skip
 V1, V2 = 3.0, 10.0  # answers to x=1 of model_v1 (2x + 1) and model_v2 (10x)
 
 
@@ -309,28 +314,56 @@ def test_a_server_that_died(ip: InteractiveShell, served: SimpleNamespace, monke
     assert not handle.running and served.handle.running
 
 
-# ------------------------------------------------------------------------------------------------ measurement
-def test_kernel_stays_responsive_under_full_load(ip: InteractiveShell, served: SimpleNamespace) -> None:
-    """16 closed-loop clients for 5 s in a thread of the kernel; meanwhile 20 cells run. Reported, not asserted."""
+# ------------------------------------------------------------------------------------------- responsiveness
+CELL_ROUND_TRIP_BOUND_S = 2.0  # far above the milliseconds a cell takes, and within what a person waits for
+
+
+def lin_requests(handle: ServerHandle) -> tuple[int, int]:
+    """(requests, errors) the server has answered for ``lin``, all versions together, since it started."""
+    versions = handle.client.stats()["models"].get("lin", {}).values()
+    return sum(v["total_requests"] for v in versions), sum(v["total_errors"] for v in versions)
+
+
+def test_kernel_answers_every_cell_while_a_full_load_runs(ip: InteractiveShell, served: SimpleNamespace) -> None:
+    """16 closed-loop clients run on a thread of the kernel (as a background bench would), with no end of their
+    own, until 20 cells have run. Every cell answers within a bound a busy 2-core machine keeps (a kernel the
+    load blocked would answer none while it runs), and the server answers load requests between each cell and
+    the next and after the last, so the load really ran all along. Round trips are printed (run with ``-s``)."""
     handle = served.handle
-    results: list[BenchResult] = []
-    load = threading.Thread(
-        target=lambda: results.append(
-            run_load(handle.rest_url, "rest", "lin", {"x": np.array([[1.0]], "float32")}, concurrency=16, duration=5)
-        ),
-        daemon=True,
+    answered_before, errors_before = lin_requests(handle)
+    loop = new_event_loop()
+    load = loop.create_task(
+        run_load_async(
+            handle.rest_url, "rest", "lin", {"x": np.array([[1.0]], "float32")}, concurrency=16, requests=10**9
+        )
     )
-    load.start()
-    time.sleep(0.5)  # let the clients connect and warm up
-    round_trips = []
-    for _ in range(20):
-        started = time.perf_counter()
-        assert ip.run_cell("1+1", store_history=False).result == 2
-        round_trips.append((time.perf_counter() - started) * 1000)
-        time.sleep(0.1)  # spread over the load instead of one burst
-    load.join(30)
-    assert results and results[0].errors == 0
+
+    def drive() -> None:
+        with contextlib.suppress(asyncio.CancelledError):
+            loop.run_until_complete(load)
+
+    thread = threading.Thread(target=drive, name="test-load", daemon=True)
+    thread.start()
+    try:
+        answered = wait_until(
+            lambda: (n := lin_requests(handle)[0]) > answered_before + 200 and n, what="the load past its warm-up"
+        )
+        round_trips: list[float] = []
+        for _ in range(20):
+            started = time.perf_counter()
+            assert ip.run_cell("1+1", store_history=False).result == 2
+            round_trips.append(time.perf_counter() - started)
+            answered = wait_until(
+                lambda last=answered: (n := lin_requests(handle)[0]) > last and n, what="load answered after a cell"
+            )
+        assert thread.is_alive() and not load.done()
+        assert lin_requests(handle)[1] == errors_before
+    finally:
+        loop.call_soon_threadsafe(load.cancel)
+        thread.join(30)
+        loop.close()
     print(
-        f"\nkernel round trips under load ({results[0].requests_per_second:.0f} req/s, 16 clients): "
-        f"median {statistics.median(round_trips):.2f} ms, max {max(round_trips):.2f} ms"
+        f"\nkernel round trips under load (16 clients, {answered - answered_before} requests answered): "
+        f"median {statistics.median(round_trips) * 1000:.2f} ms, max {max(round_trips) * 1000:.2f} ms"
     )
+    assert max(round_trips) < CELL_ROUND_TRIP_BOUND_S, f"a cell took {max(round_trips):.2f} s under load"

@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import base64
 import json
+import sys
+from pathlib import Path
 
 import pytest
 import requests
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import models  # noqa: E402  (tests/models.py)
 
 
 @pytest.fixture(scope="module")
@@ -19,12 +25,13 @@ def server(tmp_path_factory, model_store):
     root = tmp_path_factory.mktemp("predict")
     for name, stored in [("tf1", "hp2_tf1"), ("tf2", "hp2_tf2"), ("multi", "multi_io")]:
         shutil.copytree(model_store / stored, root / name / "1")
+    models.save_dense(root / "dense" / "1")
     config = root / "models.config"
     config.write_text(
         "model_config_list {\n"
         + "".join(
             f'  config {{ name: "{n}" base_path: "{root / n}" model_platform: "tensorflow" }}\n'
-            for n in ("tf1", "tf2", "multi")
+            for n in ("tf1", "tf2", "multi", "dense")
         )
         + "}\n"
     )
@@ -183,3 +190,153 @@ def test_get_on_a_predict_path_is_malformed(server):
     r = requests.get(server.rest_url + "/v1/models/tf2:predict", timeout=10)
     assert r.status_code == 400
     assert r.json() == {"error": "Malformed request: GET /v1/models/tf2:predict"}
+
+
+# ------------------------------------------------------------------------ errors name the input (issue 13)
+MULTI_INPUTS = "Signature inputs: a float [-1,2], b int64 [-1], text string [-1]."
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "message"),
+    [
+        # A row of the wrong width decodes; TensorFlow refuses it, and the error says which input and why.
+        (
+            "/v1/models/dense:predict",
+            {"instances": [[1.0, 2.0, 3.0]]},
+            'Input "features" expects float [-1,4] but received float [1,3]: Matrix size-incompatible: '
+            "In[0]: [1,3], In[1]: [4,2]",
+        ),
+        (
+            "/v1/models/dense:predict",
+            {"inputs": [1.0, 2.0, 3.0, 4.0]},
+            'Input "features" expects float [-1,4] but received float [4]: In[0] ',  # TensorFlow's words follow
+        ),
+        (
+            "/v1/models/dense:predict",
+            {"inputs": [[1.0, 2.0, 3.0, 4.0], [1.0, 2.0, 3.0]]},
+            'Input "features" expects float [-1,4] but received a ragged list (lists of 4 and of 3 at depth 1): '
+            "Encountered list at unexpected size: 3 at level: 1 expected size: 4",
+        ),
+        (
+            "/v1/models/dense:predict",
+            {"instances": [[1.0, 2.0, 3.0, 4.0], [1.0, 2.0, 3.0]]},
+            'Input "features" expects float [-1,4] but received instances of different shapes ([4] in instance 0, '
+            "[3] in instance 1): Failed to process element: 1 of 'instances' list. Error: INVALID_ARGUMENT: "
+            "Expecting tensor size: 4 but got: 3",
+        ),
+        (
+            "/v1/models/dense:predict",
+            {"instances": [[1.0, 2.0, "3", 4.0]]},
+            'Input "features" expects float [-1,4] but received a JSON String in instance 0: Failed to process '
+            """element: 0 of 'instances' list. Error: INVALID_ARGUMENT: JSON Value: "3" Type: String is not of """
+            "expected type: float",
+        ),
+        (
+            "/v1/models/multi:predict",
+            {"instances": [{"a": [1.0, 2.0], "b": 1.5, "text": "x"}]},
+            'Input "b" expects int64 [-1] but received the JSON float 1.5 in instance 0: Failed to process element: '
+            "0 key: b of 'instances' list. Error: INVALID_ARGUMENT: JSON Value: 1.5 Type: Number is not of expected "
+            "type: int64",
+        ),
+        (
+            "/v1/models/multi:predict",
+            {"inputs": {"a": [[1.0, 2.0]], "b": [1], "text": [{"b64": "!!"}]}},
+            'Input "text" expects string [-1] but received invalid base64: Unable to base64 decode',
+        ),
+        (
+            "/v1/models/multi:predict",
+            {"inputs": {"a": [[{"b64": "AAA="}, 1.0]], "b": [1], "text": ["x"]}},
+            'Input "a" expects float [-1,2] but received a JSON Object: JSON Value: {"b64":"AAA="} Type: Object is '
+            "not of expected type: float",
+        ),
+        (
+            "/v1/models/multi:predict",
+            {"inputs": {"a": [[1.0, 2.0]], "b": [1]}},
+            f"Missing named input: text in 'inputs' object. {MULTI_INPUTS}",
+        ),
+        (
+            "/v1/models/multi:predict",
+            {"instances": [{"a": [1.0, 2.0], "b": 1, "text": "x", "extra": 0}]},
+            "Failed to process element: 0 key: extra of 'instances' list. Error: INVALID_ARGUMENT: JSON object: does "
+            f"not have named input: extra. {MULTI_INPUTS}",
+        ),
+    ],
+    ids=[
+        "row-too-narrow",
+        "rank-1",
+        "columnar-ragged",
+        "row-ragged",
+        "row-string",
+        "float-for-int64",
+        "bad-b64",
+        "b64-for-float",
+        "missing",
+        "extra",
+    ],
+)
+def test_input_errors_name_the_input_what_it_expects_and_what_came(server, path, body, message):
+    r = post(server, path, body)
+    assert r.status_code == 400, r.text
+    assert r.headers["content-type"] == "application/json"
+    assert r.json()["error"].startswith(message)  # TensorFlow's errors go on with the node that failed
+
+
+def test_a_graph_error_with_every_input_as_declared_is_tensorflows_own(server):
+    # [2,2] and [3] fit their declared [-1,2] and [-1]; only the graph's broadcast fails, so no input is blamed.
+    r = post(server, "/v1/models/multi:predict", {"inputs": {"a": [[1, 2], [3, 4]], "b": [1, 2, 3], "text": ["x"]}})
+    assert r.status_code == 400
+    assert r.json()["error"].startswith("Incompatible shapes")
+
+
+def test_the_right_width_still_serves(server):
+    r = post(server, "/v1/models/dense:predict", {"instances": [[1.0, 2.0, 3.0, 4.0]]})
+    assert r.status_code == 200, r.text
+    assert r.json() == {"predictions": [[10.0, 20.0]]}
+
+
+# ------------------------------------------------------------------- which version answered (issue 13)
+def test_answers_name_the_model_and_version_in_headers(server):
+    r = post(server, "/v1/models/tf2:predict", {"instances": [[1.0]]})
+    assert r.status_code == 200
+    assert (r.headers["X-Model-Name"], r.headers["X-Model-Version"]) == ("tf2", "1")
+    r = post(server, "/v1/models/tf1/versions/1:predict", {"inputs": [[1.0]]})
+    assert (r.headers["X-Model-Name"], r.headers["X-Model-Version"]) == ("tf1", "1")
+
+
+def test_errors_carry_no_version_headers(server):
+    for path in ("/v1/models/nope:predict", "/v1/models/dense:predict"):
+        r = post(server, path, {"instances": [[1.0]]})
+        assert r.status_code in (400, 404)
+        assert "X-Model-Name" not in r.headers and "X-Model-Version" not in r.headers
+
+
+def test_the_version_header_is_the_version_that_answered_labels_and_canary(serve, make_repo, tmp_path):
+    # v1 answers 0.5 * 2 + 2 = 3.0 and v2 0.5 * 2 + 3 = 4.0, so each answer says which version computed it.
+    base = make_repo("hp", {1: "hp2_tf1", 2: "hp3_tf2"})
+    config = tmp_path / "models.config"
+    config.write_text(
+        f'model_config_list {{ config {{ name: "hp" base_path: "{base}" model_platform: "tensorflow" '
+        "model_version_policy { all {} } } }\n"
+    )
+    server = serve(model_config_file=str(config))
+    computed_by = {3.0: "1", 4.0: "2"}
+
+    def answer(path: str) -> tuple[str, str]:
+        r = post(server, path, {"instances": [2.0]})
+        assert r.status_code == 200, r.text
+        assert r.headers["X-Model-Name"] == "hp"
+        return computed_by[r.json()["predictions"][0]], r.headers["X-Model-Version"]
+
+    def manage(action: str, body: dict) -> None:
+        r = requests.post(f"{server.rest_url}/workbench/v1/models/hp:{action}", json=body, timeout=60)
+        assert r.status_code == 200, r.text
+
+    assert answer("/v1/models/hp:predict") == ("2", "2")  # TF Serving's default: the latest
+    manage("promote", {"version": 1})
+    manage("canary", {"version": 2, "weight": 0.5})
+    assert answer("/v1/models/hp/labels/stable:predict") == ("1", "1")
+    assert answer("/v1/models/hp/labels/canary:predict") == ("2", "2")
+    # Default traffic is split between the stable version and the canary: the header follows each request.
+    answers = [answer("/v1/models/hp:predict") for _ in range(10)]
+    assert all(computed == header for computed, header in answers), answers
+    assert {header for _, header in answers} == {"1", "2"}

@@ -1,16 +1,27 @@
 """The "Model serving" sidebar in a real browser: JupyterLab in headless Chromium, a server started from a notebook
-shows up in the sidebar, and Promote there changes the `stable` label on the server. The screenshot after the
-promotion is docs/sidebar.png. The launcher item and the palette entry open a notebook ready to serve."""
+shows up in the sidebar, and Promote there changes the `stable` label on the server; a cell run afterwards shows
+the notebook agreeing with the sidebar. The screenshot then is docs/sidebar.png. The launcher item and the palette
+entry open a notebook ready to serve."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
 import requests
-from browser import CHROMIUM, CHROMIUM_ARGS, jupyterlab, notebook, open_notebook, require_browser, run_all_cells
+from browser import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    jupyterlab,
+    notebook,
+    open_notebook,
+    require_browser,
+    run_all_cells,
+    stderr_outputs,
+)
 from waiting import wait_until
 
 from workbench.jupyter.registry import list_servers
@@ -20,8 +31,8 @@ SCREENSHOT = Path(__file__).resolve().parent.parent / "docs" / "sidebar.png"
 CELLS = [
     "from workbench.demo import save_half_plus_two\n"
     "save_half_plus_two('models/half_plus_two/1')\n"
-    "save_half_plus_two('models/half_plus_two/2', offset=3.0)",
-    "%load_ext workbench\nserver = %serve start --repo models --name sidebar-demo\nserver",
+    "save_half_plus_two('models/half_plus_two/2', offset=3.0);",
+    "%load_ext workbench\nserver = %serve start --model_repository models --server_name sidebar-demo\nserver",
     # Version 1 is the stable one to begin with (loaded for it: the repository's policy serves the newest only).
     "%serve promote half_plus_two 1",
     # A little traffic, so that the sparklines have something to draw.
@@ -29,6 +40,8 @@ CELLS = [
     "from workbench.bench import run_load\n"
     "threading.Thread(target=run_load, args=(server.grpc_target, 'grpc', 'half_plus_two',\n"
     "    {'x': np.ones((1, 1), np.float32)}), kwargs={'concurrency': 1, 'duration': 90}, daemon=True).start()",
+    # Run only after Promote in the sidebar: the notebook sees the version the sidebar made stable.
+    "# promoted in the sidebar\n%serve status half_plus_two",
 ]
 
 
@@ -39,7 +52,7 @@ def test_sidebar_lists_a_notebook_server_and_promotes(tmp_path: Path) -> None:
     (tmp_path / "serving.ipynb").write_text(json.dumps(notebook(CELLS)))
     with jupyterlab(tmp_path) as lab, sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
         try:
             _promote_from_the_sidebar(page, lab, tmp_path)
             _open_a_serving_notebook(page)
@@ -53,7 +66,7 @@ def test_sidebar_lists_a_notebook_server_and_promotes(tmp_path: Path) -> None:
 
 def _promote_from_the_sidebar(page, lab: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     open_notebook(page, lab, "serving.ipynb")
-    run_all_cells(page)
+    run_all_cells(page, count=len(CELLS) - 1)
     page.locator(".jp-SideBar [data-id='workbench-serving']").click()  # the tab opens the sidebar
     page.locator(".jp-WorkbenchPanel").wait_for(timeout=10_000)
     server = page.locator(".jp-WorkbenchServer[data-server-name='sidebar-demo']")
@@ -79,6 +92,14 @@ def _promote_from_the_sidebar(page, lab: str, tmp_path: Path) -> None:  # type: 
     described = requests.get(f"http://127.0.0.1:{record.rest_port}/workbench/v1/models/half_plus_two", timeout=10)
     assert described.json()["stable"] == 2
     assert described.json()["labels"]["stable"] == 2
+    # And the notebook, asked again, says so too: v2 stable with all the traffic, as the sidebar shows.
+    run_all_cells(page, count=1)
+    last = page.locator(".jp-Notebook .jp-Cell").nth(len(CELLS) - 1)
+    rows = last.locator(".jp-OutputArea-output tr")
+    v2_row = rows.filter(has=page.locator("td:nth-child(2)", has_text=re.compile(r"^\s*2\s*$")))
+    v2_row.locator("td:nth-child(4)", has_text="stable").wait_for(timeout=60_000)
+    assert v2_row.locator("td:nth-child(5)").inner_text().strip() == "100%"
+    assert stderr_outputs(page) == [], "log lines reached the cells"
 
     update_docs = bool(os.environ.get("WORKBENCH_UPDATE_SCREENSHOTS"))
     # The rate sparkline has drawn several points (the docs' picture: its full half minute).

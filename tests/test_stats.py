@@ -148,6 +148,7 @@ def test_health_lists_models_and_ports(two_versions):
         "rest_port": server.server.rest_port,
         "models": ["m"],
         "batching": {"m": False},
+        "request_log": {},
     }
     assert server.server.grpc_port > 0 and server.server.rest_port > 0
 

@@ -7,7 +7,6 @@ import contextlib
 import os
 import shutil
 import threading
-import time
 
 import models
 import pytest
@@ -21,6 +20,8 @@ from waiting import (
     version_states,
     wait_until,
 )
+
+from workbench.engine.servable import Servable
 
 OK = {"error_code": "OK", "error_message": ""}
 V1_ANSWER = '{"predictions":[[2.5]]}'  # hp2: 0.5 * 1 + 2
@@ -270,12 +271,14 @@ def test_a_request_that_resolved_a_version_finishes_on_it_while_that_version_unl
     )
     dataplane, manager = server.server.dataplane, server.server.manager
     resolved, proceed = threading.Event(), threading.Event()
+    held: list[Servable] = []
     original_handle = dataplane.handle
 
     @contextlib.contextmanager
     def handle_then_pause(spec):
         with original_handle(spec) as servable:
             if not resolved.is_set():
+                held.append(servable)
                 resolved.set()
                 proceed.wait(30)  # holds this one request between resolution and execution
             yield servable
@@ -286,22 +289,29 @@ def test_a_request_that_resolved_a_version_finishes_on_it_while_that_version_unl
     client.start()
     try:
         assert resolved.wait(30)
+        (v2,) = held
+        assert v2.version == 2
         remove_atomically(base / "2")
-
-        def v2_state() -> str:
-            return {s.version: s.state.name for s in manager.version_status("m")}[2]
-
-        wait_until(lambda: v2_state() != "AVAILABLE", what="v2 leaving")
-        # A correct server keeps v2 UNLOADING while the request holds it; give a wrong one the time to finish.
-        deadline = time.monotonic() + 1.5
-        while v2_state() != "END" and time.monotonic() < deadline:
-            time.sleep(0.01)
+        # The unload has begun once v2 refuses new holders. It marks v2 so under the servable's lock and keeps that
+        # lock until it waits for the holders to leave: from here a correct server waits for the held request,
+        # and one that does not wait has already freed v2 under it. Either way, however fast the machine.
+        wait_until(lambda: refuses_new_holders(v2), what="v2's unload to begin")
+        # (Asked of the manager: the held request holds the REST frontend's loop too.)
+        assert {s.version: s.state.name for s in manager.version_status("m")} == {2: "UNLOADING", 1: "AVAILABLE"}
     finally:
         proceed.set()
         client.join(30)
     (answer,) = answers
     assert (answer.status_code, answer.text) == (200, V2_ANSWER)
     wait_until(states_are(server.rest_url, "m", {"2": "END", "1": "AVAILABLE"}), what="v2 END")
+
+
+def refuses_new_holders(servable: Servable) -> bool:
+    """True once ``servable`` is unloading (a new request could no longer hold it)."""
+    if servable.acquire():
+        servable.release()
+        return False
+    return True
 
 
 # ------------------------------------------------------------------------------------------ failed loads

@@ -235,3 +235,31 @@ def test_bad_warmup_fails_the_new_version_and_the_serving_one_stays(serve, tmp_p
     r = requests.post(f"{url}/v1/models/m/versions/2:predict", json={"instances": [[1.0]]}, timeout=30)
     assert r.status_code == 404
     assert states_are(url, "m", {"2": "END", "1": "AVAILABLE"})()
+
+
+# ------------------------------------------------------------------------------------------- the reader itself
+@pytest.mark.parametrize(
+    ("write", "start"),
+    [(_truncated_record, "truncated record at "), (_bad_framing, "corrupted record at 0")],
+    ids=["truncated_record", "bad_framing"],
+)
+def test_a_broken_file_is_data_loss_with_tensorflows_reason_and_no_op_wrapping(tmp_path, write, start):
+    from workbench.engine.status import Code, ServingError
+    from workbench.engine.warmup import read_warmup_records, warmup_path
+
+    write(tmp_path)
+    path = warmup_path(str(tmp_path))
+    with pytest.raises(ServingError) as caught:
+        list(read_warmup_records(path))
+    assert caught.value.code == Code.DATA_LOSS
+    assert caught.value.message.startswith(f"Failed to read warmup file {path}: {start}")
+    assert "function_node" not in caught.value.message
+    assert "[Op:" not in caught.value.message
+
+
+def test_the_reader_returns_every_record_in_order(tmp_path):
+    from workbench.engine.warmup import read_warmup_records, warmup_path
+
+    records = [models.predict_log("m", {"x": np.array([[float(i)]], np.float32)}) for i in range(3)]
+    models.write_warmup_file(tmp_path, records)
+    assert list(read_warmup_records(warmup_path(str(tmp_path)))) == records

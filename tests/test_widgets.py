@@ -4,13 +4,20 @@ leaves no thread behind."""
 
 from __future__ import annotations
 
+import ast
+import json
 import threading
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from waiting import wait_until
 
 from workbench.client import Client
 from workbench.notebook.widgets import Dashboard, LiveChart, LoadPanel, QueryPanel, VersionsPanel, example_inputs
+
+if TYPE_CHECKING:
+    from jupyter_client.blocking.client import BlockingKernelClient
 
 
 @pytest.fixture
@@ -171,3 +178,79 @@ def test_serve_dashboard_magic(server, tmp_path, ipython_shell):
             ip.run_line_magic("serve", "dashboard --server dash --window 0")
     finally:
         handle.stop()
+
+
+# ------------------------------------------------------------------------------------------- in a kernel
+@pytest.fixture
+def kernel() -> Iterator[BlockingKernelClient]:
+    """A real IPython kernel in a child process, as a notebook's; the test talks to it as a frontend does."""
+    from jupyter_client.manager import start_new_kernel
+
+    manager, kernel_client = start_new_kernel(kernel_name="python3", startup_timeout=120)
+    try:
+        yield kernel_client
+    finally:
+        kernel_client.stop_channels()
+        manager.shutdown_kernel(now=True)
+
+
+def in_kernel(kernel: BlockingKernelClient, code: str, expression: str = "None") -> Any:
+    """Run ``code`` as a cell of the kernel, then return ``expression`` (JSON-able) as the kernel sees it."""
+    reply = kernel.execute_interactive(
+        code,
+        user_expressions={"value": f"__import__('json').dumps({expression})"},
+        timeout=120,
+        output_hook=lambda _: None,
+    )
+    content = reply["content"]
+    assert content["status"] == "ok", "\n".join(content.get("traceback", []))
+    value = content["user_expressions"]["value"]
+    assert value["status"] == "ok", value
+    return json.loads(ast.literal_eval(value["data"]["text/plain"]))
+
+
+def test_in_a_kernel_every_widget_change_is_made_on_the_kernels_thread(server, client, kernel):
+    """The polling, stream, ticker and action threads only fetch: the versions panel following a canary set from
+    elsewhere, the chart's redraws and the load panel's progress and result are all made on the kernel's main
+    thread, the one that applies the frontend's messages to the same widgets."""
+    in_kernel(
+        kernel,
+        f"""
+import threading
+from workbench.notebook.widgets import LiveChart, LoadPanel, VersionsPanel
+versions = VersionsPanel({server.rest_url!r}, refresh_seconds=0.1)
+chart = LiveChart({server.rest_url!r}, interval=0.1, min_redraw_seconds=0.1)
+load = LoadPanel({server.rest_url!r})
+changes = []  # (trait, the thread that changed it)
+
+def record(change):
+    changes.append((change["name"], threading.current_thread().name))
+
+for widget, traits in [
+    (versions.table, ["value"]), (versions.canary_weight, ["value"]), (versions.version, ["value"]),
+    (versions.routing, ["value"]), (chart.figure, ["_py2js_addTraces", "_py2js_update", "_py2js_restyle"]),
+    (load.progress, ["value"]), (load.result, ["value"]), (load.status, ["value"]),
+]:
+    widget.observe(record, names=traits)
+""",
+    )
+    assert in_kernel(kernel, "", "versions.canary_weight.value") == 0.0  # no canary yet
+
+    client.canary("hp", 1, 0.3)  # from outside the panel, as %serve or the sidebar would
+    wait_until(lambda: in_kernel(kernel, "", "versions.canary_weight.value") == 0.3, what="the slider following")
+    assert in_kernel(kernel, "", "versions.version.value") == 1
+    assert "canary v1 at 30%" in in_kernel(kernel, "", "versions.routing.value")
+
+    in_kernel(kernel, "load.model.value, load.protocol.value, load.seconds.value = 'hp', 'rest', 1\nload.start.click()")
+    wait_until(lambda: in_kernel(kernel, "", "load.last is not None"), timeout=60, what="the load's result")
+    wait_until(lambda: in_kernel(kernel, "", "chart.points('hp', 1) >= 3"), timeout=60, what="snapshots")
+    wait_until(lambda: in_kernel(kernel, "", "len(chart.figure.data) > 0"), what="the chart drawn")
+
+    changes = in_kernel(kernel, "", "changes")
+    traits = {trait for trait, _ in changes}
+    assert {"value", "_py2js_addTraces"} <= traits
+    threads = {thread for _, thread in changes}
+    assert threads == {"MainThread"}, changes
+    running = in_kernel(kernel, "", "sorted(t.name for t in threading.enumerate())")
+    assert {"workbench-versions", "workbench-chart-stream", "workbench-chart-draw"} <= set(running)
+    in_kernel(kernel, "versions.close(); chart.close(); load.close()")

@@ -54,7 +54,7 @@ def _jupyter_labextension_paths() -> list[dict[str, str]]:
     ``jupyter-builder develop`` (run by ``make install``) reads this to link ``workbench/labextension`` into
     JupyterLab's paths; a wheel installs the same folder as shared data.
     """
-    return [{"src": "labextension", "dest": "workbench-jupyterlab"}]
+    return [{"src": "labextension", "dest": "workbench-serving-jupyterlab"}]
 
 
 def load_ipython_extension(ipython: Any) -> None:

@@ -20,7 +20,19 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
+from workbench.vocabulary import renamed_keywords
+
 PREDICT_METHOD = "/tensorflow.serving.PredictionService/Predict"
+PROTOCOLS = ("rest", "grpc")
+
+# The defaults of every front end (``workbench bench``, ``%serve bench``, the functions here), so that the same
+# command measures the same thing wherever it is typed. REST, because it is what a notebook's client, curl and a
+# browser speak and what ``%serve predict`` and ``Client`` use by default; gRPC is one flag away. Five seconds:
+# after the warm-up requests, enough samples for a stable p99 even at a few hundred requests/s, and short enough
+# to keep a notebook cell interactive.
+DEFAULT_PROTOCOL = "rest"
+DEFAULT_DURATION_S = 5.0
+DEFAULT_CONCURRENCY = 1
 
 
 @dataclasses.dataclass
@@ -126,20 +138,41 @@ async def _grpc_client(channel: Any, request: bytes, clock: _Clock, result: Benc
         result.requests += 1
 
 
+def resolve_load(concurrency: int, duration: float | None, requests: int | None) -> tuple[float | None, int | None]:
+    """Check a front end's load options (named as its flags are) and resolve the default stop condition.
+
+    Returns ``(duration, requests)``: a request count, or else a duration (:data:`DEFAULT_DURATION_S` if none).
+    """
+    if concurrency < 1:
+        raise ValueError("--concurrency must be at least 1")
+    if duration is not None and requests is not None:
+        raise ValueError("give --duration or --requests, not both")
+    if (duration is not None and duration <= 0) or (requests is not None and requests < 1):
+        raise ValueError("--duration and --requests must be positive")
+    if requests is not None:
+        return None, requests
+    return (DEFAULT_DURATION_S if duration is None else duration), None
+
+
+@renamed_keywords(clients="concurrency", signature="signature_name")
 async def run_load_async(
     target: str,
     protocol: str,
     model: str,
     inputs: Mapping[str, np.ndarray],
     *,
-    concurrency: int = 1,
-    duration: float | None = 5.0,
+    concurrency: int = DEFAULT_CONCURRENCY,
+    duration: float | None = DEFAULT_DURATION_S,
     requests: int | None = None,
     signature_name: str = "",
     warmup_requests: int = 20,
     timeout: float = 30.0,
 ) -> BenchResult:
-    """Drive ``target`` (``http://host:port`` for REST, ``host:port`` for gRPC) and measure it."""
+    """Drive ``target`` (``http://host:port`` or ``host:port`` for REST, ``host:port`` for gRPC) and measure it.
+
+    ``clients=`` and ``signature=`` (the magic's earlier option names) are accepted for ``concurrency=`` and
+    ``signature_name=``.
+    """
     if duration is None and requests is None:
         raise ValueError("give a duration or a request count")
     result = BenchResult(protocol=protocol, model=model, concurrency=concurrency, requests=0, errors=0, seconds=0)

@@ -1,6 +1,8 @@
-"""``workbench serve | demo``: the command line, with ``tensorflow_model_server``'s flag names.
+"""``workbench serve | demo | bench``: the command line, with ``tensorflow_model_server``'s flag names.
 
-Flags are parsed with argparse. Booleans take TF Serving's forms (``--flag``, ``--flag=true``,
+Flags are parsed with argparse, in the vocabulary of :mod:`workbench.vocabulary`: TF Serving's names, with
+earlier spellings (``--rest_port``, ``--repo``, ``--clients`` ...) and dashes for underscores accepted, and a
+mistyped flag answered with the nearest one. Booleans take TF Serving's forms (``--flag``, ``--flag=true``,
 ``--flag=false``). A TF Serving flag this server does not implement is refused by name, never ignored.
 """
 
@@ -12,6 +14,10 @@ import os
 import shlex
 import sys
 from collections.abc import Sequence
+from typing import Any
+
+from workbench.bench import DEFAULT_CONCURRENCY, DEFAULT_DURATION_S, DEFAULT_PROTOCOL, PROTOCOLS
+from workbench.vocabulary import BoolFlag, HelpFormatter, canonical_options, did_you_mean, unrecognized_option
 
 # TensorFlow's C++ INFO lines are noise for a server operator; warnings and errors still show.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
@@ -40,63 +46,124 @@ UNSUPPORTED_TF_SERVING_FLAGS = {
     "version": "use `workbench --version`",
 }
 
-
-def _bool(text: str) -> bool:
-    value = text.strip().lower()
-    if value in ("1", "true", "t", "yes", "y"):
-        return True
-    if value in ("0", "false", "f", "no", "n"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+# Command lines shown under --help. tests/test_vocabulary.py parses every one, so they stay true.
+EXAMPLES = """\
+examples:
+  workbench demo demo-models
+  workbench serve --model_config_file=demo-models/models.config --rest_api_port=8501
+  workbench bench --target=localhost:8501 --model=half_plus_two --inputs='{"x": [[1.0]]}'
+"""
+SERVE_EXAMPLES = """\
+examples:
+  workbench serve --model_name=half_plus_two --model_base_path=/models/half_plus_two --rest_api_port=8501
+  workbench serve --model_config_file=models.config --port=8500 --rest_api_port=8501 --enable_batching
+  workbench serve --model_repository=workbench-models --rest_api_port=8501 --server_name=experiments
+"""
+BENCH_EXAMPLES = """\
+examples:
+  workbench bench --target=localhost:8501 --model=half_plus_two --inputs='{"x": [[1.0]]}'
+  workbench bench --target=localhost:8500 --protocol=grpc --model=half_plus_two --inputs='{"x": [[1.0]]}' \\
+      --concurrency=8 --duration=10
+"""
 
 
 class _Parser(argparse.ArgumentParser):
+    """argparse in workbench's vocabulary: aliases and dashes accepted, a mistyped flag or command answered with
+    the nearest one, and every error ending with where help is."""
+
+    commands: tuple[str, ...] = ()  # set on the top-level parser: its subcommands
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        # TF Serving takes no abbreviated flags; a prefix (--rest) is a mistake to point out, not a flag to guess.
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        words = list(sys.argv[1:] if args is None else args)
+        if self.commands:  # the top level: the command's own parser reads the flags after it
+            command = next((word for word in words if not word.startswith("-")), None)
+            if command is not None and command not in self.commands:
+                hint = did_you_mean(command, self.commands)
+                self.error(f"unknown command {command!r}{hint} (commands: {', '.join(self.commands)})")
+        else:
+            words = canonical_options(words, self)
+            problem = unrecognized_option(words, self)
+            if problem:
+                self.error(problem)
+        return super().parse_known_args(words, namespace)
+
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(2, f"{self.prog}: error: {message}\n(see `{self.prog} --help`)\n")
 
 
-def _flag(parser: argparse.ArgumentParser, name: str, kind: type | object, default: object, help_text: str) -> None:
-    if kind is bool:
-        parser.add_argument(f"--{name}", type=_bool, nargs="?", const=True, default=default, help=help_text)
+def _flag(
+    group: argparse._ActionsContainer, name: str, default: object, help_text: str, metavar: str | None = None
+) -> None:
+    """``--name``, typed by its default (TF Serving's boolean forms for a bool)."""
+    if isinstance(default, bool):
+        group.add_argument(f"--{name}", action=BoolFlag, default=default, help=help_text)
     else:
-        parser.add_argument(f"--{name}", type=kind, default=default, help=help_text)  # type: ignore[arg-type]
+        group.add_argument(f"--{name}", type=type(default), default=default, metavar=metavar, help=help_text)
 
 
 def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "serve",
         help="serve models over TF Serving's REST and gRPC APIs (tensorflow_model_server's flags)",
+        usage="%(prog)s (--model_base_path=DIR [--model_name=NAME] | --model_config_file=FILE | "
+        "--model_repository=DIR) [flags]",
         description="Serve TensorFlow SavedModels with TF Serving's REST and gRPC APIs. Flag names and defaults are "
-        "tensorflow_model_server's.",
+        "tensorflow_model_server's; a boolean flag alone turns it on, and --flag=true or --flag=false work as in "
+        "TF Serving.",
+        epilog=SERVE_EXAMPLES,
     )
-    _flag(p, "port", int, 8500, "gRPC port (TF Serving's default 8500)")
-    _flag(p, "rest_api_port", int, 0, "REST port; 0 turns REST off (as in TF Serving), -1 picks a free port")
-    _flag(p, "rest_api_timeout_in_ms", int, 30000, "deadline for a REST inference request")
-    _flag(p, "rest_api_enable_cors_support", bool, False, "answer CORS preflights and allow any origin")
-    _flag(p, "model_name", str, "default", "name of the one model served with --model_base_path")
-    _flag(p, "model_base_path", str, "", "folder of numbered version folders of the one model to serve")
-    _flag(p, "model_config_file", str, "", "text-format tensorflow.serving.ModelServerConfig listing the models")
-    _flag(p, "model_config_file_poll_wait_seconds", float, 0.0, "re-read the model config file this often (0: once)")
-    _flag(p, "file_system_poll_wait_seconds", float, 1.0, "scan model folders this often (0: once, <0: never)")
-    _flag(p, "enable_model_warmup", bool, True, "replay assets.extra/tf_serving_warmup_requests before serving")
-    _flag(p, "monitoring_config_file", str, "", "text-format MonitoringConfig (enables Prometheus metrics)")
-    _flag(p, "allow_version_labels_for_unavailable_models", bool, False, "allow labels on versions not loaded yet")
-    _flag(p, "num_load_threads", int, 2, "threads that load and unload model versions")
-    _flag(p, "enable_batching", bool, False, "merge concurrent requests into batches (TF Serving's defaults)")
-    _flag(p, "batching_parameters_file", str, "", "text-format BatchingParameters (needs --enable_batching)")
-    _flag(p, "grpc_socket_path", str, "", "also serve gRPC on this Unix socket")
-    _flag(p, "grpc_channel_arguments", str, "", "gRPC server arguments, comma-separated key=value")
-    # workbench's own flags
-    _flag(p, "host", str, "127.0.0.1", "address to bind (workbench: loopback unless told otherwise)")
-    _flag(p, "rest_api_max_request_bytes", int, 256 * 1024 * 1024, "largest REST request body accepted")
-    _flag(p, "grpc_max_message_bytes", int, 256 * 1024 * 1024, "largest gRPC message received or sent")
-    _flag(p, "num_inference_threads", int, 0, "threads running TensorFlow (0: twice the cores, at least 4)")
-    _flag(p, "model_repository", str, "", "serve every model folder under this root (models come and go with folders)")
-    _flag(p, "management_state_file", str, "", "where promotions, canaries and pins persist (JSON)")
-    _flag(p, "management_token", str, "", "require this bearer token for the management API's changes")
-    _flag(p, "server_name", str, "", "this server's name in Jupyter's sidebar (default: its repository folder)")
-    _flag(p, "ready_file", str, "", "write the ports as JSON here once the server answers")
-    _flag(p, "parent_pid", int, 0, "stop when this process exits (set by notebook handles)")
+    models = p.add_argument_group("models", "what to serve (one of the three sources) and how versions load")
+    _flag(models, "model_name", "default", "name of the one model served from --model_base_path", "NAME")
+    _flag(models, "model_base_path", "", "serve one model: a folder of numbered version folders", "DIR")
+    _flag(models, "model_config_file", "", "serve the models listed in a text-format ModelServerConfig", "FILE")
+    _flag(models, "model_config_file_poll_wait_seconds", 0.0, "re-read --model_config_file this often (0: once)", "S")
+    _flag(models, "file_system_poll_wait_seconds", 1.0, "look for new versions this often (0: once, <0: never)", "S")
+    _flag(models, "enable_model_warmup", True, "replay assets.extra/tf_serving_warmup_requests before serving")
+    _flag(models, "allow_version_labels_for_unavailable_models", False, "let a label name a version not loaded yet")
+    _flag(models, "num_load_threads", 2, "threads that load and unload versions", "N")
+
+    network = p.add_argument_group("network and ports")
+    _flag(network, "port", 8500, "gRPC port; 0 picks a free one", "PORT")
+    _flag(
+        network,
+        "rest_api_port",
+        0,
+        "REST API port; 0 turns REST off, as in TF Serving, and -1 picks a free one",
+        "PORT",
+    )
+    _flag(network, "rest_api_timeout_in_ms", 30000, "deadline of a REST inference request", "MS")
+    _flag(network, "rest_api_enable_cors_support", False, "answer CORS preflights and allow any origin")
+    _flag(network, "grpc_socket_path", "", "also serve gRPC on this Unix socket", "PATH")
+    _flag(network, "grpc_channel_arguments", "", "gRPC server arguments, comma-separated key=value", "ARGS")
+
+    batching = p.add_argument_group("batching")
+    _flag(batching, "enable_batching", False, "merge concurrent requests into batches (TF Serving's parameters)")
+    _flag(batching, "batching_parameters_file", "", "text-format BatchingParameters (with --enable_batching)", "FILE")
+
+    monitoring = p.add_argument_group("monitoring")
+    _flag(monitoring, "monitoring_config_file", "", "text-format MonitoringConfig (Prometheus metrics)", "FILE")
+
+    own = p.add_argument_group("workbench's own flags", "not in tensorflow_model_server")
+    _flag(own, "model_repository", "", "serve every model folder under DIR; models come and go with folders", "DIR")
+    _flag(own, "server_name", "", "name in JupyterLab's sidebar (default: the repository's folder name)", "NAME")
+    _flag(own, "host", "127.0.0.1", "address both ports bind (TF Serving binds every address: 0.0.0.0)", "ADDRESS")
+    _flag(own, "rest_api_max_request_bytes", 256 * 1024 * 1024, "largest REST request body accepted", "BYTES")
+    _flag(own, "grpc_max_message_bytes", 256 * 1024 * 1024, "largest gRPC message received or sent", "BYTES")
+    _flag(own, "num_inference_threads", 0, "threads running TensorFlow (0: twice the cores, at least 4)", "N")
+    _flag(own, "management_state_file", "", "where promotions, canaries and pins persist (JSON)", "FILE")
+    _flag(own, "management_token", "", "require this bearer token for the management API's changes", "TOKEN")
+
+    # Set by notebook handles, not by people: they work, but --help does not list them.
+    p.add_argument("--ready_file", default="", help=argparse.SUPPRESS)  # the ports as JSON once it answers
+    p.add_argument("--parent_pid", type=int, default=0, help=argparse.SUPPRESS)  # stop when this process exits
     for name in UNSUPPORTED_TF_SERVING_FLAGS:
         p.add_argument(f"--{name}", nargs="?", const=True, default=None, help=argparse.SUPPRESS, dest=f"x_{name}")
     p.set_defaults(command=_serve)
@@ -202,18 +269,28 @@ def _bench_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
         help="closed-loop load on a server's predict API (REST or gRPC), with latency percentiles",
         description="Send predict requests from N concurrent clients, each waiting for its answer before sending "
         "the next, for a duration or a number of requests; print requests/s and latency percentiles. Works "
-        "against workbench and TF Serving alike.",
+        "against workbench and TF Serving alike. The same load as `%serve bench` in a notebook, with the same "
+        "defaults.",
+        epilog=BENCH_EXAMPLES,
     )
-    p.add_argument("--target", required=True, help="host:port (gRPC) or http://host:port (REST)")
-    p.add_argument("--protocol", choices=["rest", "grpc"], default="grpc")
-    p.add_argument("--model", required=True, help="model name")
-    p.add_argument("--signature_name", default="", help="signature (default: serving_default)")
     p.add_argument(
-        "--inputs", required=True, help="one request's inputs as JSON, e.g. '{\"x\": [[1.0]]}' (dtypes from metadata)"
+        "--target", required=True, metavar="ADDRESS", help="the server: host:port, or http://host:port for REST"
     )
-    p.add_argument("--concurrency", type=int, default=1, help="clients in flight at once")
-    p.add_argument("--duration", type=float, default=10.0, help="seconds to run (ignored with --requests)")
-    p.add_argument("--requests", type=int, default=None, help="stop after this many requests instead")
+    p.add_argument("--protocol", choices=PROTOCOLS, default=DEFAULT_PROTOCOL, help="the API to load")
+    p.add_argument("--grpc", dest="protocol", action="store_const", const="grpc", help="short for --protocol=grpc")
+    p.add_argument("--model", required=True, metavar="NAME", help="the model's name")
+    p.add_argument("--signature_name", default="", metavar="NAME", help="the signature (default: serving_default)")
+    p.add_argument(
+        "--inputs",
+        required=True,
+        metavar="JSON",
+        help="""one request's inputs, e.g. '{"x": [[1.0]]}' (typed as the signature says)""",
+    )
+    p.add_argument(
+        "--concurrency", type=int, default=DEFAULT_CONCURRENCY, metavar="N", help="clients in flight at once"
+    )
+    p.add_argument("--duration", type=float, metavar="S", help=f"seconds to run (default: {DEFAULT_DURATION_S:g})")
+    p.add_argument("--requests", type=int, metavar="N", help="stop after this many requests instead of a duration")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(command=_bench)
 
@@ -223,8 +300,15 @@ def _bench(args: argparse.Namespace) -> int:
 
     import numpy as np
 
-    from workbench.bench import format_table, input_dtypes, run_load
+    from workbench.bench import format_table, input_dtypes, resolve_load, run_load
 
+    try:  # usage mistakes: exit 2, as argparse's own
+        duration, requests = resolve_load(args.concurrency, args.duration, args.requests)
+        if args.protocol == "grpc" and "://" in args.target:
+            raise ValueError(f"a gRPC --target is host:port, not a URL ({args.target})")
+    except ValueError as exc:
+        print(f"workbench bench: {exc}", file=sys.stderr)
+        return 2
     try:
         values = json.loads(args.inputs)
         if not isinstance(values, dict) or not values:
@@ -234,16 +318,14 @@ def _bench(args: argparse.Namespace) -> int:
         if unknown:
             raise ValueError(f"the signature has no input {', '.join(unknown)} (it has {', '.join(sorted(dtypes))})")
         inputs = {name: np.asarray(value, dtype=dtypes[name]) for name, value in values.items()}
-        if args.concurrency < 1:
-            raise ValueError("--concurrency must be at least 1")
         result = run_load(
             args.target,
             args.protocol,
             args.model,
             inputs,
             concurrency=args.concurrency,
-            duration=None if args.requests else args.duration,
-            requests=args.requests,
+            duration=duration,
+            requests=requests,
             signature_name=args.signature_name,
         )
     except Exception as exc:  # noqa: BLE001 - a command line tool: say what went wrong, no traceback
@@ -260,12 +342,19 @@ def _bench(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from workbench import __version__
 
-    parser = _Parser(prog="workbench", description="A Jupyter-centric model-serving workbench.")
+    # prog is fixed: run as `python -m workbench`, argparse would call itself "__main__.py".
+    parser = _Parser(
+        prog="workbench",
+        description="A Jupyter-centric model-serving workbench: TF Serving's REST and gRPC APIs, from a notebook or "
+        "headless.",
+        epilog=EXAMPLES,
+    )
     parser.add_argument("--version", action="version", version=f"workbench {__version__}")
-    sub = parser.add_subparsers(title="commands", required=True, parser_class=_Parser)
+    sub = parser.add_subparsers(title="commands", metavar="COMMAND", required=True, parser_class=_Parser)
     _serve_parser(sub)
     _demo_parser(sub)
     _bench_parser(sub)
+    parser.commands = tuple(sub.choices)
     return parser
 
 

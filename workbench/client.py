@@ -18,6 +18,7 @@ import numpy as np
 import requests
 
 from workbench.engine.status import Code, ServingError
+from workbench.vocabulary import renamed_keywords
 
 _HTTP_CODES = {
     400: Code.INVALID_ARGUMENT,
@@ -109,6 +110,10 @@ class Client:
         return path
 
     def _rest(self, method: str, path: str, body: Any = None) -> Any:
+        return self._rest_answer(method, path, body)[0]
+
+    def _rest_answer(self, method: str, path: str, body: Any = None) -> tuple[Any, Mapping[str, str]]:
+        """The JSON document and the headers of a successful answer (a ServingError otherwise)."""
         assert self.url is not None
         try:
             response = self._session.request(method, self.url + path, json=body, timeout=self.timeout)
@@ -121,7 +126,7 @@ class Client:
         if response.status_code != 200:
             code = _HTTP_CODES.get(response.status_code, Code.INTERNAL if response.status_code >= 500 else Code.UNKNOWN)
             raise ServingError(code, doc.get("error", response.reason) if isinstance(doc, dict) else response.reason)
-        return doc
+        return doc, response.headers
 
     def _stub(self, service: str) -> Any:
         if service not in self._stubs:
@@ -218,6 +223,7 @@ class Client:
             for s in response.model_version_status
         ]
 
+    @renamed_keywords(signature="signature_name")  # the %serve magics' earlier --signature
     def predict(
         self,
         model: str,
@@ -238,7 +244,7 @@ class Client:
             body: dict[str, Any] = {"inputs": {k: _to_json(v) for k, v in feeds.items()}}
             if signature_name:
                 body["signature_name"] = signature_name
-            doc = self._rest("POST", self._path(model, version, label) + ":predict", body)
+            doc, headers = self._rest_answer("POST", self._path(model, version, label) + ":predict", body)
             latency = (time.perf_counter() - started) * 1000
             names = list(signature.outputs)
             # Columnar answers hold the one output's value directly, or an object of several.
@@ -248,7 +254,9 @@ class Client:
                 for k, v in raw.items()
                 if not output_filter or k in output_filter
             }
-            served_version = version
+            # workbench says which version answered (after labels and canaries); TF Serving does not.
+            answered = headers.get("X-Model-Version", "")
+            served_version = int(answered) if answered.isdigit() else version
         else:
             from tensorflow_serving.apis import predict_pb2
 
@@ -323,6 +331,7 @@ class Client:
             results = [r.value for r in response.result.regressions]
         return results, latency
 
+    @renamed_keywords(signature="signature_name")  # the %serve magics' earlier --signature
     def classify(
         self,
         model: str,
@@ -339,6 +348,7 @@ class Client:
         )
         return [[(str(label_), float(score)) for label_, score in row] for row in results]
 
+    @renamed_keywords(signature="signature_name")  # the %serve magics' earlier --signature
     def regress(
         self,
         model: str,

@@ -10,16 +10,17 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from typing import Any, TypeVar
 
 import numpy as np
 
-from workbench.engine import inference
+from workbench.engine import inference, prediction_logs
 from workbench.engine.batching import BatchScheduler
 from workbench.engine.manager import Manager, ServableHandle, VersionStatus
 from workbench.engine.metrics import ServingMetrics
+from workbench.engine.request_log import RequestLogger
 from workbench.engine.servable import Servable, Signature, TensorSpec
 from workbench.engine.stats import RollingStats
 from workbench.engine.status import Code, ServingError, from_exception
@@ -77,11 +78,13 @@ class Dataplane:
         stats: RollingStats,
         executor: Executor,
         scheduler: BatchScheduler,
+        request_log: RequestLogger | None = None,
     ) -> None:
         self.manager = manager
         self.metrics = metrics
         self.stats = stats
         self.scheduler = scheduler
+        self.request_log = request_log
         self._executor = executor
 
     # --------------------------------------------------------------------------------- resolution
@@ -99,6 +102,11 @@ class Dataplane:
         if sig is None:
             raise ServingError(Code.INVALID_ARGUMENT, f'Serving signature name: "{key}" not found in signature def')
         return sig.inputs
+
+    @staticmethod
+    def grpc_input_specs(servable: Servable, signature_name: str) -> Mapping[str, TensorSpec]:
+        """Inputs of a signature for decoding TensorProtos (gRPC's unknown-signature error is TF Serving's)."""
+        return inference.predict_signature(servable, signature_name).inputs
 
     # ------------------------------------------------------------------------------------ running
     @staticmethod
@@ -120,7 +128,16 @@ class Dataplane:
     ) -> tuple[Signature, dict[str, np.ndarray]]:
         signature = inference.predict_signature(servable, signature_name)
         feed, outputs = inference.prepare_predict(signature, inputs, output_filter)
-        result = await self._deadline(self.scheduler.run(servable, signature, feed, outputs), timeout)
+        try:
+            result = await self._deadline(self.scheduler.run(servable, signature, feed, outputs), timeout)
+        except ServingError as exc:
+            raise inference.name_the_misfit_input(signature, feed, exc) from None
+        self._log(
+            servable,
+            lambda: prediction_logs.PredictEntry(
+                servable.name, servable.version, signature.name, inputs, output_filter, result
+            ),
+        )
         return signature, result
 
     async def classify(
@@ -128,14 +145,23 @@ class Dataplane:
     ) -> tuple[str, inference.Classifications]:
         call = inference.classify_call(servable, signature_name, examples)
         result = await self._deadline(self.scheduler.run(servable, call.signature, call.feed, call.outputs), timeout)
-        return call.signature.name, inference.classify_results(call, result)
+        name, labelled = call.signature.name, inference.classify_results(call, result)
+        self._log(
+            servable,
+            lambda: prediction_logs.ClassifyEntry(servable.name, servable.version, name, examples, labelled),
+        )
+        return name, labelled
 
     async def regress(
         self, servable: Servable, signature_name: str, examples: Sequence[bytes], timeout: float | None = None
     ) -> tuple[str, list[float]]:
         call = inference.regress_call(servable, signature_name, examples)
         result = await self._deadline(self.scheduler.run(servable, call.signature, call.feed, call.outputs), timeout)
-        return call.signature.name, inference.regress_results(call, result)
+        name, values = call.signature.name, inference.regress_results(call, result)
+        self._log(
+            servable, lambda: prediction_logs.RegressEntry(servable.name, servable.version, name, examples, values)
+        )
+        return name, values
 
     async def multi_inference(
         self,
@@ -147,7 +173,17 @@ class Dataplane:
         """Several signatures on one input: run together, unbatched."""
         loop = asyncio.get_running_loop()
         work = loop.run_in_executor(self._executor, inference.multi_inference, servable, tasks, examples)
-        return await self._deadline(work, timeout)
+        results = await self._deadline(work, timeout)
+        self._log(
+            servable,
+            lambda: prediction_logs.MultiInferenceEntry(servable.name, servable.version, tasks, examples, results),
+        )
+        return results
+
+    def _log(self, servable: Servable, entry: Callable[[], prediction_logs.LogEntry]) -> None:
+        """Offer an answered request to request logging (TF Serving's logging_config); failed ones never get here."""
+        if self.request_log is not None:
+            self.request_log.log(servable.name, entry)
 
     # ------------------------------------------------------------------------------------ queries
     def model_status(self, name: str, version: int | None = None, label: str | None = None) -> list[VersionStatus]:

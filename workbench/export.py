@@ -1,11 +1,12 @@
 """Export a model from the notebook into a served model repository: ``export(model, "digits")``.
 
-The result is ``repo/name/<version>/``: a SavedModel with a ``serving_default`` signature and, when examples are
-given, ``assets.extra/tf_serving_warmup_requests``. A server polling ``repo/name`` picks the new version up.
+The result is ``<model_repository>/<name>/<version>/``: a SavedModel with a ``serving_default`` signature and,
+when examples are given, ``assets.extra/tf_serving_warmup_requests``. A server polling ``<model_repository>/<name>``
+picks the new version up.
 
-Every export is built in a hidden folder inside ``repo/name`` (the server skips dot-folders), checked by loading
-it exactly the way the server will, and only then renamed to its number, so a server never sees a half-written or
-broken version, and a failed export leaves nothing behind.
+Every export is built in a hidden folder inside ``<model_repository>/<name>`` (the server skips dot-folders), checked
+by loading it exactly the way the server will, and only then renamed to its number, so a server never sees a
+half-written or broken version, and a failed export leaves nothing behind.
 
 **How models are saved.** Keras 3, ``tf.Module`` and function models all take one route: the serving functions are
 traced to concrete functions, and a fresh ``tf.Module`` that tracks exactly the ``tf.Variable``\\ s those functions
@@ -44,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from workbench._tf import quiet_tensorflow
+from workbench.vocabulary import renamed_keywords
 
 if TYPE_CHECKING:  # only for annotations: importing TensorFlow at runtime is slow
     from numpy.typing import ArrayLike
@@ -85,15 +87,16 @@ class ExportResult:
         )
 
 
+@renamed_keywords(repo="model_repository")  # the name before the vocabulary was made one
 def export(
     model: Any,
     name: str,
-    repo: str | os.PathLike[str] = "workbench-models",
+    model_repository: str | os.PathLike[str] = "workbench-models",
     version: int | None = None,
     examples: Mapping[str, ArrayLike] | Sequence[Mapping[str, ArrayLike]] | ArrayLike | None = None,
     signatures: Mapping[str, Any] | None = None,
 ) -> ExportResult:
-    """Save ``model`` as version ``version`` (default: the next one) of ``repo/name`` and check that it serves.
+    """Save ``model`` as version ``version`` (default: the next one) of ``<model_repository>/<name>``; check it serves.
 
     ``model`` is a built Keras 3 model, a ``tf.Module`` whose ``tf.function`` (``serve``, ``serving_default``,
     ``__call__`` or its only one) has an ``input_signature``, a ``tf.function`` with an ``input_signature``, or
@@ -104,28 +107,31 @@ def export(
     as the version's warmup requests and run through the exported model before it is published.
     """
     _check_name(name)
-    base = Path(repo).absolute() / name
+    base = Path(model_repository).absolute() / name
     if version is not None:
         _check_version(version)
         _refuse_existing(name, base, version)
     staging = base / f".tmp-export-{uuid.uuid4().hex}"
-    try:
-        functions, trackables = _serving_functions(model, signatures)  # before mkdir: a bad model creates nothing
+    # What TensorFlow logs while it imports, traces, saves, loads and runs the export ("Assets written to ...",
+    # optimizer notices) is about workbench's work, not the user's: the cell shows the result, or the error.
+    with quiet_tensorflow():
         try:
-            base.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise ExportError(f"Cannot create the model folder {base}: {exc}") from exc
-        _save(functions, trackables, staging)
-        described, records = _write_warmup_and_verify(name, staging, examples)
-        final_version = _publish(name, base, staging, version)
-    except ExportError:
-        raise
-    except Exception as exc:  # a failure nobody foresaw still gets the one-line, cleaned-up treatment
-        raise ExportError(f"Export of {name!r} failed: {_one_line(exc)}") from exc
-    finally:
-        # Reached with staging still present only when something failed (or was interrupted).
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
+            functions, trackables = _serving_functions(model, signatures)  # before mkdir: a bad model makes nothing
+            try:
+                base.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise ExportError(f"Cannot create the model folder {base}: {exc}") from exc
+            _save(functions, trackables, staging)
+            described, records = _write_warmup_and_verify(name, staging, examples)
+            final_version = _publish(name, base, staging, version)
+        except ExportError:
+            raise
+        except Exception as exc:  # a failure nobody foresaw still gets the one-line, cleaned-up treatment
+            raise ExportError(f"Export of {name!r} failed: {_one_line(exc)}") from exc
+        finally:
+            # Reached with staging still present only when something failed (or was interrupted).
+            if staging.exists():
+                shutil.rmtree(staging, ignore_errors=True)
     return ExportResult(
         name=name,
         version=final_version,
@@ -391,8 +397,7 @@ def _save(functions: Mapping[str, Any], trackables: Sequence[Any], path: Path) -
     root.signature_variables = variables
     root.signature_resources, root.signature_assets = _tracked_resources(trackables)
     try:
-        with quiet_tensorflow():
-            tf.saved_model.save(root, str(path), signatures=dict(functions))
+        tf.saved_model.save(root, str(path), signatures=dict(functions))
     except Exception as exc:
         raise ExportError(f"Could not save the model as a SavedModel: {_one_line(exc)}") from exc
 
@@ -405,8 +410,7 @@ def _write_warmup_and_verify(name: str, path: Path, examples: Any) -> tuple[dict
     from workbench.engine.status import Code, ServingError
 
     try:
-        with quiet_tensorflow():  # "Restoring parameters from ..." must not land in the user's cell
-            servable = load_saved_model(name, 0, str(path))
+        servable = load_saved_model(name, 0, str(path))
     except Exception as exc:
         raise ExportError(f"The exported model failed its check: it does not load: {_one_line(exc)}") from exc
     try:

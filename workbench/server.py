@@ -28,6 +28,7 @@ from workbench.engine.batching_config import BatchingParameters, model_batching_
 from workbench.engine.manager import Manager, VersionState
 from workbench.engine.metrics import ServingMetrics
 from workbench.engine.options import ModelConfig, ServerOptions, discover_models, parse_model_config_file
+from workbench.engine.request_log import RequestLogger
 from workbench.engine.routing import RoutingStore
 from workbench.engine.servable import LOADERS
 from workbench.engine.source import RepositorySource
@@ -98,7 +99,13 @@ class ModelServer:
         )
         self.manager.add_listener(self._on_state_change)
         discover = (lambda: discover_models(options.model_repository)) if options.model_repository else None
-        self.source = RepositorySource(self.manager, options.file_system_poll_wait_seconds, discover=discover)
+        self.request_log = RequestLogger()  # TF Serving's logging_config: sampled requests to TFRecord files
+        self.source = RepositorySource(
+            self.manager,
+            options.file_system_poll_wait_seconds,
+            discover=discover,
+            on_scan=self.request_log.configure,
+        )
         threads = options.num_inference_threads or max(4, 2 * (os.cpu_count() or 1))
         self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="workbench-infer")
         self.scheduler = BatchScheduler(
@@ -106,7 +113,9 @@ class ModelServer:
         )
         self.metrics.report_queue_depths(self._queue_depths)
         self.metrics.report_traffic_shares(self._traffic_shares)
-        self.dataplane = Dataplane(self.manager, self.metrics, self.stats, self._executor, self.scheduler)
+        self.dataplane = Dataplane(
+            self.manager, self.metrics, self.stats, self._executor, self.scheduler, request_log=self.request_log
+        )
         self._stopped: asyncio.Event | None = None
         self.rest_port: int | None = None
         self.grpc_port: int | None = None
@@ -149,6 +158,7 @@ class ModelServer:
             "rest_port": self.rest_port,
             "models": self.manager.model_names(),
             "batching": {name: params is not None for name, params in self._batching.items()},
+            "request_log": self.request_log.describe(),
         }
 
     # -------------------------------------------------------------------------------------- models
@@ -163,6 +173,7 @@ class ModelServer:
             batching = {m.name: model_batching_parameters(m.base_path) or self._default_batching for m in models}
             self._batching.update(batching)
             self.manager.set_models(models)
+            self.request_log.configure(models)
             self.source.poll_once()
             self.manager.wait_until_settled(wait_timeout)
             self.manager.set_labels({m.name: m.labels for m in models})
@@ -284,6 +295,7 @@ class ModelServer:
             self._uvicorn = None
         self.source.stop()
         loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self.request_log.close)  # no requests come any more: write what is queued
         await loop.run_in_executor(None, self.manager.stop)
         self._executor.shutdown(wait=False, cancel_futures=True)
 

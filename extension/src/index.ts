@@ -19,7 +19,7 @@ namespace CommandIDs {
 const CATEGORY = 'Model Serving';
 
 const plugin: JupyterFrontEndPlugin<void> = {
-  id: 'workbench-jupyterlab:plugin',
+  id: 'workbench-serving-jupyterlab:plugin',
   description: 'A sidebar of the workbench model servers running in this Jupyter session.',
   autoStart: true,
   optional: [ICommandPalette, ILauncher, ILayoutRestorer],

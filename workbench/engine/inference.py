@@ -14,11 +14,15 @@ import numpy as np
 from workbench.engine.servable import (
     CLASSIFY_METHOD,
     DEFAULT_SIGNATURE,
-    PREDICT_METHOD,
     REGRESS_METHOD,
     Servable,
     Signature,
     TensorSpec,
+    describe_array,
+    describe_inputs,
+    input_error,
+    shape_text,
+    type_name,
 )
 from workbench.engine.status import Code, ServingError, invalid_argument
 
@@ -52,7 +56,10 @@ def predict(
 ) -> dict[str, np.ndarray]:
     """Validate a predict request against ``signature`` and run it (TF Serving's predict_util)."""
     feed, outputs = prepare_predict(signature, inputs, output_filter)
-    return servable.run(signature, feed, outputs)
+    try:
+        return servable.run(signature, feed, outputs)
+    except ServingError as exc:
+        raise name_the_misfit_input(signature, feed, exc) from None
 
 
 def prepare_predict(
@@ -67,20 +74,25 @@ def prepare_predict(
         raise invalid_argument(
             f"input size does not match signature: {len(sent)}!={len(expected)} "
             f"len({{{_join(sent)}}}) != len({{{_join(list(expected))}}}). "
-            f"Sent extra: {{{_join(extra)}}}. Missing but required: {{{_join(missing)}}}."
+            f"Sent extra: {{{_join(extra)}}}. Missing but required: {{{_join(missing)}}}. "
+            f"Signature inputs: {describe_inputs(expected)}."
         )
     feed: dict[str, np.ndarray] = {}
     for alias in sent:
         if alias not in expected:
             raise invalid_argument(
                 f"input tensor alias not found in signature: {alias}. "
-                f"Inputs expected to be in the set {{{_join(list(expected))}}}."
+                f"Inputs expected to be in the set {{{_join(list(expected))}}}. "
+                f"Signature inputs: {describe_inputs(expected)}."
             )
         feed[alias] = _check_dtype(expected[alias], inputs[alias])
     for alias in expected:
         if alias not in feed:
             if alias not in signature.defaults:
-                raise invalid_argument(f"Missing input: {alias} is neither in the request nor in the defaults")
+                raise invalid_argument(
+                    f"Missing input: {alias} is neither in the request nor in the defaults. "
+                    f"Signature inputs: {describe_inputs(expected)}."
+                )
             feed[alias] = signature.defaults[alias]
 
     outputs: list[str] = []
@@ -99,39 +111,52 @@ def prepare_predict(
 
 
 def _check_dtype(spec: TensorSpec, value: np.ndarray) -> np.ndarray:
-    """Fail clearly when a tensor's type differs from the signature's (TF would say 'Type mismatch')."""
+    """Fail clearly when a tensor's type is not the one its graph tensor takes (TensorFlow's own check)."""
     if spec.dtype == value.dtype:
         return value
     if spec.dtype.kind == "O" and value.dtype.kind in "OSU":
         return value
-    raise invalid_argument(
-        f"Expects arg[{spec.alias}] to be {spec.dtype_name} but {_numpy_type_name(value.dtype)} is provided"
+    sent = type_name(value.dtype)
+    raise input_error(
+        spec, describe_array(value), f"Expects arg[{spec.alias}] to be {spec.dtype_name} but {sent} is provided"
     )
 
 
-def _numpy_type_name(dtype: np.dtype) -> str:
-    return "string" if dtype.kind in "OSU" else str(dtype)
+def name_the_misfit_input(signature: Signature, feed: Mapping[str, np.ndarray], error: ServingError) -> ServingError:
+    """The error of a failed run, leading with the input whose shape the signature does not declare.
+
+    Shapes are not checked before running, as in TF Serving: graphs take more than their signatures say
+    (half_plus_two declares x as [-1,1] and serves [3]). When TensorFlow refuses a request, though, an input
+    of another shape than declared is the likely cause, and TensorFlow's message names a node, never the
+    input; so the error names it, with what was expected and received, and keeps TensorFlow's words.
+    """
+    if error.code is not Code.INVALID_ARGUMENT:
+        return error
+    for alias, value in feed.items():
+        spec = signature.inputs.get(alias)
+        if spec is not None and not spec.admits_shape(value.shape):
+            return input_error(spec, describe_array(value), error.message)
+    return error
 
 
 # --------------------------------------------------------------------------------- classify / regress
-def _example_signature(servable: Servable, name: str, method: str, what: str) -> Signature:
+# What TF Serving's classifier.cc / regressor.cc validate (PreProcessClassification / PreProcessRegression):
+# the signature's method_name only under --enable_signature_method_name_check, which is off by default (so TF2
+# exports, whose signatures all say "predict", serve :classify and :regress); one input; the outputs by alias.
+# The input's declared dtype is never looked at: the serialized examples are fed to the tensor the input
+# names, and only that tensor's real type matters (TensorSpec.dtype is the graph's).
+def _example_signature(servable: Servable, name: str) -> Signature:
     key = signature_name_or_default(name)
     sig = servable.signatures.get(key)
     if sig is None:
         raise invalid_argument(f"No signature was found with the name: {key}")
-    # TF2's tf.saved_model.save writes every signature as a predict method; accept those when they have the
-    # shape of a classify/regress signature, so Keras/TF2 exports work with :classify and :regress too.
-    if sig.method_name != method and sig.method_name != PREDICT_METHOD:
-        raise invalid_argument(f"Expected {what} signature method_name to be {method}. Was: {sig.method_name}")
     if len(sig.inputs) != 1:
-        raise invalid_argument("Expected one input Tensor.")
-    (spec,) = sig.inputs.values()
-    if spec.dtype.kind != "O":
-        raise invalid_argument(
-            f"Expected the input Tensor of signature {key} to be of type string (serialized tf.Example), "
-            f"got {spec.dtype_name}"
-        )
+        raise invalid_argument(f"Expected one input Tensor. Signature {key} has: {describe_inputs(sig.inputs)}")
     return sig
+
+
+def _signature_outputs(sig: Signature) -> str:
+    return f"{_join(list(sig.outputs))} (signature {sig.name}, method {sig.method_name})"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,28 +172,35 @@ class ExamplesCall:
 def _examples_feed(sig: Signature, examples: Sequence[bytes]) -> dict[str, np.ndarray]:
     if not examples:
         raise invalid_argument("Input is empty.")
-    (alias,) = sig.inputs
+    ((alias, spec),) = sig.inputs.items()
+    if spec.dtype.kind != "O":
+        raise input_error(
+            spec,
+            f"{len(examples)} serialized tf.Example(s)",
+            f"signature {sig.name} does not read tf.Examples; send its input to :predict",
+        )
     batch = np.empty(len(examples), dtype=object)
     batch[:] = list(examples)
     return {alias: batch}
 
 
 def _shape(a: np.ndarray) -> str:
-    return "[" + ",".join(str(d) for d in a.shape) + "]"
+    return shape_text(a.shape)
 
 
 Classifications = list[list[tuple[str, float]]]
 
 
 def classify_call(servable: Servable, signature_name: str, examples: Sequence[bytes]) -> ExamplesCall:
-    sig = _example_signature(servable, signature_name, CLASSIFY_METHOD, "classification")
+    sig = _example_signature(servable, signature_name)
     wanted = [o for o in (CLASSES, SCORES) if o in sig.outputs]
+    # TF Serving refuses more than two outputs; workbench lets a TF2 export's extra outputs go unfetched.
     if len(sig.outputs) not in (1, 2) and sig.method_name == CLASSIFY_METHOD:
         raise invalid_argument(f"Expected one or two output Tensors, found {len(sig.outputs)}")
     if not wanted:
         raise invalid_argument(
             'Expected classification signature outputs to contain at least one of "classes" or "scores". '
-            f"Found: {_join(list(sig.outputs))}"
+            f"Found: {_signature_outputs(sig)}"
         )
     return ExamplesCall(sig, _examples_feed(sig, examples), wanted, len(examples))
 
@@ -214,11 +246,13 @@ def classify(servable: Servable, signature_name: str, examples: Sequence[bytes])
 
 
 def regress_call(servable: Servable, signature_name: str, examples: Sequence[bytes]) -> ExamplesCall:
-    sig = _example_signature(servable, signature_name, REGRESS_METHOD, "regression")
+    sig = _example_signature(servable, signature_name)
     if len(sig.outputs) != 1:
-        raise invalid_argument("Expected one output Tensor.")
+        raise invalid_argument(f"Expected one output Tensor. Found: {_signature_outputs(sig)}")
     if REGRESS_OUTPUTS not in sig.outputs:
-        raise invalid_argument(f'No "{REGRESS_OUTPUTS}" output in signature {sig.name}')
+        raise invalid_argument(
+            f'No regression outputs found: expected "{REGRESS_OUTPUTS}". Found: {_signature_outputs(sig)}'
+        )
     return ExamplesCall(sig, _examples_feed(sig, examples), [REGRESS_OUTPUTS], len(examples))
 
 

@@ -16,6 +16,7 @@ from typing import Literal
 from google.protobuf import text_format
 
 from workbench.engine.batching_config import BatchingParameters, read_batching_parameters_file
+from workbench.engine.request_log_config import RequestLogConfig, request_log_config_from_proto
 from workbench.engine.status import Code, ServingError
 
 PolicyKind = Literal["latest", "all", "specific"]
@@ -58,6 +59,7 @@ class ModelConfig:
     policy: VersionPolicy = VersionPolicy()
     labels: Mapping[str, int] = dataclasses.field(default_factory=dict)
     platform: str = "tensorflow"
+    logging: RequestLogConfig | None = None  # the config file's logging_config (request logging)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,6 +193,9 @@ def model_configs_from_proto(config_list: object, base_dir: Path | None = None) 
                 policy=_policy_from_proto(entry),
                 labels=dict(entry.version_labels),
                 platform=platform,
+                logging=request_log_config_from_proto(entry.logging_config, f"model {entry.name}", base_dir)
+                if entry.HasField("logging_config")
+                else None,
             )
         )
     return models

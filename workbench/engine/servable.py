@@ -36,7 +36,12 @@ REGRESS_METHOD = "tensorflow/serving/regress"
 
 @dataclasses.dataclass(frozen=True)
 class TensorSpec:
-    """One input or output of a signature, as clients address it (by alias)."""
+    """One input or output of a signature, as clients address it (by alias).
+
+    ``dtype`` is the type the named graph tensor really has, which is what a feed must have: TF1-era
+    signatures can declare another one (TF Serving's saved_model_half_plus_three declares DT_FLOAT for the
+    string placeholder its ParseExample reads), and TF Serving goes by the graph, never the declaration.
+    """
 
     alias: str
     tensor_name: str
@@ -50,6 +55,55 @@ class TensorSpec:
         from tensorflow.core.framework import types_pb2
 
         return types_pb2.DataType.Name(self.dtype_enum).removeprefix("DT_").lower()
+
+    def describe(self) -> str:
+        """``float [-1,64]``: the type and shape a client must send, -1 for any size."""
+        if self.shape is None:
+            return f"{self.dtype_name} of any shape"
+        return f"{self.dtype_name} {shape_text(self.shape)}"
+
+    def admits_shape(self, shape: tuple[int, ...]) -> bool:
+        """Whether ``shape`` is one the signature declares (any size where it says -1)."""
+        if self.shape is None:
+            return True
+        return len(shape) == len(self.shape) and all(d in (-1, n) for d, n in zip(self.shape, shape, strict=True))
+
+
+def shape_text(shape: Sequence[int]) -> str:
+    return "[" + ",".join(str(d) for d in shape) + "]"
+
+
+def type_name(dtype: np.dtype[Any]) -> str:
+    """TensorFlow's name for the type of a numpy array ("float", "double", "string"), as in its messages."""
+    if dtype.kind in "OSU":
+        return "string"
+    from tensorflow.core.framework import types_pb2
+    from tensorflow.python.framework import dtypes
+
+    try:
+        return types_pb2.DataType.Name(dtypes.as_dtype(dtype).as_datatype_enum).removeprefix("DT_").lower()
+    except TypeError:
+        return str(dtype)
+
+
+def describe_array(value: np.ndarray) -> str:
+    """``float [1,63]``: what a client sent, in the words :meth:`TensorSpec.describe` uses."""
+    return f"{type_name(value.dtype)} {shape_text(value.shape)}"
+
+
+def describe_inputs(inputs: Mapping[str, TensorSpec]) -> str:
+    """``a float [-1,2], b int64 [-1]``: a signature's inputs, for messages about missing or extra ones."""
+    return ", ".join(f"{alias} {spec.describe()}" for alias, spec in sorted(inputs.items()))
+
+
+def input_error(spec: TensorSpec, received: str, detail: str = "") -> ServingError:
+    """INVALID_ARGUMENT for an input that does not fit its signature: the one format every API and wire uses.
+
+    It leads with what a person needs (which input, by the alias clients send it under; what the signature
+    expects; what came) and keeps TF Serving's or TensorFlow's own words in ``detail``, which clients may match.
+    """
+    message = f'Input "{spec.alias}" expects {spec.describe()} but received {received}'
+    return ServingError(Code.INVALID_ARGUMENT, f"{message}: {detail}" if detail else message)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,21 +183,24 @@ class Loader(Protocol):
     def __call__(self, name: str, version: int, path: str) -> Servable: ...
 
 
-def _spec(alias: str, info: Any) -> TensorSpec:
+def _numpy_dtype(dtype_enum: int) -> np.dtype[Any]:
     from tensorflow.python.framework import dtypes
 
+    if dtype_enum == 0:  # DT_INVALID: e.g. the NoOp output of TF2's __saved_model_init_op
+        return np.dtype(object)
+    dtype = dtypes.as_dtype(dtype_enum)
+    return np.dtype(object) if dtype == dtypes.string else np.dtype(dtype.as_numpy_dtype)
+
+
+def _spec(alias: str, info: Any) -> TensorSpec:
     if info.WhichOneof("encoding") != "name":
         raise ServingError(
             Code.UNIMPLEMENTED, f"Signature tensor {alias} is not a dense tensor (sparse/composite are unsupported)"
         )
-    if info.dtype == 0:  # DT_INVALID: e.g. the NoOp output of TF2's __saved_model_init_op
-        np_dtype = np.dtype(object)
-    else:
-        dtype = dtypes.as_dtype(info.dtype)
-        np_dtype = np.dtype(object) if dtype == dtypes.string else np.dtype(dtype.as_numpy_dtype)
     shape: tuple[int, ...] | None
     shape = None if info.tensor_shape.unknown_rank else tuple(int(d.size) for d in info.tensor_shape.dim)
-    return TensorSpec(alias=alias, tensor_name=info.name, dtype=np_dtype, dtype_enum=info.dtype, shape=shape)
+    dtype = _numpy_dtype(info.dtype)
+    return TensorSpec(alias=alias, tensor_name=info.name, dtype=dtype, dtype_enum=info.dtype, shape=shape)
 
 
 def signature_from_proto(name: str, sig: Any) -> Signature:
@@ -235,7 +292,7 @@ class SavedModelServable(Servable):
         self.signatures = {}
         for key, sig in sorted(self._meta_graph_signatures.items()):
             try:
-                self.signatures[key] = signature_from_proto(key, sig)
+                self.signatures[key] = self._fed_as_the_graph_types(signature_from_proto(key, sig))
             except ServingError as exc:  # still listed in metadata; only running it is refused
                 log.warning("Signature %s of %s version %d cannot be served: %s", key, name, version, exc.message)
         self._callables: dict[tuple[str, tuple[str, ...], tuple[str, ...]], Any] = {}
@@ -243,6 +300,29 @@ class SavedModelServable(Servable):
 
     def signature_def_map(self) -> Any:
         return signature_def_map(self._meta_graph_signatures)
+
+    def _fed_as_the_graph_types(self, signature: Signature) -> Signature:
+        """``signature`` with each input's dtype taken from the graph tensor it names.
+
+        TF Serving feeds a signature's tensors by name and never compares them with the declared types, so
+        a TF1-era signature whose declaration is wrong still serves; validating and decoding against the
+        graph's types gives the same answers. Metadata keeps reporting the SignatureDef as written.
+        """
+        inputs = dict(signature.inputs)
+        for alias, spec in signature.inputs.items():
+            try:
+                actual = self._graph.get_tensor_by_name(spec.tensor_name).dtype.as_datatype_enum
+            except (KeyError, ValueError):  # not a tensor of this graph: running it reports that
+                continue
+            if actual != spec.dtype_enum:
+                fixed = dataclasses.replace(spec, dtype=_numpy_dtype(actual), dtype_enum=actual)
+                log.info(
+                    "Signature %s of %s version %d declares input %s as %s; its tensor %s is %s, which is fed",
+                    *(signature.name, self.name, self.version, alias, spec.dtype_name, spec.tensor_name),
+                    fixed.dtype_name,
+                )
+                inputs[alias] = fixed
+        return dataclasses.replace(signature, inputs=inputs)
 
     def _callable(self, signature: Signature, feeds: tuple[str, ...], fetches: tuple[str, ...]) -> Any:
         key = (signature.name, feeds, fetches)

@@ -66,12 +66,15 @@ class RepositorySource:
         poll_wait_seconds: float,
         models: Callable[[], list[ModelConfig]] | None = None,
         discover: Callable[[], list[ModelConfig]] | None = None,
+        on_scan: Callable[[list[ModelConfig]], None] | None = None,
     ) -> None:
         self._manager = manager
         self._poll_wait = poll_wait_seconds
         self._models = models or manager.configs
         # A model repository root: models appear and disappear with their folders.
         self._discover = discover
+        # Told the models after every scan: files beside a model (logging_config.txt) are polled with it.
+        self._on_scan = on_scan
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._warned: set[str] = set()
@@ -95,6 +98,8 @@ class RepositorySource:
                     self._warned.discard(config.name)
                 aspired = config.policy.select(on_disk)
                 self._manager.set_aspired_versions(config.name, {v: on_disk[v] for v in aspired}, on_disk)
+            if self._on_scan is not None:
+                self._on_scan(self._models())
 
     def start_polling(self) -> None:
         """Keep scanning in a background thread, if a positive poll wait asks for it."""

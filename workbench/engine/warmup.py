@@ -8,6 +8,7 @@ record or too many records (INVALID_ARGUMENT) fails the version's load; the vers
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -30,12 +31,14 @@ def read_warmup_records(path: str) -> Iterator[Any]:
     from tensorflow_serving.apis import prediction_log_pb2
 
     try:
-        records = list(tf.compat.v1.io.tf_record_iterator(path))
+        # tf.data, not tf_record_iterator: that one is deprecated and says so in the user's notebook. One record
+        # past the maximum is enough to refuse the file.
+        records = [record.numpy() for record in tf.data.TFRecordDataset(path).take(MAX_WARMUP_RECORDS + 1)]
     except Exception as exc:
         err = from_exception(exc)
         raise ServingError(
             err.code if err.code != Code.INTERNAL else Code.DATA_LOSS,
-            f"Failed to read warmup file {path}: {err.message}",
+            f"Failed to read warmup file {path}: {_op_error_text(err.message)}",
         ) from None
     if len(records) > MAX_WARMUP_RECORDS:
         raise ServingError(
@@ -51,6 +54,12 @@ def read_warmup_records(path: str) -> Iterator[Any]:
                 Code.INVALID_ARGUMENT, f"Failed to parse warmup record {i} of {path} as PredictionLog"
             ) from None
         yield log
+
+
+def _op_error_text(message: str) -> str:
+    """A tf.data error without its op wrapping: ``{{function_node ...}} truncated record ... [Op:IteratorGetNext]``."""
+    message = re.sub(r"^\{\{function_node [^}]*\}\}\s*", "", message)
+    return re.sub(r"\s*\[Op:\w+\]( name: \S*)?\s*$", "", message)
 
 
 def replay(servable: Servable, log: Any) -> None:

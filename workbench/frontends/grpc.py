@@ -93,7 +93,10 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer, _
             with self.dataplane.track(spec.name, "predict", "grpc") as call:
                 with self.dataplane.handle(spec) as servable:
                     call.version = servable.version
-                    inputs = {alias: to_numpy(proto, alias) for alias, proto in request.inputs.items()}
+                    specs = self.dataplane.grpc_input_specs(servable, spec.signature_name)
+                    inputs = {
+                        alias: to_numpy(proto, alias, specs.get(alias)) for alias, proto in request.inputs.items()
+                    }
                     signature, outputs = await self.dataplane.predict(
                         servable, spec.signature_name, inputs, list(request.output_filter), timeout=_timeout(context)
                     )

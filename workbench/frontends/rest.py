@@ -2,14 +2,17 @@
 
 Routing follows TF Serving's own two regular expressions, so anything under ``/v1`` that they do not match
 is the same ``Malformed request: <METHOD> <path>`` error TF Serving gives. Every answer, errors included, is
-``application/json``; nothing reaching here can produce a 500 with a traceback.
+``application/json``; nothing reaching here can produce a 500 with a traceback. Successful ``:predict``,
+``:classify`` and ``:regress`` answers also say which servable answered, in ``X-Model-Name`` and
+``X-Model-Version`` headers (a workbench addition; the bodies stay TF Serving's).
 """
 
 from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Awaitable, Callable
+import urllib.parse
+from collections.abc import Awaitable, Callable, Mapping
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -29,6 +32,11 @@ log = logging.getLogger(__name__)
 
 JSON = "application/json"
 
+# A workbench addition: which servable answered an inference request. gRPC responses say it in model_spec;
+# TF Serving's REST bodies have no place for it, so it travels in headers and the bodies stay TF Serving's.
+MODEL_NAME_HEADER = "X-Model-Name"
+MODEL_VERSION_HEADER = "X-Model-Version"
+
 _PREDICTION_PATH = re.compile(
     r"/v1/models/([^/:]+)(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?:(classify|regress|predict)",
     re.IGNORECASE,
@@ -40,8 +48,17 @@ _STATUS_PATH = re.compile(
 _MAX_INT64 = (1 << 63) - 1
 
 
-def json_response(body: bytes, status: int = 200) -> Response:
-    return Response(body, status_code=status, media_type=JSON)
+def json_response(body: bytes, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
+    return Response(body, status_code=status, media_type=JSON, headers=headers)
+
+
+def answered_by(name: str, version: int) -> dict[str, str]:
+    """The headers naming the model and version that answered (a name that is not ASCII is percent-encoded)."""
+    return {MODEL_NAME_HEADER: urllib.parse.quote(name, safe=_HEADER_SAFE), MODEL_VERSION_HEADER: str(version)}
+
+
+# Printable ASCII but "%", which marks an escape: every model name a URL path can carry, as it was written.
+_HEADER_SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) != "%")
 
 
 def error_response(error: ServingError) -> Response:
@@ -116,7 +133,8 @@ class RestApi:
                     body, lambda name: self.dataplane.rest_input_specs(servable, name)
                 )
                 _, outputs = await self.dataplane.predict(servable, signature_name, inputs, timeout=self.timeout)
-                return json_response(json_tensor.encode_predict_response(outputs, fmt))
+                body = json_tensor.encode_predict_response(outputs, fmt)
+                return json_response(body, headers=answered_by(spec.name, servable.version))
 
     async def _classify(self, spec: ModelSpec, body: bytes) -> Response:
         return await self._examples("classify", spec, body)
@@ -133,9 +151,11 @@ class RestApi:
                 examples = serialized_examples(request_input)
                 if api == "classify":
                     _, labelled = await self.dataplane.classify(servable, signature_name, examples, self.timeout)
-                    return json_response(json_tensor.encode_classify_response(labelled))
-                _, values = await self.dataplane.regress(servable, signature_name, examples, self.timeout)
-                return json_response(json_tensor.encode_regress_response(values))
+                    body = json_tensor.encode_classify_response(labelled)
+                else:
+                    _, values = await self.dataplane.regress(servable, signature_name, examples, self.timeout)
+                    body = json_tensor.encode_regress_response(values)
+                return json_response(body, headers=answered_by(spec.name, servable.version))
 
     def _status(self, spec: ModelSpec) -> Response:
         statuses = self.dataplane.model_status(spec.name, spec.version, spec.label)
@@ -171,7 +191,15 @@ def create_app(
     routes.extend(extra_routes or [])
     middleware = []
     if enable_cors:
-        middleware.append(Middleware(CORSMiddleware, allow_origins=["*"], allow_methods=["*"], allow_headers=["*"]))
+        middleware.append(
+            Middleware(
+                CORSMiddleware,
+                allow_origins=["*"],
+                allow_methods=["*"],
+                allow_headers=["*"],
+                expose_headers=[MODEL_NAME_HEADER, MODEL_VERSION_HEADER],  # readable by browser clients too
+            )
+        )
 
     async def not_found(request: Request, exc: Exception) -> Response:
         return error_response(ServingError(Code.NOT_FOUND, f"Not found: {request.method} {request.url.path}"))

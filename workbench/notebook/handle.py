@@ -5,6 +5,10 @@ kernel down, and what is tested in the notebook is what ships). The handle start
 it answers, and stops it on ``.stop()``, at kernel shutdown or restart (``atexit``), and — through the child's
 ``--parent_pid`` watchdog — even when the kernel is killed. The child's output goes to a log file, never into
 cells; a server that died is reported with the end of that log and can be restarted.
+
+Options and attributes are named as ``workbench serve``'s flags (``model_repository``, ``server_name``,
+``rest_api_port``, ``port`` for gRPC, ``enable_batching``, ``batching_parameters_file``); the earlier names
+(``repository``, ``name``, ``rest_port``, ``grpc_port``, ``batching``, ``batching_parameters``) still work.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.client import Client
+from workbench.vocabulary import SERVER_KEYWORD_ALIASES, Alias, renamed_keywords
 
 DEFAULT_REPOSITORY = "workbench-models"
 _handles: list[ServerHandle] = []
@@ -36,34 +41,51 @@ class ServerDied(RuntimeError):
 
 
 class ServerHandle:
-    """A model server started from the notebook. Use :func:`workbench.serve` to make one."""
+    """A model server started from the notebook. Use :func:`workbench.serve` to make one.
 
+    Once started, ``rest_api_port`` and ``port`` are the ports it answers on (REST and gRPC).
+    """
+
+    # The earlier names of the attributes, as the earlier keywords are accepted by __init__.
+    repository = Alias("model_repository")
+    name = Alias("server_name")
+    rest_port = Alias("rest_api_port")
+    grpc_port = Alias("port")
+
+    @renamed_keywords(**SERVER_KEYWORD_ALIASES)
     def __init__(
         self,
-        repository: str | os.PathLike[str] = DEFAULT_REPOSITORY,
+        model_repository: str | os.PathLike[str] = DEFAULT_REPOSITORY,
         *,
-        name: str = "default",
-        rest_port: int | None = None,
-        grpc_port: int | None = None,
-        batching: bool = False,
-        batching_parameters: str | os.PathLike[str] | None = None,
-        poll_seconds: float = 0.5,
+        server_name: str = "default",
+        rest_api_port: int | None = None,
+        port: int | None = None,
+        enable_batching: bool = False,
+        batching_parameters_file: str | os.PathLike[str] | None = None,
+        file_system_poll_wait_seconds: float = 0.5,
         extra_args: Sequence[str] = (),
     ) -> None:
-        self.name = name
-        self.repository = Path(repository).resolve()
-        self._rest_port_asked, self._grpc_port_asked = rest_port, grpc_port
-        self.batching = batching
-        self.batching_parameters = batching_parameters
-        self.poll_seconds = poll_seconds
+        if rest_api_port == 0:  # TF Serving's "REST off": the handle itself talks to its server over REST
+            raise ValueError(
+                "rest_api_port=0 would turn REST off, which a notebook server needs (leave it out: a free port)"
+            )
+        self.server_name = server_name
+        self.model_repository = Path(model_repository).resolve()
+        # None: a free port, picked by the server (-1 for REST, 0 for gRPC, as `workbench serve` takes them).
+        self._rest_api_port_asked = -1 if rest_api_port is None else rest_api_port
+        self._port_asked = 0 if port is None else port
+        self.enable_batching = enable_batching
+        self.batching_parameters_file = batching_parameters_file
+        self.file_system_poll_wait_seconds = file_system_poll_wait_seconds
         self.extra_args = list(extra_args)
-        self._dir = Path(tempfile.mkdtemp(prefix=f"workbench-{name}-"))
+        readable = "".join(c if c.isalnum() or c in "-_." else "_" for c in server_name)  # any name, a safe folder
+        self._dir = Path(tempfile.mkdtemp(prefix=f"workbench-{readable}-"))
         self.log_path = self._dir / "server.log"
         self._ready_path = self._dir / "ready.json"
         self._process: subprocess.Popen[bytes] | None = None
         self._log_file: Any = None
-        self.rest_port: int | None = None
-        self.grpc_port: int | None = None
+        self.rest_api_port: int | None = None
+        self.port: int | None = None
         self.started_seconds: float | None = None
         self._client: Client | None = None
         self._on_stop: list[Callable[[], None]] = []
@@ -72,25 +94,25 @@ class ServerHandle:
     def command(self) -> list[str]:
         args = [
             sys.executable, "-m", "workbench", "serve",
-            f"--model_repository={self.repository}",
-            f"--port={self._grpc_port_asked or 0}",
-            f"--rest_api_port={self._rest_port_asked or -1}",
-            f"--file_system_poll_wait_seconds={self.poll_seconds}",
-            f"--server_name={self.name}",
+            f"--model_repository={self.model_repository}",
+            f"--port={self._port_asked}",
+            f"--rest_api_port={self._rest_api_port_asked}",
+            f"--file_system_poll_wait_seconds={self.file_system_poll_wait_seconds}",
+            f"--server_name={self.server_name}",
             f"--ready_file={self._ready_path}",
             f"--parent_pid={os.getpid()}",
         ]  # fmt: skip
-        if self.batching or self.batching_parameters:
+        if self.enable_batching or self.batching_parameters_file:
             args.append("--enable_batching")
-        if self.batching_parameters:
-            args.append(f"--batching_parameters_file={Path(self.batching_parameters).resolve()}")
+        if self.batching_parameters_file:
+            args.append(f"--batching_parameters_file={Path(self.batching_parameters_file).resolve()}")
         return args + self.extra_args
 
     def start(self, timeout: float = 180.0) -> ServerHandle:
         """Start the server and return once it answers (raises :class:`ServerDied` if it cannot start)."""
         if self.running:
             return self
-        self.repository.mkdir(parents=True, exist_ok=True)
+        self.model_repository.mkdir(parents=True, exist_ok=True)
         self._ready_path.unlink(missing_ok=True)
         env = dict(os.environ)
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -112,15 +134,16 @@ class ServerHandle:
         deadline = time.perf_counter() + timeout
         while not self._ready_path.exists():
             if self._process.poll() is not None:
-                message = f"workbench server {self.name!r} could not start:\n{self.log_tail()}"
+                message = f"workbench server {self.server_name!r} could not start:\n{self.log_tail()}"
                 self.stop()
                 raise ServerDied(message)
             if time.perf_counter() > deadline:
                 self.stop()
-                raise ServerDied(f"workbench server {self.name!r} did not answer in {timeout:g}s:\n{self.log_tail()}")
+                message = f"workbench server {self.server_name!r} did not answer in {timeout:g}s:\n{self.log_tail()}"
+                raise ServerDied(message)
             time.sleep(0.05)
         ready = json.loads(self._ready_path.read_text())
-        self.rest_port, self.grpc_port = ready["rest_port"], ready["grpc_port"]
+        self.rest_api_port, self.port = ready["rest_port"], ready["grpc_port"]
         self.started_seconds = time.perf_counter() - started
         self._client = None
         return self
@@ -169,10 +192,10 @@ class ServerHandle:
     def check(self) -> None:
         """Raise :class:`ServerDied` (with the end of the log) if the server is no longer running."""
         if self._process is None:
-            raise ServerDied(f"workbench server {self.name!r} is not started")
+            raise ServerDied(f"workbench server {self.server_name!r} is not started")
         code = self._process.poll()
         if code is not None:
-            raise ServerDied(f"workbench server {self.name!r} exited with code {code}:\n{self.log_tail()}")
+            raise ServerDied(f"workbench server {self.server_name!r} exited with code {code}:\n{self.log_tail()}")
 
     def log_tail(self, lines: int = 30) -> str:
         try:
@@ -188,12 +211,12 @@ class ServerHandle:
     @property
     def rest_url(self) -> str:
         self.check()
-        return f"http://127.0.0.1:{self.rest_port}"
+        return f"http://127.0.0.1:{self.rest_api_port}"
 
     @property
     def grpc_target(self) -> str:
         self.check()
-        return f"127.0.0.1:{self.grpc_port}"
+        return f"127.0.0.1:{self.port}"
 
     @property
     def proxy_url(self) -> str | None:
@@ -205,7 +228,7 @@ class ServerHandle:
         prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX")
         if not prefix or not self.running:
             return None
-        return f"{prefix.rstrip('/')}/proxy/{self.rest_port}/"
+        return f"{prefix.rstrip('/')}/proxy/{self.rest_api_port}/"
 
     @property
     def client(self) -> Client:
@@ -238,28 +261,35 @@ class ServerHandle:
             time.sleep(0.1)
         raise TimeoutError(f"{model} v{version} not AVAILABLE after {timeout:g}s (last: {last})")
 
+    def wait_for_state(self, model: str, version: int, state: str = "AVAILABLE", timeout: float = 120.0) -> None:
+        """Block until ``version`` of ``model`` is in ``state``: ``"END"`` once a removed version is unloaded.
+
+        Raises :class:`ServerDied` if the server exits meanwhile; see :func:`wait_for_state`.
+        """
+        wait_for_state(self.client, model, version, state, timeout=timeout, alive=self.check)
+
     # ----------------------------------------------------------------------------------- display
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"
         if not self.running:
-            return f"<workbench server {self.name!r}: {state}, repository {self.repository}>"
+            return f"<workbench server {self.server_name!r}: {state}, repository {self.model_repository}>"
         proxied = f", browser {self.proxy_url}" if self.proxy_url else ""
         return (
-            f"<workbench server {self.name!r}: {state}, REST http://127.0.0.1:{self.rest_port}, "
-            f"gRPC 127.0.0.1:{self.grpc_port}{proxied}, repository {self.repository}>"
+            f"<workbench server {self.server_name!r}: {state}, REST http://127.0.0.1:{self.rest_api_port}, "
+            f"gRPC 127.0.0.1:{self.port}{proxied}, repository {self.model_repository}>"
         )
 
     def _repr_html_(self) -> str:
         if not self.running:
-            return f"<b>workbench server</b> <code>{html.escape(self.name)}</code>: stopped"
+            return f"<b>workbench server</b> <code>{html.escape(self.server_name)}</code>: stopped"
         try:
             models = self.models()
         except Exception as exc:  # noqa: BLE001 - a display must not raise
-            return f"<b>workbench server</b> <code>{html.escape(self.name)}</code>: {html.escape(str(exc))}"
+            return f"<b>workbench server</b> <code>{html.escape(self.server_name)}</code>: {html.escape(str(exc))}"
         return models_table_html(
             models,
-            title=f"workbench server <code>{html.escape(self.name)}</code> · REST "
-            f"<code>http://127.0.0.1:{self.rest_port}</code> · gRPC <code>127.0.0.1:{self.grpc_port}</code>",
+            title=f"workbench server <code>{html.escape(self.server_name)}</code> · REST "
+            f"<code>http://127.0.0.1:{self.rest_api_port}</code> · gRPC <code>127.0.0.1:{self.port}</code>",
         )
 
 
@@ -296,32 +326,77 @@ def models_table_text(models: list[dict[str, Any]]) -> str:
     return "\n".join(lines) if lines else "(no models)"
 
 
+@renamed_keywords(**SERVER_KEYWORD_ALIASES)
 def serve(
-    repository: str | os.PathLike[str] = DEFAULT_REPOSITORY,
+    model_repository: str | os.PathLike[str] = DEFAULT_REPOSITORY,
     *,
-    name: str = "default",
-    rest_port: int | None = None,
-    grpc_port: int | None = None,
-    batching: bool = False,
-    batching_parameters: str | os.PathLike[str] | None = None,
+    server_name: str = "default",
+    rest_api_port: int | None = None,
+    port: int | None = None,
+    enable_batching: bool = False,
+    batching_parameters_file: str | os.PathLike[str] | None = None,
+    file_system_poll_wait_seconds: float = 0.5,
     timeout: float = 180.0,
 ) -> ServerHandle:
-    """Start a model server on ``repository`` (every sub-folder is a model) and return its handle.
+    """Start a model server on ``model_repository`` (every sub-folder is a model) and return its handle.
 
-    Ports are free picks unless given; ``batching=True`` turns dynamic batching on with TF Serving's defaults,
-    ``batching_parameters`` names a BatchingParameters text file. The server stops with the kernel.
+    The options are ``workbench serve``'s flags: ``rest_api_port`` (REST) and ``port`` (gRPC) are free picks
+    unless given; ``enable_batching=True`` turns dynamic batching on with TF Serving's defaults,
+    ``batching_parameters_file`` names a BatchingParameters text file; new versions are looked for every
+    ``file_system_poll_wait_seconds``. The server stops with the kernel. The earlier keyword names
+    (``repository``, ``name``, ``rest_port``, ``grpc_port``, ``batching``, ``batching_parameters``,
+    ``poll_seconds``) are accepted too.
     """
     handle = ServerHandle(
-        repository,
-        name=name,
-        rest_port=rest_port,
-        grpc_port=grpc_port,
-        batching=batching,
-        batching_parameters=batching_parameters,
+        model_repository,
+        server_name=server_name,
+        rest_api_port=rest_api_port,
+        port=port,
+        enable_batching=enable_batching,
+        batching_parameters_file=batching_parameters_file,
+        file_system_poll_wait_seconds=file_system_poll_wait_seconds,
     ).start(timeout)
     if handle.proxy_url:  # behind a hub, the browser reaches the REST API only through the Jupyter server
-        print(f"workbench server {name!r}: REST API in the browser at {handle.proxy_url}")
+        print(f"workbench server {server_name!r}: REST API in the browser at {handle.proxy_url}")
     return handle
+
+
+def wait_for_state(
+    client: Client,
+    model: str,
+    version: int,
+    state: str = "AVAILABLE",
+    *,
+    timeout: float = 120.0,
+    alive: Callable[[], None] | None = None,
+) -> None:
+    """Block until ``version`` of ``model`` is in ``state`` (``"AVAILABLE"``, ``"END"``...) on ``client``'s server.
+
+    Works for any server, also one this kernel did not start (``workbench serve`` in a terminal, TF Serving in a
+    container): a server not listening yet, or not knowing the model yet, is waited for. ``alive`` is called on
+    every poll and may raise to stop waiting (a handle's ``check``). A version whose load fails raises
+    RuntimeError at once with the server's message, unless END is what is waited for; TimeoutError after
+    ``timeout`` seconds.
+    """
+    deadline = time.perf_counter() + timeout
+    last = "no answer"
+    while True:
+        if alive is not None:
+            alive()
+        try:
+            statuses = client.status(model)
+        except Exception as exc:  # noqa: BLE001 - not listening or not loaded yet: keep polling
+            last = str(exc)
+        else:
+            mine = next((s for s in statuses if s["version"] == version), None)
+            if mine is not None and mine["state"] == state:
+                return
+            if mine is not None and mine["state"] == "END" and mine["error_code"] != "OK":
+                raise RuntimeError(f"version {version} of {model} failed to load: {mine['error_message']}")
+            last = mine["state"] if mine is not None else f"no version {version}"
+        if time.perf_counter() > deadline:
+            raise TimeoutError(f"{model} v{version} not {state} after {timeout:g}s (last: {last})")
+        time.sleep(0.1)
 
 
 def running_servers() -> list[ServerHandle]:

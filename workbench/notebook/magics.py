@@ -23,6 +23,8 @@ from IPython.core.magic import Magics, line_magic, magics_class, no_var_expand
 from IPython.core.magic_arguments import argument, kwds, magic_arguments
 from IPython.utils.process import arg_split
 
+from workbench._tf import quiet_tensorflow
+from workbench.bench import DEFAULT_CONCURRENCY, DEFAULT_DURATION_S, DEFAULT_PROTOCOL, PROTOCOLS, resolve_load
 from workbench.engine.status import ServingError
 from workbench.notebook.handle import (
     DEFAULT_REPOSITORY,
@@ -32,6 +34,7 @@ from workbench.notebook.handle import (
     models_table_text,
     running_servers,
 )
+from workbench.vocabulary import OPTION_ALIASES, BoolFlag, HelpFormatter, canonical_options, unrecognized_option
 
 if TYPE_CHECKING:  # workbench.export is imported when first used: loading the extension stays cheap
     from workbench.export import ExportResult
@@ -74,31 +77,40 @@ class ServingStatus:
 # decorators, and the docstring's first line is the subcommand's one-line summary in ``%serve --help``. Help is
 # plain argparse text: IPython's formatter writes reST for docstrings ("::" and a doubled "%" in a cell). Each
 # gets its own ``kwds``: the parser builder writes the description into that dict, so a shared one would leak.
-_SERVER_OPTION = argument("--server", metavar="NAME", help="the server to use (default: the only one running)")
+_SERVER_OPTION = argument("--server_name", metavar="NAME", help="the server to use (default: the only one running)")
+# Options are named as `workbench serve` and `workbench bench` name them (see workbench.vocabulary), with dashes
+# or underscores; the earlier spellings (--repo, --rest-port, --clients, --signature, --server ...) still work.
+_OPTIONS_NOTE = "Options take underscores or dashes: --rest_api_port or --rest-api-port."
+# Aliases of one subcommand only: in `%serve start`, --name can only be the server's (elsewhere it would be vague).
+_SUBCOMMAND_ALIASES: dict[str, dict[str, str]] = {"start": {"name": "server_name"}}
+_PROTOCOL_OPTION = argument("--protocol", choices=PROTOCOLS, default=DEFAULT_PROTOCOL, help="the API to use")
+_GRPC_OPTION = argument("--grpc", dest="protocol", action="store_const", const="grpc", help="short for --protocol grpc")
+_SIGNATURE_OPTION = argument("--signature_name", default="", metavar="NAME", help="default: serving_default")
 
 
 @magic_arguments(name="%serve start")
-@kwds(formatter_class=argparse.RawDescriptionHelpFormatter)
-@argument("--name", default=DEFAULT_NAME, help=f"the server's name (default: {DEFAULT_NAME})")
-@argument("--repo", metavar="DIR", help=f"model repository folder (default: {DEFAULT_REPOSITORY})")
-@argument("--rest-port", type=int, metavar="P", help="REST port (default: a free one)")
-@argument("--grpc-port", type=int, metavar="P", help="gRPC port (default: a free one)")
-@argument("--batching", action="store_true", help="dynamic batching with TF Serving's default parameters")
-@argument("--batching-parameters", metavar="FILE", help="a BatchingParameters text proto (turns batching on)")
+@kwds(formatter_class=HelpFormatter, epilog=_OPTIONS_NOTE)
+@argument("--server_name", default=DEFAULT_NAME, metavar="NAME", help="the server's name")
+@argument("--model_repository", metavar="DIR", help=f"model repository folder (default: {DEFAULT_REPOSITORY})")
+@argument("--rest_api_port", type=int, metavar="PORT", help="REST API port (default: a free one)")
+@argument("--port", type=int, metavar="PORT", help="gRPC port (default: a free one)")
+@argument("--enable_batching", action=BoolFlag, help="dynamic batching with TF Serving's default parameters")
+@argument("--batching_parameters_file", metavar="FILE", help="a BatchingParameters text proto (turns batching on)")
 def _start_parser(line: str) -> None:
     """Start a server on a model repository (every sub-folder is a model); returns its handle."""
 
 
 @magic_arguments(name="%serve stop")
-@kwds(formatter_class=argparse.RawDescriptionHelpFormatter)
+@kwds(formatter_class=HelpFormatter, epilog=_OPTIONS_NOTE)
 @argument("name", nargs="?", metavar="NAME", help="the server to stop (default: the only one running)")
+@argument("--server_name", metavar="NAME", help="the same as NAME")
 @argument("--all", action="store_true", help="stop every server of this kernel")
 def _stop_parser(line: str) -> None:
     """Stop a server (or --all)."""
 
 
 @magic_arguments(name="%serve status")
-@kwds(formatter_class=argparse.RawDescriptionHelpFormatter)
+@kwds(formatter_class=HelpFormatter, epilog=_OPTIONS_NOTE)
 @argument("model", nargs="?", metavar="MODEL", help="only this model")
 @_SERVER_OPTION
 def _status_parser(line: str) -> None:
@@ -106,7 +118,7 @@ def _status_parser(line: str) -> None:
 
 
 @magic_arguments(name="%serve export")
-@kwds(formatter_class=argparse.RawDescriptionHelpFormatter)
+@kwds(formatter_class=HelpFormatter, epilog=_OPTIONS_NOTE)
 @argument("model_var", metavar="MODEL_VAR", help="the variable holding the model (Keras, tf.Module, tf.function)")
 @argument("name", metavar="NAME", help="the served model's name")
 @argument("--version", type=int, metavar="N", help="the version number (default: the next one)")
@@ -117,7 +129,7 @@ def _export_parser(line: str) -> None:
 
 
 @magic_arguments(name="%serve promote")
-@kwds(formatter_class=argparse.RawDescriptionHelpFormatter)
+@kwds(formatter_class=HelpFormatter, epilog=_OPTIONS_NOTE)
 @argument("model", metavar="MODEL")
 @argument("version", type=int, metavar="VERSION")
 @_SERVER_OPTION
@@ -126,7 +138,7 @@ def _promote_parser(line: str) -> None:
 
 
 @magic_arguments(name="%serve rollback")
-@kwds(formatter_class=argparse.RawDescriptionHelpFormatter)
+@kwds(formatter_class=HelpFormatter, epilog=_OPTIONS_NOTE)
 @argument("model", metavar="MODEL")
 @_SERVER_OPTION
 def _rollback_parser(line: str) -> None:
@@ -134,7 +146,7 @@ def _rollback_parser(line: str) -> None:
 
 
 @magic_arguments(name="%serve canary")
-@kwds(formatter_class=argparse.RawDescriptionHelpFormatter)
+@kwds(formatter_class=HelpFormatter, epilog=_OPTIONS_NOTE)
 @argument("model", metavar="MODEL")
 @argument("version", type=int, metavar="VERSION")
 @argument("weight", type=float, metavar="WEIGHT", help="share of default traffic, 0 to 1 (0 ends the canary)")
@@ -144,38 +156,50 @@ def _canary_parser(line: str) -> None:
 
 
 @magic_arguments(name="%serve predict")
-@kwds(formatter_class=argparse.RawDescriptionHelpFormatter)
+@kwds(formatter_class=HelpFormatter, epilog=_OPTIONS_NOTE)
 @argument("model", metavar="MODEL")
 @argument("data", nargs="+", metavar="DATA", help="""a variable name or a JSON literal: '{"x": [[1.0]]}' or [[1.0]]""")
-@argument("--grpc", action="store_true", help="over gRPC (default: REST)")
+@_PROTOCOL_OPTION
+@_GRPC_OPTION
 @argument("--version", type=int, metavar="N", help="this version")
 @argument("--label", metavar="L", help="the version with this label")
-@argument("--signature", default="", metavar="S", help="signature name (default: serving_default)")
+@_SIGNATURE_OPTION
 @_SERVER_OPTION
 def _predict_parser(line: str) -> None:
     """Run a predict; returns the outputs (a dict of numpy arrays with .latency_ms)."""
 
 
 @magic_arguments(name="%serve bench")
-@kwds(formatter_class=argparse.RawDescriptionHelpFormatter)
+@kwds(formatter_class=HelpFormatter, epilog=_OPTIONS_NOTE)
 @argument("model", metavar="MODEL")
 @argument("data", nargs="+", metavar="DATA", help="one request's inputs: a variable name or a JSON literal")
-@argument("--clients", type=int, default=1, metavar="N", help="concurrent clients (default: 1)")
-@argument("--duration", type=float, metavar="S", help="seconds to run (default: 5)")
-@argument("--requests", type=int, metavar="N", help="stop after this many requests instead")
-@argument("--grpc", action="store_true", help="over gRPC (default: REST)")
-@argument("--signature", default="", metavar="S", help="signature name (default: serving_default)")
+@_PROTOCOL_OPTION
+@_GRPC_OPTION
+@argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY, metavar="N", help="clients in flight at once")
+@argument("--duration", type=float, metavar="S", help=f"seconds to run (default: {DEFAULT_DURATION_S:g})")
+@argument("--requests", type=int, metavar="N", help="stop after this many requests instead of a duration")
+@_SIGNATURE_OPTION
 @_SERVER_OPTION
 def _bench_parser(line: str) -> None:
-    """Closed-loop load on MODEL; shows throughput and latency percentiles, returns the BenchResult."""
+    """Closed-loop load on MODEL, as `workbench bench`: shows throughput and latency percentiles, returns them."""
 
 
 @magic_arguments(name="%serve dashboard")
-@kwds(formatter_class=argparse.RawDescriptionHelpFormatter)
-@argument("--window", type=float, default=60.0, metavar="S", help="seconds of history on the live chart (default: 60)")
+@kwds(formatter_class=HelpFormatter, epilog=_OPTIONS_NOTE)
+@argument("--window", type=float, default=60.0, metavar="S", help="seconds of history on the live chart")
 @_SERVER_OPTION
 def _dashboard_parser(line: str) -> None:
     """The serving dashboard: versions and their buttons, queries, a live latency chart and a load button."""
+
+
+@magic_arguments(name="%serve logs")
+@kwds(formatter_class=HelpFormatter, epilog=_OPTIONS_NOTE)
+@argument("model", metavar="MODEL")
+@argument("--last", type=int, default=20, metavar="N", help="show the newest N records; 0 shows all")
+@argument("--filename_prefix", metavar="PATH", help="read this log (default: where the server logs MODEL)")
+@_SERVER_OPTION
+def _logs_parser(line: str) -> None:
+    """Show MODEL's logged requests (its logging_config); returns them (workbench.request_log)."""
 
 
 _PARSERS: dict[str, Callable[..., Any]] = {
@@ -189,6 +213,7 @@ _PARSERS: dict[str, Callable[..., Any]] = {
     "predict": _predict_parser,
     "bench": _bench_parser,
     "dashboard": _dashboard_parser,
+    "logs": _logs_parser,
 }
 
 
@@ -202,7 +227,25 @@ def overview() -> str:
     width = max(map(len, _PARSERS))
     lines = ["Usage: %serve SUBCOMMAND [options]   (%serve SUBCOMMAND --help for its options)", ""]
     lines += [f"  {sub:<{width}}  {_summary(sub)}" for sub in _PARSERS]
+    lines += ["", _OPTIONS_NOTE]
     return "\n".join(lines)
+
+
+def parse_arguments(sub: str, words: list[str]) -> argparse.Namespace:
+    """The arguments of ``%serve SUB WORDS``, with options in the vocabulary's spelling (a UsageError if wrong).
+
+    Aliases and dashes are read first (``--rest-port`` is ``--rest_api_port``), so a mistyped option is reported
+    with the nearest real one; argparse's own messages say which subcommand they come from and where help is.
+    """
+    parser = _PARSERS[sub].parser  # type: ignore[attr-defined]
+    words = canonical_options(words, parser, {**OPTION_ALIASES, **_SUBCOMMAND_ALIASES.get(sub, {})})
+    problem = unrecognized_option(words, parser)
+    if problem:
+        raise UsageError(f"%serve {sub}: {problem} (%serve {sub} --help)")
+    try:
+        return parser.parse_args(words)  # type: ignore[no-any-return]
+    except UsageError as exc:
+        raise UsageError(f"%serve {sub}: {_one_line(str(exc))} (%serve {sub} --help)") from None
 
 
 # ------------------------------------------------------------------------------------------------- helpers
@@ -216,6 +259,10 @@ def _split(line: str) -> list[str]:
         words = arg_split(line, strict=True)
     except ValueError as exc:  # an unclosed quote
         raise UsageError(f"%serve: cannot split the line: {exc}") from None
+    # IPython hands a line magic the rest of its line, comment included: `%serve start  # note` must work as
+    # in a shell, so an unquoted word that starts with "#" ends the arguments.
+    comment = next((i for i, w in enumerate(words) if w.startswith("#")), len(words))
+    words = words[:comment]
     return [w[1:-1] if len(w) >= 2 and w[0] == w[-1] and w[0] in "'\"" else w for w in words]
 
 
@@ -228,7 +275,8 @@ def _one_line(text: str, limit: int = 300) -> str:
 def _died(exc: ServerDied, handle: ServerHandle | None) -> str:
     """One line for a server that is gone: what happened, where the log is, how to go on."""
     first = _one_line(str(exc)).rstrip(":")
-    name = handle.name if handle is not None else DEFAULT_NAME
+    name = handle.server_name if handle is not None else DEFAULT_NAME
+    # --name is --server_name's alias in `%serve start`; tests/test_magics.py still expects this spelling here.
     again = "%serve start" + ("" if name == DEFAULT_NAME else f" --name {name}")
     return f"{first}; see handle.log_tail() for why, `{again}` starts it again"
 
@@ -260,14 +308,14 @@ class ServeMagics(Magics):
         if "-h" in rest or "--help" in rest:
             print(parser.format_help().rstrip())
             return None
-        try:
-            args = parser.parse_args(rest)
-        except UsageError as exc:  # argparse's message: make it say which subcommand and where help is
-            raise UsageError(f"%serve {sub}: {_one_line(str(exc))} (%serve {sub} --help)") from None
+        args = parse_arguments(sub, rest)
         handler: Callable[[Any], Any] = getattr(self, f"_{sub}")
         self._current = None
         try:
-            return handler(args)
+            # The client imports TensorFlow (through TF Serving's protos) the first time a subcommand needs it:
+            # its start-up notices are not the cell's to show.
+            with quiet_tensorflow():
+                return handler(args)
         except UsageError as exc:  # the subcommand's own message: say which subcommand it comes from
             raise UsageError(f"%serve {sub}: {exc}") from None
         except ServerDied as exc:
@@ -290,20 +338,21 @@ class ServeMagics(Magics):
             if name not in known:
                 names = ", ".join(sorted(known)) or "none"
                 raise UsageError(
-                    f"no workbench server named {name!r} (running: {names}); start it with `%serve start --name {name}`"
+                    f"no workbench server named {name!r} (running: {names}); "
+                    f"start it with `%serve start --server_name {name}`"
                 )
             handle = known[name]
         else:
             alive = [h for h in known.values() if h.running]
             if len(alive) > 1:
                 names = ", ".join(sorted(h.name for h in alive))
-                raise UsageError(f"several workbench servers run ({names}): pick one with --server NAME")
+                raise UsageError(f"several workbench servers run ({names}): pick one with --server_name NAME")
             if alive:
                 handle = alive[0]
             elif len(known) == 1:  # one that died: check() below says so, with what to do
                 handle = next(iter(known.values()))
             else:
-                raise UsageError("no workbench server is running: start one with `%serve start --repo DIR`")
+                raise UsageError("no workbench server is running: start one with `%serve start --model_repository DIR`")
         self._current = handle
         handle.check()
         return handle
@@ -311,26 +360,28 @@ class ServeMagics(Magics):
     def _status_of(
         self, handle: ServerHandle, model: str, note: str = "", export: ExportResult | None = None
     ) -> ServingStatus:
-        return ServingStatus([handle.client.model(model)], handle.name, note, export)
+        return ServingStatus([handle.client.model(model)], handle.server_name, note, export)
 
     # ----------------------------------------------------------------------------------- subcommands
     def _start(self, args: Any) -> ServerHandle:
-        if args.batching_parameters and not Path(args.batching_parameters).is_file():
-            raise UsageError(f"no batching parameters file {args.batching_parameters!r}")
-        handle = self._known().get(args.name)
+        name = args.server_name
+        if args.batching_parameters_file and not Path(args.batching_parameters_file).is_file():
+            raise UsageError(f"no batching parameters file {args.batching_parameters_file!r}")
+        handle = self._known().get(name)
         if handle is not None and handle.running:
-            if args.repo is not None and handle.repository != Path(args.repo).resolve():
-                print(f"server {args.name!r} already runs on {handle.repository}: returning it (stop it to move it)")
-            self.servers[args.name] = handle
+            repository = args.model_repository
+            if repository is not None and handle.model_repository != Path(repository).resolve():
+                print(f"server {name!r} already runs on {handle.model_repository}: returning it (stop it to move it)")
+            self.servers[name] = handle
             return handle
         if handle is None:
             handle = ServerHandle(
-                args.repo or DEFAULT_REPOSITORY,
-                name=args.name,
-                rest_port=args.rest_port,
-                grpc_port=args.grpc_port,
-                batching=args.batching,
-                batching_parameters=args.batching_parameters,
+                args.model_repository or DEFAULT_REPOSITORY,
+                server_name=name,
+                rest_api_port=args.rest_api_port,
+                port=args.port,
+                enable_batching=args.enable_batching,
+                batching_parameters_file=args.batching_parameters_file,
             )
         self._current = handle
         try:
@@ -338,22 +389,23 @@ class ServeMagics(Magics):
         except ServerDied:
             last = _one_line(handle.log_tail(1)) or "no output"
             handle.stop()  # frees what is left; the log file stays for reading
-            self.servers.pop(args.name, None)
-            raise UsageError(
-                f"workbench server {args.name!r} could not start: {last} (log: {handle.log_path})"
-            ) from None
-        self.servers[args.name] = handle
+            self.servers.pop(name, None)
+            raise UsageError(f"workbench server {name!r} could not start: {last} (log: {handle.log_path})") from None
+        self.servers[name] = handle
         return handle
 
     def _stop(self, args: Any) -> None:
         known = self._known()
         names = ", ".join(sorted(known)) or "none"
+        if args.name is not None and args.server_name is not None and args.name != args.server_name:
+            raise UsageError(f"NAME {args.name!r} and --server_name {args.server_name!r} differ: give one")
+        name = args.name if args.name is not None else args.server_name
         if args.all:
             handles = list(known.values())  # none is fine: teardown code stops "all" without knowing
-        elif args.name is not None:
-            if args.name not in known:
-                raise UsageError(f"no workbench server named {args.name!r} (running: {names})")
-            handles = [known[args.name]]
+        elif name is not None:
+            if name not in known:
+                raise UsageError(f"no workbench server named {name!r} (running: {names})")
+            handles = [known[name]]
         elif len(known) == 1:
             handles = list(known.values())
         elif not known:
@@ -362,23 +414,23 @@ class ServeMagics(Magics):
             raise UsageError(f"several workbench servers run ({names}): name one, or give --all")
         for handle in handles:
             handle.stop()
-            self.servers.pop(handle.name, None)
-            print(f"stopped workbench server {handle.name!r}")
+            self.servers.pop(handle.server_name, None)
+            print(f"stopped workbench server {handle.server_name!r}")
 
     def _status(self, args: Any) -> ServingStatus:
-        handle = self._server(args.server)
+        handle = self._server(args.server_name)
         if args.model is not None:
             return self._status_of(handle, args.model)
-        return ServingStatus(handle.models(), handle.name)
+        return ServingStatus(handle.models(), handle.server_name)
 
     def _export(self, args: Any) -> ServingStatus:
         from workbench.export import ExportError, export
 
-        handle = self._server(args.server)
+        handle = self._server(args.server_name)
         model = self._variable(args.model_var, "MODEL_VAR")
         examples = self._data(args.examples, "--examples") if args.examples is not None else None
         try:
-            result = export(model, args.name, repo=handle.repository, version=args.version, examples=examples)
+            result = export(model, args.name, handle.model_repository, version=args.version, examples=examples)
         except ExportError as exc:
             raise UsageError(_one_line(str(exc))) from None
         try:
@@ -404,65 +456,59 @@ class ServeMagics(Magics):
             time.sleep(0.05)
 
     def _promote(self, args: Any) -> ServingStatus:
-        handle = self._server(args.server)
+        handle = self._server(args.server_name)
         doc = handle.client.promote(args.model, args.version)
-        return ServingStatus([doc], handle.name, f"promoted {args.model} v{args.version} to stable")
+        return ServingStatus([doc], handle.server_name, f"promoted {args.model} v{args.version} to stable")
 
     def _rollback(self, args: Any) -> ServingStatus:
-        handle = self._server(args.server)
+        handle = self._server(args.server_name)
         doc = handle.client.rollback(args.model)
-        return ServingStatus([doc], handle.name, f"rolled {args.model} back to v{doc.get('stable')}")
+        return ServingStatus([doc], handle.server_name, f"rolled {args.model} back to v{doc.get('stable')}")
 
     def _canary(self, args: Any) -> ServingStatus:
         if not 0.0 <= args.weight <= 1.0:
             raise UsageError(f"WEIGHT must be from 0 to 1, not {args.weight:g}")
-        handle = self._server(args.server)
+        handle = self._server(args.server_name)
         doc = handle.client.canary(args.model, args.version, args.weight)
         note = (
             f"canary of {args.model} ended"
             if args.weight == 0
             else f"canary: {args.weight:.0%} of {args.model}'s traffic to v{args.version}"
         )
-        return ServingStatus([doc], handle.name, note)
+        return ServingStatus([doc], handle.server_name, note)
 
     def _predict(self, args: Any) -> Any:
         if args.version is not None and args.label is not None:
             raise UsageError("give --version or --label, not both")
-        handle = self._server(args.server)
+        handle = self._server(args.server_name)
         data = self._data(" ".join(args.data), "DATA")
         return handle.client.predict(
             args.model,
             data,
             version=args.version,
             label=args.label,
-            signature_name=args.signature,
-            protocol="grpc" if args.grpc else "rest",
+            signature_name=args.signature_name,
+            protocol=args.protocol,
         )
 
     def _bench(self, args: Any) -> Any:
         from workbench.bench import format_table, run_load
 
-        if args.duration is not None and args.requests is not None:
-            raise UsageError("give --duration or --requests, not both")
-        if args.clients < 1:
-            raise UsageError("--clients must be at least 1")
-        if (args.duration is not None and args.duration <= 0) or (args.requests is not None and args.requests < 1):
-            raise UsageError("--duration and --requests must be positive")
-        handle = self._server(args.server)
+        duration, requests = resolve_load(args.concurrency, args.duration, args.requests)  # ValueError: usage
+        handle = self._server(args.server_name)
         data = self._data(" ".join(args.data), "DATA")
         client = handle.client
         # Cast once with the model's own dtypes (and check the model exists) before any load is sent.
-        inputs = client.encode_inputs(client.signature(args.model, args.signature), data)
-        protocol = "grpc" if args.grpc else "rest"
+        inputs = client.encode_inputs(client.signature(args.model, args.signature_name), data)
         result = run_load(
-            handle.grpc_target if args.grpc else handle.rest_url,
-            protocol,
+            handle.grpc_target if args.protocol == "grpc" else handle.rest_url,
+            args.protocol,
             args.model,
             inputs,
-            concurrency=args.clients,
-            duration=None if args.requests is not None else (5.0 if args.duration is None else args.duration),
-            requests=args.requests,
-            signature_name=args.signature,
+            concurrency=args.concurrency,
+            duration=duration,
+            requests=requests,
+            signature_name=args.signature_name,
         )
         summary = result.summary()
         print(format_table([summary], list(summary)))
@@ -473,7 +519,27 @@ class ServeMagics(Magics):
 
         if args.window <= 0:
             raise UsageError("--window must be positive")
-        return Dashboard(self._server(args.server), window_seconds=args.window)
+        return Dashboard(self._server(args.server_name), window_seconds=args.window)
+
+    def _logs(self, args: Any) -> Any:
+        from workbench.request_log import read_request_log
+
+        if args.last < 0:
+            raise UsageError("--last must not be negative")
+        prefix = args.filename_prefix
+        if prefix is None:  # ask the server where it writes (the files are read here: a server of this machine)
+            handle = self._server(args.server_name)
+            logging = handle.client.health().get("request_log", {}).get(args.model)
+            if logging is None:
+                raise UsageError(
+                    f"model {args.model!r} does not log requests: put a logging_config.txt beside it, e.g. "
+                    'log_collector_config { filename_prefix: "logs/requests" } sampling_config { sampling_rate: 1.0 }'
+                )
+            prefix = logging["filename_prefix"]
+        try:
+            return read_request_log(prefix, model=args.model, last=args.last or None)
+        except FileNotFoundError:
+            raise UsageError(f"no requests of {args.model!r} logged under {prefix} yet") from None
 
     # ------------------------------------------------------------------------------------ user data
     def _variable(self, name: str, what: str) -> Any:

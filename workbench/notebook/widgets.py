@@ -6,21 +6,25 @@ and stats endpoints, REST/gRPC predict), so they work for a child server, a remo
 a real TF Serving.
 
 Threads: button callbacks run their (network) work on a worker thread so the kernel never blocks; the chart is
-fed by a thread reading the server's server-sent stats stream; panels refresh from a polling thread. Shared
-state sits behind locks, figure updates are batched (``batch_update``) and rate-limited, and ``close()`` (or
-stopping the server's handle) stops every thread a part started.
+fed by a thread reading the server's server-sent stats stream; panels refresh from a polling thread. Those
+threads only fetch and compute: every widget change is made on the kernel's own thread (:func:`on_kernel_thread`
+says why). Figure updates are batched (``batch_update``) and rate-limited, and ``close()`` (or stopping the
+server's handle) stops every thread a part started.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import html
+import itertools
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import ipywidgets as widgets
 import numpy as np
@@ -32,6 +36,70 @@ from workbench.engine.status import ServingError
 Server = Any  # a ServerHandle, a Client, or a REST base URL
 
 _PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf"]
+_log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+# ------------------------------------------------------------------------------------ the kernel's thread
+# ipywidgets are not thread-safe. A trait change runs its observers and sends its update to the frontend on
+# whichever thread makes it, while the kernel's main thread applies the frontend's own messages (a slider
+# dragged, a button clicked) to the same widgets: two threads interleaving there lose or reorder updates and
+# run observers concurrently. So the parts' background threads only fetch and compute, and hand what they got
+# to the kernel's IO loop, the one that handles those comm messages; tornado's ``add_callback`` is its
+# thread-safe entry. Outside a kernel (a plain Python process, headless tests) there is no such loop and no
+# frontend: changes are then made at once on the calling thread, one at a time.
+_without_kernel = threading.RLock()
+
+
+def _kernel_io_loop() -> Any | None:
+    """The IO loop of the ipykernel this process runs, or None when it runs none."""
+    try:
+        from ipykernel.kernelbase import Kernel
+    except ImportError:
+        return None
+    if not Kernel.initialized():
+        return None
+    return getattr(Kernel.instance(), "io_loop", None)
+
+
+def on_kernel_thread(change: Callable[[], None]) -> None:
+    """Make ``change`` (which sets widget traits) on the kernel's thread: now if this is it, else queued there."""
+    loop = _kernel_io_loop()
+    if loop is not None and threading.current_thread() is not threading.main_thread():  # ipykernel: main thread
+        loop.add_callback(_logged, change)
+        return
+    with _without_kernel:
+        change()
+
+
+def _logged(change: Callable[[], None]) -> None:
+    try:
+        change()
+    except Exception:  # noqa: BLE001 - a failed redraw must not take the kernel's loop down with it
+        _log.exception("updating a workbench widget failed")
+
+
+class _Newest(Generic[T]):
+    """Hands values from a background thread to the kernel's thread; a value not applied yet is replaced by a
+    newer one, so a kernel busy with a long cell finds one pending update per part, not a backlog."""
+
+    def __init__(self, apply: Callable[[T], None]) -> None:
+        self._apply = apply
+        self._lock = threading.Lock()
+        self._pending: list[T] = []
+
+    def post(self, value: T) -> None:
+        with self._lock:
+            queued = bool(self._pending)
+            self._pending[:] = [value]
+        if not queued:
+            on_kernel_thread(self._run)
+
+    def _run(self) -> None:
+        with self._lock:
+            values, self._pending[:] = list(self._pending), []
+        for value in values:
+            self._apply(value)
 
 
 def _client(server: Server) -> Client:
@@ -80,23 +148,31 @@ class _Part:
         status: widgets.HTML,
         done: Callable[[Any], None] | None = None,
     ) -> None:
-        """Run ``work`` off the kernel's main thread, with the buttons disabled and the outcome shown."""
+        """Run ``work`` off the kernel's main thread, with the buttons disabled; then show its outcome (``done``
+        gets its result) on the kernel's thread."""
         for button in buttons:
             button.disabled = True
         status.value = "<i>working…</i>"
 
+        def finish(result: Any = None, error: Exception | None = None) -> None:
+            if error is not None:
+                status.value = f'<span style="color:#c00">{html.escape(str(error))}</span>'
+            else:
+                if done is not None:
+                    done(result)
+                status.value = '<span style="color:#080">done</span>'
+            for button in buttons:
+                button.disabled = False
+
         def run() -> None:
             try:
                 result = work()
-            except (ServingError, requests.RequestException, ValueError) as exc:
-                status.value = f'<span style="color:#c00">{html.escape(str(exc))}</span>'
+            except Exception as exc:  # noqa: BLE001 - shown where the button was clicked; a bug is logged too
+                if not isinstance(exc, (ServingError, requests.RequestException, ValueError)):
+                    _log.exception("a workbench widget action failed")
+                on_kernel_thread(functools.partial(finish, error=exc))
             else:
-                status.value = '<span style="color:#080">done</span>'
-                if done is not None:
-                    done(result)
-            finally:
-                for button in buttons:
-                    button.disabled = False
+                on_kernel_thread(functools.partial(finish, result))
 
         self._threads = [t for t in self._threads if t.is_alive()]
         self._spawn(run, "action")
@@ -113,8 +189,16 @@ class _Part:
 
 
 # ------------------------------------------------------------------------------------------ versions
+_Fetched = tuple[int, list[dict[str, Any]] | Exception]  # (fetch number, the models or why not)
+
+
 class VersionsPanel(_Part):
-    """Every model and version with state, labels, traffic share and load errors, and the buttons to change them."""
+    """Every model and version with state, labels, traffic share and load errors, and the buttons to change them.
+
+    It shows the server's state, whoever changed it (these buttons, ``%serve``, the sidebar, another client):
+    a polling thread fetches it, and when it changed the table, the version list, the routing line and the
+    canary slider follow; the slider shows the selected model's canary weight (0% without a canary).
+    """
 
     def __init__(self, server: Server, refresh_seconds: float = 1.0) -> None:
         super().__init__()
@@ -127,9 +211,10 @@ class VersionsPanel(_Part):
         self.unload_button = widgets.Button(description="Unload", button_style="warning")
         self.load_button = widgets.Button(description="Load", tooltip="load beyond the version policy")
         self.canary_weight = widgets.FloatSlider(
-            value=0.1, min=0.0, max=1.0, step=0.05, description="canary", readout_format=".0%"
+            value=0.0, min=0.0, max=1.0, step=0.05, description="canary", readout_format=".0%"
         )
         self.canary_button = widgets.Button(description="Set canary", tooltip="send this share to the version")
+        self.routing = widgets.HTML()
         self.status = widgets.HTML()
         self.buttons = [
             self.promote_button,
@@ -138,20 +223,24 @@ class VersionsPanel(_Part):
             self.load_button,
             self.canary_button,
         ]
-        self._lock = threading.Lock()
+        # Touched on the kernel's thread only (see on_kernel_thread): no lock.
         self._models: list[dict[str, Any]] = []
         self._fingerprint = ""
-        self.promote_button.on_click(lambda _: self._act(lambda c, m, v: c.promote(m, v)))
-        self.rollback_button.on_click(lambda _: self._act(lambda c, m, v: c.rollback(m), needs_version=False))
-        self.unload_button.on_click(lambda _: self._act(lambda c, m, v: c.unload(m, v)))
-        self.load_button.on_click(lambda _: self._act(lambda c, m, v: c.load(m, v)))
-        self.canary_button.on_click(lambda _: self._act(lambda c, m, v: c.canary(m, v, self.canary_weight.value)))
+        self._routing_shown: str | None = None
+        self._shown = -1  # the newest fetch shown: one that started earlier and answered later is stale
+        self._fetches = itertools.count()
+        self._fetched: _Newest[_Fetched] = _Newest(self._show)
+        self.promote_button.on_click(lambda _: self._act(lambda c, m, v, w: c.promote(m, v)))
+        self.rollback_button.on_click(lambda _: self._act(lambda c, m, v, w: c.rollback(m), needs_version=False))
+        self.unload_button.on_click(lambda _: self._act(lambda c, m, v, w: c.unload(m, v)))
+        self.load_button.on_click(lambda _: self._act(lambda c, m, v, w: c.load(m, v)))
+        self.canary_button.on_click(lambda _: self._act(lambda c, m, v, w: c.canary(m, v, w)))
         self.model.observe(lambda _: self._fill_versions(), names="value")
         self.widget = widgets.VBox([
             self.table,
             widgets.HBox([self.model, self.version]),
             widgets.HBox([self.promote_button, self.rollback_button, self.load_button, self.unload_button]),
-            widgets.HBox([self.canary_weight, self.canary_button]),
+            widgets.HBox([self.canary_weight, self.canary_button, self.routing]),
             self.status,
         ])  # fmt: skip
         self.refresh()
@@ -165,16 +254,31 @@ class VersionsPanel(_Part):
 
     def refresh(self) -> None:
         """Fetch the models and redraw if anything changed (a new export appears without a click)."""
+        self._fetched.post(self._fetch())
+
+    def _fetch(self) -> _Fetched:
+        number = next(self._fetches)
         try:
-            models = self.client.models()
+            return number, self.client.models()
         except (ServingError, requests.RequestException) as exc:
-            self.status.value = f'<span style="color:#c00">{html.escape(str(exc))}</span>'
+            return number, exc
+
+    def _poll(self, seconds: float) -> None:
+        while not self._stop.wait(seconds):
+            self._fetched.post(self._fetch())
+
+    def _show(self, fetched: _Fetched) -> None:
+        number, models = fetched
+        if number < self._shown:
+            return
+        self._shown = number
+        if isinstance(models, Exception):
+            self.status.value = f'<span style="color:#c00">{html.escape(str(models))}</span>'
             return
         fingerprint = json.dumps(models, sort_keys=True)
-        with self._lock:
-            if fingerprint == self._fingerprint:
-                return
-            self._fingerprint, self._models = fingerprint, models
+        if fingerprint == self._fingerprint:
+            return
+        self._fingerprint, self._models = fingerprint, models
         from workbench.notebook.handle import models_table_html
 
         self.table.value = models_table_html(models)
@@ -182,22 +286,46 @@ class VersionsPanel(_Part):
         self._fill_versions()
 
     def _fill_versions(self) -> None:
-        with self._lock:
-            model = next((m for m in self._models if m["name"] == self.model.value), None)
+        model = next((m for m in self._models if m["name"] == self.model.value), None)
         _set_options(self.version, [v["version"] for v in model["versions"]] if model else [])
+        self._follow_routing(model)
 
-    def _poll(self, seconds: float) -> None:
-        while not self._stop.wait(seconds):
-            self.refresh()
+    def _follow_routing(self, model: dict[str, Any] | None) -> None:
+        """When the selected model's routing changed on the server (or another model was picked), show it: the
+        slider moves to the canary's weight and the version list to the canary; a slider the user moved since
+        stays where it is until the routing changes again."""
+        routing = json.dumps([model["name"], model["stable"], model["canary"]] if model else None)
+        if routing == self._routing_shown:
+            return
+        self._routing_shown = routing
+        canary = model["canary"] if model else None
+        self.canary_weight.value = canary["weight"] if canary else 0.0
+        if canary and canary["version"] in self.version.options:
+            self.version.value = canary["version"]
+        self.routing.value = routing_summary(model) if model else ""
 
-    def _act(self, action: Callable[[Client, str, int], Any], needs_version: bool = True) -> None:
-        model, version = self.model.value, self.version.value
+    def _act(self, action: Callable[[Client, str, int, float], Any], needs_version: bool = True) -> None:
+        # On the kernel's thread (a click): read the widgets here; act, and fetch the outcome, on a worker.
+        model, version, weight = self.model.value, self.version.value, self.canary_weight.value
         if model is None or (needs_version and version is None):
             self.status.value = '<span style="color:#c00">pick a model and a version first</span>'
             return
-        self._run_action(
-            lambda: action(self.client, model, version), self.buttons, self.status, done=lambda _: self.refresh()
-        )
+
+        def work() -> _Fetched:
+            action(self.client, model, version, weight)
+            return self._fetch()
+
+        # The new state is shown before "done" is, so the next click starts from it.
+        self._run_action(work, self.buttons, self.status, done=self._show)
+
+
+def routing_summary(model: dict[str, Any]) -> str:
+    """Where the model's default traffic goes, as one line: ``stable v1 · canary v2 at 30%``."""
+    parts = [f"stable v{model['stable']}" if model["stable"] is not None else "no stable version: the newest serves"]
+    canary = model["canary"]
+    if canary:
+        parts.append(f"canary v{canary['version']} at {canary['weight'] * 100:.0f}%")
+    return f"<small>{html.escape(' · '.join(parts))}</small>"
 
 
 # --------------------------------------------------------------------------------------------- query
@@ -325,7 +453,9 @@ class LiveChart(_Part):
     """p50/p95/p99 latency, requests/s and mean batch size over time, one colour per model version.
 
     Fed by the server's stats stream a few times a second; keeps the last ``window_seconds``; redraws at most
-    every ``min_redraw_seconds`` in one ``batch_update``. It keeps updating while other cells run.
+    every ``min_redraw_seconds`` in one ``batch_update``. It keeps updating while the kernel is idle or a cell
+    awaits; a cell that keeps the kernel's thread busy (a long computation, a blocking ``%serve bench``) holds
+    the redraws until it ends, as it holds the frontend's clicks, and the chart then catches up at once.
     """
 
     def __init__(
@@ -355,6 +485,7 @@ class LiveChart(_Part):
         self.figure = go.FigureWidget(figure)
         self.figure.update_layout(height=520, margin={"l": 50, "r": 20, "t": 40, "b": 30}, legend={"orientation": "h"})
         self._traces: dict[tuple[str, str], dict[str, int]] = {}
+        self._redraws: _Newest[None] = _Newest(lambda _: self._draw())
         self.widget = self.figure
         _register(server, self)
         self._spawn(self._read_stream, "chart-stream")
@@ -408,9 +539,16 @@ class LiveChart(_Part):
 
     def _redraw_loop(self) -> None:
         while not self._stop.wait(self.min_redraw):
-            self.redraw()
+            with self._lock:
+                dirty = self._dirty
+            if dirty:
+                self._redraws.post(None)
 
     def redraw(self) -> None:
+        """Draw the snapshots received since the last redraw (on the kernel's thread: it changes the figure)."""
+        on_kernel_thread(self._draw)
+
+    def _draw(self) -> None:
         with self._lock:
             if not self._dirty:
                 return
@@ -473,6 +611,7 @@ class LoadPanel(_Part):
         self.result = widgets.HTML()
         self.status = widgets.HTML()
         self.last: Any = None
+        self._progress: _Newest[float] = _Newest(lambda fraction: setattr(self.progress, "value", fraction))
         self.start.on_click(lambda _: self._go())
         self.widget = widgets.VBox([
             widgets.HBox([self.model, self.protocol]),
@@ -514,7 +653,7 @@ class LoadPanel(_Part):
 
             def tick() -> None:
                 while not done.wait(0.2):
-                    self.progress.value = min(1.0, (time.perf_counter() - started) / seconds)
+                    self._progress.post(min(1.0, (time.perf_counter() - started) / seconds))
 
             ticker = threading.Thread(target=tick, daemon=True)
             ticker.start()
@@ -523,9 +662,9 @@ class LoadPanel(_Part):
             finally:
                 done.set()
                 ticker.join()
-                self.progress.value = 1.0
 
         def show(result: Any) -> None:
+            self.progress.value = 1.0
             self.result.value = f"<pre>{html.escape(format_table([result.summary()], list(result.summary())))}</pre>"
             self.last = result  # last: whoever waits on it finds the table already shown
 

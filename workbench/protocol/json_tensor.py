@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from workbench.engine.servable import TensorSpec
+from workbench.engine.servable import TensorSpec, describe_inputs, input_error
 from workbench.engine.status import invalid_argument
 
 B64 = "b64"
@@ -128,29 +128,35 @@ def _decode_instances(doc: Mapping[str, Any], specs: Mapping[str, TensorSpec], f
         if len(specs) > 1:
             raise invalid_argument(
                 "instances is a plain list, but expecting list of objects as multiple input tensors required "
-                "as per tensorinfo_map"
+                f"as per tensorinfo_map. Signature inputs: {describe_inputs(specs)}."
             )
+        ((name, spec),) = specs.items()
         for i, item in enumerate(instances):
             if isinstance(item, dict) and not _is_b64(item):
-                raise invalid_argument(f"Expecting value/list but got object at item {i} of input list")
-        ((name, spec),) = specs.items()
+                raise input_error(
+                    spec, f"an object at item {i}", f"Expecting value/list but got object at item {i} of input list"
+                )
         return {name: _decode_batch(instances, spec, name=None, fast=fast)}
 
     names = sorted(specs)
     columns: dict[str, list[Any]] = {name: [] for name in names}
     for i, item in enumerate(instances):
         if not isinstance(item, dict) or _is_b64(item):
-            raise invalid_argument(f"Expecting object but got list at item {i} of input list")
+            raise invalid_argument(
+                f"Expecting object but got list at item {i} of input list. Signature inputs: {describe_inputs(specs)}."
+            )
         for key in item:
             if key not in specs:
                 raise invalid_argument(
                     f"Failed to process element: {i} key: {key} of 'instances' list. Error: INVALID_ARGUMENT: "
-                    f"JSON object: does not have named input: {key}"
+                    f"JSON object: does not have named input: {key}. Signature inputs: {describe_inputs(specs)}."
                 )
         if sorted(item) != names:
+            missing = ",".join(n for n in names if n not in item)
             raise invalid_argument(
                 f"Failed to process element: {i} of 'instances' list. JSON object: {dumps_value(item)} "
-                f"keys must be equal to: {','.join(names)}"
+                f"keys must be equal to: {','.join(names)}. Missing: {missing}. "
+                f"Signature inputs: {describe_inputs(specs)}."
             )
         for name in names:
             columns[name].append(item[name])
@@ -162,14 +168,16 @@ def _decode_inputs(value: Any, specs: Mapping[str, TensorSpec], fast: bool) -> d
         if len(specs) > 1:
             raise invalid_argument(
                 "inputs is a plain value/list, but expecting an object as multiple input tensors required as "
-                "per tensorinfo_map"
+                f"per tensorinfo_map. Signature inputs: {describe_inputs(specs)}."
             )
         ((name, spec),) = specs.items()
         return {name: decode_tensor(value, spec, fast)}
     tensors = {}
     for name, spec in sorted(specs.items()):
         if name not in value:
-            raise invalid_argument(f"Missing named input: {name} in 'inputs' object.")
+            raise invalid_argument(
+                f"Missing named input: {name} in 'inputs' object. Signature inputs: {describe_inputs(specs)}."
+            )
         tensors[name] = decode_tensor(value[name], spec, fast)
     return tensors
 
@@ -177,16 +185,20 @@ def _decode_inputs(value: Any, specs: Mapping[str, TensorSpec], fast: bool) -> d
 def _decode_batch(items: list[Any], spec: TensorSpec, name: str | None, fast: bool) -> np.ndarray:
     """The row format: each instance is one example; all must have the same shape."""
     try:
-        return decode_tensor(items, spec, fast)
-    except Exception as batch_error:
+        return _to_array(items, spec, fast)
+    except _Unfit as batch_error:
         # Find the instance at fault, for a message that says which one and why.
         shape0 = None
         for i, item in enumerate(items):
             where = f"Failed to process element: {i}" + (f" key: {name}" if name else "")
             try:
-                shape = decode_tensor(item, spec).shape
-            except Exception as exc:
-                raise invalid_argument(f"{where} of 'instances' list. Error: INVALID_ARGUMENT: {exc}") from None
+                shape = _to_array(item, spec).shape
+            except _Unfit as unfit:
+                raise input_error(
+                    spec,
+                    f"{unfit.received} in instance {i}",
+                    f"{where} of 'instances' list. Error: INVALID_ARGUMENT: {unfit.detail}",
+                ) from None
             if shape0 is None:
                 shape0 = shape
             elif shape != shape0:
@@ -196,8 +208,13 @@ def _decode_batch(items: list[Any], spec: TensorSpec, name: str | None, fast: bo
                     if size0 != size
                     else f"Expecting shape {_shape_str(shape0)} but got: {_shape_str(shape)}"
                 )
-                raise invalid_argument(f"{where} of 'instances' list. Error: INVALID_ARGUMENT: {detail}") from None
-        raise batch_error
+                raise input_error(
+                    spec,
+                    f"instances of different shapes ({_shape_str(shape0)} in instance 0, "
+                    f"{_shape_str(shape)} in instance {i})",
+                    f"{where} of 'instances' list. Error: INVALID_ARGUMENT: {detail}",
+                ) from None
+        raise input_error(spec, batch_error.received, batch_error.detail) from None
 
 
 def _shape_str(shape: tuple[int, ...]) -> str:
@@ -208,12 +225,31 @@ def _shape_str(shape: tuple[int, ...]) -> str:
 _MAX_EXACT_INT = {np.dtype(np.float32): (1 << 24) - 1, np.dtype(np.float64): (1 << 53) - 1}
 
 
+class _Unfit(Exception):
+    """A JSON value that does not fit its input: what was received, and TF Serving's message about it.
+
+    Raised where the value is walked; the callers, which know whether it is a whole tensor or one instance of
+    the row format, turn it into the one input error format (:func:`input_error`).
+    """
+
+    def __init__(self, received: str, detail: str) -> None:
+        super().__init__(detail)
+        self.received, self.detail = received, detail
+
+
 def decode_tensor(value: Any, spec: TensorSpec, fast: bool = False) -> np.ndarray:
-    """A JSON value (scalar or nested lists) as an array of the signature's dtype, or a clear error.
+    """A JSON value (scalar or nested lists) as an array of the signature's dtype, or an error naming the input.
 
     ``fast`` lets numpy convert numbers in C. It cannot see a boolean hidden among numbers (it makes
     ``[1, true]`` into ``[1, 1]``), so callers pass it only when the JSON has no boolean token at all.
     """
+    try:
+        return _to_array(value, spec, fast)
+    except _Unfit as unfit:
+        raise input_error(spec, unfit.received, unfit.detail) from None
+
+
+def _to_array(value: Any, spec: TensorSpec, fast: bool = False) -> np.ndarray:
     dtype = spec.dtype
     if dtype.kind != "O" and fast:
         converted = _numeric_fast_path(value, dtype)
@@ -274,17 +310,22 @@ def _walk(value: Any, spec: TensorSpec) -> np.ndarray:
     def visit(v: Any, level: int) -> None:
         if not isinstance(v, list):
             if level != rank:
-                raise invalid_argument(
+                raise _Unfit(
+                    f"a ragged list (a value at depth {level} where the first values are at depth {rank})",
                     f"JSON Value: {dumps_value(v)} found at incorrect level: {level + 1} in the JSON DOM. "
-                    f"Expected at level: {rank}"
+                    f"Expected at level: {rank}",
                 )
             flat.append(_leaf(v, spec))
             return
         if level >= rank:
-            raise invalid_argument(f"Encountered list at unexpected level: {level} expected < {rank}")
+            raise _Unfit(
+                f"a ragged list (a list at depth {level} where the first values are at depth {rank})",
+                f"Encountered list at unexpected level: {level} expected < {rank}",
+            )
         if len(v) != shape[level]:
-            raise invalid_argument(
-                f"Encountered list at unexpected size: {len(v)} at level: {level} expected size: {shape[level]}"
+            raise _Unfit(
+                f"a ragged list (lists of {shape[level]} and of {len(v)} at depth {level})",
+                f"Encountered list at unexpected size: {len(v)} at level: {level} expected size: {shape[level]}",
             )
         for item in v:
             visit(item, level + 1)
@@ -296,9 +337,17 @@ def _walk(value: Any, spec: TensorSpec) -> np.ndarray:
     return out.reshape(shape)
 
 
-def _type_error(v: Any, spec: TensorSpec) -> Exception:
-    return invalid_argument(
-        f"JSON Value: {dumps_value(v)} Type: {_json_type(v)} is not of expected type: {spec.dtype_name}"
+def _type_error(v: Any, spec: TensorSpec, received: str = "") -> _Unfit:
+    return _Unfit(
+        received or f"a JSON {_json_type(v)}",
+        f"JSON Value: {dumps_value(v)} Type: {_json_type(v)} is not of expected type: {spec.dtype_name}",
+    )
+
+
+def _lossy(v: float, spec: TensorSpec) -> _Unfit:
+    return _Unfit(
+        f"{v}, which {spec.dtype_name} cannot hold exactly",
+        f"Cannot convert JSON value: {v} to {spec.dtype_name} without loss of precision.",
     )
 
 
@@ -309,11 +358,14 @@ def _leaf(v: Any, spec: TensorSpec) -> Any:
             return v.encode("utf-8")
         if isinstance(v, dict):
             if not _is_b64(v):
-                raise invalid_argument(f"JSON Value: {dumps_value(v)} not formatted correctly for base64 data")
+                raise _Unfit(
+                    'an object other than {"b64": "..."}',
+                    f"JSON Value: {dumps_value(v)} not formatted correctly for base64 data",
+                )
             try:
                 return base64.b64decode(v[B64], validate=True)
             except (binascii.Error, ValueError):
-                raise invalid_argument("Unable to base64 decode") from None
+                raise _Unfit("invalid base64", "Unable to base64 decode") from None
         raise _type_error(v, spec)
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         if kind == "b" and isinstance(v, bool):
@@ -324,17 +376,15 @@ def _leaf(v: Any, spec: TensorSpec) -> Any:
     if kind == "f":
         if isinstance(v, int):
             if abs(v) > _MAX_EXACT_INT.get(spec.dtype, 1 << 11):
-                raise invalid_argument(
-                    f"Cannot convert JSON value: {v} to {spec.dtype_name} without loss of precision."
-                )
+                raise _lossy(v, spec)
         elif math.isfinite(v) and abs(v) > float(np.finfo(spec.dtype).max):
-            raise invalid_argument(f"Cannot convert JSON value: {v} to {spec.dtype_name} without loss of precision.")
+            raise _lossy(v, spec)
         return v
     if isinstance(v, float):
-        raise _type_error(v, spec)
+        raise _type_error(v, spec, f"the JSON float {v}")
     info = np.iinfo(spec.dtype)
     if not info.min <= v <= info.max:
-        raise _type_error(v, spec)
+        raise _type_error(v, spec, f"{v}, out of {spec.dtype_name}'s range")
     return v
 
 

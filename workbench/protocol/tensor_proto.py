@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from workbench.engine.servable import TensorSpec, input_error, shape_text
 from workbench.engine.status import invalid_argument
 
 # numpy dtype → (TensorFlow DataType enum, TensorProto field holding the values)
@@ -35,7 +36,11 @@ _DT_STRING = 7
 _DECODE: dict[int, tuple[np.dtype[Any], str]] = {enum: (dtype, field) for dtype, (enum, field) in _FIELDS.items()}
 
 
-def to_numpy(proto: Any, alias: str) -> np.ndarray:
+def to_numpy(proto: Any, alias: str, spec: TensorSpec | None = None) -> np.ndarray:
+    """The array a request's TensorProto holds; a malformed one is INVALID_ARGUMENT naming the input.
+
+    ``spec`` (the signature's input of that alias, when it has one) lets the error say what was expected.
+    """
     try:
         entry = _DECODE.get(proto.dtype)
         if entry is None and proto.dtype != _DT_STRING:
@@ -68,7 +73,27 @@ def to_numpy(proto: Any, alias: str) -> np.ndarray:
             return np.pad(values, (0, count - values.size), "edge").reshape(shape)
         raise ValueError(f"{values.size} values do not fit the shape {list(shape)}")
     except Exception as exc:  # malformed content: wrong sizes, unknown dtype
-        raise invalid_argument(f"Could not parse input tensor {alias}: {exc}") from None
+        detail = f"Could not parse input tensor {alias}: {exc}"
+        if spec is None:
+            raise invalid_argument(detail) from None
+        raise input_error(
+            spec, f"a malformed TensorProto ({_proto_type(proto)} {_proto_shape(proto)})", detail
+        ) from None
+
+
+def _proto_type(proto: Any) -> str:
+    from tensorflow.core.framework import types_pb2
+
+    try:
+        return str(types_pb2.DataType.Name(proto.dtype))
+    except ValueError:
+        return f"dtype {proto.dtype}"
+
+
+def _proto_shape(proto: Any) -> str:
+    if proto.tensor_shape.unknown_rank:
+        return "of unknown rank"
+    return shape_text([d.size for d in proto.tensor_shape.dim])
 
 
 def from_numpy(array: np.ndarray, proto: Any) -> Any:

@@ -1,0 +1,62 @@
+"""TFRecord files without TensorFlow: the framing, checked with its CRC32C checksums.
+
+A record is ``length`` (uint64, little-endian), the masked CRC32C of those 8 bytes, ``length`` bytes of data and
+the masked CRC32C of the data. A file being written may end in part of a record: :func:`read_records` stops
+there when asked to (``partial_tail="stop"``), so a reader can follow a request log while the server writes it.
+Checksums come from google-crc32c (Google's C library, hardware-accelerated where the CPU has CRC32C
+instructions): a checksum in pure Python runs at about 10 MB/s and would hold the GIL that the server's
+request path needs while the log writer works.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Iterator
+from typing import Literal
+
+import google_crc32c
+
+
+def masked_crc(data: bytes) -> int:
+    """TFRecord's checksum: the CRC32C rotated right by 15 bits plus a constant."""
+    crc = google_crc32c.value(data)
+    return ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def encode_record(data: bytes) -> bytes:
+    """One record, framed: what a TFRecord file holds for ``data``."""
+    header = struct.pack("<Q", len(data))
+    return header + struct.pack("<I", masked_crc(header)) + data + struct.pack("<I", masked_crc(data))
+
+
+class CorruptRecord(ValueError):
+    """A TFRecord file whose framing or checksums are wrong (or that is no TFRecord file at all)."""
+
+
+def read_records(path: str | os.PathLike[str], partial_tail: Literal["stop", "raise"] = "raise") -> Iterator[bytes]:
+    """The records of one local TFRecord file, in order, each checked against its checksums."""
+    with open(path, "rb") as f:
+        data = f.read()
+    offset, end = 0, len(data)
+    while offset < end:
+        if end - offset < 12:
+            if partial_tail == "stop":
+                return
+            raise CorruptRecord(f"{path}: truncated record header at byte {offset}")
+        header = data[offset : offset + 8]
+        (length,) = struct.unpack("<Q", header)
+        (length_crc,) = struct.unpack("<I", data[offset + 8 : offset + 12])
+        if masked_crc(header) != length_crc:
+            raise CorruptRecord(f"{path}: corrupted record length at byte {offset}")
+        start = offset + 12
+        if end - start < length + 4:
+            if partial_tail == "stop":
+                return
+            raise CorruptRecord(f"{path}: truncated record at byte {offset}")
+        record = data[start : start + length]
+        (data_crc,) = struct.unpack("<I", data[start + length : start + length + 4])
+        if masked_crc(record) != data_crc:
+            raise CorruptRecord(f"{path}: corrupted record data at byte {offset}")
+        yield record
+        offset = start + length + 4
