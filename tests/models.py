@@ -229,3 +229,47 @@ def save_dense(export_dir: str | os.PathLike[str], width: int = 4) -> Path:
     path = Path(export_dir)
     tf.saved_model.save(module, str(path), signatures={"serving_default": module.serve})
     return path
+
+
+def save_gated(export_dir: str | os.PathLike[str], gate: str | os.PathLike[str], held: str | os.PathLike[str]) -> Path:
+    """A TF2 model that holds each call while the file ``gate`` exists: ``x`` float32 [None] → ``y`` = 2x.
+
+    Lets a test keep requests inside a server (running, or queued behind running ones) for as long as it needs,
+    then release them all by deleting ``gate``; no sleep decides the outcome. A held call writes a file into the
+    folder ``held`` (one per call, written each 20 ms while it waits), so the test can count calls being held.
+    Everything is graph ops (no ``tf.py_function``), so the model works in a ``workbench serve`` process.
+    """
+    from tensorflow.python.data.experimental.ops import testing as tf_data_testing
+
+    gate, held = str(gate), str(held)
+
+    def pause() -> tf.Tensor:
+        """Sleep 20 ms inside the graph (a one-element dataset with a sleep, reduced)."""
+        dataset = tf.data.Dataset.range(1).apply(tf_data_testing.sleep(20_000))
+        return dataset.reduce(tf.constant(0, tf.int64), lambda total, item: total + item)
+
+    def random_text() -> tf.Tensor:
+        return tf.strings.as_string(tf.random.uniform([], maxval=2**62, dtype=tf.int64))
+
+    class Gated(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.float32, name="x")])
+        def serve(self, x: tf.Tensor) -> dict[str, tf.Tensor]:
+            marker = tf.strings.join([held, "/", random_text()])
+
+            def gate_exists(waited: tf.Tensor) -> tf.Tensor:
+                # The pattern depends on a random op, so grappler cannot fold the check into a constant.
+                pattern = tf.strings.join([gate, tf.strings.substr(random_text(), 0, 0)])
+                return tf.size(tf.io.matching_files(pattern)) > 0
+
+            def wait(waited: tf.Tensor) -> list[tf.Tensor]:
+                with tf.control_dependencies([tf.io.write_file(marker, "")]):
+                    return [waited + pause() + 1]
+
+            (waited,) = tf.while_loop(gate_exists, wait, [tf.constant(0, tf.int64)])
+            with tf.control_dependencies([waited]):
+                return {"y": x * 2.0}
+
+    module = Gated()
+    path = Path(export_dir)
+    tf.saved_model.save(module, str(path), signatures={"serving_default": module.serve})
+    return path

@@ -40,6 +40,8 @@ def test_defaults_are_tf_servings():
     assert args.rest_api_enable_cors_support is False
     assert args.allow_version_labels_for_unavailable_models is False
     assert args.monitoring_config_file == ""
+    assert args.drain_seconds == 30  # Kubernetes' default termination grace period
+    assert args.drain_delay_seconds == 0
 
 
 @pytest.mark.parametrize(
@@ -150,6 +152,13 @@ def test_enable_batching_false_is_not_refused(capsys):
     err = capsys.readouterr().err
     assert "nothing to serve" in err
     assert "enable_batching" not in err
+
+
+def test_a_drain_delay_as_long_as_the_drain_is_refused(capsys, tmp_path):
+    code = main(["serve", f"--model_base_path={tmp_path}", "--drain_seconds=10", "--drain_delay_seconds=10"])
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "--drain_delay_seconds (10) must be shorter than --drain_seconds (10)" in err, err
 
 
 def test_both_config_file_and_base_path_is_refused(capsys, tmp_path):

@@ -68,6 +68,12 @@ def answers(url: str, process: subprocess.Popen[bytes], log: Path, **kwargs: obj
         return None
 
 
+def ready_answer(base: str, process: subprocess.Popen[bytes], log: Path) -> requests.Response | None:
+    """``/readyz``'s 200 once every model serves (the ports open before the models have loaded)."""
+    answer = answers(f"{base}/readyz", process, log)
+    return answer if answer is not None and answer.status_code == 200 else None
+
+
 def make_env() -> dict[str, str]:
     # A make run by `make test` passes its flags down; this one is a user's own command line.
     return {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
@@ -110,9 +116,10 @@ def test_make_serve_serves_the_demo_models(tmp_path: Path) -> None:
     demo = tmp_path / "demo-models"
     log = tmp_path / "serve.log"
     with running([MAKE, "serve", f"DEMO={demo}", "GRPC_PORT=0", f"REST_PORT={port}"], log, env=make_env()) as process:
-        url = f"http://127.0.0.1:{port}/v1/models/half_plus_two"
-        status = wait_until(lambda: answers(url, process, log), timeout=300, what="make serve")
-        assert status.status_code == 200
+        base = f"http://127.0.0.1:{port}"
+        ready = wait_until(lambda: ready_answer(base, process, log), timeout=300, what="make serve ready")
+        assert ready.json() == {"status": "ready"}
+        url = f"{base}/v1/models/half_plus_two"
         answer = requests.post(f"{url}:predict", json={"instances": [1.0, 2.0]}, timeout=10)
         assert answer.json() == {"predictions": [2.5, 3.0]}
     assert (demo / "models.config").is_file()
@@ -163,8 +170,9 @@ def test_the_wheel_make_builds_installs_with_pip_into_a_fresh_virtualenv_and_ser
     ]  # fmt: skip
     log = tmp_path / "serve.log"
     with running(command, log, cwd=tmp_path, env=env) as process:
-        url = f"http://127.0.0.1:{port}/v1/models/half_plus_two"
-        wait_until(lambda: answers(url, process, log), timeout=300, what="the installed server")
+        base = f"http://127.0.0.1:{port}"
+        wait_until(lambda: ready_answer(base, process, log), timeout=300, what="the installed server ready")
+        url = f"{base}/v1/models/half_plus_two"
         answer = requests.post(f"{url}:predict", json={"instances": [1.0, 2.0]}, timeout=10)
         assert answer.json() == {"predictions": [2.5, 3.0]}
     # The package came from the wheel, not from this checkout.

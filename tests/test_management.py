@@ -314,15 +314,18 @@ def test_routing_state_persists_across_a_restart(serve, root):
     before = describe(first)
     first.stop()
 
-    state_file = root / ".workbench" / "routing.json"
-    saved = json.loads(state_file.read_text())["models"]["m"]
+    state_file = root / "m" / "routing.json"  # in the repository, beside the versions
+    saved = json.loads(state_file.read_text())
     assert (saved["stable"], saved["history"], saved["canary"], saved["canary_weight"]) == (1, [2], 2, 0.25)
+    assert saved["generation"] == before["generation"] == 3  # one per change
+    assert before["routing_state"] == str(state_file.resolve())
     second = serve(model_repository=str(root), file_system_poll_wait_seconds=0)
-    # the hidden .workbench folder is no model
+    # routing.json and its lock file are no versions, and no models
     assert [m["name"] for m in requests.get(second.rest_url + MODELS, timeout=30).json()["models"]] == ["m"]
+    assert [v["version"] for v in describe(second)["versions"]] == [2, 1]
 
     after = describe(second)
-    for key in ("stable", "previous_stable", "canary", "labels", "default_version"):
+    for key in ("stable", "previous_stable", "canary", "labels", "default_version", "generation"):
         assert after[key] == before[key], key
     assert {v["version"]: (v["state"], v["traffic_share"]) for v in after["versions"]} == {
         2: ("AVAILABLE", 0.25),
@@ -333,19 +336,42 @@ def test_routing_state_persists_across_a_restart(serve, root):
     assert manage(second, "m:rollback").json()["stable"] == 2  # the history came back too
 
 
-def test_management_state_file_for_a_config_file_server(serve, make_repo, tmp_path):
+def legacy_state(path: Path, routing: dict) -> Path:
+    """An older workbench's one state file for every model."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"models": {"m": routing}}))
+    return path
+
+
+def test_an_older_management_state_file_is_where_routing_starts(serve, make_repo, tmp_path):
     base = make_repo("m", {1: "hp2_tf2", 2: "hp3_tf2"})
     config = tmp_path / "models.config"
     config.write_text(model_config_text(("m", base, "")))
-    state = tmp_path / "state" / "routing.json"
+    state = legacy_state(tmp_path / "state" / "routing.json", {"stable": 1, "history": [2]})
+    legacy = state.read_text()
     options = {"model_config_file": str(config), "management_state_file": str(state)}
     first = serve(file_system_poll_wait_seconds=0, **options)
-    assert manage(first, "m:promote", {"version": 1}).status_code == 200
+    assert (describe(first)["stable"], describe(first)["generation"]) == (1, 0)  # nothing in the repository yet
+    assert predict(first).text == V1
+
+    assert manage(first, "m:canary", {"version": 2, "weight": 0.5}).status_code == 200
     first.stop()
-    assert json.loads(state.read_text())["models"]["m"]["stable"] == 1
+    stored = json.loads((base / "routing.json").read_text())  # the first change moved it into the repository
+    assert (stored["generation"], stored["stable"], stored["history"], stored["canary"]) == (1, 1, [2], 2)
+    assert state.read_text() == legacy  # the old file is only read
+
+    state.write_text(json.dumps({"models": {"m": {"stable": 2}}}))
     second = serve(file_system_poll_wait_seconds=0, **options)
-    assert describe(second)["stable"] == 1
-    assert predict(second).text == V1
+    assert (describe(second)["stable"], describe(second)["generation"]) == (1, 1)  # the repository's state wins
+    assert describe(second)["canary"] == {"version": 2, "weight": 0.5}
+
+
+def test_a_model_repositorys_older_state_file_is_read_too(serve, root):
+    legacy_state(root / ".workbench" / "routing.json", {"stable": 1})
+    server = serve(model_repository=str(root), file_system_poll_wait_seconds=0)
+    assert [m["name"] for m in requests.get(server.rest_url + MODELS, timeout=30).json()["models"]] == ["m"]
+    assert describe(server)["stable"] == 1
+    assert predict(server).text == V1
 
 
 @pytest.mark.parametrize(
@@ -353,22 +379,45 @@ def test_management_state_file_for_a_config_file_server(serve, make_repo, tmp_pa
     [
         "{this is not json",
         "[1, 2, 3]",
-        '{"models": {"m": null}}',
-        '{"models": {"m": {"history": ["x"]}}}',
-        '{"models": {"m": {"stable": "two", "canary": "three", "canary_weight": 0.5}}}',
+        '{"generation": "one", "stable": 1}',
+        '{"history": ["x"]}',
+        '{"stable": "two", "canary": "three", "canary_weight": 0.5}',
+        '{"canary": 2, "canary_weight": 7}',
     ],
-    ids=["not-json", "a-list", "null-model", "bad-history", "string-versions"],
+    ids=["not-json", "a-list", "bad-generation", "bad-history", "string-versions", "bad-weight"],
 )
 def test_a_damaged_routing_file_does_not_stop_start_up(serve, root, damage):
-    state_file = root / ".workbench" / "routing.json"
-    state_file.parent.mkdir()
+    state_file = root / "m" / "routing.json"
     state_file.write_text(damage)
     server = serve(model_repository=str(root), file_system_poll_wait_seconds=0)
-    assert predict(server).text in (V1, V2)
+    assert predict(server).text == V2  # TF Serving's default: the latest version
     assert version_states(server.rest_url, "m").get("2") == "AVAILABLE"
     assert manage(server, "m:promote", {"version": 1}).status_code == 200
     assert predict(server).text == V1
-    assert json.loads(state_file.read_text())["models"]["m"]["stable"] == 1  # rewritten whole
+    saved = json.loads(state_file.read_text())  # rewritten whole
+    assert (saved["stable"], saved["generation"]) == (1, 1)
+
+
+def test_a_label_the_model_config_file_sets_wins_and_is_not_managed_here(serve, make_repo, tmp_path):
+    base = make_repo("m", {1: "hp2_tf2", 2: "hp3_tf2"})
+    config = tmp_path / "models.config"
+    labels = 'model_version_policy { all {} } version_labels { key: "stable" value: 1 }'
+    config.write_text(model_config_text(("m", base, labels)))
+    (base / "routing.json").write_text(json.dumps({"generation": 1, "stable": 2}))  # both speak of "stable"
+    server = serve(model_config_file=str(config), file_system_poll_wait_seconds=0)
+    model = describe(server)
+    assert model["labels"] == {"stable": 1}  # the config file's label, as tensorflow_model_server answers it
+    assert predict(server, "/v1/models/m/labels/stable").text == V1
+    assert (model["stable"], model["default_version"], predict(server).text) == (2, 2, V2)  # the default: routing's
+
+    for target, body in (("m:promote", {"version": 1}), ("m:rollback", {})):
+        refused = manage(server, target, body)
+        assert refused.status_code == 400, refused.text  # FAILED_PRECONDITION
+        assert error_of(refused).startswith('Label "stable" of model m is set by the model config file'), refused.text
+    assert json.loads((base / "routing.json").read_text())["generation"] == 1
+    canary = manage(server, "m:canary", {"version": 1, "weight": 0.5})  # a label the config leaves to routing
+    assert canary.status_code == 200, canary.text
+    assert canary.json()["labels"] == {"stable": 1, "canary": 1}
 
 
 # -------------------------------------------------------------------------------------------- authorization

@@ -1,5 +1,6 @@
-"""Prometheus metrics behind a monitoring config file: TF Serving's series, exact request counts, and our
-per-version series (including the availability gauge through hot swaps and config reloads)."""
+"""Prometheus metrics: always at ``/metrics``, and at TF Serving's path when a monitoring config enables it;
+TF Serving's series, exact request counts, and our per-version series (including the availability gauge through
+hot swaps and config reloads)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from waiting import model_config_text, place_atomically, states_are, version_states, wait_until, write_atomically
 
 DEFAULT_PATH = "/monitoring/prometheus/metrics"
+ALWAYS_ON_PATH = "/metrics"
 ONE = {"instances": [[1.0]]}
 
 
@@ -121,22 +123,44 @@ def test_custom_metrics_path(serve, make_repo, tmp_path):
     assert r.status_code == 404
     assert r.headers["content-type"] == "application/json"
     assert set(r.json()) == {"error"}
+    assert value(scrape(server, ALWAYS_ON_PATH), ":tensorflow:serving:request_count", model_name="m", status="OK") == 1
 
 
-def assert_no_metrics_endpoint(server) -> None:
+def assert_metrics_only_at_the_always_on_path(server) -> None:
+    """TF Serving's path answers 404 as TF Serving's would; ``/metrics`` has TF Serving's series all the same."""
     assert post(server, "/v1/models/m:predict").status_code == 200
     r = requests.get(server.rest_url + DEFAULT_PATH, timeout=30)
     assert r.status_code == 404
     assert r.headers["content-type"] == "application/json"
     assert set(r.json()) == {"error"}
+    text = scrape(server, ALWAYS_ON_PATH)
+    assert "# TYPE :tensorflow:serving:request_count " in text
+    assert "# TYPE :tensorflow:serving:request_latency histogram" in text
+    assert value(text, ":tensorflow:serving:request_count", model_name="m", status="OK") == 1
+    assert value(text, "workbench_model_version_available", model="m", version="1") == 1
 
 
-def test_no_metrics_endpoint_without_a_monitoring_config(serve, make_repo):
+def test_metrics_without_a_monitoring_config(serve, make_repo):
     base = make_repo("m", {1: "hp2_tf2"})
-    assert_no_metrics_endpoint(serve(model_name="m", model_base_path=str(base), file_system_poll_wait_seconds=0))
+    server = serve(model_name="m", model_base_path=str(base), file_system_poll_wait_seconds=0)
+    assert_metrics_only_at_the_always_on_path(server)
 
 
-def test_no_metrics_endpoint_when_prometheus_is_disabled(serve, make_repo, tmp_path):
+def test_both_paths_serve_the_same_metrics(serve, make_repo, tmp_path):
+    base = make_repo("m", {1: "hp2_tf2"})
+    server = serve(
+        model_name="m",
+        model_base_path=str(base),
+        file_system_poll_wait_seconds=0,
+        monitoring_config_file=enabled(tmp_path),
+    )
+    assert post(server, "/v1/models/m:predict").status_code == 200
+    count = ":tensorflow:serving:request_count"
+    assert value(scrape(server), count, model_name="m", status="OK") == 1
+    assert value(scrape(server, ALWAYS_ON_PATH), count, model_name="m", status="OK") == 1
+
+
+def test_metrics_when_prometheus_is_disabled(serve, make_repo, tmp_path):
     base = make_repo("m", {1: "hp2_tf2"})
     server = serve(
         model_name="m",
@@ -144,7 +168,7 @@ def test_no_metrics_endpoint_when_prometheus_is_disabled(serve, make_repo, tmp_p
         file_system_poll_wait_seconds=0,
         monitoring_config_file=monitoring_config(tmp_path, "prometheus_config { enable: false }\n"),
     )
-    assert_no_metrics_endpoint(server)
+    assert_metrics_only_at_the_always_on_path(server)
 
 
 def test_availability_gauge_follows_version_swaps_and_model_removal(serve, make_repo, model_store, tmp_path):

@@ -237,7 +237,8 @@ def test_the_headless_commands_and_clients_work_as_written(tmp_path: Path) -> No
 
         def up() -> bool:
             assert server.poll() is None, log.read_text()[-3000:]
-            return requests.get(f"http://127.0.0.1:{rest_port}/v1/models/half_plus_two", timeout=5).ok
+            # Ready once every model of the config serves (the ports open before the models have loaded).
+            return requests.get(f"http://127.0.0.1:{rest_port}/readyz", timeout=5).status_code == 200
 
         wait_until(up, timeout=300, what="the README's workbench serve")
         clients = blocks_in("Headless", "python")

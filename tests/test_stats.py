@@ -143,6 +143,7 @@ def test_health_lists_models_and_ports(two_versions):
     assert r.headers["content-type"] == "application/json"
     assert r.json() == {
         "status": "ok",
+        "readiness": {"status": "ready"},
         "pid": os.getpid(),
         "grpc_port": server.server.grpc_port,
         "rest_port": server.server.rest_port,

@@ -65,6 +65,11 @@ examples:
   workbench bench --target=localhost:8500 --protocol=grpc --model=half_plus_two --inputs='{"x": [[1.0]]}' \\
       --concurrency=8 --duration=10
 """
+MANIFESTS_EXAMPLES = """\
+examples:
+  workbench manifests digits --kserve --storage_uri=s3://models/digits --out=deploy-digits
+  workbench manifests digits --kubernetes --storage_uri=s3://models/digits --server=http://localhost:8501
+"""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -122,7 +127,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     )
     models = p.add_argument_group("models", "what to serve (one of the three sources) and how versions load")
     _flag(models, "model_name", "default", "name of the one model served from --model_base_path", "NAME")
-    _flag(models, "model_base_path", "", "serve one model: a folder of numbered version folders", "DIR")
+    _flag(models, "model_base_path", "", "serve one model: a folder (or s3://, gs:// URL) of numbered versions", "DIR")
     _flag(models, "model_config_file", "", "serve the models listed in a text-format ModelServerConfig", "FILE")
     _flag(models, "model_config_file_poll_wait_seconds", 0.0, "re-read --model_config_file this often (0: once)", "S")
     _flag(models, "file_system_poll_wait_seconds", 1.0, "look for new versions this often (0: once, <0: never)", "S")
@@ -153,13 +158,38 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
 
     own = p.add_argument_group("workbench's own flags", "not in tensorflow_model_server")
     _flag(own, "model_repository", "", "serve every model folder under DIR; models come and go with folders", "DIR")
+    _flag(
+        own,
+        "model_cache_dir",
+        "",
+        "where versions from s3://, gs:// and other fsspec URLs are downloaded to load (default: "
+        "$XDG_CACHE_HOME/workbench/models or ~/.cache/workbench/models); each server uses a slot of its own",
+        "DIR",
+    )
     _flag(own, "server_name", "", "name in JupyterLab's sidebar (default: the repository's folder name)", "NAME")
     _flag(own, "host", "127.0.0.1", "address both ports bind (TF Serving binds every address: 0.0.0.0)", "ADDRESS")
     _flag(own, "rest_api_max_request_bytes", 256 * 1024 * 1024, "largest REST request body accepted", "BYTES")
     _flag(own, "grpc_max_message_bytes", 256 * 1024 * 1024, "largest gRPC message received or sent", "BYTES")
     _flag(own, "num_inference_threads", 0, "threads running TensorFlow (0: twice the cores, at least 4)", "N")
-    _flag(own, "management_state_file", "", "where promotions, canaries and pins persist (JSON)", "FILE")
+    _flag(own, "management_state_file", "", "an older workbench's routing state, read where a model has none", "FILE")
     _flag(own, "management_token", "", "require this bearer token for the management API's changes", "TOKEN")
+    _flag(
+        own,
+        "drain_seconds",
+        30.0,
+        "on SIGTERM or SIGINT: turn /readyz false, refuse new connections, give accepted requests up to this long in "
+        "all to finish, then exit 0 (a second signal exits at once); Kubernetes' terminationGracePeriodSeconds "
+        "should be at least this",
+        "S",
+    )
+    _flag(
+        own,
+        "drain_delay_seconds",
+        0.0,
+        "part of --drain_seconds spent not ready but still taking new connections, while load balancers stop "
+        "routing here (instead of a preStop sleep)",
+        "S",
+    )
 
     # Set by notebook handles, not by people: they work, but --help does not list them.
     p.add_argument("--ready_file", default="", help=argparse.SUPPRESS)  # the ports as JSON once it answers
@@ -212,9 +242,12 @@ def _serve(args: argparse.Namespace) -> int:
         enable_batching=args.enable_batching,
         batching_parameters_file=args.batching_parameters_file,
         model_repository=args.model_repository,
+        model_cache_dir=args.model_cache_dir,
         management_state_file=args.management_state_file,
         management_token=args.management_token,
         server_name=args.server_name,
+        drain_seconds=args.drain_seconds,
+        drain_delay_seconds=args.drain_delay_seconds,
         ready_file=args.ready_file,
         parent_pid=args.parent_pid,
     )
@@ -339,6 +372,68 @@ def _bench(args: argparse.Namespace) -> int:
     return 0 if result.errors == 0 else 3
 
 
+def _manifests_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "manifests",
+        help="KServe or Kubernetes manifests that serve a model with workbench",
+        description="Render the manifests that deploy MODEL with workbench: an InferenceService on the workbench "
+        "ClusterServingRuntime (--kserve), or a Deployment, Service, HorizontalPodAutoscaler and model config "
+        "(--kubernetes). With --server, the model's routing (stable version, canary) is read from a running "
+        "workbench and described in them; the replicas themselves read it from routing.json beside the versions.",
+        epilog=MANIFESTS_EXAMPLES,
+    )
+    p.add_argument("model", metavar="MODEL", help="the model's name")
+    target = p.add_mutually_exclusive_group(required=True)
+    target.add_argument(
+        "--kserve", dest="target", action="store_const", const="kserve", help="an InferenceService and the runtime"
+    )
+    target.add_argument(
+        "--kubernetes", dest="target", action="store_const", const="kubernetes", help="a Deployment, Service, HPA…"
+    )
+    p.add_argument(
+        "--storage_uri",
+        metavar="URI",
+        help="the model's base path for the cluster: s3://…, gs://…, pvc://CLAIM/PATH "
+        "(default: the server's base path with --server, else pvc://workbench-models/MODEL)",
+    )
+    p.add_argument("--replicas", type=int, default=2, metavar="N", help="replicas (the autoscaler's minimum)")
+    p.add_argument("--image", metavar="IMAGE", help="the workbench image (default: deploy/'s example name)")
+    p.add_argument("--server", metavar="URL", help="a running workbench's REST address, to read MODEL's routing")
+    p.add_argument("--out", metavar="DIR", help="write the files into DIR (default: print them)")
+    p.set_defaults(command=_manifests)
+
+
+def _manifests(args: argparse.Namespace) -> int:
+    from workbench.manifests import DEFAULT_IMAGE, render_manifests
+
+    routing = None
+    storage_uri = args.storage_uri
+    try:
+        if args.server:
+            from workbench.client import Client
+
+            with Client(args.server) as client:
+                routing = client.model(args.model)
+            storage_uri = storage_uri or routing["base_path"]
+        manifests = render_manifests(
+            args.model,
+            target=args.target,
+            storage_uri=storage_uri,
+            replicas=args.replicas,
+            image=args.image or DEFAULT_IMAGE,
+            routing=routing,
+        )
+    except Exception as exc:  # noqa: BLE001 - a command line tool: say what went wrong, no traceback
+        print(f"workbench manifests: {exc}", file=sys.stderr)
+        return 2 if isinstance(exc, ValueError) else 1
+    if args.out is None:
+        print(repr(manifests), end="")
+        return 0
+    for path in manifests.write(args.out):
+        print(f"wrote {path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from workbench import __version__
 
@@ -354,6 +449,7 @@ def build_parser() -> argparse.ArgumentParser:
     _serve_parser(sub)
     _demo_parser(sub)
     _bench_parser(sub)
+    _manifests_parser(sub)
     parser.commands = tuple(sub.choices)
     return parser
 

@@ -8,6 +8,11 @@ Every export is built in a hidden folder inside ``<model_repository>/<name>`` (t
 by loading it exactly the way the server will, and only then renamed to its number, so a server never sees a
 half-written or broken version, and a failed export leaves nothing behind.
 
+``model_repository`` may also be an object store (``s3://bucket/models``, ``gs://…``, any fsspec URL): the export is
+built and checked in a local temporary folder, then uploaded to ``<model_repository>/<name>/<version>/`` with
+``saved_model.pb`` last. Object stores have no rename; a server counts a version as present only once its
+``saved_model.pb`` exists, so it never sees a half-uploaded one.
+
 **How models are saved.** Keras 3, ``tf.Module`` and function models all take one route: the serving functions are
 traced to concrete functions, and a fresh ``tf.Module`` that tracks exactly the ``tf.Variable``\\ s those functions
 capture (plus lookup tables and assets found under the model) is saved with them as signatures. Saving the Keras
@@ -37,6 +42,7 @@ import os
 import re
 import shutil
 import sys
+import tempfile
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -45,6 +51,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from workbench._tf import quiet_tensorflow
+from workbench.engine.storage import SAVED_MODEL, RemoteFolder, StorageError, is_remote, join, redact
 from workbench.vocabulary import renamed_keywords
 
 if TYPE_CHECKING:  # only for annotations: importing TensorFlow at runtime is slow
@@ -76,7 +83,7 @@ class ExportResult:
 
     name: str
     version: int
-    path: Path
+    path: Path | str  # a URL (str) for a version exported to an object store
     signatures: dict[str, str]
     warmup_records: int
 
@@ -107,10 +114,15 @@ def export(
     as the version's warmup requests and run through the exported model before it is published.
     """
     _check_name(name)
-    base = Path(model_repository).absolute() / name
+    store = _store_of(str(model_repository), name) if is_remote(model_repository) else None
+    # A store's export is built in a local temporary folder, then uploaded (object stores have no rename).
+    base = Path(tempfile.mkdtemp(prefix="workbench-export-")) if store else Path(model_repository).absolute() / name
     if version is not None:
         _check_version(version)
-        _refuse_existing(name, base, version)
+        if store is not None:
+            _refuse_existing_in_store(name, store, version)
+        else:
+            _refuse_existing(name, base, version)
     staging = base / f".tmp-export-{uuid.uuid4().hex}"
     # What TensorFlow logs while it imports, traces, saves, loads and runs the export ("Assets written to ...",
     # optimizer notices) is about workbench's work, not the user's: the cell shows the result, or the error.
@@ -123,7 +135,10 @@ def export(
                 raise ExportError(f"Cannot create the model folder {base}: {exc}") from exc
             _save(functions, trackables, staging)
             described, records = _write_warmup_and_verify(name, staging, examples)
-            final_version = _publish(name, base, staging, version)
+            if store is not None:
+                final_version = _upload(name, store, staging, version)
+            else:
+                final_version = _publish(name, base, staging, version)
         except ExportError:
             raise
         except Exception as exc:  # a failure nobody foresaw still gets the one-line, cleaned-up treatment
@@ -132,10 +147,12 @@ def export(
             # Reached with staging still present only when something failed (or was interrupted).
             if staging.exists():
                 shutil.rmtree(staging, ignore_errors=True)
+            if store is not None:
+                shutil.rmtree(base, ignore_errors=True)
     return ExportResult(
         name=name,
         version=final_version,
-        path=base / str(final_version),
+        path=join(store.location, str(final_version)) if store is not None else base / str(final_version),
         signatures=described,
         warmup_records=records,
     )
@@ -187,6 +204,45 @@ def _publish(name: str, base: Path, staging: Path, version: int | None) -> int:
                 continue  # another export took this number between the scan and the rename
             raise ExportError(f"Could not move the export into place at {target}: {exc}") from exc
     raise ExportError(f"Could not find a free version number in {base}")
+
+
+def _store_of(model_repository: str, name: str) -> RemoteFolder:
+    try:
+        return RemoteFolder(join(model_repository, name))
+    except StorageError as exc:
+        raise ExportError(f"Cannot export to {redact(model_repository)}: {exc}") from None
+
+
+def _store_versions(store: RemoteFolder) -> set[int]:
+    """Numbered folders in the store, complete or still uploading (either number is taken)."""
+    from workbench.engine.source import parse_version
+
+    try:
+        names = store.list_folders()
+    except StorageError as exc:
+        raise ExportError(f"Cannot list {store.location}: {exc}") from None
+    return {n for n in map(parse_version, names) if n is not None}
+
+
+def _refuse_existing_in_store(name: str, store: RemoteFolder, version: int) -> None:
+    if version in _store_versions(store):
+        raise ExportError(f"Version {version} of model {name!r} already exists in {store.location}")
+
+
+def _upload(name: str, store: RemoteFolder, staging: Path, version: int | None) -> int:
+    """Upload the checked export to ``<store>/<number>/``, ``saved_model.pb`` last.
+
+    Object stores have no rename: servers treat a version as present only once its ``saved_model.pb`` exists, so
+    writing that file last publishes the version in one step. Two exports racing for the same next number to one
+    store are not told apart: name the version (``version=``) when several writers export at once.
+    """
+    number = version if version is not None else max(_store_versions(store), default=0) + 1
+    _refuse_existing_in_store(name, store, number)
+    try:
+        store.upload(staging, str(number), last=SAVED_MODEL)
+    except StorageError as exc:
+        raise ExportError(f"Could not upload version {number} of model {name!r}: {exc}") from None
+    return number
 
 
 # ---------------------------------------------------------------------------------------- what gets saved

@@ -3,20 +3,28 @@
 :class:`ModelServer` wires the manager, the repository source, config reloading, metrics, the dataplane and
 the frontends. ``workbench serve`` runs it in the main thread (:func:`run`); tests and in-process use run it
 on a background thread (:class:`ServerThread`).
+
+Life of a server: the ports open first (liveness answers, readiness says "starting"), then the initial models
+load; it is ready while every model has an AVAILABLE version. Stopping is a drain (:meth:`ModelServer.stop`):
+readiness turns false, optionally new connections are still taken for a delay, then the ports stop accepting,
+accepted requests (those queued for a batch included) finish within the drain's budget, and the engine stops.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import grpc
 import uvicorn
@@ -28,15 +36,18 @@ from workbench.engine.batching_config import BatchingParameters, model_batching_
 from workbench.engine.manager import Manager, VersionState
 from workbench.engine.metrics import ServingMetrics
 from workbench.engine.options import ModelConfig, ServerOptions, discover_models, parse_model_config_file
+from workbench.engine.readiness import Phase, ServerReadiness
 from workbench.engine.request_log import RequestLogger
-from workbench.engine.routing import RoutingStore
+from workbench.engine.routing_state import read_legacy_state
 from workbench.engine.servable import LOADERS
 from workbench.engine.source import RepositorySource
 from workbench.engine.stats import RollingStats
 from workbench.engine.status import Code, ServingError
+from workbench.engine.storage import VersionCache, caching_loader
 from workbench.engine.warmup import warm_up
-from workbench.frontends.grpc import start_grpc_server
+from workbench.frontends.grpc import ReadinessHealth, start_grpc_server
 from workbench.frontends.management import management_routes
+from workbench.frontends.probes import probe_routes
 from workbench.frontends.rest import create_app
 from workbench.jupyter import registry  # Jupyter's server extension lists and proxies running servers
 
@@ -90,14 +101,19 @@ class ModelServer:
         self.stats = RollingStats()
         self._default_batching = options.batching_parameters()
         self._batching: dict[str, BatchingParameters | None] = {}
+        # Versions in object stores load from a local copy, downloaded per load and removed on unload.
+        self.model_cache = VersionCache(options.model_cache_dir)
         self.manager = Manager(
-            LOADERS,
+            {platform: caching_loader(load, self.model_cache) for platform, load in LOADERS.items()},
             warmup=warm_up if options.enable_model_warmup else None,
             load_threads=options.num_load_threads,
             allow_labels_for_unavailable=options.allow_version_labels_for_unavailable_models,
-            routing_store=RoutingStore(options.routing_state_path() or None),
+            # Routing lives in each model's base path; an older workbench's state file is where it starts.
+            initial_routing=read_legacy_state(options.routing_state_path()),
         )
         self.manager.add_listener(self._on_state_change)
+        self.readiness = ServerReadiness(self.manager)
+        self._health = ReadinessHealth(self.readiness)  # gRPC's health service: the same answer as /readyz
         discover = (lambda: discover_models(options.model_repository)) if options.model_repository else None
         self.request_log = RequestLogger()  # TF Serving's logging_config: sampled requests to TFRecord files
         self.source = RepositorySource(
@@ -116,7 +132,9 @@ class ModelServer:
         self.dataplane = Dataplane(
             self.manager, self.metrics, self.stats, self._executor, self.scheduler, request_log=self.request_log
         )
-        self._stopped: asyncio.Event | None = None
+        self._stopped: asyncio.Event | None = None  # set when the ports close: live stat streams end
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop_task: asyncio.Future[None] | None = None
         self.rest_port: int | None = None
         self.grpc_port: int | None = None
         self._grpc: grpc.aio.Server | None = None
@@ -131,6 +149,17 @@ class ModelServer:
 
     def _on_state_change(self, model: str, version: int, state: VersionState) -> None:
         self.metrics.set_version_state(model, version, state == VersionState.AVAILABLE)
+        if state == VersionState.END and self.manager.version_state(model, version) in (None, VersionState.END):
+            self.model_cache.release(model, version)  # unloaded (or failed): its downloaded copy goes too
+        self._readiness_changed()
+
+    def _readiness_changed(self) -> None:
+        """Tell gRPC health watchers that readiness may have changed (from any thread)."""
+        loop = self._loop
+        if loop is None:
+            return
+        with contextlib.suppress(RuntimeError):  # the loop has closed: nobody watches any more
+            loop.call_soon_threadsafe(self._health.changed)
 
     def _on_batch(self, record: BatchRecord) -> None:
         self.metrics.observe_batch(record)
@@ -153,6 +182,7 @@ class ModelServer:
     def health(self) -> dict[str, object]:
         return {
             "status": "ok",
+            "readiness": self.readiness().body(),  # as GET /readyz answers
             "pid": os.getpid(),
             "grpc_port": self.grpc_port,
             "rest_port": self.rest_port,
@@ -177,6 +207,7 @@ class ModelServer:
             self.source.poll_once()
             self.manager.wait_until_settled(wait_timeout)
             self.manager.set_labels({m.name: m.labels for m in models})
+        self._readiness_changed()  # a model may have come or gone without any version changing state
 
     def _watch_config_file(self) -> None:
         path, wait = self.options.model_config_file, self.options.model_config_file_poll_wait_seconds
@@ -203,23 +234,20 @@ class ModelServer:
         try:
             await self._start()
         except BaseException:
-            await self.stop()
+            await self.stop(cause="start-up failed")
             raise
 
     async def _start(self) -> None:
         options = self.options
         self._stopped = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
         models = options.initial_models()  # raises on a malformed config file, before anything starts
         monitoring = options.monitoring()
+        options.drain_timing()  # raises on impossible drain flags, before anything starts
         if options.model_config_file:
             self._config_text = Path(options.model_config_file).read_text()
-        loop = asyncio.get_running_loop()
-        # Loading blocks (TensorFlow); run it off the loop, then open the ports, as TF Serving does.
-        await loop.run_in_executor(None, self.apply_models, models)
-        self.source.start_polling()
-        if options.model_config_file and options.model_config_file_poll_wait_seconds > 0:
-            self._config_thread = threading.Thread(target=self._watch_config_file, name="workbench-config", daemon=True)
-            self._config_thread.start()
+        # Unlike TF Serving, the ports open before the models load: liveness answers during a long start-up
+        # (no restarts while a big model loads), readiness says "starting", and a bad port fails at once.
         self._grpc, self.grpc_port = await start_grpc_server(
             self.dataplane,
             self.apply_models,
@@ -227,11 +255,22 @@ class ModelServer:
             socket_path=options.grpc_socket_path,
             max_message_bytes=options.grpc_max_message_bytes,
             channel_arguments=options.grpc_arguments(),
+            health=self._health,
         )
         log.info("Running gRPC ModelServer at %s:%d", options.grpc_host, self.grpc_port)
         if options.rest_api_port != 0:  # 0 is off, as in TF Serving; -1 picks a free port
             prometheus_path = monitoring.prometheus_path if monitoring.prometheus_enabled else None
             await self._start_rest(max(options.rest_api_port, 0), prometheus_path)
+        # Loading blocks (TensorFlow): off the loop, which meanwhile answers probes.
+        await self._loop.run_in_executor(None, self.apply_models, models)
+        self.source.start_polling()
+        if options.model_config_file and options.model_config_file_poll_wait_seconds > 0:
+            self._config_thread = threading.Thread(target=self._watch_config_file, name="workbench-config", daemon=True)
+            self._config_thread.start()
+        self.readiness.enter(Phase.SERVING)
+        self._health.changed()
+        readiness = self.readiness()
+        log.info("Models loaded: %s", "ready" if readiness.ready else f"not ready: {readiness.reason}")
         self.started_at = time.time()
         if options.parent_pid:
             threading.Thread(target=self._watch_parent, name="workbench-parent", daemon=True).start()
@@ -258,7 +297,10 @@ class ModelServer:
             max_request_bytes=self.options.rest_api_max_request_bytes,
             enable_cors=self.options.rest_api_enable_cors_support,
             prometheus_path=prometheus_path,
-            extra_routes=management_routes(self, self._stopped or asyncio.Event(), self.options.management_token),
+            extra_routes=[
+                *probe_routes(self.readiness),
+                *management_routes(self, self._stopped or asyncio.Event(), self.options.management_token),
+            ],
         )
         sock = _bind(self.options.rest_api_host, port)
         self._sockets.append(sock)
@@ -279,40 +321,99 @@ class ModelServer:
         self._uvicorn = server
         log.info("Exporting HTTP/REST API at %s:%d", self.options.rest_api_host, self.rest_port)
 
-    async def stop(self) -> None:
+    async def stop(self, delay: float = 0.0, cause: str = "stop requested") -> None:
+        """Drain, then stop: see :meth:`_drain`. The budget is ``--drain_seconds``; calling again waits for the
+        same stop."""
+        if self._stop_task is None:
+            self._stop_task = asyncio.ensure_future(self._drain(delay, self.options.drain_seconds, cause))
+        await asyncio.shield(self._stop_task)
+
+    async def _drain(self, delay: float, budget: float, cause: str) -> None:
+        """Readiness false; ``delay`` seconds still taking new connections; then no new connections, and what was
+        accepted finishes, all within ``budget`` seconds; then the engine stops. One log line per phase."""
+        deadline = time.monotonic() + budget
         self._stopping.set()
-        if self._registry_id is not None:  # first: Jupyter stops listing and proxying a server going away
+        self.readiness.enter(Phase.DRAINING)
+        self._health.changed()
+        log.info("Draining (%s): not ready any more (/readyz 503, gRPC health NOT_SERVING)", cause)
+        if self._registry_id is not None:  # Jupyter stops listing and proxying a server going away
             registry.unregister(self._registry_id)
             self._registry_id = None
+        if delay > 0:
+            log.info("Still taking new connections for %gs while load balancers stop routing here", delay)
+            await asyncio.sleep(delay)
+        grace = max(0.0, deadline - time.monotonic())
+        log.info("Refusing new connections; accepted requests have %.1fs to finish", grace)
         if self._stopped is not None:
             self._stopped.set()
-        if self._grpc is not None:
-            await self._grpc.stop(grace=2)
-            self._grpc = None
-        if self._uvicorn is not None:
-            self._uvicorn.should_exit = True
-            await self._uvicorn.shutdown(sockets=self._sockets)
-            self._uvicorn = None
+        started = time.monotonic()
+        await self._close_frontends(grace)
+        if time.monotonic() - started < grace:
+            log.info("Every accepted request finished (%.1fs)", time.monotonic() - started)
+        else:
+            log.warning("Drain budget (--drain_seconds=%g) spent: requests still running were cancelled", budget)
         self.source.stop()
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self.request_log.close)  # no requests come any more: write what is queued
         await loop.run_in_executor(None, self.manager.stop)
+        await loop.run_in_executor(None, self.model_cache.close)
         self._executor.shutdown(wait=False, cancel_futures=True)
+        log.info("Stopped")
+
+    async def _close_frontends(self, grace: float) -> None:
+        """Stop accepting on both ports at once; wait up to ``grace`` seconds for accepted requests to finish.
+
+        gRPC's ``stop(grace)`` refuses new RPCs and cancels what still runs at the end of the grace. uvicorn closes
+        its listening sockets and idle keep-alive connections, answers what it accepted with ``Connection:
+        close``, and cancels what still runs at its graceful-shutdown timeout.
+        """
+        closing = []
+        if self._grpc is not None:
+            closing.append(self._grpc.stop(grace=grace))
+            self._grpc = None
+        if self._uvicorn is not None:
+            # uvicorn hands this to asyncio.wait_for, which takes fractions of seconds too.
+            self._uvicorn.config.timeout_graceful_shutdown = grace  # type: ignore[assignment]
+            self._uvicorn.should_exit = True
+            closing.append(self._uvicorn.shutdown(sockets=self._sockets))
+            self._uvicorn = None
+        await asyncio.gather(*closing)
 
 
 def run(options: ServerOptions) -> int:
-    """``workbench serve``: serve until SIGINT/SIGTERM; returns the process exit code."""
+    """``workbench serve``: serve until SIGTERM or SIGINT, then drain; returns the process exit code (0).
+
+    A second signal exits at once with 128 + its number (143 for SIGTERM, 130 for SIGINT), as a shell reports a
+    process the signal killed. A signal while the initial models load exits at once with 0: nothing was ready,
+    so no load balancer sent anything to finish, and a load in progress cannot be interrupted.
+    """
+    delay, _ = options.drain_timing()
     loop = new_event_loop()
     asyncio.set_event_loop(loop)
     server = ModelServer(options)
-    stop = asyncio.Event()
+    signalled: asyncio.Future[signal.Signals] = loop.create_future()
+
+    def on_signal(sig: signal.Signals) -> None:
+        if not signalled.done():
+            signalled.set_result(sig)
+            return
+        code = 128 + sig.value
+        log.warning("Second %s: exiting at once with status %d; requests still running are lost", sig.name, code)
+        _exit_now(code)
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal, sig)
 
     async def main() -> None:
-        await server.start()
-        await stop.wait()
-        await server.stop()
+        starting = asyncio.ensure_future(server.start())
+        either: list[asyncio.Future[Any]] = [starting, signalled]
+        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():
+            log.warning("%s while loading models at start-up: exiting now", signalled.result().name)
+            _exit_now(0)
+        starting.result()  # a start-up failure raises here
+        sig = await signalled
+        await server.stop(delay=delay, cause=sig.name)
 
     try:
         loop.run_until_complete(main())
@@ -320,6 +421,14 @@ def run(options: ServerOptions) -> int:
         loop.run_until_complete(loop.shutdown_default_executor())
         loop.close()
     return 0
+
+
+def _exit_now(code: int) -> None:
+    """End the process without waiting for anything (threads loading models, requests running)."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 class ServerThread:
@@ -367,7 +476,8 @@ class ServerThread:
     def stop(self) -> None:
         if not self._thread.is_alive():
             return
-        asyncio.run_coroutine_threadsafe(self.server.stop(), self._loop).result(timeout=60)
+        budget = self.server.options.drain_seconds
+        asyncio.run_coroutine_threadsafe(self.server.stop(), self._loop).result(timeout=budget + 60)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=30)
 

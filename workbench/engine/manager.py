@@ -1,13 +1,19 @@
 """The lifecycle of model versions: aspired versions in, loaded servables out, availability preserved.
 
-A source (the repository poller) tells the manager which versions each model *should* serve; the manager
-loads new ones on its load threads (warming them up), and only then unloads the versions they replace, so a
-model that was serving never stops serving. A version that fails to load ends in END with its error, and the
-versions already serving keep serving. All state sits behind one lock; loads and unloads run off it.
+A source (the repository poller) tells the manager which versions each model *should* serve and has it re-read
+each model's routing state; the manager asks :func:`~workbench.engine.routing.decide` what that means, loads new
+versions on its load threads (warming them up), and only then unloads the versions they replace, so a model that
+was serving never stops serving. A version that fails to load ends in END with its error, and the versions
+already serving keep serving.
+
+All state sits behind one lock, held only for bookkeeping: loads, unloads, reading and writing the routing state,
+and building JSON views all run off it. A management change (promote, rollback, canary, load, unload) is a
+compare-and-write of the model's stored routing (``routing_state``), so replicas sharing a repository agree.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import enum
@@ -18,10 +24,21 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from workbench.engine import routing as decisions
+from workbench.engine.model_view import ModelSnapshot, VersionSnapshot, describe_model
 from workbench.engine.options import ModelConfig
-from workbench.engine.routing import Routing, RoutingStore
+from workbench.engine.routing import CANARY, STABLE, CanarySplit, Routing
+from workbench.engine.routing_state import (
+    DamagedRoutingState,
+    RoutingConflict,
+    RoutingStateStore,
+    RoutingStateUnwritable,
+    StoredRouting,
+    routing_store_for,
+)
 from workbench.engine.servable import Loader, Servable
 from workbench.engine.status import Code, ServingError, from_exception
+from workbench.engine.storage import redact
 
 log = logging.getLogger(__name__)
 
@@ -68,12 +85,26 @@ class VersionStatus:
 @dataclasses.dataclass
 class _Model:
     config: ModelConfig
+    store: RoutingStateStore
+    stored: StoredRouting  # the routing this server routes by, as last read from (or written to) the store
     aspired: dict[int, DiskVersion] = dataclasses.field(default_factory=dict)
     on_disk: dict[int, DiskVersion] = dataclasses.field(default_factory=dict)
     policy_versions: set[int] = dataclasses.field(default_factory=set)
     versions: dict[int, VersionRecord] = dataclasses.field(default_factory=dict)
-    labels: dict[str, int] = dataclasses.field(default_factory=dict)
+    labels: dict[str, int] = dataclasses.field(default_factory=dict)  # the model config file's version_labels
+    label_map: dict[str, int] = dataclasses.field(default_factory=dict)  # every label: labels_of(labels, routing)
+    # Versions a management change in progress is loading: kept loaded until the change is stored (or failed).
+    held: collections.Counter[int] = dataclasses.field(default_factory=collections.Counter)
+    split: CanarySplit = dataclasses.field(default_factory=CanarySplit)
+    # Bumped whenever ``stored`` is replaced, so a read that started before a newer state arrived is dropped.
+    routing_epoch: int = 0
+    drops_ignored: bool = False  # the routing's drops would leave nothing to serve (warned once)
+    source_error: str = ""  # why its repository could not be listed at the last poll (an object store)
     removed: bool = False
+
+    @property
+    def routing(self) -> Routing:
+        return self.stored.routing
 
 
 class ServableHandle:
@@ -93,6 +124,7 @@ class ServableHandle:
 
 Warmup = Callable[[Servable], None]
 StateListener = Callable[[str, int, "VersionState"], None]
+RoutingStores = Callable[[str], RoutingStateStore]
 
 
 class Manager:
@@ -103,11 +135,14 @@ class Manager:
         warmup: Warmup | None = None,
         load_threads: int = 2,
         allow_labels_for_unavailable: bool = False,
-        routing_store: RoutingStore | None = None,
+        routing_stores: RoutingStores = routing_store_for,
+        initial_routing: Mapping[str, Routing] | None = None,
     ) -> None:
+        """``routing_stores(base_path)`` gives a model's routing store; ``initial_routing`` is each model's routing
+        while its store holds none (an older workbench's state file, migrated on the first change)."""
         self._loaders = dict(loaders)
-        self._store = routing_store or RoutingStore(None)
-        self._routings: dict[str, Routing] = self._store.load()
+        self._routing_stores = routing_stores
+        self._initial_routing = dict(initial_routing or {})
         self._warmup = warmup
         self._allow_unavailable_labels = allow_labels_for_unavailable
         self._lock = threading.RLock()
@@ -116,6 +151,8 @@ class Manager:
         self._executor = ThreadPoolExecutor(max_workers=max(1, load_threads), thread_name_prefix="workbench-load")
         self._closed = False
         self._listeners: list[StateListener] = []
+        self._change_locks: dict[str, threading.Lock] = {}
+        self._read_problems: dict[str, str] = {}  # model → the routing read error last logged (logged once)
 
     # ----------------------------------------------------------------------------------------- config
     def set_models(self, configs: Iterable[ModelConfig]) -> None:
@@ -126,14 +163,20 @@ class Manager:
             for config in configs:
                 model = self._models.get(config.name)
                 if model is None or model.removed:
-                    self._models[config.name] = _Model(config=config)
+                    initial = StoredRouting(self._initial_routing.get(config.name, Routing()))
+                    model = _Model(config=config, store=self._routing_stores(config.base_path), stored=initial)
+                    model.label_map = decisions.labels_of(model.labels, model.routing)
+                    self._models[config.name] = model
                 else:
+                    if model.config.base_path != config.base_path:
+                        model.store = self._routing_stores(config.base_path)
                     model.config = config
             for name, model in self._models.items():
                 if name not in names and not model.removed:
                     model.removed = True
                     model.aspired = {}
                     model.labels = {}
+                    model.label_map = {}
                     self._reconcile(model)
 
     def configs(self) -> list[ModelConfig]:
@@ -161,7 +204,9 @@ class Manager:
                     if not label:
                         raise ServingError(Code.INVALID_ARGUMENT, f"Empty version label for model {name}")
             for name, labels in labels_by_model.items():
-                self._models[name].labels = dict(labels)
+                model = self._models[name]
+                model.labels = dict(labels)
+                model.label_map = decisions.labels_of(model.labels, model.routing)
 
     def _live_model(self, name: str) -> _Model:
         model = self._models.get(name)
@@ -182,18 +227,83 @@ class Manager:
             model.policy_versions = set(versions)
             self._update_aspired(model)
 
+    def set_source_error(self, name: str, problem: str | None) -> bool:
+        """The source could (None) or could not list ``name``'s repository; True when ``problem`` is news."""
+        with self._lock:
+            model = self._models.get(name)
+            if model is None or model.removed or model.source_error == (problem or ""):
+                return False
+            model.source_error = problem or ""
+            return problem is not None
+
+    def refresh_routing(self, name: str) -> None:
+        """Called by the source on every poll: route ``name`` by its stored routing (read with no lock held).
+
+        A state that cannot be read (damaged, unreachable) leaves the model routing as before, and is logged once.
+        """
+        with self._lock:
+            model = self._models.get(name)
+            if model is None or model.removed:
+                return
+            store, epoch = model.store, model.routing_epoch
+        stored = self._read_routing(name, store)
+        if stored is None:
+            return
+        with self._lock:
+            if model.routing_epoch == epoch and not model.removed:
+                self._apply_routing(model, stored)
+
+    def _read_routing(self, name: str, store: RoutingStateStore) -> StoredRouting | None:
+        """The stored routing of ``name`` (its initial routing when none is stored), or None if unreadable."""
+        try:
+            stored = store.read()
+        except (DamagedRoutingState, OSError) as exc:
+            problem = str(exc)
+            with self._lock:
+                first = self._read_problems.get(name) != problem
+                self._read_problems[name] = problem
+            if first:
+                log.error("Model %s keeps its routing: the routing state cannot be read: %s", name, problem)
+            return None
+        with self._lock:
+            self._read_problems.pop(name, None)
+        return stored if stored is not None else StoredRouting(self._initial_routing.get(name, Routing()))
+
+    def _apply_routing(self, model: _Model, stored: StoredRouting) -> None:
+        """Route by ``stored`` from now on: load and unload what it implies (lock held)."""
+        if stored == model.stored:
+            return
+        if stored.generation != model.stored.generation or stored.routing != model.routing:
+            log.info(
+                "Model %s routes by generation %d of %s: %s",
+                model.config.name,
+                stored.generation,
+                model.store.location,
+                stored.routing.to_json(),
+            )
+        model.stored = stored
+        model.routing_epoch += 1
+        model.label_map = decisions.labels_of(model.labels, stored.routing)
+        self._update_aspired(model)
+
     def _update_aspired(self, model: _Model) -> None:
-        """Aspired = what the policy wants, plus what routing needs loaded, minus what was dropped (lock held)."""
-        routing = self._routing(model.config.name)
-        wanted = (model.policy_versions | routing.required()) - routing.dropped
-        model.aspired = {v: model.on_disk[v] for v in sorted(wanted) if v in model.on_disk}
+        """Aspire to what the routing decision wants loaded, then move towards it (lock held)."""
+        decision = decisions.decide(
+            model.routing,
+            available=self._available(model),
+            on_disk=model.on_disk,
+            policy_versions=model.policy_versions,
+            held=model.held,
+        )
+        if decision.drops_ignored and not model.drops_ignored:
+            log.warning("Model %s: its drops would leave nothing to serve; not dropping", model.config.name)
+        model.drops_ignored = decision.drops_ignored
+        model.aspired = {v: model.on_disk[v] for v in sorted(decision.aspired)}
         self._reconcile(model)
 
-    def _routing(self, name: str) -> Routing:
-        routing = self._routings.get(name)
-        if routing is None:
-            routing = self._routings[name] = Routing()
-        return routing
+    @staticmethod
+    def _available(model: _Model) -> set[int]:
+        return {v for v, r in model.versions.items() if r.state == VersionState.AVAILABLE}
 
     def _reconcile(self, model: _Model) -> None:
         """Start the loads and unloads that move ``model`` towards its aspired versions (lock held)."""
@@ -298,177 +408,200 @@ class Manager:
         self._listeners.append(listener)
 
     # ---------------------------------------------------------------------------- version management
-    def promote(self, name: str, version: int, timeout: float = 300.0) -> None:
-        """Point ``stable`` at ``version`` (loading it first) and make it the default of ``name``."""
-        with self._lock:
-            routing = self._routing(name)
-            with self._loaded(name, version, timeout):
-                if routing.stable != version:
-                    if routing.stable is not None:
-                        routing.history.append(routing.stable)
-                    routing.stable = version
-                if routing.canary == version:  # the canary graduated
-                    routing.canary, routing.canary_weight = None, 0.0
-            self._routing_changed(name)
+    def promote(self, name: str, version: int, timeout: float = 300.0, generation: int | None = None) -> None:
+        """Point ``stable`` at ``version`` (loading it first) and make it the default of ``name``.
 
-    def rollback(self, name: str) -> int:
+        ``generation``: the stored routing generation the caller saw; the change is refused (ABORTED) if the
+        routing moved on since. Every change below takes it.
+        """
+        with self._changing(name):
+            base = self._begin_change(name, generation, label=STABLE)
+            with self._held(name, version, timeout):
+                self._commit(name, base, decisions.promote(base.routing, version))
+
+    def rollback(self, name: str, generation: int | None = None) -> int:
         """Return ``stable`` to the version it pointed at before the last promotion; returns that version."""
-        with self._lock:
-            model = self._live_model(name)
-            routing = self._routing(name)
-            while routing.history:
-                previous = routing.history.pop()
-                record = model.versions.get(previous)
-                if record is not None and record.state == VersionState.AVAILABLE:
-                    routing.stable = previous
-                    self._routing_changed(name)
-                    return previous
-            raise ServingError(Code.FAILED_PRECONDITION, f"Model {name} has no previous stable version to roll back to")
+        with self._changing(name):
+            base = self._begin_change(name, generation, label=STABLE)
+            with self._lock:
+                available = self._available(self._live_model(name))
+            routing, previous = decisions.rollback(name, base.routing, available)
+            self._commit(name, base, routing)
+            return previous
 
-    def set_canary(self, name: str, version: int, weight: float, timeout: float = 300.0) -> None:
+    def set_canary(
+        self, name: str, version: int, weight: float, timeout: float = 300.0, generation: int | None = None
+    ) -> None:
         """Send ``weight`` (0 to 1) of ``name``'s default traffic to ``version``; weight 0 ends the canary."""
         if not 0.0 <= weight <= 1.0:
             raise ServingError(Code.INVALID_ARGUMENT, f"Canary weight must be between 0 and 1, got {weight}")
-        with self._lock:
-            self._live_model(name)
-            routing = self._routing(name)
+        with self._changing(name):
+            base = self._begin_change(name, generation, label=CANARY if weight > 0 else None)
             if weight == 0:
-                if routing.canary in (version, None):
-                    routing.canary, routing.canary_weight = None, 0.0
-            else:
-                with self._loaded(name, version, timeout):
-                    routing.canary, routing.canary_weight = version, weight
-            self._routing_changed(name)
+                self._commit(name, base, decisions.set_canary(base.routing, version, 0.0))
+                return
+            with self._held(name, version, timeout):
+                self._commit(name, base, decisions.set_canary(base.routing, version, weight))
 
-    def load_version(self, name: str, version: int, timeout: float = 300.0) -> None:
+    def load_version(self, name: str, version: int, timeout: float = 300.0, generation: int | None = None) -> None:
         """Load (pin) ``version`` beyond the model's policy, and keep it loaded."""
-        with self._lock:
-            with self._loaded(name, version, timeout):
-                pass
-            self._routing(name).pinned.add(version)
-            self._routing_changed(name)
+        with self._changing(name):
+            base = self._begin_change(name, generation)
+            with self._held(name, version, timeout):
+                self._commit(name, base, decisions.pin(base.routing, version))
 
-    def unload_version(self, name: str, version: int) -> None:
+    def unload_version(self, name: str, version: int, generation: int | None = None) -> None:
         """Unload ``version`` (even if the policy wants it) — never the stable, canary or last serving one."""
-        with self._lock:
-            model = self._live_model(name)
-            routing = self._routing(name)
-            if version not in model.versions and version not in model.on_disk:
-                raise ServingError(Code.NOT_FOUND, f"Model {name} has no version {version}")
-            if version in (routing.stable, routing.canary):
-                role = "stable" if version == routing.stable else "canary"
-                raise ServingError(
-                    Code.FAILED_PRECONDITION,
-                    f"Version {version} of model {name} is its {role} version: promote another or end the canary first",
-                )
-            others = [r for r in model.versions.values() if r.state == VersionState.AVAILABLE and r.version != version]
-            if not others:
-                raise ServingError(
-                    Code.FAILED_PRECONDITION,
-                    f"Version {version} is the only version of model {name} serving; load another one first",
-                )
-            routing.pinned.discard(version)
-            routing.dropped.add(version)
-            if routing.history and routing.history[-1] == version:
-                routing.history.pop()  # a rollback target that is gone is no target
-            self._routing_changed(name)
+        with self._changing(name):
+            base = self._begin_change(name, generation)
+            with self._lock:
+                model = self._live_model(name)
+                if version not in model.versions and version not in model.on_disk:
+                    raise ServingError(Code.NOT_FOUND, f"Model {name} has no version {version}")
+                available = self._available(model)
+            self._commit(name, base, decisions.drop(name, base.routing, version, available))
 
     @contextlib.contextmanager
-    def _loaded(self, name: str, version: int, timeout: float) -> Iterator[None]:
-        """Load ``version`` if it is not serving and wait for it (lock held; the wait releases it).
+    def _changing(self, name: str) -> Iterator[None]:
+        """One change of a model at a time in this process (other processes are kept out by the store's lock)."""
+        with self._lock:
+            change_lock = self._change_locks.setdefault(name, threading.Lock())
+        with change_lock:
+            yield
 
-        The version stays pinned while the ``with`` block gives it a role (stable, canary, pin), so it cannot be
-        unloaded in between; a version that fails to load raises with its load error and is left unpinned.
-        """
-        model = self._live_model(name)
-        if version not in model.on_disk:
-            record = model.versions.get(version)
-            if record is None or record.state != VersionState.AVAILABLE:
-                raise ServingError(Code.NOT_FOUND, f"Model {name} has no version {version} in its repository")
-        routing = self._routing(name)
-        was_pinned = version in routing.pinned
-        routing.dropped.discard(version)
-        routing.pinned.add(version)
-        self._update_aspired(model)
-
-        def settled() -> bool:
-            record = model.versions.get(version)
-            return record is not None and record.state in (VersionState.AVAILABLE, VersionState.END)
-
-        finished = self._settled.wait_for(settled, timeout=timeout)
-        record = model.versions.get(version)
-        ok = finished and record is not None and record.state == VersionState.AVAILABLE
+    def _begin_change(self, name: str, generation: int | None, label: str | None = None) -> StoredRouting:
+        """The stored routing a change starts from, read afresh; refuse early what could not be stored."""
+        with self._lock:
+            model = self._live_model(name)
+            if label is not None:
+                decisions.check_label_owner(name, label, model.labels)
+            store, epoch = model.store, model.routing_epoch
         try:
-            if ok:
-                yield
-        finally:
-            if not was_pinned:
-                routing.pinned.discard(version)
-            if not ok:
-                self._update_aspired(model)
-        if not finished:
+            store.check_writable()
+        except RoutingStateUnwritable as exc:
+            raise _unwritable(name, exc) from None
+        stored = self._read_routing(name, store)
+        with self._lock:
+            if stored is not None and model.routing_epoch == epoch:
+                self._apply_routing(model, stored)
+            base = model.stored
+        if generation is not None and generation != base.generation:
             raise ServingError(
-                Code.DEADLINE_EXCEEDED, f"Version {version} of model {name} did not load in {timeout:g}s"
+                Code.ABORTED,
+                f"The routing of model {name} is at generation {base.generation}, not generation {generation} as "
+                f"this change expects ({store.location}); nothing was changed: read the model again and retry",
             )
-        if not ok:
-            detail = f": {record.error.message}" if record is not None and record.error is not None else ""
-            raise ServingError(Code.FAILED_PRECONDITION, f"Version {version} of model {name} failed to load{detail}")
+        return base
 
-    def _routing_changed(self, name: str) -> None:
-        """Apply a routing change (load/unload what it implies) and persist every model's routing (lock held)."""
-        model = self._models.get(name)
-        if model is not None and not model.removed:
+    def _commit(self, name: str, base: StoredRouting, routing: Routing) -> None:
+        """Store ``routing`` (no lock held while it is written), then route by it."""
+        if routing == base.routing:
+            return  # nothing changes: nothing to write
+        with self._lock:
+            model = self._live_model(name)
+            store = model.store
+        try:
+            stored = store.write(routing, base)
+        except RoutingConflict as conflict:
+            current = conflict.current
+            with self._lock:
+                if self._models.get(name) is model:
+                    self._apply_routing(model, current)
+            moved = (
+                f"generation {base.generation} was edited in place"
+                if current.generation == base.generation
+                else f"it was based on generation {base.generation}, and {store.location} is at generation "
+                f"{current.generation} now"
+            )
+            raise ServingError(
+                Code.ABORTED,
+                f"The routing of model {name} changed while this change was made ({moved}); nothing was written, "
+                f"and this server routes by generation {current.generation} now: read the model again and retry",
+            ) from None
+        except RoutingStateUnwritable as exc:
+            raise _unwritable(name, exc) from None
+        with self._lock:
+            if self._models.get(name) is model:
+                self._apply_routing(model, stored)
+
+    @contextlib.contextmanager
+    def _held(self, name: str, version: int, timeout: float) -> Iterator[None]:
+        """Load ``version`` if it is not serving, wait for it, and keep it loaded while the ``with`` block gives it
+        a role; a version that fails to load raises with its load error. The lock is not held in the block."""
+        with self._lock:
+            model = self._live_model(name)
+            if version not in model.on_disk:
+                record = model.versions.get(version)
+                if record is None or record.state != VersionState.AVAILABLE:
+                    raise ServingError(Code.NOT_FOUND, f"Model {name} has no version {version} in its repository")
+            model.held[version] += 1
             self._update_aspired(model)
-        self._store.save(self._routings)
 
-    def describe(self, name: str | None = None) -> list[dict[str, Any]]:
-        """Every model (or one) with its versions, states, labels, traffic shares and routing, JSON-ready."""
+            def settled() -> bool:
+                record = model.versions.get(version)
+                return record is not None and record.state in (VersionState.AVAILABLE, VersionState.END)
+
+            finished = self._settled.wait_for(settled, timeout=timeout)
+            record = model.versions.get(version)
+            ok = finished and record is not None and record.state == VersionState.AVAILABLE
+        try:
+            if not finished:
+                raise ServingError(
+                    Code.DEADLINE_EXCEEDED, f"Version {version} of model {name} did not load in {timeout:g}s"
+                )
+            if not ok:
+                detail = f": {record.error.message}" if record is not None and record.error is not None else ""
+                message = f"Version {version} of model {name} failed to load{detail}"
+                raise ServingError(Code.FAILED_PRECONDITION, message)
+            yield
+        finally:
+            with self._lock:
+                model.held[version] -= 1
+                if model.held[version] <= 0:
+                    del model.held[version]
+                if not model.removed:
+                    self._update_aspired(model)
+
+    # ----------------------------------------------------------------------------------------- views
+    def snapshots(self, name: str | None = None) -> list[ModelSnapshot]:
+        """Every model (or one) as plain data, copied under the lock; views are built from it without it."""
         with self._lock:
             if name is not None:
                 models = [self._live_model(name)]
             else:
                 models = [m for _, m in sorted(self._models.items()) if not m.removed]
-            result = []
-            for model in models:
-                routing = self._routing(model.config.name)
-                available = {v for v, r in model.versions.items() if r.state == VersionState.AVAILABLE}
-                shares = routing.shares(available)
-                labels = self._labels(model)
-                versions = []
-                for version in sorted(set(model.versions) | set(model.on_disk), reverse=True):
-                    record = model.versions.get(version)
-                    versions.append(
-                        {
-                            "version": version,
-                            "state": record.state.name if record is not None else "NOT_LOADED",
-                            "error": record.error.message if record is not None and record.error else "",
-                            "error_code": record.error.code.name if record is not None and record.error else "OK",
-                            "labels": sorted(label for label, v in labels.items() if v == version),
-                            "traffic_share": round(shares.get(version, 0.0), 6),
-                            "pinned": version in routing.pinned,
-                            "dropped": version in routing.dropped,
-                            "on_disk": version in model.on_disk,
-                        }
-                    )
-                result.append(
-                    {
-                        "name": model.config.name,
-                        "base_path": model.config.base_path,
-                        "platform": model.config.platform,
-                        "policy": model.config.policy.describe(),
-                        "default_version": routing.stable
-                        if routing.stable in available
-                        else max(available, default=None),
-                        "stable": routing.stable,
-                        "previous_stable": routing.history[-1] if routing.history else None,
-                        "canary": {"version": routing.canary, "weight": routing.canary_weight}
-                        if routing.canary is not None
-                        else None,
-                        "labels": labels,
-                        "versions": versions,
-                    }
-                )
-            return result
+            return [self._snapshot(m) for m in models]
+
+    @staticmethod
+    def _snapshot(model: _Model) -> ModelSnapshot:
+        versions = tuple(
+            VersionSnapshot(
+                r.version,
+                r.state.name,
+                r.error.message if r.error else "",
+                r.error.code.name if r.error else "OK",
+            )
+            for r in model.versions.values()
+        )
+        return ModelSnapshot(
+            name=model.config.name,
+            base_path=redact(model.config.base_path),
+            platform=model.config.platform,
+            policy=model.config.policy.describe(),
+            versions=versions,
+            on_disk=frozenset(model.on_disk),
+            policy_versions=frozenset(model.policy_versions),
+            held=frozenset(model.held),
+            config_labels=dict(model.labels),
+            routing=model.routing,
+            generation=model.stored.generation,
+            routing_state=model.store.location,
+            error=model.source_error,
+        )
+
+    def describe(self, name: str | None = None) -> list[dict[str, Any]]:
+        """Every model (or one) with its versions, states, labels, traffic shares and routing, JSON-ready."""
+        return [describe_model(snapshot) for snapshot in self.snapshots(name)]
 
     # -------------------------------------------------------------------------------------- queries
     def handle(self, name: str, version: int | None = None, label: str | None = None) -> ServableHandle:
@@ -484,7 +617,7 @@ class Manager:
         with self._lock:
             model = self._models.get(name)
             if label is not None:
-                target = self._labels(model).get(label) if model is not None and not model.removed else None
+                target = model.label_map.get(label) if model is not None and not model.removed else None
                 if target is None:
                     raise ServingError(Code.INVALID_ARGUMENT, f"Unrecognized servable version label: {label}")
                 version = target
@@ -497,7 +630,7 @@ class Manager:
                     }
                     if available:
                         # TF Serving's default is the latest version; a promotion or a canary changes that.
-                        servable = available[self._routing(name).pick(set(available))]
+                        servable = available[model.split.pick(model.routing, available.keys())]
                         if servable is not None and servable.acquire():
                             return servable
                 else:
@@ -514,6 +647,9 @@ class Manager:
         with self._lock:
             model = self._models.get(name)
             records = list(model.versions.values()) if model is not None else []
+            problem = model.source_error if model is not None else ""
+        if problem and not records:  # e.g. a missing bucket: say so rather than "no versions"
+            raise ServingError(Code.NOT_FOUND, f"Could not find any versions of model {name}: {problem}")
         if version is not None:
             records = [r for r in records if r.version == version]
             if not records:
@@ -525,14 +661,17 @@ class Manager:
             for r in sorted(records, key=lambda r: r.version, reverse=True)
         ]
 
-    def _labels(self, model: _Model) -> dict[str, int]:
-        """The config's labels, with the ones promotion and canary set on top (lock held)."""
-        return {**model.labels, **self._routing(model.config.name).labels()}
+    def version_state(self, name: str, version: int) -> VersionState | None:
+        """The state of the current record of ``version`` (None: never loaded); a listener may call it."""
+        with self._lock:
+            model = self._models.get(name)
+            record = model.versions.get(version) if model is not None else None
+            return record.state if record is not None else None
 
     def label_version(self, name: str, label: str) -> int:
         with self._lock:
             model = self._models.get(name)
-            version = self._labels(model).get(label) if model is not None and not model.removed else None
+            version = model.label_map.get(label) if model is not None and not model.removed else None
         if version is None:
             raise ServingError(Code.INVALID_ARGUMENT, f"Unrecognized servable version label: {label}")
         return version
@@ -540,7 +679,7 @@ class Manager:
     def labels(self, name: str) -> dict[str, int]:
         with self._lock:
             model = self._models.get(name)
-            return self._labels(model) if model is not None else {}
+            return dict(model.label_map) if model is not None else {}
 
     def model_names(self) -> list[str]:
         with self._lock:
@@ -567,3 +706,11 @@ class Manager:
         self._executor.shutdown(wait=True, cancel_futures=True)
         for servable in servables:
             servable.unload(drain_timeout=5.0)
+
+
+def _unwritable(name: str, exc: RoutingStateUnwritable) -> ServingError:
+    return ServingError(
+        Code.FAILED_PRECONDITION,
+        f"The routing of model {name} cannot be changed: {exc.location}: {exc.reason}. This server serves the "
+        "repository but cannot write its routing state; change it where the repository is writable",
+    )

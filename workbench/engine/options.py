@@ -18,6 +18,7 @@ from google.protobuf import text_format
 from workbench.engine.batching_config import BatchingParameters, read_batching_parameters_file
 from workbench.engine.request_log_config import RequestLogConfig, request_log_config_from_proto
 from workbench.engine.status import Code, ServingError
+from workbench.engine.storage import RemoteFolder, is_remote
 
 PolicyKind = Literal["latest", "all", "specific"]
 
@@ -96,17 +97,24 @@ class ServerOptions:
     batching_parameters_file: str = ""
     # workbench's own: a model repository root (every sub-folder is a model), version management, handles
     model_repository: str = ""
+    model_cache_dir: str = ""  # where versions from object stores are downloaded ("": the XDG cache or temp dir)
     management_state_file: str = ""
     management_token: str = ""
     server_name: str = ""  # shown by the Jupyter sidebar; a notebook handle passes its own name
+    drain_seconds: float = 30.0  # on SIGTERM/SIGINT: the whole shutdown's budget (Kubernetes' default grace)
+    drain_delay_seconds: float = 0.0  # of which: not ready, but still taking new connections
     ready_file: str = ""
     parent_pid: int = 0
 
     def routing_state_path(self) -> str:
-        """Where promotions, canaries and pins persist (in a model repository: ``.workbench/routing.json``)."""
+        """An older workbench's routing state file (in a model repository: ``.workbench/routing.json``).
+
+        Routing now lives in each model's base path (``routing.json``); this file is only read, as the starting
+        routing of models whose base path has none, and the first change moves it there.
+        """
         if self.management_state_file:
             return self.management_state_file
-        if self.model_repository:
+        if self.model_repository and not is_remote(self.model_repository):
             return os.path.join(self.model_repository, ".workbench", "routing.json")
         return ""
 
@@ -117,7 +125,9 @@ class ServerOptions:
         if self.model_repository:
             return discover_models(self.model_repository)
         if self.model_base_path:
-            return [ModelConfig(name=self.model_name, base_path=os.path.abspath(self.model_base_path))]
+            base_path = self.model_base_path
+            base_path = base_path if is_remote(base_path) else os.path.abspath(base_path)
+            return [ModelConfig(name=self.model_name, base_path=base_path)]
         return []
 
     def batching_parameters(self) -> BatchingParameters | None:
@@ -133,6 +143,19 @@ class ServerOptions:
     def grpc_arguments(self) -> tuple[tuple[str, int | str], ...]:
         """``--grpc_channel_arguments``: TF Serving's comma-separated ``key=value`` list."""
         return parse_channel_arguments(self.grpc_channel_arguments)
+
+    def drain_timing(self) -> tuple[float, float]:
+        """(delay, budget) of a drain: how long to keep taking new connections once not ready, and how long the
+        whole shutdown may take, delay included (so a Kubernetes grace period of ``drain_seconds`` covers it)."""
+        if self.drain_seconds < 0 or self.drain_delay_seconds < 0:
+            raise ServingError(Code.INVALID_ARGUMENT, "--drain_seconds and --drain_delay_seconds cannot be negative")
+        if self.drain_delay_seconds and self.drain_delay_seconds >= self.drain_seconds:
+            raise ServingError(
+                Code.INVALID_ARGUMENT,
+                f"--drain_delay_seconds ({self.drain_delay_seconds:g}) must be shorter than --drain_seconds "
+                f"({self.drain_seconds:g}), which it is part of: accepted requests need time to finish",
+            )
+        return self.drain_delay_seconds, self.drain_seconds
 
     def monitoring(self) -> MonitoringOptions:
         if not self.monitoring_config_file:
@@ -255,8 +278,16 @@ def discover_models(root: str | os.PathLike[str]) -> list[ModelConfig]:
     """A model repository root: every sub-folder whose name is a valid model name is a model (latest policy).
 
     Hidden folders (``.workbench``, an export's temporary folder) are skipped. A missing root is created, so a
-    server can start on an empty repository and pick up models as they are exported into it.
+    server can start on an empty repository and pick up models as they are exported into it. A root in an object
+    store is listed by prefix (raises :class:`~workbench.engine.storage.StorageError` when it cannot be).
     """
+    if is_remote(root):
+        url = str(root).rstrip("/")
+        return [
+            ModelConfig(name=name, base_path=f"{url}/{name}")
+            for name in RemoteFolder(url).list_folders()
+            if is_model_name(name)
+        ]
     base = Path(root).resolve()
     base.mkdir(parents=True, exist_ok=True)
     return [

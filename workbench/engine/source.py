@@ -1,8 +1,15 @@
 """The model repository source: scans ``<base_path>/<version>/`` folders and aspires versions per policy.
 
 Like TF Serving's FileSystemStoragePathSource: a folder whose name parses as an integer is a version
-(``00000123`` is 123), anything else is ignored; the model's version policy picks which of them to serve;
-the scan repeats every ``file_system_poll_wait_seconds`` (0 scans once, a negative value never).
+(``00000123`` is 123), anything else is ignored (the model's ``routing.json`` among them); the model's version
+policy picks which of them to serve; the scan repeats every ``file_system_poll_wait_seconds`` (0 scans once, a
+negative value never). Each scan also has the manager re-read the model's routing state, so a change made by any
+replica, a notebook or a hand edit reaches this server within one poll.
+
+A base path in an object store (``s3://…``, ``gs://…``) is listed by prefix (:mod:`workbench.engine.storage`): a
+version is there once its ``saved_model.pb`` is, since uploads write it last. A store that cannot be listed
+(missing bucket, denied, network) changes nothing: the model keeps the versions it serves, the error shows in its
+status, and the next poll tries again.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from collections.abc import Callable
 
 from workbench.engine.manager import DiskVersion, Manager
 from workbench.engine.options import ModelConfig
+from workbench.engine.storage import SAVED_MODEL, RemoteFolder, StorageError, fingerprint, is_remote, join, redact
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +65,21 @@ def scan_versions(base_path: str) -> dict[int, DiskVersion]:
     return found
 
 
+def scan_remote_versions(base_url: str) -> dict[int, DiskVersion]:
+    """The complete versions under an object-store URL; raises StorageError when the store cannot be listed."""
+    folder = RemoteFolder(base_url)
+    found: dict[int, DiskVersion] = {}
+    for name in folder.list_folders():
+        version = parse_version(name)
+        if version is None or version in found:
+            continue
+        info = folder.info(name, SAVED_MODEL)
+        if info is None:  # still uploading (saved_model.pb comes last), or not a SavedModel
+            continue
+        found[version] = DiskVersion(path=join(base_url, name), fingerprint=fingerprint(info))
+    return found
+
+
 class RepositorySource:
     """Feeds the manager the aspired versions of every configured model, once or on a poll loop."""
 
@@ -86,20 +109,40 @@ class RepositorySource:
             return
         with self._scan_lock:
             if self._discover is not None:
-                found = self._discover()
+                try:
+                    found = self._discover()
+                except StorageError as exc:  # keep the models we have; the next poll tries again
+                    log.error("The model repository cannot be listed: %s", exc)
+                    found = self._models()
                 if {c.name for c in found} != {c.name for c in self._models()}:
                     self._manager.set_models(found)
             for config in self._models():
-                on_disk = scan_versions(config.base_path)
+                if is_remote(config.base_path):
+                    try:
+                        on_disk = scan_remote_versions(config.base_path)
+                    except StorageError as exc:
+                        self._unreachable(config.name, str(exc))
+                        continue
+                    self._manager.set_source_error(config.name, None)
+                else:
+                    on_disk = scan_versions(config.base_path)
                 if not on_disk and config.name not in self._warned:
-                    log.warning("No versions of servable %s found under base path %s", config.name, config.base_path)
+                    log.warning(
+                        "No versions of servable %s found under base path %s", config.name, redact(config.base_path)
+                    )
                     self._warned.add(config.name)
                 elif on_disk:
                     self._warned.discard(config.name)
+                self._manager.refresh_routing(config.name)  # routing.json beside the versions: every poll
                 aspired = config.policy.select(on_disk)
                 self._manager.set_aspired_versions(config.name, {v: on_disk[v] for v in aspired}, on_disk)
             if self._on_scan is not None:
                 self._on_scan(self._models())
+
+    def _unreachable(self, name: str, problem: str) -> None:
+        """The model's store could not be listed: keep what serves, show why, log each new problem once."""
+        if self._manager.set_source_error(name, problem):
+            log.error("Model %s keeps its versions: its repository cannot be listed: %s", name, problem)
 
     def start_polling(self) -> None:
         """Keep scanning in a background thread, if a positive poll wait asks for it."""

@@ -1,7 +1,8 @@
 """TF Serving's gRPC API on ``grpc.aio``: PredictionService, ModelService and grpc.health.v1.
 
 Thin like the REST frontend: protos in, the dataplane in the middle, protos out. Servicers are the
-generated ones from ``tensorflow-serving-api``, so any TF Serving client works unchanged.
+generated ones from ``tensorflow-serving-api``, so any TF Serving client works unchanged. The health service
+answers with the server's readiness (the same as REST's ``/readyz``): SERVING exactly when that is 200.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from typing import Any, NoReturn
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_health.v1._async import HealthServicer
 from tensorflow_serving.apis import (
     classification_pb2,
     get_model_metadata_pb2,
@@ -28,6 +28,7 @@ from tensorflow_serving.apis import (
 from workbench.dataplane import Dataplane, ModelSpec
 from workbench.engine import inference
 from workbench.engine.options import ModelConfig, model_configs_from_proto
+from workbench.engine.readiness import Readiness
 from workbench.engine.servable import CLASSIFY_METHOD
 from workbench.engine.status import Code, ServingError, from_exception
 from workbench.protocol.examples import serialized_examples
@@ -225,6 +226,52 @@ class ModelService(model_service_pb2_grpc.ModelServiceServicer, _Errors):
         return await self.call(context, body)
 
 
+class ReadinessHealth(health_pb2_grpc.HealthServicer):
+    """grpc.health.v1 with the server's readiness as the status of the server ("") and of each service.
+
+    ``Check`` reads readiness when asked. ``Watch`` streams a status whenever :meth:`changed` is called, and ends
+    once the server drains, so a watcher never holds a drain open until its deadline.
+    """
+
+    SERVICES = ("", PREDICTION_SERVICE, MODEL_SERVICE)
+
+    def __init__(self, readiness: Callable[[], Readiness]) -> None:
+        self._readiness = readiness
+        self._changed = asyncio.Event()  # replaced on each change: Watch waits on the one it read before
+
+    def changed(self) -> None:
+        """Readiness may have changed: wake the watchers (call on the server's event loop)."""
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    def _status(self, service: str) -> tuple[int, bool]:
+        """The status of ``service``, and whether the server is draining."""
+        readiness = self._readiness()
+        draining = readiness.status == "draining"
+        if service not in self.SERVICES:
+            return health_pb2.HealthCheckResponse.SERVICE_UNKNOWN, draining
+        if readiness.ready:
+            return health_pb2.HealthCheckResponse.SERVING, draining
+        return health_pb2.HealthCheckResponse.NOT_SERVING, draining
+
+    async def Check(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        if request.service not in self.SERVICES:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"Unknown service: {request.service!r}")
+        return health_pb2.HealthCheckResponse(status=self._status(request.service)[0])
+
+    async def Watch(self, request: Any, context: grpc.aio.ServicerContext) -> None:  # noqa: N802
+        last = None
+        while True:
+            changed = self._changed
+            status, draining = self._status(request.service)
+            if status != last:
+                await context.write(health_pb2.HealthCheckResponse(status=status))
+                last = status
+            if draining:
+                return
+            await changed.wait()
+
+
 async def start_grpc_server(
     dataplane: Dataplane,
     reload_config: Callable[[list[ModelConfig]], None],
@@ -233,8 +280,12 @@ async def start_grpc_server(
     socket_path: str = "",
     max_message_bytes: int,
     channel_arguments: tuple[tuple[str, Any], ...] = (),
+    health: ReadinessHealth | None = None,
 ) -> tuple[grpc.aio.Server, int | None]:
-    """Start the gRPC server; returns it with the bound TCP port (None when only a Unix socket is served)."""
+    """Start the gRPC server; returns it with the bound TCP port (None when only a Unix socket is served).
+
+    ``health`` answers grpc.health.v1 (default: SERVING whenever the server answers).
+    """
     options = [
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
@@ -244,9 +295,7 @@ async def start_grpc_server(
     server = grpc.aio.server(options=options)
     prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(PredictionService(dataplane), server)
     model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelService(dataplane, reload_config), server)
-    health = HealthServicer()
-    for service in ("", PREDICTION_SERVICE, MODEL_SERVICE):
-        await health.set(service, health_pb2.HealthCheckResponse.SERVING)
+    health = health or ReadinessHealth(lambda: Readiness(True, "ready"))
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     port = None
     if address is not None:

@@ -1,7 +1,7 @@
 """workbench's own REST endpoints, outside TF Serving's ``/v1``: health, live statistics, version management.
 
 Reading:
-- ``GET /workbench/v1/health``: the server answers, with its models and ports;
+- ``GET /workbench/v1/health``: the server answers, with its readiness (as ``/readyz``), models and ports;
 - ``GET /workbench/v1/stats``: a JSON snapshot of rolling windows per model version;
 - ``GET /workbench/v1/stats/stream``: the same snapshot as server-sent events, ``?interval=`` seconds apart;
 - ``GET /workbench/v1/models[/{model}]``: versions, states, load errors, labels, traffic shares, routing.
@@ -9,7 +9,10 @@ Reading:
 Changing (``POST``, with ``Authorization: Bearer <token>`` when the server was given a management token):
 - ``/workbench/v1/models/{model}:promote`` ``{"version": N}`` · ``:rollback`` · ``:canary`` ``{"version": N,
   "weight": 0.1}`` (weight 0 ends it) · ``/workbench/v1/models/{model}/versions/{N}:load`` · ``:unload``.
-Each change is atomic, persisted, and answered with the model's new description.
+Each change is atomic, stored in the model's repository (``routing.json`` beside its versions, read by every
+replica) and answered with the model's new description. A body may carry ``"generation": N``, the routing
+generation the caller last saw (``GET`` answers it): the change is then refused with 409 ABORTED if the routing
+moved on since, instead of overwriting a change the caller has not seen.
 """
 
 from __future__ import annotations
@@ -127,24 +130,31 @@ def _int_field(doc: dict[str, Any], key: str) -> int:
     return value
 
 
+def _generation(doc: dict[str, Any]) -> int | None:
+    """The optional ``"generation"`` a change expects the model's routing to be at."""
+    return _int_field(doc, "generation") if doc.get("generation") is not None else None
+
+
 async def _parse_action(request: Request, target: str, manager: Manager) -> tuple[str, Callable[[], object]]:
     """The model a POST changes, and the change itself, ready to run."""
     if match := _MODEL_ACTION.fullmatch(target):
         name, verb = match.groups()
         doc = await _json_object(request)
+        generation = _generation(doc)
         if verb == "promote":
-            return name, functools.partial(manager.promote, name, _int_field(doc, "version"))
+            return name, functools.partial(manager.promote, name, _int_field(doc, "version"), generation=generation)
         if verb == "rollback":
-            return name, functools.partial(manager.rollback, name)
+            return name, functools.partial(manager.rollback, name, generation=generation)
         version = _int_field(doc, "version")
         weight = doc.get("weight")
         if isinstance(weight, bool) or not isinstance(weight, (int, float)):
             raise ServingError(
                 Code.INVALID_ARGUMENT, f'"weight" must be a number from 0 to 1, got {json.dumps(weight)}'
             )
-        return name, functools.partial(manager.set_canary, name, version, float(weight))
+        return name, functools.partial(manager.set_canary, name, version, float(weight), generation=generation)
     if match := _VERSION_ACTION.fullmatch(target):
         name, version_text, verb = match.groups()
+        generation = _generation(await _json_object(request))
         method = manager.load_version if verb == "load" else manager.unload_version
-        return name, functools.partial(method, name, int(version_text))
+        return name, functools.partial(method, name, int(version_text), generation=generation)
     raise ServingError(Code.INVALID_ARGUMENT, f"Malformed request: POST {PREFIX}/models/{target}")

@@ -37,6 +37,8 @@ JSON = "application/json"
 MODEL_NAME_HEADER = "X-Model-Name"
 MODEL_VERSION_HEADER = "X-Model-Version"
 
+METRICS_PATH = "/metrics"  # Prometheus metrics, always on
+
 _PREDICTION_PATH = re.compile(
     r"/v1/models/([^/:]+)(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?:(classify|regress|predict)",
     re.IGNORECASE,
@@ -182,12 +184,14 @@ def create_app(
     api = RestApi(dataplane, timeout_ms, max_request_bytes)
     routes = [Route("/v1/{rest:path}", api.v1, methods=["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD"])]
     routes.append(Route("/v1", api.v1, methods=["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD"]))
-    if prometheus_path:
 
-        async def prometheus(_: Request) -> Response:
-            return Response(dataplane.metrics.exposition(), media_type=PROMETHEUS_CONTENT_TYPE)
+    async def prometheus(_: Request) -> Response:
+        return Response(dataplane.metrics.exposition(), media_type=PROMETHEUS_CONTENT_TYPE)
 
-        routes.append(Route(prometheus_path, prometheus, methods=["GET"]))
+    # /metrics is always on (where KServe's annotations and most scrapers look); a monitoring config's
+    # prometheus_config adds TF Serving's path, /monitoring/prometheus/metrics by default.
+    for path in dict.fromkeys(filter(None, (METRICS_PATH, prometheus_path))):
+        routes.append(Route(path, prometheus, methods=["GET"]))
     routes.extend(extra_routes or [])
     middleware = []
     if enable_cors:

@@ -202,6 +202,25 @@ def _logs_parser(line: str) -> None:
     """Show MODEL's logged requests (its logging_config); returns them (workbench.request_log)."""
 
 
+@magic_arguments(name="%serve manifests")
+@kwds(formatter_class=HelpFormatter, epilog=_OPTIONS_NOTE)
+@argument("model", metavar="MODEL")
+@argument("--kserve", action="store_true", help="an InferenceService on the workbench ClusterServingRuntime")
+@argument("--kubernetes", action="store_true", help="Deployment, Service, autoscaler, model config (ConfigMap)")
+@argument(
+    "--storage_uri",
+    metavar="URI",
+    help="where the cluster reads the model: s3://…, gs://… or pvc://CLAIM/PATH (default: the server's folder, "
+    "which a cluster cannot read)",
+)
+@argument("--replicas", type=int, default=2, metavar="N", help="replicas (the autoscaler's minimum)")
+@argument("--image", metavar="IMAGE", help="the workbench image (default: deploy/'s example name)")
+@argument("--out", metavar="DIR", help="also write the files into DIR")
+@_SERVER_OPTION
+def _manifests_parser(line: str) -> None:
+    """Render KServe or Kubernetes manifests for MODEL with its routing; --out DIR writes them."""
+
+
 _PARSERS: dict[str, Callable[..., Any]] = {
     "start": _start_parser,
     "stop": _stop_parser,
@@ -214,6 +233,7 @@ _PARSERS: dict[str, Callable[..., Any]] = {
     "bench": _bench_parser,
     "dashboard": _dashboard_parser,
     "logs": _logs_parser,
+    "manifests": _manifests_parser,
 }
 
 
@@ -540,6 +560,26 @@ class ServeMagics(Magics):
             return read_request_log(prefix, model=args.model, last=args.last or None)
         except FileNotFoundError:
             raise UsageError(f"no requests of {args.model!r} logged under {prefix} yet") from None
+
+    def _manifests(self, args: Any) -> Any:
+        from workbench.manifests import DEFAULT_IMAGE, render_manifests
+
+        if args.kserve == args.kubernetes:
+            raise UsageError("give one of --kserve or --kubernetes")
+        handle = self._server(args.server_name)
+        model = handle.client.model(args.model)  # its routing, and where this server reads it from
+        manifests = render_manifests(
+            args.model,
+            target="kserve" if args.kserve else "kubernetes",
+            storage_uri=args.storage_uri or model["base_path"],
+            replicas=args.replicas,
+            image=args.image or DEFAULT_IMAGE,
+            routing=model,
+        )
+        if args.out is not None:
+            for path in manifests.write(args.out):
+                print(f"wrote {path}")
+        return manifests
 
     # ------------------------------------------------------------------------------------ user data
     def _variable(self, name: str, what: str) -> Any:

@@ -1,0 +1,452 @@
+"""Models in object stores: a real S3 protocol server (moto's server mode) on 127.0.0.1 holds the repository.
+
+Two ``workbench serve`` processes serve ``s3://repo``: versions uploaded (``saved_model.pb`` last) and deleted are
+loaded and unloaded by both, and each one's cache holds exactly the versions it has loaded; a promotion and a
+canary made through one replica reach the other while 4 clients keep both busy with no failed request; a routing
+write racing a newer state is refused by the store's conditional PUT; a model whose bucket is missing shows why in
+its status while the others serve, and loads once the bucket appears; ``workbench.export`` writes to ``s3://``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+from waiting import RequestLoop, model_config_text, version_states, wait_until
+
+boto3 = pytest.importorskip("boto3")
+moto_server = pytest.importorskip("moto.server")
+pytest.importorskip("s3fs")
+
+from workbench.engine.routing import Routing  # noqa: E402
+from workbench.engine.routing_state import (  # noqa: E402
+    NOTHING_STORED,
+    RoutingConflict,
+    RoutingObject,
+    RoutingStateUnwritable,
+)
+from workbench.engine.source import scan_remote_versions  # noqa: E402
+from workbench.engine.storage import SAVED_MODEL, RemoteFolder, StorageError, VersionCache, redact  # noqa: E402
+
+ONE = {"instances": [[1.0]]}
+V1 = '{"predictions":[[2.5]]}'  # hp2: 0.5 * 1 + 2
+V2 = '{"predictions":[[3.5]]}'  # hp3: 0.5 * 1 + 3
+MODELS = "/workbench/v1/models"
+BUCKET = "repo"  # the replicas' repository
+OTHER = "other"  # tests that need no replica write here, so the replicas' repository holds only their models
+START_TIMEOUT_S = 240  # TensorFlow's import on a loaded 2-core machine
+REACH_TIMEOUT_S = 60  # a change reaches a replica within a poll; generous for a loaded machine
+REPO_ROOT = Path(__file__).resolve().parents[1]
+POLL = "--file_system_poll_wait_seconds=0.5"
+
+
+# ----------------------------------------------------------------------------------------------- the store
+@pytest.fixture(scope="module")
+def s3_endpoint() -> Iterator[str]:
+    """moto's S3 server on a free port; the standard AWS variables point every client (and server) at it."""
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    settings = {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": endpoint,
+    }
+    previous = {key: os.environ.get(key) for key in settings}
+    os.environ.update(settings)  # inherited by the replicas: credentials come from the environment, as on a pod
+    yield endpoint
+    for key, value in previous.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def s3(s3_endpoint: str) -> Any:
+    client = boto3.client("s3", endpoint_url=s3_endpoint)
+    client.create_bucket(Bucket=BUCKET)
+    client.create_bucket(Bucket=OTHER)
+    return client
+
+
+def upload_version(s3: Any, local: Path, bucket: str, prefix: str) -> None:
+    """Upload a version as an exporter must: every file, then ``saved_model.pb`` last (it publishes the version)."""
+    files = sorted((p for p in local.rglob("*") if p.is_file()), key=lambda p: p.name == SAVED_MODEL)
+    for path in files:
+        s3.upload_file(str(path), bucket, f"{prefix}/{path.relative_to(local).as_posix()}")
+
+
+def delete_version(s3: Any, bucket: str, prefix: str) -> None:
+    """Delete ``saved_model.pb`` first (the version is gone for pollers at once), then the rest."""
+    s3.delete_object(Bucket=bucket, Key=f"{prefix}/{SAVED_MODEL}")
+    listed = s3.list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/").get("Contents", [])
+    for item in listed:
+        s3.delete_object(Bucket=bucket, Key=item["Key"])
+
+
+def stored_routing(s3: Any, model: str) -> dict[str, Any]:
+    return json.loads(s3.get_object(Bucket=BUCKET, Key=f"{model}/routing.json")["Body"].read())
+
+
+# -------------------------------------------------------------------------------------------- the replicas
+class Replica:
+    """``python -m workbench serve FLAGS`` on free ports, found through its ready file."""
+
+    def __init__(self, workdir: Path, *flags: str) -> None:
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.ready_file = workdir / "ready.json"
+        self.log_path = workdir / "server.log"
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1", HOME=str(workdir))
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+        command = [sys.executable, "-m", "workbench", "serve", "--rest_api_port=-1", "--port=0"]
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                [*command, f"--ready_file={self.ready_file}", *flags],
+                cwd=workdir,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+        self.rest_url = ""
+
+    def wait_ready(self) -> Replica:
+        def ready() -> bool:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"the replica exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
+            return self.ready_file.exists()
+
+        wait_until(ready, timeout=START_TIMEOUT_S, interval=0.1, what="the replica to answer")
+        self.rest_url = f"http://127.0.0.1:{json.loads(self.ready_file.read_text())['rest_port']}"
+        return self
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=30)
+
+    def model(self, name: str) -> dict[str, Any]:
+        r = requests.get(f"{self.rest_url}{MODELS}/{name}", timeout=30)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    def manage(self, target: str, body: object = None) -> requests.Response:
+        return requests.post(f"{self.rest_url}{MODELS}/{target}", json=body or {}, timeout=120)
+
+    def predict(self, name: str) -> str:
+        return requests.post(f"{self.rest_url}/v1/models/{name}:predict", json=ONE, timeout=30).text
+
+    def states(self, name: str) -> dict[str, str]:
+        return version_states(self.rest_url, name)
+
+
+def both(replicas: list[Replica], predicate: Callable[[Replica], bool], what: str) -> None:
+    wait_until(lambda: all(predicate(r) for r in replicas), timeout=REACH_TIMEOUT_S, interval=0.05, what=what)
+
+
+def cached_versions(cache: Path) -> dict[str, set[str]]:
+    """Each server's cache slot → the ``model/version`` folders in it (hidden downloads and trash left out)."""
+    return {
+        slot.name: {f"{m.name}/{v.name}" for m in slot.iterdir() if not m.name.startswith(".") for v in m.iterdir()}
+        for slot in sorted(cache.glob("slot-*"))
+        if slot.is_dir()
+    }
+
+
+def loaded_versions(replica: Replica) -> set[str]:
+    """Every ``model/version`` the replica has loaded, from its management view."""
+    described = requests.get(f"{replica.rest_url}{MODELS}", timeout=30).json()["models"]
+    return {f"{m['name']}/{v['version']}" for m in described for v in m["versions"] if v["state"] == "AVAILABLE"}
+
+
+PAIR_MODELS = ("promoted", "stale", "versions")
+
+
+@pytest.fixture(scope="module")
+def pair(s3: Any, model_store: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, list[Replica]]]:
+    """Two replicas on ``s3://repo`` sharing one cache directory (each takes a slot of its own)."""
+    for name in PAIR_MODELS:
+        upload_version(s3, model_store / "hp2_tf2", BUCKET, f"{name}/1")
+        if name != "versions":
+            upload_version(s3, model_store / "hp3_tf2", BUCKET, f"{name}/2")
+    workdir = tmp_path_factory.mktemp("s3-replicas")
+    cache = workdir / "cache"
+    flags = (f"--model_repository=s3://{BUCKET}", POLL, f"--model_cache_dir={cache}")
+    replicas = [Replica(workdir / f"replica{i}", *flags) for i in range(2)]
+    try:
+        for replica in replicas:
+            replica.wait_ready()
+    except BaseException:
+        for replica in replicas:
+            replica.stop()
+        raise
+    yield cache, replicas
+    for replica in replicas:
+        replica.stop()
+
+
+# --------------------------------------------------------------------------------------------------- tests
+def test_versions_uploaded_and_deleted_are_loaded_and_unloaded_by_both_and_cached_only_while_loaded(
+    pair: tuple[Path, list[Replica]], s3: Any, model_store: Path
+) -> None:
+    cache, replicas = pair
+    both(replicas, lambda r: r.states("versions") == {"1": "AVAILABLE"}, "version 1 served by both")
+
+    upload_version(s3, model_store / "hp3_tf2", BUCKET, "versions/2")
+    both(replicas, lambda r: r.states("versions") == {"2": "AVAILABLE", "1": "END"}, "version 2 replacing 1")
+    both(replicas, lambda r: r.predict("versions") == V2, "version 2 answering")
+
+    def caches_hold_what_is_loaded() -> bool:
+        slots = cached_versions(cache)
+        loaded = sorted(sorted(loaded_versions(r)) for r in replicas)
+        return len(slots) == 2 and sorted(sorted(held) for held in slots.values()) == loaded
+
+    wait_until(caches_hold_what_is_loaded, timeout=REACH_TIMEOUT_S, what="each cache slot to hold its loaded versions")
+    assert all("versions/1" not in held and "versions/2" in held for held in cached_versions(cache).values())
+
+    delete_version(s3, BUCKET, "versions/2")
+    both(replicas, lambda r: r.states("versions").get("1") == "AVAILABLE", "version 1 again once 2 is deleted")
+    both(replicas, lambda r: r.states("versions").get("2") == "END", "version 2 unloaded")
+    wait_until(caches_hold_what_is_loaded, timeout=REACH_TIMEOUT_S, what="version 2 gone from the caches")
+    assert all("versions/2" not in held for held in cached_versions(cache).values())
+
+
+def test_a_half_uploaded_version_is_not_loaded_until_its_saved_model_arrives(
+    pair: tuple[Path, list[Replica]], s3: Any, model_store: Path
+) -> None:
+    _, replicas = pair
+    both(replicas, lambda r: "1" in r.states("versions"), "the model served")
+    local = model_store / "hp3_tf2"
+    for path in (p for p in local.rglob("*") if p.is_file() and p.name != SAVED_MODEL):
+        s3.upload_file(str(path), BUCKET, f"versions/7/{path.relative_to(local).as_posix()}")
+    # A model uploaded after the partial version: once both serve it, both have polled since (a poll discovers
+    # models, then scans every model's versions), and neither may have found a version 7.
+    upload_version(s3, local, BUCKET, "witness/1")
+    both(replicas, lambda r: r.states("witness") == {"1": "AVAILABLE"}, "a poll after the partial upload")
+    for replica in replicas:
+        assert "7" not in replica.states("versions")
+        assert all(v["version"] != 7 for v in replica.model("versions")["versions"])
+    s3.upload_file(str(local / SAVED_MODEL), BUCKET, f"versions/7/{SAVED_MODEL}")
+    both(replicas, lambda r: r.states("versions").get("7") == "AVAILABLE", "version 7 once complete")
+    delete_version(s3, BUCKET, "versions/7")
+    both(replicas, lambda r: r.states("versions").get("7") == "END", "version 7 unloaded")
+
+
+def test_a_promotion_and_a_canary_through_one_replica_reach_the_other_under_load(
+    pair: tuple[Path, list[Replica]], s3: Any
+) -> None:
+    _, (a, b) = pair
+    name = "promoted"
+    both([a, b], lambda r: r.model(name)["stable"] is None and r.predict(name) == V2, "the latest served by both")
+    loops = [RequestLoop(f"{replica.rest_url}/v1/models/{name}:predict", ONE) for replica in (a, b, a, b)]
+    for loop in loops:
+        loop.start()
+    try:
+        started = time.monotonic()
+        promoted = a.manage(f"{name}:promote", {"version": 1})
+        assert promoted.status_code == 200, promoted.text
+        both([a, b], lambda r: r.model(name)["stable"] == 1 and r.predict(name) == V1, "the promotion on both")
+        print(f"\npromotion through replica A answered by B after {time.monotonic() - started:.2f}s (poll 0.5s)")
+
+        canary = a.manage(f"{name}:canary", {"version": 2, "weight": 0.5})
+        assert canary.status_code == 200, canary.text
+        both(
+            [a, b],
+            lambda r: {v["version"]: v["traffic_share"] for v in r.model(name)["versions"]} == {1: 0.5, 2: 0.5},
+            "the canary's share served by both",
+        )
+        marks = [len(loop.results) for loop in loops]
+        wait_until(
+            lambda: all(len(loop.results) >= mark + 20 for loop, mark in zip(loops, marks, strict=True)),
+            timeout=REACH_TIMEOUT_S,
+            what="every client to send 20 more requests after the canary",
+        )
+    finally:
+        for loop in loops:
+            loop.stop()
+    for loop in loops:
+        assert loop.failures() == [], loop.failures()[:3]
+        assert loop.count(V1) + loop.count(V2) == len(loop.results)
+    assert b.model(name)["generation"] == a.model(name)["generation"] == 2
+    stored = stored_routing(s3, name)
+    assert (stored["generation"], stored["stable"], stored["canary"]) == (2, 1, 2)
+    assert a.model(name)["routing_state"] == f"s3://{BUCKET}/{name}/routing.json"
+
+
+def test_a_change_based_on_an_older_generation_is_refused_and_the_object_is_unchanged(
+    pair: tuple[Path, list[Replica]], s3: Any
+) -> None:
+    _, (a, b) = pair
+    name = "stale"
+    assert a.manage(f"{name}:promote", {"version": 1, "generation": 0}).status_code == 200
+    both([a, b], lambda r: r.model(name)["stable"] == 1, "the promotion on both")
+    written = s3.get_object(Bucket=BUCKET, Key=f"{name}/routing.json")["Body"].read()
+    refused = b.manage(f"{name}:promote", {"version": 2, "generation": 0})
+    assert refused.status_code == 409, refused.text
+    assert s3.get_object(Bucket=BUCKET, Key=f"{name}/routing.json")["Body"].read() == written
+
+
+def test_a_routing_write_racing_a_newer_state_is_refused_by_the_conditional_put(s3: Any) -> None:
+    url = f"s3://{OTHER}/raced"
+    first, second = RoutingObject(url), RoutingObject(url)
+    assert first.read() is None
+    created = first.write(Routing(stable=1), NOTHING_STORED)
+    assert created.generation == 1
+    with pytest.raises(RoutingConflict) as raced:  # also based on "nothing stored": If-None-Match refuses it
+        second.write(Routing(stable=2), NOTHING_STORED)
+    assert raced.value.current.generation == 1 and raced.value.current.routing.stable == 1
+
+    base = second.read()
+    assert base is not None and base.etag == created.etag
+    newer = first.write(Routing(stable=3), created)  # the state moves on
+    with pytest.raises(RoutingConflict) as stale:  # a write based on generation 1: If-Match refuses it
+        second.write(Routing(stable=4), base)
+    assert stale.value.current.etag == newer.etag
+    stored = second.read()
+    assert stored is not None and (stored.generation, stored.routing.stable) == (2, 3)
+
+
+def test_a_missing_bucket_shows_in_status_while_the_other_model_serves(
+    s3: Any, model_store: Path, serve: Any, tmp_path: Path
+) -> None:
+    upload_version(s3, model_store / "hp2_tf2", OTHER, "good/1")
+    config = tmp_path / "models.config"
+    config.write_text(model_config_text(("good", f"s3://{OTHER}/good", ""), ("broken", "s3://not-yet/broken", "")))
+    server = serve(model_config_file=str(config), file_system_poll_wait_seconds=0.5, model_cache_dir=str(tmp_path))
+    url = server.rest_url
+    assert requests.post(f"{url}/v1/models/good:predict", json=ONE, timeout=30).text == V1
+    status = requests.get(f"{url}/v1/models/broken", timeout=30)
+    assert status.status_code == 404 and "not-yet" in status.json()["error"], status.text
+    view = requests.get(f"{url}{MODELS}/broken", timeout=30).json()
+    assert "not-yet" in view["error"] and "does not exist" in view["error"], view
+    assert requests.get(f"{url}{MODELS}/good", timeout=30).json()["error"] == ""
+
+    s3.create_bucket(Bucket="not-yet")  # the next poll retries, and finds it
+    upload_version(s3, model_store / "hp3_tf2", "not-yet", "broken/1")
+    wait_until(lambda: version_states(url, "broken") == {"1": "AVAILABLE"}, timeout=REACH_TIMEOUT_S)
+    assert requests.post(f"{url}/v1/models/broken:predict", json=ONE, timeout=30).text == V2
+    assert requests.get(f"{url}{MODELS}/broken", timeout=30).json()["error"] == ""
+
+    # The bucket goes away under a serving model: an error, not "no versions": what serves keeps serving.
+    delete_version(s3, "not-yet", "broken/1")
+    s3.delete_bucket(Bucket="not-yet")
+    wait_until(lambda: requests.get(f"{url}{MODELS}/broken", timeout=30).json()["error"], timeout=REACH_TIMEOUT_S)
+    assert version_states(url, "broken") == {"1": "AVAILABLE"}
+    assert requests.post(f"{url}/v1/models/broken:predict", json=ONE, timeout=30).text == V2
+
+
+def test_a_store_without_conditional_writes_refuses_routing_changes_and_says_why() -> None:
+    store = RoutingObject("memory://repository/model")
+    assert store.read() is None
+    with pytest.raises(RoutingStateUnwritable, match="conditional writes"):
+        store.check_writable()
+    with pytest.raises(RoutingStateUnwritable, match="conditional writes"):
+        store.write(Routing(stable=1), NOTHING_STORED)
+
+
+def test_a_store_whose_library_is_missing_names_the_extra_to_install() -> None:
+    pytest.importorskip("fsspec")
+    if importlib.util.find_spec("gcsfs") is not None:
+        pytest.skip("gcsfs is installed here: gs:// has its file system")
+    with pytest.raises(StorageError, match=re.escape("pip install 'workbench-serving[gcs]'")):
+        scan_remote_versions("gs://bucket/model")
+
+
+def test_a_server_of_local_models_claims_no_cache_slot(tmp_path: Path) -> None:
+    cache = VersionCache(tmp_path / "cache")
+    cache.release("model", 1)  # what every unload of a local version calls
+    cache.close()
+    assert not (tmp_path / "cache").exists()
+
+
+def test_credentials_in_a_url_are_never_shown() -> None:
+    assert redact("s3://AKIA123:s3cr3t@bucket/m") == "s3://***@bucket/m"
+    assert redact("s3://bucket/m") == "s3://bucket/m"
+
+
+def test_export_to_s3_is_served_by_both_replicas(pair: tuple[Path, list[Replica]], s3: Any) -> None:
+    import tensorflow as tf
+
+    from workbench.export import export
+
+    class Affine(tf.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = tf.Variable([[1.0], [2.0]])
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 2], tf.float32, name="x")])
+        def serve(self, x: tf.Tensor) -> dict[str, tf.Tensor]:
+            return {"y": x @ self.w}
+
+    result = export(Affine(), "exported", model_repository=f"s3://{BUCKET}", examples={"x": [[1.0, 1.0]]})
+    assert (result.version, result.path) == (1, f"s3://{BUCKET}/exported/1")
+    keys = [item["Key"] for item in s3.list_objects_v2(Bucket=BUCKET, Prefix="exported/")["Contents"]]
+    assert f"exported/1/{SAVED_MODEL}" in keys and any(k.startswith("exported/1/variables/") for k in keys)
+    _, replicas = pair
+    body = {"instances": [[1.0, 1.0]]}
+
+    def answers(r: Replica) -> bool:
+        reply = requests.post(f"{r.rest_url}/v1/models/exported:predict", json=body, timeout=30)
+        return reply.status_code == 200 and reply.json() == {"predictions": [[3.0]]}
+
+    both(replicas, answers, "the exported model served by both")
+    second = export(Affine(), "exported", model_repository=f"s3://{BUCKET}")
+    assert second.version == 2
+
+
+def test_download_time_against_loading_from_disk(s3: Any, model_store: Path, tmp_path: Path) -> None:
+    """Prints both numbers (no timing assert) for a tiny and a 16 MB version: downloaded from the local S3 server
+    into the cache, and loaded from disk; the copy must be byte-identical and load."""
+    from models import save_dense
+
+    from workbench.engine.servable import load_saved_model
+
+    versions = {"half_plus_two": model_store / "hp2_tf2", "dense_16mb": save_dense(tmp_path / "dense", 2_000_000)}
+    cache = VersionCache(tmp_path / "cache")
+    started = time.perf_counter()
+    RemoteFolder(f"s3://{OTHER}").list_folders()  # the S3 client's set-up, once per server: not part of a download
+    print(f"\nS3 client set-up and a first listing: {(time.perf_counter() - started) * 1000:.0f} ms")
+    try:
+        for number, (name, original) in enumerate(versions.items(), start=1):
+            upload_version(s3, original, OTHER, f"timed/{number}")
+            started = time.perf_counter()
+            local = cache.fetch("timed", number, f"s3://{OTHER}/timed/{number}")
+            downloaded = time.perf_counter() - started
+            files = sorted(p.relative_to(original) for p in original.rglob("*") if p.is_file())
+            assert sorted(p.relative_to(local) for p in local.rglob("*") if p.is_file()) == files
+            assert all((local / f).read_bytes() == (original / f).read_bytes() for f in files)
+
+            started = time.perf_counter()
+            servable = load_saved_model("timed", number, str(original))
+            loaded = time.perf_counter() - started
+            servable.unload()
+            size = sum((original / f).stat().st_size for f in files)
+            print(
+                f"\n{name} ({size / 1e6:.1f} MB): downloaded from the local S3 server in {downloaded * 1000:.0f} ms, "
+                f"loaded from disk in {loaded * 1000:.0f} ms"
+            )
+            cache.release("timed", number)
+            assert not cache.path_of("timed", number).exists()
+    finally:
+        cache.close()
