@@ -303,3 +303,17 @@ def test_wait_for_state_works_with_any_client_and_stops_when_told(first):
 
         with pytest.raises(ServerDied, match="stop waiting"):
             wait_for_state(client, "m", 99, alive=server_gone)
+
+
+def test_a_store_url_is_passed_on_as_it_is_and_a_local_folder_made_absolute(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the server's working folder differs: a relative folder must not reach it
+    in_store, local = ServerHandle("s3://bucket/models"), ServerHandle("models")
+    try:
+        assert in_store.model_repository == "s3://bucket/models"
+        assert "--model_repository=s3://bucket/models" in in_store.command()
+        assert local.model_repository == tmp_path.resolve() / "models"
+        assert f"--model_repository={tmp_path.resolve() / 'models'}" in local.command()
+        assert not any(tmp_path.iterdir())  # neither made a folder before it starts
+    finally:
+        for handle in (in_store, local):
+            shutil.rmtree(handle.log_path.parent, ignore_errors=True)  # the log folder each handle makes

@@ -4,7 +4,10 @@ Two ``workbench serve`` processes serve ``s3://repo``: versions uploaded (``save
 loaded and unloaded by both, and each one's cache holds exactly the versions it has loaded; a promotion and a
 canary made through one replica reach the other while 4 clients keep both busy with no failed request; a routing
 write racing a newer state is refused by the store's conditional PUT; a model whose bucket is missing shows why in
-its status while the others serve, and loads once the bucket appears; ``workbench.export`` writes to ``s3://``.
+its status while the others serve, and loads once the bucket appears; a model whose bucket the server's
+credentials may not read (a store enforcing IAM answers 403) shows the denial while the others serve, and loads
+once access is granted; ``workbench.export`` writes to ``s3://``, and a notebook server started on ``s3://`` serves
+what ``%serve export`` uploads there.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from waiting import RequestLoop, model_config_text, version_states, wait_until
 boto3 = pytest.importorskip("boto3")
 moto_server = pytest.importorskip("moto.server")
 pytest.importorskip("s3fs")
+
+from botocore.exceptions import ClientError  # noqa: E402
 
 from workbench.engine.routing import Routing  # noqa: E402
 from workbench.engine.routing_state import (  # noqa: E402
@@ -106,11 +111,11 @@ def stored_routing(s3: Any, model: str) -> dict[str, Any]:
 class Replica:
     """``python -m workbench serve FLAGS`` on free ports, found through its ready file."""
 
-    def __init__(self, workdir: Path, *flags: str) -> None:
+    def __init__(self, workdir: Path, *flags: str, env: dict[str, str] | None = None) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
         self.ready_file = workdir / "ready.json"
         self.log_path = workdir / "server.log"
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1", HOME=str(workdir))
+        env = dict(os.environ, **(env or {}), TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1", HOME=str(workdir))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
         command = [sys.executable, "-m", "workbench", "serve", "--rest_api_port=-1", "--port=0"]
         with open(self.log_path, "wb") as log:
@@ -450,3 +455,144 @@ def test_download_time_against_loading_from_disk(s3: Any, model_store: Path, tmp
             assert not cache.path_of("timed", number).exists()
     finally:
         cache.close()
+
+
+def test_a_notebook_server_on_a_store_serves_what_serve_export_writes_there(
+    s3: Any, ipython_shell: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``%serve start --model_repository s3://...`` keeps the URL (no local folder is made of it), and
+    ``%serve export`` uploads the version to the store and returns once the server has loaded it from there."""
+    import keras
+    import numpy as np
+
+    x = keras.Input((1,), name="x")
+    model = keras.Model(x, keras.layers.Dense(1, name="y")(x))
+    model.get_layer("y").set_weights([np.array([[2.0]], "float32"), np.array([1.0], "float32")])
+    ipython_shell.user_ns["store_model"] = model
+    repository = f"s3://{OTHER}/notebook"
+    monkeypatch.chdir(tmp_path)  # a URL taken for a relative path would show up here as an "s3:" folder
+    handle = ipython_shell.run_line_magic("serve", f"start --server_name store --model_repository {repository}")
+    try:
+        assert handle.model_repository == repository and f"--model_repository={repository}" in handle.command()
+        ipython_shell.run_line_magic("serve", "export store_model lin --server_name store")
+        keys = [item["Key"] for item in s3.list_objects_v2(Bucket=OTHER, Prefix="notebook/lin/")["Contents"]]
+        assert f"notebook/lin/1/{SAVED_MODEL}" in keys
+        answer = ipython_shell.run_line_magic("serve", "predict lin [[1.0]] --server_name store")
+        assert answer["y"].tolist() == [[3.0]]
+        assert not any(tmp_path.iterdir()), list(tmp_path.iterdir())
+    finally:
+        ipython_shell.run_line_magic("serve", "stop store")
+    assert not handle.running
+
+
+# ------------------------------------------------------------------------------ a store enforcing permissions
+def read_policy(*buckets: str) -> str:
+    """An IAM policy that may list and read the given buckets, and nothing else."""
+    resources = [arn for b in buckets for arn in (f"arn:aws:s3:::{b}", f"arn:aws:s3:::{b}/*")]
+    statement = {"Effect": "Allow", "Action": ["s3:ListBucket", "s3:GetObject"], "Resource": resources}
+    return json.dumps({"Version": "2012-10-17", "Statement": [statement]})
+
+
+class GuardedStore:
+    """moto's S3 server in a process of its own, enforcing IAM: an "admin" may do anything and a "reader" may read
+    the buckets its policy names; any other request is answered 403, as S3 answers it. Its own process, because
+    moto's switch to enforce permissions is process-wide: the module's server stays open for the other tests."""
+
+    ADMIN_POLICY = json.dumps(
+        {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
+    )
+    SERVER_CODE = (
+        "import sys; from moto.server import ThreadedMotoServer; "
+        "server = ThreadedMotoServer(ip_address='127.0.0.1', port=0, verbose=False); server.start(); "
+        "print(server.get_host_and_port()[1], flush=True); sys.stdin.read()"  # serves until its stdin closes
+    )
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", self.SERVER_CODE], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        assert self.proc.stdout is not None
+        port = self.proc.stdout.readline().strip()
+        assert port.isdigit(), f"moto's server did not start (exit {self.proc.poll()})"
+        self.endpoint = f"http://127.0.0.1:{port}"
+        setup = {"endpoint_url": self.endpoint, "region_name": "us-east-1"}
+        bootstrap = boto3.client("iam", **setup, aws_access_key_id="setup", aws_secret_access_key="setup")
+        self.admin_key = self._user(bootstrap, "admin", self.ADMIN_POLICY)  # made while nothing is enforced yet
+        self.reader_key = self._user(bootstrap, "reader", None)  # reads nothing until allow_reader
+        requests.post(f"{self.endpoint}/moto-api/reset-auth", data=b"0", timeout=30).raise_for_status()
+        admin = {"aws_access_key_id": self.admin_key[0], "aws_secret_access_key": self.admin_key[1], **setup}
+        self.s3 = boto3.client("s3", **admin)
+        self.iam = boto3.client("iam", **admin)
+
+    @staticmethod
+    def _user(iam: Any, name: str, policy: str | None) -> tuple[str, str]:
+        iam.create_user(UserName=name)
+        if policy:
+            iam.put_user_policy(UserName=name, PolicyName="access", PolicyDocument=policy)
+        key = iam.create_access_key(UserName=name)["AccessKey"]
+        return key["AccessKeyId"], key["SecretAccessKey"]
+
+    def allow_reader(self, *buckets: str) -> None:
+        self.iam.put_user_policy(UserName="reader", PolicyName="access", PolicyDocument=read_policy(*buckets))
+
+    def reader_environment(self) -> dict[str, str]:
+        """What a pod given the reader's credentials would have."""
+        key, secret = self.reader_key
+        return {"AWS_ACCESS_KEY_ID": key, "AWS_SECRET_ACCESS_KEY": secret, "AWS_ENDPOINT_URL": self.endpoint}
+
+    def reader_client_settings(self) -> dict[str, str]:
+        key, secret = self.reader_key
+        return {"endpoint_url": self.endpoint, "aws_access_key_id": key, "aws_secret_access_key": secret}
+
+    def stop(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+
+
+@pytest.fixture()
+def guarded_store() -> Iterator[GuardedStore]:
+    store = GuardedStore()
+    yield store
+    store.stop()
+
+
+def test_a_denied_bucket_shows_the_denial_in_status_while_the_other_model_serves(
+    guarded_store: GuardedStore, model_store: Path, tmp_path: Path
+) -> None:
+    store = guarded_store
+    for bucket, model, version in (("granted", "open", "hp2_tf2"), ("locked", "closed", "hp3_tf2")):
+        store.s3.create_bucket(Bucket=bucket)
+        upload_version(store.s3, model_store / version, bucket, f"{model}/1")
+    store.allow_reader("granted")
+    reader = boto3.client("s3", **store.reader_client_settings())
+    assert reader.list_objects_v2(Bucket="granted", Prefix="open/")["KeyCount"] > 0
+    with pytest.raises(ClientError, match="AccessDenied"):  # a 403 from the store itself, not a missing bucket
+        reader.list_objects_v2(Bucket="locked")
+    config = tmp_path / "models.config"
+    config.write_text(model_config_text(("open", "s3://granted/open", ""), ("closed", "s3://locked/closed", "")))
+    flags = (f"--model_config_file={config}", POLL, f"--model_cache_dir={tmp_path / 'cache'}")
+    replica = Replica(tmp_path / "replica", *flags, env=store.reader_environment())
+    try:
+        replica.wait_ready()
+        wait_until(lambda: replica.states("open") == {"1": "AVAILABLE"}, timeout=REACH_TIMEOUT_S, what="open served")
+        assert replica.predict("open") == V1
+        wait_until(lambda: replica.model("closed")["error"], timeout=REACH_TIMEOUT_S, what="closed's error")
+        error = replica.model("closed")["error"]
+        assert "s3://locked/closed: access denied" in error and "does not exist" not in error, error
+        status = requests.get(f"{replica.rest_url}/v1/models/closed", timeout=30)
+        assert status.status_code == 404 and "locked/closed: access denied" in status.json()["error"], status.text
+        assert replica.model("open")["error"] == ""
+        secret = store.reader_key[1]
+        assert secret not in error and secret not in status.text and secret not in replica.log()
+
+        store.allow_reader("granted", "locked")  # the next poll retries, and may read it now
+        wait_until(lambda: replica.states("closed") == {"1": "AVAILABLE"}, timeout=REACH_TIMEOUT_S, what="closed")
+        assert replica.predict("closed") == V2 and replica.predict("open") == V1
+        assert replica.model("closed")["error"] == ""
+    finally:
+        replica.stop()

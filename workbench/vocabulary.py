@@ -147,6 +147,10 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
             lines.append(indent + line if line.strip() else "")
         return "\n".join(lines).rstrip("\n")
 
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        # Never at a hyphen: "workbench-models" or "--rest_api_port" broken over two lines reads as two words.
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
         if "%(default)" in text or action.default in (None, "", argparse.SUPPRESS) or action.nargs == 0:

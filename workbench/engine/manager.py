@@ -8,7 +8,8 @@ already serving keep serving.
 
 All state sits behind one lock, held only for bookkeeping: loads, unloads, reading and writing the routing state,
 and building JSON views all run off it. A management change (promote, rollback, canary, load, unload) is a
-compare-and-write of the model's stored routing (``routing_state``), so replicas sharing a repository agree.
+compare-and-write of the model's stored routing (``routing_state``), so replicas sharing a repository agree; those
+changes live in :mod:`~workbench.engine.routing_changes`, and the manager only keeps the versions they need loaded.
 """
 
 from __future__ import annotations
@@ -27,12 +28,11 @@ from typing import Any
 from workbench.engine import routing as decisions
 from workbench.engine.model_view import ModelSnapshot, VersionSnapshot, describe_model
 from workbench.engine.options import ModelConfig
-from workbench.engine.routing import CANARY, STABLE, CanarySplit, Routing
+from workbench.engine.routing import CanarySplit, Routing
+from workbench.engine.routing_changes import RoutingChanges
 from workbench.engine.routing_state import (
     DamagedRoutingState,
-    RoutingConflict,
     RoutingStateStore,
-    RoutingStateUnwritable,
     StoredRouting,
     routing_store_for,
 )
@@ -127,7 +127,9 @@ StateListener = Callable[[str, int, "VersionState"], None]
 RoutingStores = Callable[[str], RoutingStateStore]
 
 
-class Manager:
+class Manager(RoutingChanges):
+    """The models' versions, loaded and routed; their management changes are :class:`RoutingChanges`."""
+
     def __init__(
         self,
         loaders: Mapping[str, Loader],
@@ -151,7 +153,7 @@ class Manager:
         self._executor = ThreadPoolExecutor(max_workers=max(1, load_threads), thread_name_prefix="workbench-load")
         self._closed = False
         self._listeners: list[StateListener] = []
-        self._change_locks: dict[str, threading.Lock] = {}
+        self._change_locks: dict[str, threading.Lock] = {}  # RoutingChanges: one change of a model at a time
         self._read_problems: dict[str, str] = {}  # model → the routing read error last logged (logged once)
 
     # ----------------------------------------------------------------------------------------- config
@@ -407,123 +409,7 @@ class Manager:
         """Call ``listener(model, version, state)`` (under the manager's lock) whenever a version changes state."""
         self._listeners.append(listener)
 
-    # ---------------------------------------------------------------------------- version management
-    def promote(self, name: str, version: int, timeout: float = 300.0, generation: int | None = None) -> None:
-        """Point ``stable`` at ``version`` (loading it first) and make it the default of ``name``.
-
-        ``generation``: the stored routing generation the caller saw; the change is refused (ABORTED) if the
-        routing moved on since. Every change below takes it.
-        """
-        with self._changing(name):
-            base = self._begin_change(name, generation, label=STABLE)
-            with self._held(name, version, timeout):
-                self._commit(name, base, decisions.promote(base.routing, version))
-
-    def rollback(self, name: str, generation: int | None = None) -> int:
-        """Return ``stable`` to the version it pointed at before the last promotion; returns that version."""
-        with self._changing(name):
-            base = self._begin_change(name, generation, label=STABLE)
-            with self._lock:
-                available = self._available(self._live_model(name))
-            routing, previous = decisions.rollback(name, base.routing, available)
-            self._commit(name, base, routing)
-            return previous
-
-    def set_canary(
-        self, name: str, version: int, weight: float, timeout: float = 300.0, generation: int | None = None
-    ) -> None:
-        """Send ``weight`` (0 to 1) of ``name``'s default traffic to ``version``; weight 0 ends the canary."""
-        if not 0.0 <= weight <= 1.0:
-            raise ServingError(Code.INVALID_ARGUMENT, f"Canary weight must be between 0 and 1, got {weight}")
-        with self._changing(name):
-            base = self._begin_change(name, generation, label=CANARY if weight > 0 else None)
-            if weight == 0:
-                self._commit(name, base, decisions.set_canary(base.routing, version, 0.0))
-                return
-            with self._held(name, version, timeout):
-                self._commit(name, base, decisions.set_canary(base.routing, version, weight))
-
-    def load_version(self, name: str, version: int, timeout: float = 300.0, generation: int | None = None) -> None:
-        """Load (pin) ``version`` beyond the model's policy, and keep it loaded."""
-        with self._changing(name):
-            base = self._begin_change(name, generation)
-            with self._held(name, version, timeout):
-                self._commit(name, base, decisions.pin(base.routing, version))
-
-    def unload_version(self, name: str, version: int, generation: int | None = None) -> None:
-        """Unload ``version`` (even if the policy wants it) — never the stable, canary or last serving one."""
-        with self._changing(name):
-            base = self._begin_change(name, generation)
-            with self._lock:
-                model = self._live_model(name)
-                if version not in model.versions and version not in model.on_disk:
-                    raise ServingError(Code.NOT_FOUND, f"Model {name} has no version {version}")
-                available = self._available(model)
-            self._commit(name, base, decisions.drop(name, base.routing, version, available))
-
-    @contextlib.contextmanager
-    def _changing(self, name: str) -> Iterator[None]:
-        """One change of a model at a time in this process (other processes are kept out by the store's lock)."""
-        with self._lock:
-            change_lock = self._change_locks.setdefault(name, threading.Lock())
-        with change_lock:
-            yield
-
-    def _begin_change(self, name: str, generation: int | None, label: str | None = None) -> StoredRouting:
-        """The stored routing a change starts from, read afresh; refuse early what could not be stored."""
-        with self._lock:
-            model = self._live_model(name)
-            if label is not None:
-                decisions.check_label_owner(name, label, model.labels)
-            store, epoch = model.store, model.routing_epoch
-        try:
-            store.check_writable()
-        except RoutingStateUnwritable as exc:
-            raise _unwritable(name, exc) from None
-        stored = self._read_routing(name, store)
-        with self._lock:
-            if stored is not None and model.routing_epoch == epoch:
-                self._apply_routing(model, stored)
-            base = model.stored
-        if generation is not None and generation != base.generation:
-            raise ServingError(
-                Code.ABORTED,
-                f"The routing of model {name} is at generation {base.generation}, not generation {generation} as "
-                f"this change expects ({store.location}); nothing was changed: read the model again and retry",
-            )
-        return base
-
-    def _commit(self, name: str, base: StoredRouting, routing: Routing) -> None:
-        """Store ``routing`` (no lock held while it is written), then route by it."""
-        if routing == base.routing:
-            return  # nothing changes: nothing to write
-        with self._lock:
-            model = self._live_model(name)
-            store = model.store
-        try:
-            stored = store.write(routing, base)
-        except RoutingConflict as conflict:
-            current = conflict.current
-            with self._lock:
-                if self._models.get(name) is model:
-                    self._apply_routing(model, current)
-            moved = (
-                f"generation {base.generation} was edited in place"
-                if current.generation == base.generation
-                else f"it was based on generation {base.generation}, and {store.location} is at generation "
-                f"{current.generation} now"
-            )
-            raise ServingError(
-                Code.ABORTED,
-                f"The routing of model {name} changed while this change was made ({moved}); nothing was written, "
-                f"and this server routes by generation {current.generation} now: read the model again and retry",
-            ) from None
-        except RoutingStateUnwritable as exc:
-            raise _unwritable(name, exc) from None
-        with self._lock:
-            if self._models.get(name) is model:
-                self._apply_routing(model, stored)
-
+    # ------------------------------------------------- versions held loaded while a routing change is stored
     @contextlib.contextmanager
     def _held(self, name: str, version: int, timeout: float) -> Iterator[None]:
         """Load ``version`` if it is not serving, wait for it, and keep it loaded while the ``with`` block gives it
@@ -706,11 +592,3 @@ class Manager:
         self._executor.shutdown(wait=True, cancel_futures=True)
         for servable in servables:
             servable.unload(drain_timeout=5.0)
-
-
-def _unwritable(name: str, exc: RoutingStateUnwritable) -> ServingError:
-    return ServingError(
-        Code.FAILED_PRECONDITION,
-        f"The routing of model {name} cannot be changed: {exc.location}: {exc.reason}. This server serves the "
-        "repository but cannot write its routing state; change it where the repository is writable",
-    )

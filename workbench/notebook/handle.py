@@ -36,6 +36,15 @@ _handles: list[ServerHandle] = []
 _handles_lock = threading.Lock()
 
 
+def repository_location(model_repository: str | os.PathLike[str]) -> Path | str:
+    """A local repository as an absolute path (the server's working folder differs); a store's URL unchanged.
+
+    ``s3://bucket/models``, ``gs://...``: anything with ``://`` is a URL the server reads through its storage layer.
+    """
+    text = os.fspath(model_repository)
+    return text if "://" in text else Path(text).resolve()
+
+
 class ServerDied(RuntimeError):
     """The server process exited; the message ends with the last lines of its log."""
 
@@ -70,7 +79,7 @@ class ServerHandle:
                 "rest_api_port=0 would turn REST off, which a notebook server needs (leave it out: a free port)"
             )
         self.server_name = server_name
-        self.model_repository = Path(model_repository).resolve()
+        self.model_repository: Path | str = repository_location(model_repository)
         # None: a free port, picked by the server (-1 for REST, 0 for gRPC, as `workbench serve` takes them).
         self._rest_api_port_asked = -1 if rest_api_port is None else rest_api_port
         self._port_asked = 0 if port is None else port
@@ -112,7 +121,8 @@ class ServerHandle:
         """Start the server and return once it answers (raises :class:`ServerDied` if it cannot start)."""
         if self.running:
             return self
-        self.model_repository.mkdir(parents=True, exist_ok=True)
+        if isinstance(self.model_repository, Path):  # a store's "folder" is a prefix: nothing to create
+            self.model_repository.mkdir(parents=True, exist_ok=True)
         self._ready_path.unlink(missing_ok=True)
         env = dict(os.environ)
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -339,6 +349,9 @@ def serve(
     timeout: float = 180.0,
 ) -> ServerHandle:
     """Start a model server on ``model_repository`` (every sub-folder is a model) and return its handle.
+
+    ``model_repository`` is a local folder or a store's URL (``s3://bucket/models``, read with the credentials of
+    the environment, as ``workbench serve --model_repository=s3://...`` reads them).
 
     The options are ``workbench serve``'s flags: ``rest_api_port`` (REST) and ``port`` (gRPC) are free picks
     unless given; ``enable_batching=True`` turns dynamic batching on with TF Serving's defaults,

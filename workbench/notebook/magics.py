@@ -32,6 +32,7 @@ from workbench.notebook.handle import (
     ServerHandle,
     models_table_html,
     models_table_text,
+    repository_location,
     running_servers,
 )
 from workbench.vocabulary import OPTION_ALIASES, BoolFlag, HelpFormatter, canonical_options, unrecognized_option
@@ -91,7 +92,7 @@ _SIGNATURE_OPTION = argument("--signature_name", default="", metavar="NAME", hel
 @magic_arguments(name="%serve start")
 @kwds(formatter_class=HelpFormatter, epilog=_OPTIONS_NOTE)
 @argument("--server_name", default=DEFAULT_NAME, metavar="NAME", help="the server's name")
-@argument("--model_repository", metavar="DIR", help=f"model repository folder (default: {DEFAULT_REPOSITORY})")
+@argument("--model_repository", metavar="DIR", help=f"repository folder or s3:// URL (default: {DEFAULT_REPOSITORY})")
 @argument("--rest_api_port", type=int, metavar="PORT", help="REST API port (default: a free one)")
 @argument("--port", type=int, metavar="PORT", help="gRPC port (default: a free one)")
 @argument("--enable_batching", action=BoolFlag, help="dynamic batching with TF Serving's default parameters")
@@ -390,7 +391,7 @@ class ServeMagics(Magics):
         handle = self._known().get(name)
         if handle is not None and handle.running:
             repository = args.model_repository
-            if repository is not None and handle.model_repository != Path(repository).resolve():
+            if repository is not None and handle.model_repository != repository_location(repository):
                 print(f"server {name!r} already runs on {handle.model_repository}: returning it (stop it to move it)")
             self.servers[name] = handle
             return handle
