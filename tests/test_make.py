@@ -92,10 +92,10 @@ def test_make_lab_as_written_runs_as_this_user_and_opens_a_browser() -> None:
 def test_make_lab_serves_jupyterlab_on_the_tutorials(tmp_path: Path) -> None:
     port, token = free_port(), secrets.token_hex(16)
     lab_args = (
-        f"--no-browser --ServerApp.ip=127.0.0.1 --ServerApp.port={port} --ServerApp.port_retries=0 "
-        f"--IdentityProvider.token={token}"
+        f"--ServerApp.ip=127.0.0.1 --ServerApp.port={port} --ServerApp.port_retries=0 --IdentityProvider.token={token}"
     )
-    env = make_env() | {"JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime")}
+    # As at a desktop: JupyterLab opens "the browser", here `true`, which is what a machine without one gets.
+    env = make_env() | {"JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"), "BROWSER": "true"}
     log = tmp_path / "lab.log"
     with running([MAKE, "lab", f"LAB_ARGS={lab_args}"], log, env=env) as process:
         base = f"http://127.0.0.1:{port}"

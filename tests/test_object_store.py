@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 import requests
+from replica import MODELS, ONE, REACH_TIMEOUT_S, Replica
 from waiting import RequestLoop, model_config_text, version_states, wait_until
 
 boto3 = pytest.importorskip("boto3")
@@ -43,15 +44,10 @@ from workbench.engine.routing_state import (  # noqa: E402
 from workbench.engine.source import scan_remote_versions  # noqa: E402
 from workbench.engine.storage import SAVED_MODEL, RemoteFolder, StorageError, VersionCache, redact  # noqa: E402
 
-ONE = {"instances": [[1.0]]}
 V1 = '{"predictions":[[2.5]]}'  # hp2: 0.5 * 1 + 2
 V2 = '{"predictions":[[3.5]]}'  # hp3: 0.5 * 1 + 3
-MODELS = "/workbench/v1/models"
 BUCKET = "repo"  # the replicas' repository
 OTHER = "other"  # tests that need no replica write here, so the replicas' repository holds only their models
-START_TIMEOUT_S = 240  # TensorFlow's import on a loaded 2-core machine
-REACH_TIMEOUT_S = 60  # a change reaches a replica within a poll; generous for a loaded machine
-REPO_ROOT = Path(__file__).resolve().parents[1]
 POLL = "--file_system_poll_wait_seconds=0.5"
 
 
@@ -108,64 +104,6 @@ def stored_routing(s3: Any, model: str) -> dict[str, Any]:
 
 
 # -------------------------------------------------------------------------------------------- the replicas
-class Replica:
-    """``python -m workbench serve FLAGS`` on free ports, found through its ready file."""
-
-    def __init__(self, workdir: Path, *flags: str, env: dict[str, str] | None = None) -> None:
-        workdir.mkdir(parents=True, exist_ok=True)
-        self.ready_file = workdir / "ready.json"
-        self.log_path = workdir / "server.log"
-        env = dict(os.environ, **(env or {}), TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1", HOME=str(workdir))
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
-        command = [sys.executable, "-m", "workbench", "serve", "--rest_api_port=-1", "--port=0"]
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                [*command, f"--ready_file={self.ready_file}", *flags],
-                cwd=workdir,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-            )
-        self.rest_url = ""
-
-    def wait_ready(self) -> Replica:
-        def ready() -> bool:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"the replica exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
-            return self.ready_file.exists()
-
-        wait_until(ready, timeout=START_TIMEOUT_S, interval=0.1, what="the replica to answer")
-        self.rest_url = f"http://127.0.0.1:{json.loads(self.ready_file.read_text())['rest_port']}"
-        return self
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=30)
-
-    def model(self, name: str) -> dict[str, Any]:
-        r = requests.get(f"{self.rest_url}{MODELS}/{name}", timeout=30)
-        assert r.status_code == 200, r.text
-        return r.json()
-
-    def manage(self, target: str, body: object = None) -> requests.Response:
-        return requests.post(f"{self.rest_url}{MODELS}/{target}", json=body or {}, timeout=120)
-
-    def predict(self, name: str) -> str:
-        return requests.post(f"{self.rest_url}/v1/models/{name}:predict", json=ONE, timeout=30).text
-
-    def states(self, name: str) -> dict[str, str]:
-        return version_states(self.rest_url, name)
-
-
 def both(replicas: list[Replica], predicate: Callable[[Replica], bool], what: str) -> None:
     wait_until(lambda: all(predicate(r) for r in replicas), timeout=REACH_TIMEOUT_S, interval=0.05, what=what)
 

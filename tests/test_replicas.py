@@ -13,99 +13,26 @@ import multiprocessing
 import os
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import requests
+from replica import ONE, REACH_TIMEOUT_S, Replica
 from waiting import RequestLoop, wait_until, write_atomically
 
 from workbench.engine.routing import Routing
 from workbench.engine.routing_state import RoutingConflict, RoutingFile, StoredRouting
 
-ONE = {"instances": [[1.0]]}
 V1 = '{"predictions":[[2.5]]}'  # hp2: 0.5 * 1 + 2
 V2 = '{"predictions":[[3.5]]}'  # hp3: 0.5 * 1 + 3
-MODELS = "/workbench/v1/models"
-START_TIMEOUT_S = 240  # TensorFlow's import on a loaded 2-core machine
-REACH_TIMEOUT_S = 60  # a change reaches a replica within a poll; generous for a loaded machine
-REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 # ------------------------------------------------------------------------------------------------ replicas
-class Replica:
-    """``python -m workbench serve --model_repository=ROOT`` on free ports, found through its ready file."""
-
-    def __init__(self, root: Path, workdir: Path, *flags: str, prefix: list[str] | None = None) -> None:
-        """``prefix``: a command the replica runs under (one that makes the repository read-only to it)."""
-        workdir.mkdir(parents=True, exist_ok=True)
-        self.ready_file = workdir / "ready.json"
-        self.log_path = workdir / "server.log"
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1", HOME=str(workdir))
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                [
-                    *(prefix or []),
-                    sys.executable,
-                    "-m",
-                    "workbench",
-                    "serve",
-                    f"--model_repository={root}",
-                    "--rest_api_port=-1",
-                    "--port=0",
-                    f"--ready_file={self.ready_file}",
-                    *flags,
-                ],  # fmt: skip
-                cwd=workdir,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-            )
-        self.rest_url = ""
-
-    def wait_ready(self) -> Replica:
-        def ready() -> bool:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"the replica exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
-            return self.ready_file.exists()
-
-        wait_until(ready, timeout=START_TIMEOUT_S, interval=0.1, what="the replica to answer")
-        self.rest_url = f"http://127.0.0.1:{json.loads(self.ready_file.read_text())['rest_port']}"
-        return self
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=30)
-
-    # the management API
-    def model(self, name: str) -> dict[str, Any]:
-        r = requests.get(f"{self.rest_url}{MODELS}/{name}", timeout=30)
-        assert r.status_code == 200, r.text
-        return r.json()
-
-    def manage(self, target: str, body: object = None) -> requests.Response:
-        return requests.post(f"{self.rest_url}{MODELS}/{target}", json=body or {}, timeout=120)
-
-    def predict(self, name: str) -> str:
-        return requests.post(f"{self.rest_url}/v1/models/{name}:predict", json=ONE, timeout=30).text
-
-
 def start_replicas(count: int, root: Path, workdir: Path, *flags: str) -> list[Replica]:
     """Start ``count`` replicas at once (TensorFlow's imports overlap), then wait for each."""
-    replicas = [Replica(root, workdir / f"replica{i}", *flags) for i in range(count)]
+    replicas = [Replica(workdir / f"replica{i}", f"--model_repository={root}", *flags) for i in range(count)]
     try:
         return [replica.wait_ready() for replica in replicas]
     except BaseException:
@@ -294,7 +221,9 @@ def test_a_read_only_repository_serves_and_refuses_changes_with_failed_precondit
     base = add_model(root, model_store, "m")
     write_atomically(base / "routing.json", json.dumps({"generation": 3, "stable": 1}))
     prefix, reason = read_only(root)
-    replica = Replica(root, tmp_path / "replica", "--file_system_poll_wait_seconds=0.5", prefix=prefix)
+    replica = Replica(
+        tmp_path / "replica", f"--model_repository={root}", "--file_system_poll_wait_seconds=0.5", prefix=prefix
+    )
     try:
         replica.wait_ready()
         assert replica.model("m")["stable"] == 1 and replica.model("m")["generation"] == 3

@@ -11,10 +11,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from google.protobuf import text_format
-
 from workbench.engine.extra_protos import BatchingParameters as BatchingParametersProto
 from workbench.engine.status import Code, ServingError
+from workbench.engine.text_config import parse_text_config
 
 BATCHING_FILE_NAME = "batching_parameters.txt"
 
@@ -70,13 +69,7 @@ class BatchingParameters:
 
 
 def parse_batching_parameters(text: str, where: str = "batching parameters") -> BatchingParameters:
-    proto = BatchingParametersProto()
-    try:
-        text_format.Parse(text, proto)
-    except text_format.ParseError as exc:
-        raise ServingError(
-            Code.INVALID_ARGUMENT, f"Error parsing text-format tensorflow.serving.BatchingParameters: {where}: {exc}"
-        ) from None
+    proto = parse_text_config(text, BatchingParametersProto(), where)
     defaults = BatchingParameters()
     values: dict[str, Any] = {}
     for field in (

@@ -13,12 +13,11 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Literal
 
-from google.protobuf import text_format
-
 from workbench.engine.batching_config import BatchingParameters, read_batching_parameters_file
 from workbench.engine.request_log_config import RequestLogConfig, request_log_config_from_proto
 from workbench.engine.status import Code, ServingError
 from workbench.engine.storage import RemoteFolder, is_remote
+from workbench.engine.text_config import parse_text_config
 
 PolicyKind = Literal["latest", "all", "specific"]
 
@@ -163,10 +162,6 @@ class ServerOptions:
         return parse_monitoring_config_file(self.monitoring_config_file)
 
 
-def _config_error(kind: str, path: str | os.PathLike[str], detail: str) -> ServingError:
-    return ServingError(Code.INVALID_ARGUMENT, f"Error parsing text-format {kind}: {path}: {detail}")
-
-
 def parse_model_config_file(path: str | os.PathLike[str]) -> list[ModelConfig]:
     """Read a ``ModelServerConfig`` text proto; relative base paths are taken from the file's folder."""
     from tensorflow_serving.config import model_server_config_pb2
@@ -175,11 +170,7 @@ def parse_model_config_file(path: str | os.PathLike[str]) -> list[ModelConfig]:
         text = Path(path).read_text()
     except OSError as exc:
         raise ServingError(Code.NOT_FOUND, f"Could not read model config file {path}: {exc.strerror}") from None
-    config = model_server_config_pb2.ModelServerConfig()
-    try:
-        text_format.Parse(text, config)
-    except text_format.ParseError as exc:
-        raise _config_error("tensorflow.serving.ModelServerConfig", path, str(exc)) from None
+    config = parse_text_config(text, model_server_config_pb2.ModelServerConfig(), path)
     if config.WhichOneof("config") == "custom_model_config":
         raise ServingError(Code.UNIMPLEMENTED, "custom_model_config is not supported; use model_config_list")
     return model_configs_from_proto(config.model_config_list, base_dir=Path(path).resolve().parent)
@@ -249,11 +240,7 @@ def parse_monitoring_config_file(path: str | os.PathLike[str]) -> MonitoringOpti
         text = Path(path).read_text()
     except OSError as exc:
         raise ServingError(Code.NOT_FOUND, f"Could not read monitoring config file {path}: {exc.strerror}") from None
-    config = MonitoringConfig()
-    try:
-        text_format.Parse(text, config)
-    except text_format.ParseError as exc:
-        raise _config_error("tensorflow.serving.MonitoringConfig", path, str(exc)) from None
+    config = parse_text_config(text, MonitoringConfig(), path)
     prometheus = config.prometheus_config
     metrics_path = prometheus.path or "/monitoring/prometheus/metrics"
     if not metrics_path.startswith("/"):

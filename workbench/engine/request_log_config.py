@@ -17,9 +17,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from google.protobuf import text_format
-
 from workbench.engine.status import Code, ServingError
+from workbench.engine.text_config import parse_text_config
 
 LOGGING_FILE_NAME = "logging_config.txt"
 COLLECTOR_TYPES = ("", "tfrecord")
@@ -79,13 +78,7 @@ def parse_request_log_config(text: str, where: str, base_dir: Path | None = None
     """A text-format ``tensorflow.serving.LoggingConfig``."""
     from tensorflow_serving.config import logging_config_pb2
 
-    proto = logging_config_pb2.LoggingConfig()
-    try:
-        text_format.Parse(text, proto)
-    except text_format.ParseError as exc:
-        raise ServingError(
-            Code.INVALID_ARGUMENT, f"Error parsing text-format tensorflow.serving.LoggingConfig: {where}: {exc}"
-        ) from None
+    proto = parse_text_config(text, logging_config_pb2.LoggingConfig(), where)
     return request_log_config_from_proto(proto, where, base_dir)
 
 

@@ -9,6 +9,7 @@ is the same ``Malformed request: <METHOD> <path>`` error TF Serving gives. Every
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import urllib.parse
@@ -56,7 +57,12 @@ def json_response(body: bytes, status: int = 200, headers: Mapping[str, str] | N
 
 def answered_by(name: str, version: int) -> dict[str, str]:
     """The headers naming the model and version that answered (a name that is not ASCII is percent-encoded)."""
-    return {MODEL_NAME_HEADER: urllib.parse.quote(name, safe=_HEADER_SAFE), MODEL_VERSION_HEADER: str(version)}
+    return {MODEL_NAME_HEADER: _header_name(name), MODEL_VERSION_HEADER: str(version)}
+
+
+@functools.lru_cache(maxsize=1024)  # once per model name, not once per request
+def _header_name(name: str) -> str:
+    return urllib.parse.quote(name, safe=_HEADER_SAFE)
 
 
 # Printable ASCII but "%", which marks an escape: every model name a URL path can carry, as it was written.
