@@ -124,7 +124,7 @@ def python_load(target: str, model: str, inputs: dict[str, np.ndarray], clients:
 
 def in_process_limit(path: Path, inputs_for_batch, batch: int, seconds: float = 2.0) -> float:
     """Examples per second of the bare signature call at ``batch`` rows (the batcher's best case)."""
-    from workbench.engine.servable import load_saved_model
+    from workbench.platforms.tensorflow import load_saved_model
 
     servable = load_saved_model("m", 1, str(path))
     signature = servable.signatures["serving_default"]
@@ -138,7 +138,7 @@ def in_process_limit(path: Path, inputs_for_batch, batch: int, seconds: float = 
         started = time.perf_counter()
         servable.run(signature, feed, outputs)
         times.append(time.perf_counter() - started)
-    servable.unload()
+    servable.close()
     return batch / statistics.median(times)
 
 

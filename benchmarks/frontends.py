@@ -32,7 +32,7 @@ from workbench.demo import save_half_plus_two  # noqa: E402
 
 def in_process_median_ms(path: Path, inputs: dict[str, np.ndarray], calls: int = 3000) -> float:
     from workbench.engine import inference
-    from workbench.engine.servable import load_saved_model
+    from workbench.platforms.tensorflow import load_saved_model
 
     servable = load_saved_model("m", 1, str(path))
     signature = inference.predict_signature(servable, "")
@@ -41,7 +41,7 @@ def in_process_median_ms(path: Path, inputs: dict[str, np.ndarray], calls: int =
         started = time.perf_counter()
         inference.predict(servable, signature, inputs)
         times.append((time.perf_counter() - started) * 1000)
-    servable.unload()
+    servable.close()
     return statistics.median(times)
 
 

@@ -33,8 +33,9 @@ from waiting import (
 from workbench.engine.batching import BatchRecord, BatchScheduler, batch_key, merge, padded_size, split
 from workbench.engine.batching_config import BatchingParameters, parse_batching_parameters
 from workbench.engine.options import ServerOptions
-from workbench.engine.servable import Servable, load_saved_model
-from workbench.engine.status import Code, ServingError
+from workbench.engine.servable import Servable
+from workbench.errors import Code, ServingError
+from workbench.platforms.tensorflow import load_saved_model
 from workbench.server import ServerThread
 
 QUEUE_FULL = "The batch scheduling queue to which this task was submitted is full"
@@ -237,7 +238,7 @@ def servables(tmp_path_factory, model_store) -> Iterator[dict[str, Servable]]:
     }
     yield loaded
     for servable in loaded.values():
-        servable.unload()
+        servable.close()
 
 
 class Harness:

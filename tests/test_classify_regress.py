@@ -18,7 +18,7 @@ from tensorflow_serving.apis import (
     regression_pb2,
 )
 
-from workbench.engine.status import ServingError
+from workbench.errors import ServingError
 from workbench.protocol.examples import input_from_json, serialized_examples
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -13,7 +13,7 @@ from waiting import model_config_text, port_is_free
 
 from workbench.client import Client, Prediction
 from workbench.engine.options import ServerOptions
-from workbench.engine.status import Code, ServingError
+from workbench.errors import Code, ServingError
 from workbench.server import ServerThread
 
 PROTOCOLS = ["rest", "grpc"]

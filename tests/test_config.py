@@ -10,7 +10,7 @@ import requests
 from waiting import RequestLoop, model_config_text, version_states, wait_until, write_atomically
 
 from workbench.engine.options import ServerOptions
-from workbench.engine.status import ServingError
+from workbench.errors import ServingError
 from workbench.server import ServerThread
 
 OK = {"error_code": "OK", "error_message": ""}

@@ -17,8 +17,9 @@ from tensorflow_serving.apis import prediction_log_pb2
 from waiting import version_states, wait_until
 
 from workbench.engine import inference, warmup
-from workbench.engine.servable import Servable, load_saved_model
+from workbench.engine.servable import Servable
 from workbench.export import ExportError, ExportResult, export
+from workbench.platforms.tensorflow import load_saved_model
 
 RNG = np.random.default_rng(0)
 PIXELS = RNG.random((5, 64))  # float64 on purpose: export casts it to the signature's float32
@@ -83,7 +84,7 @@ def load() -> Iterator[Loader]:
 
     yield open_export
     for servable in loaded:
-        servable.unload()
+        servable.close()
 
 
 def warmup_logs(result: ExportResult) -> list[prediction_log_pb2.PredictionLog]:

@@ -8,25 +8,24 @@ import math
 
 import numpy as np
 import pytest
-from tensorflow.core.framework import types_pb2
 
-from workbench.engine.servable import TensorSpec
-from workbench.engine.status import Code, ServingError
+from workbench.errors import Code, ServingError
 from workbench.protocol import json_tensor
 from workbench.protocol.json_tensor import Format, decode_tensor, dumps, encode_predict_response, to_json_value
+from workbench.signatures import TensorSpec
 
 
-def spec(dtype: object, dtype_enum: int, alias: str = "x", shape: tuple[int, ...] | None = None) -> TensorSpec:
-    return TensorSpec(alias=alias, tensor_name=f"{alias}:0", dtype=np.dtype(dtype), dtype_enum=dtype_enum, shape=shape)
+def spec(dtype: object, alias: str = "x", shape: tuple[int, ...] | None = None) -> TensorSpec:
+    return TensorSpec(alias=alias, name=f"{alias}:0", dtype=np.dtype(dtype), shape=shape)
 
 
-FLOAT = spec(np.float32, types_pb2.DT_FLOAT)
-DOUBLE = spec(np.float64, types_pb2.DT_DOUBLE)
-INT32 = spec(np.int32, types_pb2.DT_INT32)
-INT64 = spec(np.int64, types_pb2.DT_INT64)
-UINT8 = spec(np.uint8, types_pb2.DT_UINT8)
-BOOL = spec(np.bool_, types_pb2.DT_BOOL)
-STRING = spec(object, types_pb2.DT_STRING)
+FLOAT = spec(np.float32)
+DOUBLE = spec(np.float64)
+INT32 = spec(np.int32)
+INT64 = spec(np.int64)
+UINT8 = spec(np.uint8)
+BOOL = spec(np.bool_)
+STRING = spec(object)
 
 
 def full_decode_error(value: object, tensor_spec: TensorSpec) -> str:
@@ -311,11 +310,11 @@ def test_classify_and_regress_responses():
 # ---------------------------------------------------------------------------------------- whole requests
 def test_decode_predict_request_row_and_columnar():
     specs = {"x": FLOAT}
-    name, tensors, fmt = json_tensor.decode_predict_request(b'{"instances": [[1.0], [2.0]]}', lambda _: specs)
+    name, tensors, fmt = json_tensor.decode_predict_request(b'{"instances": [[1.0], [2.0]]}', lambda _, __: specs)
     assert (name, fmt) == ("", Format.ROW)
     assert tensors["x"].tolist() == [[1.0], [2.0]] and tensors["x"].dtype == np.float32
     name, tensors, fmt = json_tensor.decode_predict_request(
-        b'{"signature_name": "s", "inputs": {"x": [NaN]}}', lambda _: specs
+        b'{"signature_name": "s", "inputs": {"x": [NaN]}}', lambda _, __: specs
     )
     assert (name, fmt) == ("s", Format.COLUMNAR)
     assert math.isnan(tensors["x"][0])
@@ -323,7 +322,7 @@ def test_decode_predict_request_row_and_columnar():
 
 def test_decode_predict_request_row_instances_of_different_sizes():
     with pytest.raises(ServingError) as info:
-        json_tensor.decode_predict_request(b'{"instances": [[1.0], [1.0, 2.0]]}', lambda _: {"x": FLOAT})
+        json_tensor.decode_predict_request(b'{"instances": [[1.0], [1.0, 2.0]]}', lambda _, __: {"x": FLOAT})
     assert info.value.message == (
         'Input "x" expects float of any shape but received instances of different shapes ([1] in instance 0, [2] in '
         "instance 1): Failed to process element: 1 of 'instances' list. Error: INVALID_ARGUMENT: Expecting tensor "
@@ -332,9 +331,9 @@ def test_decode_predict_request_row_instances_of_different_sizes():
 
 
 # ------------------------------------------------------------------------ errors name the input (issue 13)
-PIXELS = spec(np.float32, types_pb2.DT_FLOAT, alias="pixels", shape=(-1, 64))
-IMAGE = spec(object, types_pb2.DT_STRING, alias="image_bytes", shape=(-1,))
-COUNT = spec(np.int32, types_pb2.DT_INT32, alias="count", shape=(-1,))
+PIXELS = spec(np.float32, alias="pixels", shape=(-1, 64))
+IMAGE = spec(object, alias="image_bytes", shape=(-1,))
+COUNT = spec(np.int32, alias="count", shape=(-1,))
 
 
 @pytest.mark.parametrize(
@@ -407,14 +406,14 @@ def test_the_expected_shape_keeps_its_unknown_dimensions():
     assert PIXELS.describe() == "float [-1,64]"
     assert IMAGE.describe() == "string [-1]"
     assert FLOAT.describe() == "float of any shape"
-    assert spec(np.float32, types_pb2.DT_FLOAT, shape=()).describe() == "float []"
+    assert spec(np.float32, shape=()).describe() == "float []"
 
 
 def test_row_format_names_the_instance_at_fault_and_the_input():
     specs = {"pixels": PIXELS}
     body = json.dumps({"instances": [[0.0] * 64, [0.0] * 32 + ["x"] * 32]}).encode()
     with pytest.raises(ServingError) as info:
-        json_tensor.decode_predict_request(body, lambda _: specs)
+        json_tensor.decode_predict_request(body, lambda _, __: specs)
     assert info.value.message == (
         'Input "pixels" expects float [-1,64] but received a JSON String in instance 1: Failed to process element: 1 '
         """of 'instances' list. Error: INVALID_ARGUMENT: JSON Value: "x" Type: String is not of expected type: float"""
@@ -422,8 +421,8 @@ def test_row_format_names_the_instance_at_fault_and_the_input():
 
 
 MULTI = {
-    "a": spec(np.float32, types_pb2.DT_FLOAT, alias="a", shape=(-1, 2)),
-    "b": spec(np.int64, types_pb2.DT_INT64, alias="b", shape=(-1,)),
+    "a": spec(np.float32, alias="a", shape=(-1, 2)),
+    "b": spec(np.int64, alias="b", shape=(-1,)),
 }
 MULTI_INPUTS = "Signature inputs: a float [-1,2], b int64 [-1]."
 
@@ -452,6 +451,6 @@ MULTI_INPUTS = "Signature inputs: a float [-1,2], b int64 [-1]."
 )
 def test_missing_and_extra_inputs_list_the_signature_inputs(body, message):
     with pytest.raises(ServingError) as info:
-        json_tensor.decode_predict_request(json.dumps(body).encode(), lambda _: MULTI)
+        json_tensor.decode_predict_request(json.dumps(body).encode(), lambda _, __: MULTI)
     assert info.value.code == Code.INVALID_ARGUMENT
     assert info.value.message == message

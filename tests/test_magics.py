@@ -296,6 +296,25 @@ def test_a_server_that_cannot_start(ip: InteractiveShell, served: SimpleNamespac
     assert "doomed" not in {h.name for h in running_servers()} and served.handle.running
 
 
+def test_start_may_allow_python_models(ip: InteractiveShell, served: SimpleNamespace, tmp_path: Path) -> None:
+    # model.py is code from the repository: served only by a server started with --allow-python-models.
+    (tmp_path / "double" / "1").mkdir(parents=True)
+    (tmp_path / "double" / "1" / "model.py").write_text(
+        "import workbench\n\n\nclass Double(workbench.PythonModel):\n"
+        '    inputs = {"x": ("float32", [-1])}\n    outputs = {"y": ("float32", [-1])}\n\n'
+        "    def predict(self, inputs):\n        return {'y': inputs['x'] * 2}\n"
+    )
+    handle = serve(ip, f"start --name py --repo {tmp_path} --allow-python-models")
+    try:
+        assert "--allow_python_models" in handle.command() and "--allow_pickle" not in handle.command()
+        handle.wait_for_version("double", 1)
+        assert serve(ip, "predict double [1.0, 2.5] --server py")["y"].tolist() == [2.0, 5.0]
+    finally:
+        serve(ip, "stop py")
+    assert magics.parse_arguments("start", ["--allow_pickle"]).allow_pickle is True
+    assert magics.parse_arguments("start", []).allow_python_models is False
+
+
 def test_a_server_that_died(ip: InteractiveShell, served: SimpleNamespace, monkeypatch) -> None:
     # It says it is ready, then exits: as a server killed by the OOM killer would look.
     fake_server(

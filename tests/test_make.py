@@ -37,9 +37,9 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def running(command: list[str], log: Path, cwd: Path = ROOT, env: dict[str, str] | None = None) -> Iterator[
-    subprocess.Popen[bytes]
-]:
+def running(
+    command: list[str], log: Path, cwd: Path = ROOT, env: dict[str, str] | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
     """A command in a session of its own (make and what it starts), stopped with SIGTERM (then SIGKILL) after."""
     with open(log, "wb") as out:
         process = subprocess.Popen(

@@ -32,8 +32,8 @@ from workbench.engine.prediction_logs import PredictEntry
 from workbench.engine.request_log import RequestLogger
 from workbench.engine.request_log_config import RequestLogConfig
 from workbench.engine.request_log_files import log_files
-from workbench.engine.status import Code, ServingError
 from workbench.engine.warmup import read_warmup_records
+from workbench.errors import Code, ServingError
 from workbench.request_log import RequestLog, read_request_log, write_warmup_file
 
 X = {"instances": [[1.0], [3.0]]}  # half_plus_two: [[2.5], [3.5]]

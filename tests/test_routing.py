@@ -10,7 +10,7 @@ import pytest
 from workbench.engine import routing as r
 from workbench.engine.routing import CanarySplit, Decision, Routing, decide
 from workbench.engine.routing_state import DamagedRoutingState, decode, encode
-from workbench.engine.status import Code, ServingError
+from workbench.errors import Code, ServingError
 
 
 def decision(routing: Routing, available=(), on_disk=(1, 2, 3), policy=(3,), held=()) -> Decision:

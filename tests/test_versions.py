@@ -21,7 +21,7 @@ from waiting import (
     wait_until,
 )
 
-from workbench.engine.servable import Servable
+from workbench.engine.harness import Harness
 
 OK = {"error_code": "OK", "error_message": ""}
 V1_ANSWER = '{"predictions":[[2.5]]}'  # hp2: 0.5 * 1 + 2
@@ -271,14 +271,15 @@ def test_a_request_that_resolved_a_version_finishes_on_it_while_that_version_unl
     )
     dataplane, manager = server.server.dataplane, server.server.manager
     resolved, proceed = threading.Event(), threading.Event()
-    held: list[Servable] = []
+    held: list[Harness] = []
     original_handle = dataplane.handle
 
     @contextlib.contextmanager
     def handle_then_pause(spec):
-        with original_handle(spec) as servable:
+        handle = original_handle(spec)
+        with handle as servable:
             if not resolved.is_set():
-                held.append(servable)
+                held.append(handle.harness)
                 resolved.set()
                 proceed.wait(30)  # holds this one request between resolution and execution
             yield servable
@@ -290,7 +291,7 @@ def test_a_request_that_resolved_a_version_finishes_on_it_while_that_version_unl
     try:
         assert resolved.wait(30)
         (v2,) = held
-        assert v2.version == 2
+        assert v2.servable.version == 2
         remove_atomically(base / "2")
         # The unload has begun once v2 refuses new holders. It marks v2 so under the servable's lock and keeps that
         # lock until it waits for the holders to leave: from here a correct server waits for the held request,
@@ -306,10 +307,10 @@ def test_a_request_that_resolved_a_version_finishes_on_it_while_that_version_unl
     wait_until(states_are(server.rest_url, "m", {"2": "END", "1": "AVAILABLE"}), what="v2 END")
 
 
-def refuses_new_holders(servable: Servable) -> bool:
-    """True once ``servable`` is unloading (a new request could no longer hold it)."""
-    if servable.acquire():
-        servable.release()
+def refuses_new_holders(harness: Harness) -> bool:
+    """True once the version is unloading (a new request could no longer hold it)."""
+    if harness.acquire():
+        harness.release()
         return False
     return True
 

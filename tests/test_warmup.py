@@ -244,8 +244,8 @@ def test_bad_warmup_fails_the_new_version_and_the_serving_one_stays(serve, tmp_p
     ids=["truncated_record", "bad_framing"],
 )
 def test_a_broken_file_is_data_loss_with_tensorflows_reason_and_no_op_wrapping(tmp_path, write, start):
-    from workbench.engine.status import Code, ServingError
     from workbench.engine.warmup import read_warmup_records, warmup_path
+    from workbench.errors import Code, ServingError
 
     write(tmp_path)
     path = warmup_path(str(tmp_path))

@@ -19,16 +19,21 @@ if TYPE_CHECKING:
     from workbench.client import Client
     from workbench.notebook.handle import ServerHandle, serve
     from workbench.notebook.widgets import Dashboard
+    from workbench.platforms.pipeline import Pipeline, Step
+    from workbench.platforms.python import PythonModel
 
 __all__ = [
     "Client",
     "Dashboard",
     "ExportError",
+    "Pipeline",
+    "PythonModel",
     "ServerHandle",
     "__version__",
     "export",
     "load_ipython_extension",
     "serve",
+    "Step",
 ]
 
 
@@ -41,6 +46,14 @@ def __getattr__(name: str) -> Any:
         from workbench.notebook.widgets import Dashboard
 
         return Dashboard
+    if name == "PythonModel":  # the base of model.py models (workbench.platforms.python)
+        from workbench.platforms.python import PythonModel
+
+        return PythonModel
+    if name in ("Pipeline", "Step"):  # a pipeline description, for workbench.export
+        from workbench.platforms import pipeline
+
+        return getattr(pipeline, name)
     if name in ("serve", "ServerHandle"):
         from workbench.notebook import handle
 

@@ -25,7 +25,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 # tensorflow_model_server flags that workbench does not implement (yet): refused with a clear message.
 UNSUPPORTED_TF_SERVING_FLAGS = {
     "ssl_config_file": "TLS is not supported; put a TLS-terminating proxy in front",
-    "platform_config_file": "only the tensorflow platform is supported",
+    "platform_config_file": "each version folder says its platform (model_platform, workbench.json, its model file)",
     "tensorflow_session_parallelism": "TensorFlow thread pools are not configurable yet",
     "tensorflow_intra_op_parallelism": "TensorFlow thread pools are not configurable yet",
     "tensorflow_inter_op_parallelism": "TensorFlow thread pools are not configurable yet",
@@ -134,6 +134,9 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     _flag(models, "enable_model_warmup", True, "replay assets.extra/tf_serving_warmup_requests before serving")
     _flag(models, "allow_version_labels_for_unavailable_models", False, "let a label name a version not loaded yet")
     _flag(models, "num_load_threads", 2, "threads that load and unload versions", "N")
+    # Both run code from the repository when a version loads: whoever can write it can run anything here.
+    _flag(models, "allow_pickle", False, "load scikit-learn models from model.joblib / model.pkl (pickles run code)")
+    _flag(models, "allow_python_models", False, "load model.py, handler.py and their Python code from the repository")
 
     network = p.add_argument_group("network and ports")
     _flag(network, "port", 8500, "gRPC port; 0 picks a free one", "PORT")
@@ -250,9 +253,11 @@ def _serve(args: argparse.Namespace) -> int:
         drain_delay_seconds=args.drain_delay_seconds,
         ready_file=args.ready_file,
         parent_pid=args.parent_pid,
+        allow_pickle=args.allow_pickle,
+        allow_python_models=args.allow_python_models,
     )
     _configure_logging()
-    from workbench.engine.status import ServingError
+    from workbench.errors import ServingError
     from workbench.server import run
 
     try:

@@ -3,7 +3,7 @@
 The same call works over both protocols (``protocol="rest"`` or ``"grpc"``) and against a real TF Serving
 (everything but the management methods, which are workbench's own). Input dtypes come from the model's
 metadata, fetched once per model, so ``client.predict("m", [[1.0]])`` sends float32 when the signature says so.
-Every answer carries its latency; errors are :class:`~workbench.engine.status.ServingError` with the server's
+Every answer carries its latency; errors are :class:`~workbench.errors.ServingError` with the server's
 code and message.
 """
 
@@ -17,7 +17,9 @@ from typing import Any
 import numpy as np
 import requests
 
-from workbench.engine.status import Code, ServingError
+from workbench.errors import Code, ServingError
+from workbench.protocol.signature_defs import signature_from_proto, signatures_from_json
+from workbench.signatures import Signature
 from workbench.vocabulary import renamed_keywords
 
 _HTTP_CODES = {
@@ -162,18 +164,38 @@ class Client:
             spec.signature_name = signature_name
 
     # ----------------------------------------------------------------------------------- TF Serving
+    def signatures(
+        self, model: str, *, version: int | None = None, label: str | None = None, protocol: str | None = None
+    ) -> dict[str, Signature]:
+        """A model's signatures by name: inputs and outputs with numpy dtypes and shapes (-1: any size).
+
+        Over REST this reads the metadata's JSON directly, so a client that only talks REST never imports
+        TensorFlow (whose protos the gRPC path needs).
+        """
+        if self._protocol(protocol) == "rest":
+            doc = self._rest("GET", self._path(model, version, label) + "/metadata")
+            return signatures_from_json(doc["metadata"]["signature_def"])
+        defs = self.metadata(model, version=version, label=label, protocol="grpc").signature_def
+        found = {}
+        for name, proto in defs.items():
+            try:
+                found[name] = signature_from_proto(name, proto)
+            except ServingError:  # sparse tensors: listed in the metadata, not callable from here
+                continue
+        return found
+
     def signature(
         self, model: str, signature_name: str = "", version: int | None = None, label: str | None = None
-    ) -> Any:
-        """The SignatureDef of a model's signature (cached per model, version or label)."""
+    ) -> Signature:
+        """One of a model's signatures (cached per model, version or label)."""
         key = (model, version, label)
         if key not in self._signatures:
-            self._signatures[key] = self.metadata(model, version=version, label=label)
+            self._signatures[key] = self.signatures(model, version=version, label=label)
         name = signature_name or "serving_default"
         signatures = self._signatures[key]
-        if name not in signatures.signature_def:
+        if name not in signatures:
             raise ServingError(Code.INVALID_ARGUMENT, f'Serving signature name: "{name}" not found in signature def')
-        return signatures.signature_def[name]
+        return signatures[name]
 
     def metadata(
         self, model: str, *, version: int | None = None, label: str | None = None, protocol: str | None = None
@@ -274,11 +296,9 @@ class Client:
         self.last_latency_ms = latency
         return Prediction(outputs, model=model, version=served_version, protocol=chosen, latency_ms=latency)
 
-    def encode_inputs(self, signature: Any, inputs: Mapping[str, Any] | Any) -> dict[str, np.ndarray]:
+    def encode_inputs(self, signature: Signature, inputs: Mapping[str, Any] | Any) -> dict[str, np.ndarray]:
         """``inputs`` as numpy arrays of the signature's input dtypes (one array is fine for one input)."""
-        from workbench.engine.servable import signature_from_proto
-
-        spec = signature_from_proto("", signature)
+        spec = signature
         if not isinstance(inputs, Mapping):
             if len(spec.inputs) != 1:
                 raise ValueError(f"this signature has several inputs ({', '.join(spec.inputs)}): pass a dict")
@@ -413,12 +433,10 @@ def _bytes_to_json(value: Any) -> Any:
     return value
 
 
-def _from_json(value: Any, dtype_enum: int) -> np.ndarray:
-    if dtype_enum == 7:  # DT_STRING: text or {"b64": ...}
+def _from_json(value: Any, dtype: np.dtype[Any]) -> np.ndarray:
+    if dtype.kind == "O":  # DT_STRING: text or {"b64": ...}
         return np.array(_json_to_bytes(value), dtype=object)
-    from tensorflow.python.framework import dtypes
-
-    return np.asarray(value, dtype=dtypes.as_dtype(dtype_enum).as_numpy_dtype)
+    return np.asarray(value, dtype=dtype)
 
 
 def _json_to_bytes(value: Any) -> Any:

@@ -21,9 +21,10 @@ from workbench.engine.batching import BatchScheduler
 from workbench.engine.manager import Manager, ServableHandle, VersionStatus
 from workbench.engine.metrics import ServingMetrics
 from workbench.engine.request_log import RequestLogger
-from workbench.engine.servable import Servable, Signature, TensorSpec
+from workbench.engine.servable import Composite, Servable
 from workbench.engine.stats import RollingStats
-from workbench.engine.status import Code, ServingError, from_exception
+from workbench.errors import Code, ServingError, from_exception
+from workbench.signatures import Signature, TensorSpec
 
 T = TypeVar("T")
 
@@ -86,6 +87,7 @@ class Dataplane:
         self.scheduler = scheduler
         self.request_log = request_log
         self._executor = executor
+        self._members = _Members(self)
 
     # --------------------------------------------------------------------------------- resolution
     def handle(self, spec: ModelSpec) -> ServableHandle:
@@ -95,20 +97,30 @@ class Dataplane:
         return self.manager.handle(spec.name, spec.version, spec.label)
 
     @staticmethod
-    def rest_input_specs(servable: Servable, signature_name: str) -> Mapping[str, TensorSpec]:
+    def rest_input_specs(
+        servable: Servable, signature_name: str, sent: tuple[str, ...] = ()
+    ) -> Mapping[str, TensorSpec]:
         """Inputs of a signature for decoding REST JSON (TF Serving's REST layer has its own message)."""
         key = inference.signature_name_or_default(signature_name)
         sig = servable.signatures.get(key)
         if sig is None:
             raise ServingError(Code.INVALID_ARGUMENT, f'Serving signature name: "{key}" not found in signature def')
-        return sig.inputs
+        return sig.request_inputs(sent)
 
     @staticmethod
     def grpc_input_specs(servable: Servable, signature_name: str) -> Mapping[str, TensorSpec]:
         """Inputs of a signature for decoding TensorProtos (gRPC's unknown-signature error is TF Serving's)."""
-        return inference.predict_signature(servable, signature_name).inputs
+        return inference.predict_signature(servable, signature_name).request_inputs()
 
     # ------------------------------------------------------------------------------------ running
+    async def execute(
+        self, servable: Servable, signature: Signature, feed: Mapping[str, np.ndarray], outputs: Sequence[str]
+    ) -> dict[str, np.ndarray]:
+        """Run a validated request: through the servable's batcher, or a composite's members through theirs."""
+        if isinstance(servable, Composite):
+            return await servable.run_with(self._members, signature, feed, outputs)
+        return await self.scheduler.run(servable, signature, feed, outputs)
+
     @staticmethod
     async def _deadline(awaitable: Awaitable[T], timeout: float | None) -> T:
         if timeout is None:
@@ -129,7 +141,7 @@ class Dataplane:
         signature = inference.predict_signature(servable, signature_name)
         feed, outputs = inference.prepare_predict(signature, inputs, output_filter)
         try:
-            result = await self._deadline(self.scheduler.run(servable, signature, feed, outputs), timeout)
+            result = await self._deadline(self.execute(servable, signature, feed, outputs), timeout)
         except ServingError as exc:
             raise inference.name_the_misfit_input(signature, feed, exc) from None
         self._log(
@@ -144,7 +156,7 @@ class Dataplane:
         self, servable: Servable, signature_name: str, examples: Sequence[bytes], timeout: float | None = None
     ) -> tuple[str, inference.Classifications]:
         call = inference.classify_call(servable, signature_name, examples)
-        result = await self._deadline(self.scheduler.run(servable, call.signature, call.feed, call.outputs), timeout)
+        result = await self._deadline(self.execute(servable, call.signature, call.feed, call.outputs), timeout)
         name, labelled = call.signature.name, inference.classify_results(call, result)
         self._log(
             servable,
@@ -156,7 +168,7 @@ class Dataplane:
         self, servable: Servable, signature_name: str, examples: Sequence[bytes], timeout: float | None = None
     ) -> tuple[str, list[float]]:
         call = inference.regress_call(servable, signature_name, examples)
-        result = await self._deadline(self.scheduler.run(servable, call.signature, call.feed, call.outputs), timeout)
+        result = await self._deadline(self.execute(servable, call.signature, call.feed, call.outputs), timeout)
         name, values = call.signature.name, inference.regress_results(call, result)
         self._log(
             servable, lambda: prediction_logs.RegressEntry(servable.name, servable.version, name, examples, values)
@@ -191,11 +203,34 @@ class Dataplane:
             version = self.manager.label_version(name, label)
         return self.manager.version_status(name, version)
 
-    @staticmethod
-    def metadata(servable: Servable) -> Any:
-        return servable.signature_def_map()
-
     # ------------------------------------------------------------------------------------ metrics
     def track(self, model: str, api: str, protocol: str) -> Call:
         """``with dataplane.track(...) as call:`` times one request and counts it by its final status."""
         return Call(self, model, api, protocol)
+
+
+class _Members:
+    """What composite servables (handlers, pipelines) reach the server's other models through."""
+
+    def __init__(self, dataplane: Dataplane) -> None:
+        self._dataplane = dataplane
+
+    async def predict(
+        self, model: str, version: int | None, label: str | None, signature_name: str, inputs: Mapping[str, np.ndarray]
+    ) -> dict[str, np.ndarray]:
+        dataplane = self._dataplane
+        with dataplane.handle(ModelSpec(model, version, label)) as member:
+            signature = inference.predict_signature(member, signature_name)
+            feed, outputs = inference.prepare_predict(signature, inputs)
+            try:
+                return await dataplane.execute(member, signature, feed, outputs)
+            except ServingError as exc:
+                raise inference.name_the_misfit_input(signature, feed, exc) from None
+
+    async def run(
+        self, servable: Servable, signature: Signature, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]
+    ) -> dict[str, np.ndarray]:
+        return await self._dataplane.execute(servable, signature, inputs, outputs)
+
+    async def call(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._dataplane._executor, fn, *args)

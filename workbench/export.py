@@ -37,6 +37,8 @@ TensorFlow and Keras are imported inside the functions: importing workbench must
 from __future__ import annotations
 
 import dataclasses
+import functools
+import importlib
 import logging
 import os
 import re
@@ -44,20 +46,21 @@ import shutil
 import sys
 import tempfile
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from workbench import platforms
 from workbench._tf import quiet_tensorflow
-from workbench.engine.storage import SAVED_MODEL, RemoteFolder, StorageError, is_remote, join, redact
+from workbench.engine.storage import RemoteFolder, StorageError, is_remote, join, redact
 from workbench.vocabulary import renamed_keywords
 
 if TYPE_CHECKING:  # only for annotations: importing TensorFlow at runtime is slow
     from numpy.typing import ArrayLike
 
-    from workbench.engine.servable import Signature, TensorSpec
+    from workbench.signatures import Signature, TensorSpec
 
 __all__ = ["ExportError", "ExportResult", "export"]
 
@@ -102,12 +105,17 @@ def export(
     version: int | None = None,
     examples: Mapping[str, ArrayLike] | Sequence[Mapping[str, ArrayLike]] | ArrayLike | None = None,
     signatures: Mapping[str, Any] | None = None,
+    format: str | None = None,  # noqa: A002 - the word users know (skl2onnx, Keras' export use it too)
 ) -> ExportResult:
     """Save ``model`` as version ``version`` (default: the next one) of ``<model_repository>/<name>``; check it serves.
 
     ``model`` is a built Keras 3 model, a ``tf.Module`` whose ``tf.function`` (``serve``, ``serving_default``,
     ``__call__`` or its only one) has an ``input_signature``, a ``tf.function`` with an ``input_signature``, or
-    a concrete function. ``signatures`` adds (or replaces) named signatures with such functions.
+    a concrete function; ``signatures`` adds (or replaces) named signatures with such functions. It may also be a
+    scikit-learn estimator or pipeline, an XGBoost or LightGBM model, an ONNX model (``onnx.ModelProto``, bytes or
+    a path to a ``.onnx`` file), a :class:`workbench.PythonModel` class, or a pipeline description: each is written
+    in its platform's format (see :mod:`workbench.platforms`). ``format="onnx"`` converts a scikit-learn model to
+    ONNX with skl2onnx, where the estimator supports it.
 
     ``examples`` — one dict of input alias → batch, a list of such dicts (one warmup request each, at most
     1000), or a bare batch when ``serving_default`` has one input — are cast to the signature's types, written
@@ -128,12 +136,19 @@ def export(
     # optimizer notices) is about workbench's work, not the user's: the cell shows the result, or the error.
     with quiet_tensorflow():
         try:
-            functions, trackables = _serving_functions(model, signatures)  # before mkdir: a bad model makes nothing
+            # Understood before mkdir: a model nobody can export makes nothing.
+            write = _platform_writer(model, format, signatures, examples)
+            if write is None:
+                functions, trackables = _serving_functions(model, signatures)
             try:
                 base.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
                 raise ExportError(f"Cannot create the model folder {base}: {exc}") from exc
-            _save(functions, trackables, staging)
+            if write is None:
+                _save(functions, trackables, staging)
+            else:
+                staging.mkdir()
+                write(staging)
             described, records = _write_warmup_and_verify(name, staging, examples)
             if store is not None:
                 final_version = _upload(name, store, staging, version)
@@ -239,7 +254,9 @@ def _upload(name: str, store: RemoteFolder, staging: Path, version: int | None) 
     number = version if version is not None else max(_store_versions(store), default=0) + 1
     _refuse_existing_in_store(name, store, number)
     try:
-        store.upload(staging, str(number), last=SAVED_MODEL)
+        # The model file goes last: a server polling the store counts the version only once it is there.
+        model_file = next((f for f in platforms.model_files() if (staging / f).is_file()), "")
+        store.upload(staging, str(number), last=model_file)
     except StorageError as exc:
         raise ExportError(f"Could not upload version {number} of model {name!r}: {exc}") from None
     return number
@@ -458,15 +475,57 @@ def _save(functions: Mapping[str, Any], trackables: Sequence[Any], path: Path) -
         raise ExportError(f"Could not save the model as a SavedModel: {_one_line(exc)}") from exc
 
 
+# ----------------------------------------------------------------------------------------- other platforms
+def _platform_writer(
+    model: Any, format: str | None, signatures: Mapping[str, Any] | None, examples: Any
+) -> Callable[[Path], None] | None:
+    """How to write ``model`` if a platform other than TensorFlow's takes it (None: the SavedModel route)."""
+    if format == "onnx":
+        onnx_platform = importlib.import_module("workbench.platforms.onnx")
+
+        if not onnx_platform.exports(model):
+            model = onnx_platform.convert_sklearn(model, _sample_rows(examples))
+        return functools.partial(onnx_platform.write, model)
+    if format not in (None, "saved_model", "tensorflow"):
+        raise ExportError(f"format must be 'onnx' or left out (the model's own platform), not {format!r}")
+    if format is None:
+        for platform in platforms.registry().values():
+            if platform.name in ("tensorflow", "workbench_null"):
+                continue
+            try:
+                module = importlib.import_module(platform.module)
+            except ImportError:  # a platform plugin whose own module cannot import: it cannot take the model
+                continue
+            exports = getattr(module, "exports", None)
+            if exports is not None and exports(model):
+                if signatures:
+                    raise ExportError(f"signatures= is for TensorFlow models; a {platform.name} model declares its own")
+                return functools.partial(module.write, model)
+    return None
+
+
+def _sample_rows(examples: Any) -> Any:
+    """Rows that show skl2onnx the input's width and type (the one input's batch, from ``examples``)."""
+    if examples is None:
+        raise ExportError("format='onnx' needs examples= (a batch of inputs) to know the model's input shape")
+    if isinstance(examples, Mapping):
+        if len(examples) != 1:
+            raise ExportError("format='onnx' takes examples= as one batch (or a dict with one input)")
+        return np.asarray(next(iter(examples.values())))
+    return np.asarray(examples)
+
+
 # ------------------------------------------------------------------------------------------ warmup and checks
 def _write_warmup_and_verify(name: str, path: Path, examples: Any) -> tuple[dict[str, str], int]:
     """Load the export as the server will, write the warmup file, run it (or a zero batch); describe signatures."""
     from workbench.engine import inference, warmup
-    from workbench.engine.servable import load_saved_model
-    from workbench.engine.status import Code, ServingError
+    from workbench.engine.servable import Composite
+    from workbench.errors import Code, ServingError
 
+    # Loaded as the server will; the user's own kernel wrote any Python here, so the check may import it.
+    loader = platforms.Loader(platforms.LoadPolicy(allow_pickle=False, allow_python=True))
     try:
-        servable = load_saved_model(name, 0, str(path))
+        servable = loader(name, 0, str(path))
     except Exception as exc:
         raise ExportError(f"The exported model failed its check: it does not load: {_one_line(exc)}") from exc
     try:
@@ -474,6 +533,8 @@ def _write_warmup_and_verify(name: str, path: Path, examples: Any) -> tuple[dict
         if signature is None:
             raise ExportError(f"The exported model failed its check: it has no {DEFAULT_SIGNATURE} signature")
         described = {key: _describe(sig) for key, sig in servable.signatures.items() if not key.startswith("__")}
+        if isinstance(servable, Composite) and servable.members():
+            return described, 0  # its steps run on other models: only a server has them
         if examples is None:
             batch = _zero_example(signature)
             try:
@@ -495,7 +556,7 @@ def _write_warmup_and_verify(name: str, path: Path, examples: Any) -> tuple[dict
             raise ExportError(f"The exported model failed its check: {_one_line(exc)}") from exc
         return described, len(requests)
     finally:
-        servable.unload()
+        servable.close()
 
 
 def _describe(signature: Signature) -> str:
@@ -584,24 +645,27 @@ def _coerce(where: str, alias: str, value: Any, spec: TensorSpec) -> np.ndarray:
 
 
 def _write_warmup(name: str, path: Path, requests: Sequence[Mapping[str, np.ndarray]], signature: Signature) -> None:
-    """``assets.extra/tf_serving_warmup_requests``: one PredictionLog (a PredictRequest) per request."""
-    import tensorflow as tf
+    """``assets.extra/tf_serving_warmup_requests``: one PredictionLog (a PredictRequest) per request.
+
+    Written for every platform: the server replays the file whatever the version holds.
+    """
     from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
 
+    from workbench.engine.tfrecord import encode_record
     from workbench.engine.warmup import WARMUP_FILE
+    from workbench.protocol.tensor_proto import from_numpy
 
     target = path / WARMUP_FILE
     target.parent.mkdir(parents=True, exist_ok=True)
-    with tf.io.TFRecordWriter(str(target)) as writer:
+    with open(target, "wb") as records:
         for inputs in requests:
             request = predict_pb2.PredictRequest(
                 model_spec=model_pb2.ModelSpec(name=name, signature_name=DEFAULT_SIGNATURE)
             )
             for alias, array in inputs.items():
-                dtype = tf.as_dtype(signature.inputs[alias].dtype_enum)
-                request.inputs[alias].CopyFrom(tf.make_tensor_proto(array, dtype=dtype))
+                from_numpy(array, request.inputs[alias])
             log_record = prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
-            writer.write(log_record.SerializeToString())
+            records.write(encode_record(log_record.SerializeToString()))
 
 
 def _one_line(exc: BaseException) -> str:

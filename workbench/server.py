@@ -29,6 +29,7 @@ from typing import Any
 import grpc
 import uvicorn
 
+from workbench import platforms
 from workbench._loop import new_event_loop
 from workbench.dataplane import Dataplane
 from workbench.engine.batching import BatchRecord, BatchScheduler
@@ -39,17 +40,17 @@ from workbench.engine.options import ModelConfig, ServerOptions, discover_models
 from workbench.engine.readiness import Phase, ServerReadiness
 from workbench.engine.request_log import RequestLogger
 from workbench.engine.routing_state import read_legacy_state
-from workbench.engine.servable import LOADERS
 from workbench.engine.source import RepositorySource
 from workbench.engine.stats import RollingStats
-from workbench.engine.status import Code, ServingError
 from workbench.engine.storage import VersionCache, caching_loader
 from workbench.engine.warmup import warm_up
+from workbench.errors import Code, ServingError
 from workbench.frontends.grpc import ReadinessHealth, start_grpc_server
 from workbench.frontends.management import management_routes
 from workbench.frontends.probes import probe_routes
 from workbench.frontends.rest import create_app
 from workbench.jupyter import registry  # Jupyter's server extension lists and proxies running servers
+from workbench.platforms import LoadPolicy
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +105,9 @@ class ModelServer:
         # Versions in object stores load from a local copy, downloaded per load and removed on unload.
         self.model_cache = VersionCache(options.model_cache_dir)
         self.manager = Manager(
-            {platform: caching_loader(load, self.model_cache) for platform, load in LOADERS.items()},
+            caching_loader(
+                platforms.Loader(LoadPolicy(options.allow_pickle, options.allow_python_models)), self.model_cache
+            ),
             warmup=warm_up if options.enable_model_warmup else None,
             load_threads=options.num_load_threads,
             allow_labels_for_unavailable=options.allow_version_labels_for_unavailable_models,

@@ -18,6 +18,7 @@ import asyncio
 import collections
 import dataclasses
 import functools
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
@@ -26,8 +27,11 @@ from typing import Any
 import numpy as np
 
 from workbench.engine.batching_config import BatchingParameters
-from workbench.engine.servable import Servable, Signature
-from workbench.engine.status import Code, ServingError, from_exception
+from workbench.engine.servable import Servable
+from workbench.errors import Code, ServingError, from_exception
+from workbench.signatures import Signature
+
+log = logging.getLogger(__name__)
 
 Feed = Mapping[str, np.ndarray]
 Outputs = dict[str, np.ndarray]
@@ -147,6 +151,7 @@ class BatchScheduler:
         self._params_for = params_for
         self._listener = listener
         self._queues: dict[tuple[int, str, tuple[str, ...]], _Queue] = {}
+        self._said_unbatched: set[tuple[str, int, str]] = set()
 
     def queue_depths(self) -> list[tuple[str, int, int]]:
         """(model, version, rows waiting) for every servable with a live queue."""
@@ -160,6 +165,18 @@ class BatchScheduler:
         """Run ``feed`` through ``servable``, batched with other requests when its parameters allow."""
         loop = asyncio.get_running_loop()
         params = self._params_for(servable)
+        if params is not None and not signature.batchable:
+            # A signature that cannot be concatenated along dimension 0 (its platform says so) runs request by
+            # request; say so once, where a user who turned batching on for it will look.
+            unbatched = (servable.name, servable.version, signature.name)
+            if unbatched not in self._said_unbatched:
+                self._said_unbatched.add(unbatched)
+                log.info(
+                    "%s version %d: signature %s cannot be batched (dimension 0 is fixed, or its inputs are "
+                    "parsed per request); its requests run one by one",
+                    *unbatched,
+                )
+            params = None
         key = batch_key(feed, params.pad_variable_length_inputs) if params is not None else None
         if params is None or key is None:
             return await loop.run_in_executor(self._executor, self._run_alone, servable, signature, feed, outputs)

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from workbench.engine.extra_protos import BatchingParameters as BatchingParametersProto
-from workbench.engine.status import Code, ServingError
 from workbench.engine.text_config import parse_text_config
+from workbench.errors import Code, ServingError
 
 BATCHING_FILE_NAME = "batching_parameters.txt"
 

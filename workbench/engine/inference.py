@@ -11,11 +11,12 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from workbench.engine.servable import (
+from workbench.engine.servable import Servable
+from workbench.errors import Code, ServingError, invalid_argument
+from workbench.signatures import (
     CLASSIFY_METHOD,
     DEFAULT_SIGNATURE,
     REGRESS_METHOD,
-    Servable,
     Signature,
     TensorSpec,
     describe_array,
@@ -24,7 +25,6 @@ from workbench.engine.servable import (
     shape_text,
     type_name,
 )
-from workbench.engine.status import Code, ServingError, invalid_argument
 
 CLASSES = "classes"
 SCORES = "scores"
@@ -66,6 +66,7 @@ def prepare_predict(
     signature: Signature, inputs: Mapping[str, np.ndarray], output_filter: Sequence[str] = ()
 ) -> tuple[dict[str, np.ndarray], list[str]]:
     """The tensors to feed and the outputs to fetch for a predict request, or TF Serving's error."""
+    inputs = _columns_as_matrix(signature, inputs)
     expected = signature.inputs
     sent = list(inputs)
     if len(sent) > len(expected) or (len(sent) < len(expected) and not signature.defaults):
@@ -110,6 +111,29 @@ def prepare_predict(
     return feed, outputs
 
 
+def _columns_as_matrix(signature: Signature, inputs: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]:
+    """A request that sends a model's features by name, as the one matrix the model takes (columns in order)."""
+    if not signature.features or len(signature.inputs) != 1 or not any(a in signature.features for a in inputs):
+        return inputs
+    ((alias, matrix),) = signature.inputs.items()
+    if alias in inputs:
+        raise invalid_argument(
+            f'Send either the input "{alias}" or the features {_join(list(signature.features))} by name, not both'
+        )
+    unknown = [a for a in inputs if a not in signature.features]
+    missing = [f for f in signature.features if f not in inputs]
+    if unknown or missing:
+        raise invalid_argument(
+            f"A request by feature name must send every feature of the model and nothing else. "
+            f"Missing: {{{_join(missing)}}}. Unknown: {{{_join(unknown)}}}. Features: {', '.join(signature.features)}."
+        )
+    columns = [_check_dtype(dataclasses.replace(matrix, alias=f, shape=(-1,)), inputs[f]) for f in signature.features]
+    if any(c.ndim != 1 for c in columns) or len({len(c) for c in columns}) != 1:
+        shapes = ", ".join(f"{f} {describe_array(c)}" for f, c in zip(signature.features, columns, strict=True))
+        raise invalid_argument(f"Each feature must be a column of the same length; received {shapes}")
+    return {alias: np.stack(columns, axis=1)}
+
+
 def _check_dtype(spec: TensorSpec, value: np.ndarray) -> np.ndarray:
     """Fail clearly when a tensor's type is not the one its graph tensor takes (TensorFlow's own check)."""
     if spec.dtype == value.dtype:
@@ -145,8 +169,14 @@ def name_the_misfit_input(signature: Signature, feed: Mapping[str, np.ndarray], 
 # exports, whose signatures all say "predict", serve :classify and :regress); one input; the outputs by alias.
 # The input's declared dtype is never looked at: the serialized examples are fed to the tensor the input
 # names, and only that tensor's real type matters (TensorSpec.dtype is the graph's).
-def _example_signature(servable: Servable, name: str) -> Signature:
+def _example_signature(servable: Servable, name: str, method: str) -> Signature:
     key = signature_name_or_default(name)
+    if not name:
+        # A model whose serving_default is a predict (every non-TensorFlow platform) but which also has a signature
+        # of the method asked for, named after it ("classify", "regress"): that one, rather than TF Serving's error.
+        default, named = servable.signatures.get(key), servable.signatures.get(method.rsplit("/", 1)[-1])
+        if named is not None and named.method_name == method and (default is None or default.method_name != method):
+            key = named.name
     sig = servable.signatures.get(key)
     if sig is None:
         raise invalid_argument(f"No signature was found with the name: {key}")
@@ -192,7 +222,7 @@ Classifications = list[list[tuple[str, float]]]
 
 
 def classify_call(servable: Servable, signature_name: str, examples: Sequence[bytes]) -> ExamplesCall:
-    sig = _example_signature(servable, signature_name)
+    sig = _example_signature(servable, signature_name, CLASSIFY_METHOD)
     wanted = [o for o in (CLASSES, SCORES) if o in sig.outputs]
     # TF Serving refuses more than two outputs; workbench lets a TF2 export's extra outputs go unfetched.
     if len(sig.outputs) not in (1, 2) and sig.method_name == CLASSIFY_METHOD:
@@ -246,7 +276,7 @@ def classify(servable: Servable, signature_name: str, examples: Sequence[bytes])
 
 
 def regress_call(servable: Servable, signature_name: str, examples: Sequence[bytes]) -> ExamplesCall:
-    sig = _example_signature(servable, signature_name)
+    sig = _example_signature(servable, signature_name, REGRESS_METHOD)
     if len(sig.outputs) != 1:
         raise invalid_argument(f"Expected one output Tensor. Found: {_signature_outputs(sig)}")
     if REGRESS_OUTPUTS not in sig.outputs:

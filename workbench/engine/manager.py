@@ -4,7 +4,8 @@ A source (the repository poller) tells the manager which versions each model *sh
 each model's routing state; the manager asks :func:`~workbench.engine.routing.decide` what that means, loads new
 versions on its load threads (warming them up), and only then unloads the versions they replace, so a model that
 was serving never stops serving. A version that fails to load ends in END with its error, and the versions
-already serving keep serving.
+already serving keep serving. A composite version (a pipeline) becomes AVAILABLE only once the models it runs on
+serve: it waits, loaded, while they load, and a version that failed for lack of them is retried when they serve.
 
 All state sits behind one lock, held only for bookkeeping: loads, unloads, reading and writing the routing state,
 and building JSON views all run off it. A management change (promote, rollback, canary, load, unload) is a
@@ -26,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from workbench.engine import routing as decisions
+from workbench.engine.harness import Harness
 from workbench.engine.model_view import ModelSnapshot, VersionSnapshot, describe_model
 from workbench.engine.options import ModelConfig
 from workbench.engine.routing import CanarySplit, Routing
@@ -36,9 +38,9 @@ from workbench.engine.routing_state import (
     StoredRouting,
     routing_store_for,
 )
-from workbench.engine.servable import Loader, Servable
-from workbench.engine.status import Code, ServingError, from_exception
+from workbench.engine.servable import Composite, Loader, Servable
 from workbench.engine.storage import redact
+from workbench.errors import Code, ServingError, from_exception
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +70,12 @@ class VersionRecord:
     fingerprint: tuple[int, ...]
     state: VersionState = VersionState.START
     error: ServingError | None = None
-    servable: Servable | None = None
+    harness: Harness | None = None
+    # A composite version (a pipeline) and the models it runs on that were not serving when it loaded: it waits,
+    # loaded and ``parked`` (LOADING), while one of them is on its way, else it ends with that error and is
+    # retried once they all serve.
+    awaiting: frozenset[str] = frozenset()
+    parked: Servable | None = None
     since: float = dataclasses.field(default_factory=time.time)
 
 
@@ -101,6 +108,7 @@ class _Model:
     drops_ignored: bool = False  # the routing's drops would leave nothing to serve (warned once)
     source_error: str = ""  # why its repository could not be listed at the last poll (an object store)
     removed: bool = False
+    scanned: bool = False  # the source has listed its versions at least once
 
     @property
     def routing(self) -> Routing:
@@ -110,16 +118,20 @@ class _Model:
 class ServableHandle:
     """``with handle as servable:`` releases the servable when the request is done (a class: it is hot)."""
 
-    __slots__ = ("_servable",)
+    __slots__ = ("_harness",)
 
-    def __init__(self, servable: Servable) -> None:
-        self._servable = servable
+    def __init__(self, harness: Harness) -> None:
+        self._harness = harness
+
+    @property
+    def harness(self) -> Harness:
+        return self._harness
 
     def __enter__(self) -> Servable:
-        return self._servable
+        return self._harness.servable
 
     def __exit__(self, *exc: object) -> None:
-        self._servable.release()
+        self._harness.release()
 
 
 Warmup = Callable[[Servable], None]
@@ -132,7 +144,7 @@ class Manager(RoutingChanges):
 
     def __init__(
         self,
-        loaders: Mapping[str, Loader],
+        loader: Loader,
         *,
         warmup: Warmup | None = None,
         load_threads: int = 2,
@@ -142,7 +154,7 @@ class Manager(RoutingChanges):
     ) -> None:
         """``routing_stores(base_path)`` gives a model's routing store; ``initial_routing`` is each model's routing
         while its store holds none (an older workbench's state file, migrated on the first change)."""
-        self._loaders = dict(loaders)
+        self._loader = loader
         self._routing_stores = routing_stores
         self._initial_routing = dict(initial_routing or {})
         self._warmup = warmup
@@ -227,6 +239,7 @@ class Manager(RoutingChanges):
                 return
             model.on_disk = dict(on_disk if on_disk is not None else versions)
             model.policy_versions = set(versions)
+            model.scanned = True
             self._update_aspired(model)
 
     def set_source_error(self, name: str, problem: str | None) -> bool:
@@ -316,7 +329,11 @@ class Manager(RoutingChanges):
             retry = (
                 record is not None
                 and record.state == VersionState.END
-                and (record.error is None or record.fingerprint != disk.fingerprint)
+                and (
+                    record.error is None
+                    or record.fingerprint != disk.fingerprint
+                    or (record.awaiting and not self._unserved(record.awaiting))
+                )
             )
             if record is None or retry:
                 record = VersionRecord(version=version, path=disk.path, fingerprint=disk.fingerprint)
@@ -337,54 +354,121 @@ class Manager(RoutingChanges):
             if may_unload:
                 self._set_state(model, record, VersionState.UNLOADING)
                 self._executor.submit(self._unload, model, record)
+        self._wake_parked()
         self._settled.notify_all()
 
     def _load(self, model: _Model, record: VersionRecord) -> None:
         name = model.config.name
         started = time.perf_counter()
         try:
-            servable = self._loaders[model.config.platform](name, record.version, record.path)
+            servable = self._loader(name, record.version, record.path, model.config.platform)
         except BaseException as exc:  # noqa: BLE001 - a load failure must never kill the load thread
             self._finish_load(model, record, None, from_exception(exc))
             return
+        self._admit(model, record, servable, started)
+
+    def _admit(self, model: _Model, record: VersionRecord, servable: Servable, started: float) -> None:
+        """Warm ``servable`` up and make it AVAILABLE; a composite first needs the models it runs on serving."""
+        name = model.config.name
+        if isinstance(servable, Composite):
+            with self._lock:
+                missing = self._unserved(servable.members())
+                if missing and any(self._coming(m) for m in missing):
+                    record.parked, record.awaiting = servable, missing  # _wake_parked admits it again
+                    return
+            if missing:
+                servable.close()
+                self._finish_load(model, record, None, self._members_error(name, missing), awaiting=missing)
+                return
         if self._warmup is not None:
             try:
                 self._warmup(servable)
             except BaseException as exc:  # noqa: BLE001
-                servable.unload(drain_timeout=0)
+                servable.close()
                 self._finish_load(model, record, None, from_exception(exc))
                 return
         log.info("Loaded %s version %d in %.2fs", name, record.version, time.perf_counter() - started)
-        self._finish_load(model, record, servable, None)
+        self._finish_load(model, record, Harness(servable), None)
+
+    # ------------------------------------------ composites (pipelines): the models they run on (lock held)
+    def _serves(self, name: str) -> bool:
+        model = self._models.get(name)
+        return model is not None and not model.removed and bool(self._available(model))
+
+    def _unserved(self, names: Iterable[str]) -> frozenset[str]:
+        return frozenset(n for n in names if not self._serves(n))
+
+    def _coming(self, name: str) -> bool:
+        """Whether ``name`` may serve soon: configured but not listed yet, or a version of it loading."""
+        model = self._models.get(name)
+        if model is None or model.removed:
+            return False
+        if not model.scanned and not model.source_error:
+            return True
+        loading = (VersionState.START, VersionState.LOADING)
+        return any(r.state in loading and r.parked is None for r in model.versions.values())
+
+    def _members_error(self, name: str, missing: frozenset[str]) -> ServingError:
+        reasons = []
+        for member in sorted(missing):
+            model = self._models.get(member)
+            reasons.append(f"{member} ({'no version AVAILABLE' if model and not model.removed else 'not served'})")
+        return ServingError(
+            Code.FAILED_PRECONDITION,
+            f"Model {name} runs on models that are not serving: {', '.join(reasons)}; it loads once they serve",
+        )
+
+    def _wake_parked(self) -> None:
+        """Admit again the parked composites whose members now serve, or have stopped coming."""
+        for model in self._models.values():
+            for record in model.versions.values():
+                servable = record.parked
+                if servable is None or any(self._coming(m) and not self._serves(m) for m in record.awaiting):
+                    continue
+                record.parked = None
+                self._executor.submit(self._admit, model, record, servable, time.perf_counter())
+
+    def _retry_waiting_for(self, name: str) -> None:
+        """``name`` serves now: retry the composite versions that failed for lack of it."""
+        for model in list(self._models.values()):
+            if not model.removed and any(name in r.awaiting and r.parked is None for r in model.versions.values()):
+                self._reconcile(model)
 
     def _finish_load(
-        self, model: _Model, record: VersionRecord, servable: Servable | None, error: ServingError | None
+        self,
+        model: _Model,
+        record: VersionRecord,
+        harness: Harness | None,
+        error: ServingError | None,
+        awaiting: frozenset[str] = frozenset(),
     ) -> None:
         discard = None
         with self._lock:
             if error is not None:
                 log.error("Failed to load %s version %d: %s", model.config.name, record.version, error.message)
                 record.error = error
+                record.awaiting = awaiting
                 self._set_state(model, record, VersionState.END)
             elif self._closed or model.versions.get(record.version) is not record:
-                discard = servable
+                discard = harness
                 self._set_state(model, record, VersionState.END)
             else:
-                record.servable = servable
+                record.harness = harness
                 self._set_state(model, record, VersionState.AVAILABLE)
+                self._retry_waiting_for(model.config.name)
             self._reconcile(model)
         if discard is not None:
             discard.unload()
 
     def _unload(self, model: _Model, record: VersionRecord) -> None:
-        servable = record.servable
+        harness = record.harness
         try:
-            if servable is not None:
-                servable.unload()
+            if harness is not None:
+                harness.unload()
         except BaseException as exc:  # noqa: BLE001
             log.error("Unloading %s version %d failed: %s", model.config.name, record.version, exc)
         with self._lock:
-            record.servable = None
+            record.harness = None
             self._set_state(model, record, VersionState.END)
             log.info("Unloaded %s version %d", model.config.name, record.version)
             finished = all(r.state == VersionState.END for r in model.versions.values())
@@ -494,7 +578,7 @@ class Manager(RoutingChanges):
         """Hold the servable a request runs on until the request is answered (it cannot unload meanwhile)."""
         return ServableHandle(self.resolve(name, version, label))
 
-    def resolve(self, name: str, version: int | None = None, label: str | None = None) -> Servable:
+    def resolve(self, name: str, version: int | None = None, label: str | None = None) -> Harness:
         """The servable a request for (name, version or label) runs on, already acquired for the caller.
 
         Resolution and acquisition happen under the manager's lock, where versions also leave AVAILABLE, so
@@ -510,18 +594,18 @@ class Manager(RoutingChanges):
             if model is not None:
                 if version is None:
                     available = {
-                        r.version: r.servable
+                        r.version: r.harness
                         for r in model.versions.values()
-                        if r.state == VersionState.AVAILABLE and r.servable is not None
+                        if r.state == VersionState.AVAILABLE and r.harness is not None
                     }
                     if available:
                         # TF Serving's default is the latest version; a promotion or a canary changes that.
-                        servable = available[model.split.pick(model.routing, available.keys())]
-                        if servable is not None and servable.acquire():
-                            return servable
+                        harness = available[model.split.pick(model.routing, available.keys())]
+                        if harness is not None and harness.acquire():
+                            return harness
                 else:
                     record = model.versions.get(version)
-                    chosen = record.servable if record is not None and record.state == VersionState.AVAILABLE else None
+                    chosen = record.harness if record is not None and record.state == VersionState.AVAILABLE else None
                     if chosen is not None and chosen.acquire():
                         return chosen
         if version is None:
@@ -586,9 +670,10 @@ class Manager(RoutingChanges):
     def stop(self) -> None:
         with self._lock:
             self._closed = True
-            servables = [
-                r.servable for m in self._models.values() for r in m.versions.values() if r.servable is not None
-            ]
+            harnesses = [r.harness for m in self._models.values() for r in m.versions.values() if r.harness is not None]
+            parked = [r.parked for m in self._models.values() for r in m.versions.values() if r.parked is not None]
         self._executor.shutdown(wait=True, cancel_futures=True)
-        for servable in servables:
-            servable.unload(drain_timeout=5.0)
+        for harness in harnesses:
+            harness.unload(drain_timeout=5.0)
+        for servable in parked:
+            servable.close()

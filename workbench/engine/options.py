@@ -13,19 +13,18 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Literal
 
+from workbench import platforms
 from workbench.engine.batching_config import BatchingParameters, read_batching_parameters_file
 from workbench.engine.request_log_config import RequestLogConfig, request_log_config_from_proto
-from workbench.engine.status import Code, ServingError
 from workbench.engine.storage import RemoteFolder, is_remote
 from workbench.engine.text_config import parse_text_config
+from workbench.errors import Code, ServingError
 
 PolicyKind = Literal["latest", "all", "specific"]
 
+
 # "workbench_null" serves a SavedModel's signatures without running it (zeros of the right types): the
 # frontends' own ceiling, for benchmarks.
-PLATFORMS = ("tensorflow", "workbench_null")
-
-
 @dataclasses.dataclass(frozen=True)
 class VersionPolicy:
     """Which of the versions found on disk a model should serve (TF Serving's ServableVersionPolicy)."""
@@ -58,7 +57,7 @@ class ModelConfig:
     base_path: str
     policy: VersionPolicy = VersionPolicy()
     labels: Mapping[str, int] = dataclasses.field(default_factory=dict)
-    platform: str = "tensorflow"
+    platform: str = ""  # model_platform; "" lets each version folder say (workbench.platforms.detect)
     logging: RequestLogConfig | None = None  # the config file's logging_config (request logging)
 
 
@@ -104,6 +103,9 @@ class ServerOptions:
     drain_delay_seconds: float = 0.0  # of which: not ready, but still taking new connections
     ready_file: str = ""
     parent_pid: int = 0
+    # Model files that run code when loaded (pickles; model.py and handler.py) load only when allowed.
+    allow_pickle: bool = False
+    allow_python_models: bool = False
 
     def routing_state_path(self) -> str:
         """An older workbench's routing state file (in a model repository: ``.workbench/routing.json``).
@@ -188,12 +190,12 @@ def model_configs_from_proto(config_list: object, base_dir: Path | None = None) 
                 Code.INVALID_ARGUMENT, f"Illegal to list model {entry.name} multiple times in config list"
             )
         seen.add(entry.name)
-        platform = entry.model_platform or "tensorflow"
-        if platform not in PLATFORMS:
+        platform = entry.model_platform
+        if platform and platform not in platforms.names():
             raise ServingError(
                 Code.UNIMPLEMENTED,
                 f'Model {entry.name}: model_platform "{entry.model_platform}" is not supported '
-                f"(supported: {', '.join(PLATFORMS)})",
+                f"(supported: {', '.join(platforms.names())})",
             )
         if not entry.base_path:
             raise ServingError(Code.INVALID_ARGUMENT, f"Model {entry.name} has no base_path")

@@ -20,8 +20,8 @@ import numpy as np
 
 from workbench.engine.inference import Classifications, InferenceTask
 from workbench.engine.request_log_config import RequestLogConfig
-from workbench.engine.servable import CLASSIFY_METHOD, SERVING_TAG
 from workbench.protocol.tensor_proto import from_numpy
+from workbench.signatures import CLASSIFY_METHOD
 
 
 def tensor_proto(array: np.ndarray, proto: Any) -> Any:
@@ -89,7 +89,7 @@ class LogEntry(abc.ABC):
         metadata = log.log_metadata
         _model_spec(metadata.model_spec, self.model, self.version, signature_name)
         metadata.sampling_config.ParseFromString(config.sampling_config)
-        metadata.saved_model_tags.append(SERVING_TAG)
+        metadata.saved_model_tags.append("serve")  # the SavedModel tag TF Serving records
         metadata.timestamp_secs = int(timestamp)
         return log
 

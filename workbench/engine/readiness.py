@@ -11,7 +11,7 @@ import dataclasses
 import enum
 
 from workbench.engine.manager import Manager, VersionState, VersionStatus
-from workbench.engine.status import ServingError
+from workbench.errors import ServingError
 
 
 class Phase(enum.IntEnum):

@@ -38,7 +38,7 @@ from workbench.engine.request_log_config import (
     read_model_request_log_config,
 )
 from workbench.engine.request_log_files import FILE_SUFFIX, log_file_name, writer_id
-from workbench.engine.status import ServingError
+from workbench.errors import ServingError
 
 log = logging.getLogger(__name__)
 

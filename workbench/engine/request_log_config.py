@@ -17,8 +17,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from workbench.engine.status import Code, ServingError
 from workbench.engine.text_config import parse_text_config
+from workbench.errors import Code, ServingError
 
 LOGGING_FILE_NAME = "logging_config.txt"
 COLLECTOR_TYPES = ("", "tfrecord")

@@ -16,7 +16,7 @@ import dataclasses
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from workbench.engine.status import Code, ServingError
+from workbench.errors import Code, ServingError
 
 STABLE = "stable"
 CANARY = "canary"

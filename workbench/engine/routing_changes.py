@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from workbench.engine import routing as decisions
 from workbench.engine.routing import CANARY, STABLE, Routing
 from workbench.engine.routing_state import RoutingConflict, RoutingStateStore, RoutingStateUnwritable, StoredRouting
-from workbench.engine.status import Code, ServingError
+from workbench.errors import Code, ServingError
 
 if TYPE_CHECKING:
     from workbench.engine.manager import _Model

@@ -26,6 +26,7 @@ import socket
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
@@ -273,10 +274,12 @@ def read_legacy_state(path: str | os.PathLike[str] | None) -> dict[str, Routing]
 class RoutingObject:
     """``<base_url>/routing.json`` in an object store, written with a conditional PUT.
 
-    S3 (and S3-compatible stores that implement conditional writes): the write carries ``If-Match`` with the ETag
-    it read (``If-None-Match: *`` when nothing was stored), so the store itself refuses a write racing a newer
-    state, with no lock. Other stores (``gs://`` among them, for now) cannot be written by workbench: their
-    routing is read on every poll, and a management change fails with FAILED_PRECONDITION saying so.
+    The write carries the store's fingerprint of the state it was based on, and the store itself refuses it when
+    the object moved on since, with no lock: on S3 (and S3-compatible stores that implement conditional writes)
+    ``If-Match`` with the ETag read (``If-None-Match: *`` when nothing was stored); on Google Cloud Storage the
+    precondition ``ifGenerationMatch`` with the object generation read (``0`` when nothing was stored). Other
+    stores cannot be written by workbench: their routing is read on every poll, and a management change fails
+    with FAILED_PRECONDITION saying so.
     """
 
     def __init__(self, base_url: str) -> None:
@@ -300,22 +303,31 @@ class RoutingObject:
     def _s3(self) -> bool:
         return type(self._folder.fs).__name__ == "S3FileSystem"
 
+    @property
+    def _gcs(self) -> bool:
+        """gcsfs's file system, whichever class of it (gcsfs swaps in a subclass for its experimental features)."""
+        protocol = self._folder.fs.protocol
+        return "gs" in (protocol if isinstance(protocol, tuple) else (protocol,))
+
     def _bucket_key(self) -> tuple[str, str]:
         bucket, _, prefix = self._folder.path.partition("/")
         return bucket, "/".join(filter(None, [prefix.rstrip("/"), ROUTING_FILE]))
 
     def read(self) -> StoredRouting | None:
-        if not self._s3:
+        if not (self._s3 or self._gcs):
             return self._read_generic()
-        bucket, key = self._bucket_key()
-        data, etag = self._get(bucket, key)
+        data, etag = self._get()
         if data is None:
             return None
         return dataclasses.replace(decode(data, self.location), etag=etag)
 
-    def _get(self, bucket: str, key: str) -> tuple[bytes | None, str]:
-        """The object's bytes and ETag in one request (so the ETag is exactly that of the bytes)."""
+    def _get(self) -> tuple[bytes | None, str]:
+        """The object's bytes and fingerprint (S3's ETag, GCS's generation) in one request, so the fingerprint is
+        exactly that of the bytes."""
+        bucket, key = self._bucket_key()
         try:
+            if self._gcs:
+                return _get_gcs_object(self._folder.fs, bucket, key, self.location)
             return _get_object(self._folder.fs, bucket, key)
         except FileNotFoundError:
             return None, ""
@@ -333,7 +345,7 @@ class RoutingObject:
         return decode(data, self.location)
 
     def check_writable(self) -> None:
-        if not self._s3:
+        if not (self._s3 or self._gcs):
             scheme = self.url.split("://", 1)[0]
             raise RoutingStateUnwritable(
                 self.location,
@@ -345,24 +357,28 @@ class RoutingObject:
         self.check_writable()
         bucket, key = self._bucket_key()
         data = encode(routing, based_on.generation + 1)
-        condition = {"IfMatch": based_on.etag} if based_on.etag else {"IfNoneMatch": "*"}
         try:
-            response = self._folder.fs.call_s3("put_object", Bucket=bucket, Key=key, Body=data, **condition)
+            if self._gcs:
+                etag = _put_gcs_object(self._folder.fs, bucket, key, data, if_generation_match=based_on.etag or "0")
+            else:
+                condition = {"IfMatch": based_on.etag} if based_on.etag else {"IfNoneMatch": "*"}
+                response = self._folder.fs.call_s3("put_object", Bucket=bucket, Key=key, Body=data, **condition)
+                etag = str(response.get("ETag", ""))
         except Exception as exc:  # noqa: BLE001 - a refused condition arrives as OSError or FileExistsError
-            return self._after_refusal(routing, based_on, exc)
-        stored = decode(data, self.location)
-        return dataclasses.replace(stored, etag=str(response.get("ETag", "")))
+            return self._after_refusal(routing, based_on, data, exc)
+        return dataclasses.replace(decode(data, self.location), etag=etag)
 
-    def _after_refusal(self, routing: Routing, based_on: StoredRouting, exc: Exception) -> StoredRouting:
+    def _after_refusal(self, routing: Routing, based_on: StoredRouting, data: bytes, exc: Exception) -> StoredRouting:
         """Tell a lost race (RoutingConflict) from a store that refuses writes (RoutingStateUnwritable)."""
-        bucket, key = self._bucket_key()
         try:
-            data, etag = self._get(bucket, key)
+            stored, etag = self._get()
         except OSError:
-            data, etag = None, based_on.etag
+            stored, etag = None, based_on.etag
+        if stored == data:  # the write landed, and a retry of it was refused by its own precondition
+            return dataclasses.replace(decode(data, self.location), etag=etag)
         if etag != based_on.etag:
             try:
-                current = dataclasses.replace(decode(data, self.location), etag=etag) if data else NOTHING_STORED
+                current = dataclasses.replace(decode(stored, self.location), etag=etag) if stored else NOTHING_STORED
             except DamagedRoutingState as damaged:
                 log.error("Replacing a damaged routing state: %s", damaged)
                 return self.write(routing, dataclasses.replace(based_on, etag=etag))
@@ -382,3 +398,53 @@ def _get_object(fs: Any, bucket: str, key: str) -> tuple[bytes, str]:
 
     result: tuple[bytes, str] = sync(fs.loop, get)
     return result
+
+
+# Google Cloud Storage, through gcsfs's request helper: gcsfs reads an object's bytes without its generation, and
+# writes with a precondition only for "no object yet" (``pipe_file(mode="create")``, i.e. ``ifGenerationMatch=0``).
+# A compare-and-set needs ``ifGenerationMatch=<the generation read>``, so these two make the JSON API's requests
+# themselves (the ones gcsfs makes) through its private ``_call``, which brings its session, credentials, retries,
+# endpoint (``STORAGE_EMULATOR_HOST`` included) and errors (404 → FileNotFoundError). A refused precondition (412:
+# FileExistsError, HttpError before gcsfs 2024.12) is told from other refusals by reading the object again.
+def _get_gcs_object(fs: Any, bucket: str, key: str, location: str) -> tuple[bytes, str]:
+    """One media GET: the bytes and the generation of exactly those bytes (GCS sends it as ``x-goog-generation``)."""
+    from fsspec.asyn import sync
+
+    async def get() -> tuple[bytes, str]:
+        headers, data = await fs._call("GET", "b/{}/o/{}", bucket, key, alt="media")
+        return bytes(data), str(headers.get("x-goog-generation", ""))
+
+    data, generation = sync(fs.loop, get)
+    if not generation:  # GCS always sends it; a store that does not could not refuse a stale write either
+        raise StorageError(location, "the store sent no object generation (x-goog-generation) with the object")
+    return data, generation
+
+
+def _put_gcs_object(fs: Any, bucket: str, key: str, data: bytes, if_generation_match: str) -> str:
+    """One multipart upload that GCS stores only while the object's generation is ``if_generation_match`` ("0":
+    while there is no object), else answers 412; returns the new object's generation."""
+    from fsspec.asyn import sync
+
+    boundary = uuid.uuid4().hex  # appears nowhere in the routing document
+    metadata = json.dumps({"name": key, "contentType": "application/json"})
+    head = (
+        f"--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n{metadata}\r\n"
+        f"--{boundary}\r\nContent-Type: application/json\r\n\r\n"
+    )
+    body = head.encode() + data + f"\r\n--{boundary}--\r\n".encode()
+
+    async def put() -> dict[str, Any]:
+        resource: dict[str, Any] = await fs._call(
+            "POST",
+            f"{fs._location}/upload/storage/v1/b/{{}}/o",
+            bucket,
+            uploadType="multipart",
+            ifGenerationMatch=if_generation_match,
+            headers={"Content-Type": f'multipart/related; boundary="{boundary}"'},
+            data=body,
+            json_out=True,
+        )
+        return resource
+
+    resource = sync(fs.loop, put)
+    return str(resource.get("generation", ""))

@@ -19,9 +19,10 @@ import os
 import threading
 from collections.abc import Callable
 
+from workbench import platforms
 from workbench.engine.manager import DiskVersion, Manager
 from workbench.engine.options import ModelConfig
-from workbench.engine.storage import SAVED_MODEL, RemoteFolder, StorageError, fingerprint, is_remote, join, redact
+from workbench.engine.storage import RemoteFolder, StorageError, fingerprint, is_remote, join, redact
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,10 @@ def parse_version(folder_name: str) -> int | None:
 def _fingerprint(path: str) -> tuple[int, ...]:
     """Changes when a version folder's top-level files change, so a fixed, failed version is retried."""
     stamps: list[int] = []
-    for candidate in (path, os.path.join(path, "saved_model.pb"), os.path.join(path, "variables")):
+    # The folder (files added, removed or renamed), then every file that says what the version is and runs: a
+    # model.py, handler.py or pipeline.yaml fixed in place is retried like a replaced saved_model.pb.
+    watched = (*platforms.model_files(), platforms.VERSION_CONFIG, platforms.HANDLER_FILE, "variables")
+    for candidate in (path, *(os.path.join(path, name) for name in watched)):
         try:
             st = os.stat(candidate)
             stamps.extend((st.st_mtime_ns, st.st_size))
@@ -73,10 +77,13 @@ def scan_remote_versions(base_url: str) -> dict[int, DiskVersion]:
         version = parse_version(name)
         if version is None or version in found:
             continue
-        info = folder.info(name, SAVED_MODEL)
-        if info is None:  # still uploading (saved_model.pb comes last), or not a SavedModel
+        # A version is complete once its model file is there: uploads (workbench.export's, and TF Serving's
+        # convention for saved_model.pb) put it last. One listing per version folder, not a request per file.
+        files = folder.files(name)
+        model_file = next((f for f in platforms.model_files() if f in files), None)
+        if model_file is None:  # still uploading, or no model
             continue
-        found[version] = DiskVersion(path=join(base_url, name), fingerprint=fingerprint(info))
+        found[version] = DiskVersion(path=join(base_url, name), fingerprint=fingerprint(files[model_file]))
     return found
 
 

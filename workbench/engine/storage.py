@@ -137,6 +137,17 @@ class RemoteFolder:
                 return None
         return info if info.get("type") != "directory" else None
 
+    def files(self, folder: str) -> dict[str, dict[str, Any]]:
+        """The objects directly under ``<url>/<folder>/`` by name, with their metadata (one listing call)."""
+        path = f"{self.path}/{folder}"
+        with translated(join(self.url, folder)):
+            self.fs.invalidate_cache(path)
+            try:
+                entries = self.fs.ls(path, detail=True)
+            except FileNotFoundError:
+                return {}
+        return {e["name"].rstrip("/").rsplit("/", 1)[-1]: e for e in entries if e.get("type") != "directory"}
+
     def download(self, folder: str, destination: Path) -> None:
         """Copy everything under ``<url>/<folder>/`` into ``destination`` (which must not exist)."""
         source = f"{self.path}/{folder}"
@@ -275,9 +286,9 @@ L = TypeVar("L", bound=Callable[..., Any])
 def caching_loader(loader: L, cache: VersionCache) -> L:
     """``loader`` for local paths; for a remote version, download it into ``cache`` first and load the copy."""
 
-    def load(name: str, version: int, path: str) -> Any:
+    def load(name: str, version: int, path: str, *args: Any) -> Any:
         if not is_remote(path):
-            return loader(name, version, path)
-        return loader(name, version, str(cache.fetch(name, version, path)))
+            return loader(name, version, path, *args)
+        return loader(name, version, str(cache.fetch(name, version, path)), *args)
 
     return cast(L, load)

@@ -8,7 +8,7 @@ from typing import TypeVar
 from google.protobuf import text_format
 from google.protobuf.message import Message
 
-from workbench.engine.status import Code, ServingError
+from workbench.errors import Code, ServingError
 
 M = TypeVar("M", bound=Message)
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from workbench.engine import inference
 from workbench.engine.servable import Servable
-from workbench.engine.status import Code, ServingError, from_exception
+from workbench.errors import Code, ServingError, from_exception
 from workbench.protocol.examples import serialized_examples
 
 WARMUP_FILE = os.path.join("assets.extra", "tf_serving_warmup_requests")

@@ -29,11 +29,12 @@ from workbench.dataplane import Dataplane, ModelSpec
 from workbench.engine import inference
 from workbench.engine.options import ModelConfig, model_configs_from_proto
 from workbench.engine.readiness import Readiness
-from workbench.engine.servable import CLASSIFY_METHOD
-from workbench.engine.status import Code, ServingError, from_exception
+from workbench.errors import Code, ServingError, from_exception
 from workbench.protocol.examples import serialized_examples
 from workbench.protocol.serving_protos import model_status_proto
+from workbench.protocol.signature_defs import signature_def_map
 from workbench.protocol.tensor_proto import from_numpy, to_numpy
+from workbench.signatures import CLASSIFY_METHOD
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +183,7 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer, _
             with self.dataplane.handle(spec) as servable:
                 response = get_model_metadata_pb2.GetModelMetadataResponse()
                 _echo(response.model_spec, spec.name, servable.version, None)
-                response.metadata["signature_def"].Pack(self.dataplane.metadata(servable))
+                response.metadata["signature_def"].Pack(signature_def_map(servable))
                 return response
 
         return await self.call(context, body)

@@ -31,7 +31,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from workbench.engine.manager import Manager
-from workbench.engine.status import Code, ServingError
+from workbench.errors import Code, ServingError
 from workbench.frontends.rest import error_response, json_response
 from workbench.protocol.json_tensor import dumps
 

@@ -24,10 +24,11 @@ from starlette.routing import Route
 
 from workbench.dataplane import Dataplane, ModelSpec
 from workbench.engine.metrics import CONTENT_TYPE as PROMETHEUS_CONTENT_TYPE
-from workbench.engine.status import Code, ServingError, from_exception
+from workbench.errors import Code, ServingError, from_exception
 from workbench.protocol import json_tensor
 from workbench.protocol.examples import input_from_json, serialized_examples
 from workbench.protocol.serving_protos import model_spec_proto, model_status_proto, to_json_dict
+from workbench.protocol.signature_defs import signature_def_map
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +139,7 @@ class RestApi:
             with self.dataplane.handle(spec) as servable:
                 call.version = servable.version
                 signature_name, inputs, fmt = json_tensor.decode_predict_request(
-                    body, lambda name: self.dataplane.rest_input_specs(servable, name)
+                    body, lambda name, sent: self.dataplane.rest_input_specs(servable, name, sent)
                 )
                 _, outputs = await self.dataplane.predict(servable, signature_name, inputs, timeout=self.timeout)
                 body = json_tensor.encode_predict_response(outputs, fmt)
@@ -173,7 +174,7 @@ class RestApi:
         with self.dataplane.handle(spec) as servable:
             body = {
                 "model_spec": to_json_dict(model_spec_proto(spec.name, servable.version, spec.signature_name)),
-                "metadata": {"signature_def": to_json_dict(self.dataplane.metadata(servable))},
+                "metadata": {"signature_def": to_json_dict(signature_def_map(servable))},
             }
             return json_response(json_tensor.dumps(body))
 

@@ -72,6 +72,8 @@ class ServerHandle:
         enable_batching: bool = False,
         batching_parameters_file: str | os.PathLike[str] | None = None,
         file_system_poll_wait_seconds: float = 0.5,
+        allow_pickle: bool = False,
+        allow_python_models: bool = False,
         extra_args: Sequence[str] = (),
     ) -> None:
         if rest_api_port == 0:  # TF Serving's "REST off": the handle itself talks to its server over REST
@@ -86,6 +88,8 @@ class ServerHandle:
         self.enable_batching = enable_batching
         self.batching_parameters_file = batching_parameters_file
         self.file_system_poll_wait_seconds = file_system_poll_wait_seconds
+        self.allow_pickle = allow_pickle
+        self.allow_python_models = allow_python_models
         self.extra_args = list(extra_args)
         readable = "".join(c if c.isalnum() or c in "-_." else "_" for c in server_name)  # any name, a safe folder
         self._dir = Path(tempfile.mkdtemp(prefix=f"workbench-{readable}-"))
@@ -115,6 +119,10 @@ class ServerHandle:
             args.append("--enable_batching")
         if self.batching_parameters_file:
             args.append(f"--batching_parameters_file={Path(self.batching_parameters_file).resolve()}")
+        if self.allow_pickle:
+            args.append("--allow_pickle")
+        if self.allow_python_models:
+            args.append("--allow_python_models")
         return args + self.extra_args
 
     def start(self, timeout: float = 180.0) -> ServerHandle:
@@ -346,6 +354,8 @@ def serve(
     enable_batching: bool = False,
     batching_parameters_file: str | os.PathLike[str] | None = None,
     file_system_poll_wait_seconds: float = 0.5,
+    allow_pickle: bool = False,
+    allow_python_models: bool = False,
     timeout: float = 180.0,
 ) -> ServerHandle:
     """Start a model server on ``model_repository`` (every sub-folder is a model) and return its handle.
@@ -356,7 +366,9 @@ def serve(
     The options are ``workbench serve``'s flags: ``rest_api_port`` (REST) and ``port`` (gRPC) are free picks
     unless given; ``enable_batching=True`` turns dynamic batching on with TF Serving's defaults,
     ``batching_parameters_file`` names a BatchingParameters text file; new versions are looked for every
-    ``file_system_poll_wait_seconds``. The server stops with the kernel. The earlier keyword names
+    ``file_system_poll_wait_seconds``. ``allow_pickle`` (scikit-learn pickles) and ``allow_python_models``
+    (``model.py``, ``handler.py``) let the server run code from the repository, off by default. The server stops
+    with the kernel. The earlier keyword names
     (``repository``, ``name``, ``rest_port``, ``grpc_port``, ``batching``, ``batching_parameters``,
     ``poll_seconds``) are accepted too.
     """
@@ -368,6 +380,8 @@ def serve(
         enable_batching=enable_batching,
         batching_parameters_file=batching_parameters_file,
         file_system_poll_wait_seconds=file_system_poll_wait_seconds,
+        allow_pickle=allow_pickle,
+        allow_python_models=allow_python_models,
     ).start(timeout)
     if handle.proxy_url:  # behind a hub, the browser reaches the REST API only through the Jupyter server
         print(f"workbench server {server_name!r}: REST API in the browser at {handle.proxy_url}")

@@ -25,7 +25,7 @@ from IPython.utils.process import arg_split
 
 from workbench._tf import quiet_tensorflow
 from workbench.bench import DEFAULT_CONCURRENCY, DEFAULT_DURATION_S, DEFAULT_PROTOCOL, PROTOCOLS, resolve_load
-from workbench.engine.status import ServingError
+from workbench.errors import ServingError
 from workbench.notebook.handle import (
     DEFAULT_REPOSITORY,
     ServerDied,
@@ -97,6 +97,8 @@ _SIGNATURE_OPTION = argument("--signature_name", default="", metavar="NAME", hel
 @argument("--port", type=int, metavar="PORT", help="gRPC port (default: a free one)")
 @argument("--enable_batching", action=BoolFlag, help="dynamic batching with TF Serving's default parameters")
 @argument("--batching_parameters_file", metavar="FILE", help="a BatchingParameters text proto (turns batching on)")
+@argument("--allow_pickle", action=BoolFlag, help="load scikit-learn pickles (model.joblib, model.pkl): they run code")
+@argument("--allow_python_models", action=BoolFlag, help="load model.py and handler.py from the repository")
 def _start_parser(line: str) -> None:
     """Start a server on a model repository (every sub-folder is a model); returns its handle."""
 
@@ -120,10 +122,16 @@ def _status_parser(line: str) -> None:
 
 @magic_arguments(name="%serve export")
 @kwds(formatter_class=HelpFormatter, epilog=_OPTIONS_NOTE)
-@argument("model_var", metavar="MODEL_VAR", help="the variable holding the model (Keras, tf.Module, tf.function)")
+@argument(
+    "model_var",
+    metavar="MODEL_VAR",
+    help="the variable holding the model (Keras, tf.Module, tf.function, scikit-learn, XGBoost, LightGBM, ONNX, "
+    "a PythonModel class, a pipeline)",
+)
 @argument("name", metavar="NAME", help="the served model's name")
 @argument("--version", type=int, metavar="N", help="the version number (default: the next one)")
 @argument("--examples", metavar="VAR", help="warmup examples: a variable name or a JSON literal")
+@argument("--format", choices=["onnx"], help="convert first: onnx writes a scikit-learn model as ONNX (skl2onnx)")
 @_SERVER_OPTION
 def _export_parser(line: str) -> None:
     """Export a model variable as the next version and wait until the server serves it."""
@@ -403,6 +411,8 @@ class ServeMagics(Magics):
                 port=args.port,
                 enable_batching=args.enable_batching,
                 batching_parameters_file=args.batching_parameters_file,
+                allow_pickle=args.allow_pickle,
+                allow_python_models=args.allow_python_models,
             )
         self._current = handle
         try:
@@ -451,7 +461,9 @@ class ServeMagics(Magics):
         model = self._variable(args.model_var, "MODEL_VAR")
         examples = self._data(args.examples, "--examples") if args.examples is not None else None
         try:
-            result = export(model, args.name, handle.model_repository, version=args.version, examples=examples)
+            result = export(
+                model, args.name, handle.model_repository, version=args.version, examples=examples, format=args.format
+            )
         except ExportError as exc:
             raise UsageError(_one_line(str(exc))) from None
         try:

@@ -31,7 +31,8 @@ import numpy as np
 import requests
 
 from workbench.client import Client
-from workbench.engine.status import ServingError
+from workbench.errors import ServingError
+from workbench.signatures import Signature
 
 Server = Any  # a ServerHandle, a Client, or a REST base URL
 
@@ -329,11 +330,9 @@ def routing_summary(model: dict[str, Any]) -> str:
 
 
 # --------------------------------------------------------------------------------------------- query
-def example_inputs(signature: Any) -> dict[str, Any]:
+def example_inputs(signature: Signature) -> dict[str, Any]:
     """A valid request for a signature: zeros (or empty strings) with unknown dimensions set to 1."""
-    from workbench.engine.servable import signature_from_proto
-
-    spec = signature_from_proto("", signature)
+    spec = signature
     example: dict[str, Any] = {}
     for alias, tensor in spec.inputs.items():
         shape = tuple(max(d, 1) for d in (tensor.shape if tensor.shape is not None else (1,)))
@@ -408,12 +407,12 @@ class QueryPanel(_Part):
             self.signature.options = []
             return
         try:
-            signatures = self.client.metadata(self.model.value, **self._where())
+            signatures = self.client.signatures(self.model.value, **self._where())
         except (ServingError, requests.RequestException) as exc:
             self.status.value = html.escape(str(exc))
             return
         self._signatures = signatures
-        names = sorted(k for k in signatures.signature_def if not k.startswith("__"))
+        names = sorted(k for k in signatures if not k.startswith("__"))
         _set_options(self.signature, names)
         if "serving_default" in names:
             self.signature.value = "serving_default"
@@ -423,7 +422,7 @@ class QueryPanel(_Part):
         name = self.signature.value
         if name is None:
             return
-        self.inputs.value = json.dumps(example_inputs(self._signatures.signature_def[name]))
+        self.inputs.value = json.dumps(example_inputs(self._signatures[name]))
 
     def _send(self) -> None:
         try:

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import orjson
 
-from workbench.engine.servable import TensorSpec, describe_inputs, input_error
-from workbench.engine.status import invalid_argument
+from workbench.errors import invalid_argument
+from workbench.signatures import TensorSpec, describe_inputs, input_error
 
 B64 = "b64"
 BYTES_SUFFIX = "_bytes"
@@ -92,12 +92,13 @@ def dumps_value(value: Any) -> str:
 
 
 def decode_predict_request(
-    body: bytes, input_specs: Callable[[str], Mapping[str, TensorSpec]]
+    body: bytes, input_specs: Callable[[str, tuple[str, ...]], Mapping[str, TensorSpec]]
 ) -> tuple[str, dict[str, np.ndarray], Format]:
-    """Decode a ``:predict`` body; ``input_specs(signature_name)`` gives the signature's inputs."""
+    """Decode a ``:predict`` body; ``input_specs(signature_name, names)`` gives the inputs a request sending those
+    names addresses (a model that takes its features by name takes either them or its matrix)."""
     doc = parse_body(body)
     signature_name = signature_name_of(doc)
-    specs = input_specs(signature_name)
+    specs = input_specs(signature_name, _sent_names(doc))
     # numpy turns [1, true] into [1, 1]; TF Serving refuses the bool. Bodies with a boolean token anywhere
     # (rare in numeric inputs) take the exact, element-by-element path.
     fast = b"true" not in body and b"false" not in body
@@ -114,6 +115,14 @@ def decode_predict_request(
     if has_inputs:
         return signature_name, _decode_inputs(doc["inputs"], specs, fast), Format.COLUMNAR
     raise invalid_argument("Missing 'inputs' or 'instances' key")
+
+
+def _sent_names(doc: Mapping[str, Any]) -> tuple[str, ...]:
+    """The names a request's object sends (columnar ``inputs``, or its first instance), else none."""
+    value = doc.get("inputs") if "inputs" in doc else None
+    if value is None and isinstance(doc.get("instances"), list) and doc["instances"]:
+        value = doc["instances"][0]
+    return tuple(value) if isinstance(value, dict) and not _is_b64(value) else ()
 
 
 def _decode_instances(doc: Mapping[str, Any], specs: Mapping[str, TensorSpec], fast: bool) -> dict[str, np.ndarray]:

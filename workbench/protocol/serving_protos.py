@@ -6,12 +6,24 @@ Building the protos once for both frontends keeps the two answers identical fiel
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from google.protobuf import json_format
 
-from workbench.engine.manager import VersionStatus
-from workbench.engine.status import Code
+from workbench.errors import Code, ServingError
+
+
+class VersionStatus(Protocol):
+    """One version's state as the status APIs report it (the engine's snapshot has these fields)."""
+
+    @property
+    def version(self) -> int: ...
+
+    @property
+    def state(self) -> int: ...  # ModelVersionStatus.State's numbers (AVAILABLE = 30)
+
+    @property
+    def error(self) -> ServingError | None: ...
 
 
 def model_spec_proto(name: str, version: int | None, signature_name: str | None = None) -> Any:

@@ -12,28 +12,15 @@ from typing import Any
 
 import numpy as np
 
-from workbench.engine.servable import TensorSpec, input_error, shape_text
-from workbench.engine.status import invalid_argument
+from workbench.errors import invalid_argument
+from workbench.protocol import tf_types
+from workbench.signatures import TensorSpec, input_error, shape_text
 
-# numpy dtype → (TensorFlow DataType enum, TensorProto field holding the values)
-_FIELDS: dict[np.dtype[Any], tuple[int, str]] = {
-    np.dtype(np.float32): (1, "float_val"),
-    np.dtype(np.float64): (2, "double_val"),
-    np.dtype(np.int32): (3, "int_val"),
-    np.dtype(np.uint8): (4, "int_val"),
-    np.dtype(np.int16): (5, "int_val"),
-    np.dtype(np.int8): (6, "int_val"),
-    np.dtype(np.int64): (9, "int64_val"),
-    np.dtype(np.bool_): (10, "bool_val"),
-    np.dtype(np.uint16): (17, "int_val"),
-    np.dtype(np.float16): (19, "half_val"),
-    np.dtype(np.uint32): (22, "uint32_val"),
-    np.dtype(np.uint64): (23, "uint64_val"),
+_FIELDS = tf_types.FIELDS
+_DT_STRING = tf_types.DT_STRING
+_DECODE: dict[int, tuple[np.dtype[Any], str]] = {
+    enum: (dtype, field) for dtype, (enum, field) in _FIELDS.items() if dtype.kind != "c"
 }
-_DT_STRING = 7
-
-
-_DECODE: dict[int, tuple[np.dtype[Any], str]] = {enum: (dtype, field) for dtype, (enum, field) in _FIELDS.items()}
 
 
 def to_numpy(proto: Any, alias: str, spec: TensorSpec | None = None) -> np.ndarray:
@@ -82,12 +69,7 @@ def to_numpy(proto: Any, alias: str, spec: TensorSpec | None = None) -> np.ndarr
 
 
 def _proto_type(proto: Any) -> str:
-    from tensorflow.core.framework import types_pb2
-
-    try:
-        return str(types_pb2.DataType.Name(proto.dtype))
-    except ValueError:
-        return f"dtype {proto.dtype}"
+    return tf_types.enum_name(proto.dtype)
 
 
 def _proto_shape(proto: Any) -> str:
@@ -106,7 +88,7 @@ def from_numpy(array: np.ndarray, proto: Any) -> Any:
         proto.string_val.extend(v.encode("utf-8") if isinstance(v, str) else bytes(v) for v in array.reshape(-1))
         return proto
     entry = _FIELDS.get(array.dtype)
-    if entry is None:
+    if entry is None or array.dtype.kind == "c":
         import tensorflow as tf
 
         proto.CopyFrom(tf.make_tensor_proto(array))  # complex and other rare types: tensor_content

@@ -1,0 +1,191 @@
+"""The platforms a version folder can hold, and how a folder's platform is chosen.
+
+The list of platforms exists here once: each is one module that turns a version folder into a
+:class:`~workbench.engine.servable.Servable`; the manager, the batcher, the dataplane and the frontends never
+change per framework. Third-party packages add platforms through the ``workbench.platforms`` entry-point group
+(each entry point names a :class:`Platform`).
+
+A version folder's platform comes from, in order: ``model_platform`` in the model config (TF Serving's field), else
+``workbench.json`` in the folder (``{"platform": "onnx"}``), else the one well-known file name it holds. Two
+candidates fail the load with an error that names both; workbench never guesses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import json
+import logging
+from collections.abc import Callable, Mapping
+from importlib.metadata import entry_points
+from pathlib import Path
+
+from workbench.engine.servable import Servable
+from workbench.errors import Code, ServingError
+
+log = logging.getLogger(__name__)
+
+VERSION_CONFIG = "workbench.json"
+HANDLER_FILE = "handler.py"
+ENTRY_POINT_GROUP = "workbench.platforms"
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadPolicy:
+    """What a server may execute from a repository, beyond model files that are data.
+
+    Pickles (``model.joblib``, ``model.pkl``) and Python files (``model.py``, ``handler.py``) run code when loaded:
+    whoever can write the repository can run anything in the server. They load only when allowed.
+    """
+
+    allow_pickle: bool = False
+    allow_python: bool = False
+
+
+PICKLE_SETTING = "--allow_pickle (Server(allow_pickle=True), %serve start --allow-pickle)"
+PYTHON_SETTING = "--allow_python_models (Server(allow_python_models=True), %serve start --allow-python-models)"
+
+PlatformLoader = Callable[[str, int, str, LoadPolicy], Servable]
+
+
+@dataclasses.dataclass(frozen=True)
+class Platform:
+    """A framework workbench can serve: the files that identify it and the module that loads it.
+
+    ``module`` is imported only when a version of the platform loads (``loader`` names the function in it), so
+    a server of TensorFlow models never imports scikit-learn, and a platform whose library is not installed
+    fails only its own versions, with ``extra`` named in the error.
+    """
+
+    name: str
+    files: tuple[str, ...]
+    module: str
+    loader: str = "load"
+    extra: str = ""
+
+    def load(self, name: str, version: int, path: str, policy: LoadPolicy) -> Servable:
+        try:
+            module = importlib.import_module(self.module)
+        except ImportError as exc:
+            hint = f"; install it with: pip install 'workbench-serving[{self.extra}]'" if self.extra else ""
+            raise ServingError(
+                Code.FAILED_PRECONDITION, f"The {self.name} platform needs {exc.name or exc}, which is missing{hint}"
+            ) from None
+        load: PlatformLoader = getattr(module, self.loader)
+        return load(name, version, path, policy)
+
+
+BUILTIN: tuple[Platform, ...] = (
+    Platform("tensorflow", ("saved_model.pb", "saved_model.pbtxt"), "workbench.platforms.tensorflow"),
+    Platform("sklearn", ("model.skops", "model.joblib", "model.pkl"), "workbench.platforms.sklearn", extra="sklearn"),
+    Platform("xgboost", ("model.ubj", "model.json"), "workbench.platforms.xgboost", extra="xgboost"),
+    Platform("lightgbm", ("model.txt",), "workbench.platforms.lightgbm", extra="lightgbm"),
+    Platform("onnx", ("model.onnx",), "workbench.platforms.onnx", extra="onnx"),
+    Platform("python", ("model.py",), "workbench.platforms.python"),
+    Platform("pipeline", ("pipeline.yaml",), "workbench.platforms.pipeline"),
+    # SavedModel signatures answered with zeros: the frontends' ceiling, measured by the benchmarks. Chosen only
+    # by name (no files of its own).
+    Platform("workbench_null", (), "workbench.platforms.tensorflow", loader="load_null"),
+)
+
+
+@functools.cache
+def registry() -> Mapping[str, Platform]:
+    """Every platform by name: the built-in ones, then those installed packages register."""
+    platforms = {p.name: p for p in BUILTIN}
+    for entry in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            platform = entry.load()
+        except Exception as exc:  # noqa: BLE001 - a broken plugin must not stop the server
+            log.error("Platform plugin %s could not be loaded: %s", entry.value, exc)
+            continue
+        if not isinstance(platform, Platform):
+            log.error("Platform plugin %s is not a workbench.platforms.Platform", entry.value)
+            continue
+        if platform.name in platforms:
+            log.error("Platform plugin %s reuses the name %s; ignored", entry.value, platform.name)
+            continue
+        platforms[platform.name] = platform
+    return platforms
+
+
+def names() -> tuple[str, ...]:
+    return tuple(registry())
+
+
+def model_files() -> tuple[str, ...]:
+    """Every file name that identifies a platform's model in a version folder."""
+    return tuple(f for platform in registry().values() for f in platform.files)
+
+
+def get(name: str) -> Platform:
+    try:
+        return registry()[name]
+    except KeyError:
+        raise ServingError(
+            Code.UNIMPLEMENTED, f'model_platform "{name}" is not supported (supported: {", ".join(names())})'
+        ) from None
+
+
+def _declared(path: Path) -> str:
+    config = path / VERSION_CONFIG
+    try:
+        document = json.loads(config.read_text())
+    except FileNotFoundError:
+        return ""
+    except (OSError, ValueError) as exc:
+        raise ServingError(Code.INVALID_ARGUMENT, f"{config} is not valid JSON: {exc}") from None
+    platform = document.get("platform") if isinstance(document, dict) else None
+    if not isinstance(platform, str) or not platform:
+        raise ServingError(Code.INVALID_ARGUMENT, f'{config} must name the folder\'s platform: {{"platform": "onnx"}}')
+    return platform
+
+
+def detect(path: str | Path) -> Platform:
+    """The platform of a version folder without a configured one: its ``workbench.json``, else its files."""
+    folder = Path(path)
+    if not folder.is_dir():
+        raise ServingError(Code.NOT_FOUND, f"Model version folder does not exist: {folder}")
+    declared = _declared(folder)
+    if declared:
+        return get(declared)
+    found = [(p, f) for p in registry().values() for f in p.files if (folder / f).is_file()]
+    candidates = {p.name: p for p, _ in found}
+    if len(candidates) == 1:
+        return next(iter(candidates.values()))
+    if not candidates:
+        from workbench.platforms.tensorflow import legacy_export_hint
+
+        known = ", ".join(f for p in registry().values() for f in p.files)
+        raise ServingError(
+            Code.NOT_FOUND,
+            f"No model found in {folder}: expected one of {known}, or a {VERSION_CONFIG} naming the platform"
+            + legacy_export_hint(folder),
+        )
+    listed = ", ".join(f"{f} ({p.name})" for p, f in found)
+    raise ServingError(
+        Code.FAILED_PRECONDITION,
+        f"{folder} holds models of several platforms: {listed}. Keep one, or name the platform in the model "
+        f'config (model_platform) or in {VERSION_CONFIG} ({{"platform": "..."}})',
+    )
+
+
+class Loader:
+    """The manager's loader: picks each version's platform, loads it, and wraps it in its handler if it has one."""
+
+    def __init__(self, policy: LoadPolicy = LoadPolicy()) -> None:
+        self.policy = policy
+
+    def __call__(self, name: str, version: int, path: str, platform: str = "") -> Servable:
+        chosen = get(platform) if platform else detect(path)
+        servable = chosen.load(name, version, path, self.policy)
+        if chosen.name != "workbench_null" and (Path(path) / HANDLER_FILE).is_file():
+            from workbench.platforms.handler import with_handler
+
+            try:
+                return with_handler(servable, Path(path) / HANDLER_FILE, self.policy)
+            except BaseException:
+                servable.close()
+                raise
+        return servable

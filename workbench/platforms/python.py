@@ -1,0 +1,321 @@
+"""The Python platform: a ``model.py`` in the version folder defines the model as a class.
+
+The contract (:class:`PythonModel`)::
+
+    import numpy as np
+    import workbench
+
+    class Doubler(workbench.PythonModel):
+        inputs = {"x": ("float32", [-1, 4])}      # serving_default's inputs and outputs: (dtype, shape)
+        outputs = {"y": ("float32", [-1, 4])}
+
+        def load(self, path):                     # optional: the version folder, for files beside model.py
+            self.factor = 2.0
+
+        def predict(self, inputs):                # dict of numpy arrays in, dict of array-likes out
+            return {"y": inputs["x"] * self.factor}
+
+- The module defines one subclass of :class:`PythonModel` (or, without importing workbench, a class named
+  ``Model`` with the same attributes). It is created with no arguments, then ``load(path)`` is called once.
+- ``serving_default`` runs ``predict``; more signatures are declared in ``signatures`` (name →
+  ``{"inputs": ..., "outputs": ...}``) and each runs the method of its name. Types are TF Serving's names or
+  numpy's; strings arrive and may be returned as numpy arrays of ``bytes`` (``str`` results are encoded).
+- Requests are batched along dimension 0 unless the class sets ``batchable = False``; ``predict`` may run on
+  several threads at once unless it sets ``thread_safe = False``.
+- Raise ``ValueError`` (or ``TypeError``) for a request the model cannot take: the client gets 400 /
+  INVALID_ARGUMENT with its message. Anything else is 500 / INTERNAL, naming the exception.
+- ``close()`` is called when the version unloads.
+
+``model.py`` is code from the repository: it is imported only when the server allows Python models
+(``--allow_python_models``), each load under a module name of its own, so versions never share module state.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import contextlib
+import inspect
+import linecache
+import logging
+import textwrap
+import threading
+import types
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from workbench.engine.servable import Servable
+from workbench.errors import Code, ServingError
+from workbench.platforms import LoadPolicy
+from workbench.platforms._user_code import (
+    call_user,
+    conform_outputs,
+    declared_signature,
+    forget_module,
+    import_file,
+    require_python,
+)
+from workbench.signatures import DEFAULT_SIGNATURE, Signature
+
+log = logging.getLogger(__name__)
+
+MODEL_FILE = "model.py"
+DEFAULT_METHOD = "predict"
+
+
+class PythonModel:
+    """The base of a model written in Python: declare its tensors, implement ``predict`` (see the module's doc)."""
+
+    inputs: ClassVar[Mapping[str, Any]] = {}
+    outputs: ClassVar[Mapping[str, Any]] = {}
+    signatures: ClassVar[Mapping[str, Any]] = {}
+    batchable: ClassVar[bool] = True
+    thread_safe: ClassVar[bool] = True
+
+    def load(self, path: Path) -> None:
+        """Read what the model needs from its version folder (called once, before any request)."""
+
+    def predict(self, inputs: dict[str, np.ndarray]) -> Mapping[str, Any]:
+        """``serving_default``: inputs by name → outputs by name."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement predict")
+
+    def close(self) -> None:
+        """Free what the model holds; called once, when the version unloads."""
+
+
+# ------------------------------------------------------------------------------------------ loading
+def model_class(module: types.ModuleType, path: Path) -> type:
+    """The model class ``module`` defines: its one PythonModel subclass, else its class named ``Model``."""
+    own = [
+        value
+        for value in vars(module).values()
+        if isinstance(value, type)
+        and issubclass(value, PythonModel)
+        and value is not PythonModel
+        and value.__module__ == module.__name__
+    ]
+    if len(own) > 1:
+        names = ", ".join(sorted(c.__name__ for c in own))
+        raise ServingError(
+            Code.INVALID_ARGUMENT, f"{path} defines several models ({names}); keep one PythonModel subclass per file"
+        )
+    if own:
+        return own[0]
+    candidate = getattr(module, "Model", None)
+    if isinstance(candidate, type):
+        return candidate
+    raise ServingError(
+        Code.INVALID_ARGUMENT,
+        f"{path} defines no model: define a subclass of workbench.PythonModel (or a class named Model) "
+        "with inputs, outputs and predict",
+    )
+
+
+def model_signatures(cls: type, where: str) -> tuple[dict[str, Signature], dict[str, str]]:
+    """The signatures a model class declares, and the method each runs."""
+    batchable = bool(getattr(cls, "batchable", True))
+    declared: dict[str, Any] = dict(getattr(cls, "signatures", None) or {})
+    inputs, outputs = getattr(cls, "inputs", None), getattr(cls, "outputs", None)
+    if inputs or outputs:
+        if DEFAULT_SIGNATURE in declared:
+            raise ServingError(
+                Code.INVALID_ARGUMENT,
+                f"{where} declares {DEFAULT_SIGNATURE} twice: in inputs/outputs and in signatures; keep one",
+            )
+        declared = {DEFAULT_SIGNATURE: {"inputs": inputs, "outputs": outputs}, **declared}
+    if not declared:
+        raise ServingError(
+            Code.INVALID_ARGUMENT,
+            f'{where} declares no tensors: set inputs = {{"x": ("float32", [-1, 4])}} and outputs likewise',
+        )
+    signatures: dict[str, Signature] = {}
+    methods: dict[str, str] = {}
+    for name, spec in declared.items():
+        method = DEFAULT_METHOD if name == DEFAULT_SIGNATURE else name
+        if not callable(getattr(cls, method, None)):
+            raise ServingError(
+                Code.INVALID_ARGUMENT, f'{where} declares signature "{name}" but has no method {method}(inputs)'
+            )
+        signatures[name] = declared_signature(name, spec, f"{where}.signatures[{name}]", batchable=batchable)
+        methods[name] = method
+    return signatures, methods
+
+
+class PythonServable(Servable):
+    """An instance of a model class, run method by signature."""
+
+    def __init__(self, name: str, version: int, path: str, module: types.ModuleType | None, model: Any) -> None:
+        self.name, self.version, self.path = name, version, path
+        self._module = module
+        self._model = model
+        cls = type(model)
+        self._label = f"Model {name} version {version} ({cls.__name__})"
+        self.signatures, self._methods = model_signatures(cls, f"{cls.__name__} in {path}")
+        # A model that says it is not thread-safe runs one request (or batch) at a time.
+        self._lock: contextlib.AbstractContextManager[Any] = (
+            contextlib.nullcontext() if getattr(cls, "thread_safe", True) else threading.Lock()
+        )
+
+    def run(
+        self, signature: Signature, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]
+    ) -> dict[str, np.ndarray]:
+        method_name = self._methods[signature.name]
+        method: Callable[[dict[str, np.ndarray]], Any] = getattr(self._model, method_name)
+        who = f"{self._label}.{method_name}"
+        with self._lock:
+            result = call_user(method, who, dict(inputs))
+        return conform_outputs(signature, result, outputs, who)
+
+    def close(self) -> None:
+        try:
+            close = getattr(self._model, "close", None)
+            if callable(close):
+                close()
+        except Exception:  # noqa: BLE001 - an unload must finish; the model's own error is only logged
+            log.exception("%s: close() failed", self._label)
+        finally:
+            forget_module(self._module)
+
+
+def load(name: str, version: int, path: str, policy: LoadPolicy) -> Servable:
+    file = Path(path) / MODEL_FILE
+    require_python(policy, file)
+    module = import_file(file, "model", name, version)
+    try:
+        cls = model_class(module, file)
+        where = f"{cls.__name__} in {file}"
+        model_signatures(cls, where)  # declaration errors before any user code runs
+        model = call_user(cls, f"Creating {where}")
+        load_files = getattr(model, "load", None)
+        if callable(load_files):
+            call_user(load_files, f"{where}: load({path})", Path(path))
+        return PythonServable(name, version, path, module, model)
+    except BaseException:
+        forget_module(module)
+        raise
+
+
+# ------------------------------------------------------------------------------------------ export
+def exports(obj: Any) -> bool:
+    """Whether ``obj`` is a model class this platform writes (a subclass of :class:`PythonModel`)."""
+    return isinstance(obj, type) and issubclass(obj, PythonModel) and obj is not PythonModel
+
+
+def write(obj: Any, folder: Path, **options: Any) -> None:
+    """Write ``model.py`` for the model class ``obj``: its source, and imports for the names it uses.
+
+    The class's own source is written, not its module's (a notebook or a training script does much more than
+    define the model); each module-level name the class uses becomes an import, or a constant. Names that can
+    be neither (a notebook's variable holding an array) are refused by name. The result is imported back to
+    check that it defines the model.
+    """
+    if options:
+        raise ServingError(Code.INVALID_ARGUMENT, f"A Python model takes no export options; got {sorted(options)}")
+    if not exports(obj):
+        raise ServingError(Code.INVALID_ARGUMENT, f"{obj!r} is not a subclass of workbench.PythonModel")
+    file = Path(folder) / MODEL_FILE
+    file.write_text(model_source(obj))
+    module = import_file(file, "export", obj.__name__, 0)
+    try:
+        cls = model_class(module, file)
+        model_signatures(cls, f"{cls.__name__} in {file}")
+    finally:
+        forget_module(module)
+
+
+def model_source(cls: type) -> str:
+    source = class_source(cls)
+    tree = ast.parse(source)
+    lines = [
+        f"# model.py written by workbench.export from {cls.__module__}.{cls.__qualname__}",
+        "from __future__ import annotations",
+        "",
+    ]
+    namespace = _namespace(cls)
+    for name in sorted(_free_names(tree)):
+        if name in namespace:
+            lines.append(_definition(cls, name, namespace[name]))
+    return "\n".join(lines) + "\n\n\n" + source.rstrip() + "\n"
+
+
+def class_source(cls: type) -> str:
+    """The source of ``cls``; for a class defined in a notebook cell, found through its methods' cell."""
+    with contextlib.suppress(OSError, TypeError):
+        return textwrap.dedent(inspect.getsource(cls))
+    for code in _method_codes(cls):
+        lines = linecache.getlines(code.co_filename)
+        if not lines:
+            continue
+        text = "".join(lines)
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef) and node.name == cls.__name__:
+                end = node.end_lineno or node.lineno
+                if node.lineno <= code.co_firstlineno <= end:
+                    start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+                    return textwrap.dedent("".join(lines[start - 1 : end]))
+    raise ServingError(
+        Code.INVALID_ARGUMENT,
+        f"The source of {cls.__qualname__} cannot be found; write its model.py by hand and export the folder",
+    )
+
+
+def _method_codes(cls: type) -> Iterator[types.CodeType]:
+    for value in vars(cls).values():
+        function = getattr(value, "__func__", value)  # staticmethod, classmethod
+        code = getattr(function, "__code__", None)
+        if isinstance(code, types.CodeType):
+            yield code
+
+
+def _namespace(cls: type) -> Mapping[str, Any]:
+    """The globals the class's methods see (a notebook's namespace for a class defined in a cell)."""
+    for value in vars(cls).values():
+        function = getattr(value, "__func__", value)
+        namespace = getattr(function, "__globals__", None)
+        if isinstance(namespace, dict):
+            return namespace
+    module = inspect.getmodule(cls)
+    return vars(module) if module is not None else {}
+
+
+def _free_names(tree: ast.AST) -> set[str]:
+    """Names the source reads but never binds itself (nor are builtins): what its module must provide."""
+    loaded: set[str] = set()
+    bound: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            (loaded if isinstance(node.ctx, ast.Load) else bound).add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+        elif isinstance(node, ast.alias):
+            bound.add((node.asname or node.name).split(".")[0])
+    return loaded - bound - set(dir(builtins))
+
+
+def _definition(cls: type, name: str, value: Any) -> str:
+    """One line of model.py that gives ``name`` the value the class saw."""
+    if isinstance(value, types.ModuleType):
+        return f"import {value.__name__}" if value.__name__ == name else f"import {value.__name__} as {name}"
+    module, qualname = getattr(value, "__module__", None), getattr(value, "__qualname__", None)
+    if (
+        isinstance(module, str)
+        and isinstance(qualname, str)
+        and module != "__main__"
+        and "<" not in qualname
+        and "." not in qualname
+        and not module.startswith("_workbench_")
+    ):
+        return f"from {module} import {qualname}" if qualname == name else f"from {module} import {qualname} as {name}"
+    with contextlib.suppress(ValueError, SyntaxError, TypeError):
+        if ast.literal_eval(repr(value)) == value:
+            return f"{name} = {value!r}"
+    raise ServingError(
+        Code.INVALID_ARGUMENT,
+        f'{cls.__qualname__} uses "{name}" ({type(value).__name__}), which cannot be written into model.py: '
+        "import it, or define it inside the class (read data files in load(path))",
+    )

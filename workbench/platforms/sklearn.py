@@ -1,0 +1,214 @@
+"""The scikit-learn platform: estimators and pipelines in ``model.skops`` (or, where allowed, a pickle).
+
+``model.skops`` is loaded with skops, which builds only the types it trusts; a file naming other types (a custom
+transformer, a third-party estimator) is refused with those types named, unless the server trusts its repository
+to run code (the pickle setting: a type skops does not trust runs its own code when built, as a pickle does).
+``model.joblib`` and ``model.pkl`` load only under that setting.
+
+Signatures (see :mod:`workbench.platforms.tabular`): ``serving_default`` is ``predict`` (``transform`` for an
+estimator without predict), then ``predict_proba``, ``decision_function`` and ``transform`` where the estimator
+has them (a Pipeline has what its last step has), ``classify`` for classifiers and ``regress`` for regressors. The
+matrix is float64, the type scikit-learn validates input into, so answers equal ``estimator.predict(X)`` exactly.
+An estimator fit on a DataFrame is given a DataFrame with the same columns (a ColumnTransformer selects columns by
+name), and requests may send those columns by name.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from workbench.engine.servable import Servable
+from workbench.errors import Code, ServingError
+from workbench.platforms import PICKLE_SETTING, LoadPolicy
+from workbench.platforms.tabular import (
+    Classes,
+    Function,
+    Matrix,
+    Method,
+    TabularModel,
+    TabularServable,
+    label_dtype,
+    model_file,
+    module_of,
+    refuse_options,
+)
+from workbench.signatures import DEFAULT_SIGNATURE
+
+SKOPS_FILE = "model.skops"
+PICKLE_FILES = ("model.joblib", "model.pkl")
+FILES = (SKOPS_FILE, *PICKLE_FILES)
+
+# The methods served as predict signatures, with their output's alias. serving_default is predict's.
+OUTPUTS = {
+    "predict": "predictions",
+    "predict_proba": "probabilities",
+    "decision_function": "decision_scores",
+    "transform": "transformed",
+}
+# Packages whose estimators are scikit-learn compatible but served by a platform of their own.
+OWN_PLATFORMS = ("xgboost", "lightgbm")
+
+
+def load(name: str, version: int, path: str, policy: LoadPolicy) -> Servable:
+    estimator = read_estimator(model_file(path, "scikit-learn", FILES), policy)
+    return TabularServable(name, version, path, describe(estimator))
+
+
+# --------------------------------------------------------------------------------------------- reading
+def read_estimator(file: Path, policy: LoadPolicy) -> Any:
+    if file.name in PICKLE_FILES:
+        if not policy.allow_pickle:
+            raise ServingError(
+                Code.FAILED_PRECONDITION,
+                f"{file} is a pickle, which runs code when it is loaded; pickles load only when the server allows "
+                f"them: {PICKLE_SETTING}. Or export the model as {SKOPS_FILE} (workbench.export writes one)",
+            )
+        estimator = _unpickle(file)
+    else:
+        estimator = _read_skops(file, policy)
+    if not any(hasattr(estimator, m) for m in ("predict", "transform")):
+        raise ServingError(
+            Code.FAILED_PRECONDITION,
+            f"{file} holds a {type(estimator).__name__}, which has neither predict nor transform",
+        )
+    return estimator
+
+
+def _read_skops(file: Path, policy: LoadPolicy) -> Any:
+    import skops.io
+
+    try:
+        untrusted = skops.io.get_untrusted_types(file=file)
+        if untrusted and not policy.allow_pickle:
+            raise ServingError(
+                Code.FAILED_PRECONDITION,
+                f"{file} holds types skops does not trust: {', '.join(untrusted)}. Building them runs their code, "
+                f"as loading a pickle does, so they load only when the server allows pickles: {PICKLE_SETTING}. "
+                "Or export a model made of scikit-learn's own types",
+            )
+        return skops.io.load(file, trusted=untrusted or None)
+    except ServingError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a truncated zip, a file of another skops version
+        raise ServingError(Code.DATA_LOSS, f"Could not read {file}: {type(exc).__name__}: {exc}") from None
+
+
+def _unpickle(file: Path) -> Any:
+    try:
+        if file.suffix == ".joblib":
+            import joblib
+
+            return joblib.load(file)
+        import pickle
+
+        with file.open("rb") as f:
+            return pickle.load(f)  # noqa: S301 - allowed by the server's pickle setting
+    except Exception as exc:  # noqa: BLE001 - a missing class, a truncated file
+        raise ServingError(Code.DATA_LOSS, f"Could not unpickle {file}: {type(exc).__name__}: {exc}") from None
+
+
+# --------------------------------------------------------------------------------------------- signatures
+def describe(estimator: Any) -> TabularModel:
+    """The estimator's methods as a tabular model: what each returns, learnt by calling it on one row of zeros."""
+    from sklearn.base import is_classifier, is_regressor
+
+    names = tuple(str(n) for n in getattr(estimator, "feature_names_in_", ()))
+    width = getattr(estimator, "n_features_in_", None)
+    matrix = Matrix(np.dtype(np.float64), int(width) if width is not None else None, names)
+    frame = _as_frame(names)
+    labels = getattr(estimator, "classes_", None)
+    single_output_classifier = is_classifier(estimator) and isinstance(labels, np.ndarray) and labels.ndim == 1
+
+    methods = []
+    for method, output in OUTPUTS.items():
+        if not hasattr(estimator, method):
+            continue
+        fn = _calling(getattr(estimator, method), frame)
+        dtype, shape = _probe(fn, matrix)
+        if dtype is None:  # the estimator does not take a row of zeros: declare what it is known to return
+            classifier_labels = method == "predict" and single_output_classifier
+            dtype = label_dtype(labels) if classifier_labels and labels is not None else np.dtype(np.float64)
+        signature = DEFAULT_SIGNATURE if method == "predict" else method
+        methods.append(Method(signature, output, dtype, shape, fn))
+    if not any(m.signature == DEFAULT_SIGNATURE for m in methods):  # a transformer: transform is its default
+        transform = next(m for m in methods if m.signature == "transform")
+        methods.insert(0, Method(DEFAULT_SIGNATURE, transform.output, transform.dtype, transform.shape, transform.fn))
+
+    classes = regress = None
+    if single_output_classifier and hasattr(estimator, "predict"):
+        assert labels is not None
+        proba = _calling(estimator.predict_proba, frame) if hasattr(estimator, "predict_proba") else None
+        classes = Classes(list(labels), proba, _calling(estimator.predict, frame))
+    elif is_regressor(estimator) and hasattr(estimator, "predict"):
+        regress = _calling(estimator.predict, frame)
+    return TabularModel(matrix, methods, classes, regress)
+
+
+def _as_frame(names: tuple[str, ...]) -> Callable[[np.ndarray], Any] | None:
+    """How rows reach an estimator fit on a DataFrame: as a DataFrame with its columns (None: as the matrix)."""
+    if not names:
+        return None
+    try:
+        import pandas as pd
+    except ImportError:
+        raise ServingError(
+            Code.FAILED_PRECONDITION,
+            "This estimator was fit on a DataFrame (it has feature_names_in_), and serving it needs pandas; "
+            "install it with: pip install 'workbench-serving[sklearn]'",
+        ) from None
+    columns = list(names)
+    # Copied as pandas copies an array by default (a block per dtype, each column contiguous), so the estimator's
+    # arithmetic sees the layout ``pd.DataFrame(X, columns=...)`` gives in-process, and the same last bits.
+    return lambda rows: pd.DataFrame(rows, columns=columns)
+
+
+def _calling(method: Callable[[Any], Any], frame: Callable[[np.ndarray], Any] | None) -> Function:
+    if frame is None:
+        return method
+    return lambda rows: method(frame(rows))
+
+
+def _probe(fn: Function, matrix: Matrix) -> tuple[np.dtype[Any] | None, tuple[int, ...] | None]:
+    """The dtype and shape ``fn`` answers in, from one row of zeros; (None, None) when it refuses that row."""
+    if matrix.width is None:
+        return None, None
+    try:
+        with warnings.catch_warnings():  # a log of zero, a convergence note: the probe's answer is not used
+            warnings.simplefilter("ignore")
+            value = fn(np.zeros((1, matrix.width), dtype=matrix.dtype))
+        if hasattr(value, "toarray"):
+            value = value.toarray()
+        array = np.asarray(value)
+    except Exception:  # noqa: BLE001 - e.g. an encoder that has not seen the category 0
+        return None, None
+    if array.ndim == 0 or array.dtype.kind not in "biufcOSU":
+        return None, None
+    return label_dtype(array), (-1, *array.shape[1:])
+
+
+# --------------------------------------------------------------------------------------------- export
+def exports(obj: Any) -> bool:
+    """Whether ``obj`` is a scikit-learn estimator or pipeline (XGBoost and LightGBM have platforms of their own)."""
+    if module_of(obj) in OWN_PLATFORMS:
+        return False
+    if module_of(obj) == "sklearn":
+        return True
+    if "sklearn" not in sys.modules:  # not imported: obj cannot be an estimator derived from scikit-learn's
+        return False
+    from sklearn.base import BaseEstimator
+
+    return isinstance(obj, BaseEstimator)
+
+
+def write(obj: Any, folder: Path, **options: Any) -> None:
+    """``model.skops``, written with skops (a fitted estimator; it loads back without pickle)."""
+    refuse_options("scikit-learn", options)
+    import skops.io
+
+    skops.io.dump(obj, Path(folder) / SKOPS_FILE)
