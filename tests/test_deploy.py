@@ -175,7 +175,8 @@ def test_the_runtime_follows_kserve_conventions() -> None:
     spec = only("ClusterServingRuntime").document["spec"]
     formats = {(f["name"], f["version"]) for f in spec["supportedModelFormats"]}
     assert formats == {("tensorflow", "1"), ("tensorflow", "2"), ("workbench", "1")}
-    assert set(spec["protocolVersions"]) == {"v1", "grpc-v1"}
+    # TF Serving's API and the Open Inference Protocol, over REST and gRPC: KServe's names for them.
+    assert set(spec["protocolVersions"]) == {"v1", "v2", "grpc-v1", "grpc-v2"}
     container = the_container(spec)
     assert container["name"] == "kserve-container"  # where KServe puts storageUri's model and its settings
     args = container["args"]

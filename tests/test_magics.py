@@ -194,13 +194,13 @@ def test_promote_rollback_canary_change_the_server(ip: InteractiveShell, served:
 
 
 # ---------------------------------------------------------------------------------------------------- predict
-@pytest.mark.parametrize("protocol", ["", "--grpc"])
+@pytest.mark.parametrize("protocol", ["", "--grpc", "--protocol v2-rest", "--protocol v2-grpc"])
 def test_predict_from_variables_and_json(
     ip: InteractiveShell, served: SimpleNamespace, protocol: str, capsys: pytest.CaptureFixture
 ) -> None:
     ip.user_ns["batch"] = np.array([[1.0], [2.0]])  # float64: the client casts to the signature's float32
     ip.user_ns["feeds"] = {"x": [[1.0]]}
-    want = "grpc" if protocol else "rest"
+    want = protocol.split()[-1].removeprefix("--") if protocol else "rest"
     cases = {
         "batch --version 1": [[3.0], [5.0]],
         "feeds --version 2": [[V2]],
@@ -218,13 +218,16 @@ def test_predict_from_variables_and_json(
 
 
 # ------------------------------------------------------------------------------------------------------ bench
-@pytest.mark.parametrize("protocol", ["", "--grpc"])
+@pytest.mark.parametrize(
+    ("protocol", "want"),
+    [("", "rest"), ("--grpc", "grpc"), ("--protocol v2-rest", "v2-rest"), ("--protocol v2-grpc", "v2-grpc")],
+)
 def test_bench_a_number_of_requests(
-    ip: InteractiveShell, served: SimpleNamespace, protocol: str, capsys: pytest.CaptureFixture
+    ip: InteractiveShell, served: SimpleNamespace, protocol: str, want: str, capsys: pytest.CaptureFixture
 ) -> None:
     result = serve(ip, f"bench lin [[1.0]] --requests 50 --clients 2 {protocol}")
     assert isinstance(result, BenchResult)
-    assert (result.requests, result.errors, result.protocol) == (50, 0, "grpc" if protocol else "rest")
+    assert (result.requests, result.errors, result.protocol) == (50, 0, want)
     table = capsys.readouterr().out.splitlines()
     assert table[0].split() == list(result.summary()) and len(table) == 2
 

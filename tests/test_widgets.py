@@ -101,7 +101,7 @@ def test_query_panel_prefills_a_valid_example_and_sends_over_both_protocols(clie
             panel.send.click()
             wait_until(lambda: panel.last is not None)
             assert panel.last["y"].tolist() == [[4.0]]  # v2 is the latest: 0.5 * 2 + 3
-            assert protocol.upper() in panel.response.value and " ms" in panel.response.value
+            assert {"rest": "REST", "grpc": "gRPC"}[protocol] in panel.response.value and " ms" in panel.response.value
         panel.inputs.value = "not json"
         panel.send.click()
         assert "not JSON" in panel.status.value

@@ -1,10 +1,11 @@
-"""A closed-loop load generator for TF Serving's REST and gRPC predict APIs.
+"""A closed-loop load generator for TF Serving's and the Open Inference Protocol's (v2) REST and gRPC predict APIs.
 
 N concurrent clients each send a request, wait for its answer, and send the next, for a duration or a
 request count; the result has throughput and latency percentiles. It must not be the bottleneck it
 measures, so requests are encoded once up front and answers are not decoded (only their status is read):
 gRPC goes through ``grpc.aio`` with pre-serialized bytes, and REST through a minimal HTTP/1.1 keep-alive
-client on asyncio streams, a few times cheaper per request than a general HTTP client library.
+client on asyncio streams, a few times cheaper per request than a general HTTP client library. v2 requests are
+built by :mod:`workbench.protocol.v2_client`, as :class:`~workbench.client.Client` builds them.
 """
 
 from __future__ import annotations
@@ -20,10 +21,13 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
+from workbench.client import GRPC_PROTOCOLS, V2_PROTOCOLS, canonical_protocol
+from workbench.client import PROTOCOLS as PROTOCOLS  # the front ends' --protocol choices, with their defaults here
+from workbench.protocol import v2_client as v2
+from workbench.signatures import DEFAULT_SIGNATURE
 from workbench.vocabulary import renamed_keywords
 
 PREDICT_METHOD = "/tensorflow.serving.PredictionService/Predict"
-PROTOCOLS = ("rest", "grpc")
 
 # The defaults of every front end (``workbench bench``, ``%serve bench``, the functions here), so that the same
 # command measures the same thing wherever it is typed. REST, because it is what a notebook's client, curl and a
@@ -124,10 +128,12 @@ async def _rest_client(host: str, port: int, request: bytes, clock: _Clock, resu
         writer.close()
 
 
-async def _grpc_client(channel: Any, request: bytes, clock: _Clock, result: BenchResult, timeout: float) -> None:
+async def _grpc_client(
+    channel: Any, method: str, request: bytes, clock: _Clock, result: BenchResult, timeout: float
+) -> None:
     import grpc
 
-    call = channel.unary_unary(PREDICT_METHOD)  # bytes in, bytes out: no client-side protobuf work
+    call = channel.unary_unary(method)  # bytes in, bytes out: no client-side protobuf work
     while clock.take():
         started = time.perf_counter()
         try:
@@ -154,6 +160,35 @@ def resolve_load(concurrency: int, duration: float | None, requests: int | None)
     return (DEFAULT_DURATION_S if duration is None else duration), None
 
 
+def _http_request(
+    protocol: str,
+    host: str,
+    port: int,
+    model: str,
+    inputs: Mapping[str, np.ndarray],
+    signature_name: str,
+    binary_data: bool | None,
+) -> bytes:
+    """One whole HTTP/1.1 request (head and body), sent as is by every REST client of the load."""
+    headers = {"Content-Type": "application/json"}
+    if protocol == "rest":
+        path, body = f"/v1/models/{model}:predict", rest_predict_body(inputs, signature_name)
+    else:
+        request = v2.rest_infer_request(inputs, binary_data=binary_data)
+        path, body, headers = f"/v2/models/{model}/infer", request.body, request.headers
+    head = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+    return f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\n{head}Content-Length: {len(body)}\r\n\r\n".encode() + body
+
+
+def _grpc_request(
+    protocol: str, model: str, inputs: Mapping[str, np.ndarray], signature_name: str
+) -> tuple[str, bytes]:
+    """The method and the serialized request every gRPC client of the load sends."""
+    if protocol == "grpc":
+        return PREDICT_METHOD, grpc_predict_bytes(model, inputs, signature_name)
+    return v2.INFER_METHOD, v2.grpc_infer_request(model, inputs).SerializeToString()
+
+
 @renamed_keywords(clients="concurrency", signature="signature_name")
 async def run_load_async(
     target: str,
@@ -167,24 +202,25 @@ async def run_load_async(
     signature_name: str = "",
     warmup_requests: int = 20,
     timeout: float = 30.0,
+    binary_data: bool | None = None,
 ) -> BenchResult:
     """Drive ``target`` (``http://host:port`` or ``host:port`` for REST, ``host:port`` for gRPC) and measure it.
 
-    ``clients=`` and ``signature=`` (the magic's earlier option names) are accepted for ``concurrency=`` and
-    ``signature_name=``.
+    ``protocol`` is one of :data:`PROTOCOLS`; v2 requests run the model's ``serving_default`` signature, and over
+    REST send their tensors as :class:`~workbench.client.Client` does (``binary_data``: None, raw bytes for
+    large tensors; True, always; False, JSON only). ``clients=`` and ``signature=`` (the magic's earlier option
+    names) are accepted for ``concurrency=`` and ``signature_name=``.
     """
     if duration is None and requests is None:
         raise ValueError("give a duration or a request count")
+    protocol = canonical_protocol(protocol)
+    if protocol in V2_PROTOCOLS and signature_name not in ("", DEFAULT_SIGNATURE):
+        raise ValueError(f"the v2 protocol runs a model's {DEFAULT_SIGNATURE} signature, not {signature_name!r}")
     result = BenchResult(protocol=protocol, model=model, concurrency=concurrency, requests=0, errors=0, seconds=0)
-    if protocol == "rest":
+    if protocol not in GRPC_PROTOCOLS:
         url = urlsplit(target if "://" in target else f"http://{target}")
         host, port = url.hostname or "127.0.0.1", url.port or 80
-        path = f"/v1/models/{model}:predict"
-        body = rest_predict_body(inputs, signature_name)
-        request = (
-            f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n"
-        ).encode() + body
+        request = _http_request(protocol, host, port, model, inputs, signature_name, binary_data)
 
         def client(clock: _Clock, into: BenchResult) -> Any:
             return _rest_client(host, port, request, clock, into)
@@ -195,25 +231,25 @@ async def run_load_async(
         clock = _Clock(duration, requests)
         started = time.perf_counter()
         await asyncio.gather(*(client(clock, result) for _ in range(concurrency)))
-    elif protocol == "grpc":
+    else:
         import grpc
 
-        payload = grpc_predict_bytes(model, inputs, signature_name)
+        method, payload = _grpc_request(protocol, model, inputs, signature_name)
         options = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
         async with grpc.aio.insecure_channel(target, options=options) as channel:
             await asyncio.gather(
                 *(
                     _grpc_client(
-                        channel, payload, _Clock(None, warmup_requests), BenchResult(**_blank(result)), timeout
+                        channel, method, payload, _Clock(None, warmup_requests), BenchResult(**_blank(result)), timeout
                     )
                     for _ in range(4)
                 )
             )
             clock = _Clock(duration, requests)
             started = time.perf_counter()
-            await asyncio.gather(*(_grpc_client(channel, payload, clock, result, timeout) for _ in range(concurrency)))
-    else:
-        raise ValueError(f"protocol must be rest or grpc, not {protocol!r}")
+            await asyncio.gather(
+                *(_grpc_client(channel, method, payload, clock, result, timeout) for _ in range(concurrency))
+            )
     result.seconds = time.perf_counter() - started
     return result
 
@@ -261,32 +297,10 @@ def format_table(rows: list[dict[str, Any]], columns: list[str]) -> str:
 
 def input_dtypes(target: str, protocol: str, model: str, signature_name: str = "") -> dict[str, np.dtype[Any]]:
     """The signature's input dtypes, read from the server's metadata (so JSON numbers get the right type)."""
-    from tensorflow.core.framework import types_pb2
-    from tensorflow.python.framework import dtypes
+    from workbench.client import Client
 
-    signature = signature_name or "serving_default"
-    if protocol == "rest":
-        import requests
-
-        base = target if "://" in target else f"http://{target}"
-        doc = requests.get(f"{base}/v1/models/{model}/metadata", timeout=30).json()
-        if "error" in doc:
-            raise ValueError(doc["error"])
-        inputs = doc["metadata"]["signature_def"]["signature_def"][signature]["inputs"]
-        enums = {alias: types_pb2.DataType.Value(info["dtype"]) for alias, info in inputs.items()}
-    else:
-        import grpc
-        from tensorflow_serving.apis import get_model_metadata_pb2, prediction_service_pb2_grpc
-
-        request = get_model_metadata_pb2.GetModelMetadataRequest()
-        request.model_spec.name = model
-        request.metadata_field.append("signature_def")
-        with grpc.insecure_channel(target) as channel:
-            response = prediction_service_pb2_grpc.PredictionServiceStub(channel).GetModelMetadata(request, 30)
-        signatures = get_model_metadata_pb2.SignatureDefMap()
-        response.metadata["signature_def"].Unpack(signatures)
-        enums = {alias: info.dtype for alias, info in signatures.signature_def[signature].inputs.items()}
-    return {
-        alias: np.dtype(object) if enum == types_pb2.DT_STRING else np.dtype(dtypes.as_dtype(enum).as_numpy_dtype)
-        for alias, enum in enums.items()
-    }
+    grpc = canonical_protocol(protocol) in GRPC_PROTOCOLS
+    url = None if grpc else (target if "://" in target else f"http://{target}")
+    with Client(url, target if grpc else None, protocol=protocol) as client:
+        signature = client.signature(model, signature_name)
+    return {alias: spec.dtype for alias, spec in signature.inputs.items()}

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from workbench.bench import DEFAULT_CONCURRENCY, DEFAULT_DURATION_S, DEFAULT_PROTOCOL, PROTOCOLS
+from workbench.bench import DEFAULT_CONCURRENCY, DEFAULT_DURATION_S, DEFAULT_PROTOCOL, GRPC_PROTOCOLS, PROTOCOLS
 from workbench.vocabulary import BoolFlag, HelpFormatter, canonical_options, did_you_mean, unrecognized_option
 
 # TensorFlow's C++ INFO lines are noise for a server operator; warnings and errors still show.
@@ -64,6 +64,7 @@ examples:
   workbench bench --target=localhost:8501 --model=half_plus_two --inputs='{"x": [[1.0]]}'
   workbench bench --target=localhost:8500 --protocol=grpc --model=half_plus_two --inputs='{"x": [[1.0]]}' \\
       --concurrency=8 --duration=10
+  workbench bench --target=localhost:8500 --protocol=v2-grpc --model=half_plus_two --inputs='{"x": [[1.0]]}'
 """
 MANIFESTS_EXAMPLES = """\
 examples:
@@ -304,7 +305,7 @@ def _demo(args: argparse.Namespace) -> int:
 def _bench_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "bench",
-        help="closed-loop load on a server's predict API (REST or gRPC), with latency percentiles",
+        help="closed-loop load on a server's predict API (TF Serving's or v2, REST or gRPC), with latency percentiles",
         description="Send predict requests from N concurrent clients, each waiting for its answer before sending "
         "the next, for a duration or a number of requests; print requests/s and latency percentiles. Works "
         "against workbench and TF Serving alike. The same load as `%serve bench` in a notebook, with the same "
@@ -342,7 +343,7 @@ def _bench(args: argparse.Namespace) -> int:
 
     try:  # usage mistakes: exit 2, as argparse's own
         duration, requests = resolve_load(args.concurrency, args.duration, args.requests)
-        if args.protocol == "grpc" and "://" in args.target:
+        if args.protocol in GRPC_PROTOCOLS and "://" in args.target:
             raise ValueError(f"a gRPC --target is host:port, not a URL ({args.target})")
     except ValueError as exc:
         print(f"workbench bench: {exc}", file=sys.stderr)

@@ -1,10 +1,18 @@
-"""A client for TF Serving's REST and gRPC APIs with numpy in and out, and for workbench's management API.
+"""A client for TF Serving's and the Open Inference Protocol's (v2) REST and gRPC APIs with numpy in and out, and for
+workbench's management API.
 
-The same call works over both protocols (``protocol="rest"`` or ``"grpc"``) and against a real TF Serving
-(everything but the management methods, which are workbench's own). Input dtypes come from the model's
+The same call works over four protocols: TF Serving's (``protocol="rest"`` or ``"grpc"``) and v2's (``"v2"``, also
+spelled ``"v2-rest"``, or ``"v2-grpc"``), against workbench, a real TF Serving (TF Serving's protocols) or any v2
+server such as Triton (v2's). The management methods are workbench's own. Input dtypes come from the model's
 metadata, fetched once per model, so ``client.predict("m", [[1.0]])`` sends float32 when the signature says so.
 Every answer carries its latency; errors are :class:`~workbench.errors.ServingError` with the server's
 code and message.
+
+v2 goes over REST with ``requests`` (JSON, and Triton's binary tensor extension for large tensors: see
+:mod:`workbench.protocol.v2_client`), and over gRPC with the stubs tritonclient generates
+(``tritonclient.grpc.service_pb2_grpc``) on the client's one channel, which also carries TF Serving's services:
+tritonclient's own ``InferenceServerClient`` objects would open channels of their own and turn status codes into
+strings, where this client keeps the server's code in every :class:`ServingError`.
 """
 
 from __future__ import annotations
@@ -18,9 +26,20 @@ import numpy as np
 import requests
 
 from workbench.errors import Code, ServingError
+from workbench.protocol import v2_client as v2
 from workbench.protocol.signature_defs import signature_from_proto, signatures_from_json
-from workbench.signatures import Signature
+from workbench.signatures import DEFAULT_SIGNATURE, Signature
 from workbench.vocabulary import renamed_keywords
+
+# The protocols, by the names every front end uses (``--protocol`` of ``workbench bench`` and ``%serve``);
+# "v2" is short for "v2-rest".
+PROTOCOLS = ("rest", "grpc", "v2-rest", "v2-grpc")
+_PROTOCOL_ALIASES = {"v2": "v2-rest"}
+GRPC_PROTOCOLS = ("grpc", "v2-grpc")
+V2_PROTOCOLS = ("v2-rest", "v2-grpc")
+
+# The model repository extension's states (Triton's), in TF Serving's words.
+_V2_STATES = {"READY": "AVAILABLE", "LOADING": "LOADING", "UNLOADING": "UNLOADING", "UNAVAILABLE": "END"}
 
 _HTTP_CODES = {
     400: Code.INVALID_ARGUMENT,
@@ -34,6 +53,14 @@ _HTTP_CODES = {
     503: Code.UNAVAILABLE,
     504: Code.DEADLINE_EXCEEDED,
 }
+
+
+def canonical_protocol(protocol: str) -> str:
+    """A protocol's name as :data:`PROTOCOLS` spells it ("v2" is "v2-rest"); a ValueError for an unknown one."""
+    chosen = _PROTOCOL_ALIASES.get(protocol, protocol)
+    if chosen not in PROTOCOLS:
+        raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)} or v2, not {protocol!r}")
+    return chosen
 
 
 class Prediction(dict):  # type: ignore[type-arg]
@@ -62,19 +89,21 @@ class Client:
         protocol: str = "rest",
         timeout: float = 30.0,
         token: str | None = None,
+        binary_data: bool | None = None,
     ) -> None:
-        if protocol not in ("rest", "grpc"):
-            raise ValueError(f"protocol must be 'rest' or 'grpc', not {protocol!r}")
+        """``binary_data`` (v2 over REST): None sends large tensors as raw bytes and small ones as JSON, True every
+        tensor raw (as tritonclient does), False only JSON (for v2 servers without Triton's binary extension)."""
         self.url = url.rstrip("/") if url else None
         self.grpc_target = grpc
-        self.protocol = protocol
+        self.protocol = canonical_protocol(protocol)
         self.timeout = timeout
+        self.binary_data = binary_data
         self._session = requests.Session()
         if token:
             self._session.headers["Authorization"] = f"Bearer {token}"
         self._channel: Any = None
         self._stubs: dict[str, Any] = {}
-        self._signatures: dict[tuple[str, int | None, str | None], Any] = {}
+        self._signatures: dict[tuple[str, int | None, str | None, bool], dict[str, Signature]] = {}
         self.last_latency_ms: float | None = None
 
     def __repr__(self) -> str:
@@ -94,11 +123,11 @@ class Client:
 
     # ----------------------------------------------------------------------------------- plumbing
     def _protocol(self, protocol: str | None) -> str:
-        chosen = protocol or self.protocol
-        if chosen == "rest" and not self.url:
-            raise ValueError("this client has no REST url")
-        if chosen == "grpc" and not self.grpc_target:
+        chosen = canonical_protocol(protocol) if protocol else self.protocol
+        if chosen in GRPC_PROTOCOLS and not self.grpc_target:
             raise ValueError("this client has no gRPC target")
+        if chosen not in GRPC_PROTOCOLS and not self.url:
+            raise ValueError("this client has no REST url")
         return chosen
 
     def _path(self, model: str, version: int | None, label: str | None) -> str:
@@ -116,30 +145,45 @@ class Client:
 
     def _rest_answer(self, method: str, path: str, body: Any = None) -> tuple[Any, Mapping[str, str]]:
         """The JSON document and the headers of a successful answer (a ServingError otherwise)."""
+        response = self._send(method, path, json=body)
+        try:
+            return response.json(), response.headers
+        except ValueError:
+            raise ServingError(Code.DATA_LOSS, f"{method} {path} answered no JSON: {response.text[:200]!r}") from None
+
+    def _send(self, method: str, path: str, **kwargs: Any) -> requests.Response:
+        """A successful answer to ``method path`` (``json=``, or ``data=`` and ``headers=``); a ServingError else."""
         assert self.url is not None
         try:
-            response = self._session.request(method, self.url + path, json=body, timeout=self.timeout)
+            response = self._session.request(method, self.url + path, timeout=self.timeout, **kwargs)
         except requests.RequestException as exc:
             raise ServingError(Code.UNAVAILABLE, f"Could not reach {self.url}: {exc}") from None
-        try:
-            doc = response.json()
-        except ValueError:
-            doc = {"error": response.text[:500]}
         if response.status_code != 200:
+            try:
+                doc = response.json()
+            except ValueError:
+                doc = {"error": response.text[:500]}
             code = _HTTP_CODES.get(response.status_code, Code.INTERNAL if response.status_code >= 500 else Code.UNKNOWN)
             raise ServingError(code, doc.get("error", response.reason) if isinstance(doc, dict) else response.reason)
-        return doc, response.headers
+        return response
 
     def _stub(self, service: str) -> Any:
+        """The stub of ``service`` ("predict", "model": TF Serving's; "v2": the GRPCInferenceService) on one channel."""
         if service not in self._stubs:
             import grpc
-            from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
 
             if self._channel is None:
                 options = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
                 self._channel = grpc.insecure_channel(self.grpc_target, options=options)
-            module = prediction_service_pb2_grpc if service == "predict" else model_service_pb2_grpc
-            stub = module.PredictionServiceStub if service == "predict" else module.ModelServiceStub
+            if service == "v2":
+                from tritonclient.grpc import service_pb2_grpc
+
+                stub = service_pb2_grpc.GRPCInferenceServiceStub
+            else:
+                from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
+
+                module = prediction_service_pb2_grpc if service == "predict" else model_service_pb2_grpc
+                stub = module.PredictionServiceStub if service == "predict" else module.ModelServiceStub
             self._stubs[service] = stub(self._channel)
         return self._stubs[service]
 
@@ -170,9 +214,14 @@ class Client:
         """A model's signatures by name: inputs and outputs with numpy dtypes and shapes (-1: any size).
 
         Over REST this reads the metadata's JSON directly, so a client that only talks REST never imports
-        TensorFlow (whose protos the gRPC path needs).
+        TensorFlow (whose protos the gRPC path needs). Over v2, a model has one signature, ``serving_default``,
+        read from its v2 metadata.
         """
-        if self._protocol(protocol) == "rest":
+        chosen = self._protocol(protocol)
+        if chosen in V2_PROTOCOLS:
+            doc = self.metadata(model, version=version, label=label, protocol=chosen)
+            return {DEFAULT_SIGNATURE: v2.signature_from_metadata(doc)}
+        if chosen == "rest":
             doc = self._rest("GET", self._path(model, version, label) + "/metadata")
             return signatures_from_json(doc["metadata"]["signature_def"])
         defs = self.metadata(model, version=version, label=label, protocol="grpc").signature_def
@@ -185,13 +234,19 @@ class Client:
         return found
 
     def signature(
-        self, model: str, signature_name: str = "", version: int | None = None, label: str | None = None
+        self,
+        model: str,
+        signature_name: str = "",
+        version: int | None = None,
+        label: str | None = None,
+        protocol: str | None = None,
     ) -> Signature:
-        """One of a model's signatures (cached per model, version or label)."""
-        key = (model, version, label)
+        """One of a model's signatures (cached per model, version or label, and protocol family: TF Serving's or v2)."""
+        chosen = self._protocol(protocol)
+        key = (model, version, label, chosen in V2_PROTOCOLS)
         if key not in self._signatures:
-            self._signatures[key] = self.signatures(model, version=version, label=label)
-        name = signature_name or "serving_default"
+            self._signatures[key] = self.signatures(model, version=version, label=label, protocol=chosen)
+        name = signature_name or DEFAULT_SIGNATURE
         signatures = self._signatures[key]
         if name not in signatures:
             raise ServingError(Code.INVALID_ARGUMENT, f'Serving signature name: "{name}" not found in signature def')
@@ -200,11 +255,28 @@ class Client:
     def metadata(
         self, model: str, *, version: int | None = None, label: str | None = None, protocol: str | None = None
     ) -> Any:
-        """The model's ``SignatureDefMap`` proto (``.signature_def[name].inputs`` ...)."""
+        """The model's ``SignatureDefMap`` proto (``.signature_def[name].inputs`` ...).
+
+        Over v2, the model's v2 metadata as a dict, the same over REST and gRPC: ``name``, ``versions``,
+        ``platform``, and ``inputs``/``outputs`` with ``name``, ``datatype`` and ``shape`` (-1: any size).
+        """
         from google.protobuf import json_format
+
+        chosen = self._protocol(protocol)
+        if chosen == "v2-rest":
+            return self._rest("GET", v2.version_path(model, version, label))
+        if chosen == "v2-grpc":
+            from tritonclient.grpc import service_pb2
+
+            request = service_pb2.ModelMetadataRequest(name=model, version=v2.version_string(version, label))
+            response = self._grpc_call("v2", "ModelMetadata", request)
+            doc = json_format.MessageToDict(response, preserving_proto_field_name=True)
+            for tensor in (*doc.get("inputs", []), *doc.get("outputs", [])):
+                tensor["shape"] = [int(d) for d in tensor.get("shape", [])]  # proto3 JSON writes int64 as strings
+            return doc
         from tensorflow_serving.apis import get_model_metadata_pb2
 
-        if self._protocol(protocol) == "rest":
+        if chosen == "rest":
             doc = self._rest("GET", self._path(model, version, label) + "/metadata")
             return json_format.ParseDict(doc["metadata"]["signature_def"], get_model_metadata_pb2.SignatureDefMap())
         request = get_model_metadata_pb2.GetModelMetadataRequest()
@@ -218,8 +290,14 @@ class Client:
     def status(
         self, model: str, *, version: int | None = None, label: str | None = None, protocol: str | None = None
     ) -> list[dict[str, Any]]:
-        """``[{"version": 2, "state": "AVAILABLE", "error_code": "OK", "error_message": ""}, ...]``."""
-        if self._protocol(protocol) == "rest":
+        """``[{"version": 2, "state": "AVAILABLE", "error_code": "OK", "error_message": ""}, ...]``.
+
+        Over v2 this reads the model repository extension's index (Triton's states in TF Serving's words).
+        """
+        chosen = self._protocol(protocol)
+        if chosen in V2_PROTOCOLS:
+            return self._v2_status(model, version, label, chosen)
+        if chosen == "rest":
             doc = self._rest("GET", self._path(model, version, label))
             return [
                 {
@@ -245,6 +323,51 @@ class Client:
             for s in response.model_version_status
         ]
 
+    def _v2_status(self, model: str, version: int | None, label: str | None, protocol: str) -> list[dict[str, Any]]:
+        if protocol == "v2-rest":
+            index = self._rest("POST", "/v2/repository/index", {})
+            rows = index["models"] if isinstance(index, dict) else index  # Triton answers the bare list
+        else:
+            from google.protobuf import json_format
+            from tritonclient.grpc import service_pb2
+
+            response = self._grpc_call("v2", "RepositoryIndex", service_pb2.RepositoryIndexRequest())
+            rows = json_format.MessageToDict(response, preserving_proto_field_name=True).get("models", [])
+        versions = {int(r["version"]): r for r in rows if r.get("name") == model and str(r.get("version")).isdigit()}
+        if not versions:
+            raise ServingError(Code.NOT_FOUND, f"Model {model!r} is not in the server's repository")
+        wanted = sorted(versions, reverse=True)
+        if version is not None:
+            wanted = [int(version)]
+        elif label is not None:
+            wanted = [self._v2_label_version(model, label, protocol)]
+        if not set(wanted) & set(versions):
+            raise ServingError(Code.NOT_FOUND, f"Model {model!r} has no version {wanted[0]}")
+        return [
+            {
+                "version": v,
+                "state": _V2_STATES.get(versions[v].get("state", ""), "UNKNOWN"),
+                "error_code": "UNKNOWN" if versions[v].get("reason") else "OK",
+                "error_message": versions[v].get("reason", ""),
+            }
+            for v in wanted
+            if v in versions
+        ]
+
+    def _v2_label_version(self, model: str, label: str, protocol: str) -> int:
+        """The version a label names: v2 says it only in the statistics of ``…/versions/<label>`` (workbench's)."""
+        if protocol == "v2-rest":
+            doc = self._rest("GET", v2.version_path(model, None, label) + "/stats")
+        else:
+            from google.protobuf import json_format
+            from tritonclient.grpc import service_pb2
+
+            request = service_pb2.ModelStatisticsRequest(name=model, version=v2.version_string(None, label))
+            response = self._grpc_call("v2", "ModelStatistics", request)
+            doc = json_format.MessageToDict(response, preserving_proto_field_name=True)
+        (row,) = doc["model_stats"]
+        return int(row["version"])
+
     @renamed_keywords(signature="signature_name")  # the %serve magics' earlier --signature
     def predict(
         self,
@@ -257,12 +380,21 @@ class Client:
         output_filter: Sequence[str] = (),
         protocol: str | None = None,
     ) -> Prediction:
-        """Run a predict; ``inputs`` maps input names to arrays (or is one array for a one-input signature)."""
+        """Run a predict; ``inputs`` maps input names to arrays (or is one array for a one-input signature).
+
+        Over v2, ``output_filter`` names the requested outputs, and there is one signature (``serving_default``).
+        """
         chosen = self._protocol(protocol)
-        signature = self.signature(model, signature_name, version, label)
+        if chosen in V2_PROTOCOLS and signature_name not in ("", DEFAULT_SIGNATURE):
+            raise ValueError(f"the v2 protocol runs a model's {DEFAULT_SIGNATURE} signature, not {signature_name!r}")
+        signature = self.signature(model, signature_name, version, label, protocol=chosen)
         feeds = self.encode_inputs(signature, inputs)
         started = time.perf_counter()
-        if chosen == "rest":
+        if chosen in V2_PROTOCOLS:
+            answer = self._v2_infer(chosen, model, feeds, output_filter, version, label)
+            latency = (time.perf_counter() - started) * 1000
+            outputs, served_version = answer.outputs, answer.model_version
+        elif chosen == "rest":
             body: dict[str, Any] = {"inputs": {k: _to_json(v) for k, v in feeds.items()}}
             if signature_name:
                 body["signature_name"] = signature_name
@@ -296,6 +428,23 @@ class Client:
         self.last_latency_ms = latency
         return Prediction(outputs, model=model, version=served_version, protocol=chosen, latency_ms=latency)
 
+    def _v2_infer(
+        self,
+        protocol: str,
+        model: str,
+        feeds: Mapping[str, np.ndarray],
+        outputs: Sequence[str],
+        version: int | None,
+        label: str | None,
+    ) -> v2.InferAnswer:
+        if protocol == "v2-rest":
+            request = v2.rest_infer_request(feeds, outputs, binary_data=self.binary_data)
+            path = v2.version_path(model, version, label) + "/infer"
+            response = self._send("POST", path, data=request.body, headers=request.headers)
+            return v2.rest_infer_answer(response.content, response.headers.get(v2.HEADER_LENGTH))
+        message = v2.grpc_infer_request(model, feeds, outputs, version=v2.version_string(version, label))
+        return v2.grpc_infer_answer(self._grpc_call("v2", "ModelInfer", message))
+
     def encode_inputs(self, signature: Signature, inputs: Mapping[str, Any] | Any) -> dict[str, np.ndarray]:
         """``inputs`` as numpy arrays of the signature's input dtypes (one array is fine for one input)."""
         spec = signature
@@ -328,6 +477,8 @@ class Client:
         protocol: str | None,
     ) -> tuple[Any, float]:
         chosen = self._protocol(protocol)
+        if chosen in V2_PROTOCOLS:
+            raise ValueError(f"the v2 protocol has no {kind} API: use TF Serving's (protocol 'rest' or 'grpc')")
         started = time.perf_counter()
         if chosen == "rest":
             body: dict[str, Any] = {"examples": [_example_json(e) for e in examples]}

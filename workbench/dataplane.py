@@ -8,6 +8,8 @@ gRPC cannot drift apart.
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import dataclasses
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -18,12 +20,14 @@ import numpy as np
 
 from workbench.engine import inference, prediction_logs
 from workbench.engine.batching import BatchScheduler
+from workbench.engine.batching_config import BatchingParameters
 from workbench.engine.manager import Manager, ServableHandle, VersionStatus
 from workbench.engine.metrics import ServingMetrics
 from workbench.engine.request_log import RequestLogger
 from workbench.engine.servable import Composite, Servable
 from workbench.engine.stats import RollingStats
 from workbench.errors import Code, ServingError, from_exception
+from workbench.protocol.v2_models import Duration, ModelStatistics, RepositoryRow
 from workbench.signatures import Signature, TensorSpec
 
 T = TypeVar("T")
@@ -80,6 +84,7 @@ class Dataplane:
         executor: Executor,
         scheduler: BatchScheduler,
         request_log: RequestLogger | None = None,
+        batching_for: Callable[[str], BatchingParameters | None] = lambda model: None,
     ) -> None:
         self.manager = manager
         self.metrics = metrics
@@ -87,6 +92,7 @@ class Dataplane:
         self.scheduler = scheduler
         self.request_log = request_log
         self._executor = executor
+        self._batching_for = batching_for
         self._members = _Members(self)
 
     # --------------------------------------------------------------------------------- resolution
@@ -203,10 +209,82 @@ class Dataplane:
             version = self.manager.label_version(name, label)
         return self.manager.version_status(name, version)
 
+    def max_batch_size(self, model: str) -> int:
+        """The most rows one batch of ``model`` runs (its batching parameters'); 0 when batching is off for it."""
+        params = self._batching_for(model)
+        return params.max_batch_size if params is not None else 0
+
+    def repository(self) -> list[RepositoryRow]:
+        """Every version of every model the server knows, with its state and why it failed (if it did)."""
+        rows = []
+        for name in self.manager.model_names():
+            with contextlib.suppress(ServingError):  # a model with no versions (yet) has no rows
+                for status in self.manager.version_status(name):
+                    reason = status.error.message if status.error is not None else ""
+                    rows.append(RepositoryRow(name, status.version, status.state.name, reason))
+        return sorted(rows, key=lambda row: (row.name, row.version))
+
+    def statistics(self, model: str | None = None, version: int | None = None) -> list[ModelStatistics]:
+        """Cumulative counts per model version since the server started (every model's without ``model``).
+
+        Read from the server's metrics, so they agree with ``/metrics``; an unknown model or version is NOT_FOUND.
+        """
+        if model is None:
+            versions = [(row.name, row.version) for row in self.repository()]
+        else:
+            versions = [(model, status.version) for status in self.manager.version_status(model, version)]
+        totals = _MetricTotals(self.metrics)
+        return [totals.statistics(name, number) for name, number in sorted(versions)]
+
     # ------------------------------------------------------------------------------------ metrics
     def track(self, model: str, api: str, protocol: str) -> Call:
         """``with dataplane.track(...) as call:`` times one request and counts it by its final status."""
         return Call(self, model, api, protocol)
+
+
+class _MetricTotals:
+    """The server's Prometheus series summed per (model, version), read once for a statistics answer."""
+
+    def __init__(self, metrics: ServingMetrics) -> None:
+        self._samples: dict[tuple[str, str, str], float] = collections.defaultdict(float)
+        self._buckets: dict[tuple[str, str], list[tuple[float, float]]] = collections.defaultdict(list)
+        families = (metrics.requests, metrics.latency, metrics.queue_seconds, metrics.inference_seconds)
+        for family in (*families, metrics.batch_size):
+            for metric in family.collect():
+                for sample in metric.samples:
+                    key = (sample.labels.get("model", ""), sample.labels.get("version", ""))
+                    if sample.name.endswith("_bucket") and family is metrics.batch_size:
+                        self._buckets[key].append((float(sample.labels["le"]), sample.value))
+                    elif sample.name.startswith("workbench_requests") and not sample.name.endswith("_created"):
+                        code = "ok" if sample.labels["code"] == "OK" else "fail"
+                        self._samples[(*key, f"requests_{code}")] += sample.value
+                    else:
+                        self._samples[(*key, sample.name)] += sample.value
+
+    def _duration(self, key: tuple[str, str], family: str) -> Duration:
+        return Duration(int(self._samples[(*key, f"{family}_count")]), self._samples[(*key, f"{family}_sum")])
+
+    def statistics(self, model: str, version: int) -> ModelStatistics:
+        key = (model, str(version))
+        # Batch sizes as the batch-size histogram keeps them: a batch counts under the first bucket it fits
+        # (1, 2, 4, 8, ...), so a batch of 3 rows is reported as size 4.
+        batches, below = {}, 0.0
+        for bound, cumulative in sorted(self._buckets[key]):
+            if cumulative > below and bound != float("inf"):
+                batches[int(bound)] = Duration(int(cumulative - below))
+            below = cumulative
+        return ModelStatistics(
+            name=model,
+            version=version,
+            inference_count=int(self._samples[(*key, "workbench_batch_size_sum")]),
+            execution_count=int(self._samples[(*key, "workbench_batch_size_count")]),
+            success=self._duration(key, "workbench_request_latency_seconds"),
+            # Failed requests are counted, not timed (the latency histogram keeps answered ones).
+            fail=Duration(int(self._samples[(*key, "requests_fail")])),
+            queue=self._duration(key, "workbench_queue_seconds"),
+            compute_infer=self._duration(key, "workbench_inference_seconds"),
+            batches=batches,
+        )
 
 
 class _Members:

@@ -495,7 +495,8 @@ def kserve_documents(
 
 
 def cluster_serving_runtime(image: str = DEFAULT_IMAGE) -> dict[str, Any]:
-    """KServe's runtime for workbench: TF Serving's argument conventions, REST 8080, gRPC 9000, /mnt/models."""
+    """KServe's runtime for workbench: TF Serving's argument conventions, REST 8080, gRPC 9000, /mnt/models; TF
+    Serving's API and the Open Inference Protocol (v2) on both."""
     container = {
         "name": "kserve-container",  # where KServe puts storageUri's model and its settings
         "image": image,
@@ -528,7 +529,8 @@ def cluster_serving_runtime(image: str = DEFAULT_IMAGE) -> dict[str, Any]:
             "supportedModelFormats": [
                 {"name": name, "version": version, "autoSelect": True, "priority": 1} for name, version in formats
             ],
-            "protocolVersions": ["v1", "grpc-v1"],
+            # TF Serving's API (v1) and the Open Inference Protocol (v2), each over REST and gRPC, on the same ports.
+            "protocolVersions": ["v1", "v2", "grpc-v1", "grpc-v2"],
             "containers": [container],
         },
     }

@@ -49,6 +49,8 @@ from workbench.frontends.grpc import ReadinessHealth, start_grpc_server
 from workbench.frontends.management import management_routes
 from workbench.frontends.probes import probe_routes
 from workbench.frontends.rest import create_app
+from workbench.frontends.v2_grpc import InferenceService
+from workbench.frontends.v2_rest import V2Settings, v2_routes
 from workbench.jupyter import registry  # Jupyter's server extension lists and proxies running servers
 from workbench.platforms import LoadPolicy
 
@@ -133,7 +135,13 @@ class ModelServer:
         self.metrics.report_queue_depths(self._queue_depths)
         self.metrics.report_traffic_shares(self._traffic_shares)
         self.dataplane = Dataplane(
-            self.manager, self.metrics, self.stats, self._executor, self.scheduler, request_log=self.request_log
+            self.manager,
+            self.metrics,
+            self.stats,
+            self._executor,
+            self.scheduler,
+            request_log=self.request_log,
+            batching_for=self._batching.get,
         )
         self._stopped: asyncio.Event | None = None  # set when the ports close: live stat streams end
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -212,6 +220,11 @@ class ModelServer:
             self.manager.set_labels({m.name: m.labels for m in models})
         self._readiness_changed()  # a model may have come or gone without any version changing state
 
+    def rescan(self, timeout: float | None = 300.0) -> None:
+        """Re-read every model's folder now and wait until the versions it finds have loaded (or failed)."""
+        self.source.poll_once()
+        self.manager.wait_until_settled(timeout)
+
     def _watch_config_file(self) -> None:
         path, wait = self.options.model_config_file, self.options.model_config_file_poll_wait_seconds
         while not self._stopping.wait(wait):
@@ -259,6 +272,8 @@ class ModelServer:
             max_message_bytes=options.grpc_max_message_bytes,
             channel_arguments=options.grpc_arguments(),
             health=self._health,
+            # The Open Inference Protocol's service on TF Serving's gRPC port
+            services=[InferenceService(self.dataplane, self.readiness, self.rescan, options.management_token).add_to],
         )
         log.info("Running gRPC ModelServer at %s:%d", options.grpc_host, self.grpc_port)
         if options.rest_api_port != 0:  # 0 is off, as in TF Serving; -1 picks a free port
@@ -303,6 +318,16 @@ class ModelServer:
             extra_routes=[
                 *probe_routes(self.readiness),
                 *management_routes(self, self._stopped or asyncio.Event(), self.options.management_token),
+                *v2_routes(
+                    self.dataplane,
+                    self.readiness,
+                    self.rescan,
+                    V2Settings(
+                        self.options.rest_api_timeout_in_ms,
+                        self.options.rest_api_max_request_bytes,
+                        self.options.management_token,
+                    ),
+                ),
             ],
         )
         sock = _bind(self.options.rest_api_host, port)

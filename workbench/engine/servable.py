@@ -30,6 +30,7 @@ class Servable(abc.ABC):
     version: int
     path: str
     signatures: Mapping[str, Signature]
+    platform: str = ""  # the platform that loaded it (set by workbench.platforms.Loader), for metadata
 
     @abc.abstractmethod
     def run(

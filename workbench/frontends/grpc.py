@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 import grpc
@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 
 PREDICTION_SERVICE = "tensorflow.serving.PredictionService"
 MODEL_SERVICE = "tensorflow.serving.ModelService"
+INFERENCE_SERVICE = "inference.GRPCInferenceService"  # the Open Inference Protocol's (frontends/v2_grpc.py)
 
 
 def _spec(model_spec: Any) -> ModelSpec:
@@ -65,12 +66,13 @@ async def _abort(context: grpc.aio.ServicerContext, error: ServingError) -> NoRe
     raise AssertionError("unreachable")  # context.abort raises
 
 
-def _timeout(context: grpc.aio.ServicerContext) -> float | None:
+def time_remaining(context: grpc.aio.ServicerContext) -> float | None:
+    """Seconds left before the client's deadline; None when it set none."""
     remaining = context.time_remaining()
     return remaining if remaining is not None and remaining > 0 else None
 
 
-class _Errors:
+class ServingErrors:
     """Run a handler; any ServingError (or bug) becomes its gRPC status, never an UNKNOWN traceback."""
 
     async def call(self, context: grpc.aio.ServicerContext, body: Callable[[], Any]) -> Any:
@@ -85,7 +87,7 @@ class _Errors:
             await _abort(context, from_exception(exc))
 
 
-class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer, _Errors):
+class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer, ServingErrors):
     def __init__(self, dataplane: Dataplane) -> None:
         self.dataplane = dataplane
 
@@ -100,7 +102,11 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer, _
                         alias: to_numpy(proto, alias, specs.get(alias)) for alias, proto in request.inputs.items()
                     }
                     signature, outputs = await self.dataplane.predict(
-                        servable, spec.signature_name, inputs, list(request.output_filter), timeout=_timeout(context)
+                        servable,
+                        spec.signature_name,
+                        inputs,
+                        list(request.output_filter),
+                        timeout=time_remaining(context),
                     )
                     response = predict_pb2.PredictResponse()
                     _echo(response.model_spec, spec.name, servable.version, signature.name)
@@ -124,7 +130,7 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer, _
             with self.dataplane.track(spec.name, api, "grpc") as call, self.dataplane.handle(spec) as servable:
                 call.version = servable.version
                 examples = serialized_examples(request.input)
-                timeout = _timeout(context)
+                timeout = time_remaining(context)
                 if api == "classify":
                     name, labelled = await self.dataplane.classify(servable, spec.signature_name, examples, timeout)
                     response = classification_pb2.ClassificationResponse()
@@ -156,7 +162,8 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer, _
                         for s, t in zip(specs, request.tasks, strict=True)
                     ]
                     examples = serialized_examples(request.input)
-                    results = await self.dataplane.multi_inference(servable, tasks, examples, timeout=_timeout(context))
+                    timeout = time_remaining(context)
+                    results = await self.dataplane.multi_inference(servable, tasks, examples, timeout=timeout)
                     response = inference_pb2.MultiInferenceResponse()
                     for (name, result), task in zip(results, tasks, strict=True):
                         entry = response.results.add()
@@ -198,7 +205,7 @@ def _fill_classifications(result: Any, rows: inference.Classifications) -> None:
             entry.score = score
 
 
-class ModelService(model_service_pb2_grpc.ModelServiceServicer, _Errors):
+class ModelService(model_service_pb2_grpc.ModelServiceServicer, ServingErrors):
     def __init__(self, dataplane: Dataplane, reload_config: Callable[[list[ModelConfig]], None]) -> None:
         self.dataplane = dataplane
         self._reload_config = reload_config
@@ -234,7 +241,7 @@ class ReadinessHealth(health_pb2_grpc.HealthServicer):
     once the server drains, so a watcher never holds a drain open until its deadline.
     """
 
-    SERVICES = ("", PREDICTION_SERVICE, MODEL_SERVICE)
+    SERVICES = ("", PREDICTION_SERVICE, MODEL_SERVICE, INFERENCE_SERVICE)
 
     def __init__(self, readiness: Callable[[], Readiness]) -> None:
         self._readiness = readiness
@@ -282,10 +289,12 @@ async def start_grpc_server(
     max_message_bytes: int,
     channel_arguments: tuple[tuple[str, Any], ...] = (),
     health: ReadinessHealth | None = None,
+    services: Sequence[Callable[[grpc.aio.Server], None]] = (),
 ) -> tuple[grpc.aio.Server, int | None]:
     """Start the gRPC server; returns it with the bound TCP port (None when only a Unix socket is served).
 
-    ``health`` answers grpc.health.v1 (default: SERVING whenever the server answers).
+    ``health`` answers grpc.health.v1 (default: SERVING whenever the server answers). ``services`` add more
+    servicers to the same server and port (the v2 ``inference.GRPCInferenceService``).
     """
     options = [
         ("grpc.max_receive_message_length", max_message_bytes),
@@ -298,6 +307,8 @@ async def start_grpc_server(
     model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelService(dataplane, reload_config), server)
     health = health or ReadinessHealth(lambda: Readiness(True, "ready"))
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    for add_service in services:
+        add_service(server)
     port = None
     if address is not None:
         try:

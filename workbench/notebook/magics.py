@@ -24,7 +24,14 @@ from IPython.core.magic_arguments import argument, kwds, magic_arguments
 from IPython.utils.process import arg_split
 
 from workbench._tf import quiet_tensorflow
-from workbench.bench import DEFAULT_CONCURRENCY, DEFAULT_DURATION_S, DEFAULT_PROTOCOL, PROTOCOLS, resolve_load
+from workbench.bench import (
+    DEFAULT_CONCURRENCY,
+    DEFAULT_DURATION_S,
+    DEFAULT_PROTOCOL,
+    GRPC_PROTOCOLS,
+    PROTOCOLS,
+    resolve_load,
+)
 from workbench.errors import ServingError
 from workbench.notebook.handle import (
     DEFAULT_REPOSITORY,
@@ -534,7 +541,7 @@ class ServeMagics(Magics):
         # Cast once with the model's own dtypes (and check the model exists) before any load is sent.
         inputs = client.encode_inputs(client.signature(args.model, args.signature_name), data)
         result = run_load(
-            handle.grpc_target if args.protocol == "grpc" else handle.rest_url,
+            handle.grpc_target if args.protocol in GRPC_PROTOCOLS else handle.rest_url,
             args.protocol,
             args.model,
             inputs,

@@ -30,7 +30,7 @@ import ipywidgets as widgets
 import numpy as np
 import requests
 
-from workbench.client import Client
+from workbench.client import GRPC_PROTOCOLS, V2_PROTOCOLS, Client
 from workbench.errors import ServingError
 from workbench.signatures import Signature
 
@@ -330,6 +330,12 @@ def routing_summary(model: dict[str, Any]) -> str:
 
 
 # --------------------------------------------------------------------------------------------- query
+# The protocols the query and load panels offer, as their buttons name them: TF Serving's, then the Open
+# Inference Protocol's (v2), each over REST and gRPC.
+PROTOCOL_CHOICES = [("REST", "rest"), ("gRPC", "grpc"), ("v2 REST", "v2-rest"), ("v2 gRPC", "v2-grpc")]
+_PROTOCOL_LABELS = {value: label for label, value in PROTOCOL_CHOICES}
+
+
 def example_inputs(signature: Signature) -> dict[str, Any]:
     """A valid request for a signature: zeros (or empty strings) with unknown dimensions set to 1."""
     spec = signature
@@ -344,7 +350,8 @@ def example_inputs(signature: Signature) -> dict[str, Any]:
 
 
 class QueryPanel(_Part):
-    """Pick a model, a version or label and a signature; edit the prefilled input; send over REST or gRPC."""
+    """Pick a model, a version or label and a signature; edit the prefilled input; send over REST or gRPC, with
+    TF Serving's API or v2's (which runs a model's ``serving_default`` signature)."""
 
     def __init__(self, server: Server) -> None:
         super().__init__()
@@ -352,7 +359,7 @@ class QueryPanel(_Part):
         self.model = widgets.Dropdown(description="model")
         self.target = widgets.Dropdown(description="version")
         self.signature = widgets.Dropdown(description="signature")
-        self.protocol = widgets.ToggleButtons(options=[("REST", "rest"), ("gRPC", "grpc")], value="rest")
+        self.protocol = widgets.ToggleButtons(options=PROTOCOL_CHOICES, value="rest")
         self.inputs = widgets.Textarea(layout=widgets.Layout(width="100%", height="80px"))
         self.send = widgets.Button(description="Send", button_style="primary")
         self.response = widgets.HTML()
@@ -360,6 +367,7 @@ class QueryPanel(_Part):
         self.last: Any = None
         self.model.observe(lambda _: self._fill_targets(), names="value")
         self.target.observe(lambda _: self._fill_signatures(), names="value")
+        self.protocol.observe(self._protocol_changed, names="value")
         self.signature.observe(lambda _: self._prefill(), names="value")
         self.send.on_click(lambda _: self._send())
         self.widget = widgets.VBox([
@@ -402,12 +410,19 @@ class QueryPanel(_Part):
             return {}
         return {target[0]: target[1]}
 
+    def _protocol_changed(self, change: dict[str, Any]) -> None:
+        # Between TF Serving's API and v2 the signatures change (v2 has serving_default only); within one, not.
+        if (change["old"] in V2_PROTOCOLS) != (change["new"] in V2_PROTOCOLS):
+            self._fill_signatures()
+
     def _fill_signatures(self) -> None:
         if self.model.value is None:
             self.signature.options = []
             return
         try:
-            signatures = self.client.signatures(self.model.value, **self._where())
+            # TF Serving's signatures read alike over REST and gRPC; v2 lists one (serving_default).
+            protocol = self.protocol.value if self.protocol.value in V2_PROTOCOLS else None
+            signatures = self.client.signatures(self.model.value, protocol=protocol, **self._where())
         except (ServingError, requests.RequestException) as exc:
             self.status.value = html.escape(str(exc))
             return
@@ -438,7 +453,7 @@ class QueryPanel(_Part):
         def show(prediction: Any) -> None:
             body = "\n".join(f"{k}: {np.array2string(v, threshold=50)}" for k, v in sorted(prediction.items()))
             self.response.value = (
-                f"<pre>{html.escape(body)}</pre><small>{protocol.upper()} · "
+                f"<pre>{html.escape(body)}</pre><small>{_PROTOCOL_LABELS[protocol]} · "
                 f"version {prediction.version if prediction.version is not None else '?'} · "
                 f"{prediction.latency_ms:.2f} ms</small>"
             )
@@ -604,7 +619,7 @@ class LoadPanel(_Part):
         self.model = widgets.Dropdown(description="model")
         self.clients = widgets.IntSlider(value=16, min=1, max=128, description="clients")
         self.seconds = widgets.FloatSlider(value=10, min=1, max=120, step=1, description="seconds")
-        self.protocol = widgets.ToggleButtons(options=[("gRPC", "grpc"), ("REST", "rest")], value="grpc")
+        self.protocol = widgets.ToggleButtons(options=PROTOCOL_CHOICES, value="grpc")
         self.start = widgets.Button(description="Send load", button_style="danger")
         self.progress = widgets.FloatProgress(value=0, min=0, max=1, description="")
         self.result = widgets.HTML()
@@ -639,9 +654,10 @@ class LoadPanel(_Part):
         if model is None:
             self.status.value = '<span style="color:#c00">no model to load</span>'
             return
-        target = self.client.url if protocol == "rest" else self.client.grpc_target
+        target = self.client.grpc_target if protocol in GRPC_PROTOCOLS else self.client.url
         if target is None:
-            self.status.value = f'<span style="color:#c00">this client has no {protocol} address</span>'
+            missing = "gRPC target" if protocol in GRPC_PROTOCOLS else "REST url"
+            self.status.value = f'<span style="color:#c00">this client has no {missing}</span>'
             return
 
         def work() -> Any:

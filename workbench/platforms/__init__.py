@@ -180,12 +180,15 @@ class Loader:
     def __call__(self, name: str, version: int, path: str, platform: str = "") -> Servable:
         chosen = get(platform) if platform else detect(path)
         servable = chosen.load(name, version, path, self.policy)
+        servable.platform = chosen.name
         if chosen.name != "workbench_null" and (Path(path) / HANDLER_FILE).is_file():
             from workbench.platforms.handler import with_handler
 
             try:
-                return with_handler(servable, Path(path) / HANDLER_FILE, self.policy)
+                handled = with_handler(servable, Path(path) / HANDLER_FILE, self.policy)
             except BaseException:
                 servable.close()
                 raise
+            handled.platform = chosen.name
+            return handled
         return servable

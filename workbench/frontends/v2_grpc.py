@@ -1,0 +1,194 @@
+"""The Open Inference Protocol (KServe v2) over gRPC: Triton's ``inference.GRPCInferenceService``.
+
+It is served by the same ``grpc.aio`` server, on the same port, as TF Serving's services, and is as thin as they
+are: Triton's messages in (``tritonclient.grpc``'s generated protos, so Triton's and KServe's clients work
+unchanged), the dataplane in the middle (versions, labels, canaries, batching, metrics and request logs apply as
+for TF Serving's API), Triton's messages out. The descriptive answers (metadata, config, statistics, the
+repository index) are :mod:`workbench.protocol.v2_models`' dicts, which the REST frontend answers as JSON and this
+one turns into protos with ``json_format.ParseDict``.
+
+A ``model_version`` of all digits selects that version, any other text the version with that label (a workbench
+addition; an unknown one is NOT_FOUND), none the model's default traffic. Errors are gRPC statuses with the
+engine's precise codes.
+
+Repository load and unload act on versions, as the v2 REST frontend's and workbench's management API do:
+``RepositoryModelLoad`` with a ``version`` parameter (``int64_param``, or digits in ``string_param``) loads that
+version and keeps it loaded; without one it re-reads the model's folder and answers once its versions settled.
+``RepositoryModelUnload`` needs the ``version`` parameter (a whole model leaves only with the model config). When
+the server has a management token, both need it as ``authorization: Bearer <token>`` metadata.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import grpc
+from google.protobuf import json_format
+from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
+
+from workbench.dataplane import Dataplane
+from workbench.engine import inference
+from workbench.engine.readiness import Readiness
+from workbench.errors import Code, ServingError
+from workbench.frontends.grpc import ServingErrors, time_remaining
+from workbench.frontends.v2_repository import V2Repository, unsupported_parameters
+from workbench.protocol import v2_grpc, v2_models
+
+PROTOCOL = "v2-grpc"  # the protocol label of this frontend's requests in metrics
+
+
+class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer, ServingErrors):
+    """``inference.GRPCInferenceService``: health, metadata, inference, statistics and the model repository.
+
+    The shared-memory, tracing, logging and streaming RPCs keep the generated servicer's UNIMPLEMENTED answer.
+    """
+
+    def __init__(
+        self,
+        dataplane: Dataplane,
+        readiness: Callable[[], Readiness],
+        rescan: Callable[[], None],
+        management_token: str = "",
+    ) -> None:
+        """``rescan`` re-reads the model folders and waits until their versions settle (a load without a version);
+        ``management_token``, when set, guards repository load and unload."""
+        self.dataplane = dataplane
+        self.manager = dataplane.manager
+        self._readiness = readiness
+        self.models = V2Repository(dataplane, rescan, management_token)
+
+    def add_to(self, server: grpc.aio.Server) -> None:
+        service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(self, server)
+
+    # ------------------------------------------------------------------------------------ health
+    async def ServerLive(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        return service_pb2.ServerLiveResponse(live=True)  # it answers: it is live
+
+    async def ServerReady(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        return service_pb2.ServerReadyResponse(ready=self._readiness().ready)  # as /readyz and gRPC health
+
+    async def ModelReady(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        async def body() -> Any:
+            try:
+                with self.dataplane.handle(self.models.spec(request.name, request.version)):
+                    ready = True
+            except ServingError:  # an unknown model, version or label, or none loaded: not ready, as in Triton
+                ready = False
+            return service_pb2.ModelReadyResponse(ready=ready)
+
+        return await self.call(context, body)
+
+    # ---------------------------------------------------------------------------------- metadata
+    async def ServerMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        return json_format.ParseDict(v2_models.server_metadata(), service_pb2.ServerMetadataResponse())
+
+    async def ModelMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        async def body() -> Any:
+            spec = self.models.spec(request.name, request.version)
+            with self.dataplane.handle(spec) as servable:
+                signature = inference.predict_signature(servable, "")
+                versions = self.models.available_versions(spec.name)
+                described = v2_models.model_metadata(spec.name, versions, servable.platform, signature)
+            return json_format.ParseDict(described, service_pb2.ModelMetadataResponse())
+
+        return await self.call(context, body)
+
+    async def ModelConfig(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        async def body() -> Any:
+            spec = self.models.spec(request.name, request.version)
+            with self.dataplane.handle(spec) as servable:
+                signature = inference.predict_signature(servable, "")
+                max_batch_size = self.dataplane.max_batch_size(spec.name)
+                config = v2_models.model_config(spec.name, servable.platform, signature, max_batch_size)
+            return service_pb2.ModelConfigResponse(config=json_format.ParseDict(config, model_config_pb2.ModelConfig()))
+
+        return await self.call(context, body)
+
+    async def ModelStatistics(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        async def body() -> Any:
+            if not request.name:
+                if request.version:
+                    raise ServingError(Code.INVALID_ARGUMENT, "A version needs a model name: set name too")
+                rows = self.dataplane.statistics()
+            else:
+                spec = self.models.spec(request.name, request.version)
+                version = self.models.version_of(spec)
+                rows = self.dataplane.statistics(spec.name, version)
+            response = service_pb2.ModelStatisticsResponse()
+            return json_format.ParseDict(v2_models.model_statistics(rows), response)
+
+        return await self.call(context, body)
+
+    # ---------------------------------------------------------------------------------- inference
+    async def ModelInfer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        async def body() -> Any:
+            with self.dataplane.track(request.model_name, "predict", PROTOCOL) as call:
+                spec = self.models.spec(request.model_name, request.model_version)
+                with self.dataplane.handle(spec) as servable:
+                    call.version = servable.version
+                    inputs = v2_grpc.decode_inputs(request)
+                    requested = v2_grpc.requested_outputs(request)
+                    timeout = time_remaining(context)
+                    _, outputs = await self.dataplane.predict(servable, "", inputs, requested, timeout=timeout)
+                    order = requested or list(outputs)
+                    return v2_grpc.infer_response(spec.name, str(servable.version), request.id, outputs, order)
+
+        return await self.call(context, body)
+
+    # --------------------------------------------------------------------------- model repository
+    async def RepositoryIndex(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        async def body() -> Any:
+            _one_repository(request.repository_name)
+            index = v2_models.repository_index(self.dataplane.repository(), ready_only=request.ready)
+            return json_format.ParseDict(index, service_pb2.RepositoryIndexResponse())
+
+        return await self.call(context, body)
+
+    async def RepositoryModelLoad(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        async def body() -> Any:
+            self.models.authorize(_authorization(context))
+            _one_repository(request.repository_name)
+            await self.models.load(request.model_name, _version_parameter(request.parameters, "load"))
+            return service_pb2.RepositoryModelLoadResponse()
+
+        return await self.call(context, body)
+
+    async def RepositoryModelUnload(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        async def body() -> Any:
+            self.models.authorize(_authorization(context))
+            _one_repository(request.repository_name)
+            version = _version_parameter(request.parameters, "unload")
+            await self.models.unload(request.model_name, version, "the version parameter")
+            return service_pb2.RepositoryModelUnloadResponse()
+
+        return await self.call(context, body)
+
+
+def _authorization(context: grpc.aio.ServicerContext) -> str:
+    return str(dict(context.invocation_metadata() or ()).get("authorization", ""))
+
+
+def _version_parameter(parameters: Mapping[str, Any], action: str) -> int | None:
+    """The ``version`` parameter of a repository load or unload: an ``int64_param`` or digits in ``string_param``."""
+    refused = unsupported_parameters(list(parameters), action)
+    if refused is not None:
+        raise refused
+    if "version" not in parameters:
+        return None
+    parameter = parameters["version"]
+    which = parameter.WhichOneof("parameter_choice")
+    if which == "int64_param" and parameter.int64_param >= 0:
+        return int(parameter.int64_param)
+    if which == "string_param" and parameter.string_param.isascii() and parameter.string_param.isdigit():
+        return int(parameter.string_param)
+    given = repr(getattr(parameter, which)) if which else "no value"
+    raise ServingError(Code.INVALID_ARGUMENT, f"The version parameter must be a version number, got {given}")
+
+
+def _one_repository(repository_name: str) -> None:
+    """workbench serves one model repository: a request may name it by "" only."""
+    if repository_name:
+        raise ServingError(
+            Code.NOT_FOUND, f'Unknown model repository {repository_name!r}: workbench serves one, named by ""'
+        )

@@ -1,0 +1,110 @@
+"""What the v2 frontends (REST and gRPC) share beyond the wire: which model a request names, and the repository
+extension's load and unload on workbench's version management.
+
+Both frontends answer the same questions the same way through this class, so a rule about v2 lives in one place:
+a version string of digits is a version, any other a label (unknown: NOT_FOUND, as an unknown version is in v2);
+repository load and unload act on versions (a whole model leaves only with the model config); a management token,
+when the server has one, guards them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hmac
+from collections.abc import Callable
+
+from workbench.dataplane import Dataplane, ModelSpec
+from workbench.engine.manager import VersionState
+from workbench.errors import Code, ServingError
+from workbench.protocol.v2_models import parse_version
+
+
+class V2Repository:
+    """Model resolution and the repository extension, for both v2 frontends."""
+
+    def __init__(self, dataplane: Dataplane, rescan: Callable[[], None], management_token: str = "") -> None:
+        """``rescan`` re-reads the model folders and waits until their versions settle (a load without a version)."""
+        self.dataplane = dataplane
+        self.manager = dataplane.manager
+        self._rescan = rescan
+        self._token = management_token
+
+    # ------------------------------------------------------------------------------------- resolution
+    def spec(self, model: str, version: str | None) -> ModelSpec:
+        """What a request's model and version string select, once its label (if any) is known."""
+        if not model:
+            raise ServingError(Code.INVALID_ARGUMENT, "A model name is required")
+        number, label = parse_version(version or "")
+        if label is not None and label not in self.manager.labels(model):
+            self.known(model)
+            raise ServingError(Code.NOT_FOUND, f"Model {model} has no version label {label!r}")
+        return ModelSpec(model, version=number, label=label)
+
+    def version_of(self, spec: ModelSpec) -> int | None:
+        """The version number ``spec`` names (its label's), or None for the default traffic."""
+        return self.manager.label_version(spec.name, spec.label) if spec.label is not None else spec.version
+
+    def known(self, model: str) -> str:
+        if model not in self.manager.model_names():
+            raise ServingError(
+                Code.NOT_FOUND,
+                f"Unknown model: {model}. workbench loads the models of its model config or model repository",
+            )
+        return model
+
+    def available_versions(self, model: str) -> list[int]:
+        statuses = self.manager.version_status(model)
+        return sorted(s.version for s in statuses if s.state == VersionState.AVAILABLE)
+
+    # ------------------------------------------------------------------------------------- repository
+    def authorize(self, authorization: str) -> None:
+        """``authorization`` is the request's ``Authorization`` header (or gRPC metadata) value."""
+        if not self._token:
+            return
+        scheme, _, given = authorization.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), self._token.encode()):
+            raise ServingError(Code.UNAUTHENTICATED, "Repository load and unload need the server's management token")
+
+    async def load(self, model: str, version: int | None) -> None:
+        """Load (and keep) ``version``; without one, re-read the model's folder and succeed once a version serves."""
+        self.known(model)
+        if version is not None:  # waits until the version serves: never on the event loop
+            await _off_the_loop(functools.partial(self.manager.load_version, model, version))
+            return
+        await _off_the_loop(self._rescan)
+        if self.available_versions(model):
+            return
+        statuses = self.manager.version_status(model)
+        reasons = "; ".join(f"version {s.version}: {s.error.message}" for s in statuses if s.error is not None)
+        raise ServingError(
+            Code.UNAVAILABLE, f"Model {model} has no version that serves" + (f" ({reasons})" if reasons else "")
+        )
+
+    async def unload(self, model: str, version: int | None, how_to_name_it: str) -> None:
+        """Unload ``version`` (not the one serving the default traffic, nor the last that serves)."""
+        self.known(model)
+        if version is None:
+            raise ServingError(
+                Code.FAILED_PRECONDITION,
+                f"Name the version of {model} to unload: {how_to_name_it}. workbench serves every model of its "
+                "model config; remove a model from the config to stop serving it",
+            )
+        await _off_the_loop(functools.partial(self.manager.unload_version, model, version))
+
+
+def unsupported_parameters(names: list[str], action: str) -> ServingError | None:
+    """The error for repository parameters other than ``version`` (Triton's config and file overrides)."""
+    unsupported = sorted(n for n in names if n not in ("version", "unload_dependents"))
+    if not unsupported:
+        return None
+    return ServingError(
+        Code.INVALID_ARGUMENT,
+        f"Repository {action} takes only a version parameter, not {', '.join(unsupported)}: workbench loads "
+        "models from their folders as they are",
+    )
+
+
+async def _off_the_loop(change: Callable[[], object]) -> None:
+    """Run a repository change, which may wait for versions to load or drain, off the event loop."""
+    await asyncio.get_running_loop().run_in_executor(None, change)

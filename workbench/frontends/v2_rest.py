@@ -1,0 +1,277 @@
+"""The Open Inference Protocol (KServe v2, Triton's HTTP API) on the REST port, beside TF Serving's ``/v1``.
+
+- ``GET /v2/health/live`` · ``/v2/health/ready`` (the server's readiness, as ``/readyz``) · ``GET /v2`` (metadata);
+- ``GET /v2/models/{m}[/versions/{v}]`` (metadata) · ``…/ready`` · ``POST …/infer`` · ``GET …/config``;
+- ``GET /v2/models[/{m}[/versions/{v}]]/stats`` (Triton's statistics extension, read from the server's metrics);
+- ``POST /v2/repository/index`` · ``POST /v2/repository/models/{m}/load`` · ``…/unload`` (the model repository
+  extension, on workbench's version management).
+
+``{v}`` all digits selects that version; any other word is a version label (``/versions/canary/infer``), a workbench
+addition. Without a version a request gets the model's default traffic (promotion and canary apply). Requests run
+through the :class:`~workbench.dataplane.Dataplane` exactly as TF Serving's do (batching, labels, metrics, request
+logs); this module only translates. Errors are ``{"error": "…"}`` with v2's HTTP codes: 400 for a bad request, 404
+for an unknown model, version or label, 503 for one not ready.
+
+Repository load and unload act on versions, as workbench's management API does (the models themselves are the
+model config's): ``load`` with ``{"parameters": {"version": N}}`` loads version N and keeps it loaded; ``load``
+without a version re-reads the model's folder and answers once its versions settled (200 when one serves). ``unload``
+needs ``{"parameters": {"version": N}}``: it unloads N unless N serves the default traffic (or is the last one that
+serves); a whole model leaves only with the model config. With a management token, both need it as a bearer token.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from workbench.dataplane import Dataplane, ModelSpec
+from workbench.engine.readiness import Readiness
+from workbench.errors import Code, ServingError, from_exception
+from workbench.frontends.rest import error_response, json_response
+from workbench.frontends.v2_repository import V2Repository, unsupported_parameters
+from workbench.protocol import v2_json, v2_models
+from workbench.protocol.json_tensor import dumps, parse_body
+from workbench.signatures import DEFAULT_SIGNATURE, Signature
+
+log = logging.getLogger(__name__)
+
+PROTOCOL = "v2-rest"  # the protocol label of workbench's request metrics
+BINARY = "application/octet-stream"
+_MODEL = "/v2/models/{model:str}"
+_VERSION = "/v2/models/{model:str}/versions/{version:str}"
+_LOAD_TIMEOUT_S = 300.0
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+@dataclasses.dataclass(frozen=True)
+class V2Settings:
+    timeout_ms: int = 30000  # per inference request (--rest_api_timeout_in_ms); 0 or less: none
+    max_request_bytes: int = 256 * 1024 * 1024
+    management_token: str = ""  # repository load/unload need it as a bearer token when set
+
+
+class V2Rest:
+    """The handlers; :func:`v2_routes` mounts them."""
+
+    def __init__(
+        self,
+        dataplane: Dataplane,
+        readiness: Callable[[], Readiness],
+        rescan: Callable[[], None],
+        settings: V2Settings,
+    ) -> None:
+        self.dataplane = dataplane
+        self.manager = dataplane.manager
+        self.readiness = readiness
+        self.rescan = rescan
+        self.settings = settings
+        self.models = V2Repository(dataplane, rescan, settings.management_token)
+        self.timeout = settings.timeout_ms / 1000 if settings.timeout_ms > 0 else None
+
+    # ---------------------------------------------------------------------------------- resolution
+    def _spec(self, request: Request) -> ModelSpec:
+        return self.models.spec(request.path_params["model"], request.path_params.get("version"))
+
+    # -------------------------------------------------------------------------------------- health
+    async def live(self, _: Request) -> Response:
+        return Response(status_code=200)
+
+    async def ready(self, _: Request) -> Response:
+        answer = self.readiness()
+        return json_response(dumps(answer.body()), 200 if answer.ready else 503)
+
+    async def server_metadata(self, _: Request) -> Response:
+        return json_response(dumps(v2_models.server_metadata()))
+
+    async def model_ready(self, request: Request) -> Response:
+        spec = self._spec(request)
+        try:
+            with self.dataplane.handle(spec):
+                return Response(status_code=200)
+        except ServingError as exc:
+            if exc.code is not Code.NOT_FOUND:
+                raise
+        # Known but not serving (loading, failed, unloaded) is "not ready"; an unknown model or version is 404.
+        self.dataplane.model_status(spec.name, spec.version, spec.label)
+        raise ServingError(
+            Code.UNAVAILABLE, f"Model {spec.name} ({request.path_params.get('version', 'default')}) is not ready"
+        )
+
+    # ------------------------------------------------------------------------------------ metadata
+    async def model_metadata(self, request: Request) -> Response:
+        spec = self._spec(request)
+        with self.dataplane.handle(spec) as servable:
+            signature = _default_signature(spec.name, servable.signatures)
+            versions = self.models.available_versions(spec.name)
+            body = v2_models.model_metadata(spec.name, versions, servable.platform, signature)
+        return json_response(dumps(body))
+
+    async def model_config(self, request: Request) -> Response:
+        spec = self._spec(request)
+        with self.dataplane.handle(spec) as servable:
+            signature = _default_signature(spec.name, servable.signatures)
+            max_batch_size = self.dataplane.max_batch_size(spec.name)
+            body = v2_models.model_config(spec.name, servable.platform, signature, max_batch_size)
+        return json_response(dumps(body))
+
+    async def statistics(self, request: Request) -> Response:
+        name = request.path_params.get("model")
+        if name is None:
+            rows = self.dataplane.statistics()
+        else:
+            spec = self._spec(request)
+            rows = self.dataplane.statistics(spec.name, self.models.version_of(spec))
+        return json_response(dumps(v2_models.model_statistics(rows)))
+
+    # ------------------------------------------------------------------------------------ inference
+    async def infer(self, request: Request) -> Response:
+        body = await self._body(request)
+        spec = self._spec(request)
+        dataplane = self.dataplane
+        with dataplane.track(spec.name, "predict", PROTOCOL) as call:
+            with dataplane.handle(spec) as servable:
+                call.version = servable.version
+                json_length = v2_json.header_length(request.headers.get(v2_json.HEADER_LENGTH), len(body))
+                decoded = v2_json.decode_infer_request(body, json_length)
+                specs = dataplane.rest_input_specs(servable, DEFAULT_SIGNATURE, tuple(decoded.inputs))
+                v2_json.check_datatypes(decoded, specs)
+                wanted = [output.name for output in decoded.outputs]
+                _, outputs = await dataplane.predict(
+                    servable, DEFAULT_SIGNATURE, decoded.inputs, wanted, timeout=self._timeout(decoded)
+                )
+                encoded = v2_json.encode_infer_response(spec.name, servable.version, decoded, outputs)
+        if encoded.json_length is None:
+            return json_response(encoded.body)
+        return Response(encoded.body, media_type=BINARY, headers={v2_json.HEADER_LENGTH: str(encoded.json_length)})
+
+    def _timeout(self, decoded: v2_json.InferRequest) -> float | None:
+        """The server's request timeout, or the request's ``parameters.timeout`` (Triton's, in µs) if shorter."""
+        asked = decoded.timeout_seconds
+        if asked is None:
+            return self.timeout
+        return asked if self.timeout is None else min(asked, self.timeout)
+
+    async def _body(self, request: Request) -> bytes:
+        limit = self.settings.max_request_bytes
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > limit:
+            raise _too_large(limit)
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(limit)
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    # ----------------------------------------------------------------------------------- repository
+    async def repository_index(self, request: Request) -> Response:
+        doc = await _optional_object(request)
+        ready = doc.get("ready", False)
+        if not isinstance(ready, bool):
+            raise ServingError(Code.INVALID_ARGUMENT, '"ready" must be true or false')
+        index = v2_models.repository_index(self.dataplane.repository(), ready_only=ready)
+        return json_response(dumps(index["models"]))  # Triton's HTTP API answers the bare list
+
+    async def load(self, request: Request) -> Response:
+        self.models.authorize(request.headers.get("authorization", ""))
+        version = _version_parameter(await _optional_object(request), "load")
+        await self.models.load(request.path_params["model"], version)
+        return Response(status_code=200)
+
+    async def unload(self, request: Request) -> Response:
+        self.models.authorize(request.headers.get("authorization", ""))
+        version = _version_parameter(await _optional_object(request), "unload")
+        await self.models.unload(request.path_params["model"], version, '{"parameters": {"version": N}}')
+        return Response(status_code=200)
+
+
+def _default_signature(model: str, signatures: Mapping[str, Signature]) -> Signature:
+    """The signature v2 describes and runs: ``serving_default``, as every v2 request names no signature."""
+    signature = signatures.get(DEFAULT_SIGNATURE)
+    if signature is None:
+        raise ServingError(Code.FAILED_PRECONDITION, f"Model {model} has no {DEFAULT_SIGNATURE} signature")
+    return signature
+
+
+def _too_large(limit: int) -> ServingError:
+    return ServingError(
+        Code.RESOURCE_EXHAUSTED,
+        f"Request body is larger than the server's limit of {limit} bytes "
+        "(workbench serve --rest_api_max_request_bytes)",
+    )
+
+
+async def _optional_object(request: Request) -> dict[str, Any]:
+    body = await request.body()
+    return parse_body(body) if body.strip() else {}
+
+
+def _version_parameter(doc: dict[str, Any], action: str) -> int | None:
+    """``{"parameters": {"version": N}}`` (a number or digits) of a repository load or unload."""
+    parameters = doc.get("parameters") or {}
+    if not isinstance(parameters, dict):
+        raise ServingError(Code.INVALID_ARGUMENT, '"parameters" must be a JSON object')
+    refused = unsupported_parameters(list(parameters), action)
+    if refused is not None:
+        raise refused
+    version = parameters.get("version")
+    if version is None:
+        return None
+    if isinstance(version, str) and version.isdigit():
+        return int(version)
+    if isinstance(version, int) and not isinstance(version, bool) and version >= 0:
+        return version
+    raise ServingError(Code.INVALID_ARGUMENT, f"parameters.version must be a version number, got {version!r}")
+
+
+def _answering(handler: Handler) -> Handler:
+    """Every outcome is an answer: a ServingError its status and ``{"error"}``, a bug a logged 500."""
+
+    @functools.wraps(handler)
+    async def answer(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except ServingError as exc:
+            return error_response(exc)
+        except Exception as exc:  # noqa: BLE001 - a bug must still answer JSON, and be logged
+            log.exception("v2 REST %s %s failed", request.method, request.url.path)
+            return error_response(from_exception(exc))
+
+    return answer
+
+
+def v2_routes(
+    dataplane: Dataplane,
+    readiness: Callable[[], Readiness],
+    rescan: Callable[[], None],
+    settings: V2Settings | None = None,
+) -> list[Route]:
+    """The v2 routes for the REST app; ``rescan`` re-reads the model folders and waits until versions settle."""
+    api = V2Rest(dataplane, readiness, rescan, settings or V2Settings())
+    table: list[tuple[str, Handler, str]] = [
+        ("/v2", api.server_metadata, "GET"),
+        ("/v2/health/live", api.live, "GET"),
+        ("/v2/health/ready", api.ready, "GET"),
+        ("/v2/models/stats", api.statistics, "GET"),  # before /v2/models/{model}
+        ("/v2/repository/index", api.repository_index, "POST"),
+        ("/v2/repository/models/{model:str}/load", api.load, "POST"),
+        ("/v2/repository/models/{model:str}/unload", api.unload, "POST"),
+    ]
+    for base in (_MODEL, _VERSION):
+        table += [
+            (base, api.model_metadata, "GET"),
+            (f"{base}/ready", api.model_ready, "GET"),
+            (f"{base}/infer", api.infer, "POST"),
+            (f"{base}/config", api.model_config, "GET"),
+            (f"{base}/stats", api.statistics, "GET"),
+        ]
+    return [Route(path, _answering(handler), methods=[method]) for path, handler, method in table]

@@ -1,0 +1,185 @@
+"""The Open Inference Protocol's gRPC messages ↔ numpy: ModelInferRequest in, ModelInferResponse out.
+
+The messages are Triton's own (``tritonclient.grpc.service_pb2``, generated from ``grpc_service.proto``), so any
+v2 gRPC client speaks to workbench unchanged. A request's tensors come either in typed ``contents`` (one repeated
+field per family of types; FP16 and BF16 have none) or, as ``tritonclient`` sends them, in
+``raw_input_contents``: one little-endian buffer per input, in the order of ``inputs``, BYTES elements each a
+4-byte little-endian length and the bytes. Answers use ``raw_output_contents``, which is what ``tritonclient``
+reads and the cheapest to build. Everything here is pure: no engine, no server.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from tritonclient.grpc import service_pb2
+
+from workbench.errors import Code, ServingError, invalid_argument
+from workbench.protocol import v2_types
+from workbench.signatures import shape_text
+
+# The typed ``InferTensorContents`` field of each datatype, and the numpy type its values arrive in (protobuf
+# widens the small integer types to 32 bits). FP16 and BF16 have no typed field: they travel raw only.
+_CONTENTS: dict[str, tuple[str, np.dtype[Any]]] = {
+    "BOOL": ("bool_contents", np.dtype(np.bool_)),
+    "INT8": ("int_contents", np.dtype(np.int32)),
+    "INT16": ("int_contents", np.dtype(np.int32)),
+    "INT32": ("int_contents", np.dtype(np.int32)),
+    "INT64": ("int64_contents", np.dtype(np.int64)),
+    "UINT8": ("uint_contents", np.dtype(np.uint32)),
+    "UINT16": ("uint_contents", np.dtype(np.uint32)),
+    "UINT32": ("uint_contents", np.dtype(np.uint32)),
+    "UINT64": ("uint64_contents", np.dtype(np.uint64)),
+    "FP32": ("fp32_contents", np.dtype(np.float32)),
+    "FP64": ("fp64_contents", np.dtype(np.float64)),
+    v2_types.BYTES: ("bytes_contents", np.dtype(object)),
+}
+_CONTENTS_FIELDS = tuple(dict.fromkeys(field for field, _ in _CONTENTS.values()))
+# Triton's extensions that place tensors elsewhere or post-process them; workbench implements neither.
+_UNSUPPORTED_PARAMETERS = {
+    "shared_memory_region": "shared memory",
+    "classification": "the classification extension",
+}
+_LENGTH = struct.Struct("<I")
+
+
+def decode_inputs(request: Any) -> dict[str, np.ndarray]:
+    """The tensors of a ModelInferRequest by name; a malformed one is INVALID_ARGUMENT naming the input."""
+    raw = request.raw_input_contents
+    if raw and len(raw) != len(request.inputs):
+        raise invalid_argument(
+            f"raw_input_contents holds {len(raw)} buffers for {len(request.inputs)} inputs: "
+            "send every input raw (in the order of inputs) or none"
+        )
+    tensors: dict[str, np.ndarray] = {}
+    for index, tensor in enumerate(request.inputs):
+        if tensor.name in tensors:
+            raise invalid_argument(f'Input "{tensor.name}" is sent more than once')
+        _refuse_unsupported(tensor.parameters, f'input "{tensor.name}"')
+        tensors[tensor.name] = _decode(tensor, raw[index] if raw else None)
+    return tensors
+
+
+def requested_outputs(request: Any) -> list[str]:
+    """The outputs a request asks for, in its order; empty means every output of the model."""
+    for output in request.outputs:
+        _refuse_unsupported(output.parameters, f'output "{output.name}"')
+    return [output.name for output in request.outputs]
+
+
+def infer_response(
+    model_name: str, model_version: str, request_id: str, outputs: Mapping[str, np.ndarray], order: Sequence[str]
+) -> Any:
+    """A ModelInferResponse carrying ``outputs`` (in ``order``) as raw little-endian buffers."""
+    response = service_pb2.ModelInferResponse(model_name=model_name, model_version=model_version, id=request_id)
+    for name in order:
+        value = outputs[name]
+        datatype = v2_types.to_datatype(value.dtype)
+        response.outputs.add(name=name, datatype=datatype, shape=value.shape)
+        response.raw_output_contents.append(pack_bytes(value) if datatype == v2_types.BYTES else _little_endian(value))
+    return response
+
+
+def pack_bytes(value: np.ndarray) -> bytes:
+    """A BYTES tensor in raw form: each element (row-major) as a 4-byte little-endian length and its bytes."""
+    parts: list[bytes] = []
+    for element in value.ravel():
+        data = element if isinstance(element, bytes) else str(element).encode()
+        parts += (_LENGTH.pack(len(data)), data)
+    return b"".join(parts)
+
+
+def unpack_bytes(buffer: bytes, shape: tuple[int, ...], name: str) -> np.ndarray:
+    """A raw BYTES buffer of input ``name`` as a numpy ``object`` array of ``shape`` holding ``bytes``."""
+    elements: list[bytes] = []
+    view, offset = memoryview(buffer), 0
+    while offset < len(view):
+        if offset + _LENGTH.size > len(view):
+            raise invalid_argument(f'Input "{name}": its raw BYTES data ends inside an element\'s 4-byte length')
+        (length,) = _LENGTH.unpack_from(view, offset)
+        offset += _LENGTH.size
+        if offset + length > len(view):
+            raise invalid_argument(
+                f'Input "{name}": a raw BYTES element says it has {length} bytes, but only {len(view) - offset} remain'
+            )
+        elements.append(bytes(view[offset : offset + length]))
+        offset += length
+    if len(elements) != math.prod(shape):
+        raise _count_mismatch(name, shape, len(elements))
+    array = np.empty(len(elements), dtype=object)
+    array[:] = elements
+    return array.reshape(shape)
+
+
+def _decode(tensor: Any, raw: bytes | None) -> np.ndarray:
+    name, datatype = tensor.name, tensor.datatype
+    dtype = _dtype(datatype, name)
+    shape = tuple(tensor.shape)
+    if any(d < 0 for d in shape):
+        raise invalid_argument(f'Input "{name}": shape {shape_text(shape)} has a negative dimension')
+    count = math.prod(shape)
+    sent_contents = [field for field in _CONTENTS_FIELDS if len(getattr(tensor.contents, field))]
+    if raw is not None:
+        if sent_contents:
+            raise invalid_argument(f'Input "{name}" is sent both in contents and in raw_input_contents')
+        if datatype == v2_types.BYTES:
+            return unpack_bytes(raw, shape, name)
+        if len(raw) != count * dtype.itemsize:
+            raise invalid_argument(
+                f'Input "{name}": shape {shape_text(shape)} of {datatype} takes {count * dtype.itemsize} bytes '
+                f"but raw_input_contents holds {len(raw)}"
+            )
+        return np.frombuffer(raw, dtype=dtype.newbyteorder("<")).reshape(shape)
+    return _from_contents(tensor, dtype, shape, count, sent_contents)
+
+
+def _from_contents(
+    tensor: Any, dtype: np.dtype[Any], shape: tuple[int, ...], count: int, sent: list[str]
+) -> np.ndarray:
+    name, datatype = tensor.name, tensor.datatype
+    typed = _CONTENTS.get(datatype)
+    if typed is None:
+        raise invalid_argument(f'Input "{name}": {datatype} tensors have no typed contents; send them raw')
+    field, carrier = typed
+    if any(other != field for other in sent):
+        raise invalid_argument(f'Input "{name}" is {datatype}, whose values go in {field}, not {", ".join(sent)}')
+    values = getattr(tensor.contents, field)
+    if len(values) != count:
+        raise _count_mismatch(name, shape, len(values))
+    if datatype == v2_types.BYTES:
+        array = np.empty(count, dtype=object)
+        array[:] = list(values)
+        return array.reshape(shape)
+    carried = np.array(values, dtype=carrier)
+    array = carried.astype(dtype)
+    if dtype != carrier and not np.array_equal(array, carried):  # protobuf widened INT8..UINT16: check the range
+        raise invalid_argument(f'Input "{name}": a value in {field} is out of the range of {datatype}')
+    return array.reshape(shape)
+
+
+def _count_mismatch(name: str, shape: tuple[int, ...], sent: int) -> ServingError:
+    return invalid_argument(
+        f'Input "{name}": shape {shape_text(shape)} holds {math.prod(shape)} elements but {sent} were sent'
+    )
+
+
+def _dtype(datatype: str, name: str) -> np.dtype[Any]:
+    try:
+        return v2_types.to_numpy_dtype(datatype)
+    except ServingError as exc:
+        raise ServingError(exc.code, f'Input "{name}": {exc.message}') from None
+
+
+def _refuse_unsupported(parameters: Mapping[str, Any], what: str) -> None:
+    for key, feature in _UNSUPPORTED_PARAMETERS.items():
+        if key in parameters:
+            raise ServingError(Code.UNIMPLEMENTED, f"The {what} asks for {feature}, which workbench does not implement")
+
+
+def _little_endian(value: np.ndarray) -> bytes:
+    """``value``'s elements, row-major, in little-endian order: the layout of v2 raw tensors."""
+    return value.astype(value.dtype.newbyteorder("<"), copy=False).tobytes()

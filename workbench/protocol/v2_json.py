@@ -1,0 +1,363 @@
+"""The Open Inference Protocol's (v2) REST inference bodies ↔ numpy, with Triton's binary tensor extension.
+
+A request is JSON: ``inputs`` (each a ``name``, ``shape``, ``datatype`` and ``data``, nested or flat, row-major),
+optional ``outputs`` to return, an ``id`` echoed back and ``parameters``. With the binary tensor extension (how
+``tritonclient`` sends tensors by default) the body is that JSON header followed by raw tensors: the
+``Inference-Header-Content-Length`` header says where the JSON ends, an input with ``parameters.binary_data_size``
+takes that many bytes of what follows, in input order. Raw tensors are little-endian and row-major; a raw BYTES
+element is a 4-byte little-endian length followed by its bytes.
+
+Responses mirror it: outputs as JSON ``data`` (flat, row-major), or raw after the JSON when the request asked for
+binary outputs (``parameters.binary_data_output``, or ``binary_data`` per requested output), with the header
+length in the same header. Raw tensors are read with ``np.frombuffer`` (no copy) and JSON is written by orjson.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import struct
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import orjson
+
+from workbench.errors import invalid_argument
+from workbench.protocol.json_tensor import parse_body
+from workbench.protocol.v2_types import BYTES, to_datatype, to_numpy_dtype
+from workbench.signatures import TensorSpec
+
+HEADER_LENGTH = "Inference-Header-Content-Length"
+BINARY_DATA_SIZE = "binary_data_size"
+BINARY_DATA = "binary_data"
+BINARY_DATA_OUTPUT = "binary_data_output"
+
+_LENGTH = struct.Struct("<I")
+# JSON arrays orjson writes straight from numpy (OPT_SERIALIZE_NUMPY); others go through tolist().
+_ORJSON_NUMPY_KINDS = frozenset("biuf")
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestedOutput:
+    name: str
+    binary: bool | None = None  # None: as the request's binary_data_output says
+
+
+@dataclasses.dataclass(frozen=True)
+class InferRequest:
+    """A decoded inference request: tensors by name, in the order sent."""
+
+    inputs: dict[str, np.ndarray]
+    datatypes: dict[str, str]  # the v2 datatype each input was sent as, for messages
+    outputs: tuple[RequestedOutput, ...] = ()
+    id: str | None = None
+    parameters: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def timeout_seconds(self) -> float | None:
+        """Triton's ``parameters.timeout``: how long the request may take, in microseconds (None: not given)."""
+        value = self.parameters.get("timeout")
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise invalid_argument(f"parameters.timeout must be a positive number of microseconds, got {_short(value)}")
+        return value / 1e6
+
+    @property
+    def binary_outputs(self) -> bool:
+        """Whether outputs not requested by name (or without ``binary_data``) come back raw."""
+        return self.parameters.get(BINARY_DATA_OUTPUT) is True
+
+
+# ------------------------------------------------------------------------------------------- requests
+def header_length(value: str | None, body_size: int) -> int | None:
+    """The JSON header's length from the ``Inference-Header-Content-Length`` header (None: all JSON)."""
+    if value is None:
+        return None
+    text = value.strip()
+    if not text.isdigit() or int(text) > body_size:
+        raise invalid_argument(
+            f"{HEADER_LENGTH} must be the length of the JSON header, a number from 0 to the body's {body_size} "
+            f"bytes; got {value!r}"
+        )
+    return int(text)
+
+
+def decode_infer_request(body: bytes, json_length: int | None = None) -> InferRequest:
+    """Decode a v2 inference request body; ``json_length``: where its JSON ends and raw tensors begin."""
+    header = body if json_length is None else body[:json_length]
+    doc = parse_body(header)
+    request_id = doc.get("id")
+    if request_id is not None and not isinstance(request_id, str):
+        raise invalid_argument(f'"id" must be a string, got {_short(request_id)}')
+    parameters = _object(doc.get("parameters"), '"parameters"')
+    entries = doc.get("inputs")
+    if not isinstance(entries, list) or not entries:
+        raise invalid_argument('An inference request needs "inputs": a list of tensors with name, shape, datatype')
+    raw = memoryview(body)[json_length:] if json_length is not None else memoryview(b"")
+    offset = 0
+    inputs: dict[str, np.ndarray] = {}
+    datatypes: dict[str, str] = {}
+    for entry in entries:
+        name, shape, datatype = _tensor_header(entry)
+        if name in inputs:
+            raise invalid_argument(f'Input "{name}" is sent twice')
+        size = _object(entry.get("parameters"), f'parameters of input "{name}"').get(BINARY_DATA_SIZE)
+        if size is not None:
+            if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+                raise invalid_argument(f'{BINARY_DATA_SIZE} of input "{name}" must be a non-negative integer')
+            if "data" in entry:
+                raise invalid_argument(f'Input "{name}" has both "data" and {BINARY_DATA_SIZE}: send one')
+            if offset + size > len(raw):
+                raise invalid_argument(
+                    f'Input "{name}" says {BINARY_DATA_SIZE} {size}, but only {len(raw) - offset} bytes of binary '
+                    f"data are left after the JSON header (is {HEADER_LENGTH} right?)"
+                )
+            inputs[name] = _from_raw(name, raw[offset : offset + size], shape, datatype)
+            offset += size
+        elif "data" in entry:
+            inputs[name] = _from_json(name, entry["data"], shape, datatype)
+        else:
+            raise invalid_argument(f'Input "{name}" has neither "data" nor parameters.{BINARY_DATA_SIZE}')
+        datatypes[name] = datatype
+    if offset != len(raw):
+        raise invalid_argument(
+            f"The body has {len(raw) - offset} bytes of binary data that no input's {BINARY_DATA_SIZE} accounts for"
+        )
+    return InferRequest(inputs, datatypes, _requested_outputs(doc.get("outputs")), request_id, parameters)
+
+
+def _short(value: Any) -> str:
+    text = orjson.dumps(value, default=str).decode()
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _object(value: Any, what: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise invalid_argument(f"{what} must be a JSON object, got {_short(value)}")
+    return value
+
+
+def _tensor_header(entry: Any) -> tuple[str, tuple[int, ...], str]:
+    if not isinstance(entry, dict):
+        raise invalid_argument(f"Each input must be an object with name, shape, datatype; got {_short(entry)}")
+    name = entry.get("name")
+    if not isinstance(name, str) or not name:
+        raise invalid_argument(f'Each input needs a "name" string; got {_short(entry.get("name"))}')
+    shape = entry.get("shape")
+    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+        raise invalid_argument(f'Input "{name}" needs a "shape": a list of non-negative integers; got {_short(shape)}')
+    datatype = entry.get("datatype")
+    if not isinstance(datatype, str):
+        raise invalid_argument(f'Input "{name}" needs a "datatype" string such as "FP32"; got {_short(datatype)}')
+    to_numpy_dtype(datatype)  # an unknown datatype is refused here, listing the known ones
+    return name, tuple(shape), datatype
+
+
+def _requested_outputs(entries: Any) -> tuple[RequestedOutput, ...]:
+    if entries is None:
+        return ()
+    if not isinstance(entries, list):
+        raise invalid_argument(f'"outputs" must be a list of {{"name": ...}} objects, got {_short(entries)}')
+    requested = []
+    for entry in entries:
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+            raise invalid_argument(f'Each requested output needs a "name" string; got {_short(entry)}')
+        parameters = _object(entry.get("parameters"), f'parameters of output "{entry["name"]}"')
+        if "classification" in parameters:
+            raise invalid_argument("The classification extension is not supported: request the raw outputs")
+        binary = parameters.get(BINARY_DATA)
+        if binary is not None and not isinstance(binary, bool):
+            raise invalid_argument(f'{BINARY_DATA} of output "{entry["name"]}" must be true or false')
+        requested.append(RequestedOutput(entry["name"], binary))
+    return tuple(requested)
+
+
+def _elements(shape: Sequence[int]) -> int:
+    count = 1
+    for dim in shape:
+        count *= dim
+    return count
+
+
+def _shape_error(name: str, shape: Sequence[int], detail: str) -> Exception:
+    return invalid_argument(f'Input "{name}" says shape {list(shape)} ({_elements(shape)} elements) but {detail}')
+
+
+def _from_raw(name: str, raw: memoryview, shape: tuple[int, ...], datatype: str) -> np.ndarray:
+    count = _elements(shape)
+    if datatype == BYTES:
+        return _bytes_from_raw(name, raw, shape, count)
+    dtype = to_numpy_dtype(datatype)
+    if len(raw) != count * dtype.itemsize:
+        raise _shape_error(
+            name, shape, f"its {len(raw)} bytes of binary data hold {len(raw) / dtype.itemsize:g} {datatype} elements"
+        )
+    return np.frombuffer(raw, dtype=dtype.newbyteorder("<")).reshape(shape)
+
+
+def _bytes_from_raw(name: str, raw: memoryview, shape: tuple[int, ...], count: int) -> np.ndarray:
+    values: list[bytes] = []
+    offset, end = 0, len(raw)
+    while offset < end:
+        if offset + 4 > end:
+            raise invalid_argument(f'Input "{name}": binary BYTES data ends inside an element\'s 4-byte length')
+        (length,) = _LENGTH.unpack_from(raw, offset)
+        offset += 4
+        if offset + length > end:
+            raise invalid_argument(f'Input "{name}": a BYTES element of {length} bytes runs past its binary data')
+        values.append(bytes(raw[offset : offset + length]))
+        offset += length
+    if len(values) != count:
+        raise _shape_error(name, shape, f"its binary data holds {len(values)} BYTES elements")
+    array = np.empty(count, dtype=object)
+    array[:] = values
+    return array.reshape(shape)
+
+
+def _from_json(name: str, data: Any, shape: tuple[int, ...], datatype: str) -> np.ndarray:
+    if not isinstance(data, list):
+        data = [data]  # a lone value: Triton's clients send a scalar tensor so
+    if datatype == BYTES:
+        return _bytes_from_json(name, data, shape)
+    dtype = to_numpy_dtype(datatype)
+    try:
+        array = np.asarray(data)
+    except (ValueError, OverflowError) as exc:  # ragged nesting; integers beyond 64 bits
+        raise invalid_argument(f'Input "{name}": "data" is not a regular array of numbers ({exc})') from None
+    _check_kind(name, array, datatype)
+    if array.shape != shape:
+        if array.ndim > 1:
+            raise _shape_error(name, shape, f'its nested "data" has shape {list(array.shape)}')
+        if array.size != _elements(shape):
+            raise _shape_error(name, shape, f'"data" holds {array.size} elements')
+        array = array.reshape(shape)
+    if dtype.kind in "iu" and array.size and array.dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        if array.min() < info.min or array.max() > info.max:
+            raise invalid_argument(f'Input "{name}": a value is out of the range of {datatype}')
+    return array.astype(dtype, copy=False)
+
+
+def _check_kind(name: str, array: np.ndarray, datatype: str) -> None:
+    """Refuse JSON values of another kind than the datatype says (Triton does too: no silent casts)."""
+    if array.size == 0:
+        return
+    kind = array.dtype.kind
+    if datatype == "BOOL":
+        ok, wanted = kind == "b", "true or false"
+    elif datatype.startswith(("INT", "UINT")):
+        ok, wanted = kind in "iu", "integers"
+    else:
+        ok, wanted = kind in "iuf", "numbers"
+    if not ok:
+        raise invalid_argument(f'Input "{name}" is {datatype}: its "data" must be {wanted}')
+
+
+def _bytes_from_json(name: str, data: list[Any], shape: tuple[int, ...]) -> np.ndarray:
+    values: list[bytes] = []
+    found = _flatten_bytes(name, data, values)
+    if found != shape and (len(found) > 1 or len(values) != _elements(shape)):
+        raise _shape_error(name, shape, f'its "data" has shape {list(found)} ({len(values)} elements)')
+    array = np.empty(len(values), dtype=object)
+    array[:] = values
+    return array.reshape(shape)
+
+
+def _flatten_bytes(name: str, data: list[Any], into: list[bytes]) -> tuple[int, ...]:
+    """Append ``data``'s strings to ``into`` row-major and return its shape (ragged nesting is refused)."""
+    if data and all(isinstance(item, list) for item in data):
+        shapes = {_flatten_bytes(name, item, into) for item in data}
+        if len(shapes) != 1:
+            raise invalid_argument(f'Input "{name}": "data" is ragged (rows of different lengths)')
+        return (len(data), *shapes.pop())
+    for item in data:
+        if isinstance(item, str):
+            into.append(item.encode())
+        elif isinstance(item, dict) and isinstance(item.get("b64"), str) and len(item) == 1:
+            try:
+                into.append(base64.b64decode(item["b64"], validate=True))
+            except ValueError:
+                raise invalid_argument(f'Input "{name}": {_short(item)} is not valid base64') from None
+        else:
+            raise invalid_argument(f'Input "{name}" is BYTES: its "data" must be strings; got {_short(item)}')
+    return (len(data),)
+
+
+def check_datatypes(request: InferRequest, specs: Mapping[str, TensorSpec]) -> None:
+    """Refuse an input sent as another datatype than the model's signature takes, in v2's words."""
+    for name, value in request.inputs.items():
+        spec = specs.get(name)
+        if spec is None or (spec.dtype.kind in "OSU" and value.dtype.kind in "OSU") or spec.dtype == value.dtype:
+            continue
+        raise invalid_argument(
+            f'Input "{name}" is {to_datatype(spec.dtype)} but the request sends {request.datatypes[name]}'
+        )
+
+
+# ------------------------------------------------------------------------------------------ responses
+@dataclasses.dataclass(frozen=True)
+class EncodedResponse:
+    body: bytes
+    json_length: int | None  # set when raw tensors follow the JSON (the Inference-Header-Content-Length)
+
+
+def encode_infer_response(
+    model_name: str,
+    model_version: int,
+    request: InferRequest,
+    outputs: Mapping[str, np.ndarray],
+) -> EncodedResponse:
+    """The response body: each output as JSON data, or raw after the JSON when the request asked for it so."""
+    binary_by_name = {o.name: o.binary for o in request.outputs}
+    entries: list[dict[str, Any]] = []
+    raw: list[bytes] = []
+    for name, value in outputs.items():
+        binary = binary_by_name.get(name)
+        if binary is None:
+            binary = request.binary_outputs
+        datatype = to_datatype(value.dtype)
+        entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(value.shape)}
+        if binary:
+            data = _raw(value, datatype)
+            entry["parameters"] = {BINARY_DATA_SIZE: len(data)}
+            raw.append(data)
+        else:
+            entry["data"] = _json_data(name, value, datatype)
+        entries.append(entry)
+    doc: dict[str, Any] = {"model_name": model_name, "model_version": str(model_version), "outputs": entries}
+    if request.id is not None:
+        doc["id"] = request.id
+    header = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
+    if not raw:
+        return EncodedResponse(header, None)
+    return EncodedResponse(b"".join((header, *raw)), len(header))
+
+
+def _raw(value: np.ndarray, datatype: str) -> bytes:
+    if datatype == BYTES:
+        parts = []
+        for item in value.reshape(-1):
+            data = item if isinstance(item, bytes) else str(item).encode()
+            parts.append(_LENGTH.pack(len(data)))
+            parts.append(data)
+        return b"".join(parts)
+    return np.ascontiguousarray(value, dtype=value.dtype.newbyteorder("<")).tobytes()
+
+
+def _json_data(name: str, value: np.ndarray, datatype: str) -> Any:
+    flat = value.reshape(-1)
+    if datatype == BYTES:
+        try:
+            return [item.decode() if isinstance(item, bytes) else str(item) for item in flat]
+        except UnicodeDecodeError:
+            raise invalid_argument(
+                f'Output "{name}" holds bytes that are not UTF-8 text, which JSON cannot carry: request it with '
+                f'"parameters": {{"{BINARY_DATA}": true}}'
+            ) from None
+    if flat.dtype.kind in _ORJSON_NUMPY_KINDS and flat.dtype.isnative:
+        return np.ascontiguousarray(flat)  # orjson writes it without a Python list
+    return flat.astype(np.float32).tolist() if flat.dtype.kind == "V" else flat.tolist()  # BF16 (ml_dtypes)

@@ -1,0 +1,217 @@
+"""The Open Inference Protocol's (v2) descriptive messages, built once for its REST and gRPC frontends.
+
+Each builder returns a dict in the proto3-JSON shape of Triton's message (``inference.*`` in
+``grpc_service.proto``, ``inference.ModelConfig`` in ``model_config.proto``) with the protos' own field names: the
+REST frontend answers it as JSON, the gRPC frontend turns it into the message with
+``google.protobuf.json_format.ParseDict``. Integers stay JSON numbers (what Triton's REST API answers; ParseDict
+takes them for int64 fields too).
+
+What a model looks like in v2 is its ``serving_default`` signature's: inputs and outputs by alias, v2 datatypes,
+-1 for a dimension of any size. The engine-side facts (versions, states, counters) come in as plain values and
+:class:`ModelStatistics` / :class:`RepositoryRow` rows, so nothing here imports the engine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from workbench.protocol.v2_types import BYTES, to_datatype
+from workbench.signatures import Signature, TensorSpec
+
+SERVER_NAME = "workbench"
+
+# Triton's names for the extensions workbench implements (GET /v2 lists them; clients and tools check them).
+EXTENSIONS = (
+    "binary_tensor_data",
+    "model_configuration",
+    "model_repository",
+    "statistics",
+)
+
+# workbench platform → the platform name Triton and KServe use for it in metadata and configs.
+PLATFORM_NAMES: Mapping[str, str] = {
+    "tensorflow": "tensorflow_savedmodel",
+    "onnx": "onnxruntime_onnx",
+    "pipeline": "ensemble",
+    "python": "python",
+    "sklearn": "sklearn",
+    "xgboost": "xgboost",
+    "lightgbm": "lightgbm",
+}
+
+# A version's state in the model repository extension: Triton's words for workbench's VersionState names.
+REPOSITORY_STATES: Mapping[str, str] = {
+    "START": "LOADING",
+    "LOADING": "LOADING",
+    "AVAILABLE": "READY",
+    "UNLOADING": "UNLOADING",
+    "END": "UNAVAILABLE",
+}
+READY = "READY"
+
+
+def platform_name(platform: str) -> str:
+    """The v2 name of a workbench platform ("tensorflow" → "tensorflow_savedmodel"); unknown ones as they are."""
+    return PLATFORM_NAMES.get(platform, platform)
+
+
+def server_metadata() -> dict[str, Any]:
+    """``ServerMetadataResponse``: who answers, and which extensions it speaks."""
+    from workbench import __version__  # the package root, not the engine: it imports only numpy
+
+    return {"name": SERVER_NAME, "version": __version__, "extensions": list(EXTENSIONS)}
+
+
+def _shape(spec: TensorSpec) -> list[int]:
+    # v2 has no "any rank": a tensor of unknown rank is described as one dimension of any size.
+    return list(spec.shape) if spec.shape is not None else [-1]
+
+
+def _tensor_metadata(spec: TensorSpec) -> dict[str, Any]:
+    return {"name": spec.alias, "datatype": to_datatype(spec.dtype), "shape": _shape(spec)}
+
+
+def model_metadata(name: str, versions: Sequence[int | str], platform: str, signature: Signature) -> dict[str, Any]:
+    """``ModelMetadataResponse``: the model's versions (as strings) and its signature's tensors."""
+    return {
+        "name": name,
+        "versions": [str(v) for v in versions],
+        "platform": platform_name(platform),
+        "inputs": [_tensor_metadata(spec) for spec in signature.inputs.values()],
+        "outputs": [_tensor_metadata(spec) for spec in signature.outputs.values()],
+    }
+
+
+def _batched(specs: Iterable[TensorSpec]) -> bool:
+    """Whether every tensor has a leading dimension of any size: the batch dimension Triton's configs leave out."""
+    return all(spec.shape is not None and len(spec.shape) >= 1 and spec.shape[0] == -1 for spec in specs)
+
+
+def _config_tensor(spec: TensorSpec, batched: bool) -> dict[str, Any]:
+    datatype = to_datatype(spec.dtype)
+    dims = _shape(spec)[1:] if batched else _shape(spec)
+    tensor: dict[str, Any] = {
+        "name": spec.alias,
+        "data_type": "TYPE_STRING" if datatype == BYTES else f"TYPE_{datatype}",
+        "dims": dims or [1],
+    }
+    if not dims:  # one scalar per row: Triton's idiom is dims [1] reshaped to no dims
+        tensor["reshape"] = {"shape": []}
+    return tensor
+
+
+def model_config(name: str, platform: str, signature: Signature, max_batch_size: int) -> dict[str, Any]:
+    """``ModelConfig``: enough of Triton's model configuration for its clients and perf tools.
+
+    With ``max_batch_size`` > 0 (the model is batched) dims leave the batch dimension out, as in Triton; a signature
+    whose tensors do not all lead with a dimension of any size cannot batch, and says ``max_batch_size`` 0.
+    """
+    tensors = [*signature.inputs.values(), *signature.outputs.values()]
+    batched = max_batch_size > 0 and signature.batchable and _batched(tensors)
+    return {
+        "name": name,
+        "platform": platform_name(platform),
+        "max_batch_size": max_batch_size if batched else 0,
+        "input": [_config_tensor(spec, batched) for spec in signature.inputs.values()],
+        "output": [_config_tensor(spec, batched) for spec in signature.outputs.values()],
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class Duration:
+    """How many things took how long in all (Triton's ``StatisticDuration``)."""
+
+    count: int = 0
+    seconds: float = 0.0
+
+    def as_json(self) -> dict[str, int]:
+        return {"count": self.count, "ns": round(self.seconds * 1e9)}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelStatistics:
+    """One model version's cumulative counts since the server started, for ``ModelStatistics``.
+
+    ``inference_count`` counts rows inferred, ``execution_count`` model runs (a merged batch is one); ``batches``
+    maps a batch size to the runs of that size and their compute time.
+    """
+
+    name: str
+    version: int
+    last_inference_ms: int = 0  # Unix time of the last answered request, in milliseconds; 0: none yet
+    inference_count: int = 0
+    execution_count: int = 0
+    success: Duration = Duration()
+    fail: Duration = Duration()
+    queue: Duration = Duration()
+    compute_infer: Duration = Duration()
+    batches: Mapping[int, Duration] = dataclasses.field(default_factory=dict)
+
+
+def _statistics_json(row: ModelStatistics) -> dict[str, Any]:
+    empty = Duration().as_json()
+    return {
+        "name": row.name,
+        "version": str(row.version),
+        "last_inference": row.last_inference_ms,
+        "inference_count": row.inference_count,
+        "execution_count": row.execution_count,
+        "inference_stats": {
+            "success": row.success.as_json(),
+            "fail": row.fail.as_json(),
+            "queue": row.queue.as_json(),
+            # workbench times a model run as a whole: input and output handling are inside compute_infer.
+            "compute_input": empty,
+            "compute_infer": row.compute_infer.as_json(),
+            "compute_output": empty,
+            "cache_hit": empty,
+            "cache_miss": empty,
+        },
+        "batch_stats": [
+            {"batch_size": size, "compute_input": empty, "compute_infer": runs.as_json(), "compute_output": empty}
+            for size, runs in sorted(row.batches.items())
+        ],
+    }
+
+
+def model_statistics(rows: Iterable[ModelStatistics]) -> dict[str, Any]:
+    """``ModelStatisticsResponse``: one entry per model version."""
+    return {"model_stats": [_statistics_json(row) for row in rows]}
+
+
+@dataclasses.dataclass(frozen=True)
+class RepositoryRow:
+    """One version of a model in the repository index; ``state`` is workbench's VersionState name."""
+
+    name: str
+    version: int
+    state: str
+    reason: str = ""
+
+    @property
+    def v2_state(self) -> str:
+        return REPOSITORY_STATES.get(self.state, "UNAVAILABLE")
+
+
+def repository_index(rows: Iterable[RepositoryRow], ready_only: bool = False) -> dict[str, Any]:
+    """``RepositoryIndexResponse``: every model version and its state (only the READY ones with ``ready_only``)."""
+    models = [
+        {"name": row.name, "version": str(row.version), "state": row.v2_state, "reason": row.reason}
+        for row in rows
+        if not ready_only or row.v2_state == READY
+    ]
+    return {"models": models}
+
+
+def parse_version(text: str) -> tuple[int | None, str | None]:
+    """``(version, label)`` a request's ``model_version`` names: all digits is a version, other text a label.
+
+    An empty string names neither: the model's default traffic (its promotion and canary apply).
+    """
+    if not text:
+        return None, None
+    if text.isascii() and text.isdigit():
+        return int(text), None
+    return None, text

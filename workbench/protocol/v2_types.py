@@ -1,0 +1,76 @@
+"""The Open Inference Protocol's (KServe v2, Triton) datatypes ↔ numpy, for its REST and gRPC edges.
+
+v2 names a tensor's type with a string ("FP32", "BYTES"); every type that has a numpy equivalent maps to it, BYTES
+to numpy ``object`` holding ``bytes`` as workbench's signatures keep strings. BF16 has no numpy type of its own:
+it maps to ``ml_dtypes.bfloat16`` where that package is installed (tritonclient brings it), else it is refused.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from workbench.errors import Code, ServingError
+
+BYTES = "BYTES"
+BF16 = "BF16"
+
+_TO_NUMPY: dict[str, np.dtype[Any]] = {
+    "BOOL": np.dtype(np.bool_),
+    "UINT8": np.dtype(np.uint8),
+    "UINT16": np.dtype(np.uint16),
+    "UINT32": np.dtype(np.uint32),
+    "UINT64": np.dtype(np.uint64),
+    "INT8": np.dtype(np.int8),
+    "INT16": np.dtype(np.int16),
+    "INT32": np.dtype(np.int32),
+    "INT64": np.dtype(np.int64),
+    "FP16": np.dtype(np.float16),
+    "FP32": np.dtype(np.float32),
+    "FP64": np.dtype(np.float64),
+    BYTES: np.dtype(object),
+}
+_FROM_NUMPY: dict[np.dtype[Any], str] = {dtype: name for name, dtype in _TO_NUMPY.items()}
+DATATYPES = (*_TO_NUMPY, BF16)
+
+
+def _bfloat16() -> np.dtype[Any] | None:
+    try:
+        import ml_dtypes
+    except ImportError:
+        return None
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+def to_numpy_dtype(datatype: str) -> np.dtype[Any]:
+    """The numpy type of a v2 datatype; an unknown one is INVALID_ARGUMENT listing the known ones."""
+    dtype = _TO_NUMPY.get(datatype)
+    if dtype is None and datatype == BF16:
+        dtype = _bfloat16()
+        if dtype is None:
+            raise ServingError(Code.UNIMPLEMENTED, "BF16 tensors need the ml_dtypes package (pip install ml-dtypes)")
+    if dtype is None:
+        raise ServingError(
+            Code.INVALID_ARGUMENT, f"Unknown datatype {datatype!r}; v2 datatypes are {', '.join(DATATYPES)}"
+        )
+    return dtype
+
+
+def to_datatype(dtype: np.dtype[Any]) -> str:
+    """The v2 datatype of a numpy type: strings (object, bytes, str) are BYTES."""
+    if dtype.kind in "OSU":
+        return BYTES
+    name = _FROM_NUMPY.get(dtype)
+    if name is None and dtype == _bfloat16():
+        return BF16
+    if name is None:
+        raise ServingError(Code.UNIMPLEMENTED, f"The v2 protocol has no datatype for numpy {dtype}")
+    return name
+
+
+def element_size(datatype: str) -> int:
+    """Bytes per element in raw (binary) form; BYTES elements are length-prefixed and have no fixed size."""
+    if datatype == BYTES:
+        raise ValueError("BYTES elements have no fixed size")
+    return to_numpy_dtype(datatype).itemsize
