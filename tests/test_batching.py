@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import os
+import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -30,7 +32,16 @@ from waiting import (
     wait_until,
 )
 
-from workbench.engine.batching import BatchRecord, BatchScheduler, batch_key, merge, padded_size, split
+from workbench.engine.batching import (
+    INLINE_PLATFORMS,
+    BatchRecord,
+    BatchScheduler,
+    RunCost,
+    batch_key,
+    merge,
+    padded_size,
+    split,
+)
 from workbench.engine.batching_config import BatchingParameters, parse_batching_parameters
 from workbench.engine.options import ServerOptions
 from workbench.engine.servable import Servable
@@ -431,6 +442,84 @@ def test_an_idle_model_runs_each_request_at_once_as_a_batch_of_one(harness):
     for v, answer in enumerate(answers):
         np.testing.assert_array_equal(answer, half_plus_two(v))
     assert h.shapes() == [(1, 1, 1)] * 5
+
+
+class Recorded(Servable):
+    """A real servable run through a recorder: which thread each call ran on, optionally slowed down."""
+
+    def __init__(self, inner: Servable) -> None:
+        self.inner, self.name, self.version = inner, inner.name, inner.version
+        self.path, self.signatures = inner.path, inner.signatures
+        self.platform = "tensorflow"  # as the platform loader names it
+        self.threads: list[str] = []
+        self.delay = 0.0
+
+    def run(self, signature, inputs, outputs):
+        self.threads.append(threading.current_thread().name)
+        if self.delay:
+            time.sleep(self.delay)  # a model that blocks, e.g. on I/O
+        return self.inner.run(signature, inputs, outputs)
+
+
+def test_run_cost_settles_on_cheap_thread_calls_and_one_slow_call_on_the_loop_sends_it_back():
+    cost = RunCost()
+    budget, settle = RunCost.INLINE_BUDGET_SECONDS, RunCost.SETTLE_RUNS
+    for _ in range(settle - 1):
+        cost.record(budget / 10, on_loop=False)
+        cost.record(budget * 10, on_loop=False)  # on a thread, maybe a wait for the GIL: proves nothing
+    assert not cost.inline, "too few cheap calls seen"
+    cost.record(budget / 10, on_loop=False)
+    assert cost.inline
+    cost.record(budget / 10, on_loop=True)
+    assert cost.inline
+    cost.record(budget * 2, on_loop=True)
+    assert not cost.inline, "one call over budget on the loop is enough to leave it"
+    for _ in range(settle - 1):
+        cost.record(budget / 10, on_loop=False)
+    assert not cost.inline, "back only once cheap again"
+    cost.record(budget / 10, on_loop=False)
+    assert cost.inline
+
+
+def test_a_python_models_calls_never_run_on_the_loop():
+    cost = RunCost(allowed=False)  # user code may wait on I/O: however cheap it looks, it stays on the threads
+    for _ in range(RunCost.SETTLE_RUNS * 4):
+        cost.record(RunCost.INLINE_BUDGET_SECONDS / 10, on_loop=False)
+    assert not cost.inline
+    assert "python" not in INLINE_PLATFORMS and "pipeline" not in INLINE_PLATFORMS
+
+
+@pytest.mark.parametrize("batched", [True, False], ids=["batched", "unbatched"])
+def test_a_cheap_model_runs_on_the_event_loop_once_settled_and_a_slow_call_moves_it_back(
+    servables, monkeypatch, batched
+):
+    # The budget is the policy under test's knob: a generous one keeps a busy test machine's hiccups out of it.
+    monkeypatch.setattr(RunCost, "INLINE_BUDGET_SECONDS", 0.5)
+    recorded = Recorded(servables["hp"])
+    params = BatchingParameters(max_batch_size=32, batch_timeout_micros=0) if batched else None
+    records: list[BatchRecord] = []
+    signature = recorded.signatures["serving_default"]
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="test-infer") as executor:
+        scheduler = BatchScheduler(executor, lambda _: params, listener=records.append)
+
+        async def ask(v: float) -> np.ndarray:
+            return (await asyncio.wait_for(scheduler.run(recorded, signature, {"x": column(v)}, ["y"]), 20))["y"]
+
+        async def main() -> tuple[list[np.ndarray], str]:
+            answers = [await ask(v) for v in range(RunCost.SETTLE_RUNS + 2)]
+            recorded.delay = 0.6  # out of budget: this call holds the loop once, the next goes to a thread
+            answers += [await ask(v) for v in (20, 21)]
+            return answers, threading.current_thread().name
+
+        answers, loop_thread = asyncio.run(main())
+    for v, answer in zip([*range(RunCost.SETTLE_RUNS + 2), 20, 21], answers, strict=True):
+        np.testing.assert_array_equal(answer, half_plus_two(v))
+    settle = RunCost.SETTLE_RUNS
+    assert all(name.startswith("test-infer") for name in recorded.threads[:settle]), recorded.threads
+    assert recorded.threads[settle:] == [loop_thread] * 3 + [recorded.threads[-1]], recorded.threads
+    assert recorded.threads[-1].startswith("test-infer")
+    # Wherever a call ran, it was recorded alike: one row, one task.
+    assert [(r.size, r.padded_size, r.tasks) for r in records] == [(1, 1, 1)] * (settle + 4)
 
 
 def test_a_finished_batch_timer_does_not_evict_a_newer_queue(harness):

@@ -318,6 +318,13 @@ def test_start_may_allow_python_models(ip: InteractiveShell, served: SimpleNames
     assert magics.parse_arguments("start", []).allow_python_models is False
 
 
+def test_start_takes_a_number_of_workers() -> None:
+    assert magics.parse_arguments("start", []).num_workers == "1"
+    assert magics.parse_arguments("start", ["--num_workers", "auto"]).num_workers == "auto"
+    handle = ServerHandle("repo", num_workers=magics.parse_arguments("start", ["--num_workers", "3"]).num_workers)
+    assert "--num_workers=3" in handle.command()
+
+
 def test_a_server_that_died(ip: InteractiveShell, served: SimpleNamespace, monkeypatch) -> None:
     # It says it is ready, then exits: as a server killed by the OOM killer would look.
     fake_server(

@@ -244,3 +244,26 @@ def test_rolling_stats_window_with_an_injected_clock():
     assert entry["mean_batch_size"] is None
     assert entry["batches_per_second"] == 0
     assert (entry["total_requests"], entry["total_errors"]) == (5, 1)
+
+
+def test_requests_recorded_from_threads_while_snapshots_trim_the_window_are_all_counted():
+    # Recording takes no lock: every request still counts once, whether a snapshot trimmed it out or not.
+    rolling = RollingStats(window_seconds=0.001)  # the real clock: snapshots keep trimming while threads record
+    per_thread, threads = 5000, 4
+    start = threading.Barrier(threads + 1)
+
+    def record() -> None:
+        start.wait(30)
+        for i in range(per_thread):
+            rolling.record_request("m", 1, 0.001, ok=i % 5 != 0)
+
+    workers = [threading.Thread(target=record) for _ in range(threads)]
+    for worker in workers:
+        worker.start()
+    start.wait(30)
+    while any(worker.is_alive() for worker in workers):
+        rolling.snapshot()
+    for worker in workers:
+        worker.join(30)
+    entry = rolling.snapshot()["models"]["m"]["1"]
+    assert (entry["total_requests"], entry["total_errors"]) == (threads * per_thread, threads * per_thread // 5)

@@ -3,6 +3,7 @@ hot add/remove without a single failed request, and versions that fail to load (
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import shutil
@@ -383,3 +384,66 @@ def test_failed_version_is_retried_once_its_folder_is_fixed(serve, make_repo, mo
     assert client.failures() == []
     assert get(server, "/v1/models/m/versions/2").json() == available(2)
     assert predict(server, "/v1/models/m").text == V2_ANSWER
+
+
+# ------------------------------------------------------------------------------------- lock-free resolution
+def test_requests_resolve_while_the_manager_holds_its_lock_and_see_a_version_leave_before_it_unloads(
+    serve, make_repo, tmp_path
+):
+    """Resolution never takes the manager's lock: a request is routed while a state listener (called under that
+    lock) is busy, and by then the route no longer offers the version that is about to unload."""
+    base = make_repo("m", {1: "hp2_tf2", 2: "hp3_tf2"})
+    server = serve_config(
+        serve, tmp_path, ("m", base, "model_version_policy { all {} }"), file_system_poll_wait_seconds=0.1
+    )
+    manager = server.server.manager
+    in_listener, resolved = threading.Event(), threading.Event()
+
+    def busy_listener(model: str, version: int, state) -> None:
+        if (model, version, state.name) == ("m", 2, "UNLOADING") and not in_listener.is_set():
+            in_listener.set()
+            resolved.wait(30)  # holds the manager's lock until the request below was routed
+
+    manager.add_listener(busy_listener)
+    remove_atomically(base / "2")
+    assert in_listener.wait(30), "v2 never started to unload"
+    versions: list[int] = []
+
+    def request() -> None:
+        with manager.handle("m") as servable:
+            versions.append(servable.version)
+        resolved.set()
+
+    client = threading.Thread(target=request, daemon=True)
+    client.start()
+    client.join(10)
+    resolved.set()
+    assert not client.is_alive(), "resolution waited for the manager's lock"
+    assert versions == [1]
+    wait_until(states_are(server.rest_url, "m", {"2": "END", "1": "AVAILABLE"}), what="v2 END")
+
+
+def test_the_canary_share_stays_exact_when_threads_resolve_at_once(serve, make_repo, tmp_path):
+    base = make_repo("m", {1: "hp2_tf2", 2: "hp3_tf2"})
+    server = serve_config(serve, tmp_path, ("m", base, "model_version_policy { all {} }"))
+    manager = server.server.manager
+    manager.set_canary("m", 1, 0.25)  # v2 is the default (the latest); v1 takes a quarter
+    counts: collections.Counter[int] = collections.Counter()
+    lock = threading.Lock()
+    start = threading.Barrier(4)
+
+    def requests_from_one_thread() -> None:
+        start.wait(30)
+        seen = collections.Counter()
+        for _ in range(250):
+            with manager.handle("m") as servable:
+                seen[servable.version] += 1
+        with lock:
+            counts.update(seen)
+
+    threads = [threading.Thread(target=requests_from_one_thread) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert counts == {1: 250, 2: 750}

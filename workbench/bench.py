@@ -37,6 +37,10 @@ PREDICT_METHOD = "/tensorflow.serving.PredictionService/Predict"
 DEFAULT_PROTOCOL = "rest"
 DEFAULT_DURATION_S = 5.0
 DEFAULT_CONCURRENCY = 1
+# gRPC clients per channel. One channel is one HTTP/2 connection, and the kernel gives a connection to one worker
+# of `workbench serve --num_workers`: a channel per few clients spreads the load over the workers, as many
+# independent clients would, while a few clients still share a connection as real ones do.
+CLIENTS_PER_CHANNEL = 4
 
 
 @dataclasses.dataclass
@@ -235,21 +239,39 @@ async def run_load_async(
         import grpc
 
         method, payload = _grpc_request(protocol, model, inputs, signature_name)
-        options = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
-        async with grpc.aio.insecure_channel(target, options=options) as channel:
+        options = [
+            ("grpc.max_receive_message_length", -1),
+            ("grpc.max_send_message_length", -1),
+            # Channels of one process share connections unless told not to: each channel its own connection.
+            ("grpc.use_local_subchannel_pool", 1),
+        ]
+        channels = [
+            grpc.aio.insecure_channel(target, options=options) for _ in range(-(-concurrency // CLIENTS_PER_CHANNEL))
+        ]
+        try:
             await asyncio.gather(
                 *(
                     _grpc_client(
-                        channel, method, payload, _Clock(None, warmup_requests), BenchResult(**_blank(result)), timeout
+                        channels[i % len(channels)],
+                        method,
+                        payload,
+                        _Clock(None, warmup_requests),
+                        BenchResult(**_blank(result)),
+                        timeout,
                     )
-                    for _ in range(4)
+                    for i in range(max(4, len(channels)))  # every connection warm
                 )
             )
             clock = _Clock(duration, requests)
             started = time.perf_counter()
             await asyncio.gather(
-                *(_grpc_client(channel, method, payload, clock, result, timeout) for _ in range(concurrency))
+                *(
+                    _grpc_client(channels[i // CLIENTS_PER_CHANNEL], method, payload, clock, result, timeout)
+                    for i in range(concurrency)
+                )
             )
+        finally:
+            await asyncio.gather(*(channel.close() for channel in channels))
     result.seconds = time.perf_counter() - started
     return result
 

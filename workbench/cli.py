@@ -175,6 +175,14 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     _flag(own, "rest_api_max_request_bytes", 256 * 1024 * 1024, "largest REST request body accepted", "BYTES")
     _flag(own, "grpc_max_message_bytes", 256 * 1024 * 1024, "largest gRPC message received or sent", "BYTES")
     _flag(own, "num_inference_threads", 0, "threads running TensorFlow (0: twice the cores, at least 4)", "N")
+    _flag(
+        own,
+        "num_workers",
+        "1",
+        "worker processes sharing the ports, each loading the models and batching on its own ('auto': one per "
+        "core); 1 keeps one copy of each model in memory: raise it on a machine given to serving",
+        "N",
+    )
     _flag(own, "management_state_file", "", "an older workbench's routing state, read where a model has none", "FILE")
     _flag(own, "management_token", "", "require this bearer token for the management API's changes", "TOKEN")
     _flag(
@@ -198,6 +206,9 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     # Set by notebook handles, not by people: they work, but --help does not list them.
     p.add_argument("--ready_file", default="", help=argparse.SUPPRESS)  # the ports as JSON once it answers
     p.add_argument("--parent_pid", type=int, default=0, help=argparse.SUPPRESS)  # stop when this process exits
+    # Set by the supervisor of --num_workers (workbench.workers) on each worker it starts.
+    p.add_argument("--worker_of", default="", help=argparse.SUPPRESS)  # the supervisor's run folder
+    p.add_argument("--worker_index", type=int, default=0, help=argparse.SUPPRESS)
     for name in UNSUPPORTED_TF_SERVING_FLAGS:
         p.add_argument(f"--{name}", nargs="?", const=True, default=None, help=argparse.SUPPRESS, dest=f"x_{name}")
     p.set_defaults(command=_serve)
@@ -222,6 +233,18 @@ def _serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    from workbench.workers import resolve_num_workers
+
+    try:
+        num_workers = resolve_num_workers(args.num_workers)
+    except ValueError as exc:
+        print(f"workbench serve: {exc}", file=sys.stderr)
+        return 2
+    if num_workers > 1 and args.grpc_socket_path:
+        print("workbench serve: --grpc_socket_path serves one process, not --num_workers", file=sys.stderr)
+        return 2
+    if num_workers > 1 and not args.worker_of:
+        return _supervise(args, num_workers)
     options = ServerOptions(
         port=args.port,
         rest_api_port=args.rest_api_port,
@@ -256,8 +279,11 @@ def _serve(args: argparse.Namespace) -> int:
         parent_pid=args.parent_pid,
         allow_pickle=args.allow_pickle,
         allow_python_models=args.allow_python_models,
+        num_workers=num_workers,
+        worker_index=args.worker_index,
+        worker_dir=args.worker_of,
     )
-    _configure_logging()
+    _configure_logging(f"[worker {args.worker_index}] " if args.worker_of else "")
     from workbench.errors import ServingError
     from workbench.server import run
 
@@ -271,8 +297,31 @@ def _serve(args: argparse.Namespace) -> int:
         return 1
 
 
-def _configure_logging() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+def _supervise(args: argparse.Namespace, num_workers: int) -> int:
+    """``--num_workers`` above 1: this process starts the workers (before importing gRPC or TensorFlow)."""
+    from workbench.workers import Supervisor
+
+    _configure_logging()
+    words: list[str] = args.words
+    supervisor = Supervisor(
+        serve_args=words[words.index("serve") + 1 :],
+        num_workers=num_workers,
+        host=args.host,
+        grpc_port=args.port,
+        rest_api_port=args.rest_api_port,
+        drain_seconds=args.drain_seconds,
+        ready_file=args.ready_file,
+        parent_pid=args.parent_pid,
+    )
+    try:
+        return supervisor.run()
+    except OSError as exc:  # e.g. the port is taken
+        print(f"workbench serve: {exc}", file=sys.stderr)
+        return 1
+
+
+def _configure_logging(prefix: str = "") -> None:
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s {prefix}%(name)s: %(message)s")
     for noisy in ("tensorflow", "absl", "uvicorn.error"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
@@ -461,7 +510,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(words)
+    args.words = words  # as typed: the supervisor of --num_workers hands them on to its workers
     return int(args.command(args))
 
 

@@ -18,6 +18,7 @@ strings, where this client keeps the server's code in every :class:`ServingError
 from __future__ import annotations
 
 import base64
+import itertools
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -63,6 +64,10 @@ def canonical_protocol(protocol: str) -> str:
     return chosen
 
 
+# gRPC connections a Client opens: several, so calls from several threads spread over a multi-worker server.
+GRPC_CHANNELS = 4
+
+
 class Prediction(dict):  # type: ignore[type-arg]
     """Output name → numpy array, with where it ran and how long the call took."""
 
@@ -90,9 +95,15 @@ class Client:
         timeout: float = 30.0,
         token: str | None = None,
         binary_data: bool | None = None,
+        grpc_channels: int = GRPC_CHANNELS,
     ) -> None:
         """``binary_data`` (v2 over REST): None sends large tensors as raw bytes and small ones as JSON, True every
-        tensor raw (as tritonclient does), False only JSON (for v2 servers without Triton's binary extension)."""
+        tensor raw (as tritonclient does), False only JSON (for v2 servers without Triton's binary extension).
+
+        ``grpc_channels`` gRPC connections are opened (lazily) and used in turn: one HTTP/2 connection stays on one
+        worker of a ``--num_workers`` server, so a client that calls from several threads spreads over them."""
+        if grpc_channels < 1:
+            raise ValueError(f"grpc_channels must be at least 1, not {grpc_channels}")
         self.url = url.rstrip("/") if url else None
         self.grpc_target = grpc
         self.protocol = canonical_protocol(protocol)
@@ -101,8 +112,10 @@ class Client:
         self._session = requests.Session()
         if token:
             self._session.headers["Authorization"] = f"Bearer {token}"
-        self._channel: Any = None
-        self._stubs: dict[str, Any] = {}
+        self._grpc_channels = grpc_channels
+        self._channels: list[Any] = []
+        self._stubs: dict[str, list[Any]] = {}
+        self._turn = itertools.count()
         self._signatures: dict[tuple[str, int | None, str | None, bool], dict[str, Signature]] = {}
         self.last_latency_ms: float | None = None
 
@@ -111,9 +124,9 @@ class Client:
 
     def close(self) -> None:
         self._session.close()
-        if self._channel is not None:
-            self._channel.close()
-            self._channel = None
+        for channel in self._channels:
+            channel.close()
+        self._channels, self._stubs = [], {}
 
     def __enter__(self) -> Client:
         return self
@@ -168,13 +181,20 @@ class Client:
         return response
 
     def _stub(self, service: str) -> Any:
-        """The stub of ``service`` ("predict", "model": TF Serving's; "v2": the GRPCInferenceService) on one channel."""
+        """A stub of ``service`` ("predict", "model": TF Serving's; "v2": the v2 service), the channels in turn."""
         if service not in self._stubs:
             import grpc
 
-            if self._channel is None:
-                options = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
-                self._channel = grpc.insecure_channel(self.grpc_target, options=options)
+            if not self._channels:
+                options = [
+                    ("grpc.max_receive_message_length", -1),
+                    ("grpc.max_send_message_length", -1),
+                    # Channels of one process share a connection unless told not to: each its own connection.
+                    ("grpc.use_local_subchannel_pool", 1),
+                ]
+                self._channels = [
+                    grpc.insecure_channel(self.grpc_target, options=options) for _ in range(self._grpc_channels)
+                ]
             if service == "v2":
                 from tritonclient.grpc import service_pb2_grpc
 
@@ -184,8 +204,9 @@ class Client:
 
                 module = prediction_service_pb2_grpc if service == "predict" else model_service_pb2_grpc
                 stub = module.PredictionServiceStub if service == "predict" else module.ModelServiceStub
-            self._stubs[service] = stub(self._channel)
-        return self._stubs[service]
+            self._stubs[service] = [stub(channel) for channel in self._channels]
+        stubs = self._stubs[service]
+        return stubs[next(self._turn) % len(stubs)]
 
     def _grpc_call(self, service: str, method: str, request: Any) -> Any:
         import grpc

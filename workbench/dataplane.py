@@ -44,24 +44,48 @@ class ModelSpec:
 
 
 class Call:
-    """One request in flight, timed and counted by its final status when its ``with`` block ends.
+    """One request in flight: ``with dataplane.request(spec, api, protocol) as call:``.
 
-    The frontend fills in ``version`` once it is known. (A class rather than a generator-based context
-    manager: this runs on every request.)
+    Entering resolves ``spec`` and holds the servable (``call.servable``); leaving counts the request once, by its
+    final status, in the metrics and the rolling stats. The hold outlives the answer when it must: a request
+    answered early (its deadline passed, its client cancelled) while a worker thread still runs its servable
+    releases the servable only when that thread returns, so an unload never closes a model under a running
+    ``run()``. A plain ``with``, not ``async with``: nothing here awaits, and this runs on every request.
     """
 
-    __slots__ = ("_dataplane", "model", "api", "protocol", "version", "_started")
+    __slots__ = ("_dataplane", "_handle", "_started", "_work", "servable", "model", "api", "protocol")
 
-    def __init__(self, dataplane: Dataplane, model: str, api: str, protocol: str) -> None:
+    def __init__(self, dataplane: Dataplane, spec: ModelSpec, api: str, protocol: str) -> None:
         self._dataplane = dataplane
-        self.model, self.api, self.protocol = model, api, protocol
-        self.version: int | None = None
+        self.model, self.api, self.protocol = spec.name, api, protocol
         self._started = time.perf_counter()
+        self._work: asyncio.Future[Any] | None = None  # what runs on the servable, once the request runs it
+        try:
+            self._handle = dataplane.handle(spec)
+            self.servable: Servable = self._handle.__enter__()
+        except BaseException as exc:  # an unknown model or version is a request too: count it
+            self._count(exc, None)
+            raise
+
+    @property
+    def version(self) -> int:
+        return self.servable.version
 
     def __enter__(self) -> Call:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        work = self._work
+        if work is None or work.done():
+            self._handle.__exit__(None, None, None)
+        else:  # answered, but a worker thread still runs the servable: hold it until that thread returns
+            work.add_done_callback(self._release)
+        self._count(exc, self.servable.version)
+
+    def _release(self, _: object) -> None:
+        self._handle.__exit__(None, None, None)
+
+    def _count(self, exc: BaseException | None, version: int | None) -> None:
         if exc is None:
             code = "OK"
         elif isinstance(exc, ServingError):
@@ -71,8 +95,8 @@ class Call:
         else:
             code = from_exception(exc).code.name
         seconds = time.perf_counter() - self._started
-        self._dataplane.metrics.observe_request(self.model, self.version, self.api, self.protocol, code, seconds)
-        self._dataplane.stats.record_request(self.model, self.version, seconds, code == "OK")
+        self._dataplane.metrics.observe_request(self.model, version, self.api, self.protocol, code, seconds)
+        self._dataplane.stats.record_request(self.model, version, seconds, code == "OK")
 
 
 class Dataplane:
@@ -96,8 +120,24 @@ class Dataplane:
         self._members = _Members(self)
 
     # --------------------------------------------------------------------------------- resolution
+    def request(self, spec: ModelSpec, api: str, protocol: str) -> Call:
+        """The one entry of an inference request: resolved, held and counted (see :class:`Call`).
+
+        ``api`` and ``protocol`` label its metrics ("predict", "rest"). Raises (already counted) when ``spec``
+        names no servable.
+        """
+        return Call(self, spec, api, protocol)
+
+    def refused(self, model: str, api: str, protocol: str, error: ServingError) -> None:
+        """Count a request refused before it named a servable (a frontend could not read its model or version)."""
+        self.metrics.observe_request(model, None, api, protocol, error.code.name, 0.0)
+        self.stats.record_request(model, None, 0.0, False)
+
     def handle(self, spec: ModelSpec) -> ServableHandle:
-        """The servable ``spec`` names, held until the ``with`` block ends (it cannot unload meanwhile)."""
+        """The servable ``spec`` names, held until the ``with`` block ends (it cannot unload meanwhile).
+
+        For what reads a servable on the event loop (metadata); inference requests enter :meth:`request`.
+        """
         if spec.version is not None and spec.label is not None:
             raise ServingError(Code.INVALID_ARGUMENT, "A request may name a version or a label, not both")
         return self.manager.handle(spec.name, spec.version, spec.label)
@@ -128,26 +168,35 @@ class Dataplane:
         return await self.scheduler.run(servable, signature, feed, outputs)
 
     @staticmethod
-    async def _deadline(awaitable: Awaitable[T], timeout: float | None) -> T:
-        if timeout is None:
-            return await awaitable
+    async def _run(call: Call, work: Awaitable[T], timeout: float | None) -> T:
+        """Await ``work`` for ``call`` until ``timeout`` seconds pass (DEADLINE_EXCEEDED).
+
+        ``work`` runs as a task of its own that neither the deadline nor a cancelled caller cancels: once it has
+        reached a worker thread nothing can stop that thread, so ``call`` keeps the servable held until the task
+        (and with it the thread) is done. The shield is what lets the answer leave without the hold. The price: a
+        request that expires while still queued for a batch runs all the same (the batcher cannot yet say whether
+        a task already reached a thread, which is what cancelling safely would need).
+        """
+        task = asyncio.ensure_future(work)
+        call._work = task
         try:
-            return await asyncio.wait_for(awaitable, timeout)
+            return await asyncio.wait_for(asyncio.shield(task), timeout)
         except asyncio.TimeoutError:
             raise ServingError(Code.DEADLINE_EXCEEDED, "Deadline Exceeded") from None
 
     async def predict(
         self,
-        servable: Servable,
+        call: Call,
         signature_name: str,
         inputs: Mapping[str, np.ndarray],
         output_filter: Sequence[str] = (),
         timeout: float | None = None,
     ) -> tuple[Signature, dict[str, np.ndarray]]:
+        servable = call.servable
         signature = inference.predict_signature(servable, signature_name)
         feed, outputs = inference.prepare_predict(signature, inputs, output_filter)
         try:
-            result = await self._deadline(self.execute(servable, signature, feed, outputs), timeout)
+            result = await self._run(call, self.execute(servable, signature, feed, outputs), timeout)
         except ServingError as exc:
             raise inference.name_the_misfit_input(signature, feed, exc) from None
         self._log(
@@ -159,11 +208,12 @@ class Dataplane:
         return signature, result
 
     async def classify(
-        self, servable: Servable, signature_name: str, examples: Sequence[bytes], timeout: float | None = None
+        self, call: Call, signature_name: str, examples: Sequence[bytes], timeout: float | None = None
     ) -> tuple[str, inference.Classifications]:
-        call = inference.classify_call(servable, signature_name, examples)
-        result = await self._deadline(self.execute(servable, call.signature, call.feed, call.outputs), timeout)
-        name, labelled = call.signature.name, inference.classify_results(call, result)
+        servable = call.servable
+        run = inference.classify_call(servable, signature_name, examples)
+        result = await self._run(call, self.execute(servable, run.signature, run.feed, run.outputs), timeout)
+        name, labelled = run.signature.name, inference.classify_results(run, result)
         self._log(
             servable,
             lambda: prediction_logs.ClassifyEntry(servable.name, servable.version, name, examples, labelled),
@@ -171,11 +221,12 @@ class Dataplane:
         return name, labelled
 
     async def regress(
-        self, servable: Servable, signature_name: str, examples: Sequence[bytes], timeout: float | None = None
+        self, call: Call, signature_name: str, examples: Sequence[bytes], timeout: float | None = None
     ) -> tuple[str, list[float]]:
-        call = inference.regress_call(servable, signature_name, examples)
-        result = await self._deadline(self.execute(servable, call.signature, call.feed, call.outputs), timeout)
-        name, values = call.signature.name, inference.regress_results(call, result)
+        servable = call.servable
+        run = inference.regress_call(servable, signature_name, examples)
+        result = await self._run(call, self.execute(servable, run.signature, run.feed, run.outputs), timeout)
+        name, values = run.signature.name, inference.regress_results(run, result)
         self._log(
             servable, lambda: prediction_logs.RegressEntry(servable.name, servable.version, name, examples, values)
         )
@@ -183,15 +234,16 @@ class Dataplane:
 
     async def multi_inference(
         self,
-        servable: Servable,
+        call: Call,
         tasks: Sequence[inference.InferenceTask],
         examples: Sequence[bytes],
         timeout: float | None = None,
     ) -> list[tuple[str, Any]]:
         """Several signatures on one input: run together, unbatched."""
+        servable = call.servable
         loop = asyncio.get_running_loop()
         work = loop.run_in_executor(self._executor, inference.multi_inference, servable, tasks, examples)
-        results = await self._deadline(work, timeout)
+        results = await self._run(call, work, timeout)
         self._log(
             servable,
             lambda: prediction_logs.MultiInferenceEntry(servable.name, servable.version, tasks, examples, results),
@@ -235,11 +287,6 @@ class Dataplane:
             versions = [(model, status.version) for status in self.manager.version_status(model, version)]
         totals = _MetricTotals(self.metrics)
         return [totals.statistics(name, number) for name, number in sorted(versions)]
-
-    # ------------------------------------------------------------------------------------ metrics
-    def track(self, model: str, api: str, protocol: str) -> Call:
-        """``with dataplane.track(...) as call:`` times one request and counts it by its final status."""
-        return Call(self, model, api, protocol)
 
 
 class _MetricTotals:

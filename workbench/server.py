@@ -36,7 +36,13 @@ from workbench.engine.batching import BatchRecord, BatchScheduler
 from workbench.engine.batching_config import BatchingParameters, model_batching_parameters
 from workbench.engine.manager import Manager, VersionState
 from workbench.engine.metrics import ServingMetrics
-from workbench.engine.options import ModelConfig, ServerOptions, discover_models, parse_model_config_file
+from workbench.engine.options import (
+    ModelConfig,
+    MonitoringOptions,
+    ServerOptions,
+    discover_models,
+    parse_model_config_file,
+)
 from workbench.engine.readiness import Phase, ServerReadiness
 from workbench.engine.request_log import RequestLogger
 from workbench.engine.routing_state import read_legacy_state
@@ -52,6 +58,7 @@ from workbench.frontends.rest import create_app
 from workbench.frontends.v2_grpc import InferenceService
 from workbench.frontends.v2_rest import V2Settings, v2_routes
 from workbench.jupyter import registry  # Jupyter's server extension lists and proxies running servers
+from workbench.peers import LocalViews, WholeServerMetrics, WorkerPeers
 from workbench.platforms import LoadPolicy
 
 log = logging.getLogger(__name__)
@@ -81,10 +88,12 @@ def _host_for_grpc(host: str) -> str:
     return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
-def _bind(host: str, port: int) -> socket.socket:
+def _bind(host: str, port: int, reuse_port: bool = False) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:  # one of --num_workers: the kernel spreads new connections among the workers' sockets
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((host, port))
     except OSError as exc:
@@ -100,7 +109,14 @@ class ModelServer:
 
     def __init__(self, options: ServerOptions) -> None:
         self.options = options
-        self.metrics = ServingMetrics()
+        # One of --num_workers: its stats, metrics and health answer for every worker (workbench.peers).
+        self.metrics = WholeServerMetrics() if options.worker_dir else ServingMetrics()
+        self.peers: WorkerPeers | None = None
+        if isinstance(self.metrics, WholeServerMetrics):
+            views = LocalViews(self._own_stats_snapshot, self.metrics.own_exposition, self._own_health)
+            self.peers = self.metrics.peers = WorkerPeers(
+                options.worker_dir, options.worker_index, options.num_workers, views
+            )
         self.stats = RollingStats()
         self._default_batching = options.batching_parameters()
         self._batching: dict[str, BatchingParameters | None] = {}
@@ -127,7 +143,8 @@ class ModelServer:
             discover=discover,
             on_scan=self.request_log.configure,
         )
-        threads = options.num_inference_threads or max(4, 2 * (os.cpu_count() or 1))
+        # N workers share the cores: each takes its part of the default
+        threads = options.num_inference_threads or max(4, 2 * (os.cpu_count() or 1) // max(1, options.num_workers))
         self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="workbench-infer")
         self.scheduler = BatchScheduler(
             self._executor, lambda servable: self._batching.get(servable.name), listener=self._on_batch
@@ -188,9 +205,19 @@ class ModelServer:
         ]
 
     def stats_snapshot(self) -> dict[str, object]:
+        return self.peers.stats() if self.peers is not None else self._own_stats_snapshot()
+
+    def _own_stats_snapshot(self) -> dict[str, object]:
         return self.stats.snapshot({(m, v): rows for m, v, rows in self.scheduler.queue_depths()})
 
     def health(self) -> dict[str, object]:
+        health = self._own_health()
+        if self.peers is not None:  # "pid" is the worker that answered; "workers" lists them all
+            health["worker"] = self.options.worker_index
+            health["workers"] = self.peers.workers()
+        return health
+
+    def _own_health(self) -> dict[str, object]:
         return {
             "status": "ok",
             "readiness": self.readiness().body(),  # as GET /readyz answers
@@ -257,30 +284,23 @@ class ModelServer:
         options = self.options
         self._stopped = asyncio.Event()
         self._loop = asyncio.get_running_loop()
+        if self.peers is not None:
+            self.peers.start()
         models = options.initial_models()  # raises on a malformed config file, before anything starts
         monitoring = options.monitoring()
         options.drain_timing()  # raises on impossible drain flags, before anything starts
         if options.model_config_file:
             self._config_text = Path(options.model_config_file).read_text()
         # Unlike TF Serving, the ports open before the models load: liveness answers during a long start-up
-        # (no restarts while a big model loads), readiness says "starting", and a bad port fails at once.
-        self._grpc, self.grpc_port = await start_grpc_server(
-            self.dataplane,
-            self.apply_models,
-            address=f"{_host_for_grpc(options.grpc_host)}:{options.port}",
-            socket_path=options.grpc_socket_path,
-            max_message_bytes=options.grpc_max_message_bytes,
-            channel_arguments=options.grpc_arguments(),
-            health=self._health,
-            # The Open Inference Protocol's service on TF Serving's gRPC port
-            services=[InferenceService(self.dataplane, self.readiness, self.rescan, options.management_token).add_to],
-        )
-        log.info("Running gRPC ModelServer at %s:%d", options.grpc_host, self.grpc_port)
-        if options.rest_api_port != 0:  # 0 is off, as in TF Serving; -1 picks a free port
-            prometheus_path = monitoring.prometheus_path if monitoring.prometheus_enabled else None
-            await self._start_rest(max(options.rest_api_port, 0), prometheus_path)
-        # Loading blocks (TensorFlow): off the loop, which meanwhile answers probes.
-        await self._loop.run_in_executor(None, self.apply_models, models)
+        # (no restarts while a big model loads), readiness says "starting", and a bad port fails at once. A worker of
+        # --num_workers joins the shared ports only once its models are loaded: the kernel hands new connections to
+        # every listening worker, and a (re)started one must not answer "not found" beside siblings that serve.
+        joins_late = bool(options.worker_dir)
+        if joins_late:
+            await self._loop.run_in_executor(None, self.apply_models, models)
+        await self._open_ports(monitoring)
+        if not joins_late:  # loading blocks (TensorFlow): off the loop, which meanwhile answers probes
+            await self._loop.run_in_executor(None, self.apply_models, models)
         self.source.start_polling()
         if options.model_config_file and options.model_config_file_poll_wait_seconds > 0:
             self._config_thread = threading.Thread(target=self._watch_config_file, name="workbench-config", daemon=True)
@@ -292,10 +312,31 @@ class ModelServer:
         self.started_at = time.time()
         if options.parent_pid:
             threading.Thread(target=self._watch_parent, name="workbench-parent", daemon=True).start()
-        # Recorded once it answers, before the ready file so a started handle is listed; never raises.
-        self._registry_id = registry.register_server(options, self.rest_port, self.grpc_port, self.started_at)
+        # Recorded once it answers, before the ready file so a started handle is listed; never raises. Of
+        # --num_workers, the first worker records the server.
+        if options.worker_index == 0:
+            self._registry_id = registry.register_server(options, self.rest_port, self.grpc_port, self.started_at)
         if options.ready_file:
             write_ready_file(options.ready_file, self.health())
+
+    async def _open_ports(self, monitoring: MonitoringOptions) -> None:
+        options = self.options
+        self._grpc, self.grpc_port = await start_grpc_server(
+            self.dataplane,
+            self.apply_models,
+            address=f"{_host_for_grpc(options.grpc_host)}:{options.port}",
+            socket_path=options.grpc_socket_path,
+            max_message_bytes=options.grpc_max_message_bytes,
+            channel_arguments=options.grpc_arguments(),
+            health=self._health,
+            reuse_port=bool(options.worker_dir),
+            # The Open Inference Protocol's service on TF Serving's gRPC port
+            services=[InferenceService(self.dataplane, self.readiness, self.rescan, options.management_token).add_to],
+        )
+        log.info("Running gRPC ModelServer at %s:%d", options.grpc_host, self.grpc_port)
+        if options.rest_api_port != 0:  # 0 is off, as in TF Serving; -1 picks a free port
+            prometheus_path = monitoring.prometheus_path if monitoring.prometheus_enabled else None
+            await self._start_rest(max(options.rest_api_port, 0), prometheus_path)
 
     def _watch_parent(self) -> None:
         """Serve only as long as the process that started us lives (a notebook kernel, even one killed -9)."""
@@ -330,7 +371,7 @@ class ModelServer:
                 ),
             ],
         )
-        sock = _bind(self.options.rest_api_host, port)
+        sock = _bind(self.options.rest_api_host, port, reuse_port=bool(self.options.worker_dir))
         self._sockets.append(sock)
         self.rest_port = sock.getsockname()[1]
         config = uvicorn.Config(
@@ -385,6 +426,8 @@ class ModelServer:
         await loop.run_in_executor(None, self.request_log.close)  # no requests come any more: write what is queued
         await loop.run_in_executor(None, self.manager.stop)
         await loop.run_in_executor(None, self.model_cache.close)
+        if self.peers is not None:
+            self.peers.stop()
         self._executor.shutdown(wait=False, cancel_futures=True)
         log.info("Stopped")
 

@@ -6,6 +6,12 @@ free, so an idle model answers at once and batching adds no latency at low load;
 is whatever waited while the running ones ran (or, with ``batch_timeout_micros``, whatever arrives until
 the batch is full or its oldest request has waited that long).
 
+A call to a cheap model runs on the event loop itself (:class:`RunCost`): for a model answering in tens of
+microseconds, the hop to an inference thread and back (a queue put, a thread wake-up, a GIL hand-over, a
+callback to the loop) costs more than the call, and under load it is paid once per request, since the loop
+is the bottleneck and a batch thread is always free. Such a call starts exactly when a thread would have
+started it, with the same rows, so batches and their records are those of the threaded path.
+
 Requests merge when their inputs have the same aliases, dtypes and trailing dimensions (with
 ``pad_variable_length_inputs``, the same ranks: shorter ones are padded); anything that cannot be
 concatenated along dimension 0 runs alone. Each caller gets exactly its own rows back; padding rows added
@@ -20,6 +26,7 @@ import dataclasses
 import functools
 import logging
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from typing import Any
@@ -63,9 +70,53 @@ class _Task:
     enqueued: float
 
 
+# Platforms whose calls are native compute that never waits on I/O or on the event loop; a Python model's
+# (user code) always runs on a thread.
+INLINE_PLATFORMS = frozenset({"tensorflow", "onnx", "sklearn", "xgboost", "lightgbm", "workbench_null"})
+
+
+class RunCost:
+    """Whether one signature's calls are cheap enough to run on the event loop rather than on a thread.
+
+    Calls start on the inference threads. There a call's wall time also counts its wait for the GIL (long while
+    the loop is busy, which is when this matters), so a slow call there proves nothing, and :data:`SETTLE_RUNS`
+    calls under :data:`INLINE_BUDGET_SECONDS` prove the model cheap. On the loop a call's time is its own: one
+    over the budget (a bigger batch, a model grown slow, the machine busy) sends the calls back to the threads
+    until they prove cheap again. Only :data:`INLINE_PLATFORMS` qualify at all.
+    """
+
+    INLINE_BUDGET_SECONDS = 200e-6  # one call on the loop delays every other request by this much at most
+    SETTLE_RUNS = 8
+
+    __slots__ = ("inline", "_cheap_runs", "_allowed")
+
+    def __init__(self, allowed: bool = True) -> None:
+        self.inline = False
+        self._cheap_runs = 0
+        self._allowed = allowed
+
+    def record(self, seconds: float, on_loop: bool) -> None:
+        """One call took ``seconds`` (wall time), on the loop or on a thread."""
+        cheap = seconds < self.INLINE_BUDGET_SECONDS
+        if on_loop:
+            if not cheap:
+                self.inline, self._cheap_runs = False, 0
+        elif cheap and self._allowed:
+            self._cheap_runs += 1
+            self.inline = self._cheap_runs >= self.SETTLE_RUNS
+
+
 class _Queue:
-    def __init__(self, servable: Servable, signature: Signature, outputs: tuple[str, ...], params: BatchingParameters):
+    def __init__(
+        self,
+        servable: Servable,
+        signature: Signature,
+        outputs: tuple[str, ...],
+        params: BatchingParameters,
+        cost: RunCost,
+    ):
         self.servable, self.signature, self.outputs, self.params = servable, signature, outputs, params
+        self.cost = cost
         self.pending: collections.deque[_Task] = collections.deque()
         self.pending_rows = 0
         self.running = 0
@@ -151,6 +202,8 @@ class BatchScheduler:
         self._params_for = params_for
         self._listener = listener
         self._queues: dict[tuple[int, str, tuple[str, ...]], _Queue] = {}
+        # Per servable and signature; outlives the queues (one is dropped whenever it empties), not the servable.
+        self._costs: weakref.WeakKeyDictionary[Servable, dict[str, RunCost]] = weakref.WeakKeyDictionary()
         self._said_unbatched: set[tuple[str, int, str]] = set()
 
     def queue_depths(self) -> list[tuple[str, int, int]]:
@@ -179,7 +232,15 @@ class BatchScheduler:
             params = None
         key = batch_key(feed, params.pad_variable_length_inputs) if params is not None else None
         if params is None or key is None:
-            return await loop.run_in_executor(self._executor, self._run_alone, servable, signature, feed, outputs)
+            cost = self._cost(servable, signature)
+            on_loop = cost.inline
+            if on_loop:
+                result, seconds = self._run_alone(servable, signature, feed, outputs)
+            else:
+                work = loop.run_in_executor(self._executor, self._run_alone, servable, signature, feed, outputs)
+                result, seconds = await work
+            cost.record(seconds, on_loop)
+            return result
         rows = next(iter(feed.values())).shape[0]
         if rows > params.max_batch_size:
             raise ServingError(
@@ -214,17 +275,26 @@ class BatchScheduler:
         parts = await asyncio.gather(*futures)
         return {alias: np.concatenate([part[alias] for part in parts], axis=0) for alias in parts[0]}
 
-    def _run_alone(self, servable: Servable, signature: Signature, feed: Feed, outputs: Sequence[str]) -> Outputs:
+    def _run_alone(
+        self, servable: Servable, signature: Signature, feed: Feed, outputs: Sequence[str]
+    ) -> tuple[Outputs, float]:
+        """One unbatched call: its outputs and how long it took."""
         started = time.perf_counter()
         result = servable.run(signature, feed, outputs)
+        seconds = time.perf_counter() - started
         if self._listener is not None:
             rows = next((v.shape[0] for v in feed.values() if v.ndim), 1)
-            self._listener(
-                BatchRecord(
-                    servable.name, servable.version, signature.name, rows, rows, 1, [0.0], time.perf_counter() - started
-                )
-            )
-        return result
+            self._listener(BatchRecord(servable.name, servable.version, signature.name, rows, rows, 1, [0.0], seconds))
+        return result, seconds
+
+    def _cost(self, servable: Servable, signature: Signature) -> RunCost:
+        by_signature = self._costs.get(servable)
+        if by_signature is None:
+            by_signature = self._costs[servable] = {}
+        cost = by_signature.get(signature.name)
+        if cost is None:
+            cost = by_signature[signature.name] = RunCost(allowed=servable.platform in INLINE_PLATFORMS)
+        return cost
 
     def _queue(
         self, servable: Servable, signature: Signature, outputs: tuple[str, ...], params: BatchingParameters
@@ -232,7 +302,7 @@ class BatchScheduler:
         key = (id(servable), signature.name, outputs)
         queue = self._queues.get(key)
         if queue is None or queue.servable is not servable:
-            queue = self._queues[key] = _Queue(servable, signature, outputs, params)
+            queue = self._queues[key] = _Queue(servable, signature, outputs, params, self._cost(servable, signature))
         return queue
 
     def _schedule(self, queue: _Queue) -> None:
@@ -252,8 +322,15 @@ class BatchScheduler:
             batch = self._take(queue)
             if not batch:
                 continue
-            queue.running += 1
             started = time.perf_counter()
+            if queue.cost.inline:  # a cheap call: here and now (this loop turn goes on with the next batch)
+                try:
+                    outcome: tuple[list[Outputs], int, float] | BaseException = self._execute(queue, batch)
+                except BaseException as exc:  # noqa: BLE001 - every caller of the batch gets the error
+                    outcome = exc
+                self._deliver(queue, batch, started, outcome, on_loop=True)
+                continue
+            queue.running += 1
             future = loop.run_in_executor(self._executor, self._execute, queue, batch)
             future.add_done_callback(functools.partial(self._finish, queue, batch, started))
         if not queue.pending and queue.running == 0 and not queue.dispatch_pending:
@@ -306,15 +383,32 @@ class BatchScheduler:
         return results, target, time.perf_counter() - started
 
     def _finish(self, queue: _Queue, batch: list[_Task], started: float, future: asyncio.Future[Any]) -> None:
+        """A batch thread is done: answer its callers and start what waited for the thread."""
         queue.running -= 1
         try:
-            results, target, run_seconds = future.result()
+            outcome: tuple[list[Outputs], int, float] | BaseException = future.result()
         except BaseException as exc:  # noqa: BLE001 - every caller of the batch gets the error
-            error = from_exception(exc)
+            outcome = exc
+        self._deliver(queue, batch, started, outcome, on_loop=False)
+        self._schedule(queue)
+
+    def _deliver(
+        self,
+        queue: _Queue,
+        batch: list[_Task],
+        started: float,
+        outcome: tuple[list[Outputs], int, float] | BaseException,
+        on_loop: bool,
+    ) -> None:
+        """Answer every caller of ``batch`` with its rows (or the batch's error), and record the batch."""
+        if isinstance(outcome, BaseException):
+            error = from_exception(outcome)
             for task in batch:
                 if not task.future.done():
                     task.future.set_exception(error)
         else:
+            results, target, run_seconds = outcome
+            queue.cost.record(run_seconds, on_loop)
             for task, result in zip(batch, results, strict=True):
                 if not task.future.done():
                     task.future.set_result(result)
@@ -331,4 +425,3 @@ class BatchScheduler:
                         run_seconds=run_seconds,
                     )
                 )
-        self._schedule(queue)

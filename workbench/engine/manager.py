@@ -8,7 +8,9 @@ already serving keep serving. A composite version (a pipeline) becomes AVAILABLE
 serve: it waits, loaded, while they load, and a version that failed for lack of them is retried when they serve.
 
 All state sits behind one lock, held only for bookkeeping: loads, unloads, reading and writing the routing state,
-and building JSON views all run off it. A management change (promote, rollback, canary, load, unload) is a
+and building JSON views all run off it. Requests never take it: each model's :class:`_Route` (its serving
+versions, labels and routing) is an immutable snapshot, replaced under the lock whenever one of those changes and
+read without it. A management change (promote, rollback, canary, load, unload) is a
 compare-and-write of the model's stored routing (``routing_state``), so replicas sharing a repository agree; those
 changes live in :mod:`~workbench.engine.routing_changes`, and the manager only keeps the versions they need loaded.
 """
@@ -103,6 +105,7 @@ class _Model:
     # Versions a management change in progress is loading: kept loaded until the change is stored (or failed).
     held: collections.Counter[int] = dataclasses.field(default_factory=collections.Counter)
     split: CanarySplit = dataclasses.field(default_factory=CanarySplit)
+    split_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)  # the split's counters
     # Bumped whenever ``stored`` is replaced, so a read that started before a newer state arrived is dropped.
     routing_epoch: int = 0
     drops_ignored: bool = False  # the routing's drops would leave nothing to serve (warned once)
@@ -113,6 +116,31 @@ class _Model:
     @property
     def routing(self) -> Routing:
         return self.stored.routing
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Route:
+    """What requests for one model resolve against: built under the manager's lock, read without it.
+
+    A new route replaces the old one whenever a version enters or leaves AVAILABLE, the labels change or the
+    routing does; a request that read the old one just before sees at worst a version that has started to
+    unload, whose harness then refuses it (and :meth:`Manager.resolve` reads the newer route).
+    """
+
+    serving: Mapping[int, Harness]  # the AVAILABLE versions
+    labels: Mapping[str, int]
+    routing: Routing
+    split: CanarySplit
+    split_lock: threading.Lock
+    # Where a request naming no version goes, when no canary shares the traffic (None: ask the split, or none).
+    default: Harness | None
+
+    def pick(self) -> Harness | None:
+        """The version a request that names none runs on (None when nothing serves)."""
+        if self.default is not None or not self.serving:
+            return self.default
+        with self.split_lock:  # the canary's exact share counts every request once
+            return self.serving[self.split.pick(self.routing, self.serving.keys())]
 
 
 class ServableHandle:
@@ -162,6 +190,7 @@ class Manager(RoutingChanges):
         self._lock = threading.RLock()
         self._settled = threading.Condition(self._lock)
         self._models: dict[str, _Model] = {}
+        self._routes: dict[str, _Route] = {}  # by model name; replaced (never changed) under the lock
         self._executor = ThreadPoolExecutor(max_workers=max(1, load_threads), thread_name_prefix="workbench-load")
         self._closed = False
         self._listeners: list[StateListener] = []
@@ -185,12 +214,14 @@ class Manager(RoutingChanges):
                     if model.config.base_path != config.base_path:
                         model.store = self._routing_stores(config.base_path)
                     model.config = config
+                self._publish(model)
             for name, model in self._models.items():
                 if name not in names and not model.removed:
                     model.removed = True
                     model.aspired = {}
                     model.labels = {}
                     model.label_map = {}
+                    self._publish(model)
                     self._reconcile(model)
 
     def configs(self) -> list[ModelConfig]:
@@ -221,6 +252,7 @@ class Manager(RoutingChanges):
                 model = self._models[name]
                 model.labels = dict(labels)
                 model.label_map = decisions.labels_of(model.labels, model.routing)
+                self._publish(model)
 
     def _live_model(self, name: str) -> _Model:
         model = self._models.get(name)
@@ -299,6 +331,7 @@ class Manager(RoutingChanges):
         model.stored = stored
         model.routing_epoch += 1
         model.label_map = decisions.labels_of(model.labels, stored.routing)
+        self._publish(model)
         self._update_aspired(model)
 
     def _update_aspired(self, model: _Model) -> None:
@@ -474,6 +507,7 @@ class Manager(RoutingChanges):
             finished = all(r.state == VersionState.END for r in model.versions.values())
             if model.removed and finished and self._models.get(model.config.name) is model:
                 del self._models[model.config.name]
+                del self._routes[model.config.name]
             elif not model.removed:
                 # Aspired again while it was unloading (a load right after an unload): load it anew. Done under
                 # the same lock as END, so a waiter never mistakes this unload's END for a failed load.
@@ -481,13 +515,37 @@ class Manager(RoutingChanges):
             self._settled.notify_all()
 
     def _set_state(self, model: _Model, record: VersionRecord, state: VersionState) -> None:
+        serving = record.state == VersionState.AVAILABLE or state == VersionState.AVAILABLE
         record.state = state
         record.since = time.time()
+        if serving and self._models.get(model.config.name) is model:  # not a model already replaced
+            self._publish(model)
         for listener in list(self._listeners):
             try:
                 listener(model.config.name, record.version, state)
             except Exception:  # noqa: BLE001 - listeners must not break the manager
                 log.exception("state listener failed")
+
+    def _publish(self, model: _Model) -> None:
+        """Route ``model``'s requests by its state as it is now (lock held; the one writer of ``_routes``)."""
+        serving = {
+            v: r.harness
+            for v, r in sorted(model.versions.items())
+            if r.state == VersionState.AVAILABLE and r.harness is not None
+        }
+        routing = model.routing
+        # TF Serving's default is the latest version; a promotion changes that, and a canary may take a share
+        # (then each request asks the split, which needs two versions serving).
+        default = decisions.default_version(routing, serving.keys())
+        canary_shares = routing.canary is not None and len(serving) > 1
+        self._routes[model.config.name] = _Route(
+            serving=serving,
+            labels=dict(model.label_map),
+            routing=routing,
+            split=model.split,
+            split_lock=model.split_lock,
+            default=serving[default] if default is not None and not canary_shares else None,
+        )
 
     def add_listener(self, listener: StateListener) -> None:
         """Call ``listener(model, version, state)`` (under the manager's lock) whenever a version changes state."""
@@ -581,33 +639,23 @@ class Manager(RoutingChanges):
     def resolve(self, name: str, version: int | None = None, label: str | None = None) -> Harness:
         """The servable a request for (name, version or label) runs on, already acquired for the caller.
 
-        Resolution and acquisition happen under the manager's lock, where versions also leave AVAILABLE, so
-        a version chosen here cannot start unloading before the caller holds it. Callers release it.
+        Lock-free: it reads the model's current :class:`_Route`. A version leaves the route (under the lock)
+        before its unload starts, so when the harness refuses (it is unloading), a newer route is already in
+        place and resolution starts over from it. Callers release what they get.
         """
-        with self._lock:
-            model = self._models.get(name)
-            if label is not None:
-                target = model.label_map.get(label) if model is not None and not model.removed else None
-                if target is None:
-                    raise ServingError(Code.INVALID_ARGUMENT, f"Unrecognized servable version label: {label}")
-                version = target
-            if model is not None:
-                if version is None:
-                    available = {
-                        r.version: r.harness
-                        for r in model.versions.values()
-                        if r.state == VersionState.AVAILABLE and r.harness is not None
-                    }
-                    if available:
-                        # TF Serving's default is the latest version; a promotion or a canary changes that.
-                        harness = available[model.split.pick(model.routing, available.keys())]
-                        if harness is not None and harness.acquire():
-                            return harness
-                else:
-                    record = model.versions.get(version)
-                    chosen = record.harness if record is not None and record.state == VersionState.AVAILABLE else None
-                    if chosen is not None and chosen.acquire():
-                        return chosen
+        route = self._routes.get(name)
+        if label is not None:
+            version = route.labels.get(label) if route is not None else None
+            if version is None:
+                raise ServingError(Code.INVALID_ARGUMENT, f"Unrecognized servable version label: {label}")
+        while route is not None:
+            chosen = route.pick() if version is None else route.serving.get(version)
+            if chosen is None:
+                break
+            if chosen.acquire():
+                return chosen
+            newer = self._routes.get(name)
+            route = newer if newer is not route else None
         if version is None:
             raise ServingError(Code.NOT_FOUND, f"Servable not found for request: Latest({name})")
         raise ServingError(Code.NOT_FOUND, f"Servable not found for request: Specific({name}, {version})")

@@ -103,6 +103,11 @@ class ServerOptions:
     drain_delay_seconds: float = 0.0  # of which: not ready, but still taking new connections
     ready_file: str = ""
     parent_pid: int = 0
+    # One of --num_workers processes (workbench.workers): its index, and the supervisor's run folder, where the
+    # workers find each other to answer for the whole server ("": a server of one process).
+    num_workers: int = 1
+    worker_index: int = 0
+    worker_dir: str = ""
     # Model files that run code when loaded (pickles; model.py and handler.py) load only when allowed.
     allow_pickle: bool = False
     allow_python_models: bool = False

@@ -246,7 +246,7 @@ class CanarySplit:
 
     The canary gets a request whenever its count falls behind ``weight * requests``, so over N requests it gets
     floor(N * weight) of them (integers: no float drift). The counters restart when the canary changes.
-    Not thread-safe: the manager calls it under its lock.
+    Not thread-safe: callers serialize their picks (the manager holds a lock per model for it).
     """
 
     __slots__ = ("_key", "_requests", "_canary_hits")

@@ -1,6 +1,7 @@
 """Rolling statistics per model version, for the live charts: rates and percentiles over a short window.
 
-Recording is an append to a deque (cheap on the request path); a snapshot trims what fell out of the window
+Recording is an append to a deque, with no lock (a deque's appends and pops are atomic, and the request path
+runs it for every request); a snapshot trims what fell out of the window, under the lock that snapshots share,
 and computes requests/s, p50/p95/p99 latency, errors, mean batch size and queue depth.
 """
 
@@ -21,8 +22,9 @@ class _Series:
     def __init__(self) -> None:
         self.requests: collections.deque[tuple[float, float, bool]] = collections.deque()  # (t, seconds, ok)
         self.batches: collections.deque[tuple[float, int, int]] = collections.deque()  # (t, rows, tasks)
-        self.total_requests = 0
-        self.total_errors = 0
+        # Requests trimmed out of the window so far: the totals are these plus what the window holds.
+        self.trimmed_requests = 0
+        self.trimmed_errors = 0
 
 
 class RollingStats:
@@ -30,21 +32,21 @@ class RollingStats:
         self.window = window_seconds
         self._clock = clock
         self._lock = threading.Lock()
-        self._series: dict[Key, _Series] = collections.defaultdict(_Series)
+        self._series: dict[Key, _Series] = {}
         self.started = clock()
 
+    def _series_of(self, key: Key) -> _Series:
+        series = self._series.get(key)
+        if series is None:  # a version's first record: the one that takes the lock
+            with self._lock:
+                series = self._series.setdefault(key, _Series())
+        return series
+
     def record_request(self, model: str, version: int | None, seconds: float, ok: bool) -> None:
-        now = self._clock()
-        with self._lock:
-            series = self._series[(model, version)]
-            series.requests.append((now, seconds, ok))
-            series.total_requests += 1
-            series.total_errors += not ok
+        self._series_of((model, version)).requests.append((self._clock(), seconds, ok))
 
     def record_batch(self, model: str, version: int, rows: int, tasks: int) -> None:
-        now = self._clock()
-        with self._lock:
-            self._series[(model, version)].batches.append((now, rows, tasks))
+        self._series_of((model, version)).batches.append((self._clock(), rows, tasks))
 
     def snapshot(self, queue_depths: Mapping[tuple[str, int], int] | None = None) -> dict[str, Any]:
         """``{"time", "window_seconds", "models": {name: {version: {...}}}}``, JSON-ready.
@@ -63,16 +65,19 @@ class RollingStats:
             items = list(self._series.items())
             for _, series in items:
                 while series.requests and series.requests[0][0] < horizon:
-                    series.requests.popleft()
+                    series.trimmed_errors += not series.requests.popleft()[2]
+                    series.trimmed_requests += 1
                 while series.batches and series.batches[0][0] < horizon:
                     series.batches.popleft()
+            # Copies (each taken at once): requests recorded meanwhile count in the next snapshot.
             rows = [
-                (key, list(series.requests), list(series.batches), series.total_requests, series.total_errors)
+                (key, list(series.requests), list(series.batches), series.trimmed_requests, series.trimmed_errors)
                 for key, series in items
             ]
-        for (model, version), requests, batches, total, total_errors in rows:
+        for (model, version), requests, batches, trimmed, trimmed_errors in rows:
             latencies = np.array([r[1] for r in requests if r[2]], dtype=np.float64) * 1000
             errors = sum(1 for r in requests if not r[2])
+            total, total_errors = trimmed + len(requests), trimmed_errors + errors
             p50, p95, p99 = np.percentile(latencies, [50, 95, 99]).tolist() if latencies.size else (None, None, None)
             batch_rows = sum(b[1] for b in batches)
             entry = {

@@ -8,12 +8,16 @@ answers with the server's readiness (the same as REST's ``/readyz``): SERVING ex
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar, cast
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+# Loads TF Serving's protos without running tensorflow/__init__ (seconds): see protocol/tf_protos.py.
+import workbench.protocol.tf_protos  # noqa: F401  # isort: skip
 from tensorflow_serving.apis import (
     classification_pb2,
     get_model_metadata_pb2,
@@ -61,139 +65,127 @@ def _echo(target: Any, name: str, version: int, signature_name: str | None) -> N
         target.signature_name = signature_name
 
 
-async def _abort(context: grpc.aio.ServicerContext, error: ServingError) -> NoReturn:
-    await context.abort(grpc.StatusCode[error.code.name], error.message)
-    raise AssertionError("unreachable")  # context.abort raises
-
-
 def time_remaining(context: grpc.aio.ServicerContext) -> float | None:
     """Seconds left before the client's deadline; None when it set none."""
     remaining = context.time_remaining()
     return remaining if remaining is not None and remaining > 0 else None
 
 
-class ServingErrors:
-    """Run a handler; any ServingError (or bug) becomes its gRPC status, never an UNKNOWN traceback."""
+_STATUS = {code: grpc.StatusCode[code.name] for code in Code}
+Method = TypeVar("Method", bound=Callable[..., Awaitable[Any]])
 
-    async def call(self, context: grpc.aio.ServicerContext, body: Callable[[], Any]) -> Any:
+
+def answers_errors(method: Method) -> Method:
+    """A servicer method whose ServingErrors (and bugs) end the RPC with their gRPC status, never UNKNOWN.
+
+    Every unary RPC of TF Serving's services and of v2's wears it, so the rule lives once: the engine's code
+    and message as they are, and a bug logged with its traceback but answered as a status (INTERNAL).
+    """
+
+    @functools.wraps(method)
+    async def answered(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
-            return await body()
+            return await method(self, request, context)
         except ServingError as exc:
-            await _abort(context, exc)
+            error = exc
         except (grpc.aio.AbortError, asyncio.CancelledError):
             raise
-        except Exception as exc:  # noqa: BLE001
-            log.exception("gRPC handler failed")
-            await _abort(context, from_exception(exc))
+        except Exception as exc:  # noqa: BLE001 - a bug must still answer a status, and be logged
+            log.exception("gRPC %s failed", method.__name__)
+            error = from_exception(exc)
+        await context.abort(_STATUS[error.code], error.message)
+
+    return cast(Method, answered)
 
 
-class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer, ServingErrors):
+class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
     def __init__(self, dataplane: Dataplane) -> None:
         self.dataplane = dataplane
 
+    @answers_errors
     async def Predict(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        async def body() -> Any:
-            spec = _spec(request.model_spec)
-            with self.dataplane.track(spec.name, "predict", "grpc") as call:
-                with self.dataplane.handle(spec) as servable:
-                    call.version = servable.version
-                    specs = self.dataplane.grpc_input_specs(servable, spec.signature_name)
-                    inputs = {
-                        alias: to_numpy(proto, alias, specs.get(alias)) for alias, proto in request.inputs.items()
-                    }
-                    signature, outputs = await self.dataplane.predict(
-                        servable,
-                        spec.signature_name,
-                        inputs,
-                        list(request.output_filter),
-                        timeout=time_remaining(context),
-                    )
-                    response = predict_pb2.PredictResponse()
-                    _echo(response.model_spec, spec.name, servable.version, signature.name)
-                    for alias, value in outputs.items():
-                        from_numpy(value, response.outputs[alias])
-                    return response
+        spec = _spec(request.model_spec)
+        dataplane = self.dataplane
+        with dataplane.request(spec, "predict", "grpc") as call:
+            specs = dataplane.grpc_input_specs(call.servable, spec.signature_name)
+            inputs = {alias: to_numpy(proto, alias, specs.get(alias)) for alias, proto in request.inputs.items()}
+            signature, outputs = await dataplane.predict(
+                call, spec.signature_name, inputs, list(request.output_filter), timeout=time_remaining(context)
+            )
+            response = predict_pb2.PredictResponse()
+            _echo(response.model_spec, spec.name, call.version, signature.name)
+            for alias, value in outputs.items():
+                from_numpy(value, response.outputs[alias])
+            return response
 
-        return await self.call(context, body)
-
+    @answers_errors
     async def Classify(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
         return await self._examples("classify", request, context)
 
+    @answers_errors
     async def Regress(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
         return await self._examples("regress", request, context)
 
     async def _examples(self, api: str, request: Any, context: grpc.aio.ServicerContext) -> Any:
         """Classify and Regress: an ``Input`` of tf.Examples in, a ClassificationResult/RegressionResult out."""
+        spec = _spec(request.model_spec)
+        with self.dataplane.request(spec, api, "grpc") as call:
+            examples = serialized_examples(request.input)
+            timeout = time_remaining(context)
+            if api == "classify":
+                name, labelled = await self.dataplane.classify(call, spec.signature_name, examples, timeout)
+                response = classification_pb2.ClassificationResponse()
+                _fill_classifications(response.result, labelled)
+            else:
+                name, values = await self.dataplane.regress(call, spec.signature_name, examples, timeout)
+                response = regression_pb2.RegressionResponse()
+                for value in values:
+                    response.result.regressions.add().value = value
+            _echo(response.model_spec, spec.name, call.version, name)
+            return response
 
-        async def body() -> Any:
-            spec = _spec(request.model_spec)
-            with self.dataplane.track(spec.name, api, "grpc") as call, self.dataplane.handle(spec) as servable:
-                call.version = servable.version
-                examples = serialized_examples(request.input)
-                timeout = time_remaining(context)
-                if api == "classify":
-                    name, labelled = await self.dataplane.classify(servable, spec.signature_name, examples, timeout)
-                    response = classification_pb2.ClassificationResponse()
-                    _fill_classifications(response.result, labelled)
-                else:
-                    name, values = await self.dataplane.regress(servable, spec.signature_name, examples, timeout)
-                    response = regression_pb2.RegressionResponse()
-                    for value in values:
-                        response.result.regressions.add().value = value
-                _echo(response.model_spec, spec.name, servable.version, name)
-                return response
-
-        return await self.call(context, body)
-
+    @answers_errors
     async def MultiInference(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        async def body() -> Any:
-            if not request.tasks:
-                raise ServingError(Code.INVALID_ARGUMENT, "Tasks are empty")
-            specs = [_spec(task.model_spec) for task in request.tasks]
-            if len({(s.name, s.version, s.label) for s in specs}) != 1:
-                raise ServingError(
-                    Code.INVALID_ARGUMENT, "All ModelSpecs in a MultiInferenceRequest must access the same model"
-                )
-            with self.dataplane.track(specs[0].name, "multi_inference", "grpc") as call:
-                with self.dataplane.handle(specs[0]) as servable:
-                    call.version = servable.version
-                    tasks = [
-                        inference.InferenceTask(s.signature_name, t.method_name)
-                        for s, t in zip(specs, request.tasks, strict=True)
-                    ]
-                    examples = serialized_examples(request.input)
-                    timeout = time_remaining(context)
-                    results = await self.dataplane.multi_inference(servable, tasks, examples, timeout=timeout)
-                    response = inference_pb2.MultiInferenceResponse()
-                    for (name, result), task in zip(results, tasks, strict=True):
-                        entry = response.results.add()
-                        _echo(entry.model_spec, specs[0].name, servable.version, name)
-                        if task.method_name == CLASSIFY_METHOD:
-                            _fill_classifications(entry.classification_result, result)
-                        else:
-                            for value in result:
-                                entry.regression_result.regressions.add().value = value
-                    return response
+        if not request.tasks:
+            raise ServingError(Code.INVALID_ARGUMENT, "Tasks are empty")
+        specs = [_spec(task.model_spec) for task in request.tasks]
+        if len({(s.name, s.version, s.label) for s in specs}) != 1:
+            raise ServingError(
+                Code.INVALID_ARGUMENT, "All ModelSpecs in a MultiInferenceRequest must access the same model"
+            )
+        with self.dataplane.request(specs[0], "multi_inference", "grpc") as call:
+            tasks = [
+                inference.InferenceTask(s.signature_name, t.method_name)
+                for s, t in zip(specs, request.tasks, strict=True)
+            ]
+            examples = serialized_examples(request.input)
+            results = await self.dataplane.multi_inference(call, tasks, examples, timeout=time_remaining(context))
+            response = inference_pb2.MultiInferenceResponse()
+            for (name, result), task in zip(results, tasks, strict=True):
+                entry = response.results.add()
+                _echo(entry.model_spec, specs[0].name, call.version, name)
+                if task.method_name == CLASSIFY_METHOD:
+                    _fill_classifications(entry.classification_result, result)
+                else:
+                    for value in result:
+                        entry.regression_result.regressions.add().value = value
+            return response
 
-        return await self.call(context, body)
-
+    @answers_errors
     async def GetModelMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        async def body() -> Any:
-            if not request.metadata_field:
-                raise ServingError(
-                    Code.INVALID_ARGUMENT, "GetModelMetadataRequest must specify at least one metadata_field"
-                )
-            for field in request.metadata_field:
-                if field != "signature_def":
-                    raise ServingError(Code.INVALID_ARGUMENT, f"Metadata field {field} is not supported")
-            spec = _spec(request.model_spec)
-            with self.dataplane.handle(spec) as servable:
-                response = get_model_metadata_pb2.GetModelMetadataResponse()
-                _echo(response.model_spec, spec.name, servable.version, None)
-                response.metadata["signature_def"].Pack(signature_def_map(servable))
-                return response
-
-        return await self.call(context, body)
+        if not request.metadata_field:
+            raise ServingError(
+                Code.INVALID_ARGUMENT, "GetModelMetadataRequest must specify at least one metadata_field"
+            )
+        for field in request.metadata_field:
+            if field != "signature_def":
+                raise ServingError(Code.INVALID_ARGUMENT, f"Metadata field {field} is not supported")
+        spec = _spec(request.model_spec)
+        with self.dataplane.handle(spec) as servable:
+            response = get_model_metadata_pb2.GetModelMetadataResponse()
+            _echo(response.model_spec, spec.name, servable.version, None)
+            response.metadata["signature_def"].Pack(signature_def_map(servable))
+            return response
 
 
 def _fill_classifications(result: Any, rows: inference.Classifications) -> None:
@@ -205,33 +197,28 @@ def _fill_classifications(result: Any, rows: inference.Classifications) -> None:
             entry.score = score
 
 
-class ModelService(model_service_pb2_grpc.ModelServiceServicer, ServingErrors):
+class ModelService(model_service_pb2_grpc.ModelServiceServicer):
     def __init__(self, dataplane: Dataplane, reload_config: Callable[[list[ModelConfig]], None]) -> None:
         self.dataplane = dataplane
         self._reload_config = reload_config
 
+    @answers_errors
     async def GetModelStatus(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        async def body() -> Any:
-            if not request.HasField("model_spec"):
-                raise ServingError(Code.INVALID_ARGUMENT, "Missing ModelSpec")
-            spec = _spec(request.model_spec)
-            return model_status_proto(self.dataplane.model_status(spec.name, spec.version, spec.label))
+        if not request.HasField("model_spec"):
+            raise ServingError(Code.INVALID_ARGUMENT, "Missing ModelSpec")
+        spec = _spec(request.model_spec)
+        return model_status_proto(self.dataplane.model_status(spec.name, spec.version, spec.label))
 
-        return await self.call(context, body)
-
+    @answers_errors
     async def HandleReloadConfigRequest(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        async def body() -> Any:
-            which = request.config.WhichOneof("config")
-            if which != "model_config_list":
-                raise ServingError(Code.UNIMPLEMENTED, "ServerConfig type not supported: only model_config_list is")
-            models = model_configs_from_proto(request.config.model_config_list)
-            loop = asyncio.get_running_loop()
-            await loop.run_in_executor(None, self._reload_config, models)
-            response = model_management_pb2.ReloadConfigResponse()
-            response.status.error_code = 0
-            return response
-
-        return await self.call(context, body)
+        which = request.config.WhichOneof("config")
+        if which != "model_config_list":
+            raise ServingError(Code.UNIMPLEMENTED, "ServerConfig type not supported: only model_config_list is")
+        models = model_configs_from_proto(request.config.model_config_list)
+        await asyncio.get_running_loop().run_in_executor(None, self._reload_config, models)
+        response = model_management_pb2.ReloadConfigResponse()
+        response.status.error_code = 0
+        return response
 
 
 class ReadinessHealth(health_pb2_grpc.HealthServicer):
@@ -290,6 +277,7 @@ async def start_grpc_server(
     channel_arguments: tuple[tuple[str, Any], ...] = (),
     health: ReadinessHealth | None = None,
     services: Sequence[Callable[[grpc.aio.Server], None]] = (),
+    reuse_port: bool = False,
 ) -> tuple[grpc.aio.Server, int | None]:
     """Start the gRPC server; returns it with the bound TCP port (None when only a Unix socket is served).
 
@@ -299,7 +287,7 @@ async def start_grpc_server(
     options = [
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
-        ("grpc.so_reuseport", 0),
+        ("grpc.so_reuseport", int(reuse_port)),  # on only for --num_workers: a taken port must fail otherwise
         *channel_arguments,
     ]
     server = grpc.aio.server(options=options)

@@ -135,15 +135,15 @@ class RestApi:
             return error_response(from_exception(exc))
 
     async def _predict(self, spec: ModelSpec, body: bytes) -> Response:
-        with self.dataplane.track(spec.name, "predict", "rest") as call:
-            with self.dataplane.handle(spec) as servable:
-                call.version = servable.version
-                signature_name, inputs, fmt = json_tensor.decode_predict_request(
-                    body, lambda name, sent: self.dataplane.rest_input_specs(servable, name, sent)
-                )
-                _, outputs = await self.dataplane.predict(servable, signature_name, inputs, timeout=self.timeout)
-                body = json_tensor.encode_predict_response(outputs, fmt)
-                return json_response(body, headers=answered_by(spec.name, servable.version))
+        dataplane = self.dataplane
+        with dataplane.request(spec, "predict", "rest") as call:
+            servable = call.servable
+            signature_name, inputs, fmt = json_tensor.decode_predict_request(
+                body, lambda name, sent: dataplane.rest_input_specs(servable, name, sent)
+            )
+            _, outputs = await dataplane.predict(call, signature_name, inputs, timeout=self.timeout)
+            body = json_tensor.encode_predict_response(outputs, fmt)
+            return json_response(body, headers=answered_by(spec.name, servable.version))
 
     async def _classify(self, spec: ModelSpec, body: bytes) -> Response:
         return await self._examples("classify", spec, body)
@@ -153,18 +153,16 @@ class RestApi:
 
     async def _examples(self, api: str, spec: ModelSpec, body: bytes) -> Response:
         """``:classify`` and ``:regress``: tf.Examples from JSON in, ``{"results": …}`` out."""
-        with self.dataplane.track(spec.name, api, "rest") as call:
+        with self.dataplane.request(spec, api, "rest") as call:
             signature_name, request_input = input_from_json(body)
-            with self.dataplane.handle(spec) as servable:
-                call.version = servable.version
-                examples = serialized_examples(request_input)
-                if api == "classify":
-                    _, labelled = await self.dataplane.classify(servable, signature_name, examples, self.timeout)
-                    body = json_tensor.encode_classify_response(labelled)
-                else:
-                    _, values = await self.dataplane.regress(servable, signature_name, examples, self.timeout)
-                    body = json_tensor.encode_regress_response(values)
-                return json_response(body, headers=answered_by(spec.name, servable.version))
+            examples = serialized_examples(request_input)
+            if api == "classify":
+                _, labelled = await self.dataplane.classify(call, signature_name, examples, self.timeout)
+                body = json_tensor.encode_classify_response(labelled)
+            else:
+                _, values = await self.dataplane.regress(call, signature_name, examples, self.timeout)
+                body = json_tensor.encode_regress_response(values)
+            return json_response(body, headers=answered_by(spec.name, call.version))
 
     def _status(self, spec: ModelSpec) -> Response:
         statuses = self.dataplane.model_status(spec.name, spec.version, spec.label)

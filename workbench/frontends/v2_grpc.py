@@ -27,18 +27,18 @@ import grpc
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
-from workbench.dataplane import Dataplane
+from workbench.dataplane import Dataplane, ModelSpec
 from workbench.engine import inference
 from workbench.engine.readiness import Readiness
 from workbench.errors import Code, ServingError
-from workbench.frontends.grpc import ServingErrors, time_remaining
+from workbench.frontends.grpc import answers_errors, time_remaining
 from workbench.frontends.v2_repository import V2Repository, unsupported_parameters
 from workbench.protocol import v2_grpc, v2_models
 
 PROTOCOL = "v2-grpc"  # the protocol label of this frontend's requests in metrics
 
 
-class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer, ServingErrors):
+class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
     """``inference.GRPCInferenceService``: health, metadata, inference, statistics and the model repository.
 
     The shared-memory, tracing, logging and streaming RPCs keep the generated servicer's UNIMPLEMENTED answer.
@@ -68,101 +68,89 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer, ServingErr
     async def ServerReady(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
         return service_pb2.ServerReadyResponse(ready=self._readiness().ready)  # as /readyz and gRPC health
 
+    @answers_errors
     async def ModelReady(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        async def body() -> Any:
-            try:
-                with self.dataplane.handle(self.models.spec(request.name, request.version)):
-                    ready = True
-            except ServingError:  # an unknown model, version or label, or none loaded: not ready, as in Triton
-                ready = False
-            return service_pb2.ModelReadyResponse(ready=ready)
-
-        return await self.call(context, body)
+        try:
+            with self.dataplane.handle(self.models.spec(request.name, request.version)):
+                ready = True
+        except ServingError:  # an unknown model, version or label, or none loaded: not ready, as in Triton
+            ready = False
+        return service_pb2.ModelReadyResponse(ready=ready)
 
     # ---------------------------------------------------------------------------------- metadata
     async def ServerMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
         return json_format.ParseDict(v2_models.server_metadata(), service_pb2.ServerMetadataResponse())
 
+    @answers_errors
     async def ModelMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        async def body() -> Any:
-            spec = self.models.spec(request.name, request.version)
-            with self.dataplane.handle(spec) as servable:
-                signature = inference.predict_signature(servable, "")
-                versions = self.models.available_versions(spec.name)
-                described = v2_models.model_metadata(spec.name, versions, servable.platform, signature)
-            return json_format.ParseDict(described, service_pb2.ModelMetadataResponse())
+        spec = self.models.spec(request.name, request.version)
+        with self.dataplane.handle(spec) as servable:
+            signature = inference.predict_signature(servable, "")
+            versions = self.models.available_versions(spec.name)
+            described = v2_models.model_metadata(spec.name, versions, servable.platform, signature)
+        return json_format.ParseDict(described, service_pb2.ModelMetadataResponse())
 
-        return await self.call(context, body)
-
+    @answers_errors
     async def ModelConfig(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        async def body() -> Any:
-            spec = self.models.spec(request.name, request.version)
-            with self.dataplane.handle(spec) as servable:
-                signature = inference.predict_signature(servable, "")
-                max_batch_size = self.dataplane.max_batch_size(spec.name)
-                config = v2_models.model_config(spec.name, servable.platform, signature, max_batch_size)
-            return service_pb2.ModelConfigResponse(config=json_format.ParseDict(config, model_config_pb2.ModelConfig()))
+        spec = self.models.spec(request.name, request.version)
+        with self.dataplane.handle(spec) as servable:
+            signature = inference.predict_signature(servable, "")
+            max_batch_size = self.dataplane.max_batch_size(spec.name)
+            config = v2_models.model_config(spec.name, servable.platform, signature, max_batch_size)
+        return service_pb2.ModelConfigResponse(config=json_format.ParseDict(config, model_config_pb2.ModelConfig()))
 
-        return await self.call(context, body)
-
+    @answers_errors
     async def ModelStatistics(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        async def body() -> Any:
-            if not request.name:
-                if request.version:
-                    raise ServingError(Code.INVALID_ARGUMENT, "A version needs a model name: set name too")
-                rows = self.dataplane.statistics()
-            else:
-                spec = self.models.spec(request.name, request.version)
-                version = self.models.version_of(spec)
-                rows = self.dataplane.statistics(spec.name, version)
-            response = service_pb2.ModelStatisticsResponse()
-            return json_format.ParseDict(v2_models.model_statistics(rows), response)
-
-        return await self.call(context, body)
+        if not request.name:
+            if request.version:
+                raise ServingError(Code.INVALID_ARGUMENT, "A version needs a model name: set name too")
+            rows = self.dataplane.statistics()
+        else:
+            spec = self.models.spec(request.name, request.version)
+            rows = self.dataplane.statistics(spec.name, self.models.version_of(spec))
+        return json_format.ParseDict(v2_models.model_statistics(rows), service_pb2.ModelStatisticsResponse())
 
     # ---------------------------------------------------------------------------------- inference
+    @answers_errors
     async def ModelInfer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        async def body() -> Any:
-            with self.dataplane.track(request.model_name, "predict", PROTOCOL) as call:
-                spec = self.models.spec(request.model_name, request.model_version)
-                with self.dataplane.handle(spec) as servable:
-                    call.version = servable.version
-                    inputs = v2_grpc.decode_inputs(request)
-                    requested = v2_grpc.requested_outputs(request)
-                    timeout = time_remaining(context)
-                    _, outputs = await self.dataplane.predict(servable, "", inputs, requested, timeout=timeout)
-                    order = requested or list(outputs)
-                    return v2_grpc.infer_response(spec.name, str(servable.version), request.id, outputs, order)
+        dataplane = self.dataplane
+        with dataplane.request(self._infer_spec(request), "predict", PROTOCOL) as call:
+            inputs = v2_grpc.decode_inputs(request)
+            requested = v2_grpc.requested_outputs(request)
+            timeout = time_remaining(context)
+            _, outputs = await dataplane.predict(call, "", inputs, requested, timeout=timeout)
+            order = requested or list(outputs)
+            return v2_grpc.infer_response(call.model, str(call.version), request.id, outputs, order)
 
-        return await self.call(context, body)
+    def _infer_spec(self, request: Any) -> ModelSpec:
+        """The servable an inference request names; one it cannot name (an unknown label) is counted as refused."""
+        try:
+            return self.models.spec(request.model_name, request.model_version)
+        except ServingError as exc:
+            self.dataplane.refused(request.model_name, "predict", PROTOCOL, exc)
+            raise
 
     # --------------------------------------------------------------------------- model repository
+    @answers_errors
     async def RepositoryIndex(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        async def body() -> Any:
-            _one_repository(request.repository_name)
-            index = v2_models.repository_index(self.dataplane.repository(), ready_only=request.ready)
-            return json_format.ParseDict(index, service_pb2.RepositoryIndexResponse())
+        _one_repository(request.repository_name)
+        index = v2_models.repository_index(self.dataplane.repository(), ready_only=request.ready)
+        return json_format.ParseDict(index, service_pb2.RepositoryIndexResponse())
 
-        return await self.call(context, body)
-
+    @answers_errors
     async def RepositoryModelLoad(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        async def body() -> Any:
-            self.models.authorize(_authorization(context))
-            _one_repository(request.repository_name)
-            await self.models.load(request.model_name, _version_parameter(request.parameters, "load"))
-            return service_pb2.RepositoryModelLoadResponse()
+        self.models.authorize(_authorization(context))
+        _one_repository(request.repository_name)
+        await self.models.load(request.model_name, _version_parameter(request.parameters, "load"))
+        return service_pb2.RepositoryModelLoadResponse()
 
-        return await self.call(context, body)
-
+    @answers_errors
     async def RepositoryModelUnload(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        async def body() -> Any:
-            self.models.authorize(_authorization(context))
-            _one_repository(request.repository_name)
-            version = _version_parameter(request.parameters, "unload")
-            await self.models.unload(request.model_name, version, "the version parameter")
-            return service_pb2.RepositoryModelUnloadResponse()
-
-        return await self.call(context, body)
+        self.models.authorize(_authorization(context))
+        _one_repository(request.repository_name)
+        version = _version_parameter(request.parameters, "unload")
+        await self.models.unload(request.model_name, version, "the version parameter")
+        return service_pb2.RepositoryModelUnloadResponse()
 
 
 def _authorization(context: grpc.aio.ServicerContext) -> str:

@@ -134,23 +134,29 @@ class V2Rest:
     # ------------------------------------------------------------------------------------ inference
     async def infer(self, request: Request) -> Response:
         body = await self._body(request)
-        spec = self._spec(request)
         dataplane = self.dataplane
-        with dataplane.track(spec.name, "predict", PROTOCOL) as call:
-            with dataplane.handle(spec) as servable:
-                call.version = servable.version
-                json_length = v2_json.header_length(request.headers.get(v2_json.HEADER_LENGTH), len(body))
-                decoded = v2_json.decode_infer_request(body, json_length)
-                specs = dataplane.rest_input_specs(servable, DEFAULT_SIGNATURE, tuple(decoded.inputs))
-                v2_json.check_datatypes(decoded, specs)
-                wanted = [output.name for output in decoded.outputs]
-                _, outputs = await dataplane.predict(
-                    servable, DEFAULT_SIGNATURE, decoded.inputs, wanted, timeout=self._timeout(decoded)
-                )
-                encoded = v2_json.encode_infer_response(spec.name, servable.version, decoded, outputs)
+        with dataplane.request(self._infer_spec(request), "predict", PROTOCOL) as call:
+            servable = call.servable
+            json_length = v2_json.header_length(request.headers.get(v2_json.HEADER_LENGTH), len(body))
+            decoded = v2_json.decode_infer_request(body, json_length)
+            specs = dataplane.rest_input_specs(servable, DEFAULT_SIGNATURE, tuple(decoded.inputs))
+            v2_json.check_datatypes(decoded, specs)
+            wanted = [output.name for output in decoded.outputs]
+            _, outputs = await dataplane.predict(
+                call, DEFAULT_SIGNATURE, decoded.inputs, wanted, timeout=self._timeout(decoded)
+            )
+            encoded = v2_json.encode_infer_response(call.model, servable.version, decoded, outputs)
         if encoded.json_length is None:
             return json_response(encoded.body)
         return Response(encoded.body, media_type=BINARY, headers={v2_json.HEADER_LENGTH: str(encoded.json_length)})
+
+    def _infer_spec(self, request: Request) -> ModelSpec:
+        """The servable an inference request names; one it cannot name (an unknown label) is counted as refused."""
+        try:
+            return self._spec(request)
+        except ServingError as exc:
+            self.dataplane.refused(request.path_params["model"], "predict", PROTOCOL, exc)
+            raise
 
     def _timeout(self, decoded: v2_json.InferRequest) -> float | None:
         """The server's request timeout, or the request's ``parameters.timeout`` (Triton's, in µs) if shorter."""

@@ -74,6 +74,7 @@ class ServerHandle:
         file_system_poll_wait_seconds: float = 0.5,
         allow_pickle: bool = False,
         allow_python_models: bool = False,
+        num_workers: int | str = 1,
         extra_args: Sequence[str] = (),
     ) -> None:
         if rest_api_port == 0:  # TF Serving's "REST off": the handle itself talks to its server over REST
@@ -90,6 +91,7 @@ class ServerHandle:
         self.file_system_poll_wait_seconds = file_system_poll_wait_seconds
         self.allow_pickle = allow_pickle
         self.allow_python_models = allow_python_models
+        self.num_workers = num_workers  # `workbench serve --num_workers`: a number, or "auto" (one per core)
         self.extra_args = list(extra_args)
         readable = "".join(c if c.isalnum() or c in "-_." else "_" for c in server_name)  # any name, a safe folder
         self._dir = Path(tempfile.mkdtemp(prefix=f"workbench-{readable}-"))
@@ -123,6 +125,8 @@ class ServerHandle:
             args.append("--allow_pickle")
         if self.allow_python_models:
             args.append("--allow_python_models")
+        if str(self.num_workers) != "1":
+            args.append(f"--num_workers={self.num_workers}")
         return args + self.extra_args
 
     def start(self, timeout: float = 180.0) -> ServerHandle:
@@ -356,6 +360,7 @@ def serve(
     file_system_poll_wait_seconds: float = 0.5,
     allow_pickle: bool = False,
     allow_python_models: bool = False,
+    num_workers: int | str = 1,
     timeout: float = 180.0,
 ) -> ServerHandle:
     """Start a model server on ``model_repository`` (every sub-folder is a model) and return its handle.
@@ -367,8 +372,9 @@ def serve(
     unless given; ``enable_batching=True`` turns dynamic batching on with TF Serving's defaults,
     ``batching_parameters_file`` names a BatchingParameters text file; new versions are looked for every
     ``file_system_poll_wait_seconds``. ``allow_pickle`` (scikit-learn pickles) and ``allow_python_models``
-    (``model.py``, ``handler.py``) let the server run code from the repository, off by default. The server stops
-    with the kernel. The earlier keyword names
+    (``model.py``, ``handler.py``) let the server run code from the repository, off by default. ``num_workers``
+    processes share the ports (``"auto"``: one per core), each with its own copy of the models; 1 by default, as
+    a notebook shares its machine with the kernel. The server stops with the kernel. The earlier keyword names
     (``repository``, ``name``, ``rest_port``, ``grpc_port``, ``batching``, ``batching_parameters``,
     ``poll_seconds``) are accepted too.
     """
@@ -382,6 +388,7 @@ def serve(
         file_system_poll_wait_seconds=file_system_poll_wait_seconds,
         allow_pickle=allow_pickle,
         allow_python_models=allow_python_models,
+        num_workers=num_workers,
     ).start(timeout)
     if handle.proxy_url:  # behind a hub, the browser reaches the REST API only through the Jupyter server
         print(f"workbench server {server_name!r}: REST API in the browser at {handle.proxy_url}")

@@ -106,6 +106,7 @@ _SIGNATURE_OPTION = argument("--signature_name", default="", metavar="NAME", hel
 @argument("--batching_parameters_file", metavar="FILE", help="a BatchingParameters text proto (turns batching on)")
 @argument("--allow_pickle", action=BoolFlag, help="load scikit-learn pickles (model.joblib, model.pkl): they run code")
 @argument("--allow_python_models", action=BoolFlag, help="load model.py and handler.py from the repository")
+@argument("--num_workers", default="1", metavar="N", help="worker processes on the same ports, or auto (default: 1)")
 def _start_parser(line: str) -> None:
     """Start a server on a model repository (every sub-folder is a model); returns its handle."""
 
@@ -420,6 +421,7 @@ class ServeMagics(Magics):
                 batching_parameters_file=args.batching_parameters_file,
                 allow_pickle=args.allow_pickle,
                 allow_python_models=args.allow_python_models,
+                num_workers=args.num_workers,
             )
         self._current = handle
         try:
