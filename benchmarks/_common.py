@@ -101,11 +101,16 @@ class ServeProcess:
         raise TimeoutError("server did not answer in time")
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        stop_process(self.proc)
+
+
+def stop_process(proc: subprocess.Popen) -> None:
+    """SIGTERM (the server drains), then SIGKILL if it has not exited within 30 s."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
 
 
 def save_results(name: str, payload: dict) -> Path:

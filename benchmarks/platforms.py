@@ -31,7 +31,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _common import ServeProcess, free_port, save_results  # noqa: E402
+from _common import ServeProcess, free_port, save_results, stop_process  # noqa: E402
 
 from workbench.bench import format_table, run_load  # noqa: E402
 
@@ -277,13 +277,7 @@ class BareServer:
         raise TimeoutError("the bare server did not answer in time:\n" + self.log.read_text()[-3000:])
 
     def stop(self) -> None:
-        import subprocess
-
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        stop_process(self.proc)
 
 
 def bare_onnx_server(port: int, model_path: str) -> None:

@@ -49,7 +49,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _common import ServeProcess, free_port, save_results, save_small_cnn, write_config  # noqa: E402
+from _common import ServeProcess, free_port, save_results, save_small_cnn, stop_process, write_config  # noqa: E402
 from frontends import in_process_median_ms  # noqa: E402
 
 from workbench.bench import BenchResult, format_table, grpc_predict_bytes, run_load  # noqa: E402
@@ -189,11 +189,7 @@ class Child:
         raise TimeoutError("server child did not answer in time")
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        stop_process(self.proc)
 
 
 class StartupProcess(ServeProcess):
