@@ -197,7 +197,12 @@ class BatchScheduler:
         executor: Executor,
         params_for: Callable[[Servable], BatchingParameters | None],
         listener: BatchListener | None = None,
+        inline_cheap_models: bool = False,
     ) -> None:
+        """``inline_cheap_models`` lets models that proved cheap run on the event loop (:class:`RunCost`). Off by
+        default: a model whose calls are cheap until one is not (a data-dependent loop, a wait on I/O) would hold the
+        loop, and every request and probe with it, for that whole call."""
+        self._inline_cheap_models = inline_cheap_models
         self._executor = executor
         self._params_for = params_for
         self._listener = listener
@@ -293,7 +298,9 @@ class BatchScheduler:
             by_signature = self._costs[servable] = {}
         cost = by_signature.get(signature.name)
         if cost is None:
-            cost = by_signature[signature.name] = RunCost(allowed=servable.platform in INLINE_PLATFORMS)
+            cost = by_signature[signature.name] = RunCost(
+                allowed=self._inline_cheap_models and servable.platform in INLINE_PLATFORMS
+            )
         return cost
 
     def _queue(
