@@ -31,6 +31,7 @@ from test_drain import (  # noqa: F401 - gated_model and gated are fixtures
     gated_repo,
     grpc_refuses,
     rest_refuses,
+    sigterm_and_expect_a_drain,
 )
 from waiting import wait_until
 
@@ -236,24 +237,8 @@ def test_sigterm_under_load_drains_every_worker_and_loses_no_accepted_request(ga
         wait_until(lambda: all(len(c.outcomes) >= 3 for c in clients), 120, what="every client answered 3 times")
         gated.close()
         wait_until(lambda: gated.held() == len(clients), 120, what="every client's request held in a worker")
-        before = [len(c.outcomes) for c in clients]
-
-        wb.proc.send_signal(signal.SIGTERM)
-        wait_until(lambda: rest_refuses(ports.rest) and grpc_refuses(ports.target), 60, what="both ports refusing")
-        assert wb.proc.poll() is None, "the server exited with accepted requests unanswered"
-        assert [len(c.outcomes) for c in clients] == before, "a held request ended before it was released"
-
-        gated.open()
-        assert wb.wait(300) == 0, wb.stderr[-3000:]
-        for client in clients:
-            client.join(timeout=60)
-            assert not client.is_alive()
-        for client, sent in zip(clients, before, strict=True):
-            answered, (last,) = client.outcomes[: sent + 1], client.outcomes[sent + 1 :]
-            assert all(o.ok for o in answered), [o for o in answered if not o.ok]
-            assert last.refused, last
+        sigterm_and_expect_a_drain(wb, ports, gated, clients)
         log = wb.stderr
-        assert "Traceback" not in log
         for worker in (0, 1):
             assert f"[worker {worker}] workbench.server: Every accepted request finished" in log, log[-3000:]
         assert log.rindex("workbench.workers: Stopped") > log.rindex("workbench.server: Stopped")
