@@ -13,6 +13,37 @@ from pathlib import Path
 
 import numpy as np
 
+BATCHING = """
+max_batch_size { value: 64 }
+batch_timeout_micros { value: 0 }
+max_enqueued_batches { value: 100 }
+num_batch_threads { value: 1 }
+"""
+MONITORING = 'prometheus_config { enable: true path: "/metrics" }\n'
+
+
+def server_counters(rest_url: str, model: str) -> tuple[float, float, float]:
+    """(examples, batches, failed requests) so far for ``model``, from the server's Prometheus metrics.
+
+    Deltas over a run give its mean batch size (workbench_batch_size's sum / count) and how many of its requests
+    failed (TF Serving's request_count with a status other than OK).
+    """
+    text = urllib.request.urlopen(f"{rest_url}/metrics", timeout=10).read().decode()
+    examples = batches = failed = 0.0
+    for line in text.splitlines():
+        value = line.rsplit(" ", 1)[-1]
+        if line.startswith("workbench_batch_size_sum") and f'model="{model}"' in line:
+            examples += float(value)
+        elif line.startswith("workbench_batch_size_count") and f'model="{model}"' in line:
+            batches += float(value)
+        elif (
+            line.startswith(":tensorflow:serving:request_count")
+            and f'model_name="{model}"' in line
+            and 'status="OK"' not in line
+        ):
+            failed += float(value)
+    return examples, batches, failed
+
 
 def free_port() -> int:
     with socket.socket() as sock:

@@ -28,48 +28,24 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _common import ServeProcess, save_results, save_small_cnn, write_config  # noqa: E402
+from _common import (  # noqa: E402
+    BATCHING,
+    MONITORING,
+    ServeProcess,
+    save_results,
+    save_small_cnn,
+    server_counters,
+    write_config,
+)
 
 from workbench.bench import format_table, grpc_predict_bytes, run_load  # noqa: E402
 from workbench.demo import save_half_plus_two  # noqa: E402
-
-BATCHING = """
-max_batch_size { value: 64 }
-batch_timeout_micros { value: 0 }
-max_enqueued_batches { value: 100 }
-num_batch_threads { value: 1 }
-"""
-MONITORING = 'prometheus_config { enable: true path: "/metrics" }\n'
-
-
-def server_counters(rest_url: str, model: str) -> tuple[float, float, float]:
-    """(examples, batches, failed requests) so far for ``model``, from the server's Prometheus metrics.
-
-    Deltas over a run give its mean batch size (workbench_batch_size's sum / count) and how many of its requests
-    failed (TF Serving's request_count with a status other than OK).
-    """
-    text = urllib.request.urlopen(f"{rest_url}/metrics", timeout=10).read().decode()
-    examples = batches = failed = 0.0
-    for line in text.splitlines():
-        value = line.rsplit(" ", 1)[-1]
-        if line.startswith("workbench_batch_size_sum") and f'model="{model}"' in line:
-            examples += float(value)
-        elif line.startswith("workbench_batch_size_count") and f'model="{model}"' in line:
-            batches += float(value)
-        elif (
-            line.startswith(":tensorflow:serving:request_count")
-            and f'model_name="{model}"' in line
-            and 'status="OK"' not in line
-        ):
-            failed += float(value)
-    return examples, batches, failed
 
 
 def h2load(target: str, body: Path, clients: int, duration: float, log: Path) -> dict[str, float]:

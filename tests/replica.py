@@ -41,7 +41,7 @@ class Replica:
                 [*(prefix or []), *command, f"--ready_file={self.ready_file}", *flags],
                 cwd=workdir, env=environment, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             )  # fmt: skip
-        self.rest_url = ""
+        self.rest_url = self.grpc_target = ""
 
     def wait_ready(self) -> Replica:
         def ready() -> bool:
@@ -50,7 +50,9 @@ class Replica:
             return self.ready_file.exists()
 
         wait_until(ready, timeout=START_TIMEOUT_S, interval=0.1, what="the replica to answer")
-        self.rest_url = f"http://127.0.0.1:{json.loads(self.ready_file.read_text())['rest_port']}"
+        ports = json.loads(self.ready_file.read_text())
+        self.rest_url = f"http://127.0.0.1:{ports['rest_port']}"
+        self.grpc_target = f"127.0.0.1:{ports['grpc_port']}"
         return self
 
     def log(self) -> str:

@@ -56,24 +56,33 @@ import json, sys, time
 started = time.perf_counter()
 from workbench.client import Client
 imported = time.perf_counter() - started
-client = Client(sys.argv[1])
+target, protocol = sys.argv[1], sys.argv[2]
+client = Client(target, protocol=protocol) if protocol == "rest" else Client(None, target, protocol=protocol)
 answer = client.predict("hp", [[1.0], [2.0]])
+if protocol == "grpc":  # and the load generator's request, built without TensorFlow too
+    from workbench.bench import run_load
+    import numpy as np
+    assert run_load(target, "grpc", "hp", {"x": np.ones((1, 1), np.float32)}, requests=5).errors == 0
 print(json.dumps({
     "y": answer["y"].tolist(),
     "import_s": imported,
-    "tensorflow": sorted(m for m in sys.modules if m == "tensorflow" or m.startswith("tensorflow.")),
+    "tensorflow": sorted(m for m in sys.modules if m == "tensorflow" or m.startswith("tensorflow.python")),
 }))
 """
 
 
-def test_a_rest_client_predicts_without_importing_tensorflow(tmp_path: Path, model_store: Path) -> None:
+@pytest.mark.parametrize("protocol", ["rest", "grpc"])
+def test_a_client_predicts_without_importing_tensorflow(tmp_path: Path, model_store: Path, protocol: str) -> None:
+    """Over gRPC the client uses TensorFlow's generated protos, never ``tensorflow/__init__`` (seconds, and
+    hundreds of megabytes, in a process that only sends requests)."""
     repository = tmp_path / "models"
     (repository / "hp").mkdir(parents=True)
     (repository / "hp" / "1").symlink_to(model_store / "hp2_tf2")
     server = Replica(tmp_path / "server", f"--model_repository={repository}").wait_ready()
+    target = server.rest_url if protocol == "rest" else server.grpc_target
     try:
         done = subprocess.run(
-            [sys.executable, "-c", CLIENT_SCRIPT, server.rest_url],
+            [sys.executable, "-c", CLIENT_SCRIPT, target, protocol],
             capture_output=True, text=True, timeout=120, cwd=REPO_ROOT,
         )  # fmt: skip
     finally:

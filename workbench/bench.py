@@ -84,14 +84,16 @@ def rest_predict_body(inputs: Mapping[str, np.ndarray], signature_name: str = ""
 
 
 def grpc_predict_bytes(model: str, inputs: Mapping[str, np.ndarray], signature_name: str = "") -> bytes:
-    import tensorflow as tf
+    import workbench.protocol.tf_protos  # noqa: F401  # isort: skip  (no tensorflow/__init__)
     from tensorflow_serving.apis import predict_pb2
+
+    from workbench.protocol.tensor_proto import from_numpy
 
     request = predict_pb2.PredictRequest()
     request.model_spec.name = model
     request.model_spec.signature_name = signature_name
     for alias, value in inputs.items():
-        request.inputs[alias].CopyFrom(tf.make_tensor_proto(value))
+        from_numpy(np.asarray(value), request.inputs[alias])
     return request.SerializeToString()
 
 
