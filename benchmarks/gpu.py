@@ -21,7 +21,9 @@ rate of each model at batch 1 and 64 is the ceiling. Then:
   notebook kernel would: both must finish without running out of memory;
 - requests of 32 images (16 in flight, batches up to 512 images), GPU vs CPU: where the model's work, not the
   request path, is what a request costs;
-- half_plus_two as a Python model on 1, 4 and 16 workers: the request path alone, scaled over the cores.
+- half_plus_two as a Python model on 1, 4 and 16 workers: the request path alone, scaled over the cores;
+- the same model on 1 worker from one Python client process, against a bare grpc.aio server answering the same
+  messages without a model (benchmarks/request_path.py's comparison, on a quieter machine).
 """
 
 from __future__ import annotations
@@ -48,9 +50,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _common import BATCHING, MONITORING, ServeProcess, save_results, server_counters  # noqa: E402
+from _common import BATCHING, MONITORING, ServeProcess, free_port, save_results, server_counters  # noqa: E402
 
 from workbench.bench import run_load  # noqa: E402
+
+REQUEST_PATH_CLIENTS = (1, 32)
 
 CLIENTS = 64
 CLIENT_PROCESSES = 8
@@ -409,6 +413,56 @@ def serve_rows(
     return rows
 
 
+def request_path_rows(root: Path, duration: float) -> list[dict[str, Any]]:
+    """half_plus_two over gRPC from one Python client process, against bare grpc.aio answering the same messages.
+
+    As benchmarks/request_path.py measures it on the 2-core machine (there with TensorFlow's half_plus_two): here
+    the model is the Python one, and the machine is quieter and has 16 cores.
+    """
+    import grpc
+    from request_path import Child, bare_predict_response
+
+    x = {"x": np.array([[2.0]], np.float32)}
+    rows: list[dict[str, Any]] = []
+
+    def measure(server: str, target: str) -> None:
+        for clients in REQUEST_PATH_CLIENTS:
+            result = run_load(target, "grpc", "half_plus_two", x, concurrency=clients, duration=duration)
+            if result.errors:
+                raise RuntimeError(f"{result.errors} requests to {server} failed")
+            row = {"server": server, "clients": clients, "requests_per_second": round(result.requests_per_second, 1)}
+            rows.append({**row, "p50_ms": round(result.percentile(50), 3)})
+            print(json.dumps(rows[-1]), flush=True)
+
+    port = free_port()
+    bare = Child("bare-grpc", port, log=root / "bare.log")
+    try:
+        import workbench.protocol.tf_protos  # noqa: F401  # isort: skip  (no tensorflow/__init__)
+        from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+        def answers() -> bool:
+            with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+                stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+                return stub.Predict(predict_pb2.PredictRequest(), timeout=5) == bare_predict_response()
+
+        bare.wait(answers)
+        measure("bare grpc.aio", f"127.0.0.1:{port}")
+    finally:
+        bare.stop()
+    config = root / "half_plus_two.config"
+    for batching in (False, True):
+        flags = ["--allow_python_models", "--file_system_poll_wait_seconds=0"]
+        if batching:
+            flags += ["--enable_batching", f"--batching_parameters_file={root / 'batching.txt'}"]
+        server = ServeProcess(config, *flags)
+        try:
+            server.wait_for_answer("half_plus_two", {"instances": [[2.0]]})
+            measure(f"workbench, 1 worker, batching {'on' if batching else 'off'}", server.grpc_target)
+        finally:
+            server.stop()
+    return rows
+
+
 def check_answer(server: ServeProcess, model: str, body: bytes, expected: np.ndarray) -> float:
     """The served probabilities against the CPU network's, in-process; returns the largest difference."""
     request = urllib.request.Request(f"{server.rest_url}/v1/models/{model}:predict", data=body)
@@ -514,8 +568,9 @@ def main() -> None:
             rows += serve_rows(
                 pool, root, config, "half_plus_two", workers, False, duration, x, np.array([[3.0]]), [(CLIENTS, False)]
             )
+        results["request_path"] = request_path_rows(root, duration)
         results["rows"] = rows
-    results["ratios"] = ratios(rows, limits)
+    results["ratios"] = ratios(rows, limits, results["request_path"])
     path = Path(args.out) if args.out else save_results("gpu", results)
     if args.out:
         path.write_text(json.dumps(results, indent=2) + "\n")
@@ -523,7 +578,9 @@ def main() -> None:
     print(f"results: {path}")
 
 
-def ratios(rows: list[dict[str, Any]], limits: dict[str, float]) -> dict[str, float]:
+def ratios(
+    rows: list[dict[str, Any]], limits: dict[str, float], request_path: list[dict[str, Any]]
+) -> dict[str, float]:
     def rate(model: str, workers: int, batching: str, clients: int = CLIENTS, **match: Any) -> float | None:
         want = {"images_per_request": 1, "beside": None, **match}
         for row in rows:
@@ -575,6 +632,14 @@ def ratios(rows: list[dict[str, Any]], limits: dict[str, float]) -> dict[str, fl
             rate(f"cnn_{device}", 1, "on", LARGE_CLIENTS, **large),
             limits.get(f"cnn_{device}@512"),
         )
+    bare = {r["clients"]: r["requests_per_second"] for r in request_path if r["server"] == "bare grpc.aio"}
+    for r in request_path:
+        if r["server"] != "bare grpc.aio":
+            put(
+                f"request path: {r['server']}, {r['clients']} gRPC clients / bare grpc.aio",
+                r["requests_per_second"],
+                bare.get(r["clients"]),
+            )
     beside = [r for r in rows if r.get("beside")]
     alone = [r for r in rows if r["model"] == "cnn_cuda" and r["workers"] == 4 and r["batching"] == "on"]
     if beside and len(alone) >= 2:

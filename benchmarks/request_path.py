@@ -71,6 +71,7 @@ num_batch_threads { value: 1 }
 # ================================================================================= the servers, as child processes
 def bare_predict_response() -> Any:
     """What workbench's gRPC Predict answers half_plus_two for x = [[2.0]] (checked against it in every run)."""
+    import workbench.protocol.tf_protos  # noqa: F401  # isort: skip  (no tensorflow/__init__)
     from tensorflow_serving.apis import predict_pb2
 
     from workbench.protocol.tensor_proto import from_numpy
@@ -85,6 +86,7 @@ def bare_predict_response() -> Any:
 
 async def serve_bare_grpc(port: int) -> None:
     """grpc.aio with TF Serving's generated PredictionService: the request parsed, one fixed answer sent."""
+    import workbench.protocol.tf_protos  # noqa: F401  # isort: skip  (no tensorflow/__init__)
     from tensorflow_serving.apis import prediction_service_pb2_grpc
 
     answer = bare_predict_response()
@@ -220,6 +222,7 @@ def answers_rest(port: int) -> bool:
 
 
 def grpc_answer(target: str) -> Any:
+    import workbench.protocol.tf_protos  # noqa: F401  # isort: skip  (no tensorflow/__init__)
     from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
     with grpc.insecure_channel(target) as channel:

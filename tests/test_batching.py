@@ -36,6 +36,7 @@ from workbench.engine.batching import (
     INLINE_PLATFORMS,
     BatchRecord,
     BatchScheduler,
+    Interest,
     RunCost,
     batch_key,
     merge,
@@ -520,6 +521,112 @@ def test_a_cheap_model_runs_on_the_event_loop_once_settled_and_a_slow_call_moves
     assert recorded.threads[-1].startswith("test-infer")
     # Wherever a call ran, it was recorded alike: one row, one task.
     assert [(r.size, r.padded_size, r.tasks) for r in records] == [(1, 1, 1)] * (settle + 4)
+
+
+class Gated(Servable):
+    """A real servable whose calls wait for the test's gate; records the inputs of every call as it starts."""
+
+    def __init__(self, inner: Servable) -> None:
+        self.inner, self.name, self.version = inner, inner.name, inner.version
+        self.path, self.signatures, self.platform = inner.path, inner.signatures, "tensorflow"
+        self.calls: list[list[float]] = []
+        self.started, self.opened = threading.Event(), threading.Event()
+
+    def run(self, signature, inputs, outputs):
+        self.calls.append(inputs["x"].ravel().tolist())
+        self.started.set()
+        self.opened.wait(60)
+        return self.inner.run(signature, inputs, outputs)
+
+
+@pytest.fixture
+def gated(servables) -> Iterator[tuple[Gated, BatchScheduler, list[BatchRecord]]]:
+    """A gated half_plus_two behind a scheduler with one batch thread: while a call waits at the gate, the next
+    requests queue."""
+    model = Gated(servables["hp"])
+    records: list[BatchRecord] = []
+    params = BatchingParameters(max_batch_size=8, batch_timeout_micros=0, num_batch_threads=1)
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="test-gated") as executor:
+        yield model, BatchScheduler(executor, lambda _: params, listener=records.append), records
+        model.opened.set()
+
+
+@pytest.mark.parametrize("how", ["given-up", "cancelled"])
+def test_queued_requests_nobody_waits_for_leave_the_queue_unrun_and_the_wanted_ones_run(gated, how):
+    model, scheduler, records = gated
+    signature = model.signatures["serving_default"]
+
+    async def ask(*values: float) -> np.ndarray:
+        return (await scheduler.run(model, signature, {"x": column(*values)}, ["y"]))["y"]
+
+    async def two_members() -> list[np.ndarray]:  # like a composite: its member requests run as tasks of their own
+        return list(await asyncio.gather(ask(2), ask(3, 4)))
+
+    async def main() -> tuple[np.ndarray, np.ndarray, BaseException]:
+        running = asyncio.ensure_future(ask(1))
+        await until(model.started.is_set, what="the first call at the gate")
+        interest = Interest()
+        unwanted = interest.start(two_members())
+        wanted = Interest().start(ask(5))
+        await until(lambda: scheduler.queue_depths() == [("hp", 1, 4)], what="4 rows queued behind the gate")
+
+        if how == "given-up":
+            interest.give_up(ServingError(Code.CANCELLED, "Cancelled"))
+        else:
+            unwanted.cancel()
+        # Out of the queue and answered without waiting for the thread.
+        done, _ = await asyncio.wait([unwanted], timeout=20)
+        assert done, "the unwanted requests still wait"
+        assert scheduler.queue_depths() == [("hp", 1, 1)]
+        error = unwanted.exception() if not unwanted.cancelled() else asyncio.CancelledError()
+        assert not model.opened.is_set() and model.calls == [[1.0]]
+
+        model.opened.set()
+        return await asyncio.wait_for(running, 20), await asyncio.wait_for(wanted, 20), error
+
+    first, kept, error = asyncio.run(main())
+    np.testing.assert_array_equal(first, half_plus_two(1))
+    np.testing.assert_array_equal(kept, half_plus_two(5))
+    if how == "given-up":
+        assert isinstance(error, ServingError) and error.code == Code.CANCELLED
+    else:
+        assert isinstance(error, asyncio.CancelledError)
+    assert model.calls == [[1.0], [5.0]], "a request nobody waited for reached the model"
+    assert [(r.size, r.tasks) for r in records] == [(1, 1), (1, 1)]
+    assert scheduler.queue_depths() == []
+
+
+def test_a_queued_request_whose_deadline_passed_is_dropped_when_its_batch_forms(gated):
+    model, scheduler, records = gated
+    signature = model.signatures["serving_default"]
+
+    async def ask(*values: float) -> np.ndarray:
+        return (await scheduler.run(model, signature, {"x": column(*values)}, ["y"]))["y"]
+
+    async def main() -> tuple[np.ndarray, np.ndarray, list[np.ndarray], BaseException | None]:
+        loop = asyncio.get_running_loop()
+        running = asyncio.ensure_future(ask(1))
+        await until(model.started.is_set, what="the first call at the gate")
+        expiring = Interest(timeout=0.05)
+        expired = expiring.start(ask(2))
+        later = Interest(timeout=600)
+        wanted = [later.start(ask(3)), asyncio.ensure_future(ask(4))]
+        await until(lambda: expiring.deadline is not None and loop.time() >= expiring.deadline, what="the deadline")
+        assert not expired.done(), "nothing gave up on it: it goes when its batch forms"
+        model.opened.set()
+        answers = await asyncio.wait_for(asyncio.gather(*wanted), 20)
+        await asyncio.wait([expired], timeout=20)
+        return await running, answers[0], answers[1:], expired.exception()
+
+    first, kept, others, error = asyncio.run(main())
+    np.testing.assert_array_equal(first, half_plus_two(1))
+    np.testing.assert_array_equal(kept, half_plus_two(3))
+    np.testing.assert_array_equal(others[0], half_plus_two(4))
+    assert isinstance(error, ServingError)
+    assert (error.code, error.message) == (Code.DEADLINE_EXCEEDED, "Deadline Exceeded")
+    # The two wanted requests ran together, without the expired one.
+    assert model.calls == [[1.0], [3.0, 4.0]]
+    assert [(r.size, r.tasks) for r in records] == [(1, 1), (2, 2)]
 
 
 def test_a_finished_batch_timer_does_not_evict_a_newer_queue(harness):

@@ -119,6 +119,25 @@ def test_predict_accepts_typed_value_fields(stub):
     assert list(response.outputs["y"].float_val) == [2.5, 4.5]
 
 
+@pytest.mark.parametrize("sent", [200, 150])  # every value; fewer than the shape holds (the last one repeats)
+def test_many_typed_values_both_ways(stub, sent):
+    """Long float_val fields (read and written as wire bytes) come and go exactly as typed values do."""
+    values = np.arange(sent, dtype=np.float32)
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = "tf1"
+    tensor = request.inputs["x"]
+    tensor.dtype = tf.float32.as_datatype_enum
+    tensor.tensor_shape.dim.add().size = 200
+    tensor.tensor_shape.dim.add().size = 1
+    tensor.float_val.extend(values.tolist())
+    response = stub.Predict(request, 10.0)
+    full = np.concatenate([values, np.full(200 - sent, values[-1], np.float32)])
+    expected = tf.make_tensor_proto(full.reshape(200, 1) / 2 + 2)  # half_plus_two, as typed fields
+    expected.ClearField("tensor_content")
+    expected.float_val.extend((full / 2 + 2).tolist())
+    assert response.outputs["y"].SerializeToString() == expected.SerializeToString()
+
+
 def test_predict_by_version_and_by_label(stub):
     request = predict_request("tf1", x=np.array([[1.0]], np.float32))
     request.model_spec.version.value = 1

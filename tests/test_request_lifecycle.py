@@ -26,7 +26,7 @@ from tritonclient.utils import InferenceServerException
 from waiting import states_are, wait_until
 
 from workbench.engine.harness import Harness
-from workbench.protocol.tensor_proto import from_numpy
+from workbench.protocol.tensor_proto import from_numpy, to_numpy
 from workbench.server import ServerThread
 
 GATE_MODULE = "workbench_test_request_lifecycle_gate"  # where the model finds the test's Gate
@@ -49,6 +49,7 @@ class Blocking(workbench.PythonModel):
         self.closed = False
 
     def predict(self, inputs):
+        self.gate.ran(inputs["x"].tolist())
         self.gate.started.set()
         self.gate.opened.wait(60)
         self.gate.record("run returned after close" if self.closed else "run returned", self.version)
@@ -68,10 +69,15 @@ class Gate:
         self.opened = threading.Event()
         self._lock = threading.Lock()
         self.events: list[tuple[str, int]] = []
+        self.runs: list[list[float]] = []  # the inputs of every run, as it started
 
     def record(self, event: str, version: int) -> None:
         with self._lock:
             self.events.append((event, version))
+
+    def ran(self, x: list[float]) -> None:
+        with self._lock:
+            self.runs.append(x)
 
 
 @pytest.fixture
@@ -134,11 +140,11 @@ def rest_deadline(server: ServerThread) -> None:
     assert (r.status_code, r.json()) == (504, {"error": "Deadline Exceeded"})
 
 
-def tf_grpc_request() -> predict_pb2.PredictRequest:
+def tf_grpc_request(*x: float) -> predict_pb2.PredictRequest:
     request = predict_pb2.PredictRequest()
     request.model_spec.name = "blocking"
     request.model_spec.version.value = 1
-    from_numpy(np.array([1.0, 2.0], np.float32), request.inputs["x"])
+    from_numpy(np.array(x or [1.0, 2.0], np.float32), request.inputs["x"])
     return request
 
 
@@ -230,3 +236,52 @@ def test_an_answered_request_releases_its_version_at_once(serve: Callable[..., S
     registry = server.server.metrics.registry
     labels = {"model": "blocking", "version": "1", "api": "predict", "protocol": "rest", "code": "OK"}
     assert registry.get_sample_value("workbench_requests_total", labels) == 1
+
+
+# ------------------------------------------------------------------ queued requests nobody waits for any more
+def queue_depth(server: ServerThread) -> int:
+    """Rows of version 1 waiting for a batch, as the stats API reports them."""
+    models = requests.get(f"{server.rest_url}/workbench/v1/stats", timeout=30).json()["models"]
+    return int(models.get("blocking", {}).get("1", {}).get("queue_depth", 0))
+
+
+def test_a_queued_request_whose_client_gave_up_never_runs_and_the_wanted_ones_do(
+    serve: Callable[..., ServerThread], gate: Gate, tmp_path: Path
+) -> None:
+    """One batch thread, blocked in a run: requests queue behind it. One client's deadline passes and another
+    cancels while their requests wait; those leave the queue at once (answered DEADLINE_EXCEEDED and CANCELLED,
+    counted once) and never reach the model, while a request still wanted, queued with them, runs when the
+    thread is free."""
+    params = tmp_path / "batching.config"
+    params.write_text("max_batch_size { value: 8 } batch_timeout_micros { value: 0 } num_batch_threads { value: 1 }")
+    server = start(serve, tmp_path, enable_batching=True, batching_parameters_file=str(params))
+    with grpc.insecure_channel(server.grpc_target) as channel:
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        running = stub.Predict.future(tf_grpc_request(1, 2), timeout=60)
+        assert gate.started.wait(30), "the first run never started"
+
+        with pytest.raises(grpc.RpcError) as expired:
+            stub.Predict(tf_grpc_request(3, 4), timeout=0.5)  # queued behind the blocked run until its deadline
+        assert expired.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        wait_until(lambda: queue_depth(server) == 0, what="the expired request out of the queue")
+
+        cancelled = stub.Predict.future(tf_grpc_request(5, 6), timeout=60)
+        wait_until(lambda: queue_depth(server) == 2, what="the request to cancel queued")
+        assert cancelled.cancel()
+        wait_until(lambda: queue_depth(server) == 0, what="the cancelled request out of the queue")
+        wait_until(lambda: answered(server, "grpc") == 2, what="both counted")
+
+        wanted = stub.Predict.future(tf_grpc_request(7, 8), timeout=60)
+        wait_until(lambda: queue_depth(server) == 2, what="the wanted request queued")
+        assert gate.runs == [[1.0, 2.0]] and not gate.opened.is_set()
+
+        gate.opened.set()
+        assert y(running.result(timeout=60)) == [1.0, 2.0]
+        assert y(wanted.result(timeout=60)) == [7.0, 8.0]
+    assert gate.runs == [[1.0, 2.0], [7.0, 8.0]], "a request nobody waited for any more reached the model"
+    assert answered(server, "grpc") == 2
+    wait_until(lambda: holders(version_one(server)) == 0, what="every hold given back")
+
+
+def y(response: predict_pb2.PredictResponse) -> list[float]:
+    return to_numpy(response.outputs["y"], "y").tolist()  # type: ignore[no-any-return]

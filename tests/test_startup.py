@@ -1,15 +1,18 @@
-"""Start-up without TensorFlow: a server whose repository holds no TensorFlow model never imports it.
+"""Start-up without ``tensorflow/__init__``: a server imports only the TensorFlow it runs.
 
-TF Serving's generated protos import TensorFlow's, and Python runs ``tensorflow/__init__`` (seconds) before any
-of them; workbench/protocol/tf_protos.py loads them without it. These tests run ``workbench serve`` as users do,
-in a child process that reports its own ``sys.modules`` on request, after answering every API that touches
-TF Serving's protos; and check that TensorFlow imported after those protos is whole and shares them.
+TF Serving's generated protos import TensorFlow's, and Python runs ``tensorflow/__init__`` (seconds: all of
+TensorFlow's Python API, Keras) before any of them; workbench/protocol/tf_protos.py loads them without it, so a
+repository without TensorFlow models never imports TensorFlow. A repository of SavedModels imports only what runs
+them in sessions (workbench/_tf.py's saved_model_runtime). These tests run ``workbench serve`` as users do, in a
+child process that reports its own ``sys.modules`` on request, after answering every API; and check that
+TensorFlow imported after those protos, or after that runtime, is whole, shares them and behaves as it would have.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -17,29 +20,34 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
+import models
 import numpy as np
 import pytest
 import requests
 import tabular_models as tm
+import tensorflow as tf
 import tritonclient.grpc as triton_grpc
 from replica import REPO_ROOT, START_TIMEOUT_S
+from tensorflow_serving.apis import classification_pb2, predict_pb2
 from waiting import wait_until
 
 from workbench.platforms import sklearn as sklearn_platform
 
-# `workbench serve` in a process that writes its loaded tensorflow* modules (JSON) to argv[1] when stdin gets a line.
+# `workbench serve` in a process that writes its loaded tensorflow* and keras* modules (JSON) to argv[1] whenever stdin
+# gets a line.
 CHILD = textwrap.dedent(
     """
     import json, sys, threading
     from workbench.cli import main
 
     def report() -> None:
-        sys.stdin.readline()
-        names = sorted(m for m in list(sys.modules) if m.split(".")[0] == "tensorflow")
-        with open(sys.argv[1] + ".tmp", "w") as f:
-            json.dump(names, f)
-        import os
-        os.replace(sys.argv[1] + ".tmp", sys.argv[1])
+        for _ in sys.stdin:
+            names = sorted(m for m in list(sys.modules) if m.split(".")[0] in ("tensorflow", "keras"))
+            with open(sys.argv[1] + ".tmp", "w") as f:
+                json.dump(names, f)
+            import os
+            os.replace(sys.argv[1] + ".tmp", sys.argv[1])
 
     threading.Thread(target=report, daemon=True).start()
     sys.exit(main(sys.argv[2:]))
@@ -148,15 +156,60 @@ def test_a_server_of_scikit_learn_models_answers_every_api_without_importing_ten
     assert "tensorflow.core.framework.tensor_pb2" in loaded
 
 
-def test_a_server_of_tensorflow_models_imports_tensorflow_after_the_protos_and_answers(make_repo, serve_child):
-    base = make_repo("half_plus_two", {1: "hp2_tf2"})
-    server = serve_child(f"--model_base_path={base}", "--model_name=half_plus_two")
-    answer = requests.post(f"{server.rest_url}/v1/models/half_plus_two:predict", json={"instances": [[1.0], [3.0]]})
-    assert answer.json() == {"predictions": [[2.5], [3.5]]}
+def test_a_server_of_tensorflow_models_runs_them_without_tensorflow_init_until_something_imports_it(
+    tmp_path, model_store, serve_child
+):
+    repository = tmp_path / "models"
+    for name, stored in (("hp2_tf1", "hp2_tf1"), ("hp2_tf2", "hp2_tf2"), ("multi_io", "multi_io")):
+        shutil.copytree(model_store / stored, repository / name / "1")
+    # A warmup file too: replaying it must not need TensorFlow's Python API either.
+    models.write_warmup_file(
+        repository / "hp2_tf2" / "1", [models.predict_log("hp2_tf2", {"x": np.array([[1.0]], np.float32)})]
+    )
+    server = serve_child(f"--model_repository={repository}")
+    for name in ("hp2_tf1", "hp2_tf2", "multi_io"):
+        tm.available(server, name)
+
+    def answers() -> None:
+        # TF1 (variables restored by its Saver, an asset, tf.Example parsing) and TF2 SavedModels, REST and gRPC.
+        for name in ("hp2_tf1", "hp2_tf2"):
+            assert tm.rest_answer(server, name, {"instances": [[1.0], [3.0]]}) == {"predictions": [[2.5], [3.5]]}
+        multi = tm.rest_answer(server, "multi_io", {"instances": [{"a": [1.0, 2.0], "b": 3, "text": "ab"}]})
+        [row] = multi["predictions"]
+        assert (row["total"], row["doubled"], row["upper"]) == (6.0, 6, "AB")
+        with tm.stub_for(server) as stub:
+            assert tm.grpc_predict(stub, "hp2_tf2", {"x": np.array([[2.0]], np.float32)})["y"].tolist() == [[3.0]]
+            request = classification_pb2.ClassificationRequest()
+            request.model_spec.name, request.model_spec.signature_name = "hp2_tf1", "classify_x_to_y"
+            request.input.example_list.examples.add().features.feature["x"].float_list.value.append(4.0)
+            classified = stub.Classify(request, timeout=60).result.classifications
+            assert [c.score for c in classified[0].classes] == [4.0]
+        v2 = requests.post(
+            f"{server.rest_url}/v2/models/hp2_tf2/infer",
+            json={"inputs": [{"name": "x", "shape": [1, 1], "datatype": "FP32", "data": [6.0]}]},
+            timeout=60,
+        )
+        assert v2.json()["outputs"][0]["data"] == [5.0], v2.text
+
+    answers()
+    loaded = server.tensorflow_modules()
+    assert "tensorflow.python.client.session" in loaded
+    assert "tensorflow" not in loaded, "tensorflow/__init__ ran for SavedModels that do not need it"
+    assert [m for m in loaded if m.split(".")[0] == "keras" or m.startswith("tensorflow._api")] == []
+
+    # A request that needs TensorFlow's Python API (a bfloat16 TensorProto, which numpy has no type for:
+    # tf.make_ndarray) imports all of it, the genuine tensorflow/__init__, beside the sessions that serve; they go on
+    # serving.
     with tm.stub_for(server) as stub:
-        got = tm.grpc_predict(stub, "half_plus_two", {"x": np.array([[2.0]], np.float32)})
-        assert got["y"].tolist() == [[3.0]]
-    assert "tensorflow" in server.tensorflow_modules()
+        request = predict_pb2.PredictRequest()
+        request.model_spec.name = "hp2_tf2"
+        request.inputs["x"].CopyFrom(tf.make_tensor_proto([[1.0]], dtype=tf.bfloat16))
+        error = tm.grpc_error(lambda: stub.Predict(request, timeout=60))
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
+    server.report_file.unlink()
+    loaded = server.tensorflow_modules()
+    assert {"tensorflow", "tensorflow._api.v2.compat.v1"} <= set(loaded)
+    answers()
 
 
 def test_tensorflow_imported_after_the_protos_shares_them():
@@ -182,3 +235,63 @@ def test_tensorflow_imported_after_the_protos_shares_them():
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     done = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, env=env, capture_output=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == b"ok", done.stderr.decode()[-3000:]
+
+
+# TensorFlow's global behaviour, as a process sees it once `import tensorflow` has run.
+TENSORFLOW_STATE = textwrap.dedent(
+    """
+    def tensorflow_state():
+        import tensorflow as tf
+        from tensorflow.python import tf2
+        from tensorflow.python.client import session
+        from tensorflow.python.framework import tensor, tensor_shape
+        from tensorflow.python.ops import control_flow_util, resource_variables_toggle
+
+        return {
+            "tf2": tf2.enabled(),
+            "eager": tf.executing_eagerly(),
+            "resource_variables": resource_variables_toggle.resource_variables_enabled(),
+            "control_flow_v2": control_flow_util.ENABLE_CONTROL_FLOW_V2,
+            "tensor_equality": tensor.Tensor._USE_EQUALITY,
+            "v2_tensorshape": tensor_shape._TENSORSHAPE_V2_OVERRIDE,
+            "one_session_class": tf.compat.v1.Session is session.Session,
+            "sum": float(tf.reduce_sum(tf.constant([1.0, 2.0]))),
+            "function": float(tf.function(lambda x: x * 2)(tf.constant(2.0))),
+            "keras": type(tf.keras.layers.Dense(1)).__name__,
+        }
+    """
+)
+
+
+def test_tensorflow_imported_after_the_saved_model_runtime_is_whole_and_behaves_as_if_imported_first(model_store):
+    serve_then_import = TENSORFLOW_STATE + textwrap.dedent(
+        """
+        import json, sys
+        import numpy as np
+        from workbench.platforms.tensorflow import SavedModelServable
+
+        def answer(servable):
+            signature = servable.signatures["serving_default"]
+            return servable.run(signature, {"x": np.array([[2.0]], np.float32)}, ["y"])["y"].tolist()
+
+        servable = SavedModelServable("hp2", 1, sys.argv[1])
+        assert answer(servable) == [[3.0]]
+        assert "tensorflow" not in sys.modules and "keras" not in sys.modules, "tensorflow/__init__ ran"
+        state = tensorflow_state()
+        assert answer(servable) == [[3.0]]
+        assert answer(SavedModelServable("hp2", 2, sys.argv[1])) == [[3.0]]  # and loads as before
+        print(json.dumps(state))
+        """
+    )
+    import_first = TENSORFLOW_STATE + "import json; print(json.dumps(tensorflow_state()))"
+    states = []
+    for script in (serve_then_import, import_first):
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+        done = subprocess.run(
+            [sys.executable, "-c", script, str(model_store / "hp2_tf2")],
+            cwd=REPO_ROOT, env=env, capture_output=True, timeout=300,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr.decode()[-3000:]
+        states.append(json.loads(done.stdout.decode().strip().splitlines()[-1]))
+    assert states[0] == states[1]
+    assert states[0]["tf2"] and states[0]["eager"] and states[0]["one_session_class"] and states[0]["sum"] == 3.0

@@ -4,7 +4,6 @@ hot add/remove without a single failed request, and versions that fail to load (
 from __future__ import annotations
 
 import collections
-import contextlib
 import os
 import shutil
 import threading
@@ -273,19 +272,17 @@ def test_a_request_that_resolved_a_version_finishes_on_it_while_that_version_unl
     dataplane, manager = server.server.dataplane, server.server.manager
     resolved, proceed = threading.Event(), threading.Event()
     held: list[Harness] = []
-    original_handle = dataplane.handle
+    original_resolve = dataplane.resolve
 
-    @contextlib.contextmanager
-    def handle_then_pause(spec):
-        handle = original_handle(spec)
-        with handle as servable:
-            if not resolved.is_set():
-                held.append(handle.harness)
-                resolved.set()
-                proceed.wait(30)  # holds this one request between resolution and execution
-            yield servable
+    def resolve_then_pause(spec):
+        harness = original_resolve(spec)  # held for the request from here until it is answered
+        if not resolved.is_set():
+            held.append(harness)
+            resolved.set()
+            proceed.wait(30)  # holds this one request between resolution and execution
+        return harness
 
-    monkeypatch.setattr(dataplane, "handle", handle_then_pause)
+    monkeypatch.setattr(dataplane, "resolve", resolve_then_pause)
     answers: list[requests.Response] = []
     client = threading.Thread(target=lambda: answers.append(predict(server, "/v1/models/m")), daemon=True)
     client.start()

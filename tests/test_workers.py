@@ -155,6 +155,24 @@ def test_both_workers_answer_grpc_and_the_counts_add_up(two_workers):
     assert [w["answered"] for w in event["workers"]] == [True, True]
 
 
+def test_v2_statistics_describe_the_whole_server(two_workers):
+    """Triton's statistics extension, over REST and gRPC, counts every worker's requests, whichever answers."""
+    import tritonclient.grpc as triton_grpc
+
+    _, ready = two_workers
+    for _ in range(CONNECTIONS):  # fresh connections: both workers serve some
+        assert grpc_predict(ready)[1] in (2.5, 3.5)
+    total = sum(worker_totals(ready))
+
+    def successes(doc: dict) -> int:
+        return sum(int(entry["inference_stats"]["success"]["count"]) for entry in doc["model_stats"])
+
+    for _ in range(4):
+        assert successes(requests.get(url(ready) + "/v2/models/hp/stats", timeout=30).json()) == total
+        with triton_grpc.InferenceServerClient(f"127.0.0.1:{ready['grpc_port']}") as client:
+            assert successes(client.get_inference_statistics("hp", as_json=True)) == total
+
+
 def test_bench_spreads_grpc_clients_over_the_workers(two_workers):
     _, ready = two_workers
     before = worker_totals(ready)

@@ -12,20 +12,31 @@ A cell shows what workbench says and nothing else. TensorFlow talks on two chann
 :func:`quiet_tensorflow` covers both only for the duration of workbench's own call: the loggers are raised to
 ERROR and restored afterwards, and file descriptor 2 goes to a temporary file whose content is written back when
 the call ends, less TensorFlow's INFO and WARNING lines. Errors, and anything else written there, still show.
+
+:func:`saved_model_runtime` gives the platform what running a SavedModel in a session takes (graphs, sessions, the
+TF1 loader, dtypes) without ``tensorflow/__init__`` where TensorFlow is not imported yet: that imports all of
+TensorFlow's Python API and Keras, about three quarters of the seconds ``import tensorflow`` takes, which a server
+of SavedModels never calls.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
+import importlib.util
 import logging
 import os
 import re
+import sys
 import tempfile
 import threading
+import types
 from collections.abc import Iterator
-from typing import IO
+from typing import IO, Any
 
-__all__ = ["quiet_tensorflow", "without_tensorflow_notices"]
+__all__ = ["SavedModelRuntime", "quiet_tensorflow", "saved_model_runtime", "without_tensorflow_notices"]
+
+log = logging.getLogger(__name__)
 
 _LOGGERS = ("tensorflow", "absl")
 # TensorFlow's C++ log line (absl's format): severity letter, MMDD, time, thread id, file:line] message.
@@ -111,3 +122,119 @@ def quiet_tensorflow() -> Iterator[None]:
         yield
     finally:
         _exit()
+
+
+# ------------------------------------------------------------------------------------ the SavedModel runtime
+class SavedModelRuntime:
+    """The parts of TensorFlow that load a SavedModel's MetaGraph into a session and run it (see the module)."""
+
+    def __init__(self) -> None:
+        from tensorflow.core.protobuf import config_pb2
+        from tensorflow.python.client import session
+        from tensorflow.python.framework import dtypes, ops
+        from tensorflow.python.saved_model import loader_impl
+        from tensorflow.python.util import deprecation
+
+        self.Graph: Any = ops.Graph  # tf.Graph
+        self.ConfigProto: Any = config_pb2.ConfigProto  # tf.compat.v1.ConfigProto
+        self.CallableOptions: Any = config_pb2.CallableOptions
+        self.Session: Any = session.Session  # tf.compat.v1.Session
+        self.load: Any = loader_impl.load  # tf.compat.v1.saved_model.loader.load
+        self.silence_deprecation: Any = deprecation.silence
+        self.as_dtype: Any = dtypes.as_dtype  # tf.dtypes.as_dtype
+
+
+# What SavedModelRuntime imports, and what registers how a MetaGraph's collections are read back (variables,
+# savers, control-flow contexts, queue runners): the same set ``import tensorflow`` registers.
+_RUNTIME_MODULES = (
+    "tensorflow.python.framework.ops",
+    "tensorflow.python.framework.dtypes",
+    "tensorflow.python.client.session",
+    "tensorflow.python.saved_model.loader_impl",
+    "tensorflow.python.training.queue_runner_impl",
+    "tensorflow.python.util.deprecation",
+)
+
+_runtime_lock = threading.Lock()
+_runtime: SavedModelRuntime | None = None
+
+
+def saved_model_runtime() -> SavedModelRuntime:
+    """TensorFlow's graph, session and SavedModel loader; imported on the first call (thread-safe).
+
+    Where ``tensorflow`` is already imported (a notebook kernel), these are plain imports. Where it is not, they
+    are imported as ``tensorflow/__init__`` would first set TensorFlow up (its C++ library, TF2 behaviour), without
+    the rest of ``__init__``: its API modules and Keras. ``tensorflow`` itself stays out of ``sys.modules``, so a
+    later ``import tensorflow`` (warm-up files, Python models) runs the genuine ``__init__``, which finds these
+    modules imported and uses them. Anything unusual (an installed TensorFlow plugin, a modular filesystem, a
+    layout this does not know) imports all of TensorFlow instead, as before.
+    """
+    global _runtime
+    runtime = _runtime
+    if runtime is not None:
+        return runtime
+    with _runtime_lock:
+        if _runtime is None:
+            from workbench.protocol import tf_protos
+
+            tf_protos.load()  # first, with its own stand-in: TF Serving's protos share TensorFlow's, as ever
+            if "tensorflow" not in sys.modules:
+                try:
+                    _import_without_tensorflow_init()
+                except Exception:  # noqa: BLE001 - whatever failed, all of TensorFlow is imported below instead
+                    log.debug("TensorFlow's SavedModel runtime without tensorflow/__init__ failed", exc_info=True)
+            _runtime = SavedModelRuntime()  # plain imports: done above, or all of TensorFlow first
+        return _runtime
+
+
+def _plain_installation(package_dir: str) -> bool:
+    """No plugin, kernel library or filesystem that ``tensorflow/__init__`` would load besides the C++ library."""
+    if os.environ.get("TF_PLUGGABLE_DEVICE_LIBRARY_PATH"):
+        return False
+    if os.environ.get("TF_USE_MODULAR_FILESYSTEM", "0") in ("1", "true"):  # gs:// and the like, from tensorflow-io
+        return False
+    if os.path.exists(os.path.join(package_dir, "core", "kernels")):  # first-party dynamic kernels
+        return False
+    import site
+
+    parents = {os.path.dirname(package_dir), *(p for p in sys.path if "site-packages" in p)}
+    with contextlib.suppress(AttributeError):  # a virtualenv's old site module lacks them
+        parents.update(site.getsitepackages())
+        parents.add(site.getusersitepackages())
+    return not any(os.path.exists(os.path.join(p, "tensorflow-plugins")) for p in parents)
+
+
+def _import_without_tensorflow_init() -> None:
+    spec = importlib.util.find_spec("tensorflow")
+    if spec is None or not spec.submodule_search_locations or not spec.origin:
+        return  # not a package on disk: the plain imports decide
+    if not _plain_installation(os.path.dirname(spec.origin)):
+        return
+    stand_in = types.ModuleType("tensorflow", "Stands in for TensorFlow while its SavedModel runtime is imported.")
+    stand_in.__path__ = list(spec.submodule_search_locations)
+    stand_in.__spec__ = spec
+    stand_in.__file__ = spec.origin
+    # As in workbench.protocol.tf_protos: another thread importing TensorFlow meanwhile waits on the module's
+    # import lock (its spec says it is initializing) and then imports the genuine package.
+    from importlib._bootstrap import _ModuleLockManager  # type: ignore[attr-defined]
+
+    with _ModuleLockManager("tensorflow"):
+        if "tensorflow" in sys.modules:  # imported for real while this thread waited for the lock
+            return
+        spec._initializing = True  # type: ignore[attr-defined]
+        sys.modules["tensorflow"] = stand_in
+        try:
+            # tensorflow/__init__'s own first steps, in its order: the C++ library, then TF2 behaviour, which
+            # modules imported after it read when they are imported.
+            os.environ.setdefault("ENABLE_RUNTIME_UPTIME_TELEMETRY", "1")
+            importlib.import_module("tensorflow.python.pywrap_tensorflow")
+            os.environ["TF2_BEHAVIOR"] = "1"
+            tf2 = importlib.import_module("tensorflow.python.tf2")
+            tf2.enable()
+            for name in _RUNTIME_MODULES:
+                importlib.import_module(name)
+            importlib.import_module("tensorflow.python.compat.v2_compat").enable_v2_behavior()
+        finally:
+            if sys.modules.get("tensorflow") is stand_in:
+                del sys.modules["tensorflow"]
+            spec._initializing = False  # type: ignore[attr-defined]

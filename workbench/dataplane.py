@@ -12,15 +12,17 @@ import collections
 import contextlib
 import dataclasses
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor
 from typing import Any, TypeVar
 
 import numpy as np
+from prometheus_client.metrics_core import Metric
 
 from workbench.engine import inference, prediction_logs
-from workbench.engine.batching import BatchScheduler
+from workbench.engine.batching import BatchScheduler, Interest, deadline_exceeded
 from workbench.engine.batching_config import BatchingParameters
+from workbench.engine.harness import Harness
 from workbench.engine.manager import Manager, ServableHandle, VersionStatus
 from workbench.engine.metrics import ServingMetrics
 from workbench.engine.request_log import RequestLogger
@@ -53,7 +55,7 @@ class Call:
     ``run()``. A plain ``with``, not ``async with``: nothing here awaits, and this runs on every request.
     """
 
-    __slots__ = ("_dataplane", "_handle", "_started", "_work", "servable", "model", "api", "protocol")
+    __slots__ = ("_dataplane", "_harness", "_started", "_work", "servable", "model", "api", "protocol")
 
     def __init__(self, dataplane: Dataplane, spec: ModelSpec, api: str, protocol: str) -> None:
         self._dataplane = dataplane
@@ -61,11 +63,12 @@ class Call:
         self._started = time.perf_counter()
         self._work: asyncio.Future[Any] | None = None  # what runs on the servable, once the request runs it
         try:
-            self._handle = dataplane.handle(spec)
-            self.servable: Servable = self._handle.__enter__()
+            # The harness itself, not a ServableHandle around it: one object less on every request.
+            self._harness = dataplane.resolve(spec)
         except BaseException as exc:  # an unknown model or version is a request too: count it
             self._count(exc, None)
             raise
+        self.servable: Servable = self._harness.servable
 
     @property
     def version(self) -> int:
@@ -77,13 +80,13 @@ class Call:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
         work = self._work
         if work is None or work.done():
-            self._handle.__exit__(None, None, None)
+            self._harness.release()
         else:  # answered, but a worker thread still runs the servable: hold it until that thread returns
             work.add_done_callback(self._release)
         self._count(exc, self.servable.version)
 
     def _release(self, _: object) -> None:
-        self._handle.__exit__(None, None, None)
+        self._harness.release()
 
     def _count(self, exc: BaseException | None, version: int | None) -> None:
         if exc is None:
@@ -97,6 +100,36 @@ class Call:
         seconds = time.perf_counter() - self._started
         self._dataplane.metrics.observe_request(self.model, version, self.api, self.protocol, code, seconds)
         self._dataplane.stats.record_request(self.model, version, seconds, code == "OK")
+
+
+class _Expired(Exception):
+    """A request's deadline passed before its answer came (set on the answer future by its timer)."""
+
+
+def _expire(answer: asyncio.Future[Any]) -> None:
+    if not answer.done():
+        answer.set_exception(_Expired())
+
+
+async def _answering(work: Awaitable[T], answer: asyncio.Future[T]) -> None:
+    """Await ``work`` and hand its outcome to ``answer``, unless nobody waits for it any more.
+
+    Run as the request's task: setting ``answer`` is the task's last step, so by the time the caller resumes the
+    task is done (and ``Call`` releases the servable at once). An outcome nobody waits for (the caller's deadline
+    passed, it cancelled) is dropped here, never left unretrieved.
+    """
+    try:
+        result = await work
+    except asyncio.CancelledError:
+        if not answer.done():
+            answer.cancel()
+        raise
+    except Exception as exc:  # noqa: BLE001 - the caller's to raise
+        if not answer.done():
+            answer.set_exception(exc)
+    else:
+        if not answer.done():
+            answer.set_result(result)
 
 
 class Dataplane:
@@ -138,9 +171,13 @@ class Dataplane:
 
         For what reads a servable on the event loop (metadata); inference requests enter :meth:`request`.
         """
+        return ServableHandle(self.resolve(spec))
+
+    def resolve(self, spec: ModelSpec) -> Harness:
+        """The harness of the servable ``spec`` names, already held for the caller (who releases it)."""
         if spec.version is not None and spec.label is not None:
             raise ServingError(Code.INVALID_ARGUMENT, "A request may name a version or a label, not both")
-        return self.manager.handle(spec.name, spec.version, spec.label)
+        return self.manager.resolve(spec.name, spec.version, spec.label)
 
     @staticmethod
     def rest_input_specs(
@@ -173,16 +210,30 @@ class Dataplane:
 
         ``work`` runs as a task of its own that neither the deadline nor a cancelled caller cancels: once it has
         reached a worker thread nothing can stop that thread, so ``call`` keeps the servable held until the task
-        (and with it the thread) is done. The shield is what lets the answer leave without the hold. The price: a
-        request that expires while still queued for a batch runs all the same (the batcher cannot yet say whether
-        a task already reached a thread, which is what cancelling safely would need).
+        (and with it the thread) is done. What ``work`` still has queued for a batch when the caller gives up
+        leaves its queue unrun (the batcher's Interest).
+
+        The caller waits on ``answer``, a plain future the task fills as its last step (see :func:`_answering`),
+        not on a shield of the task under ``wait_for``: a cancelled caller cancels only ``answer``, the deadline
+        is one timer, and the answer arrives in the loop turn after the work ends, as if awaited directly, where
+        the shield (and ``wait_for``'s own waiter, with a deadline) cost a future, callbacks and a turn each.
         """
-        task = asyncio.ensure_future(work)
-        call._work = task
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[T] = loop.create_future()
+        interest = Interest(timeout)  # what it still has queued for a batch when the caller gives up never runs
+        call._work = interest.start(_answering(work, answer))
+        expiry = loop.call_later(timeout, _expire, answer) if timeout is not None else None
         try:
-            return await asyncio.wait_for(asyncio.shield(task), timeout)
-        except asyncio.TimeoutError:
-            raise ServingError(Code.DEADLINE_EXCEEDED, "Deadline Exceeded") from None
+            return await answer
+        except _Expired:
+            interest.give_up(deadline_exceeded())
+            raise deadline_exceeded() from None
+        except asyncio.CancelledError:
+            interest.give_up(ServingError(Code.CANCELLED, "Cancelled"))
+            raise
+        finally:
+            if expiry is not None:
+                expiry.cancel()
 
     async def predict(
         self,
@@ -285,28 +336,27 @@ class Dataplane:
             versions = [(row.name, row.version) for row in self.repository()]
         else:
             versions = [(model, status.version) for status in self.manager.version_status(model, version)]
-        totals = _MetricTotals(self.metrics)
+        # The whole server's with --num_workers (workbench.peers), so any worker answers for all of them.
+        totals = _MetricTotals(self.metrics.statistics_families())
         return [totals.statistics(name, number) for name, number in sorted(versions)]
 
 
 class _MetricTotals:
     """The server's Prometheus series summed per (model, version), read once for a statistics answer."""
 
-    def __init__(self, metrics: ServingMetrics) -> None:
+    def __init__(self, families: Iterable[Metric]) -> None:
         self._samples: dict[tuple[str, str, str], float] = collections.defaultdict(float)
         self._buckets: dict[tuple[str, str], list[tuple[float, float]]] = collections.defaultdict(list)
-        families = (metrics.requests, metrics.latency, metrics.queue_seconds, metrics.inference_seconds)
-        for family in (*families, metrics.batch_size):
-            for metric in family.collect():
-                for sample in metric.samples:
-                    key = (sample.labels.get("model", ""), sample.labels.get("version", ""))
-                    if sample.name.endswith("_bucket") and family is metrics.batch_size:
-                        self._buckets[key].append((float(sample.labels["le"]), sample.value))
-                    elif sample.name.startswith("workbench_requests") and not sample.name.endswith("_created"):
-                        code = "ok" if sample.labels["code"] == "OK" else "fail"
-                        self._samples[(*key, f"requests_{code}")] += sample.value
-                    else:
-                        self._samples[(*key, sample.name)] += sample.value
+        for metric in families:
+            for sample in metric.samples:
+                key = (sample.labels.get("model", ""), sample.labels.get("version", ""))
+                if sample.name == "workbench_batch_size_bucket":
+                    self._buckets[key].append((float(sample.labels["le"]), sample.value))
+                elif sample.name.startswith("workbench_requests") and not sample.name.endswith("_created"):
+                    code = "ok" if sample.labels["code"] == "OK" else "fail"
+                    self._samples[(*key, f"requests_{code}")] += sample.value
+                else:
+                    self._samples[(*key, sample.name)] += sample.value
 
     def _duration(self, key: tuple[str, str], family: str) -> Duration:
         return Duration(int(self._samples[(*key, f"{family}_count")]), self._samples[(*key, f"{family}_sum")])

@@ -160,6 +160,15 @@ class WholeServerMetrics(ServingMetrics):
     def exposition(self) -> bytes:
         return self.peers.exposition() if self.peers is not None else super().exposition()
 
+    def statistics_families(self) -> list[Metric]:
+        """The same families, every worker's samples added up (read back from the merged exposition)."""
+        own = super().statistics_families()
+        if self.peers is None:
+            return own
+        names = {family.name for family in own}
+        merged = text_string_to_metric_families(self.peers.exposition().decode())
+        return [family for family in merged if family.name in names]
+
 
 # ------------------------------------------------------------------------------------------- merging
 _SUMMED_STATS = (

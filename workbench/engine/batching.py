@@ -4,7 +4,9 @@ The queues live on the event loop (no locks: one thread touches them); the Tenso
 runs on the inference threads. A queue starts a batch as soon as one of its ``num_batch_threads`` slots is
 free, so an idle model answers at once and batching adds no latency at low load; under load the next batch
 is whatever waited while the running ones ran (or, with ``batch_timeout_micros``, whatever arrives until
-the batch is full or its oldest request has waited that long).
+the batch is full or its oldest request has waited that long). An idle model costs what the unbatched path
+does: the request goes to a thread from its own handler (no extra turn of the loop), a batch of one is neither
+merged nor split, and the thread hands its outcome straight back to the loop.
 
 A call to a cheap model runs on the event loop itself (:class:`RunCost`): for a model answering in tens of
 microseconds, the hop to an inference thread and back (a queue put, a thread wake-up, a GIL hand-over, a
@@ -16,20 +18,27 @@ Requests merge when their inputs have the same aliases, dtypes and trailing dime
 ``pad_variable_length_inputs``, the same ranks: shorter ones are padded); anything that cannot be
 concatenated along dimension 0 runs alone. Each caller gets exactly its own rows back; padding rows added
 for ``allowed_batch_sizes`` are cut off.
+
+A queued request nobody waits for any more never reaches the model: its caller gave up (:class:`Interest`), its
+deadline passed before its batch formed, or the coroutine awaiting it was cancelled. Once a request is in a
+batch a thread runs, it runs to the end (nothing can stop the thread); its answer is dropped.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
+import contextvars
 import dataclasses
 import functools
 import logging
 import time
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import Executor
-from typing import Any
+from concurrent.futures import Future as ThreadFuture
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -42,6 +51,7 @@ log = logging.getLogger(__name__)
 
 Feed = Mapping[str, np.ndarray]
 Outputs = dict[str, np.ndarray]
+T = TypeVar("T")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,13 +71,95 @@ class BatchRecord:
 BatchListener = Callable[[BatchRecord], None]
 
 
-@dataclasses.dataclass(eq=False)
 class _Task:
-    feed: Feed
-    rows: int
-    key: tuple[Any, ...]
-    future: asyncio.Future[Outputs]
-    enqueued: float
+    """One request (or one piece of a split one) in a queue; ``queued`` until a batch takes it or it is withdrawn."""
+
+    __slots__ = ("feed", "rows", "key", "future", "enqueued", "queue", "interest", "queued")
+
+    def __init__(
+        self,
+        feed: Feed,
+        rows: int,
+        key: tuple[Any, ...],
+        future: asyncio.Future[Outputs],
+        enqueued: float,
+        queue: _Queue,
+        interest: Interest | None,
+    ) -> None:
+        self.feed, self.rows, self.key, self.future, self.enqueued = feed, rows, key, future, enqueued
+        self.queue, self.interest = queue, interest
+        self.queued = True
+
+    def withdraw(self, error: BaseException | None) -> None:
+        """Out of its queue unrun (no-op once a batch took it); its awaiter gets ``error`` (None: leave its future)."""
+        if not self.queued:
+            return
+        self.queued = False
+        self.queue.pending_rows -= self.rows  # the deque entry stays until a batch forms, which skips it
+        if error is not None and not self.future.done():
+            self.future.set_exception(error)
+
+
+_INTEREST: contextvars.ContextVar[Interest | None] = contextvars.ContextVar("workbench_batching_interest", default=None)
+
+
+class Interest:
+    """Whether the caller of one request still waits for its answer: the batcher runs no queued work it gave up.
+
+    Start the request's work with :meth:`start` (a task of its own, as the caller's deadline and cancellation must
+    not cancel work a thread may already run): every batch task that work queues belongs to this interest, a
+    composite's member requests included (tasks started from it inherit it). :meth:`give_up` (the caller's
+    deadline passed, it cancelled) takes those still queued out of their queues at once: they never reach the
+    model, their awaiters get the error, and the work ends without waiting for a batch. A task whose ``timeout``
+    (seconds from now, on the event loop's clock) has run out when its batch forms is dropped the same way, with
+    DEADLINE_EXCEEDED. A task a batch already took runs to the end.
+    """
+
+    __slots__ = ("deadline", "error", "_tasks", "_work")
+
+    def __init__(self, timeout: float | None = None) -> None:
+        self.deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
+        self.error: ServingError | None = None  # set once given up
+        self._tasks: list[_Task] = []
+        self._work: asyncio.Future[Any] | None = None
+
+    def start(self, work: Awaitable[T]) -> asyncio.Future[T]:
+        """``work`` as a task (a future is returned as is) whose batch tasks belong to this interest."""
+        token = _INTEREST.set(self)
+        try:
+            future = self._work = asyncio.ensure_future(work)
+        finally:
+            _INTEREST.reset(token)
+        return future
+
+    def give_up(self, error: ServingError) -> None:
+        """Nobody waits any more: withdraw every queued task, each answered with ``error``.
+
+        The started work's outcome (that error, most often) is read by nobody now: it is consumed when it comes,
+        so that asyncio does not report it as never retrieved.
+        """
+        if self.error is None:
+            self.error = error
+            if self._work is not None:
+                self._work.add_done_callback(_consume)
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.withdraw(error)
+
+    def _add(self, task: _Task) -> None:
+        if self.error is not None:
+            task.withdraw(self.error)
+        else:
+            self._tasks.append(task)
+
+
+def _consume(work: asyncio.Future[Any]) -> None:
+    if not work.cancelled():
+        work.exception()
+
+
+def deadline_exceeded() -> ServingError:
+    return ServingError(Code.DEADLINE_EXCEEDED, "Deadline Exceeded")
 
 
 # Platforms whose calls are native compute that never waits on I/O or on the event loop; a Python model's
@@ -106,6 +198,17 @@ class RunCost:
             self.inline = self._cheap_runs >= self.SETTLE_RUNS
 
 
+class _Known:
+    """What the scheduler knows of one signature of a servable; it outlives the queues (one is dropped whenever it
+    empties), not the servable."""
+
+    __slots__ = ("cost", "last_batch_tasks")
+
+    def __init__(self, cost: RunCost) -> None:
+        self.cost = cost
+        self.last_batch_tasks = 0  # requests the last batch ran together: more than one, the model is under load
+
+
 class _Queue:
     def __init__(
         self,
@@ -113,12 +216,13 @@ class _Queue:
         signature: Signature,
         outputs: tuple[str, ...],
         params: BatchingParameters,
-        cost: RunCost,
+        known: _Known,
     ):
         self.servable, self.signature, self.outputs, self.params = servable, signature, outputs, params
-        self.cost = cost
-        self.pending: collections.deque[_Task] = collections.deque()
-        self.pending_rows = 0
+        self.known = known
+        self.cost = known.cost
+        self.pending: collections.deque[_Task] = collections.deque()  # with withdrawn tasks, skipped when met
+        self.pending_rows = 0  # of the queued tasks only
         self.running = 0
         self.timer: asyncio.TimerHandle | None = None
         self.dispatch_pending = False
@@ -164,8 +268,8 @@ def merge(feeds: Sequence[Feed], pad_variable_length: bool, padded_rows: int) ->
     return merged
 
 
-def split(outputs: Outputs, sizes: Sequence[int], padded_rows: int) -> list[Outputs]:
-    """Each task's own rows of every output."""
+def check_batched_outputs(outputs: Outputs, padded_rows: int) -> None:
+    """Refuse outputs whose dimension 0 is not the batch's (a batch of one too: it must not depend on the load)."""
     for alias, value in outputs.items():
         if value.ndim == 0 or value.shape[0] != padded_rows:
             raise ServingError(
@@ -174,6 +278,11 @@ def split(outputs: Outputs, sizes: Sequence[int], padded_rows: int) -> list[Outp
                 f"the {padded_rows} rows of the batched inputs, so results cannot be split between requests "
                 "(turn batching off for this model)",
             )
+
+
+def split(outputs: Outputs, sizes: Sequence[int], padded_rows: int) -> list[Outputs]:
+    """Each task's own rows of every output."""
+    check_batched_outputs(outputs, padded_rows)
     results: list[Outputs] = []
     start = 0
     for size in sizes:
@@ -207,8 +316,7 @@ class BatchScheduler:
         self._params_for = params_for
         self._listener = listener
         self._queues: dict[tuple[int, str, tuple[str, ...]], _Queue] = {}
-        # Per servable and signature; outlives the queues (one is dropped whenever it empties), not the servable.
-        self._costs: weakref.WeakKeyDictionary[Servable, dict[str, RunCost]] = weakref.WeakKeyDictionary()
+        self._known: weakref.WeakKeyDictionary[Servable, dict[str, _Known]] = weakref.WeakKeyDictionary()
         self._said_unbatched: set[tuple[str, int, str]] = set()
 
     def queue_depths(self) -> list[tuple[str, int, int]]:
@@ -237,7 +345,7 @@ class BatchScheduler:
             params = None
         key = batch_key(feed, params.pad_variable_length_inputs) if params is not None else None
         if params is None or key is None:
-            cost = self._cost(servable, signature)
+            cost = self._know(servable, signature).cost
             on_loop = cost.inline
             if on_loop:
                 result, seconds = self._run_alone(servable, signature, feed, outputs)
@@ -255,29 +363,48 @@ class BatchScheduler:
         queue = self._queue(servable, signature, tuple(outputs), params)
         if queue.pending_rows + rows > params.max_enqueued_rows:
             raise ServingError(Code.UNAVAILABLE, "The batch scheduling queue to which this task was submitted is full")
-        step = params.execution_batch_size
-        pieces = (
-            [feed]
-            if rows <= step
-            else [
-                {alias: value[start : start + step] for alias, value in feed.items()} for start in range(0, rows, step)
-            ]
-        )
-        futures = []
+        interest = _INTEREST.get()
         now = time.perf_counter()
-        for piece in pieces:
-            task = _Task(piece, next(iter(piece.values())).shape[0], key, loop.create_future(), now)
+        step = params.execution_batch_size
+        if rows <= step:
+            tasks = [_Task(feed, rows, key, loop.create_future(), now, queue, interest)]
+        else:
+            tasks = [
+                _Task(piece, next(iter(piece.values())).shape[0], key, loop.create_future(), now, queue, interest)
+                for piece in (
+                    {alias: value[start : start + step] for alias, value in feed.items()}
+                    for start in range(0, rows, step)
+                )
+            ]
+        # Idle: nothing runs or waits, and the last batch ran one request (a batch of several says requests come
+        # together: the next ones may be on their way in this very loop turn).
+        idle = (
+            not queue.pending
+            and queue.running == 0
+            and not queue.dispatch_pending
+            and queue.known.last_batch_tasks <= 1
+        )
+        for task in tasks:
             queue.pending.append(task)
             queue.pending_rows += task.rows
-            futures.append(task.future)
-        if not queue.dispatch_pending:
-            # Dispatch at the end of this event-loop turn, not now: requests whose handlers run in the same
-            # turn (they arrived together) share one batch and one thread hop, at no added latency.
+            if interest is not None:
+                interest._add(task)  # noqa: SLF001 - may withdraw it at once: its caller already gave up
+        if idle:
+            # An idle model runs the request now, with no hop through the loop.
+            self._schedule(queue)
+        elif not queue.dispatch_pending:
+            # Under load, dispatch at the end of this event-loop turn, not now: requests whose handlers run in the
+            # same turn (they arrived together) share one batch and one thread hop.
             queue.dispatch_pending = True
             loop.call_soon(self._dispatch, queue)
-        if len(futures) == 1:
-            return await futures[0]
-        parts = await asyncio.gather(*futures)
+        try:
+            if len(tasks) == 1:
+                return await tasks[0].future
+            parts = await asyncio.gather(*(task.future for task in tasks))
+        except BaseException:  # cancelled, or a piece failed: the request's pieces still queued never run
+            for task in tasks:
+                task.withdraw(None)
+            raise
         return {alias: np.concatenate([part[alias] for part in parts], axis=0) for alias in parts[0]}
 
     def _run_alone(
@@ -292,16 +419,16 @@ class BatchScheduler:
             self._listener(BatchRecord(servable.name, servable.version, signature.name, rows, rows, 1, [0.0], seconds))
         return result, seconds
 
-    def _cost(self, servable: Servable, signature: Signature) -> RunCost:
-        by_signature = self._costs.get(servable)
+    def _know(self, servable: Servable, signature: Signature) -> _Known:
+        by_signature = self._known.get(servable)
         if by_signature is None:
-            by_signature = self._costs[servable] = {}
-        cost = by_signature.get(signature.name)
-        if cost is None:
-            cost = by_signature[signature.name] = RunCost(
-                allowed=self._inline_cheap_models and servable.platform in INLINE_PLATFORMS
+            by_signature = self._known[servable] = {}
+        known = by_signature.get(signature.name)
+        if known is None:
+            known = by_signature[signature.name] = _Known(
+                RunCost(allowed=self._inline_cheap_models and servable.platform in INLINE_PLATFORMS)
             )
-        return cost
+        return known
 
     def _queue(
         self, servable: Servable, signature: Signature, outputs: tuple[str, ...], params: BatchingParameters
@@ -309,19 +436,23 @@ class BatchScheduler:
         key = (id(servable), signature.name, outputs)
         queue = self._queues.get(key)
         if queue is None or queue.servable is not servable:
-            queue = self._queues[key] = _Queue(servable, signature, outputs, params, self._cost(servable, signature))
+            queue = self._queues[key] = _Queue(servable, signature, outputs, params, self._know(servable, signature))
         return queue
 
     def _schedule(self, queue: _Queue) -> None:
         params = queue.params
-        loop = asyncio.get_running_loop()
-        while queue.pending and queue.running < params.num_batch_threads:
+        pending = queue.pending
+        while pending and queue.running < params.num_batch_threads:
+            while pending and not pending[0].queued:  # withdrawn: its caller gave up
+                pending.popleft()
+            if not pending:
+                break
             if params.batch_timeout_micros > 0 and queue.pending_rows < params.execution_batch_size:
-                waited = time.perf_counter() - queue.pending[0].enqueued
+                waited = time.perf_counter() - pending[0].enqueued
                 remaining = params.batch_timeout_micros / 1e6 - waited
                 if remaining > 0:
                     if queue.timer is None:
-                        queue.timer = loop.call_later(remaining, self._on_timer, queue)
+                        queue.timer = asyncio.get_running_loop().call_later(remaining, self._on_timer, queue)
                     return
             if queue.timer is not None:  # this batch starts now: its timer has nothing left to do
                 queue.timer.cancel()
@@ -329,6 +460,7 @@ class BatchScheduler:
             batch = self._take(queue)
             if not batch:
                 continue
+            queue.known.last_batch_tasks = len(batch)
             started = time.perf_counter()
             if queue.cost.inline:  # a cheap call: here and now (this loop turn goes on with the next batch)
                 try:
@@ -338,9 +470,15 @@ class BatchScheduler:
                 self._deliver(queue, batch, started, outcome, on_loop=True)
                 continue
             queue.running += 1
-            future = loop.run_in_executor(self._executor, self._execute, queue, batch)
-            future.add_done_callback(functools.partial(self._finish, queue, batch, started))
-        if not queue.pending and queue.running == 0 and not queue.dispatch_pending:
+            loop = asyncio.get_running_loop()
+            try:
+                work = self._executor.submit(self._run_batch, loop, queue, batch, started)
+            except BaseException as exc:  # noqa: BLE001 - the executor is shut down: the batch's callers get it
+                queue.running -= 1
+                self._deliver(queue, batch, started, exc, on_loop=False)
+                continue
+            work.add_done_callback(functools.partial(self._if_cancelled, loop, queue, batch, started))
+        if not pending and queue.running == 0 and not queue.dispatch_pending:
             key = (id(queue.servable), queue.signature.name, queue.outputs)
             if self._queues.get(key) is queue:  # a newer queue under the same key stays
                 del self._queues[key]
@@ -354,48 +492,95 @@ class BatchScheduler:
         self._schedule(queue)
 
     def _take(self, queue: _Queue) -> list[_Task]:
-        """The oldest task and every waiting task that merges with it, up to the execution batch size."""
+        """The oldest wanted task and every waiting one that merges with it, up to the execution batch size.
+
+        Tasks nobody waits for any more (withdrawn, their deadline passed, their awaiter cancelled) leave the
+        queue here, unrun.
+        """
         limit = queue.params.execution_batch_size
-        first = queue.pending.popleft()
-        while first.future.done():  # its caller gave up (deadline): do not run it
-            queue.pending_rows -= first.rows
-            if not queue.pending:
-                return []
-            first = queue.pending.popleft()
-        batch, rows, skipped = [first], first.rows, []
-        while queue.pending and rows < limit:
-            task = queue.pending.popleft()
-            if task.future.done():
-                queue.pending_rows -= task.rows
+        pending = queue.pending
+        now: float | None = None
+        batch: list[_Task] = []
+        skipped: list[_Task] = []
+        rows = 0
+        first: _Task | None = None
+        while pending and rows < limit:
+            task = pending.popleft()
+            if not task.queued:
                 continue
-            if task.key == first.key and rows + task.rows <= limit:
-                batch.append(task)
-                rows += task.rows
-            else:
+            if task.future.done():  # its awaiter was cancelled
+                task.withdraw(None)
+                continue
+            interest = task.interest
+            if interest is not None and interest.deadline is not None:
+                if now is None:
+                    now = asyncio.get_running_loop().time()
+                if now >= interest.deadline:
+                    task.withdraw(deadline_exceeded())
+                    continue
+            if first is None:
+                first = task
+            elif task.key != first.key or rows + task.rows > limit:
                 skipped.append(task)
                 if rows + task.rows > limit and task.key == first.key:
                     break
-        queue.pending.extendleft(reversed(skipped))
+                continue
+            batch.append(task)
+            rows += task.rows
+        pending.extendleft(reversed(skipped))
+        for task in batch:
+            task.queued = False
         queue.pending_rows -= rows
         return batch
 
     def _execute(self, queue: _Queue, batch: list[_Task]) -> tuple[list[Outputs], int, float]:
         params = queue.params
+        started = time.perf_counter()
+        if len(batch) == 1:
+            task = batch[0]
+            target = padded_size(task.rows, params.allowed_batch_sizes)
+            if target == task.rows:  # a batch of one, unpadded: its own feed and outputs, nothing to merge or cut
+                outputs = queue.servable.run(queue.signature, task.feed, queue.outputs)
+                check_batched_outputs(outputs, target)
+                return [outputs], target, time.perf_counter() - started
         rows = sum(task.rows for task in batch)
         target = padded_size(rows, params.allowed_batch_sizes)
-        started = time.perf_counter()
         feed = merge([task.feed for task in batch], params.pad_variable_length_inputs, target)
         outputs = queue.servable.run(queue.signature, feed, queue.outputs)
         results = split(outputs, [task.rows for task in batch], target)
         return results, target, time.perf_counter() - started
 
-    def _finish(self, queue: _Queue, batch: list[_Task], started: float, future: asyncio.Future[Any]) -> None:
-        """A batch thread is done: answer its callers and start what waited for the thread."""
-        queue.running -= 1
+    def _run_batch(self, loop: asyncio.AbstractEventLoop, queue: _Queue, batch: list[_Task], started: float) -> None:
+        """On an inference thread: run the batch, then hand its outcome straight to the loop (one hop back)."""
         try:
-            outcome: tuple[list[Outputs], int, float] | BaseException = future.result()
+            outcome: tuple[list[Outputs], int, float] | BaseException = self._execute(queue, batch)
         except BaseException as exc:  # noqa: BLE001 - every caller of the batch gets the error
             outcome = exc
+        with contextlib.suppress(RuntimeError):  # the loop is closed (the server stopped): nobody waits any more
+            loop.call_soon_threadsafe(self._finish, queue, batch, started, outcome)
+
+    def _if_cancelled(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        queue: _Queue,
+        batch: list[_Task],
+        started: float,
+        work: ThreadFuture[None],
+    ) -> None:
+        """The executor dropped the batch unrun (it shut down): its callers get the cancellation."""
+        if work.cancelled():
+            with contextlib.suppress(RuntimeError):  # the loop is closed too
+                loop.call_soon_threadsafe(self._finish, queue, batch, started, asyncio.CancelledError())
+
+    def _finish(
+        self,
+        queue: _Queue,
+        batch: list[_Task],
+        started: float,
+        outcome: tuple[list[Outputs], int, float] | BaseException,
+    ) -> None:
+        """A batch thread is done: answer its callers and start what waited for the thread."""
+        queue.running -= 1
         self._deliver(queue, batch, started, outcome, on_loop=False)
         self._schedule(queue)
 

@@ -194,3 +194,8 @@ class ServingMetrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+    def statistics_families(self) -> list[Metric]:
+        """What Triton's statistics extension is read from: requests, latencies, queueing, runs, batch sizes."""
+        families = (self.requests, self.latency, self.queue_seconds, self.inference_seconds, self.batch_size)
+        return [metric for family in families for metric in family.collect()]

@@ -31,7 +31,15 @@ def encode_record(data: bytes) -> bytes:
 
 
 class CorruptRecord(ValueError):
-    """A TFRecord file whose framing or checksums are wrong (or that is no TFRecord file at all)."""
+    """A TFRecord file whose framing or checksums are wrong (or that is no TFRecord file at all).
+
+    ``reason`` says what, in TensorFlow's own words ("truncated record at 12", "corrupted record at 0"); the
+    message adds the file.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], reason: str) -> None:
+        super().__init__(f"{os.fspath(path)}: {reason}")
+        self.reason = reason
 
 
 def read_records(path: str | os.PathLike[str], partial_tail: Literal["stop", "raise"] = "raise") -> Iterator[bytes]:
@@ -43,20 +51,20 @@ def read_records(path: str | os.PathLike[str], partial_tail: Literal["stop", "ra
         if end - offset < 12:
             if partial_tail == "stop":
                 return
-            raise CorruptRecord(f"{path}: truncated record header at byte {offset}")
+            raise CorruptRecord(path, f"truncated record at {offset}")
         header = data[offset : offset + 8]
         (length,) = struct.unpack("<Q", header)
         (length_crc,) = struct.unpack("<I", data[offset + 8 : offset + 12])
         if masked_crc(header) != length_crc:
-            raise CorruptRecord(f"{path}: corrupted record length at byte {offset}")
+            raise CorruptRecord(path, f"corrupted record at {offset}")
         start = offset + 12
         if end - start < length + 4:
             if partial_tail == "stop":
                 return
-            raise CorruptRecord(f"{path}: truncated record at byte {offset}")
+            raise CorruptRecord(path, f"truncated record at {offset}")
         record = data[start : start + length]
         (data_crc,) = struct.unpack("<I", data[start + length : start + length + 4])
         if masked_crc(record) != data_crc:
-            raise CorruptRecord(f"{path}: corrupted record data at byte {offset}")
+            raise CorruptRecord(path, f"corrupted record at {offset}")
         yield record
         offset = start + length + 4

@@ -7,15 +7,17 @@ record or too many records (INVALID_ARGUMENT) fails the version's load; the vers
 
 from __future__ import annotations
 
+import itertools
 import os
-import re
 from collections.abc import Iterator
 from typing import Any
 
 from workbench.engine import inference
 from workbench.engine.servable import Servable
+from workbench.engine.tfrecord import CorruptRecord, read_records
 from workbench.errors import Code, ServingError, from_exception
 from workbench.protocol.examples import serialized_examples
+from workbench.protocol.tensor_proto import to_numpy
 
 WARMUP_FILE = os.path.join("assets.extra", "tf_serving_warmup_requests")
 MAX_WARMUP_RECORDS = 1000
@@ -26,20 +28,22 @@ def warmup_path(version_path: str) -> str:
 
 
 def read_warmup_records(path: str) -> Iterator[Any]:
-    """PredictionLogs of a warmup file, failing fast on framing errors and on too many records."""
-    import tensorflow as tf
+    """PredictionLogs of a warmup file, failing fast on framing errors and on too many records.
+
+    Read with workbench's own TFRecord reader (same framing and checksums as TensorFlow's, and its words for what
+    is wrong), so a model's warmup does not import all of TensorFlow before the model serves.
+    """
+    import workbench.protocol.tf_protos  # noqa: F401  # isort: skip  (no tensorflow/__init__)
     from tensorflow_serving.apis import prediction_log_pb2
 
     try:
-        # tf.data, not tf_record_iterator: that one is deprecated and says so in the user's notebook. One record
-        # past the maximum is enough to refuse the file.
-        records = [record.numpy() for record in tf.data.TFRecordDataset(path).take(MAX_WARMUP_RECORDS + 1)]
-    except Exception as exc:
+        # One record past the maximum is enough to refuse the file.
+        records = list(itertools.islice(read_records(path), MAX_WARMUP_RECORDS + 1))
+    except CorruptRecord as exc:
+        raise ServingError(Code.DATA_LOSS, f"Failed to read warmup file {path}: {exc.reason}") from None
+    except OSError as exc:
         err = from_exception(exc)
-        raise ServingError(
-            err.code if err.code != Code.INTERNAL else Code.DATA_LOSS,
-            f"Failed to read warmup file {path}: {_op_error_text(err.message)}",
-        ) from None
+        raise ServingError(err.code, f"Failed to read warmup file {path}: {err.message}") from None
     if len(records) > MAX_WARMUP_RECORDS:
         raise ServingError(
             Code.INVALID_ARGUMENT,
@@ -56,21 +60,13 @@ def read_warmup_records(path: str) -> Iterator[Any]:
         yield log
 
 
-def _op_error_text(message: str) -> str:
-    """A tf.data error without its op wrapping: ``{{function_node ...}} truncated record ... [Op:IteratorGetNext]``."""
-    message = re.sub(r"^\{\{function_node [^}]*\}\}\s*", "", message)
-    return re.sub(r"\s*\[Op:\w+\]( name: \S*)?\s*$", "", message)
-
-
 def replay(servable: Servable, log: Any) -> None:
     """Run one PredictionLog's request against ``servable`` (its answer is discarded)."""
-    import tensorflow as tf
-
     kind = log.WhichOneof("log_type")
     if kind == "predict_log":
         request = log.predict_log.request
         signature = inference.predict_signature(servable, request.model_spec.signature_name)
-        inputs = {alias: tf.make_ndarray(proto) for alias, proto in request.inputs.items()}
+        inputs = {alias: to_numpy(proto, alias) for alias, proto in request.inputs.items()}
         inference.predict(servable, signature, inputs, list(request.output_filter))
     elif kind == "classify_log":
         request = log.classify_log.request

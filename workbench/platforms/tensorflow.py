@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from workbench._tf import saved_model_runtime
 from workbench.engine.servable import Servable
 from workbench.errors import Code, ServingError, from_exception
 from workbench.platforms import LoadPolicy
@@ -32,13 +33,18 @@ SERVING_TAG = "serve"
 SAVED_MODEL_FILES = ("saved_model.pb", "saved_model.pbtxt")
 
 
+# The common types, as TensorFlow's table gives them: the null platform reads signatures without TensorFlow.
+_COMMON_DTYPES: dict[int, np.dtype[Any]] = {enum: dtype for dtype, (enum, _) in tf_types.FIELDS.items()}
+
+
 def _numpy_dtype(dtype_enum: int) -> np.dtype[Any]:
     """The numpy type a graph tensor of ``dtype_enum`` is fed with (TensorFlow's own table for the rare ones)."""
     if dtype_enum in (tf_types.DT_INVALID, tf_types.DT_STRING):  # DT_INVALID: TF2's __saved_model_init_op NoOp
         return np.dtype(object)
-    from tensorflow.python.framework import dtypes
-
-    return np.dtype(dtypes.as_dtype(dtype_enum).as_numpy_dtype)
+    common = _COMMON_DTYPES.get(dtype_enum)
+    if common is not None:
+        return common
+    return np.dtype(saved_model_runtime().as_dtype(dtype_enum).as_numpy_dtype)
 
 
 def _signature(name: str, proto: Any) -> Signature:
@@ -103,23 +109,22 @@ class SavedModelServable(Servable):
     """
 
     def __init__(self, name: str, version: int, path: str) -> None:
-        import tensorflow as tf
-        from tensorflow.python.util import deprecation
-
+        # Graphs, sessions and the TF1 loader, without tensorflow/__init__ where TensorFlow is not imported yet.
+        tf = self._tf = saved_model_runtime()
         self.name, self.version, self.path = name, version, path
         meta_graph = read_serving_meta_graph(path)
         self.signature_defs: Mapping[str, Any] = meta_graph.signature_def
         self._graph = tf.Graph()
-        config = tf.compat.v1.ConfigProto(allow_soft_placement=True)
+        config = tf.ConfigProto(allow_soft_placement=True)
         # Serving and training in the notebook kernel share a GPU: take memory as needed, not all of it.
         config.gpu_options.allow_growth = True
-        self._session = tf.compat.v1.Session(graph=self._graph, config=config)
+        self._session = tf.Session(graph=self._graph, config=config)
         try:
             with self._graph.as_default():
                 # The TF1 loader is deprecated in favour of tf.saved_model.load, which cannot give TF Serving's
                 # semantics; keep its deprecation notice out of logs and notebook cells.
-                with deprecation.silence():
-                    tf.compat.v1.saved_model.loader.load(self._session, [SERVING_TAG], path)
+                with tf.silence_deprecation():
+                    tf.load(self._session, [SERVING_TAG], path)
         except Exception as exc:
             self._session.close()
             raise from_exception(exc) from None
@@ -159,12 +164,10 @@ class SavedModelServable(Servable):
         key = (signature.name, feeds, fetches)
         fn = self._callables.get(key)
         if fn is None:
-            from tensorflow.core.protobuf import config_pb2
-
             with self._callables_lock:
                 fn = self._callables.get(key)
                 if fn is None:
-                    options = config_pb2.CallableOptions(
+                    options = self._tf.CallableOptions(
                         feed=[signature.inputs[a].name for a in feeds],
                         fetch=[signature.outputs[a].name for a in fetches],
                     )

@@ -4,10 +4,15 @@ Requests: the common dtypes are decoded here with TensorFlow's rules (``tensor_c
 ``*_val`` fields with fewer values than the shape repeat the last one, none means zeros) at a fraction of
 ``tf.make_ndarray``'s per-call cost; rare dtypes go to ``tf.make_ndarray`` itself. Responses use the typed
 fields, as TF Serving does by default, so clients that read ``response.outputs["y"].float_val`` keep working.
+
+float and double answers (most of them) are written as protobuf wire bytes and parsed into the TensorProto at
+once: a packed ``float_val``/``double_val`` is the array's little-endian bytes, so filling it costs a copy, where
+``extend(array.tolist())`` costs a Python float per value.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -20,6 +25,16 @@ _FIELDS = tf_types.FIELDS
 _DT_STRING = tf_types.DT_STRING
 _DECODE: dict[int, tuple[np.dtype[Any], str]] = {
     enum: (dtype, field) for dtype, (enum, field) in _FIELDS.items() if dtype.kind != "c"
+}
+# TensorProto's field numbers (tensorflow/core/framework/tensor.proto) for the wire-bytes path of from_numpy.
+_DTYPE_FIELD, _SHAPE_FIELD, _FLOAT_VAL_FIELD, _DOUBLE_VAL_FIELD = 1, 2, 5, 6
+_DIM_FIELD, _DIM_SIZE_FIELD = 2, 1  # TensorShapeProto.dim, and TensorShapeProto.Dim.size
+# From this many float/double values on, a request's typed field is read from the TensorProto's wire bytes (one
+# serialization, then a copy) rather than value by value; below it, scanning the bytes costs more than it saves.
+_WIRE_DECODE_MIN = 64
+_PACKED: dict[np.dtype[Any], tuple[bytes, int]] = {  # dtype → (its dtype field, encoded; its packed field)
+    np.dtype(np.float32): (bytes([_DTYPE_FIELD << 3, _FIELDS[np.dtype(np.float32)][0]]), _FLOAT_VAL_FIELD),
+    np.dtype(np.float64): (bytes([_DTYPE_FIELD << 3, _FIELDS[np.dtype(np.float64)][0]]), _DOUBLE_VAL_FIELD),
 }
 
 
@@ -34,7 +49,7 @@ def to_numpy(proto: Any, alias: str, spec: TensorSpec | None = None) -> np.ndarr
             import tensorflow as tf
 
             return tf.make_ndarray(proto)
-        shape = tuple(d.size for d in proto.tensor_shape.dim)
+        shape = [d.size for d in proto.tensor_shape.dim]
         count = 1
         for d in shape:
             count *= d
@@ -51,7 +66,12 @@ def to_numpy(proto: Any, alias: str, spec: TensorSpec | None = None) -> np.ndarr
         if proto.tensor_content:
             return np.frombuffer(proto.tensor_content, dtype=dtype).reshape(shape)
         raw = getattr(proto, field)
-        values = np.array(raw, dtype=np.uint16).view(np.float16) if field == "half_val" else np.array(raw, dtype)
+        if field == "half_val":
+            values = np.array(raw, dtype=np.uint16).view(np.float16)
+        elif len(raw) >= _WIRE_DECODE_MIN and dtype in _PACKED:
+            values = np.frombuffer(_packed_values(proto, _PACKED[dtype][1]), dtype=dtype.newbyteorder("<"))
+        else:  # fromiter: no sequence protocol per value, as np.array(raw) has
+            values = np.fromiter(raw, dtype, len(raw))
         if values.size == count:
             return values.reshape(shape)
         if values.size == 0:
@@ -81,6 +101,10 @@ def _proto_shape(proto: Any) -> str:
 def from_numpy(array: np.ndarray, proto: Any) -> Any:
     """Fill ``proto`` (a TensorProto) with ``array``; returns it."""
     array = np.asarray(array)
+    packed = _PACKED.get(array.dtype)
+    if packed is not None:
+        proto.MergeFromString(_packed_tensor(array, *packed))
+        return proto
     for dim in array.shape:
         proto.tensor_shape.dim.add().size = dim
     if array.dtype.kind in "OSU":
@@ -100,3 +124,73 @@ def from_numpy(array: np.ndarray, proto: Any) -> Any:
         flat = flat.view(np.uint16)
     getattr(proto, field).extend(flat.tolist())
     return proto
+
+
+def _packed_tensor(array: np.ndarray, dtype_field: bytes, values_field: int) -> bytes:
+    """A float/double TensorProto's wire bytes: its dtype, its shape, its values as one packed typed field."""
+    values = array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()  # C order, as reshape(-1) reads
+    packed = _varint((values_field << 3) | 2) + _varint(len(values)) + values if values else b""
+    return dtype_field + _shape_field(array.shape) + packed
+
+
+def _packed_values(proto: Any, number: int) -> bytes:
+    """The payload of packed field ``number`` in ``proto``'s wire bytes (b"" when it is absent).
+
+    The bytes are the ones protobuf writes, so a repeated scalar is always packed, whatever the client sent.
+    """
+    wire = proto.SerializeToString()
+    position, end = 0, len(wire)
+    while position < end:
+        tag, position = _read_varint(wire, position)
+        wire_type = tag & 7
+        if wire_type == 0:
+            position = _read_varint(wire, position)[1]
+        elif wire_type == 1:
+            position += 8
+        elif wire_type == 5:
+            position += 4
+        elif wire_type == 2:
+            length, position = _read_varint(wire, position)
+            if tag >> 3 == number:
+                return wire[position : position + length]
+            position += length
+        else:
+            raise ValueError(f"unexpected wire type {wire_type} in a TensorProto")
+    return b""
+
+
+def _read_varint(data: bytes, position: int) -> tuple[int, int]:
+    value, shift = 0, 0
+    while True:
+        byte = data[position]
+        position += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, position
+        shift += 7
+
+
+@functools.lru_cache(maxsize=1024)  # answers repeat a few shapes: encode each once
+def _shape_field(shape: tuple[int, ...]) -> bytes:
+    dims = b"".join(_message(_DIM_FIELD, _varint(_DIM_SIZE_FIELD << 3) + _varint(size)) for size in shape)
+    return _message(_SHAPE_FIELD, dims) if dims else b""
+
+
+def _message(number: int, payload: bytes) -> bytes:
+    """An embedded message field (wire type 2)."""
+    return _varint((number << 3) | 2) + _varint(len(payload)) + payload
+
+
+def _varint(value: int) -> bytes:
+    """A non-negative integer as a protobuf varint (dimension sizes and lengths are never negative)."""
+    if value < 0x80:
+        return _SMALL_VARINTS[value]
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+_SMALL_VARINTS = [bytes([value]) for value in range(0x80)]
