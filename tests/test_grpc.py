@@ -107,15 +107,20 @@ def test_predict_exactly_as_tf_serving_clients_do(stub, model):
     assert response.model_spec.version.value == (2 if model == "tf1" else 1)
 
 
-def test_predict_accepts_typed_value_fields(stub):
+def typed_request(rows: int, values: list[float]) -> predict_pb2.PredictRequest:
+    """A Predict for tf1 whose x ([rows, 1] float32) is sent in float_val, not tensor_content."""
     request = predict_pb2.PredictRequest()
     request.model_spec.name = "tf1"
     tensor = request.inputs["x"]
     tensor.dtype = tf.float32.as_datatype_enum
-    tensor.tensor_shape.dim.add().size = 2
+    tensor.tensor_shape.dim.add().size = rows
     tensor.tensor_shape.dim.add().size = 1
-    tensor.float_val.extend([1.0, 5.0])
-    response = stub.Predict(request, 10.0)
+    tensor.float_val.extend(values)
+    return request
+
+
+def test_predict_accepts_typed_value_fields(stub):
+    response = stub.Predict(typed_request(2, [1.0, 5.0]), 10.0)
     assert list(response.outputs["y"].float_val) == [2.5, 4.5]
 
 
@@ -123,14 +128,7 @@ def test_predict_accepts_typed_value_fields(stub):
 def test_many_typed_values_both_ways(stub, sent):
     """Long float_val fields (read and written as wire bytes) come and go exactly as typed values do."""
     values = np.arange(sent, dtype=np.float32)
-    request = predict_pb2.PredictRequest()
-    request.model_spec.name = "tf1"
-    tensor = request.inputs["x"]
-    tensor.dtype = tf.float32.as_datatype_enum
-    tensor.tensor_shape.dim.add().size = 200
-    tensor.tensor_shape.dim.add().size = 1
-    tensor.float_val.extend(values.tolist())
-    response = stub.Predict(request, 10.0)
+    response = stub.Predict(typed_request(200, values.tolist()), 10.0)
     full = np.concatenate([values, np.full(200 - sent, values[-1], np.float32)])
     expected = tf.make_tensor_proto(full.reshape(200, 1) / 2 + 2)  # half_plus_two, as typed fields
     expected.ClearField("tensor_content")
