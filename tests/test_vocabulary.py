@@ -141,7 +141,9 @@ def serve_help() -> str:
 def test_internal_flags_work_but_are_hidden(serve_help: str) -> None:
     args = parse_cli("serve", "--ready_file=/tmp/ready.json", "--parent_pid=42")
     assert (args["ready_file"], args["parent_pid"]) == ("/tmp/ready.json", 42)
-    assert "--ready_file" not in serve_help and "--parent_pid" not in serve_help
+    assert "--parent_pid" not in serve_help and "--worker_of" not in serve_help
+    # --ready_file is for people too (tutorial 05's replicas): how a script learns the free ports a server bound.
+    assert "bound" in flag_help(serve_help, "--ready_file")
     assert "--tensorflow_intra_op_parallelism" not in serve_help  # refused flags are not advertised either
 
 

@@ -152,6 +152,15 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     _flag(network, "rest_api_enable_cors_support", False, "answer CORS preflights and allow any origin")
     _flag(network, "grpc_socket_path", "", "also serve gRPC on this Unix socket", "PATH")
     _flag(network, "grpc_channel_arguments", "", "gRPC server arguments, comma-separated key=value", "ARGS")
+    # For scripts and supervisors that start servers on free ports: reading the port back from the server is the
+    # only race-free way (a port picked beforehand can be taken by another process before the server binds it).
+    _flag(
+        network,
+        "ready_file",
+        "",
+        "once serving, write the ports it bound and its health as JSON to FILE (with --port=0 / --rest_api_port=-1)",
+        "FILE",
+    )
 
     batching = p.add_argument_group("batching")
     _flag(batching, "enable_batching", False, "merge concurrent requests into batches (TF Serving's parameters)")
@@ -203,8 +212,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
         "S",
     )
 
-    # Set by notebook handles, not by people: they work, but --help does not list them.
-    p.add_argument("--ready_file", default="", help=argparse.SUPPRESS)  # the ports as JSON once it answers
+    # Set by notebook handles, not by people: it works, but --help does not list it.
     p.add_argument("--parent_pid", type=int, default=0, help=argparse.SUPPRESS)  # stop when this process exits
     # Set by the supervisor of --num_workers (workbench.workers) on each worker it starts.
     p.add_argument("--worker_of", default="", help=argparse.SUPPRESS)  # the supervisor's run folder
