@@ -59,13 +59,7 @@ class Replica:
         return self.log_path.read_text(errors="replace")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=30)
+        stop_process(self.proc)
 
     # the management API
     def model(self, name: str) -> dict[str, Any]:
@@ -81,3 +75,14 @@ class Replica:
 
     def states(self, name: str) -> dict[str, str]:
         return version_states(self.rest_url, name)
+
+
+def stop_process(proc: subprocess.Popen[Any]) -> None:
+    """SIGTERM (a server drains), then SIGKILL if it has not exited within a minute."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=30)

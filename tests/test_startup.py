@@ -28,7 +28,7 @@ import requests
 import tabular_models as tm
 import tensorflow as tf
 import tritonclient.grpc as triton_grpc
-from replica import REPO_ROOT, START_TIMEOUT_S
+from replica import REPO_ROOT, START_TIMEOUT_S, stop_process
 from tensorflow_serving.apis import classification_pb2, predict_pb2
 from waiting import wait_until
 
@@ -102,12 +102,7 @@ def serve_child(tmp_path: Path) -> Iterator[ServeChild]:
 
     yield start
     for child in children:
-        child.proc.terminate()
-        try:
-            child.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            child.proc.kill()
-            child.proc.wait(timeout=30)
+        stop_process(child.proc)
 
 
 def test_a_server_of_scikit_learn_models_answers_every_api_without_importing_tensorflow(tmp_path, serve_child):
