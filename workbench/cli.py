@@ -9,15 +9,20 @@ mistyped flag answered with the nearest one. Booleans take TF Serving's forms (`
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import logging
 import os
 import shlex
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from workbench.bench import DEFAULT_CONCURRENCY, DEFAULT_DURATION_S, DEFAULT_PROTOCOL, GRPC_PROTOCOLS, PROTOCOLS
 from workbench.vocabulary import BoolFlag, HelpFormatter, canonical_options, did_you_mean, unrecognized_option
+
+if TYPE_CHECKING:
+    from workbench.engine.options import ServerOptions
 
 # TensorFlow's C++ INFO lines are noise for a server operator; warnings and errors still show.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
@@ -65,6 +70,13 @@ examples:
   workbench bench --target=localhost:8500 --protocol=grpc --model=half_plus_two --inputs='{"x": [[1.0]]}' \\
       --concurrency=8 --duration=10
   workbench bench --target=localhost:8500 --protocol=v2-grpc --model=half_plus_two --inputs='{"x": [[1.0]]}'
+"""
+RAY_EXAMPLES = """\
+examples:
+  workbench ray deploy --model_repository=/shared/models --num_replicas=2
+  workbench ray deploy --model_repository=s3://models --address=auto --max_replicas=4 -- --enable_batching
+  workbench ray status --address=auto
+  workbench ray shutdown --address=auto
 """
 MANIFESTS_EXAMPLES = """\
 examples:
@@ -222,38 +234,37 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     p.set_defaults(command=_serve)
 
 
-def _serve(args: argparse.Namespace) -> int:
-    from workbench.engine.options import ServerOptions
+class FlagError(ValueError):
+    """A command line that names what cannot be served together (the message says why)."""
+
+
+def _check_serve_args(args: argparse.Namespace) -> int:
+    """The number of workers the flags ask for, once they make sense together; raises :class:`FlagError`."""
+    from workbench.workers import resolve_num_workers
 
     refused = [n for n in UNSUPPORTED_TF_SERVING_FLAGS if getattr(args, f"x_{n}") is not None]
     if refused:
-        for name in refused:
-            print(f"workbench serve: --{name} is not supported: {UNSUPPORTED_TF_SERVING_FLAGS[name]}", file=sys.stderr)
-        return 2
+        raise FlagError(
+            "\n".join(f"--{name} is not supported: {UNSUPPORTED_TF_SERVING_FLAGS[name]}" for name in refused)
+        )
     sources = [flag for flag in ("model_config_file", "model_base_path", "model_repository") if getattr(args, flag)]
     if len(sources) > 1:
-        print(f"workbench serve: give one of --{' or --'.join(sources)}, not several", file=sys.stderr)
-        return 2
+        raise FlagError(f"give one of --{' or --'.join(sources)}, not several")
     if not sources:
-        print(
-            "workbench serve: nothing to serve: give --model_base_path=DIR (with --model_name), "
-            "--model_config_file=FILE or --model_repository=DIR",
-            file=sys.stderr,
+        raise FlagError(
+            "nothing to serve: give --model_base_path=DIR (with --model_name), "
+            "--model_config_file=FILE or --model_repository=DIR"
         )
-        return 2
-    from workbench.workers import resolve_num_workers
-
-    try:
-        num_workers = resolve_num_workers(args.num_workers)
-    except ValueError as exc:
-        print(f"workbench serve: {exc}", file=sys.stderr)
-        return 2
+    num_workers = resolve_num_workers(args.num_workers)  # a ValueError says why
     if num_workers > 1 and args.grpc_socket_path:
-        print("workbench serve: --grpc_socket_path serves one process, not --num_workers", file=sys.stderr)
-        return 2
-    if num_workers > 1 and not args.worker_of:
-        return _supervise(args, num_workers)
-    options = ServerOptions(
+        raise FlagError("--grpc_socket_path serves one process, not --num_workers")
+    return num_workers
+
+
+def _server_options(args: argparse.Namespace, num_workers: int) -> ServerOptions:
+    from workbench.engine.options import ServerOptions
+
+    return ServerOptions(
         port=args.port,
         rest_api_port=args.rest_api_port,
         rest_api_host=args.host,
@@ -291,6 +302,40 @@ def _serve(args: argparse.Namespace) -> int:
         worker_index=args.worker_index,
         worker_dir=args.worker_of,
     )
+
+
+def serve_options(flags: Sequence[str]) -> ServerOptions:
+    """``workbench serve``'s flags (without the command) as the options of one serving process.
+
+    For embedding the engine elsewhere (a Ray Serve replica): the same vocabulary and checks as the command line;
+    a bad flag raises :class:`FlagError` (argparse's own message) instead of exiting.
+    """
+    parser = build_parser()
+    words = ["serve", *flags]
+    try:
+        with contextlib.redirect_stderr(io.StringIO()) as err:
+            args = parser.parse_args(words)
+    except SystemExit:
+        raise FlagError(err.getvalue().strip()) from None
+    try:
+        num_workers = _check_serve_args(args)
+    except ValueError as exc:
+        raise FlagError(str(exc)) from None
+    if num_workers > 1:
+        raise FlagError("--num_workers: one embedded server is one process")
+    return _server_options(args, 1)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    try:
+        num_workers = _check_serve_args(args)
+    except ValueError as exc:
+        for line in str(exc).splitlines():
+            print(f"workbench serve: {line}", file=sys.stderr)
+        return 2
+    if num_workers > 1 and not args.worker_of:
+        return _supervise(args, num_workers)
+    options = _server_options(args, num_workers)
     _configure_logging(f"[worker {args.worker_index}] " if args.worker_of else "")
     from workbench.errors import ServingError
     from workbench.server import run
@@ -497,6 +542,72 @@ def _manifests(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ray_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "ray",
+        help="serve a model repository on a Ray cluster (Ray Serve replicas behind Ray's HTTP and gRPC proxies)",
+        description="Deploy workbench on Ray Serve: each replica runs the engine on a shared repository, Ray's "
+        "proxies serve TF Serving's REST and gRPC APIs and v2 on every node. Needs `pip install "
+        "'workbench-serving[ray]'`.",
+        epilog=RAY_EXAMPLES,
+    )
+    actions = p.add_subparsers(title="actions", metavar="ACTION", required=True, parser_class=_Parser)
+    common = _Parser(add_help=False)
+    common.add_argument("--name", default="workbench", metavar="NAME", help="the Ray Serve application's name")
+    common.add_argument(
+        "--address",
+        default="",
+        metavar="ADDRESS",
+        help="the Ray cluster (default: $RAY_ADDRESS; deploy without "
+        "either starts a local Ray and serves until SIGINT or SIGTERM)",
+    )
+    deploy = actions.add_parser(
+        "deploy",
+        parents=[common],
+        help="deploy (or redeploy) the application",
+        description="Deploy a repository on Ray Serve; flags after -- go to every replica's `workbench serve`.",
+    )
+    deploy.add_argument(
+        "--model_repository",
+        default="",
+        metavar="DIR",
+        help="every model folder under DIR (a path every node sees, or an s3:// / gs:// URL)",
+    )
+    deploy.add_argument("--num_replicas", type=int, metavar="N", help="a fixed number of replicas (default 1)")
+    deploy.add_argument("--min_replicas", type=int, default=1, metavar="N", help="autoscaling's lower bound")
+    deploy.add_argument("--max_replicas", type=int, metavar="N", help="autoscale up to N replicas")
+    deploy.add_argument(
+        "--target_ongoing_requests", type=float, metavar="N", help="autoscaling's target of requests per replica"
+    )
+    deploy.add_argument("--num_cpus", type=float, metavar="N", help="CPUs Ray reserves for each replica")
+    deploy.add_argument("--num_gpus", type=float, metavar="N", help="GPUs Ray reserves for each replica")
+    deploy.add_argument("--http_host", default="127.0.0.1", metavar="ADDRESS", help="address Ray's HTTP proxies bind")
+    deploy.add_argument("--http_port", type=int, default=8501, metavar="PORT", help="Ray's HTTP proxy port (REST)")
+    deploy.add_argument("--grpc_port", type=int, default=8500, metavar="PORT", help="Ray's gRPC proxy port")
+    deploy.add_argument("--route_prefix", default="/", metavar="PATH", help="where the REST API is mounted")
+    deploy.add_argument(
+        "--ready_file", default="", metavar="FILE", help="once serving, write the addresses as JSON to FILE"
+    )
+    deploy.add_argument("serve_flags", nargs="*", metavar="-- SERVE_FLAG", help="`workbench serve` flags for replicas")
+    deploy.set_defaults(command=_ray, action="deploy")
+    status = actions.add_parser("status", parents=[common], help="the application's status and replicas, as JSON")
+    status.set_defaults(command=_ray, action="status")
+    shutdown = actions.add_parser("shutdown", parents=[common], help="delete the application (and Serve if last)")
+    shutdown.set_defaults(command=_ray, action="shutdown")
+    p.commands = tuple(actions.choices)  # dispatches like the top level: each action's parser reads its flags
+
+
+def _ray(args: argparse.Namespace) -> int:
+    try:
+        from workbench.ray import command
+    except ImportError as exc:
+        print(f"workbench ray: {exc}", file=sys.stderr)
+        return 2
+    _configure_logging()
+    run = {"deploy": command.deploy_command, "status": command.status_command, "shutdown": command.shutdown_command}
+    return run[args.action](args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from workbench import __version__
 
@@ -513,6 +624,7 @@ def build_parser() -> argparse.ArgumentParser:
     _demo_parser(sub)
     _bench_parser(sub)
     _manifests_parser(sub)
+    _ray_parser(sub)
     parser.commands = tuple(sub.choices)
     return parser
 

@@ -13,6 +13,7 @@ A sibling that does not answer (being restarted) is left out of that answer, and
 
 from __future__ import annotations
 
+import abc
 import json
 import logging
 import os
@@ -74,15 +75,69 @@ class _Handler(socketserver.StreamRequestHandler):
             log.exception("Could not answer a sibling's %r", view)
 
 
-class WorkerPeers:
+PeerId = int | str  # a worker's index; a Ray Serve replica's id
+
+
+def _in_order(peer: PeerId) -> tuple[int, str]:
+    return (len(str(peer)), str(peer))  # indexes in numeric order (2 before 10); ids of one length alphabetically
+
+
+class Peers(abc.ABC):
+    """Processes that serve as one server, each with its own engine: how one answers for all of them.
+
+    A subclass says how this process's :class:`LocalViews` reach the others (:meth:`start`, :meth:`stop`) and how it
+    reads theirs (:meth:`gather`); the whole-server views are merged here.
+    """
+
+    def __init__(self, index: PeerId, views: LocalViews) -> None:
+        self.index, self.views = index, views
+
+    @abc.abstractmethod
+    def start(self) -> None: ...
+
+    @abc.abstractmethod
+    def stop(self) -> None: ...
+
+    @abc.abstractmethod
+    def gather(self, view: str) -> list[tuple[PeerId, bytes | None]]:
+        """Every peer's answer (None: it did not answer), this one's first."""
+
+    def stats(self) -> dict[str, Any]:
+        answers = [(index, json.loads(body) if body is not None else None) for index, body in self.gather("stats")]
+        merged = merge_stats([snapshot for _, snapshot in answers if snapshot is not None])
+        merged["workers"] = [_worker_row(index, snapshot) for index, snapshot in sorted(answers, key=_first_in_order)]
+        return merged
+
+    def exposition(self) -> bytes:
+        return merge_expositions([body.decode() for _, body in self.gather("metrics") if body is not None])
+
+    def workers(self) -> list[dict[str, Any]]:
+        """Each peer: its index, pid and readiness (``"answered": false`` while one is being restarted)."""
+        rows = []
+        for index, body in self.gather("health"):
+            if body is None:
+                rows.append({"index": index, "answered": False})
+                continue
+            health = json.loads(body)
+            rows.append({"index": index, "answered": True, "pid": health["pid"], "readiness": health["readiness"]})
+        return sorted(rows, key=lambda row: _in_order(row["index"]))
+
+
+def _first_in_order(answer: tuple[PeerId, Any]) -> tuple[int, str]:
+    return _in_order(answer[0])
+
+
+class WorkerPeers(Peers):
     """This worker's place among ``count`` workers in ``run_dir``: answers its siblings, gathers theirs."""
 
     def __init__(self, run_dir: str, index: int, count: int, views: LocalViews) -> None:
-        self.run_dir, self.index, self.count, self.views = run_dir, index, count, views
+        super().__init__(index, views)
+        self.run_dir, self.count = run_dir, count
+        self._path = socket_path(run_dir, index)
         self._server: _Server | None = None
 
     def start(self) -> None:
-        path = socket_path(self.run_dir, self.index)
+        path = self._path
         path.unlink(missing_ok=True)  # left by this worker's previous life (it was killed)
         server = _Server(str(path), _Handler)
         server.views = self.views
@@ -93,37 +148,15 @@ class WorkerPeers:
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
-            socket_path(self.run_dir, self.index).unlink(missing_ok=True)
+            self._path.unlink(missing_ok=True)
             self._server = None
 
-    def gather(self, view: str) -> list[tuple[int, bytes | None]]:
-        """Every worker's answer (None: it did not answer), this one's first."""
-        answers: list[tuple[int, bytes | None]] = [(self.index, self.views.answer(view))]
+    def gather(self, view: str) -> list[tuple[PeerId, bytes | None]]:
+        answers: list[tuple[PeerId, bytes | None]] = [(self.index, self.views.answer(view))]
         for index in range(self.count):
             if index != self.index:
                 answers.append((index, _ask(socket_path(self.run_dir, index), view)))
         return answers
-
-    # ------------------------------------------------------------------------------ whole-server views
-    def stats(self) -> dict[str, Any]:
-        answers = [(index, json.loads(body) if body is not None else None) for index, body in self.gather("stats")]
-        merged = merge_stats([snapshot for _, snapshot in answers if snapshot is not None])
-        merged["workers"] = [_worker_row(index, snapshot) for index, snapshot in sorted(answers, key=lambda a: a[0])]
-        return merged
-
-    def exposition(self) -> bytes:
-        return merge_expositions([body.decode() for _, body in self.gather("metrics") if body is not None])
-
-    def workers(self) -> list[dict[str, Any]]:
-        """Each worker: its index, pid and readiness (``"answered": false`` while one is being restarted)."""
-        rows = []
-        for index, body in self.gather("health"):
-            if body is None:
-                rows.append({"index": index, "answered": False})
-                continue
-            health = json.loads(body)
-            rows.append({"index": index, "answered": True, "pid": health["pid"], "readiness": health["readiness"]})
-        return sorted(rows, key=lambda row: row["index"])
 
 
 def _ask(path: Path, view: str) -> bytes | None:
@@ -140,7 +173,7 @@ def _ask(path: Path, view: str) -> bytes | None:
     return b"".join(chunks) or None
 
 
-def _worker_row(index: int, snapshot: dict[str, Any] | None) -> dict[str, Any]:
+def _worker_row(index: PeerId, snapshot: dict[str, Any] | None) -> dict[str, Any]:
     """One worker's line of the whole server's stats: whether it answered, and the requests it has served (how
     evenly the kernel spreads connections)."""
     if snapshot is None:
@@ -152,7 +185,7 @@ def _worker_row(index: int, snapshot: dict[str, Any] | None) -> dict[str, Any]:
 class WholeServerMetrics(ServingMetrics):
     """A worker's metrics whose exposition is the whole server's: every worker's samples added up."""
 
-    peers: WorkerPeers | None = None
+    peers: Peers | None = None
 
     def own_exposition(self) -> bytes:
         return super().exposition()

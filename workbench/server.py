@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -22,12 +23,14 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import grpc
 import uvicorn
+from starlette.applications import Starlette
 
 from workbench import platforms
 from workbench._loop import new_event_loop
@@ -38,7 +41,6 @@ from workbench.engine.manager import Manager, VersionState
 from workbench.engine.metrics import ServingMetrics
 from workbench.engine.options import (
     ModelConfig,
-    MonitoringOptions,
     ServerOptions,
     discover_models,
     parse_model_config_file,
@@ -58,7 +60,7 @@ from workbench.frontends.rest import create_app
 from workbench.frontends.v2_grpc import InferenceService
 from workbench.frontends.v2_rest import V2Settings, v2_routes
 from workbench.jupyter import registry  # Jupyter's server extension lists and proxies running servers
-from workbench.peers import LocalViews, WholeServerMetrics, WorkerPeers
+from workbench.peers import LocalViews, Peers, WholeServerMetrics, WorkerPeers
 from workbench.platforms import LoadPolicy
 
 log = logging.getLogger(__name__)
@@ -107,16 +109,26 @@ def _bind(host: str, port: int, reuse_port: bool = False) -> socket.socket:
 class ModelServer:
     """One server: load the models, then answer on the configured ports until stopped."""
 
-    def __init__(self, options: ServerOptions) -> None:
+    def __init__(
+        self,
+        options: ServerOptions,
+        *,
+        peers: Callable[[LocalViews], Peers] | None = None,
+        metrics: ServingMetrics | None = None,
+    ) -> None:
+        """``peers``: the processes this one serves with as one server, given this one's views (default: the
+        other workers of --num_workers, if it is one); its stats, metrics and health then answer for all of them.
+        ``metrics``: where requests and batches are recorded (with peers, a :class:`WholeServerMetrics`)."""
         self.options = options
-        # One of --num_workers: its stats, metrics and health answer for every worker (workbench.peers).
-        self.metrics = WholeServerMetrics() if options.worker_dir else ServingMetrics()
-        self.peers: WorkerPeers | None = None
-        if isinstance(self.metrics, WholeServerMetrics):
+        if peers is None and options.worker_dir:
+            peers = functools.partial(WorkerPeers, options.worker_dir, options.worker_index, options.num_workers)
+        self.metrics = metrics or (WholeServerMetrics() if peers is not None else ServingMetrics())
+        self.peers: Peers | None = None
+        if peers is not None:
+            if not isinstance(self.metrics, WholeServerMetrics):
+                raise TypeError("a server with peers answers their metrics too: give it a WholeServerMetrics")
             views = LocalViews(self._own_stats_snapshot, self.metrics.own_exposition, self._own_health)
-            self.peers = self.metrics.peers = WorkerPeers(
-                options.worker_dir, options.worker_index, options.num_workers, views
-            )
+            self.peers = self.metrics.peers = peers(views)
         self.stats = RollingStats()
         self._default_batching = options.batching_parameters()
         self._batching: dict[str, BatchingParameters | None] = {}
@@ -213,7 +225,7 @@ class ModelServer:
     def health(self) -> dict[str, object]:
         health = self._own_health()
         if self.peers is not None:  # "pid" is the worker that answered; "workers" lists them all
-            health["worker"] = self.options.worker_index
+            health["worker"] = self.peers.index
             health["workers"] = self.peers.workers()
         return health
 
@@ -272,22 +284,26 @@ class ModelServer:
                 self._config_text = text  # do not retry the same broken text every poll
 
     # ------------------------------------------------------------------------------------ lifecycle
-    async def start(self) -> None:
-        """Load the models, then open the ports; on any failure, stop what had started and re-raise."""
+    async def start(self, open_ports: bool = True) -> None:
+        """Load the models, then open the ports; on any failure, stop what had started and re-raise.
+
+        ``open_ports=False`` starts the engine alone: another server (Ray Serve's proxies) carries the requests to
+        :attr:`dataplane` and :meth:`rest_app`, so nothing binds, and the server is not listed for Jupyter.
+        """
         try:
-            await self._start()
+            await self._start(open_ports)
         except BaseException:
             await self.stop(cause="start-up failed")
             raise
 
-    async def _start(self) -> None:
+    async def _start(self, open_ports: bool) -> None:
         options = self.options
         self._stopped = asyncio.Event()
         self._loop = asyncio.get_running_loop()
         if self.peers is not None:
             self.peers.start()
         models = options.initial_models()  # raises on a malformed config file, before anything starts
-        monitoring = options.monitoring()
+        options.monitoring()  # raises on a malformed monitoring config, before anything starts
         options.drain_timing()  # raises on impossible drain flags, before anything starts
         if options.model_config_file:
             self._config_text = Path(options.model_config_file).read_text()
@@ -295,10 +311,11 @@ class ModelServer:
         # (no restarts while a big model loads), readiness says "starting", and a bad port fails at once. A worker of
         # --num_workers joins the shared ports only once its models are loaded: the kernel hands new connections to
         # every listening worker, and a (re)started one must not answer "not found" beside siblings that serve.
-        joins_late = bool(options.worker_dir)
+        joins_late = bool(options.worker_dir) or not open_ports
         if joins_late:
             await self._loop.run_in_executor(None, self.apply_models, models)
-        await self._open_ports(monitoring)
+        if open_ports:
+            await self._open_ports()
         if not joins_late:  # loading blocks (TensorFlow): off the loop, which meanwhile answers probes
             await self._loop.run_in_executor(None, self.apply_models, models)
         self.source.start_polling()
@@ -314,12 +331,12 @@ class ModelServer:
             threading.Thread(target=self._watch_parent, name="workbench-parent", daemon=True).start()
         # Recorded once it answers, before the ready file so a started handle is listed; never raises. Of
         # --num_workers, the first worker records the server.
-        if options.worker_index == 0:
+        if options.worker_index == 0 and open_ports:
             self._registry_id = registry.register_server(options, self.rest_port, self.grpc_port, self.started_at)
-        if options.ready_file:
+        if options.ready_file and open_ports:
             write_ready_file(options.ready_file, self.health())
 
-    async def _open_ports(self, monitoring: MonitoringOptions) -> None:
+    async def _open_ports(self) -> None:
         options = self.options
         self._grpc, self.grpc_port = await start_grpc_server(
             self.dataplane,
@@ -335,8 +352,7 @@ class ModelServer:
         )
         log.info("Running gRPC ModelServer at %s:%d", options.grpc_host, self.grpc_port)
         if options.rest_api_port != 0:  # 0 is off, as in TF Serving; -1 picks a free port
-            prometheus_path = monitoring.prometheus_path if monitoring.prometheus_enabled else None
-            await self._start_rest(max(options.rest_api_port, 0), prometheus_path)
+            await self._start_rest(max(options.rest_api_port, 0))
 
     def _watch_parent(self) -> None:
         """Serve only as long as the process that started us lives (a notebook kernel, even one killed -9)."""
@@ -349,13 +365,15 @@ class ModelServer:
     def _on_parent_exit(self) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
-    async def _start_rest(self, port: int, prometheus_path: str | None) -> None:
-        app = create_app(
+    def rest_app(self) -> Starlette:
+        """The REST API as an ASGI app: TF Serving's /v1, v2, management, stats, probes and metrics."""
+        monitoring = self.options.monitoring()
+        return create_app(
             self.dataplane,
             timeout_ms=self.options.rest_api_timeout_in_ms,
             max_request_bytes=self.options.rest_api_max_request_bytes,
             enable_cors=self.options.rest_api_enable_cors_support,
-            prometheus_path=prometheus_path,
+            prometheus_path=monitoring.prometheus_path if monitoring.prometheus_enabled else None,
             extra_routes=[
                 *probe_routes(self.readiness),
                 *management_routes(self, self._stopped or asyncio.Event(), self.options.management_token),
@@ -371,6 +389,9 @@ class ModelServer:
                 ),
             ],
         )
+
+    async def _start_rest(self, port: int) -> None:
+        app = self.rest_app()
         sock = _bind(self.options.rest_api_host, port, reuse_port=bool(self.options.worker_dir))
         self._sockets.append(sock)
         self.rest_port = sock.getsockname()[1]

@@ -1,0 +1,151 @@
+"""Deploy a model repository on Ray Serve from a notebook or a script: :func:`deploy` and its handle.
+
+One Ray Serve application with one deployment of :class:`~workbench.ray.replica.WorkbenchReplica`. Ray's HTTP proxy
+serves workbench's REST API on ``http_port`` and Ray's gRPC proxy TF Serving's and v2's gRPC services on
+``grpc_port``, on every node of the cluster; replicas scale by count or by Ray's autoscaling. The repository is the
+single source of truth: a folder every node sees, or an object-store URL, whose routing state every replica polls.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray import serve
+
+from workbench.cli import serve_options
+from workbench.engine.storage import is_remote
+from workbench.ray.grpc_methods import SERVICER_FUNCTIONS
+from workbench.ray.peers import forget_replicas
+from workbench.ray.replica import WorkbenchReplica
+
+DEFAULT_NAME = "workbench"
+# Ray's default (5) suits a model called once per request; workbench queues and batches many requests a replica.
+DEFAULT_MAX_ONGOING_REQUESTS = 256
+
+
+@dataclasses.dataclass
+class RayDeployment:
+    """A workbench application on Ray Serve: where it answers, how it is doing, and :meth:`shutdown`."""
+
+    name: str
+    host: str
+    http_port: int
+    grpc_port: int
+    started_seconds: float  # from deploy() to every replica serving
+    _owns_ray: bool = dataclasses.field(default=False, repr=False)
+
+    @property
+    def rest_url(self) -> str:
+        """The REST API's base URL (TF Serving's ``/v1/models/…`` are under it)."""
+        return f"http://{self.host}:{self.http_port}"
+
+    @property
+    def grpc_target(self) -> str:
+        """``host:port`` for ``grpc.insecure_channel`` (TF Serving's PredictionService and v2's service)."""
+        return f"{self.host}:{self.grpc_port}"
+
+    def status(self) -> dict[str, Any]:
+        """The application's status and its replicas by state, as Ray Serve reports them."""
+        return application_status(self.name)
+
+    def shutdown(self) -> None:
+        """Delete the application; stop Serve when no other application runs, and Ray when deploy() started it."""
+        delete_application(self.name)
+        if self._owns_ray:
+            ray.shutdown()
+
+
+def _name(value: Any) -> str:
+    """An enum of Ray's (ApplicationStatus, ReplicaState) by its value: "RUNNING", not "ApplicationStatus.RUNNING"."""
+    return str(getattr(value, "value", value))
+
+
+def application_status(name: str) -> dict[str, Any]:
+    """``{"status", "message", "replicas": {state: count}}`` of application ``name`` (status NOT_DEPLOYED if none)."""
+    app = serve.status().applications.get(name)
+    if app is None:
+        return {"status": "NOT_DEPLOYED", "message": "", "replicas": {}}
+    deployment = next(iter(app.deployments.values()), None)
+    replicas = {} if deployment is None else {_name(state): n for state, n in deployment.replica_states.items()}
+    return {"status": _name(app.status), "message": app.message, "replicas": replicas}
+
+
+def delete_application(name: str) -> None:
+    """Delete application ``name`` and wait until its replicas stopped; stop Serve when no application is left."""
+    serve.delete(name)
+    forget_replicas(name)
+    if not serve.status().applications:
+        serve.shutdown()
+
+
+def _serve_flags(repository: str | os.PathLike[str] | None, flags: Sequence[str]) -> list[str]:
+    """The replicas' ``workbench serve`` flags, checked here (a bad flag fails now, not in every replica)."""
+    words = list(flags)
+    if repository is not None:
+        where = str(repository)
+        # Replicas run in other processes (other machines): a relative path would mean their working folder.
+        words.insert(0, f"--model_repository={where if is_remote(where) else Path(where).resolve()}")
+    serve_options(words)  # raises FlagError with argparse's own message
+    return words
+
+
+def deploy(
+    repository: str | os.PathLike[str] | None = None,
+    *,
+    name: str = DEFAULT_NAME,
+    num_replicas: int | None = None,
+    autoscaling_config: Mapping[str, Any] | None = None,
+    http_host: str = "127.0.0.1",
+    http_port: int = 8501,
+    grpc_port: int = 8500,
+    ray_actor_options: Mapping[str, Any] | None = None,
+    max_ongoing_requests: int = DEFAULT_MAX_ONGOING_REQUESTS,
+    serve_flags: Sequence[str] = (),
+    route_prefix: str = "/",
+    address: str | None = None,
+) -> RayDeployment:
+    """Serve ``repository`` (a folder every node sees, or an ``s3://`` / ``gs://`` URL) on Ray Serve.
+
+    Connects to the Ray cluster at ``address`` (or the one already initialised, or ``RAY_ADDRESS``, or a new local
+    one, which :meth:`RayDeployment.shutdown` stops again), starts Serve's proxies on ``http_port`` and
+    ``grpc_port`` unless Serve already runs (its ports and gRPC services are then the running ones'), and returns
+    once every replica serves. ``num_replicas`` or ``autoscaling_config`` (Ray's keys: ``min_replicas``,
+    ``max_replicas``, ``target_ongoing_requests`` …) size the deployment; ``serve_flags`` are more
+    ``workbench serve`` flags for every replica (``--enable_batching``, ``--file_system_poll_wait_seconds=2`` …), or
+    the model source itself when ``repository`` is None.
+    """
+    started = time.perf_counter()
+    flags = _serve_flags(repository, serve_flags)
+    if num_replicas is not None and autoscaling_config is not None:
+        raise ValueError("give num_replicas or autoscaling_config, not both")
+    owns_ray = False
+    if not ray.is_initialized():
+        address = address or os.environ.get("RAY_ADDRESS")
+        # log_to_driver off: replicas' log lines stay in Ray's log files instead of printing into notebook cells.
+        ray.init(address=address, log_to_driver=False, ignore_reinit_error=True)
+        # None may still join a running local cluster (Ray reads /tmp/ray/ray_current_cluster): then shutting
+        # down only disconnects. "local" always starts a new local Ray, which is ours to stop.
+        owns_ray = address in (None, "local")
+    serve.start(
+        http_options={"host": http_host, "port": http_port},
+        grpc_options={"port": grpc_port, "grpc_servicer_functions": SERVICER_FUNCTIONS},
+    )
+    options: dict[str, Any] = {"name": name, "max_ongoing_requests": max_ongoing_requests}
+    if autoscaling_config is not None:
+        options["autoscaling_config"] = dict(autoscaling_config)
+    else:
+        options["num_replicas"] = 1 if num_replicas is None else num_replicas
+    if ray_actor_options is not None:
+        options["ray_actor_options"] = dict(ray_actor_options)
+    ingress = serve.ingress()(WorkbenchReplica)
+    deployment: Any = serve.deployment(ingress, **options)
+    app = deployment.bind(flags)
+    serve.run(app, name=name, route_prefix=route_prefix, blocking=False)
+    host = "127.0.0.1" if http_host in ("0.0.0.0", "::", "") else http_host
+    return RayDeployment(name, host, http_port, grpc_port, time.perf_counter() - started, owns_ray)

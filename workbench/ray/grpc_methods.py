@@ -1,0 +1,153 @@
+"""Workbench's gRPC services behind Ray Serve's gRPC proxy.
+
+Ray's proxy registers a service from a function like the generated ``add_*Servicer_to_server`` and sends each call
+to a deployment method named after the RPC (``Predict``, ``ModelInfer`` …), with the request decoded and a
+serialisable stand-in for the servicer context. The functions here are what ``grpc_servicer_functions`` names:
+they load TF Serving's protos without running ``tensorflow/__init__`` (the proxy actor must not import TensorFlow),
+and :func:`ray_methods` gives the replica one method per RPC that calls workbench's own servicer, so the
+rules of TF Serving's and v2's gRPC APIs live once, in ``workbench.frontends``.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+
+# Loads TF Serving's protos without running tensorflow/__init__ (seconds): see protocol/tf_protos.py.
+import workbench.protocol.tf_protos  # noqa: F401  # isort: skip
+from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
+from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
+
+# Ray's proxy pickles each decoded request to the replica, and a message class pickles by its module's name.
+# Triton's generated classes name the module their .proto file would have ("grpc_service_pb2"), which no import
+# finds; both the proxy and the replica import this module, so the names resolve in both.
+sys.modules.setdefault("grpc_service_pb2", service_pb2)
+sys.modules.setdefault("model_config_pb2", model_config_pb2)
+
+# The RPCs each service's servicer answers through Ray. Left out: TF Serving's HandleReloadConfigRequest and v2's
+# RepositoryModelLoad/Unload (each would change the one replica that answers, not the deployment), and v2's
+# ModelStreamInfer, which workbench does not serve.
+PREDICTION_METHODS = ("Predict", "Classify", "Regress", "MultiInference", "GetModelMetadata")
+MODEL_METHODS = ("GetModelStatus",)
+INFERENCE_METHODS = (
+    "ServerLive",
+    "ServerReady",
+    "ModelReady",
+    "ServerMetadata",
+    "ModelMetadata",
+    "ModelConfig",
+    "ModelStatistics",
+    "ModelInfer",
+    "RepositoryIndex",
+)
+REFUSED_METHODS = {
+    "HandleReloadConfigRequest": "on Ray Serve, change what is served by deploying again (workbench.ray.deploy)",
+    "RepositoryModelLoad": "on Ray Serve, every replica loads what the repository holds; export a version there",
+    "RepositoryModelUnload": "on Ray Serve, every replica serves what the repository holds; remove it there",
+}
+
+# Metadata on every answer: which replica answered (tests, and operators reading a trace).
+REPLICA_METADATA = "workbench-replica"
+
+
+def add_prediction_service(servicer: Any, server: grpc.Server) -> None:
+    """``tensorflow.serving.PredictionService`` (for ``grpc_servicer_functions``)."""
+    prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(servicer, server)
+
+
+def add_model_service(servicer: Any, server: grpc.Server) -> None:
+    """``tensorflow.serving.ModelService`` (for ``grpc_servicer_functions``)."""
+    model_service_pb2_grpc.add_ModelServiceServicer_to_server(servicer, server)
+
+
+def add_inference_service(servicer: Any, server: grpc.Server) -> None:
+    """The Open Inference Protocol's ``inference.GRPCInferenceService`` (for ``grpc_servicer_functions``)."""
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
+
+
+SERVICER_FUNCTIONS = [
+    f"{__name__}.{f.__name__}" for f in (add_prediction_service, add_model_service, add_inference_service)
+]
+
+
+class Aborted(grpc.aio.AbortError):
+    """The servicer ended the call with a status: it is set on Ray's context, and the answer carries no message."""
+
+
+class RayCallContext:
+    """What workbench's servicers use of ``grpc.aio.ServicerContext``, over Ray Serve's context.
+
+    Ray's proxy carries the status and trailing metadata set here back to the client. It does not hand on the
+    client's deadline (the proxy applies its own request timeout), so :meth:`time_remaining` is None.
+    """
+
+    def __init__(self, ray_context: Any, replica: str) -> None:
+        self._ray = ray_context
+        self._ray.set_trailing_metadata([(REPLICA_METADATA, replica)])
+
+    def time_remaining(self) -> float | None:
+        return None
+
+    def invocation_metadata(self) -> list[tuple[str, str]]:
+        return list(self._ray.invocation_metadata())
+
+    async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
+        self._ray.set_code(code)
+        self._ray.set_details(details)
+        raise Aborted()
+
+
+class _NoMessage:
+    """The answer of a call that ended with a status: no message (empty bytes decode as any proto3 message)."""
+
+    @staticmethod
+    def SerializeToString() -> bytes:  # noqa: N802 - the protobuf method Ray calls
+        return b""
+
+
+Servicer = Callable[[Any, Any], Awaitable[Any]]
+
+
+def ray_method(name: str, servicer: Callable[[Any], Servicer | None]) -> Callable[..., Awaitable[Any]]:
+    """A deployment method for RPC ``name``: ``servicer(replica)`` is the bound servicer method to call.
+
+    Ray passes the context as the ``grpc_context`` keyword (it looks for that parameter name).
+    """
+
+    async def method(self: Any, request: Any, grpc_context: Any) -> Any:
+        context = RayCallContext(grpc_context, self.replica_id)
+        handler = servicer(self)
+        try:
+            if handler is None:
+                await context.abort(
+                    grpc.StatusCode.UNIMPLEMENTED, f"{name} is not served here: {REFUSED_METHODS[name]}"
+                )
+                raise AssertionError("abort returned")  # pragma: no cover
+            return await handler(request, context)
+        except Aborted:
+            return _NoMessage()
+
+    method.__name__ = method.__qualname__ = name
+    return method
+
+
+def ray_methods() -> dict[str, Callable[..., Awaitable[Any]]]:
+    """Every RPC the replica answers, by name (Ray routes a call by its method name alone)."""
+
+    def bound(attribute: str, method: str) -> Callable[[Any], Servicer]:
+        return lambda replica: getattr(getattr(replica, attribute), method)
+
+    methods: dict[str, Callable[..., Awaitable[Any]]] = {}
+    for attribute, names in (
+        ("prediction_service", PREDICTION_METHODS),
+        ("model_service", MODEL_METHODS),
+        ("inference_service", INFERENCE_METHODS),
+    ):
+        for name in names:
+            methods[name] = ray_method(name, bound(attribute, name))
+    for name in REFUSED_METHODS:
+        methods[name] = ray_method(name, lambda replica: None)
+    return methods
