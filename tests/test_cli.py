@@ -117,7 +117,7 @@ def test_a_command_is_required(capsys):
     [
         ["--tensorflow_intra_op_parallelism=4"],
         ["--use_tflite_model"],
-        ["--ssl_config_file=/tmp/ssl.config"],
+        ["--platform_config_file=/tmp/platform.config"],
     ],
 )
 def test_unsupported_tf_serving_flag_is_refused_by_name(capsys, flags):

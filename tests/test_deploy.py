@@ -35,6 +35,7 @@ from waiting import wait_until
 
 from workbench.cli import build_parser
 from workbench.entrypoint import DEFAULT_MODEL_BASE_PATH, DEFAULT_MODEL_NAME, IMAGE_DEFAULTS, serve_arguments
+from workbench.manifests import MANAGEMENT_SECRET
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
@@ -464,6 +465,18 @@ def start(tmp_path: Path) -> Iterator[Any]:
             process.proc.wait(timeout=30)
 
 
+def secret_env(container: dict[str, Any], secrets: dict[str, dict[str, str]]) -> dict[str, str]:
+    """The container's environment as the kubelet fills it from ``secrets`` (name → key → value)."""
+    env = {}
+    for entry in container.get("env", []):
+        ref = entry["valueFrom"]["secretKeyRef"] if "valueFrom" in entry else None
+        if ref is None:
+            env[entry["name"]] = entry["value"]
+        elif ref["name"] in secrets:
+            env[entry["name"]] = secrets[ref["name"]][ref["key"]]
+    return env
+
+
 def http_probe(container: dict[str, Any], probe: str, ports: dict[object, int]) -> str:
     """The URL a kubelet would GET for ``probe``, its port (a number or a port's name) mapped through ``ports``."""
     get = container[probe]["httpGet"]
@@ -494,12 +507,27 @@ def test_the_kserve_runtime_arguments_serve_and_answer_its_probes(
     args = replace_flag(replace_flag(args, "rest_api_port", rest_port), "port", grpc_port)
     assert "{{" not in " ".join(args), "KServe templates only {{.Name}} here"
 
-    server = start([*container["command"], *args])
+    # Bound on every address, the server starts only with a management token: the Secret the env names.
+    refused = subprocess.run(
+        [str(BIN / container["command"][0]), *container["command"][1:], *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={k: v for k, v in os.environ.items() if k != "WORKBENCH_MANAGEMENT_TOKEN"},
+    )
+    assert refused.returncode == 2 and "--management_token" in refused.stderr, refused.stderr
+    token = "s3cret-from-the-secret"
+    server = start([*container["command"], *args], env=secret_env(container, {MANAGEMENT_SECRET: {"token": token}}))
     ports = {declared_rest_port: rest_port}
     ready = server.wait_for(http_probe(container, "readinessProbe", ports))
     assert ready.status_code == 200
     assert server.status(http_probe(container, "livenessProbe", ports)) == 200
     predict_half_plus_two(rest_port, "half_plus_two")
+    load = f"http://127.0.0.1:{rest_port}/workbench/v1/models/half_plus_two/versions/1:load"
+    assert requests.post(load, timeout=30).status_code == 401
+    authorized = requests.post(load, headers={"Authorization": f"Bearer {token}"}, timeout=60)
+    assert authorized.status_code == 200, authorized.text
+    assert token not in server.output()
 
     # Where the runtime's annotations send Prometheus, metrics in its text format, this request counted.
     annotations = runtime["spec"]["annotations"]

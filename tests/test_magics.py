@@ -28,8 +28,8 @@ from workbench.notebook import magics
 from workbench.notebook.handle import ServerHandle, models_table_text, running_servers
 
 SUBCOMMANDS = [
-    "start", "stop", "status", "export", "promote", "rollback", "canary", "predict", "bench", "dashboard", "logs",
-    "manifests",
+    "start", "stop", "restart", "status", "export", "promote", "rollback", "canary", "predict", "bench", "dashboard",
+    "logs", "manifests",
 ]  # fmt: skip
 V1, V2 = 3.0, 10.0  # answers to x=1 of model_v1 (2x + 1) and model_v2 (10x)
 

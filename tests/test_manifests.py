@@ -24,9 +24,11 @@ from workbench import cli
 from workbench.engine.routing_state import ROUTING_FILE, decode
 from workbench.manifests import (
     DEFAULT_IMAGE,
+    MANAGEMENT_SECRET,
     Manifests,
     ModelSource,
     Target,
+    cluster_serving_runtime,
     kserve_documents,
     kubernetes_documents,
     render_manifests,
@@ -120,8 +122,26 @@ def test_kubernetes_replicas_and_an_object_store() -> None:
     assert [v["name"] for v in pod["volumes"]] == ["config"]
     secret = one(manifests, "Secret")["metadata"]["name"]
     (container,) = pod["containers"]
-    assert {e["valueFrom"]["secretKeyRef"]["name"] for e in container["env"]} == {secret}
+    secrets = {e["name"]: e["valueFrom"]["secretKeyRef"]["name"] for e in container["env"]}
+    assert secrets == {
+        "AWS_ACCESS_KEY_ID": secret,
+        "AWS_SECRET_ACCESS_KEY": secret,
+        "WORKBENCH_MANAGEMENT_TOKEN": MANAGEMENT_SECRET,
+    }
     assert container["image"] == DEFAULT_IMAGE
+
+
+def test_every_server_takes_its_management_token_from_a_secret_never_from_the_manifests() -> None:
+    """The pods bind every address, so the server needs a token (it refuses to start without one): the manifests
+    hand it over from the Secret the operator creates, and no manifest holds a token itself."""
+    servers = [one(render_manifests("hp", target="kubernetes", storage_uri="s3://models/hp"), "Deployment")]
+    servers.append(cluster_serving_runtime())
+    for server in servers:
+        spec = server["spec"]
+        (container,) = spec["template"]["spec"]["containers"] if "template" in spec else spec["containers"]
+        (env,) = [e for e in container["env"] if e["name"] == "WORKBENCH_MANAGEMENT_TOKEN"]
+        assert env["valueFrom"]["secretKeyRef"] == {"name": MANAGEMENT_SECRET, "key": "token"}
+        assert not any("management_token" in arg for arg in container.get("args", []))
 
 
 def test_kubernetes_on_a_volume_claim() -> None:

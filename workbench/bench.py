@@ -14,6 +14,7 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import json
+import ssl
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -21,7 +22,7 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-from workbench.client import GRPC_PROTOCOLS, V2_PROTOCOLS, canonical_protocol
+from workbench.client import GRPC_PROTOCOLS, V2_PROTOCOLS, ClientTLS, canonical_protocol
 from workbench.client import PROTOCOLS as PROTOCOLS  # the front ends' --protocol choices, with their defaults here
 from workbench.protocol import v2_client as v2
 from workbench.signatures import DEFAULT_SIGNATURE
@@ -114,8 +115,10 @@ class _Clock:
         return True
 
 
-async def _rest_client(host: str, port: int, request: bytes, clock: _Clock, result: BenchResult) -> None:
-    reader, writer = await asyncio.open_connection(host, port)
+async def _rest_client(
+    host: str, port: int, request: bytes, clock: _Clock, result: BenchResult, tls: ssl.SSLContext | None
+) -> None:
+    reader, writer = await asyncio.open_connection(host, port, ssl=tls)
     try:
         while clock.take():
             started = time.perf_counter()
@@ -209,13 +212,16 @@ async def run_load_async(
     warmup_requests: int = 20,
     timeout: float = 30.0,
     binary_data: bool | None = None,
+    tls: ClientTLS | None = None,
 ) -> BenchResult:
-    """Drive ``target`` (``http://host:port`` or ``host:port`` for REST, ``host:port`` for gRPC) and measure it.
+    """Drive ``target`` (``http://host:port``, ``https://host:port`` or ``host:port`` for REST, ``host:port`` for
+    gRPC) and measure it.
 
     ``protocol`` is one of :data:`PROTOCOLS`; v2 requests run the model's ``serving_default`` signature, and over
     REST send their tensors as :class:`~workbench.client.Client` does (``binary_data``: None, raw bytes for
     large tensors; True, always; False, JSON only). ``clients=`` and ``signature=`` (the magic's earlier option
-    names) are accepted for ``concurrency=`` and ``signature_name=``.
+    names) are accepted for ``concurrency=`` and ``signature_name=``. ``tls`` secures gRPC (and says how an https
+    target is checked: by default, against the system's trust store).
     """
     if duration is None and requests is None:
         raise ValueError("give a duration or a request count")
@@ -225,11 +231,13 @@ async def run_load_async(
     result = BenchResult(protocol=protocol, model=model, concurrency=concurrency, requests=0, errors=0, seconds=0)
     if protocol not in GRPC_PROTOCOLS:
         url = urlsplit(target if "://" in target else f"http://{target}")
-        host, port = url.hostname or "127.0.0.1", url.port or 80
+        https = url.scheme == "https"
+        host, port = url.hostname or "127.0.0.1", url.port or (443 if https else 80)
         request = _http_request(protocol, host, port, model, inputs, signature_name, binary_data)
+        context = (tls or ClientTLS()).ssl_context() if https else None  # one context: sessions are reused
 
         def client(clock: _Clock, into: BenchResult) -> Any:
-            return _rest_client(host, port, request, clock, into)
+            return _rest_client(host, port, request, clock, into, context)
 
         await asyncio.gather(
             *(client(_Clock(None, warmup_requests), BenchResult(**_blank(result))) for _ in range(min(concurrency, 4)))
@@ -247,8 +255,12 @@ async def run_load_async(
             # Channels of one process share connections unless told not to: each channel its own connection.
             ("grpc.use_local_subchannel_pool", 1),
         ]
+        credentials = tls.grpc_credentials() if tls is not None else None
         channels = [
-            grpc.aio.insecure_channel(target, options=options) for _ in range(-(-concurrency // CLIENTS_PER_CHANNEL))
+            grpc.aio.secure_channel(target, credentials, options=options)
+            if credentials is not None
+            else grpc.aio.insecure_channel(target, options=options)
+            for _ in range(-(-concurrency // CLIENTS_PER_CHANNEL))
         ]
         try:
             await asyncio.gather(
@@ -319,12 +331,15 @@ def format_table(rows: list[dict[str, Any]], columns: list[str]) -> str:
     return "\n".join(lines)
 
 
-def input_dtypes(target: str, protocol: str, model: str, signature_name: str = "") -> dict[str, np.dtype[Any]]:
+def input_dtypes(
+    target: str, protocol: str, model: str, signature_name: str = "", tls: ClientTLS | None = None
+) -> dict[str, np.dtype[Any]]:
     """The signature's input dtypes, read from the server's metadata (so JSON numbers get the right type)."""
     from workbench.client import Client
 
     grpc = canonical_protocol(protocol) in GRPC_PROTOCOLS
     url = None if grpc else (target if "://" in target else f"http://{target}")
-    with Client(url, target if grpc else None, protocol=protocol) as client:
+    files = dataclasses.asdict(tls) if tls is not None else {}
+    with Client(url, target if grpc else None, protocol=protocol, tls=tls is not None, **files) as client:
         signature = client.signature(model, signature_name)
     return {alias: spec.dtype for alias, spec in signature.inputs.items()}

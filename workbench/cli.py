@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import ipaddress
 import logging
 import os
 import shlex
@@ -27,9 +28,12 @@ if TYPE_CHECKING:
 # TensorFlow's C++ INFO lines are noise for a server operator; warnings and errors still show.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
+# The management token's other source: an environment variable keeps the secret out of `ps` and shell histories.
+MANAGEMENT_TOKEN_ENV = "WORKBENCH_MANAGEMENT_TOKEN"
+NO_TOKEN = "none"  # --management_token=none: no token, on purpose (e.g. a private network, a proxy in front)
+
 # tensorflow_model_server flags that workbench does not implement (yet): refused with a clear message.
 UNSUPPORTED_TF_SERVING_FLAGS = {
-    "ssl_config_file": "TLS is not supported; put a TLS-terminating proxy in front",
     "platform_config_file": "each version folder says its platform (model_platform, workbench.json, its model file)",
     "tensorflow_session_parallelism": "TensorFlow thread pools are not configurable yet",
     "tensorflow_intra_op_parallelism": "TensorFlow thread pools are not configurable yet",
@@ -63,6 +67,8 @@ examples:
   workbench serve --model_name=half_plus_two --model_base_path=/models/half_plus_two --rest_api_port=8501
   workbench serve --model_config_file=models.config --port=8500 --rest_api_port=8501 --enable_batching
   workbench serve --model_repository=workbench-models --rest_api_port=8501 --server_name=experiments
+  workbench serve --model_repository=workbench-models --ssl_config_file=ssl.config \\
+      --rest_api_port=8501 --rest_api_ssl_cert_file=server.pem --rest_api_ssl_key_file=server.key
 """
 BENCH_EXAMPLES = """\
 examples:
@@ -70,6 +76,7 @@ examples:
   workbench bench --target=localhost:8500 --protocol=grpc --model=half_plus_two --inputs='{"x": [[1.0]]}' \\
       --concurrency=8 --duration=10
   workbench bench --target=localhost:8500 --protocol=v2-grpc --model=half_plus_two --inputs='{"x": [[1.0]]}'
+  workbench bench --target=https://localhost:8501 --ca_file=ca.pem --model=half_plus_two --inputs='{"x": [[1.0]]}'
 """
 RAY_EXAMPLES = """\
 examples:
@@ -164,6 +171,14 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     _flag(network, "rest_api_enable_cors_support", False, "answer CORS preflights and allow any origin")
     _flag(network, "grpc_socket_path", "", "also serve gRPC on this Unix socket", "PATH")
     _flag(network, "grpc_channel_arguments", "", "gRPC server arguments, comma-separated key=value", "ARGS")
+    _flag(
+        network,
+        "ssl_config_file",
+        "",
+        "TLS on gRPC: a text-format SSLConfig (server_key, server_cert, custom_ca: PEM texts; client_verify: "
+        "require client certificates issued by custom_ca)",
+        "FILE",
+    )
     # For scripts and supervisors that start servers on free ports: reading the port back from the server is the
     # only race-free way (a port picked beforehand can be taken by another process before the server binds it).
     _flag(
@@ -193,6 +208,15 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     )
     _flag(own, "server_name", "", "name in JupyterLab's sidebar (default: the repository's folder name)", "NAME")
     _flag(own, "host", "127.0.0.1", "address both ports bind (TF Serving binds every address: 0.0.0.0)", "ADDRESS")
+    _flag(own, "rest_api_ssl_cert_file", "", "TLS on REST (https): the server's PEM certificate chain", "FILE")
+    _flag(own, "rest_api_ssl_key_file", "", "its PEM private key (default: in --rest_api_ssl_cert_file)", "FILE")
+    _flag(
+        own,
+        "rest_api_ssl_client_ca_file",
+        "",
+        "mutual TLS on REST: require client certificates issued by this PEM CA",
+        "FILE",
+    )
     _flag(own, "rest_api_max_request_bytes", 256 * 1024 * 1024, "largest REST request body accepted", "BYTES")
     _flag(own, "grpc_max_message_bytes", 256 * 1024 * 1024, "largest gRPC message received or sent", "BYTES")
     _flag(own, "num_inference_threads", 0, "threads running TensorFlow (0: twice the cores, at least 4)", "N")
@@ -205,7 +229,14 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
         "N",
     )
     _flag(own, "management_state_file", "", "an older workbench's routing state, read where a model has none", "FILE")
-    _flag(own, "management_token", "", "require this bearer token for the management API's changes", "TOKEN")
+    _flag(
+        own,
+        "management_token",
+        "",
+        f"require this bearer token for the management API's changes (default: ${MANAGEMENT_TOKEN_ENV}, which keeps it "
+        f"off command lines); a server bound to a non-loopback --host needs one, or '{NO_TOKEN}' to go without",
+        "TOKEN",
+    )
     _flag(
         own,
         "drain_seconds",
@@ -238,6 +269,34 @@ class FlagError(ValueError):
     """A command line that names what cannot be served together (the message says why)."""
 
 
+def is_loopback(host: str) -> bool:
+    """Whether only this machine reaches an address (``localhost``, 127.0.0.0/8, ``::1``)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name (or 0.0.0.0's kin): others may reach it
+        return False
+
+
+def management_token(flag: str, host: str) -> str:
+    """The token the management API requires ("" for none): the flag, else ``$WORKBENCH_MANAGEMENT_TOKEN``.
+
+    A server others can reach (any --host but loopback) needs one: without it, anyone who reaches the port could
+    promote, unload or load models. Going without is allowed when said explicitly (``--management_token=none``).
+    """
+    token = flag or os.environ.get(MANAGEMENT_TOKEN_ENV, "")
+    if token == NO_TOKEN:
+        return ""
+    if not token and not is_loopback(host):
+        raise FlagError(
+            f"--host={host} lets other machines reach this server, and its management API changes what is served: "
+            f"give it a token (--management_token=TOKEN, or ${MANAGEMENT_TOKEN_ENV} to keep it off the command line), "
+            f"or --management_token={NO_TOKEN} to serve without one on purpose"
+        )
+    return token
+
+
 def _check_serve_args(args: argparse.Namespace) -> int:
     """The number of workers the flags ask for, once they make sense together; raises :class:`FlagError`."""
     from workbench.workers import resolve_num_workers
@@ -255,6 +314,7 @@ def _check_serve_args(args: argparse.Namespace) -> int:
             "nothing to serve: give --model_base_path=DIR (with --model_name), "
             "--model_config_file=FILE or --model_repository=DIR"
         )
+    args.management_token = management_token(args.management_token, args.host)
     num_workers = resolve_num_workers(args.num_workers)  # a ValueError says why
     if num_workers > 1 and args.grpc_socket_path:
         raise FlagError("--grpc_socket_path serves one process, not --num_workers")
@@ -275,6 +335,10 @@ def _server_options(args: argparse.Namespace, num_workers: int) -> ServerOptions
         grpc_socket_path=args.grpc_socket_path,
         grpc_channel_arguments=args.grpc_channel_arguments,
         grpc_max_message_bytes=args.grpc_max_message_bytes,
+        ssl_config_file=args.ssl_config_file,
+        rest_api_ssl_cert_file=args.rest_api_ssl_cert_file,
+        rest_api_ssl_key_file=args.rest_api_ssl_key_file,
+        rest_api_ssl_client_ca_file=args.rest_api_ssl_client_ca_file,
         model_name=args.model_name,
         model_base_path=args.model_base_path,
         model_config_file=args.model_config_file,
@@ -334,6 +398,15 @@ def _serve(args: argparse.Namespace) -> int:
             print(f"workbench serve: {line}", file=sys.stderr)
         return 2
     if num_workers > 1 and not args.worker_of:
+        from workbench.errors import ServingError
+
+        try:  # every worker reads the TLS files: a bad one is said once here, not by workers restarting forever
+            options = _server_options(args, num_workers)
+            options.grpc_tls()
+            options.rest_tls()
+        except ServingError as exc:
+            print(f"workbench serve: {exc.message}", file=sys.stderr)
+            return 1
         return _supervise(args, num_workers)
     options = _server_options(args, num_workers)
     _configure_logging(f"[worker {args.worker_index}] " if args.worker_of else "")
@@ -415,7 +488,10 @@ def _bench_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
         epilog=BENCH_EXAMPLES,
     )
     p.add_argument(
-        "--target", required=True, metavar="ADDRESS", help="the server: host:port, or http://host:port for REST"
+        "--target",
+        required=True,
+        metavar="ADDRESS",
+        help="the server: host:port, or http://host:port or https://host:port for REST",
     )
     p.add_argument("--protocol", choices=PROTOCOLS, default=DEFAULT_PROTOCOL, help="the API to load")
     p.add_argument("--grpc", dest="protocol", action="store_const", const="grpc", help="short for --protocol=grpc")
@@ -433,6 +509,17 @@ def _bench_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     p.add_argument("--duration", type=float, metavar="S", help=f"seconds to run (default: {DEFAULT_DURATION_S:g})")
     p.add_argument("--requests", type=int, metavar="N", help="stop after this many requests instead of a duration")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    tls = p.add_argument_group("TLS", "an https:// target, or a gRPC server started with --ssl_config_file")
+    tls.add_argument("--tls", action=BoolFlag, default=False, help="gRPC over TLS (on by itself with any file below)")
+    tls.add_argument(
+        "--ca_file",
+        default="",
+        metavar="FILE",
+        help="PEM CA the server's certificate must chain to (default: the system's trust store; gRPC's bundled "
+        "roots for gRPC)",
+    )
+    tls.add_argument("--cert_file", default="", metavar="FILE", help="client certificate (PEM), for mutual TLS")
+    tls.add_argument("--key_file", default="", metavar="FILE", help="its key (default: in --cert_file)")
     p.set_defaults(command=_bench)
 
 
@@ -442,11 +529,17 @@ def _bench(args: argparse.Namespace) -> int:
     import numpy as np
 
     from workbench.bench import format_table, input_dtypes, resolve_load, run_load
+    from workbench.client import ClientTLS
 
     try:  # usage mistakes: exit 2, as argparse's own
         duration, requests = resolve_load(args.concurrency, args.duration, args.requests)
         if args.protocol in GRPC_PROTOCOLS and "://" in args.target:
             raise ValueError(f"a gRPC --target is host:port, not a URL ({args.target})")
+        files = (args.ca_file or None, args.cert_file or None, args.key_file or None)
+        https = args.target.startswith("https://")
+        tls = ClientTLS(*files) if args.tls or https or any(files) else None
+        if tls is not None and args.protocol not in GRPC_PROTOCOLS and not https:
+            raise ValueError(f"TLS over REST needs an https:// --target, not {args.target}")
     except ValueError as exc:
         print(f"workbench bench: {exc}", file=sys.stderr)
         return 2
@@ -454,7 +547,7 @@ def _bench(args: argparse.Namespace) -> int:
         values = json.loads(args.inputs)
         if not isinstance(values, dict) or not values:
             raise ValueError("--inputs must be a JSON object of input name → value")
-        dtypes = input_dtypes(args.target, args.protocol, args.model, args.signature_name)
+        dtypes = input_dtypes(args.target, args.protocol, args.model, args.signature_name, tls=tls)
         unknown = sorted(set(values) - set(dtypes))
         if unknown:
             raise ValueError(f"the signature has no input {', '.join(unknown)} (it has {', '.join(sorted(dtypes))})")
@@ -468,6 +561,7 @@ def _bench(args: argparse.Namespace) -> int:
             duration=duration,
             requests=requests,
             signature_name=args.signature_name,
+            tls=tls,
         )
     except Exception as exc:  # noqa: BLE001 - a command line tool: say what went wrong, no traceback
         print(f"workbench bench: {exc}", file=sys.stderr)

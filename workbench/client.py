@@ -18,9 +18,12 @@ strings, where this client keeps the server's code in every :class:`ServingError
 from __future__ import annotations
 
 import base64
+import dataclasses
 import itertools
+import ssl
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -68,6 +71,54 @@ def canonical_protocol(protocol: str) -> str:
 GRPC_CHANNELS = 4
 
 
+@dataclasses.dataclass(frozen=True)
+class ClientTLS:
+    """How a client checks a TLS server, and proves itself to one that checks clients (mutual TLS).
+
+    ``ca_file``: the PEM certificates the server's must chain to; None trusts what each library trusts by default
+    (the system's store for asyncio, certifi's or ``$REQUESTS_CA_BUNDLE`` for requests, gRPC's bundled roots or
+    ``$GRPC_DEFAULT_SSL_ROOTS_FILE_PATH`` for gRPC). ``cert_file`` and ``key_file`` (PEM): the client's certificate
+    and key, for servers that require one (``client_verify``, ``--rest_api_ssl_client_ca_file``); the key may be in
+    ``cert_file``.
+    """
+
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.key_file and not self.cert_file:
+            raise ValueError("a client key_file needs its cert_file")
+
+    def requests_options(self) -> dict[str, Any]:
+        """``verify=`` and ``cert=`` for requests."""
+        options: dict[str, Any] = {"verify": self.ca_file or True}
+        if self.cert_file:
+            options["cert"] = (self.cert_file, self.key_file) if self.key_file else self.cert_file
+        return options
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """A client SSL context (asyncio streams, tornado): the server's certificate and name are checked."""
+        context = ssl.create_default_context(cafile=self.ca_file)
+        if self.cert_file:
+            context.load_cert_chain(self.cert_file, self.key_file)
+        return context
+
+    def grpc_credentials(self) -> Any:
+        """``grpc.ChannelCredentials`` for ``grpc.secure_channel``."""
+        import grpc
+
+        def read(path: str | None) -> bytes | None:
+            return Path(path).read_bytes() if path else None
+
+        key = read(self.key_file) or read(self.cert_file)  # a key in the certificate's file: gRPC finds it there
+        return grpc.ssl_channel_credentials(
+            root_certificates=read(self.ca_file),
+            private_key=key if self.cert_file else None,
+            certificate_chain=read(self.cert_file),
+        )
+
+
 class Prediction(dict):  # type: ignore[type-arg]
     """Output name → numpy array, with where it ran and how long the call took."""
 
@@ -96,12 +147,21 @@ class Client:
         token: str | None = None,
         binary_data: bool | None = None,
         grpc_channels: int = GRPC_CHANNELS,
+        tls: bool | None = None,
+        ca_file: str | None = None,
+        cert_file: str | None = None,
+        key_file: str | None = None,
     ) -> None:
         """``binary_data`` (v2 over REST): None sends large tensors as raw bytes and small ones as JSON, True every
         tensor raw (as tritonclient does), False only JSON (for v2 servers without Triton's binary extension).
 
         ``grpc_channels`` gRPC connections are opened (lazily) and used in turn: one HTTP/2 connection stays on one
-        worker of a ``--num_workers`` server, so a client that calls from several threads spreads over them."""
+        worker of a ``--num_workers`` server, so a client that calls from several threads spreads over them.
+
+        TLS: REST is https when ``url`` says so. gRPC uses TLS when ``tls`` is True, or, left None, when ``url`` is
+        https or a TLS file is given. ``ca_file`` is the PEM CA the server's certificate must chain to (None: the
+        default trust store); ``cert_file`` and ``key_file``, the client's own, for servers that require one
+        (mutual TLS). See :class:`ClientTLS`."""
         if grpc_channels < 1:
             raise ValueError(f"grpc_channels must be at least 1, not {grpc_channels}")
         self.url = url.rstrip("/") if url else None
@@ -109,6 +169,13 @@ class Client:
         self.protocol = canonical_protocol(protocol)
         self.timeout = timeout
         self.binary_data = binary_data
+        files = ClientTLS(ca_file, cert_file, key_file)
+        if tls is None:
+            tls = bool((self.url or "").startswith("https://") or ca_file or cert_file)
+        #: How gRPC and https are secured (None: gRPC is plaintext; https URLs still use the default trust store).
+        self.tls: ClientTLS | None = files if tls else None
+        # Passed with each request, not set on the session: requests lets $REQUESTS_CA_BUNDLE override a session's.
+        self._tls_options = files.requests_options()
         self._session = requests.Session()
         if token:
             self._session.headers["Authorization"] = f"Bearer {token}"
@@ -120,7 +187,13 @@ class Client:
         self.last_latency_ms: float | None = None
 
     def __repr__(self) -> str:
-        return f"Client(url={self.url!r}, grpc={self.grpc_target!r}, protocol={self.protocol!r})"
+        tls = f", tls={self.tls!r}" if self.tls is not None else ""
+        return f"Client(url={self.url!r}, grpc={self.grpc_target!r}, protocol={self.protocol!r}{tls})"
+
+    def open_stream(self, path: str, params: Mapping[str, Any], timeout: tuple[float, float]) -> requests.Response:
+        """``GET path`` as a stream (server-sent events), with this client's TLS settings and token."""
+        assert self.url is not None
+        return self._session.get(self.url + path, params=params, stream=True, timeout=timeout, **self._tls_options)
 
     def close(self) -> None:
         self._session.close()
@@ -168,7 +241,9 @@ class Client:
         """A successful answer to ``method path`` (``json=``, or ``data=`` and ``headers=``); a ServingError else."""
         assert self.url is not None
         try:
-            response = self._session.request(method, self.url + path, timeout=self.timeout, **kwargs)
+            response = self._session.request(
+                method, self.url + path, timeout=self.timeout, **self._tls_options, **kwargs
+            )
         except requests.RequestException as exc:
             raise ServingError(Code.UNAVAILABLE, f"Could not reach {self.url}: {exc}") from None
         if response.status_code != 200:
@@ -191,9 +266,16 @@ class Client:
                     ("grpc.max_send_message_length", -1),
                     # Channels of one process share a connection unless told not to: each its own connection.
                     ("grpc.use_local_subchannel_pool", 1),
+                    # A server restarted from the notebook (handle.restart()) is back in seconds: reconnect within
+                    # 2 s of it rather than after gRPC's default backoff, which grows to 120 s during an outage.
+                    ("grpc.max_reconnect_backoff_ms", 2000),
                 ]
+                credentials = self.tls.grpc_credentials() if self.tls is not None else None
                 self._channels = [
-                    grpc.insecure_channel(self.grpc_target, options=options) for _ in range(self._grpc_channels)
+                    grpc.secure_channel(self.grpc_target, credentials, options=options)
+                    if credentials is not None
+                    else grpc.insecure_channel(self.grpc_target, options=options)
+                    for _ in range(self._grpc_channels)
                 ]
             if service == "v2":
                 from tritonclient.grpc import service_pb2_grpc

@@ -36,7 +36,9 @@ TensorFlow and Keras are imported inside the functions: importing workbench must
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import functools
 import importlib
 import logging
@@ -132,6 +134,11 @@ def export(
         else:
             _refuse_existing(name, base, version)
     staging = base / f".tmp-export-{uuid.uuid4().hex}"
+    # A model folder this export creates goes again if the export fails: a server polling the repository would
+    # otherwise list an empty model.
+    creates_base = store is None and not base.exists()
+    published = False
+    functions: dict[str, Any] = {}
     # What TensorFlow logs while it imports, traces, saves, loads and runs the export ("Assets written to ...",
     # optimizer notices) is about workbench's work, not the user's: the cell shows the result, or the error.
     with quiet_tensorflow():
@@ -154,9 +161,15 @@ def export(
                 final_version = _upload(name, store, staging, version)
             else:
                 final_version = _publish(name, base, staging, version)
-        except ExportError:
-            raise
-        except Exception as exc:  # a failure nobody foresaw still gets the one-line, cleaned-up treatment
+            published = True
+        except Exception as exc:
+            if _out_of_space(exc):  # TensorFlow's or Python's, raw or already wrapped: one message that says so
+                needed = max(_bytes_under(staging), _variables_bytes(functions) + _examples_bytes(examples))
+                shutil.rmtree(staging, ignore_errors=True)  # first, so the free space reported is the real one
+                raise ExportError(_no_space_message(name, base, needed)) from exc
+            if isinstance(exc, ExportError):
+                raise
+            # A failure nobody foresaw still gets the one-line, cleaned-up treatment.
             raise ExportError(f"Export of {name!r} failed: {_one_line(exc)}") from exc
         finally:
             # Reached with staging still present only when something failed (or was interrupted).
@@ -164,6 +177,9 @@ def export(
                 shutil.rmtree(staging, ignore_errors=True)
             if store is not None:
                 shutil.rmtree(base, ignore_errors=True)
+            elif creates_base and not published:
+                with contextlib.suppress(OSError):  # not empty: another export published meanwhile, keep it
+                    base.rmdir()
     return ExportResult(
         name=name,
         version=final_version,
@@ -666,6 +682,91 @@ def _write_warmup(name: str, path: Path, requests: Sequence[Mapping[str, np.ndar
                 from_numpy(array, request.inputs[alias])
             log_record = prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
             records.write(encode_record(log_record.SerializeToString()))
+
+
+def _out_of_space(exc: BaseException) -> bool:
+    """Whether ``exc`` or an error it was raised from is a full disk or an exhausted quota.
+
+    Python raises OSError(ENOSPC); TensorFlow's file writes raise its own errors (ResourceExhaustedError from
+    SaveV2, a plain error from GFile) whose only trace of the cause is the OS's message.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        text = str(current)
+        if os.strerror(errno.ENOSPC) in text or os.strerror(errno.EDQUOT) in text:
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def _bytes_under(folder: Path) -> int:
+    """The size of the files under ``folder`` (0 if it is gone): what an export had written when it stopped."""
+    total = 0
+    for root, _dirs, files in os.walk(folder):
+        for file in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(root, file)).st_size
+    return total
+
+
+def _variables_bytes(functions: Mapping[str, Any]) -> int:
+    """The size of the variables a SavedModel of ``functions`` holds (0 when nothing is known)."""
+    seen: set[int] = set()
+    total = 0
+    for fn in functions.values():
+        for variable in getattr(fn, "variables", ()):
+            if id(variable) not in seen:
+                seen.add(id(variable))
+                with contextlib.suppress(Exception):  # an unknown shape: no estimate from it
+                    total += int(variable.shape.num_elements()) * variable.dtype.size
+    return total
+
+
+def _examples_bytes(examples: Any) -> int:
+    """The raw size of the warmup examples, which their file holds at least (0 when there are none)."""
+    if examples is None:
+        return 0
+    requests = (
+        examples
+        if isinstance(examples, (list, tuple)) and all(isinstance(e, Mapping) for e in examples)
+        else [examples]
+    )
+    total = 0
+    for request in requests:
+        for value in request.values() if isinstance(request, Mapping) else [request]:
+            with contextlib.suppress(Exception):  # not an array: the export's own check says so
+                total += np.asarray(value).nbytes
+    return total
+
+
+def _no_space_message(name: str, base: Path, needed: int) -> str:
+    """Why an export stopped on a full disk: where, at least how much it needed, how much is free."""
+    place = next((p for p in (base, *base.parents) if p.exists()), base)
+    try:
+        usage = shutil.disk_usage(place)
+        free = f"{_size(usage.free)} free of {_size(usage.total)}"
+    except OSError:
+        free = "free space unknown"
+    return (
+        f"Export of {name!r} failed: no space left on the device holding {base} (the export needs at least "
+        f"{_size(needed)}; {free}). Nothing was published: free some space or export to another repository"
+    )
+
+
+def _size(count: int) -> str:
+    """``512 B``, ``4.0 MiB``: a byte count as people read it."""
+    if count < 1024:
+        return f"{count} B"
+    amount = count / 1024
+    for unit in ("KiB", "MiB"):
+        if amount < 1024:
+            return f"{amount:.1f} {unit}"
+        amount /= 1024
+    return f"{amount:.1f} GiB"
 
 
 def _one_line(exc: BaseException) -> str:

@@ -66,6 +66,14 @@ CONFIG_DIR = "/etc/workbench"  # where the Deployment mounts the ConfigMap
 MODELS_DIR = "/models"  # where it mounts the PVC (the image's MODEL_BASE_PATH)
 KSERVE_MODELS_DIR = "/mnt/models"  # where KServe's storage initializer puts storageUri
 S3_SECRET = "workbench-models-s3"
+# The management API's bearer token, from a Secret the operator creates (never written into these manifests):
+#   kubectl create secret generic workbench-management --from-literal=token="$(openssl rand -hex 24)"
+# A server bound beyond loopback refuses to start without a token (workbench.cli.management_token).
+MANAGEMENT_SECRET = "workbench-management"
+MANAGEMENT_TOKEN_ENV = {
+    "name": "WORKBENCH_MANAGEMENT_TOKEN",
+    "valueFrom": {"secretKeyRef": {"name": MANAGEMENT_SECRET, "key": "token"}},
+}
 MODELS_READER = "workbench-models-reader"  # the ServiceAccount KServe's storage initializer reads credentials from
 DRAIN_SECONDS = 30
 DRAIN_DELAY_SECONDS = 5  # not ready, still taking connections, while endpoints update: part of the drain
@@ -328,8 +336,9 @@ def _deployment(
             f"--drain_delay_seconds={DRAIN_DELAY_SECONDS}",
         ],
     }
+    container["env"] = [MANAGEMENT_TOKEN_ENV]
     if on_s3:  # the variables boto reads, from the Secret of s3-credentials.yaml
-        container["env"] = [
+        container["env"] += [
             {"name": key, "valueFrom": {"secretKeyRef": {"name": S3_SECRET, "key": key}}}
             for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
         ]
@@ -509,6 +518,7 @@ def cluster_serving_runtime(image: str = DEFAULT_IMAGE) -> dict[str, Any]:
             "--host=0.0.0.0",  # the kubelet and queue-proxy reach it on the pod's IP
             "--rest_api_timeout_in_ms=60000",
         ],
+        "env": [MANAGEMENT_TOKEN_ENV],
         "ports": [{"containerPort": KSERVE_REST_PORT, "name": "http1", "protocol": "TCP"}],
         "readinessProbe": _probe("/readyz", KSERVE_REST_PORT, period=5, failures=3),
         "livenessProbe": _probe("/healthz", KSERVE_REST_PORT, period=10, failures=6, delay=30),
@@ -562,6 +572,12 @@ def _inference_service(
 
 
 # ------------------------------------------------------------------------------------------- the text
+_TOKEN_NOTE = (
+    "The management API's token comes from a Secret (in each namespace serving models); without it the pods do\n"
+    f'not start:  kubectl create secret generic {MANAGEMENT_SECRET} --from-literal=token="$(openssl rand -hex 24)"\n'
+)
+
+
 def _headers(source: ModelSource, target: Target, name: str) -> dict[str, str]:
     """The comments above each file: how to apply it, where the routing comes from, what to replace."""
     local = (
@@ -582,6 +598,7 @@ def _headers(source: ModelSource, target: Target, name: str) -> dict[str, str]:
             "deployment.yaml": local
             + f"workbench serving {source.name}. SIGTERM drains: /readyz turns 503, accepted requests finish\n"
             f"within --drain_seconds ({DRAIN_SECONDS}), inside terminationGracePeriodSeconds.\n"
+            + _TOKEN_NOTE
             + (
                 "gs://: gcsfs reads the pod's Google credentials (GKE Workload Identity: set serviceAccountName),\n"
                 "or GOOGLE_APPLICATION_CREDENTIALS pointing at a mounted key file.\n"
@@ -601,7 +618,7 @@ def _headers(source: ModelSource, target: Target, name: str) -> dict[str, str]:
     )
     return {
         "cluster-serving-runtime.yaml": "The workbench runtime for KServe; cluster-wide, the same for every model:\n"
-        "apply it once per cluster.\n",
+        "apply it once per cluster.\n" + _TOKEN_NOTE,
         "inference-service.yaml": local + renamed + f"Routing: {routing}.\n"
         "KServe copies storageUri, routing.json included, into /mnt/models when a pod starts: every replica routes\n"
         "by it. canaryTrafficPercent is not that canary: KServe splits traffic between revisions of this resource\n"

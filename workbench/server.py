@@ -20,6 +20,7 @@ import logging
 import os
 import signal
 import socket
+import ssl
 import sys
 import threading
 import time
@@ -236,6 +237,9 @@ class ModelServer:
             "pid": os.getpid(),
             "grpc_port": self.grpc_port,
             "rest_port": self.rest_port,
+            # How to reach the ports: https or http, and whether gRPC wants a TLS channel (secure_channel)
+            "rest_scheme": "https" if self.options.rest_api_ssl_cert_file else "http",
+            "grpc_tls": bool(self.options.ssl_config_file),
             "models": self.manager.model_names(),
             "batching": {name: params is not None for name, params in self._batching.items()},
             "request_log": self.request_log.describe(),
@@ -338,6 +342,8 @@ class ModelServer:
 
     async def _open_ports(self) -> None:
         options = self.options
+        grpc_tls = options.grpc_tls()  # raises on a bad --ssl_config_file or --rest_api_ssl_* flag, before binding
+        options.rest_tls()
         self._grpc, self.grpc_port = await start_grpc_server(
             self.dataplane,
             self.apply_models,
@@ -349,8 +355,13 @@ class ModelServer:
             reuse_port=bool(options.worker_dir),
             # The Open Inference Protocol's service on TF Serving's gRPC port
             services=[InferenceService(self.dataplane, self.readiness, self.rescan, options.management_token).add_to],
+            tls=grpc_tls,
+            management_token=options.management_token,
         )
-        log.info("Running gRPC ModelServer at %s:%d", options.grpc_host, self.grpc_port)
+        tls_note = ""
+        if grpc_tls is not None:
+            tls_note = " with TLS, client certificates required" if grpc_tls.client_verify else " with TLS"
+        log.info("Running gRPC ModelServer at %s:%d%s", options.grpc_host, self.grpc_port, tls_note)
         if options.rest_api_port != 0:  # 0 is off, as in TF Serving; -1 picks a free port
             await self._start_rest(max(options.rest_api_port, 0))
 
@@ -395,6 +406,12 @@ class ModelServer:
         sock = _bind(self.options.rest_api_host, port, reuse_port=bool(self.options.worker_dir))
         self._sockets.append(sock)
         self.rest_port = sock.getsockname()[1]
+        tls = self.options.rest_tls()
+        ssl_options: dict[str, Any] = {}
+        if tls is not None:
+            ssl_options = {"ssl_certfile": tls.cert_file, "ssl_keyfile": tls.key_file or None}
+            if tls.client_ca_file:  # mutual TLS: no certificate issued by this CA, no connection
+                ssl_options.update(ssl_ca_certs=tls.client_ca_file, ssl_cert_reqs=ssl.CERT_REQUIRED)
         config = uvicorn.Config(
             app,
             lifespan="off",
@@ -403,13 +420,19 @@ class ModelServer:
             http="httptools",
             loop="none",
             timeout_keep_alive=30,
+            **ssl_options,
         )
-        config.load()
+        try:
+            config.load()  # builds the SSL context: reads the certificate, key and client CA
+        except (OSError, ssl.SSLError) as exc:
+            files = ", ".join(f"{k}={v}" for k, v in ssl_options.items() if isinstance(v, str))
+            raise ServingError(Code.INVALID_ARGUMENT, f"REST TLS cannot use {files}: {exc}") from None
         server = uvicorn.Server(config)
         server.lifespan = config.lifespan_class(config)
         await server.startup(sockets=[sock])
         self._uvicorn = server
-        log.info("Exporting HTTP/REST API at %s:%d", self.options.rest_api_host, self.rest_port)
+        scheme = "HTTPS" if tls is not None else "HTTP"
+        log.info("Exporting %s/REST API at %s:%d", scheme, self.options.rest_api_host, self.rest_port)
 
     async def stop(self, delay: float = 0.0, cause: str = "stop requested") -> None:
         """Drain, then stop: see :meth:`_drain`. The budget is ``--drain_seconds``; calling again waits for the
@@ -559,7 +582,8 @@ class ServerThread:
 
     @property
     def rest_url(self) -> str:
-        return f"http://{self.server.options.rest_api_host}:{self.server.rest_port}"
+        scheme = "https" if self.server.options.rest_api_ssl_cert_file else "http"
+        return f"{scheme}://{self.server.options.rest_api_host}:{self.server.rest_port}"
 
     @property
     def grpc_target(self) -> str:

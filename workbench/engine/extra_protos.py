@@ -1,7 +1,7 @@
 """TF Serving config protos that the ``tensorflow-serving-api`` wheel does not ship.
 
-``MonitoringConfig`` and ``BatchingParameters`` are declared here with TF Serving's package, field names and
-numbers, so their text files parse with protobuf's own ``text_format`` exactly as tensorflow_model_server
+``MonitoringConfig``, ``BatchingParameters`` and ``SSLConfig`` are declared here with TF Serving's package, field
+names and numbers, so their text files parse with protobuf's own ``text_format`` exactly as tensorflow_model_server
 parses them: wrapper fields read ``max_batch_size { value: 128 }``, and a typo is a parse error naming the line.
 """
 
@@ -60,6 +60,16 @@ def _build() -> descriptor_pool.DescriptorPool:
             type_name=f".google.protobuf.{wrapper}",
         )
     batching.field.add(name="allowed_batch_sizes", number=6, label=_F.LABEL_REPEATED, type=_F.TYPE_INT64)
+
+    # tensorflow_serving/config/ssl_config.proto (--ssl_config_file): the PEM texts themselves, not file names
+    ssl_config = file.message_type.add(name="SSLConfig")
+    for name, number, kind in [
+        ("server_key", 1, _F.TYPE_STRING),
+        ("server_cert", 2, _F.TYPE_STRING),
+        ("custom_ca", 3, _F.TYPE_STRING),
+        ("client_verify", 4, _F.TYPE_BOOL),
+    ]:
+        ssl_config.field.add(name=name, number=number, label=_F.LABEL_OPTIONAL, type=kind)
     pool.Add(file)
     return pool
 
@@ -73,3 +83,4 @@ def _message(name: str) -> Any:
 
 MonitoringConfig = _message("MonitoringConfig")
 BatchingParameters = _message("BatchingParameters")
+SSLConfig = _message("SSLConfig")

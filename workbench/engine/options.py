@@ -8,6 +8,7 @@ The model config and monitoring config are parsed with TF Serving's own protos (
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -19,6 +20,8 @@ from workbench.engine.request_log_config import RequestLogConfig, request_log_co
 from workbench.engine.storage import RemoteFolder, is_remote
 from workbench.engine.text_config import parse_text_config
 from workbench.errors import Code, ServingError
+
+log = logging.getLogger(__name__)
 
 PolicyKind = Literal["latest", "all", "specific"]
 
@@ -67,6 +70,26 @@ class MonitoringOptions:
     prometheus_path: str = "/monitoring/prometheus/metrics"
 
 
+@dataclasses.dataclass(frozen=True)
+class GrpcTLS:
+    """``--ssl_config_file``, read: TLS on the gRPC port (TF Serving's SSLConfig, with the PEM texts it holds)."""
+
+    server_key: bytes
+    server_cert: bytes  # the certificate chain, leaf first
+    # PEM roots that client certificates must chain to; None: gRPC's default roots (see parse_ssl_config_file)
+    custom_ca: bytes | None
+    client_verify: bool  # mutual TLS: a client without a certificate signed by custom_ca is refused
+
+
+@dataclasses.dataclass(frozen=True)
+class RestTLS:
+    """TLS on the REST port: workbench's own ``--rest_api_ssl_*`` flags (TF Serving's REST API has no TLS)."""
+
+    cert_file: str
+    key_file: str  # "": the key is in cert_file
+    client_ca_file: str  # "": no client certificates asked for; else required, and checked against this CA
+
+
 @dataclasses.dataclass
 class ServerOptions:
     """Everything ``workbench serve`` was asked for; field names are tensorflow_model_server's flag names."""
@@ -81,6 +104,11 @@ class ServerOptions:
     rest_api_max_request_bytes: int = 256 * 1024 * 1024
     grpc_max_message_bytes: int = 256 * 1024 * 1024
     grpc_channel_arguments: str = ""
+    ssl_config_file: str = ""  # TF Serving's SSLConfig text proto: TLS (and mutual TLS) on gRPC
+    # workbench's own: TLS on REST (PEM files; the client CA turns on mutual TLS)
+    rest_api_ssl_cert_file: str = ""
+    rest_api_ssl_key_file: str = ""
+    rest_api_ssl_client_ca_file: str = ""
     model_name: str = "default"
     model_base_path: str = ""
     model_config_file: str = ""
@@ -97,7 +125,8 @@ class ServerOptions:
     model_repository: str = ""
     model_cache_dir: str = ""  # where versions from object stores are downloaded ("": the XDG cache or temp dir)
     management_state_file: str = ""
-    management_token: str = ""
+    # Never shown: not in this dataclass's repr (logs, tracebacks, a notebook printing the options).
+    management_token: str = dataclasses.field(default="", repr=False)
     server_name: str = ""  # shown by the Jupyter sidebar; a notebook handle passes its own name
     drain_seconds: float = 30.0  # on SIGTERM/SIGINT: the whole shutdown's budget (Kubernetes' default grace)
     drain_delay_seconds: float = 0.0  # of which: not ready, but still taking new connections
@@ -163,6 +192,27 @@ class ServerOptions:
             )
         return self.drain_delay_seconds, self.drain_seconds
 
+    def grpc_tls(self) -> GrpcTLS | None:
+        """``--ssl_config_file``, read and checked (None: plaintext gRPC, TF Serving's default)."""
+        return parse_ssl_config_file(self.ssl_config_file) if self.ssl_config_file else None
+
+    def rest_tls(self) -> RestTLS | None:
+        """The ``--rest_api_ssl_*`` flags, checked (None: plain HTTP, TF Serving's only REST)."""
+        cert, key, client_ca = self.rest_api_ssl_cert_file, self.rest_api_ssl_key_file, self.rest_api_ssl_client_ca_file
+        if not cert:
+            if key or client_ca:
+                given = "--rest_api_ssl_key_file" if key else "--rest_api_ssl_client_ca_file"
+                raise ServingError(Code.INVALID_ARGUMENT, f"{given} was given without --rest_api_ssl_cert_file")
+            return None
+        for flag, path in [
+            ("--rest_api_ssl_cert_file", cert),
+            ("--rest_api_ssl_key_file", key),
+            ("--rest_api_ssl_client_ca_file", client_ca),
+        ]:
+            if path and not os.path.isfile(path):
+                raise ServingError(Code.NOT_FOUND, f"{flag}={path}: no such file")
+        return RestTLS(os.path.abspath(cert), os.path.abspath(key) if key else "", client_ca)
+
     def monitoring(self) -> MonitoringOptions:
         if not self.monitoring_config_file:
             return MonitoringOptions()
@@ -190,6 +240,12 @@ def model_configs_from_proto(config_list: object, base_dir: Path | None = None) 
     for entry in config_list.config:  # type: ignore[attr-defined]
         if not entry.name:
             raise ServingError(Code.INVALID_ARGUMENT, "Every model in the config must have a name")
+        if not is_config_model_name(entry.name):
+            raise ServingError(
+                Code.INVALID_ARGUMENT,
+                f"Model name {entry.name!r} cannot name a model: it must be one folder name (not '.' or '..', no '/', "
+                "'\\', NUL or control characters)",
+            )
         if entry.name in seen:
             raise ServingError(
                 Code.INVALID_ARGUMENT, f"Illegal to list model {entry.name} multiple times in config list"
@@ -238,6 +294,59 @@ def _policy_from_proto(entry: object) -> VersionPolicy:
         return VersionPolicy(kind="specific", versions=frozenset(policy.specific.versions))
     num = policy.latest.num_versions if which == "latest" else 1
     return VersionPolicy(kind="latest", num_versions=num or 1)
+
+
+def parse_ssl_config_file(path: str | os.PathLike[str]) -> GrpcTLS:
+    """Read TF Serving's ``SSLConfig`` text proto, as tensorflow_model_server does, with a clear error where it would
+    fail (or, for a key that is missing, start a server no client can reach).
+
+    As in TF Serving, the fields hold the PEM texts themselves, and ``client_verify`` without ``custom_ca`` checks
+    client certificates against gRPC's default roots (``$GRPC_DEFAULT_SSL_ROOTS_FILE_PATH``, else the public CAs
+    bundled with gRPC): any certificate a public CA issued is let in, so that is logged as a warning.
+    """
+    from workbench.engine.extra_protos import SSLConfig
+
+    where = f"--ssl_config_file={path}"
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not a text file"
+        raise ServingError(Code.NOT_FOUND, f"Could not read SSL config file {path}: {reason}") from None
+    config = parse_text_config(text, SSLConfig(), path)
+    for field, marker, what in [
+        ("server_key", "PRIVATE KEY-----", "private key"),
+        ("server_cert", "-----BEGIN CERTIFICATE-----", "certificate"),
+    ]:
+        value = getattr(config, field)
+        if not value.strip():
+            raise ServingError(Code.INVALID_ARGUMENT, f"{where}: {field} is missing (TLS needs a key and certificate)")
+        if marker not in value:
+            # TF Serving users most often write a file name here: say that the field takes the PEM text.
+            raise ServingError(
+                Code.INVALID_ARGUMENT,
+                f"{where}: {field} is not a PEM {what} (the field holds the PEM text itself, not a file name)",
+            )
+    if config.custom_ca and "-----BEGIN CERTIFICATE-----" not in config.custom_ca:
+        raise ServingError(Code.INVALID_ARGUMENT, f"{where}: custom_ca is not a PEM certificate")
+    custom_ca = config.custom_ca.encode() if config.custom_ca else None
+    if config.client_verify and custom_ca is None:
+        custom_ca = _grpc_default_roots()
+        log.warning(
+            "%s: client_verify without custom_ca checks client certificates against gRPC's default roots (public "
+            "CAs), as TF Serving does: set custom_ca to the CA that issues your clients' certificates",
+            where,
+        )
+    return GrpcTLS(config.server_key.encode(), config.server_cert.encode(), custom_ca, config.client_verify)
+
+
+def _grpc_default_roots() -> bytes:
+    """The roots gRPC verifies peers with when given none: ``$GRPC_DEFAULT_SSL_ROOTS_FILE_PATH``, else its own."""
+    override = os.environ.get("GRPC_DEFAULT_SSL_ROOTS_FILE_PATH")
+    if override:
+        return Path(override).read_bytes()
+    from importlib.resources import files
+
+    return files("grpc").joinpath("_cython/_credentials/roots.pem").read_bytes()
 
 
 def parse_monitoring_config_file(path: str | os.PathLike[str]) -> MonitoringOptions:
@@ -289,6 +398,17 @@ def discover_models(root: str | os.PathLike[str]) -> list[ModelConfig]:
         for entry in sorted(base.iterdir())
         if entry.is_dir() and is_model_name(entry.name)
     ]
+
+
+def is_config_model_name(name: str) -> bool:
+    """A model config's name (a file's or a gRPC reload's): one folder name, as a model cache uses it.
+
+    Looser than :func:`is_model_name` (TF Serving's configs name models with any text), but never a path: no
+    separator, no ``.`` or ``..``, no NUL or control character. REST cannot even address a name with a ``/``.
+    """
+    if not name or name in (".", ".."):
+        return False
+    return not any(c in "/\\" or ord(c) < 0x20 or ord(c) == 0x7F for c in name)
 
 
 def is_model_name(name: str) -> bool:

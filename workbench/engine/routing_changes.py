@@ -96,6 +96,7 @@ class RoutingChanges:
     def _changing(self, name: str) -> Iterator[None]:
         """One change of a model at a time in this process (other processes are kept out by the store's lock)."""
         with self._lock:
+            self._live_model(name)  # an unknown name is NOT_FOUND here, and leaves no lock behind for each one sent
             change_lock = self._change_locks.setdefault(name, threading.Lock())
         with change_lock:
             yield

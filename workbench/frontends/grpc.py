@@ -8,7 +8,9 @@ answers with the server's readiness (the same as REST's ``/readyz``): SERVING ex
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
+import inspect
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar, cast
@@ -31,9 +33,10 @@ from tensorflow_serving.apis import (
 
 from workbench.dataplane import Dataplane, ModelSpec
 from workbench.engine import inference
-from workbench.engine.options import ModelConfig, model_configs_from_proto
+from workbench.engine.options import GrpcTLS, ModelConfig, model_configs_from_proto
 from workbench.engine.readiness import Readiness
 from workbench.errors import Code, ServingError, from_exception
+from workbench.frontends.auth import bearer_matches
 from workbench.protocol.examples import serialized_examples
 from workbench.protocol.serving_protos import model_status_proto
 from workbench.protocol.signature_defs import signature_def_map
@@ -65,6 +68,11 @@ def _echo(target: Any, name: str, version: int, signature_name: str | None) -> N
         target.signature_name = signature_name
 
 
+def authorization(context: grpc.aio.ServicerContext) -> str:
+    """The call's ``authorization`` metadata ("" when it has none)."""
+    return str(dict(context.invocation_metadata() or ()).get("authorization", ""))
+
+
 def time_remaining(context: grpc.aio.ServicerContext) -> float | None:
     """Seconds left before the client's deadline; None when it set none."""
     remaining = context.time_remaining()
@@ -93,9 +101,83 @@ def answers_errors(method: Method) -> Method:
         except Exception as exc:  # noqa: BLE001 - a bug must still answer a status, and be logged
             log.exception("gRPC %s failed", method.__name__)
             error = from_exception(exc)
-        await context.abort(_STATUS[error.code], error.message)
+        await context.abort(_STATUS[error.code], status_message(error.message))
 
     return cast(Method, answered)
+
+
+# The longest grpc-message trailer an error gets, in bytes once percent-encoded as gRPC sends it. Clients refuse
+# trailers over 8 KiB (gRPC's default metadata limit) and report RESOURCE_EXHAUSTED instead of the real status, so
+# an error that repeats a request's 10,000-character name must be cut, not sent whole.
+MAX_STATUS_MESSAGE_BYTES = 4096
+_ALWAYS_FITS = MAX_STATUS_MESSAGE_BYTES // 12  # characters: 4 UTF-8 bytes each, each percent-encoded as 3
+
+
+def status_message(message: str) -> str:
+    """``message`` as it fits in a gRPC status: cut (saying so) past ``MAX_STATUS_MESSAGE_BYTES`` on the wire."""
+    if len(message) <= _ALWAYS_FITS:
+        return message
+    budget = MAX_STATUS_MESSAGE_BYTES - 64  # room for the note saying what was cut
+    for index, character in enumerate(message):
+        # gRPC percent-encodes every byte outside printable ASCII, and "%" itself
+        cost = 1 if " " <= character <= "~" and character != "%" else 3 * len(character.encode("utf-8", "replace"))
+        budget -= cost
+        if budget < 0:
+            return f"{message[:index]}… ({len(message) - index} more characters)"
+    return message
+
+
+class _Unparsable:
+    """What a request that is not its method's message decodes to, so the method can answer INVALID_ARGUMENT."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+class UnparsableRequests(grpc.aio.ServerInterceptor):
+    """Answers a request that does not parse as its method's message with INVALID_ARGUMENT.
+
+    grpc.aio itself answers such bytes with UNKNOWN (and logs a traceback per request); a client sending garbage,
+    or a string field that is not UTF-8, made a mistake the status should name. Each unary method's handler is
+    wrapped once: its parser returns an :class:`_Unparsable` instead of raising, and its behaviour answers that.
+    """
+
+    def __init__(self) -> None:
+        self._wrapped: dict[str, grpc.RpcMethodHandler] = {}
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        method = handler_call_details.method
+        wrapped = self._wrapped.get(method)
+        if wrapped is None:
+            handler = await continuation(handler_call_details)
+            unary = handler is not None and handler.unary_unary is not None and handler.request_deserializer
+            if not unary or not inspect.iscoroutinefunction(handler.unary_unary):
+                return handler  # unknown methods, streams and the stubs' UNIMPLEMENTED ones keep gRPC's handling
+            wrapped = self._wrapped[method] = _tolerant(handler, method)
+        return wrapped
+
+
+def _tolerant(handler: Any, method: str) -> Any:
+    parse, behaviour = handler.request_deserializer, handler.unary_unary
+
+    def parse_or_explain(data: bytes) -> Any:
+        try:
+            return parse(data)
+        except Exception as exc:  # noqa: BLE001 - protobuf's DecodeError, and whatever a parser raises
+            return _Unparsable(f"The request is not a valid message for {method}: {exc}")
+
+    async def answer(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if isinstance(request, _Unparsable):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.reason)
+        return await behaviour(request, context)
+
+    return handler._replace(request_deserializer=parse_or_explain, unary_unary=answer)
 
 
 class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
@@ -198,9 +280,14 @@ def _fill_classifications(result: Any, rows: inference.Classifications) -> None:
 
 
 class ModelService(model_service_pb2_grpc.ModelServiceServicer):
-    def __init__(self, dataplane: Dataplane, reload_config: Callable[[list[ModelConfig]], None]) -> None:
+    def __init__(
+        self, dataplane: Dataplane, reload_config: Callable[[list[ModelConfig]], None], management_token: str = ""
+    ) -> None:
+        """``management_token``, when set, guards HandleReloadConfigRequest (``authorization: Bearer <token>``
+        metadata), as it guards the REST management API: a reload points models at any path."""
         self.dataplane = dataplane
         self._reload_config = reload_config
+        self._token = management_token
 
     @answers_errors
     async def GetModelStatus(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
@@ -211,6 +298,8 @@ class ModelService(model_service_pb2_grpc.ModelServiceServicer):
 
     @answers_errors
     async def HandleReloadConfigRequest(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        if self._token and not bearer_matches(authorization(context), self._token):
+            raise ServingError(Code.UNAUTHENTICATED, "Reloading the model config needs the server's management token")
         which = request.config.WhichOneof("config")
         if which != "model_config_list":
             raise ServingError(Code.UNIMPLEMENTED, "ServerConfig type not supported: only model_config_list is")
@@ -251,7 +340,7 @@ class ReadinessHealth(health_pb2_grpc.HealthServicer):
 
     async def Check(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
         if request.service not in self.SERVICES:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"Unknown service: {request.service!r}")
+            await context.abort(grpc.StatusCode.NOT_FOUND, status_message(f"Unknown service: {request.service!r}"))
         return health_pb2.HealthCheckResponse(status=self._status(request.service)[0])
 
     async def Watch(self, request: Any, context: grpc.aio.ServicerContext) -> None:  # noqa: N802
@@ -278,11 +367,14 @@ async def start_grpc_server(
     health: ReadinessHealth | None = None,
     services: Sequence[Callable[[grpc.aio.Server], None]] = (),
     reuse_port: bool = False,
+    tls: GrpcTLS | None = None,
+    management_token: str = "",
 ) -> tuple[grpc.aio.Server, int | None]:
     """Start the gRPC server; returns it with the bound TCP port (None when only a Unix socket is served).
 
     ``health`` answers grpc.health.v1 (default: SERVING whenever the server answers). ``services`` add more
-    servicers to the same server and port (the v2 ``inference.GRPCInferenceService``).
+    servicers to the same server and port (the v2 ``inference.GRPCInferenceService``). ``tls`` (``--ssl_config_file``)
+    secures the TCP port and the Unix socket alike, as in TF Serving.
     """
     options = [
         ("grpc.max_receive_message_length", max_message_bytes),
@@ -290,22 +382,55 @@ async def start_grpc_server(
         ("grpc.so_reuseport", int(reuse_port)),  # on only for --num_workers: a taken port must fail otherwise
         *channel_arguments,
     ]
-    server = grpc.aio.server(options=options)
+    server = grpc.aio.server(options=options, interceptors=[UnparsableRequests()])
     prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(PredictionService(dataplane), server)
-    model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelService(dataplane, reload_config), server)
+    model_service_pb2_grpc.add_ModelServiceServicer_to_server(
+        ModelService(dataplane, reload_config, management_token), server
+    )
     health = health or ReadinessHealth(lambda: Readiness(True, "ready"))
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     for add_service in services:
         add_service(server)
+    credentials = _server_credentials(tls) if tls is not None else None
+
+    def add_port(where: str) -> int:
+        if credentials is None:
+            return server.add_insecure_port(where)
+        return server.add_secure_port(where, credentials)
+
     port = None
     if address is not None:
         try:
-            port = server.add_insecure_port(address)
+            port = add_port(address)
         except RuntimeError:  # grpc raises when the port is taken
             port = 0
         if port == 0:
             raise ServingError(Code.UNAVAILABLE, f"Could not bind the gRPC port {address}: address already in use")
     if socket_path:
-        server.add_insecure_port(f"unix:{socket_path}")
+        add_port(f"unix:{socket_path}")
     await server.start()
     return server, port
+
+
+def _server_credentials(tls: GrpcTLS) -> grpc.ServerCredentials:
+    """TF Serving's credentials for an SSLConfig: its key and certificate, and with ``client_verify``, client
+    certificates required and checked against ``custom_ca`` (gRPC's REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY).
+
+    gRPC reports a key that is not the certificate's, or a PEM it cannot read, only as a failure to bind (and a
+    log line): a throwaway server binding a free loopback port with them tells that apart from a taken port.
+    """
+    credentials = grpc.ssl_server_credentials(
+        [(tls.server_key, tls.server_cert)], root_certificates=tls.custom_ca, require_client_auth=tls.client_verify
+    )
+    probe = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=1))
+    try:
+        probe.add_secure_port("127.0.0.1:0", credentials)
+    except RuntimeError:
+        raise ServingError(
+            Code.INVALID_ARGUMENT,
+            "--ssl_config_file: gRPC cannot use its server_key and server_cert (a key that is not the "
+            "certificate's, or PEM text it cannot read; gRPC's log line above says which)",
+        ) from None
+    finally:
+        probe.stop(None)
+    return credentials

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import hmac
 import json
 import re
 from collections.abc import AsyncIterator, Callable
@@ -32,6 +31,7 @@ from starlette.routing import Route
 
 from workbench.engine.manager import Manager
 from workbench.errors import Code, ServingError
+from workbench.frontends.auth import bearer_matches
 from workbench.frontends.rest import error_response, json_response
 from workbench.protocol.json_tensor import dumps
 
@@ -85,7 +85,7 @@ def management_routes(server: ManagedServer, stopping: asyncio.Event, token: str
     async def change(request: Request) -> Response:
         """The POST endpoints: authorize, parse, run the (possibly slow) change off the loop, describe."""
         try:
-            if token and not _authorized(request, token):
+            if token and not bearer_matches(request.headers.get("authorization", ""), token):
                 raise ServingError(Code.UNAUTHENTICATED, "This server's management API needs its bearer token")
             name, action = await _parse_action(request, request.path_params["target"], manager)
             # A promotion or canary may wait for a version to load: never on the event loop.
@@ -102,12 +102,6 @@ def management_routes(server: ManagedServer, stopping: asyncio.Event, token: str
         Route(f"{PREFIX}/models/{{name:str}}", models, methods=["GET"]),
         Route(f"{PREFIX}/models/{{target:path}}", change, methods=["POST"]),
     ]
-
-
-def _authorized(request: Request, token: str) -> bool:
-    header = request.headers.get("authorization", "")
-    scheme, _, given = header.partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
 
 
 async def _json_object(request: Request) -> dict[str, Any]:

@@ -111,7 +111,9 @@ class RestApi:
         )
 
     async def v1(self, request: Request) -> Response:
-        path, method = request.url.path, request.method
+        # The path as the client sent it (percent-decoded), not request.url.path: building a URL drops tabs and
+        # newlines (urllib's rule), which made "hp%0A" name the model hp, and re-escapes "\\", "?" and "#".
+        path, method = request.scope["path"], request.method
         try:
             match = _PREDICTION_PATH.fullmatch(path)
             if method == "POST" and match:
@@ -222,4 +224,8 @@ def create_app(
         404: not_found,
         405: method_not_allowed,
     }
-    return Starlette(routes=routes, middleware=middleware, exception_handlers=handlers)  # type: ignore[arg-type]
+    app = Starlette(routes=routes, middleware=middleware, exception_handlers=handlers)  # type: ignore[arg-type]
+    # A path with a trailing "/" is a path no route has: 404 (400 under /v1), as TF Serving answers, not a redirect
+    # to another path built from the request's Host header.
+    app.router.redirect_slashes = False
+    return app

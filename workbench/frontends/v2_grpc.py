@@ -31,7 +31,7 @@ from workbench.dataplane import Dataplane, ModelSpec
 from workbench.engine import inference
 from workbench.engine.readiness import Readiness
 from workbench.errors import Code, ServingError
-from workbench.frontends.grpc import answers_errors, time_remaining
+from workbench.frontends.grpc import answers_errors, authorization, time_remaining
 from workbench.frontends.v2_repository import V2Repository, unsupported_parameters
 from workbench.protocol import v2_grpc, v2_models
 
@@ -139,22 +139,18 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @answers_errors
     async def RepositoryModelLoad(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        self.models.authorize(_authorization(context))
+        self.models.authorize(authorization(context))
         _one_repository(request.repository_name)
         await self.models.load(request.model_name, _version_parameter(request.parameters, "load"))
         return service_pb2.RepositoryModelLoadResponse()
 
     @answers_errors
     async def RepositoryModelUnload(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        self.models.authorize(_authorization(context))
+        self.models.authorize(authorization(context))
         _one_repository(request.repository_name)
         version = _version_parameter(request.parameters, "unload")
         await self.models.unload(request.model_name, version, "the version parameter")
         return service_pb2.RepositoryModelUnloadResponse()
-
-
-def _authorization(context: grpc.aio.ServicerContext) -> str:
-    return str(dict(context.invocation_metadata() or ()).get("authorization", ""))
 
 
 def _version_parameter(parameters: Mapping[str, Any], action: str) -> int | None:

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import hmac
 from collections.abc import Callable
 
 from workbench.dataplane import Dataplane, ModelSpec
 from workbench.engine.manager import VersionState
 from workbench.errors import Code, ServingError
+from workbench.frontends.auth import bearer_matches
 from workbench.protocol.v2_models import parse_version
 
 
@@ -62,8 +62,7 @@ class V2Repository:
         """``authorization`` is the request's ``Authorization`` header (or gRPC metadata) value."""
         if not self._token:
             return
-        scheme, _, given = authorization.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), self._token.encode()):
+        if not bearer_matches(authorization, self._token):
             raise ServingError(Code.UNAUTHENTICATED, "Repository load and unload need the server's management token")
 
     async def load(self, model: str, version: int | None) -> None:

@@ -7,13 +7,22 @@ machine, as the browser could not on a remote Jupyter.
 
 Streaming endpoints (``/workbench/v1/stats/stream``, server-sent events that never end) are refused with 400:
 the proxy buffers whole responses. Poll ``/workbench/v1/stats`` through it instead.
+
+A server whose REST API is https (``--rest_api_ssl_cert_file``) is reached over TLS, trusting exactly the
+certificate the server serves (read from the file its record names): no CA file to configure, and a name check is
+not needed where the certificate itself is pinned (the server may hold a certificate for its public name while the
+proxy reaches it on loopback). A server that requires client certificates is listed but not queried or proxied:
+the proxy has no certificate to show.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import ipaddress
 import json
+import os
+import ssl
 from typing import Any
 from urllib.parse import quote
 
@@ -47,7 +56,7 @@ def upstream_base(record: ServerRecord) -> str | None:
     A wildcard bind (``0.0.0.0``, ``::``) also answers on loopback, so it is reached there. Host names other than
     ``localhost`` are refused rather than resolved: a name could resolve anywhere.
     """
-    if record.rest_port is None:
+    if record.rest_port is None or record.tls_client_auth:
         return None
     host = record.rest_host.strip().strip("[]")
     if host in ("", "0.0.0.0", "localhost"):
@@ -63,7 +72,34 @@ def upstream_base(record: ServerRecord) -> str | None:
             return None
         connect = str(address)
     netloc = f"[{connect}]" if ":" in connect else connect
-    return f"http://{netloc}:{record.rest_port}"
+    return f"{'https' if record.tls else 'http'}://{netloc}:{record.rest_port}"
+
+
+def upstream_tls(record: ServerRecord) -> ssl.SSLContext | None:
+    """The TLS context that reaches ``record``'s https REST API (None for plain http): its own certificate pinned.
+
+    Raises OSError or ssl.SSLError when the certificate cannot be read.
+    """
+    if not record.tls:
+        return None
+    path = record.tls_cert_file
+    return _pinned_context(path, os.stat(path).st_mtime_ns)  # a renewed certificate is read again
+
+
+@functools.lru_cache(maxsize=16)
+def _pinned_context(path: str, mtime_ns: int) -> ssl.SSLContext:
+    with open(path) as f:
+        text = f.read()
+    end = "-----END CERTIFICATE-----"
+    if end not in text:
+        raise ssl.SSLError(f"no PEM certificate in {path}")
+    leaf = text[text.index("-----BEGIN CERTIFICATE-----") : text.index(end) + len(end)]
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False  # the certificate itself is pinned; see the module's docstring
+    # The server's own (leaf) certificate as the one trust anchor: nothing else the CA issued passes.
+    context.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
+    context.load_verify_locations(cadata=leaf)
+    return context
 
 
 class WorkbenchHandler(APIHandler):
@@ -93,17 +129,25 @@ class ServersHandler(WorkbenchHandler):
         if record.rest_port is None:
             doc["error"] = "REST API is off: nothing to list or proxy"
             return doc
+        if record.tls_client_auth:
+            doc["error"] = "REST API requires client certificates (mutual TLS): not queried or proxied"
+            return doc
         if base is None:
             doc["error"] = f"REST host {record.rest_host} is not a loopback address: not queried or proxied"
             return doc
-        request = HTTPRequest(f"{base}/workbench/v1/models", connect_timeout=LIST_TIMEOUT, request_timeout=LIST_TIMEOUT)
         try:
+            request = HTTPRequest(
+                f"{base}/workbench/v1/models",
+                connect_timeout=LIST_TIMEOUT,
+                request_timeout=LIST_TIMEOUT,
+                ssl_options=upstream_tls(record),
+            )
             response = await AsyncHTTPClient().fetch(request)
             doc["models"] = json.loads(response.body)["models"]
         except HTTPClientError as exc:  # 599 is tornado's code for "no HTTP answer" (a timeout here)
             doc["error"] = f"no answer in {LIST_TIMEOUT:g} s" if exc.code == 599 else f"answered HTTP {exc.code}"
         # One server that is starting, stopping or not a workbench server must not break the whole listing.
-        except OSError as exc:
+        except OSError as exc:  # ssl.SSLError included: a certificate that does not match the pinned one
             doc["error"] = f"did not answer: {exc}"
         except (ValueError, KeyError, TypeError):
             doc["error"] = "answered something other than a workbench model list"
@@ -158,6 +202,12 @@ class ProxyHandler(WorkbenchHandler):
             body = body or b""  # tornado's client wants a body with these methods
         elif not body:
             body = None
+        assert record is not None  # base is None otherwise
+        try:
+            tls = upstream_tls(record)
+        except OSError as exc:  # ssl.SSLError included: the certificate it serves cannot be read to pin it
+            self.reply(502, {"error": f"workbench server {server_id}: its TLS certificate cannot be read: {exc}"})
+            return
         request = HTTPRequest(
             url,
             method=method,
@@ -167,6 +217,7 @@ class ProxyHandler(WorkbenchHandler):
             follow_redirects=False,  # a redirect would lead elsewhere than the registered server
             connect_timeout=PROXY_CONNECT_TIMEOUT,
             request_timeout=PROXY_TIMEOUT,
+            ssl_options=tls,
         )
         try:
             # raise_error=False answers with upstream's 4xx/5xx; no HTTP answer at all still raises.

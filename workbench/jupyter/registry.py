@@ -67,6 +67,11 @@ class ServerRecord:
     process_start: int | None = None
     # Whether management POSTs need a bearer token (the token itself is never written down here).
     token_required: bool = False
+    # REST is https (--rest_api_ssl_cert_file): the proxy connects with TLS and trusts exactly this certificate
+    tls: bool = False
+    tls_cert_file: str = ""
+    tls_client_auth: bool = False  # REST requires client certificates, which the proxy has none of
+    grpc_tls: bool = False  # gRPC wants a TLS channel (--ssl_config_file)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -96,8 +101,13 @@ def _check_types(record: ServerRecord) -> None:
         raise ValueError(f"bad pid {record.pid!r}")
     if not (port(record.rest_port) and port(record.grpc_port)):
         raise ValueError("bad port")
-    for name in ("name", "rest_host", "grpc_host", "model_repository", "model_config_file", "model_base_path"):
+    for name in (
+        "name", "rest_host", "grpc_host", "model_repository", "model_config_file", "model_base_path", "tls_cert_file"
+    ):  # fmt: skip
         if not isinstance(getattr(record, name), str):
+            raise ValueError(f"bad {name}")
+    for name in ("token_required", "tls", "tls_client_auth", "grpc_tls"):
+        if not isinstance(getattr(record, name), bool):
             raise ValueError(f"bad {name}")
     if record.process_start is not None and not isinstance(record.process_start, int):
         raise ValueError("bad process_start")
@@ -168,6 +178,11 @@ def make_record(
         version=__version__,
         process_start=_process_start(pid),
         token_required=bool(options.management_token),
+        # Read with defaults: embedders (Ray Serve's replicas) describe servers with options of their own.
+        tls=bool(getattr(options, "rest_api_ssl_cert_file", "")),
+        tls_cert_file=absolute(getattr(options, "rest_api_ssl_cert_file", "")),
+        tls_client_auth=bool(getattr(options, "rest_api_ssl_client_ca_file", "")),
+        grpc_tls=bool(getattr(options, "ssl_config_file", "")),
     )
 
 

@@ -46,7 +46,27 @@ def repository_location(model_repository: str | os.PathLike[str]) -> Path | str:
 
 
 class ServerDied(RuntimeError):
-    """The server process exited; the message ends with the last lines of its log."""
+    """The server process exited; the message ends with the last lines of its log.
+
+    ``exit_code`` is the process's exit status (negative: the signal that ended it, as ``subprocess`` reports it),
+    None when the server never started; ``log_tail`` holds the log's last lines.
+    """
+
+    def __init__(self, message: str, *, exit_code: int | None = None, log_tail: str = "") -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+        self.log_tail = log_tail
+
+
+def describe_exit(code: int) -> str:
+    """``exited with code 1``; ``exited with code -9 (killed by SIGKILL)`` for a process a signal ended."""
+    if code >= 0:
+        return f"exited with code {code}"
+    try:
+        cause = signal.Signals(-code).name
+    except ValueError:  # a real-time signal has no name
+        cause = f"signal {-code}"
+    return f"exited with code {code} (killed by {cause})"
 
 
 class ServerHandle:
@@ -75,6 +95,10 @@ class ServerHandle:
         allow_pickle: bool = False,
         allow_python_models: bool = False,
         num_workers: int | str = 1,
+        ssl_config_file: str | os.PathLike[str] | None = None,
+        rest_api_ssl_cert_file: str | os.PathLike[str] | None = None,
+        rest_api_ssl_key_file: str | os.PathLike[str] | None = None,
+        ca_file: str | os.PathLike[str] | None = None,
         extra_args: Sequence[str] = (),
     ) -> None:
         if rest_api_port == 0:  # TF Serving's "REST off": the handle itself talks to its server over REST
@@ -92,6 +116,20 @@ class ServerHandle:
         self.allow_pickle = allow_pickle
         self.allow_python_models = allow_python_models
         self.num_workers = num_workers  # `workbench serve --num_workers`: a number, or "auto" (one per core)
+        # TLS: the server's flags (files resolved now: the server runs in another folder), and the CA this handle's
+        # client checks the server's certificates with (None: the default trust store)
+        self.tls_flags = {
+            flag: str(Path(path).resolve())
+            for flag, path in [
+                ("ssl_config_file", ssl_config_file),
+                ("rest_api_ssl_cert_file", rest_api_ssl_cert_file),
+                ("rest_api_ssl_key_file", rest_api_ssl_key_file),
+            ]
+            if path
+        }
+        self.ca_file = str(Path(ca_file).resolve()) if ca_file else None
+        self._rest_scheme = "http"  # read back from the server's ready file, as its ports are
+        self._grpc_tls = False
         self.extra_args = list(extra_args)
         readable = "".join(c if c.isalnum() or c in "-_." else "_" for c in server_name)  # any name, a safe folder
         self._dir = Path(tempfile.mkdtemp(prefix=f"workbench-{readable}-"))
@@ -127,6 +165,7 @@ class ServerHandle:
             args.append("--allow_python_models")
         if str(self.num_workers) != "1":
             args.append(f"--num_workers={self.num_workers}")
+        args += [f"--{flag}={path}" for flag, path in self.tls_flags.items()]
         return args + self.extra_args
 
     def start(self, timeout: float = 180.0) -> ServerHandle:
@@ -166,6 +205,7 @@ class ServerHandle:
             time.sleep(0.05)
         ready = json.loads(self._ready_path.read_text())
         self.rest_api_port, self.port = ready["rest_port"], ready["grpc_port"]
+        self._rest_scheme, self._grpc_tls = ready.get("rest_scheme", "http"), bool(ready.get("grpc_tls"))
         self.started_seconds = time.perf_counter() - started
         self._client = None
         return self
@@ -199,8 +239,17 @@ class ServerHandle:
                 _handles.remove(self)
 
     def restart(self, timeout: float = 180.0) -> ServerHandle:
-        """Start again (on the same ports unless they were free picks), e.g. after :class:`ServerDied`."""
+        """Start again on the same REST and gRPC ports, e.g. after :class:`ServerDied`; returns once it answers.
+
+        Free picks are kept too: clients, dashboards and proxies made for the old server reach the new one. The
+        repository and options are the same, and so is the routing (promotions, canaries, labels), which lives in
+        the repository (``routing.json``) and is read back at start. A port another process took meanwhile makes
+        this raise :class:`ServerDied` naming it. From then on the handle keeps asking for these ports.
+        """
+        rest_api_port, port = self.rest_api_port, self.port
         self.stop()
+        if rest_api_port is not None and port is not None:  # it ran: ask for its ports from now on
+            self._rest_api_port_asked, self._port_asked = rest_api_port, port
         return self.start(timeout)
 
     @property
@@ -211,13 +260,21 @@ class ServerHandle:
     def pid(self) -> int | None:
         return self._process.pid if self._process is not None else None
 
+    @property
+    def exit_code(self) -> int | None:
+        """The exit status of a server that ended without ``stop()`` (negative: the killing signal); else None."""
+        return self._process.poll() if self._process is not None else None
+
     def check(self) -> None:
         """Raise :class:`ServerDied` (with the end of the log) if the server is no longer running."""
         if self._process is None:
             raise ServerDied(f"workbench server {self.server_name!r} is not started")
         code = self._process.poll()
         if code is not None:
-            raise ServerDied(f"workbench server {self.server_name!r} exited with code {code}:\n{self.log_tail()}")
+            tail = self.log_tail()
+            raise ServerDied(
+                f"workbench server {self.server_name!r} {describe_exit(code)}:\n{tail}", exit_code=code, log_tail=tail
+            )
 
     def log_tail(self, lines: int = 30) -> str:
         try:
@@ -233,7 +290,10 @@ class ServerHandle:
     @property
     def rest_url(self) -> str:
         self.check()
-        return f"http://127.0.0.1:{self.rest_api_port}"
+        return self._rest_address()
+
+    def _rest_address(self) -> str:
+        return f"{self._rest_scheme}://127.0.0.1:{self.rest_api_port}"
 
     @property
     def grpc_target(self) -> str:
@@ -257,7 +317,7 @@ class ServerHandle:
         """A :class:`~workbench.client.Client` for this server (REST by default, gRPC with ``protocol="grpc"``)."""
         self.check()
         if self._client is None:
-            self._client = Client(self.rest_url, self.grpc_target)
+            self._client = Client(self.rest_url, self.grpc_target, tls=self._grpc_tls, ca_file=self.ca_file)
         return self._client
 
     def models(self) -> list[dict[str, Any]]:
@@ -291,19 +351,27 @@ class ServerHandle:
         wait_for_state(self.client, model, version, state, timeout=timeout, alive=self.check)
 
     # ----------------------------------------------------------------------------------- display
+    def _stopped_state(self) -> str:
+        """``stopped`` after ``stop()``; for a server that ended by itself, how, and where its log is."""
+        code = self.exit_code
+        if code is None:
+            return "stopped"
+        return f"died: {describe_exit(code)}, log {self.log_path} (restart() starts it again on the same ports)"
+
     def __repr__(self) -> str:
-        state = "running" if self.running else "stopped"
+        state = "running" if self.running else self._stopped_state()
         if not self.running:
             return f"<workbench server {self.server_name!r}: {state}, repository {self.model_repository}>"
         proxied = f", browser {self.proxy_url}" if self.proxy_url else ""
         return (
-            f"<workbench server {self.server_name!r}: {state}, REST http://127.0.0.1:{self.rest_api_port}, "
+            f"<workbench server {self.server_name!r}: {state}, REST {self._rest_address()}, "
             f"gRPC 127.0.0.1:{self.port}{proxied}, repository {self.model_repository}>"
         )
 
     def _repr_html_(self) -> str:
         if not self.running:
-            return f"<b>workbench server</b> <code>{html.escape(self.server_name)}</code>: stopped"
+            state = html.escape(self._stopped_state())
+            return f"<b>workbench server</b> <code>{html.escape(self.server_name)}</code>: {state}"
         try:
             models = self.models()
         except Exception as exc:  # noqa: BLE001 - a display must not raise
@@ -311,7 +379,8 @@ class ServerHandle:
         return models_table_html(
             models,
             title=f"workbench server <code>{html.escape(self.server_name)}</code> · REST "
-            f"<code>http://127.0.0.1:{self.rest_api_port}</code> · gRPC <code>127.0.0.1:{self.port}</code>",
+            f"<code>{self._rest_address()}</code> · gRPC <code>127.0.0.1:{self.port}</code>"
+            + (" (TLS)" if self._grpc_tls else ""),
         )
 
 
@@ -361,6 +430,10 @@ def serve(
     allow_pickle: bool = False,
     allow_python_models: bool = False,
     num_workers: int | str = 1,
+    ssl_config_file: str | os.PathLike[str] | None = None,
+    rest_api_ssl_cert_file: str | os.PathLike[str] | None = None,
+    rest_api_ssl_key_file: str | os.PathLike[str] | None = None,
+    ca_file: str | os.PathLike[str] | None = None,
     timeout: float = 180.0,
 ) -> ServerHandle:
     """Start a model server on ``model_repository`` (every sub-folder is a model) and return its handle.
@@ -374,9 +447,11 @@ def serve(
     ``file_system_poll_wait_seconds``. ``allow_pickle`` (scikit-learn pickles) and ``allow_python_models``
     (``model.py``, ``handler.py``) let the server run code from the repository, off by default. ``num_workers``
     processes share the ports (``"auto"``: one per core), each with its own copy of the models; 1 by default, as
-    a notebook shares its machine with the kernel. The server stops with the kernel. The earlier keyword names
-    (``repository``, ``name``, ``rest_port``, ``grpc_port``, ``batching``, ``batching_parameters``,
-    ``poll_seconds``) are accepted too.
+    a notebook shares its machine with the kernel. TLS: ``ssl_config_file`` (TF Serving's SSLConfig) secures gRPC,
+    ``rest_api_ssl_cert_file`` and ``rest_api_ssl_key_file`` make REST https, and the handle's client checks the
+    server's certificate against ``ca_file`` (default: the default trust store). The server stops with the kernel.
+    The earlier keyword names (``repository``, ``name``, ``rest_port``, ``grpc_port``, ``batching``,
+    ``batching_parameters``, ``poll_seconds``) are accepted too.
     """
     handle = ServerHandle(
         model_repository,
@@ -389,6 +464,10 @@ def serve(
         allow_pickle=allow_pickle,
         allow_python_models=allow_python_models,
         num_workers=num_workers,
+        ssl_config_file=ssl_config_file,
+        rest_api_ssl_cert_file=rest_api_ssl_cert_file,
+        rest_api_ssl_key_file=rest_api_ssl_key_file,
+        ca_file=ca_file,
     ).start(timeout)
     if handle.proxy_url:  # behind a hub, the browser reaches the REST API only through the Jupyter server
         print(f"workbench server {server_name!r}: REST API in the browser at {handle.proxy_url}")

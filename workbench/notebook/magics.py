@@ -107,6 +107,10 @@ _SIGNATURE_OPTION = argument("--signature_name", default="", metavar="NAME", hel
 @argument("--allow_pickle", action=BoolFlag, help="load scikit-learn pickles (model.joblib, model.pkl): they run code")
 @argument("--allow_python_models", action=BoolFlag, help="load model.py and handler.py from the repository")
 @argument("--num_workers", default="1", metavar="N", help="worker processes on the same ports, or auto (default: 1)")
+@argument("--ssl_config_file", metavar="FILE", help="TLS on gRPC: TF Serving's SSLConfig text proto")
+@argument("--rest_api_ssl_cert_file", metavar="FILE", help="TLS on REST (https): the server's PEM certificate")
+@argument("--rest_api_ssl_key_file", metavar="FILE", help="its PEM private key (default: in the certificate's file)")
+@argument("--ca_file", metavar="FILE", help="the PEM CA the notebook checks the server's certificate with")
 def _start_parser(line: str) -> None:
     """Start a server on a model repository (every sub-folder is a model); returns its handle."""
 
@@ -118,6 +122,14 @@ def _start_parser(line: str) -> None:
 @argument("--all", action="store_true", help="stop every server of this kernel")
 def _stop_parser(line: str) -> None:
     """Stop a server (or --all)."""
+
+
+@magic_arguments(name="%serve restart")
+@kwds(formatter_class=HelpFormatter, epilog=_OPTIONS_NOTE)
+@argument("name", nargs="?", metavar="NAME", help="the server to restart (default: the only one)")
+@argument("--server_name", metavar="NAME", help="the same as NAME")
+def _restart_parser(line: str) -> None:
+    """Restart a server (one that died too) on its ports, with its repository, options and routing."""
 
 
 @magic_arguments(name="%serve status")
@@ -241,6 +253,7 @@ def _manifests_parser(line: str) -> None:
 _PARSERS: dict[str, Callable[..., Any]] = {
     "start": _start_parser,
     "stop": _stop_parser,
+    "restart": _restart_parser,
     "status": _status_parser,
     "export": _export_parser,
     "promote": _promote_parser,
@@ -422,6 +435,10 @@ class ServeMagics(Magics):
                 allow_pickle=args.allow_pickle,
                 allow_python_models=args.allow_python_models,
                 num_workers=args.num_workers,
+                ssl_config_file=args.ssl_config_file,
+                rest_api_ssl_cert_file=args.rest_api_ssl_cert_file,
+                rest_api_ssl_key_file=args.rest_api_ssl_key_file,
+                ca_file=args.ca_file,
             )
         self._current = handle
         try:
@@ -456,6 +473,24 @@ class ServeMagics(Magics):
             handle.stop()
             self.servers.pop(handle.server_name, None)
             print(f"stopped workbench server {handle.server_name!r}")
+
+    def _restart(self, args: Any) -> ServerHandle:
+        known = self._known()  # a server that died stays known until stopped: restarting it is the point
+        if args.name is not None and args.server_name is not None and args.name != args.server_name:
+            raise UsageError(f"NAME {args.name!r} and --server_name {args.server_name!r} differ: give one")
+        name = args.name if args.name is not None else args.server_name
+        if name is None:
+            if len(known) != 1:
+                names = ", ".join(sorted(known))
+                raise UsageError(f"several workbench servers ({names}): name one" if known else "no workbench server")
+            name = next(iter(known))
+        if name not in known:
+            names = ", ".join(sorted(known)) or "none"
+            raise UsageError(f"no workbench server named {name!r} (known: {names}); `%serve start` starts one")
+        handle = self._current = known[name]
+        handle.restart()  # a ServerDied (a port taken meanwhile) becomes the one-line message with the log's place
+        self.servers[name] = handle
+        return handle
 
     def _status(self, args: Any) -> ServingStatus:
         handle = self._server(args.server_name)
@@ -551,6 +586,7 @@ class ServeMagics(Magics):
             duration=duration,
             requests=requests,
             signature_name=args.signature_name,
+            tls=client.tls,  # a TLS server is loaded as the handle's client reaches it
         )
         summary = result.summary()
         print(format_table([summary], list(summary)))

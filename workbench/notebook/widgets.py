@@ -514,11 +514,8 @@ class LiveChart(_Part):
         """Follow the server-sent events; reconnect if the stream drops, until closed."""
         while not self._stop.is_set():
             try:
-                with requests.get(
-                    f"{self.url}/workbench/v1/stats/stream",
-                    params={"interval": self.interval},
-                    stream=True,
-                    timeout=(5, 30),
+                with self.client.open_stream(  # the client's TLS settings: an https server is checked as it is
+                    "/workbench/v1/stats/stream", params={"interval": self.interval}, timeout=(5, 30)
                 ) as response:
                     for line in response.iter_lines():
                         if self._stop.is_set():
@@ -673,7 +670,9 @@ class LoadPanel(_Part):
             ticker = threading.Thread(target=tick, daemon=True)
             ticker.start()
             try:
-                return run_load(target, protocol, model, feeds, concurrency=clients, duration=seconds)
+                return run_load(
+                    target, protocol, model, feeds, concurrency=clients, duration=seconds, tls=self.client.tls
+                )
             finally:
                 done.set()
                 ticker.join()

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from workbench.errors import invalid_argument
+from workbench.errors import Code, ServingError, invalid_argument
 from workbench.protocol import tf_types
 from workbench.signatures import TensorSpec, input_error, shape_text
 
@@ -32,6 +32,18 @@ _DIM_FIELD, _DIM_SIZE_FIELD = 2, 1  # TensorShapeProto.dim, and TensorShapeProto
 # From this many float/double values on, a request's typed field is read from the TensorProto's wire bytes (one
 # serialization, then a copy) rather than value by value; below it, scanning the bytes costs more than it saves.
 _WIRE_DECODE_MIN = 64
+# DataTypes no request can send a model: DT_INVALID is none, DT_RESOURCE and DT_VARIANT are handles into a running
+# process, and the reference types (101 and up, refused as unknown) exist only inside graphs. They are refused here,
+# before TensorFlow is imported for the rare value types this module leaves to tf.make_ndarray.
+_NO_VALUES = frozenset({tf_types.DT_INVALID, 20, 21})
+_MAX_INT64 = (1 << 63) - 1
+# The most bytes a request's tensor may expand to from fewer values than its shape holds (TensorFlow's rule: the
+# last value repeats, none means zeros): the default gRPC message limit. A few bytes on the wire must not make the
+# server allocate gigabytes; a tensor this large is sent in full (tensor_content), where the message limit rules.
+MAX_EXPANDED_BYTES = 256 * 1024 * 1024
+_VALUE_FIELDS = tuple(
+    dict.fromkeys(["string_val", *(field for _, field in _FIELDS.values()), "resource_handle_val", "variant_val"])
+)
 _PACKED: dict[np.dtype[Any], tuple[bytes, int]] = {  # dtype → (its dtype field, encoded; its packed field)
     np.dtype(np.float32): (bytes([_DTYPE_FIELD << 3, _FIELDS[np.dtype(np.float32)][0]]), _FLOAT_VAL_FIELD),
     np.dtype(np.float64): (bytes([_DTYPE_FIELD << 3, _FIELDS[np.dtype(np.float64)][0]]), _DOUBLE_VAL_FIELD),
@@ -46,15 +58,23 @@ def to_numpy(proto: Any, alias: str, spec: TensorSpec | None = None) -> np.ndarr
     try:
         entry = _DECODE.get(proto.dtype)
         if entry is None and proto.dtype != _DT_STRING:
+            _check_value_type(proto.dtype)
+            _check_shape(proto)
+            if spec is not None and (tf_types.to_numpy_dtype(proto.dtype) != spec.dtype or spec.dtype.kind == "O"):
+                # Refused before tf.make_ndarray: decoding a type the signature does not take would import all of
+                # TensorFlow (seconds, a quarter GiB resident) only to say so.
+                sent = tf_types.enum_name(proto.dtype)
+                raise invalid_argument(f"Expects arg[{alias}] to be {spec.dtype_name} but {sent} is provided")
             import tensorflow as tf
 
             return tf.make_ndarray(proto)
-        shape = [d.size for d in proto.tensor_shape.dim]
-        count = 1
-        for d in shape:
-            count *= d
+        shape, count = _check_shape(proto)
         if entry is None:  # DT_STRING
             values: Any = list(proto.string_val)
+            if not values:
+                _check_no_stray_values(proto, "string_val")
+            if len(values) < count:
+                _check_expansion(count, np.dtype(object).itemsize)
             if values and len(values) < count:
                 values.extend([values[-1]] * (count - len(values)))
             array = np.empty(len(values), dtype=object)
@@ -66,6 +86,10 @@ def to_numpy(proto: Any, alias: str, spec: TensorSpec | None = None) -> np.ndarr
         if proto.tensor_content:
             return np.frombuffer(proto.tensor_content, dtype=dtype).reshape(shape)
         raw = getattr(proto, field)
+        if not raw:
+            _check_no_stray_values(proto, field)
+        if len(raw) < count:
+            _check_expansion(count, dtype.itemsize)
         if field == "half_val":
             values = np.array(raw, dtype=np.uint16).view(np.float16)
         elif len(raw) >= _WIRE_DECODE_MIN and dtype in _PACKED:
@@ -79,6 +103,10 @@ def to_numpy(proto: Any, alias: str, spec: TensorSpec | None = None) -> np.ndarr
         if values.size < count:
             return np.pad(values, (0, count - values.size), "edge").reshape(shape)
         raise ValueError(f"{values.size} values do not fit the shape {list(shape)}")
+    except ServingError as exc:  # a precise refusal of its own (a tensor too large to expand)
+        if spec is None or exc.code is not Code.INVALID_ARGUMENT:
+            raise ServingError(exc.code, f"Input tensor {alias}: {exc.message}") from None
+        raise input_error(spec, f"{_proto_type(proto)} {_proto_shape(proto)}", exc.message) from None
     except Exception as exc:  # malformed content: wrong sizes, unknown dtype
         detail = f"Could not parse input tensor {alias}: {exc}"
         if spec is None:
@@ -86,6 +114,51 @@ def to_numpy(proto: Any, alias: str, spec: TensorSpec | None = None) -> np.ndarr
         raise input_error(
             spec, f"a malformed TensorProto ({_proto_type(proto)} {_proto_shape(proto)})", detail
         ) from None
+
+
+def _check_value_type(dtype: int) -> None:
+    """Refuse a DataType no request can carry values of (see ``_NO_VALUES``), or one TensorFlow does not have."""
+    if dtype in _NO_VALUES or dtype not in tf_types.NAMES:
+        raise invalid_argument(f"{tf_types.enum_name(dtype)} is not a type of tensor workbench accepts in a request")
+
+
+def _check_shape(proto: Any) -> tuple[list[int], int]:
+    """The dimensions of a request's tensor and its element count; TensorFlow requires them known, non-negative
+    and of an int64 count."""
+    if proto.tensor_shape.unknown_rank:
+        raise invalid_argument("a tensor's shape must have a known rank")
+    shape = [d.size for d in proto.tensor_shape.dim]
+    count = 1
+    for d in shape:
+        if d < 0:
+            raise invalid_argument(f"dimension {d} of shape {shape_text(shape)} is negative")
+        count *= d
+    if count > _MAX_INT64:
+        raise invalid_argument(f"shape {shape_text(shape)} has more elements than an int64 counts")
+    return shape, count
+
+
+def _check_expansion(count: int, itemsize: int) -> None:
+    """Refuse a tensor whose few values would expand to more than ``MAX_EXPANDED_BYTES`` (RESOURCE_EXHAUSTED)."""
+    if count * itemsize > MAX_EXPANDED_BYTES:
+        raise ServingError(
+            Code.RESOURCE_EXHAUSTED,
+            f"its shape holds {count} elements ({count * itemsize} bytes), more than the "
+            f"{MAX_EXPANDED_BYTES} bytes a tensor may expand to from fewer values; send it in full",
+        )
+
+
+def _check_no_stray_values(proto: Any, field: str) -> None:
+    """A tensor whose own value field is empty must not carry values in another type's field.
+
+    TensorFlow reads only the field of the tensor's dtype and would answer zeros for int64 values sent in
+    float_val; workbench says what went wrong instead (a deliberate difference from TF Serving).
+    """
+    for other in _VALUE_FIELDS:
+        if other != field and len(getattr(proto, other)):
+            raise invalid_argument(
+                f"a tensor of {tf_types.enum_name(proto.dtype)} carries its values in {other}; they go in {field}"
+            )
 
 
 def _proto_type(proto: Any) -> str:

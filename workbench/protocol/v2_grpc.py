@@ -121,6 +121,8 @@ def _decode(tensor: Any, raw: bytes | None) -> np.ndarray:
     shape = tuple(tensor.shape)
     if any(d < 0 for d in shape):
         raise invalid_argument(f'Input "{name}": shape {shape_text(shape)} has a negative dimension')
+    if v2_types.impossible_shape(shape, dtype.itemsize):
+        raise invalid_argument(f'Input "{name}": shape {shape_text(shape)} is larger than any tensor can be')
     count = math.prod(shape)
     sent_contents = [field for field in _CONTENTS_FIELDS if len(getattr(tensor.contents, field))]
     if raw is not None:

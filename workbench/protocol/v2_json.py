@@ -25,7 +25,7 @@ import orjson
 
 from workbench.errors import invalid_argument
 from workbench.protocol.json_tensor import parse_body
-from workbench.protocol.v2_types import BYTES, to_datatype, to_numpy_dtype
+from workbench.protocol.v2_types import BYTES, impossible_shape, to_datatype, to_numpy_dtype
 from workbench.signatures import TensorSpec
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -153,7 +153,9 @@ def _tensor_header(entry: Any) -> tuple[str, tuple[int, ...], str]:
     datatype = entry.get("datatype")
     if not isinstance(datatype, str):
         raise invalid_argument(f'Input "{name}" needs a "datatype" string such as "FP32"; got {_short(datatype)}')
-    to_numpy_dtype(datatype)  # an unknown datatype is refused here, listing the known ones
+    dtype = to_numpy_dtype(datatype)  # an unknown datatype is refused here, listing the known ones
+    if impossible_shape(shape, dtype.itemsize):
+        raise invalid_argument(f'Input "{name}": shape {shape} is larger than any tensor can be')
     return name, tuple(shape), datatype
 
 

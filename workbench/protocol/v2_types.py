@@ -7,6 +7,8 @@ it maps to ``ml_dtypes.bfloat16`` where that package is installed (tritonclient 
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -33,6 +35,12 @@ _TO_NUMPY: dict[str, np.dtype[Any]] = {
 }
 _FROM_NUMPY: dict[np.dtype[Any], str] = {dtype: name for name, dtype in _TO_NUMPY.items()}
 DATATYPES = (*_TO_NUMPY, BF16)
+
+
+def impossible_shape(shape: Sequence[int], itemsize: int) -> bool:
+    """True for a shape no array can have, even one of no elements: its non-zero dimensions take more bytes than an
+    int64 counts (numpy's own limit, which it raises as a ValueError only when the array is made)."""
+    return math.prod(d for d in shape if d) * max(itemsize, 1) > (1 << 63) - 1
 
 
 def _bfloat16() -> np.dtype[Any] | None:

@@ -18,8 +18,10 @@ from typing import Any
 import ray
 from ray import serve
 
-from workbench.cli import serve_options
+from workbench.cli import MANAGEMENT_TOKEN_ENV, serve_options
+from workbench.engine.options import ServerOptions
 from workbench.engine.storage import is_remote
+from workbench.jupyter import registry
 from workbench.ray.grpc_methods import SERVICER_FUNCTIONS
 from workbench.ray.peers import forget_replicas
 from workbench.ray.replica import WorkbenchReplica
@@ -39,6 +41,7 @@ class RayDeployment:
     grpc_port: int
     started_seconds: float  # from deploy() to every replica serving
     _owns_ray: bool = dataclasses.field(default=False, repr=False)
+    _registry_id: str | None = dataclasses.field(default=None, repr=False)
 
     @property
     def rest_url(self) -> str:
@@ -56,6 +59,9 @@ class RayDeployment:
 
     def shutdown(self) -> None:
         """Delete the application; stop Serve when no other application runs, and Ray when deploy() started it."""
+        if self._registry_id is not None:
+            registry.unregister(self._registry_id)
+            self._registry_id = None
         delete_application(self.name)
         if self._owns_ray:
             ray.shutdown()
@@ -84,15 +90,41 @@ def delete_application(name: str) -> None:
         serve.shutdown()
 
 
-def _serve_flags(repository: str | os.PathLike[str] | None, flags: Sequence[str]) -> list[str]:
+def _serve_flags(
+    repository: str | os.PathLike[str] | None, flags: Sequence[str], http_host: str
+) -> tuple[list[str], ServerOptions]:
     """The replicas' ``workbench serve`` flags, checked here (a bad flag fails now, not in every replica)."""
     words = list(flags)
     if repository is not None:
         where = str(repository)
         # Replicas run in other processes (other machines): a relative path would mean their working folder.
         words.insert(0, f"--model_repository={where if is_remote(where) else Path(where).resolve()}")
-    serve_options(words)  # raises FlagError with argparse's own message
-    return words
+    # Replicas bind nothing, but the proxies expose their REST app on http_host: the management token's rule
+    # (a token, or --management_token=none, beyond loopback) is the proxy's address's.
+    words.append(f"--host={http_host}")
+    return words, serve_options(words)  # raises FlagError with argparse's own message
+
+
+def _with_token(ray_actor_options: Mapping[str, Any] | None, token: str) -> dict[str, Any] | None:
+    """The replicas' actor options, carrying the management token in their environment (not on their flags, which
+    Ray shows with the deployment's arguments) when the driver's came from ``$WORKBENCH_MANAGEMENT_TOKEN``."""
+    options = dict(ray_actor_options or {})
+    if token:
+        runtime_env = dict(options.get("runtime_env") or {})
+        runtime_env["env_vars"] = {**(runtime_env.get("env_vars") or {}), MANAGEMENT_TOKEN_ENV: token}
+        options["runtime_env"] = runtime_env
+    return options or None
+
+
+def _list_for_jupyter(options: ServerOptions, name: str, host: str, http_port: int, grpc_port: int) -> str | None:
+    """Record the application where JupyterLab's sidebar lists servers (this machine's proxy serves it)."""
+    listed = dataclasses.replace(
+        options,
+        rest_api_host=host,
+        grpc_host=host,
+        server_name=f"{registry.server_name(options)} (Ray Serve: {name})",
+    )
+    return registry.register_server(listed, http_port, grpc_port)
 
 
 def deploy(
@@ -109,6 +141,7 @@ def deploy(
     serve_flags: Sequence[str] = (),
     route_prefix: str = "/",
     address: str | None = None,
+    proxy_location: str = "EveryNode",
 ) -> RayDeployment:
     """Serve ``repository`` (a folder every node sees, or an ``s3://`` / ``gs://`` URL) on Ray Serve.
 
@@ -118,10 +151,11 @@ def deploy(
     once every replica serves. ``num_replicas`` or ``autoscaling_config`` (Ray's keys: ``min_replicas``,
     ``max_replicas``, ``target_ongoing_requests`` …) size the deployment; ``serve_flags`` are more
     ``workbench serve`` flags for every replica (``--enable_batching``, ``--file_system_poll_wait_seconds=2`` …), or
-    the model source itself when ``repository`` is None.
+    the model source itself when ``repository`` is None. ``proxy_location`` is Ray's: ``"EveryNode"`` (a proxy on
+    every node, for a load balancer in front of them all) or ``"HeadOnly"``.
     """
     started = time.perf_counter()
-    flags = _serve_flags(repository, serve_flags)
+    flags, options = _serve_flags(repository, serve_flags, http_host)
     if num_replicas is not None and autoscaling_config is not None:
         raise ValueError("give num_replicas or autoscaling_config, not both")
     owns_ray = False
@@ -133,19 +167,26 @@ def deploy(
         # down only disconnects. "local" always starts a new local Ray, which is ours to stop.
         owns_ray = address in (None, "local")
     serve.start(
+        proxy_location=proxy_location,
         http_options={"host": http_host, "port": http_port},
         grpc_options={"port": grpc_port, "grpc_servicer_functions": SERVICER_FUNCTIONS},
     )
-    options: dict[str, Any] = {"name": name, "max_ongoing_requests": max_ongoing_requests}
+    deployment_options: dict[str, Any] = {"name": name, "max_ongoing_requests": max_ongoing_requests}
     if autoscaling_config is not None:
-        options["autoscaling_config"] = dict(autoscaling_config)
+        deployment_options["autoscaling_config"] = dict(autoscaling_config)
     else:
-        options["num_replicas"] = 1 if num_replicas is None else num_replicas
-    if ray_actor_options is not None:
-        options["ray_actor_options"] = dict(ray_actor_options)
+        deployment_options["num_replicas"] = 1 if num_replicas is None else num_replicas
+    actor_options = _with_token(ray_actor_options, options.management_token)
+    if actor_options is not None:
+        deployment_options["ray_actor_options"] = actor_options
     ingress = serve.ingress()(WorkbenchReplica)
-    deployment: Any = serve.deployment(ingress, **options)
+    deployment: Any = serve.deployment(ingress, **deployment_options)
     app = deployment.bind(flags)
     serve.run(app, name=name, route_prefix=route_prefix, blocking=False)
     host = "127.0.0.1" if http_host in ("0.0.0.0", "::", "") else http_host
-    return RayDeployment(name, host, http_port, grpc_port, time.perf_counter() - started, owns_ray)
+    seconds = time.perf_counter() - started
+    # A Ray Client driver (ray://) runs off the cluster: no proxy of the cluster answers on this machine.
+    listed = (
+        None if (address or "").startswith("ray://") else _list_for_jupyter(options, name, host, http_port, grpc_port)
+    )
+    return RayDeployment(name, host, http_port, grpc_port, seconds, owns_ray, listed)

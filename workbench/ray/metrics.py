@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ray.util import metrics as ray_metrics
+# Serve's subclasses of ray.util.metrics: each series also carries the deployment, replica and application tags
+# (without them a node's agent also keeps exporting the series of replicas that have gone, indistinguishable).
+from ray.serve import metrics as ray_metrics
 
 from workbench.engine.batching import BatchRecord
 from workbench.peers import WholeServerMetrics
@@ -29,24 +31,24 @@ class RayServingMetrics(WholeServerMetrics):
         self._ray_requests = ray_metrics.Counter(
             "workbench_requests",
             "Requests by model, version, API, protocol and canonical status code.",
-            tag_keys=("model", "version", "api", "protocol", "code"),
+            tag_keys=("model", "version", "api", "protocol", "code"),  # type: ignore[arg-type]  # Ray types it Tuple[str]
         )
         self._ray_latency = ray_metrics.Histogram(
             "workbench_request_latency_seconds",
             "Request latency from decoded request to encoded answer, per model version.",
             boundaries=_LATENCY_BOUNDARIES_S,
-            tag_keys=("model", "version", "api", "protocol"),
+            tag_keys=("model", "version", "api", "protocol"),  # type: ignore[arg-type]  # Ray types it Tuple[str]
         )
         self._ray_batch_size = ray_metrics.Histogram(
             "workbench_batch_size",
             "Rows of real requests in each model call (1 per request when batching is off).",
             boundaries=_BATCH_BOUNDARIES,
-            tag_keys=("model", "version"),
+            tag_keys=("model", "version"),  # type: ignore[arg-type]  # Ray types it Tuple[str]
         )
         self._ray_available = ray_metrics.Gauge(
             "workbench_model_version_available",
             "1 while a model version is AVAILABLE, else 0.",
-            tag_keys=("model", "version"),
+            tag_keys=("model", "version"),  # type: ignore[arg-type]  # Ray types it Tuple[str]
         )
         self._tags: dict[tuple[Any, ...], tuple[dict[str, str], dict[str, str]]] = {}
 

@@ -1,0 +1,628 @@
+"""workbench on Ray Serve, on a local multi-node Ray cluster (``ray.cluster_utils.Cluster``), with the real clients.
+
+One cluster for the module: a head node with no CPUs (it runs Serve's controller and the HTTP and gRPC proxies the
+clients talk to, which need none) and two worker nodes of one CPU each, so that with ``num_cpus=1`` per replica each
+worker holds exactly one replica and removing a worker removes a replica, never the proxies. Every test deploys its
+own application and Serve is shut down after it: gRPC calls without ``application`` metadata only route while one
+Serve application exists, which is how TF Serving's clients call.
+
+What Ray guarantees when a replica's node goes away (read in ``ray/serve/_private/router.py`` and
+``deployment_state.py``, Ray 2.60):
+
+- Draining a node (the GCS ``DrainNode`` call the autoscaler makes before it removes one) makes Serve's controller
+  *migrate* each replica on it: the replacement starts on another node first, the old replica becomes
+  ``PENDING_MIGRATION`` and is only stopped, gracefully (it finishes its requests, ``graceful_shutdown_timeout_s``),
+  once the replacement runs. No request needs to fail, and none does here.
+- A node that dies abruptly takes its replicas' in-flight requests with it: the router does not resend a request a
+  replica had already accepted (it cannot know whether it ran), so the caller gets an error (Ray's HTTP proxy: 500).
+  A request that had not yet been accepted is retried on another replica: the router first asks a replica to
+  reserve a slot (``max_ongoing_requests`` is enforced replica-side), and an ``ActorDiedError`` or
+  ``ActorUnavailableError`` at that step, or a rejection, sends the request back to be routed again; the first
+  ``ActorDiedError`` also takes the dead replica out of the router's set before the controller says so. Failures
+  are therefore bounded by the requests executing on the lost replica at that moment: with 4 closed-loop clients,
+  at most 4. The controller then replaces the replica on a node with room.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import re
+import shutil
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+import requests
+
+pytest.importorskip("ray.serve", reason="workbench.ray needs the ray extra")
+
+import ray  # noqa: E402
+import ray._private.state  # noqa: E402
+from ray import serve  # noqa: E402
+from ray.cluster_utils import Cluster  # noqa: E402
+
+# Loads TF Serving's protos without importing TensorFlow: must come before tensorflow_serving.apis.
+import workbench.protocol.tf_protos  # noqa: E402,F401  # isort: skip
+import tritonclient.grpc as triton_grpc  # noqa: E402
+import tritonclient.http as triton_http  # noqa: E402
+from tensorflow_serving.apis import (  # noqa: E402
+    get_model_metadata_pb2,
+    model_management_pb2,
+    model_service_pb2_grpc,
+    predict_pb2,
+    prediction_service_pb2_grpc,
+)
+from tritonclient.utils import InferenceServerException  # noqa: E402
+
+import workbench.ray  # noqa: E402
+from workbench import demo  # noqa: E402
+from workbench.protocol.tensor_proto import from_numpy, to_numpy  # noqa: E402
+from workbench.ray import RayDeployment  # noqa: E402
+from workbench.ray.grpc_methods import SERVICER_FUNCTIONS  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from waiting import process_gone, wait_until  # noqa: E402
+
+MODEL = "half_plus_two"
+OBJECT_STORE_BYTES = 80 * 1024**2  # Ray's floor is 75 MiB; the tests move no large objects
+REPLICA_HEADER = "x-workbench-replica"
+VERSION_HEADER = "x-model-version"
+REPLICA_METADATA = "workbench-replica"
+# One replica per worker node: the workers have one CPU each and the head none.
+ONE_PER_WORKER = {"num_cpus": 1}
+SERVE_ACTOR_PREFIXES = ("ServeReplica", "ServeController", "ProxyActor")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+# ------------------------------------------------------------------------------------------------------ fixtures
+@dataclasses.dataclass
+class RayCluster:
+    """The module's cluster and the metrics port of each of its nodes."""
+
+    cluster: Cluster
+    metrics_ports: dict[str, int]  # node id (hex) → the port its metrics agent exports on
+
+    def add_worker(self) -> Any:
+        port = free_port()
+        node = self.cluster.add_node(num_cpus=1, object_store_memory=OBJECT_STORE_BYTES, metrics_export_port=port)
+        self.metrics_ports[node.node_id] = port
+        return node
+
+    def worker(self, node_id: str) -> Any:
+        return next(node for node in self.cluster.worker_nodes if node.node_id == node_id)
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[RayCluster]:
+    head_metrics_port = free_port()
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": 0,
+            "object_store_memory": OBJECT_STORE_BYTES,
+            "include_dashboard": False,
+            "metrics_export_port": head_metrics_port,
+            "_system_config": {
+                # Ray metrics reach the agents' /metrics every second instead of every 10 s.
+                "metrics_report_interval_ms": 1000,
+                # A node killed without a word is declared dead after ~3 s instead of ~15 s (the abrupt-removal
+                # test waits for it); still loose enough for a busy 2-core machine.
+                "health_check_period_ms": 1000,
+                "health_check_failure_threshold": 3,
+            },
+        },
+    )
+    nodes = RayCluster(cluster, {cluster.head_node.node_id: head_metrics_port})
+    try:
+        for _ in range(2):
+            nodes.add_worker()
+        ray.init(address=cluster.address, log_to_driver=False)
+        yield nodes
+    finally:
+        if ray.is_initialized():
+            serve.shutdown()
+            ray.shutdown()
+        cluster.shutdown()
+
+
+@pytest.fixture(scope="module")
+def model_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """half_plus_two in two versions: 1 answers 0.5x + 2, 2 answers 0.5x + 3."""
+    store = tmp_path_factory.mktemp("ray-store")
+    demo.save_half_plus_two(store / "1")
+    demo.save_half_plus_two(store / "2", offset=3.0)
+    return store
+
+
+@pytest.fixture
+def repository(tmp_path: Path, model_store: Path) -> Path:
+    """A repository of the test's own (promotions write ``routing.json`` into it), seen by every node."""
+    root = tmp_path / "repository"
+    shutil.copytree(model_store, root / MODEL)
+    return root
+
+
+@pytest.fixture
+def deploy(ray_cluster: RayCluster, repository: Path) -> Iterator[Callable[..., RayDeployment]]:
+    """``deploy(**options)``: workbench.ray.deploy on the module's cluster, on fresh ports; Serve stops after."""
+
+    def start(**options: Any) -> RayDeployment:
+        options.setdefault("http_port", free_port())
+        options.setdefault("grpc_port", free_port())
+        options.setdefault("ray_actor_options", ONE_PER_WORKER)
+        if "autoscaling_config" not in options:
+            options.setdefault("num_replicas", 2)
+        deployment = workbench.ray.deploy(repository, **options)
+        wait_until(lambda: replica_states(deployment) == running(replica_count(options)), 60, 0.2, "replicas up")
+        return deployment
+
+    try:
+        yield start
+    finally:
+        serve.shutdown()  # idempotent; also when a test failed half-way
+        wait_until(lambda: not alive_serve_actors(), 60, 0.2, "Serve's actors gone before the next test")
+
+
+def replica_count(options: dict[str, Any]) -> int:
+    autoscaling = options.get("autoscaling_config")
+    return int(autoscaling["min_replicas"]) if autoscaling else int(options["num_replicas"])
+
+
+def running(count: int) -> dict[str, int]:
+    return {"RUNNING": count}
+
+
+def replica_states(deployment: RayDeployment) -> dict[str, int]:
+    """``{"RUNNING": 2}``: the deployment's replicas by state (states with none left out)."""
+    return {state: n for state, n in deployment.status()["replicas"].items() if n}
+
+
+def alive_serve_actors() -> list[dict[str, Any]]:
+    """Serve's live actors (replicas, controller, proxies), from the GCS actor table (no dashboard needed)."""
+    return [
+        actor
+        for actor in ray._private.state.actors().values()
+        if actor["State"] == "ALIVE" and actor["ActorClassName"].startswith(SERVE_ACTOR_PREFIXES)
+    ]
+
+
+def replica_nodes() -> dict[str, str]:
+    """Live replica actor id → the id of the node it runs on."""
+    return {
+        actor["ActorID"]: actor["Address"]["NodeID"]
+        for actor in alive_serve_actors()
+        if actor["ActorClassName"].startswith("ServeReplica")
+    }
+
+
+# ------------------------------------------------------------------------------------------------------ clients
+def predict_body(*xs: float) -> dict[str, Any]:
+    return {"instances": [[x] for x in xs]}
+
+
+def rest_predict(session: requests.Session, deployment: RayDeployment, *xs: float) -> requests.Response:
+    return session.post(f"{deployment.rest_url}/v1/models/{MODEL}:predict", json=predict_body(*xs), timeout=30)
+
+
+def fresh_predict(deployment: RayDeployment, *xs: float) -> requests.Response:
+    """A predict on a new connection.
+
+    On a one-machine Cluster every node's proxy listens on the same 127.0.0.1 port (Ray sets SO_REUSEPORT), so
+    the kernel hands each connection to any node's proxy, and a proxy on a worker node prefers the replica on its
+    own node: all of one keep-alive connection's requests (or one gRPC channel's) may go to one replica. A test that
+    needs to see every replica opens a connection a request, as many independent clients do.
+    """
+    return requests.post(
+        f"{deployment.rest_url}/v1/models/{MODEL}:predict",
+        json=predict_body(*xs),
+        headers={"Connection": "close"},
+        timeout=30,
+    )
+
+
+def answering_replicas(deployment: RayDeployment, requests_made: int = 20) -> set[str]:
+    """The replicas that answered ``requests_made`` predicts, each on a new connection; every one must succeed."""
+    replicas = set()
+    for _ in range(requests_made):
+        r = fresh_predict(deployment, 1.0)
+        assert r.status_code == 200, r.text
+        replicas.add(r.headers[REPLICA_HEADER])
+    return replicas
+
+
+def predict_request(name: str = MODEL, input_name: str = "x") -> predict_pb2.PredictRequest:
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = name
+    from_numpy(np.array([[1.0], [2.0]], dtype=np.float32), request.inputs[input_name])
+    return request
+
+
+def grpc_code(call: Callable[[], object]) -> grpc.StatusCode:
+    with pytest.raises(grpc.RpcError) as failed:
+        call()
+    return failed.value.code()  # type: ignore[no-any-return]
+
+
+def triton_status(call: Callable[[], object]) -> str:
+    with pytest.raises(InferenceServerException) as failed:
+        call()
+    return str(failed.value.status())
+
+
+@dataclasses.dataclass
+class Answer:
+    at: float  # time.monotonic() when it came back
+    status: int  # HTTP status, or -1 for an error without one (connection refused, timeout)
+    replica: str = ""
+    version: str = ""
+    error: str = ""
+
+
+class ClientLoad:
+    """``clients`` closed-loop REST clients (one ``requests.Session`` each) predicting until stopped."""
+
+    def __init__(self, deployment: RayDeployment, clients: int) -> None:
+        self.deployment = deployment
+        self.answers: list[Answer] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._client, daemon=True) for _ in range(clients)]
+
+    def _client(self) -> None:
+        with requests.Session() as session:
+            while not self._stop.is_set():
+                try:
+                    r = rest_predict(session, self.deployment, 1.0)
+                    answer = Answer(
+                        time.monotonic(),
+                        r.status_code,
+                        r.headers.get(REPLICA_HEADER, ""),
+                        r.headers.get(VERSION_HEADER, ""),
+                        "" if r.status_code == 200 else r.text[:300],
+                    )
+                except requests.RequestException as exc:
+                    answer = Answer(time.monotonic(), -1, error=repr(exc)[:300])
+                with self._lock:
+                    self.answers.append(answer)
+
+    def since(self, moment: float) -> list[Answer]:
+        with self._lock:
+            return [a for a in self.answers if a.at >= moment]
+
+    def failures(self, since: float = 0.0) -> list[Answer]:
+        return [a for a in self.since(since) if a.status != 200]
+
+    def replicas(self, since: float = 0.0) -> set[str]:
+        return {a.replica for a in self.since(since) if a.status == 200}
+
+    def __enter__(self) -> ClientLoad:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=60)
+
+
+# --------------------------------------------------------------------------------------------------------- tests
+@pytest.mark.timeout(240)
+def test_rest_grpc_and_v2_through_rays_proxies_from_two_replicas(deploy: Callable[..., RayDeployment]) -> None:
+    deployment = deploy(num_replicas=2)
+    assert len(set(replica_nodes().values())) == 2, "one replica on each worker node"
+
+    # TF Serving's REST API through Ray's HTTP proxy: the latest version (2: 0.5x + 3) answers, and says so.
+    rest_replicas: set[str] = set()
+    with requests.Session() as session:
+
+        def both_replicas_answered() -> bool:
+            r = fresh_predict(deployment, 1.0, 2.0)
+            assert r.status_code == 200, r.text
+            assert r.json() == {"predictions": [[3.5], [4.0]]}
+            assert r.headers[VERSION_HEADER] == "2"
+            rest_replicas.add(r.headers[REPLICA_HEADER])
+            return len(rest_replicas) == 2
+
+        # Ray's proxy learns of a new replica by long poll, shortly after the controller reports it RUNNING.
+        wait_until(both_replicas_answered, 30, 0.0, "both replicas answering REST")
+
+        # Precise codes through Ray: an unknown model is 404, a malformed body 400 (never a 500).
+        r = session.post(f"{deployment.rest_url}/v1/models/nope:predict", json=predict_body(1.0), timeout=30)
+        assert r.status_code == 404, r.text
+        assert "nope" in r.json()["error"]
+        r = session.post(f"{deployment.rest_url}/v1/models/{MODEL}:predict", data=b"{not json", timeout=30)
+        assert r.status_code == 400, r.text
+        r = session.post(f"{deployment.rest_url}/v1/models/{MODEL}:predict", json={"instances": "x"}, timeout=30)
+        assert r.status_code == 400, r.text
+
+    # TF Serving's gRPC API through Ray's gRPC proxy, with the stubs TF Serving clients use, no extra metadata.
+    with grpc.insecure_channel(deployment.grpc_target) as channel:
+        prediction = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        grpc_replicas: set[str] = set()
+
+        def both_replicas_answered_grpc() -> bool:
+            # A channel a call, for the reason fresh_predict gives: one channel's calls may stay on one replica.
+            with grpc.insecure_channel(deployment.grpc_target) as own_channel:
+                stub = prediction_service_pb2_grpc.PredictionServiceStub(own_channel)
+                response, call = stub.Predict.with_call(predict_request(), timeout=30)
+            assert response.model_spec.name == MODEL
+            assert response.model_spec.version.value == 2
+            np.testing.assert_allclose(to_numpy(response.outputs["y"], "y"), [[3.5], [4.0]])
+            grpc_replicas.update(value for key, value in call.trailing_metadata() if key == REPLICA_METADATA)
+            return len(grpc_replicas) == 2
+
+        wait_until(both_replicas_answered_grpc, 30, 0.0, "both replicas answering gRPC")
+        assert grpc_replicas == rest_replicas, "the same replicas, under the same ids"
+
+        metadata_request = get_model_metadata_pb2.GetModelMetadataRequest()
+        metadata_request.model_spec.name = MODEL
+        metadata_request.metadata_field.append("signature_def")
+        metadata = prediction.GetModelMetadata(metadata_request, timeout=30)
+        assert metadata.model_spec.version.value == 2
+        signatures = get_model_metadata_pb2.SignatureDefMap()
+        metadata.metadata["signature_def"].Unpack(signatures)
+        assert list(signatures.signature_def["serving_default"].inputs) == ["x"]
+
+        assert grpc_code(lambda: prediction.Predict(predict_request(name="nope"), timeout=30)) == (
+            grpc.StatusCode.NOT_FOUND
+        )
+        assert grpc_code(lambda: prediction.Predict(predict_request(input_name="not_x"), timeout=30)) == (
+            grpc.StatusCode.INVALID_ARGUMENT
+        )
+        models = model_service_pb2_grpc.ModelServiceStub(channel)
+        reload = model_management_pb2.ReloadConfigRequest()
+        assert grpc_code(lambda: models.HandleReloadConfigRequest(reload, timeout=30)) == (
+            grpc.StatusCode.UNIMPLEMENTED
+        )
+
+    # The Open Inference Protocol (v2) with Triton's own clients, over Ray's gRPC and HTTP proxies.
+    x = np.array([[1.0], [2.0]], dtype=np.float32)
+    with triton_grpc.InferenceServerClient(deployment.grpc_target) as client:
+        assert client.is_server_live()
+        v2_input = triton_grpc.InferInput("x", list(x.shape), "FP32")
+        v2_input.set_data_from_numpy(x)
+        result = client.infer(MODEL, [v2_input])
+        np.testing.assert_allclose(result.as_numpy("y"), [[3.5], [4.0]])
+        assert result.get_response().model_version == "2"
+        assert triton_status(lambda: client.infer("nope", [v2_input])) == "StatusCode.NOT_FOUND"
+    http_client = triton_http.InferenceServerClient(f"{deployment.host}:{deployment.http_port}")
+    try:
+        v2_input_http = triton_http.InferInput("x", list(x.shape), "FP32")
+        v2_input_http.set_data_from_numpy(x)
+        result_http = http_client.infer(MODEL, [v2_input_http])
+        np.testing.assert_allclose(result_http.as_numpy("y"), [[3.5], [4.0]])
+        assert result_http.get_response()["model_version"] == "2"
+        assert triton_status(lambda: http_client.infer("nope", [v2_input_http])) == "404"
+    finally:
+        http_client.close()
+
+
+@pytest.mark.timeout(240)
+def test_a_promotion_through_the_management_api_reaches_every_replica(
+    deploy: Callable[..., RayDeployment],
+) -> None:
+    # Replicas re-read the repository's routing.json every half second.
+    deployment = deploy(num_replicas=2, serve_flags=["--file_system_poll_wait_seconds=0.5"])
+    with requests.Session() as session:
+        assert rest_predict(session, deployment, 1.0).headers[VERSION_HEADER] == "2"
+
+        # One replica takes the promotion (through Ray's HTTP proxy) and writes it into the repository.
+        r = session.post(f"{deployment.rest_url}/workbench/v1/models/{MODEL}:promote", json={"version": 1}, timeout=120)
+        assert r.status_code == 200, r.text
+
+        def promoted_everywhere() -> bool:
+            """20 answers in a row from version 1 (0.5x + 2), from both replicas."""
+            answers = [fresh_predict(deployment, 1.0) for _ in range(20)]
+            return (
+                all(
+                    a.status_code == 200 and a.headers[VERSION_HEADER] == "1" and a.json() == {"predictions": [[2.5]]}
+                    for a in answers
+                )
+                and len({a.headers[REPLICA_HEADER] for a in answers}) == 2
+            )
+
+        wait_until(promoted_everywhere, 90, 0.1, "every replica answering from the promoted version 1")
+
+
+@pytest.mark.timeout(240)
+def test_autoscaling_goes_from_one_to_two_replicas_under_load(deploy: Callable[..., RayDeployment]) -> None:
+    deployment = deploy(
+        autoscaling_config={
+            "min_replicas": 1,
+            "max_replicas": 2,
+            "target_ongoing_requests": 1,
+            "upscale_delay_s": 0.5,
+            "downscale_delay_s": 60,
+            "metrics_interval_s": 0.2,
+            "look_back_period_s": 1,
+        }
+    )
+    assert replica_states(deployment) == running(1)
+    with ClientLoad(deployment, clients=6) as load:
+        wait_until(lambda: replica_states(deployment) == running(2), 120, 0.2, "a second replica under load")
+        wait_until(lambda: len(answering_replicas(deployment)) == 2, 60, 0.1, "both replicas answering")
+    assert load.failures() == []
+    assert len(load.answers) > 0
+    print(f"\nautoscaling: {len(load.answers)} requests, 0 failures, 1 → 2 replicas")
+
+
+@pytest.mark.timeout(300)
+def test_a_node_removed_under_load(ray_cluster: RayCluster, deploy: Callable[..., RayDeployment]) -> None:
+    # The clients talk to the head node's proxy only. On this one-machine cluster every node's proxy would share
+    # the port (SO_REUSEPORT), and removing a node kills its proxy with the connections it holds: that is the
+    # load balancer's part on a real cluster (a proxy on a draining node answers 503 on /-/healthz), not Serve's.
+    http_port, grpc_port = free_port(), free_port()
+    serve.start(
+        proxy_location="HeadOnly",
+        http_options={"host": "127.0.0.1", "port": http_port},
+        grpc_options={"port": grpc_port, "grpc_servicer_functions": SERVICER_FUNCTIONS},
+    )
+    deployment = deploy(num_replicas=2, http_port=http_port, grpc_port=grpc_port)
+    spare = ray_cluster.add_worker()
+    with ClientLoad(deployment, clients=4) as load:
+        wait_until(lambda: len(answering_replicas(deployment)) == 2, 60, 0.1, "both replicas answering")
+
+        # (a) The graceful way: drain the node (as Ray's autoscaler does before it removes one), then remove it.
+        from ray.core.generated import autoscaler_pb2
+
+        drained_id = next(iter(replica_nodes().values()))
+        gcs = ray._raylet.GcsClient(address=ray_cluster.cluster.gcs_address)
+        accepted, why = gcs.drain_node(
+            drained_id,
+            autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),
+            "workbench test: node going away",
+            int(time.time() * 1000) + 60_000,
+        )
+        assert accepted, why
+        wait_until(
+            lambda: drained_id not in replica_nodes().values() and replica_states(deployment) == running(2),
+            120,
+            0.2,
+            "the replica migrated off the draining node",
+        )
+        assert spare.node_id in replica_nodes().values()
+        ray_cluster.cluster.remove_node(ray_cluster.worker(drained_id))
+        wait_until(lambda: len(answering_replicas(deployment)) == 2, 60, 0.1, "both replicas answering")
+        drained_failures = load.failures()
+        drained_requests = len(load.answers)
+        assert drained_failures == [], drained_failures
+
+        # (b) Abruptly: a spare node for the replacement, then kill a replica's node without a word.
+        ray_cluster.add_worker()
+        killed_id = next(iter(replica_nodes().values()))
+        killed_at = time.monotonic()
+        ray_cluster.cluster.remove_node(ray_cluster.worker(killed_id), allow_graceful=False)
+        wait_until(
+            lambda: killed_id not in replica_nodes().values() and replica_states(deployment) == running(2),
+            120,
+            0.2,
+            "the killed replica replaced",
+        )
+        recovered = time.monotonic()
+        wait_until(lambda: len(answering_replicas(deployment)) == 2, 60, 0.1, "both replicas answering again")
+        served_again = time.monotonic()
+    abrupt_failures = load.failures(since=killed_at)
+    abrupt_requests = len(load.since(killed_at))
+    print(
+        f"\nnode removal under 4 clients: drained: {drained_requests} requests, {len(drained_failures)} failed; "
+        f"killed: {abrupt_requests} requests after the kill, {len(abrupt_failures)} failed "
+        f"({collections.Counter((a.status, a.error[:120]) for a in abrupt_failures)}); "
+        f"replaced in {recovered - killed_at:.1f} s; replicas that answered the clients: {len(load.replicas())}"
+    )
+    # Only requests the killed replica had accepted fail: at most one per closed-loop client.
+    assert len(abrupt_failures) <= 4, abrupt_failures
+    # Ray's HTTP proxy answers 500 for a replica that died under a request; never a hang, never a wrong answer.
+    assert {a.status for a in abrupt_failures} <= {500}, abrupt_failures
+    # ... and they all happened while the replica was being lost, none once the deployment was whole again.
+    assert not load.failures(since=served_again)
+
+
+def _series(text: str, name: str) -> list[dict[str, str]]:
+    """The label sets of metric ``name`` (a counter may carry ``_total``) in Prometheus text."""
+    found = []
+    for line in text.splitlines():
+        match = re.match(rf"^{name}(?:_total)?\{{(.*)\}} ", line)
+        if match:
+            found.append(dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', match.group(1))))
+    return found
+
+
+@pytest.mark.timeout(240)
+def test_rays_metrics_agent_exports_the_per_version_series(
+    ray_cluster: RayCluster, deploy: Callable[..., RayDeployment]
+) -> None:
+    deployment = deploy(num_replicas=2)
+    worker_ports = [ray_cluster.metrics_ports[node] for node in set(replica_nodes().values())]
+    replicas = wait_until(
+        lambda: found if len(found := answering_replicas(deployment)) == 2 else None, 60, 0.1, "both replicas"
+    )
+
+    def exported_on_every_replica_node() -> list[dict[str, str]] | None:
+        series = []
+        for port in worker_ports:
+            text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+            found = [
+                labels
+                for labels in _series(text, "ray_workbench_requests")
+                if labels.get("model") == MODEL
+                and labels.get("version") == "2"
+                and labels.get("code") == "OK"
+                and labels.get("replica") in replicas  # this test's replicas, not earlier tests' on the node
+            ]
+            if not found:
+                return None
+            series.extend(found)
+        return series
+
+    series = wait_until(exported_on_every_replica_node, 60, 0.5, "ray_workbench_requests on each replica's node")
+    assert {labels["replica"] for labels in series} == replicas
+    assert {labels["api"] for labels in series} == {"predict"}
+    assert {labels["protocol"] for labels in series} == {"rest"}
+    assert {labels["application"] for labels in series} == {deployment.name}
+
+
+@pytest.mark.timeout(240)
+def test_shutdown_leaves_no_ray_actor_or_process(deploy: Callable[..., RayDeployment]) -> None:
+    deployment = deploy(num_replicas=2)
+    actors = alive_serve_actors()
+    kinds = collections.Counter(actor["ActorClassName"].split(":")[0] for actor in actors)
+    assert kinds["ServeReplica"] == 2 and kinds["ServeController"] == 1 and kinds["ProxyActor"] >= 1, kinds
+    with requests.Session() as session:
+        health_pids = {session.get(f"{deployment.rest_url}/workbench/v1/health", timeout=30).json()["pid"]}
+    replica_pids = {actor["Pid"] for actor in actors if actor["ActorClassName"].startswith("ServeReplica")}
+    assert health_pids <= replica_pids
+
+    deployment.shutdown()
+    assert alive_serve_actors() == []
+    for pid in (actor["Pid"] for actor in actors):
+        wait_until(lambda pid=pid: process_gone(pid), 30, 0.1, f"Serve's process {pid} gone")
+
+
+@pytest.mark.timeout(240)
+def test_deploy_without_a_cluster_starts_a_local_ray_that_shutdown_stops(
+    ray_cluster: RayCluster, repository: Path
+) -> None:
+    """deploy() with no Ray connected starts a local Ray of its own; shutdown() stops every process of it.
+
+    ``address="local"``: with no address, Ray joins the cluster named in /tmp/ray/ray_current_cluster, which the
+    module's cluster (or anyone's on this machine) wrote; "local" is Ray's word for a new one regardless.
+    """
+    ray.shutdown()  # leave the module's cluster running, unconnected
+    try:
+        deployment = workbench.ray.deploy(
+            repository, num_replicas=1, http_port=free_port(), grpc_port=free_port(), address="local"
+        )
+        try:
+            r = requests.post(f"{deployment.rest_url}/v1/models/{MODEL}:predict", json=predict_body(1.0), timeout=60)
+            assert r.status_code == 200 and r.json() == {"predictions": [[3.5]]}, r.text
+            local = ray._private.worker._global_node
+            assert local.gcs_address != ray_cluster.cluster.gcs_address, "a cluster of its own, not the module's"
+            pids = [
+                process.process.pid
+                for kind, processes in local.all_processes.items()
+                for process in processes
+                if kind in ("raylet", "gcs_server")
+            ]
+            assert len(pids) == 2, local.all_processes
+        finally:
+            deployment.shutdown()
+        assert not ray.is_initialized()
+        for pid in pids:
+            wait_until(lambda pid=pid: process_gone(pid), 30, 0.1, f"local Ray process {pid} gone")
+    finally:
+        ray.init(address=ray_cluster.cluster.address, log_to_driver=False)
