@@ -30,7 +30,6 @@ import dataclasses
 import re
 import shutil
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -40,37 +39,32 @@ from typing import Any
 import grpc
 import numpy as np
 import pytest
+import ray
+import ray._private.state
 import requests
-
-pytest.importorskip("ray.serve", reason="workbench.ray needs the ray extra")
-
-import ray  # noqa: E402
-import ray._private.state  # noqa: E402
-from ray import serve  # noqa: E402
-from ray.cluster_utils import Cluster  # noqa: E402
+from ray import serve
+from ray.cluster_utils import Cluster
 
 # Loads TF Serving's protos without importing TensorFlow: must come before tensorflow_serving.apis.
-import workbench.protocol.tf_protos  # noqa: E402,F401  # isort: skip
-import tritonclient.grpc as triton_grpc  # noqa: E402
-import tritonclient.http as triton_http  # noqa: E402
-from tensorflow_serving.apis import (  # noqa: E402
+import workbench.protocol.tf_protos  # noqa: F401  # isort: skip
+import tritonclient.grpc as triton_grpc
+import tritonclient.http as triton_http
+from tensorflow_serving.apis import (
     get_model_metadata_pb2,
     model_management_pb2,
     model_service_pb2_grpc,
     predict_pb2,
     prediction_service_pb2_grpc,
 )
-from tritonclient.utils import InferenceServerException  # noqa: E402
+from tritonclient.utils import InferenceServerException
 
-import workbench.ray  # noqa: E402
-from workbench import demo  # noqa: E402
-from workbench.protocol.tensor_proto import from_numpy, to_numpy  # noqa: E402
-from workbench.ray import RayDeployment  # noqa: E402
-from workbench.ray.grpc_methods import SERVICER_FUNCTIONS  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).parent))
-
-from waiting import process_gone, wait_until  # noqa: E402
+import workbench.ray
+from tests.waiting import process_gone, wait_until
+from workbench import demo
+from workbench.notebook.widgets import LiveChart
+from workbench.protocol.tensor_proto import from_numpy, to_numpy
+from workbench.ray import RayDeployment
+from workbench.ray.grpc_methods import SERVICER_FUNCTIONS
 
 MODEL = "half_plus_two"
 OBJECT_STORE_BYTES = 80 * 1024**2  # Ray's floor is 75 MiB; the tests move no large objects
@@ -437,6 +431,26 @@ def test_a_promotion_through_the_management_api_reaches_every_replica(
             )
 
         wait_until(promoted_everywhere, 90, 0.1, "every replica answering from the promoted version 1")
+
+    # The dashboard on the application's REST address: the stats (and their stream, through Ray's proxy) describe
+    # both replicas, whichever answers, and the live chart fills from them.
+    stats = requests.get(f"{deployment.rest_url}/workbench/v1/stats", timeout=30).json()
+    assert sorted(row["answered"] for row in stats["workers"]) == [True, True]
+    chart = LiveChart(deployment.rest_url, window_seconds=5, interval=0.1, min_redraw_seconds=0.1)
+    try:
+        for _ in range(20):
+            assert fresh_predict(deployment, 1.0).status_code == 200
+        wait_until(lambda: chart.points(MODEL, 1) >= 3, 60, 0.1, "the live chart's points from Ray's proxy")
+    finally:
+        chart.close()
+    assert chart.threads == []
+
+    # Every request this test made is counted, on one replica or the other (peers' figures lag by up to ~2 s).
+    def counted() -> int:
+        rows = requests.get(f"{deployment.rest_url}/workbench/v1/stats", timeout=30).json()["workers"]
+        return sum(row.get("total_requests", 0) for row in rows)
+
+    wait_until(lambda: counted() >= 40, 30, 0.2, "both replicas' requests in the whole application's stats")
 
 
 @pytest.mark.timeout(240)
