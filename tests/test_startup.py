@@ -194,11 +194,17 @@ def test_a_server_of_tensorflow_models_runs_them_without_tensorflow_init_until_s
 
     # A request that needs TensorFlow's Python API (a bfloat16 TensorProto, which numpy has no type for:
     # tf.make_ndarray) imports all of it, the genuine tensorflow/__init__, beside the sessions that serve; they go on
-    # serving.
+    # serving. (Sent to a float input, it is refused before any import: the signature says it cannot be that.)
     with tm.stub_for(server) as stub:
         request = predict_pb2.PredictRequest()
         request.model_spec.name = "hp2_tf2"
         request.inputs["x"].CopyFrom(tf.make_tensor_proto([[1.0]], dtype=tf.bfloat16))
+        error = tm.grpc_error(lambda: stub.Predict(request, timeout=60))
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
+        server.report_file.unlink()
+        assert "tensorflow" not in server.tensorflow_modules()
+        del request.inputs["x"]
+        request.inputs["not_an_input"].CopyFrom(tf.make_tensor_proto([[1.0]], dtype=tf.bfloat16))
         error = tm.grpc_error(lambda: stub.Predict(request, timeout=60))
         assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
     server.report_file.unlink()

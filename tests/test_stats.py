@@ -147,6 +147,8 @@ def test_health_lists_models_and_ports(two_versions):
         "pid": os.getpid(),
         "grpc_port": server.server.grpc_port,
         "rest_port": server.server.rest_port,
+        "rest_scheme": "http",
+        "grpc_tls": False,
         "models": ["m"],
         "batching": {"m": False},
         "request_log": {},

@@ -60,9 +60,10 @@ def to_numpy(proto: Any, alias: str, spec: TensorSpec | None = None) -> np.ndarr
         if entry is None and proto.dtype != _DT_STRING:
             _check_value_type(proto.dtype)
             _check_shape(proto)
-            if spec is not None and (tf_types.to_numpy_dtype(proto.dtype) != spec.dtype or spec.dtype.kind == "O"):
-                # Refused before tf.make_ndarray: decoding a type the signature does not take would import all of
-                # TensorFlow (seconds, a quarter GiB resident) only to say so.
+            if spec is not None and spec.dtype in tf_types.FIELDS:
+                # Refused before tf.make_ndarray: the signature takes a type decoded here, so a rare one is not it,
+                # and decoding it would import all of TensorFlow (seconds, a quarter GiB resident) only to say so.
+                # A signature of a rare type itself (bfloat16, quantized: numpy's object here) takes the TF path.
                 sent = tf_types.enum_name(proto.dtype)
                 raise invalid_argument(f"Expects arg[{alias}] to be {spec.dtype_name} but {sent} is provided")
             import tensorflow as tf
