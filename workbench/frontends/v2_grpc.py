@@ -62,9 +62,11 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(self, server)
 
     # ------------------------------------------------------------------------------------ health
+    @answers_errors
     async def ServerLive(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
         return service_pb2.ServerLiveResponse(live=True)  # it answers: it is live
 
+    @answers_errors
     async def ServerReady(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
         return service_pb2.ServerReadyResponse(ready=self._readiness().ready)  # as /readyz and gRPC health
 
@@ -78,6 +80,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         return service_pb2.ModelReadyResponse(ready=ready)
 
     # ---------------------------------------------------------------------------------- metadata
+    @answers_errors
     async def ServerMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
         return json_format.ParseDict(v2_models.server_metadata(), service_pb2.ServerMetadataResponse())
 
