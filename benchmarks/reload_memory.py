@@ -36,6 +36,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from _common import save_results, stop_process  # noqa: E402
 
+# The model is the reload-memory test's (tests/models.py).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from models import save_weighty  # noqa: E402
+
 MODEL = "weighty"
 WEIGHTS_MIB = 16
 # `workbench serve` with the unload's malloc_trim replaced by nothing: the "before" of the mitigation.
@@ -43,24 +48,6 @@ WITHOUT_TRIM = (
     "import sys, workbench.engine.harness as harness; harness.return_freed_memory = lambda: None; "
     "from workbench.cli import main; sys.exit(main())"
 )
-
-
-def save_weighty(export_dir: Path, offset: float) -> None:
-    """``x`` [None, 1] → ``x + offset``, computed from a WEIGHTS_MIB MiB variable (tests/test_reload_memory.py's)."""
-    import tensorflow as tf
-
-    class Weighty(tf.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            rows = WEIGHTS_MIB * 2**20 // (4 * 1024)
-            self.kernel = tf.Variable(np.full((rows, 1024), offset / rows, np.float32))
-
-        @tf.function(input_signature=[tf.TensorSpec([None, 1], tf.float32, name="x")])
-        def serve(self, x: tf.Tensor) -> dict[str, tf.Tensor]:
-            return {"y": x + tf.reduce_sum(self.kernel[:, :1])}
-
-    module = Weighty()
-    tf.saved_model.save(module, str(export_dir), signatures={"serving_default": module.serve})
 
 
 def post(url: str, body: object) -> Any:
@@ -143,7 +130,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp) / MODEL
         for version in (1, 2):
-            save_weighty(base / str(version), offset=float(version))
+            save_weighty(base / str(version), offset=float(version), weights_mib=WEIGHTS_MIB)
         rows = [
             run(base, Path(tmp) / f"server-{onednn}-{trim}", onednn, trim, args.cycles)
             for onednn in (True, False)

@@ -273,3 +273,25 @@ def save_gated(export_dir: str | os.PathLike[str], gate: str | os.PathLike[str],
     path = Path(export_dir)
     tf.saved_model.save(module, str(path), signatures={"serving_default": module.serve})
     return path
+
+
+def save_weighty(export_dir: str | os.PathLike[str], offset: float, weights_mib: int = 16) -> Path:
+    """``x`` float32 [None, 1] → ``y`` = x + ``offset``, computed from a ``weights_mib`` MiB variable.
+
+    For the reload-memory test and benchmark: the weights are what a load allocates and an unload must give
+    back; each column of the kernel sums to ``offset``, so an answer says which version gave it.
+    """
+
+    class Weighty(tf.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            rows = weights_mib * 2**20 // (4 * 1024)
+            self.kernel = tf.Variable(np.full((rows, 1024), offset / rows, np.float32))
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 1], tf.float32, name="x")])
+        def serve(self, x: tf.Tensor) -> dict[str, tf.Tensor]:
+            return {"y": x + tf.reduce_sum(self.kernel[:, :1])}
+
+    module = Weighty()
+    tf.saved_model.save(module, str(export_dir), signatures={"serving_default": module.serve})
+    return Path(export_dir)

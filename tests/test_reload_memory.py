@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import requests
-import tensorflow as tf
+from models import save_weighty
 from replica import Replica
 from waiting import version_states, wait_until
 
@@ -47,33 +47,11 @@ MANAGEMENT = "/workbench/v1/models"
 ALLOCATORS = {"onednn": "1", "plain": "0"}  # TF_ENABLE_ONEDNN_OPTS
 
 
-def save_weighty(export_dir: Path, offset: float) -> Path:
-    """``x`` float32 [None, 1] → ``y`` = x + ``offset``, computed from a ``WEIGHTS_MIB`` MiB variable.
-
-    The weights are what a load allocates and an unload must give back; each column of the kernel sums to
-    ``offset``, so an answer says which version gave it.
-    """
-
-    class Weighty(tf.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            rows = WEIGHTS_MIB * 2**20 // (4 * 1024)
-            self.kernel = tf.Variable(np.full((rows, 1024), offset / rows, np.float32))
-
-        @tf.function(input_signature=[tf.TensorSpec([None, 1], tf.float32, name="x")])
-        def serve(self, x: tf.Tensor) -> dict[str, tf.Tensor]:
-            return {"y": x + tf.reduce_sum(self.kernel[:, :1])}
-
-    module = Weighty()
-    tf.saved_model.save(module, str(export_dir), signatures={"serving_default": module.serve})
-    return export_dir
-
-
 @pytest.fixture(scope="module")
 def weighty_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
     base = tmp_path_factory.mktemp("reload") / MODEL
     for version in (1, 2):
-        save_weighty(base / str(version), offset=float(version))
+        save_weighty(base / str(version), offset=float(version), weights_mib=WEIGHTS_MIB)
     return base
 
 
