@@ -7,6 +7,7 @@ import shutil
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -19,6 +20,7 @@ import models  # noqa: E402  (tests/models.py)
 
 from workbench import demo  # noqa: E402
 from workbench.engine.options import ServerOptions  # noqa: E402
+from workbench.jupyter import registry  # noqa: E402
 from workbench.server import ServerThread  # noqa: E402
 
 
@@ -94,3 +96,18 @@ def ipython_shell():  # type: ignore[no-untyped-def]
     shell = InteractiveShell.instance(config=config)
     shell.run_line_magic("load_ext", "workbench")
     return shell
+
+
+@pytest.fixture
+def runtime_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Server records go to a folder of this test (set before any server starts: servers read it when they
+    record), where Jupyter's extension reads them too."""
+    folder = tmp_path / "runtime" / "workbench-servers"
+    monkeypatch.setenv(registry.RUNTIME_DIR_ENV, str(folder))
+    return folder
+
+
+@pytest.fixture
+def jp_server_config() -> dict[str, Any]:
+    """pytest-jupyter's Jupyter server, with workbench's server extension (the listing and the proxy)."""
+    return {"ServerApp": {"jpserver_extensions": {"workbench.jupyter": True}}}

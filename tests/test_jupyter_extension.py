@@ -31,18 +31,6 @@ Fetch = Callable[..., Any]
 
 
 @pytest.fixture
-def jp_server_config() -> dict[str, Any]:
-    return {"ServerApp": {"jpserver_extensions": {"workbench.jupyter": True}}}
-
-
-@pytest.fixture
-def runtime_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    folder = tmp_path / "workbench-servers"
-    monkeypatch.setenv(registry.RUNTIME_DIR_ENV, str(folder))
-    return folder
-
-
-@pytest.fixture
 def workbench_server(
     runtime_dir: Path, serve: Callable[..., ServerThread], make_repo: Callable[..., Path]
 ) -> ServerThread:

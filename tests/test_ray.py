@@ -27,9 +27,12 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import json
 import re
 import shutil
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -640,3 +643,66 @@ def test_deploy_without_a_cluster_starts_a_local_ray_that_shutdown_stops(
             wait_until(lambda pid=pid: process_gone(pid), 30, 0.1, f"local Ray process {pid} gone")
     finally:
         ray.init(address=ray_cluster.cluster.address, log_to_driver=False)
+
+
+# ------------------------------------------------------------------------------------------- workbench ray (CLI)
+def workbench_ray(*words: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    """``workbench ray …`` as a user types it, in a process of its own (a driver of its own on the cluster)."""
+    command = [sys.executable, "-m", "workbench", "ray", *words]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.timeout(300)
+def test_the_command_line_deploys_onto_a_cluster_reports_status_and_shuts_down(
+    ray_cluster: RayCluster, repository: Path, tmp_path: Path
+) -> None:
+    address = ray_cluster.cluster.address
+    http_port, grpc_port, ready_file = free_port(), free_port(), tmp_path / "ready.json"
+    try:
+        # With --address the application lives on the cluster once the command returns.
+        deployed = workbench_ray(
+            "deploy",
+            f"--address={address}",
+            f"--model_repository={repository}",
+            "--num_replicas=1",
+            "--num_cpus=1",
+            f"--http_port={http_port}",
+            f"--grpc_port={grpc_port}",
+            f"--ready_file={ready_file}",
+            "--",
+            "--file_system_poll_wait_seconds=0.5",
+        )
+        assert deployed.returncode == 0, deployed.stderr[-3000:]
+        ready = json.loads(ready_file.read_text())
+        assert ready["rest_url"] == f"http://127.0.0.1:{http_port}" and ready["grpc_port"] == grpc_port
+        answer = requests.post(f"{ready['rest_url']}/v1/models/{MODEL}:predict", json=predict_body(1.0), timeout=60)
+        assert answer.status_code == 200 and answer.json() == {"predictions": [[3.5]]}, answer.text
+
+        status = workbench_ray("status", f"--address={address}")
+        assert status.returncode == 0, status.stderr[-3000:]
+        assert json.loads(status.stdout.strip().splitlines()[-1]) == {
+            "name": "workbench",
+            "status": "RUNNING",
+            "message": "",
+            "replicas": {"RUNNING": 1},
+        }
+
+        stopped = workbench_ray("shutdown", f"--address={address}")
+        assert stopped.returncode == 0 and "Deleted 'workbench'" in stopped.stdout, stopped.stderr[-3000:]
+        gone = workbench_ray("status", f"--address={address}")
+        assert gone.returncode == 1 and '"status": "NOT_DEPLOYED"' in gone.stdout
+        wait_until(lambda: not alive_serve_actors(), 60, 0.2, "Serve's actors gone after `workbench ray shutdown`")
+    finally:
+        serve.shutdown()
+
+
+def test_the_command_line_refuses_bad_flags_before_starting_ray(repository: Path) -> None:
+    """Mistakes exit 2 with argparse's message, before any Ray starts (no cluster is named here)."""
+    unknown = workbench_ray("deploy", f"--model_repository={repository}", "--", "--no_such_flag=1", timeout=120)
+    assert unknown.returncode == 2 and "--no_such_flag" in unknown.stderr, unknown.stderr
+    both = workbench_ray(
+        "deploy", f"--model_repository={repository}", "--num_replicas=2", "--max_replicas=3", timeout=120
+    )
+    assert both.returncode == 2 and "not both" in both.stderr, both.stderr
+    typo = workbench_ray("deplyo", timeout=120)
+    assert typo.returncode == 2 and "deploy" in typo.stderr

@@ -20,14 +20,6 @@ from workbench.jupyter.registry import ServerRecord
 from workbench.server import ServerThread
 
 
-@pytest.fixture
-def runtime_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Records go to a folder of this test (set before any server starts: servers read it when they record)."""
-    folder = tmp_path / "runtime" / "workbench-servers"
-    monkeypatch.setenv(registry.RUNTIME_DIR_ENV, str(folder))
-    return folder
-
-
 def _record(**fields: object) -> ServerRecord:
     values: dict[str, object] = {
         "id": f"{os.getpid()}-1",

@@ -390,18 +390,6 @@ def test_the_ssl_config_file_flag_is_served_not_refused() -> None:
 
 # ------------------------------------------------------------------------------------- Jupyter's proxy
 @pytest.fixture
-def jp_server_config() -> dict[str, Any]:
-    return {"ServerApp": {"jpserver_extensions": {"workbench.jupyter": True}}}
-
-
-@pytest.fixture
-def runtime_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    folder = tmp_path / "workbench-servers"
-    monkeypatch.setenv(registry.RUNTIME_DIR_ENV, str(folder))
-    return folder
-
-
-@pytest.fixture
 def https_server(runtime_dir: Path, serve: Callable[..., ServerThread], pki: Pki, repository: Path) -> ServerThread:
     return serve(
         model_repository=str(repository),
