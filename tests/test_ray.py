@@ -64,6 +64,7 @@ from tritonclient.utils import InferenceServerException
 import workbench.ray
 from tests.waiting import process_gone, wait_until
 from workbench import demo
+from workbench.jupyter import registry
 from workbench.notebook.widgets import LiveChart
 from workbench.protocol.tensor_proto import from_numpy, to_numpy
 from workbench.ray import RayDeployment
@@ -594,8 +595,15 @@ def test_rays_metrics_agent_exports_the_per_version_series(
 
 
 @pytest.mark.timeout(240)
-def test_shutdown_leaves_no_ray_actor_or_process(deploy: Callable[..., RayDeployment]) -> None:
+def test_shutdown_leaves_no_ray_actor_or_process(deploy: Callable[..., RayDeployment], runtime_dir: Path) -> None:
     deployment = deploy(num_replicas=2)
+    # Listed where JupyterLab's sidebar finds servers, at the application's REST address (this machine's proxy).
+    (record,) = registry.list_servers()
+    assert (record.rest_port, record.grpc_port, record.name) == (
+        deployment.http_port,
+        deployment.grpc_port,
+        "repository (Ray Serve: workbench)",
+    )
     actors = alive_serve_actors()
     kinds = collections.Counter(actor["ActorClassName"].split(":")[0] for actor in actors)
     assert kinds["ServeReplica"] == 2 and kinds["ServeController"] == 1 and kinds["ProxyActor"] >= 1, kinds
@@ -605,6 +613,7 @@ def test_shutdown_leaves_no_ray_actor_or_process(deploy: Callable[..., RayDeploy
     assert health_pids <= replica_pids
 
     deployment.shutdown()
+    assert registry.list_servers() == []
     assert alive_serve_actors() == []
     for pid in (actor["Pid"] for actor in actors):
         wait_until(lambda pid=pid: process_gone(pid), 30, 0.1, f"Serve's process {pid} gone")
