@@ -10,6 +10,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -184,3 +185,17 @@ def save_small_cnn(export_dir: Path, channels: tuple[int, int] = (32, 64), seed:
     module = CNN()
     tf.saved_model.save(module, str(export_dir), signatures={"serving_default": module.serve})
     return export_dir
+
+
+def load_row(server: str, result: Any, **extra: Any) -> dict[str, Any]:
+    """One result table row from a :class:`workbench.bench.BenchResult`: rate, p50, p99 and errors."""
+    return {
+        "server": server,
+        "protocol": result.protocol,
+        "clients": result.concurrency,
+        "requests_per_second": round(result.requests_per_second, 1),
+        "p50_ms": round(result.percentile(50), 3),
+        "p99_ms": round(result.percentile(99), 3),
+        "errors": result.errors,
+        **extra,
+    }

@@ -53,15 +53,16 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _common import free_port, stop_process  # noqa: E402
+from _common import free_port, load_row, stop_process  # noqa: E402
 
-from workbench.bench import BenchResult, format_table, run_load  # noqa: E402
+from workbench.bench import format_table, run_load  # noqa: E402
 from workbench.demo import save_half_plus_two  # noqa: E402
+from workbench.ray.grpc_methods import REPLICA_METADATA  # noqa: E402
+from workbench.ray.replica import REPLICA_HEADER  # noqa: E402
 
 HP2 = "half_plus_two"
 HP2_INPUTS = {"x": np.array([[2.0]], np.float32)}
 HP2_REST_ANSWER = {"outputs": [[3.0]]}  # half_plus_two's answer to workbench bench's columnar body
-REPLICA_HEADER = "x-workbench-replica"  # what workbench.ray's replicas add to every REST answer
 READY_TIMEOUT_S = 300.0  # a cold Ray start and a TensorFlow import on a busy 2-core machine
 SERVERS = ("workbench alone", "Ray Serve proxies", "bare Ray Serve (no model)")
 PROTOCOLS = ("rest", "grpc")
@@ -123,7 +124,7 @@ def grpc_answer(target: str) -> tuple[float, str | None]:
     with grpc.insecure_channel(target) as channel:
         stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
         response, call = stub.Predict.with_call(request, timeout=10)
-    replica = dict(call.trailing_metadata() or ()).get("workbench-replica")
+    replica = dict(call.trailing_metadata() or ()).get(REPLICA_METADATA)
     return float(to_numpy(response.outputs["y"], "y").item()), replica
 
 
@@ -276,18 +277,6 @@ def bare_ray_rows(deployment: Any, endpoints: Endpoints, plan: Plan) -> list[dic
 
 
 # ============================================================================================= measuring
-def row(server: str, result: BenchResult) -> dict[str, Any]:
-    return {
-        "server": server,
-        "protocol": result.protocol,
-        "clients": result.concurrency,
-        "requests_per_second": round(result.requests_per_second, 1),
-        "p50_ms": round(result.percentile(50), 3),
-        "p99_ms": round(result.percentile(99), 3),
-        "errors": result.errors,
-    }
-
-
 def measure(servers: dict[str, Endpoints], plan: Plan) -> list[dict[str, Any]]:
     """Every (server, protocol, clients) ``plan.rounds`` times, the servers taking turns; the median round each."""
     measured: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
@@ -299,7 +288,7 @@ def measure(servers: dict[str, Endpoints], plan: Plan) -> list[dict[str, Any]]:
                     endpoints = servers[server]
                     target = endpoints.grpc_target if protocol == "grpc" else endpoints.rest_url
                     result = run_load(target, protocol, HP2, HP2_INPUTS, concurrency=clients, duration=plan.duration)
-                    measured.setdefault((server, protocol, clients), []).append(row(server, result))
+                    measured.setdefault((server, protocol, clients), []).append(load_row(server, result))
     rows = []
     for rounds in measured.values():
         by_rate = sorted(rounds, key=lambda r: r["requests_per_second"])

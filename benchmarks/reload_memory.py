@@ -40,6 +40,7 @@ from _common import save_results, stop_process  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from models import save_weighty  # noqa: E402
+from replica import resident_bytes  # noqa: E402
 
 MODEL = "weighty"
 WEIGHTS_MIB = 16
@@ -70,10 +71,7 @@ def wait_for(predicate: Any, what: str, timeout: float = 120.0) -> None:
 
 
 def resident_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no VmRSS for process {pid}")
+    return resident_bytes(pid) / 2**20
 
 
 def run(base: Path, workdir: Path, onednn: bool, trim: bool, cycles: int) -> dict[str, Any]:
@@ -125,8 +123,10 @@ def run(base: Path, workdir: Path, onednn: bool, trim: bool, cycles: int) -> dic
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cycles", type=int, default=100)
+    parser.add_argument("--cycles", type=int, default=100, help="load/unload cycles a run (at least 20)")
     args = parser.parse_args()
+    if args.cycles < 20:  # "cycle 10" is the median of cycles 6 to 15, the end the median of the last 10
+        parser.error("--cycles must be at least 20")
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp) / MODEL
         for version in (1, 2):

@@ -49,10 +49,18 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _common import ServeProcess, free_port, save_results, save_small_cnn, stop_process, write_config  # noqa: E402
+from _common import (  # noqa: E402
+    ServeProcess,
+    free_port,
+    load_row,
+    save_results,
+    save_small_cnn,
+    stop_process,
+    write_config,
+)
 from frontends import in_process_median_ms  # noqa: E402
 
-from workbench.bench import BenchResult, format_table, grpc_predict_bytes, run_load  # noqa: E402
+from workbench.bench import format_table, grpc_predict_bytes, run_load  # noqa: E402
 from workbench.demo import save_half_plus_two  # noqa: E402
 
 # The HTTP servers the REST rows compare: granian where it is installed (the bench extra).
@@ -230,19 +238,6 @@ def grpc_answer(target: str) -> Any:
         return stub.Predict(predict_pb2.PredictRequest.FromString(grpc_predict_bytes(HP2, HP2_INPUTS)), timeout=10)
 
 
-def row(name: str, result: BenchResult, **extra: Any) -> dict[str, Any]:
-    return {
-        "server": name,
-        "protocol": result.protocol,
-        "clients": result.concurrency,
-        "requests_per_second": round(result.requests_per_second, 1),
-        "p50_ms": round(result.percentile(50), 3),
-        "p99_ms": round(result.percentile(99), 3),
-        "errors": result.errors,
-        **extra,
-    }
-
-
 @dataclass(frozen=True)
 class Plan:
     duration: float  # seconds a measurement
@@ -265,7 +260,7 @@ def load(name: str, target: str, protocol: str, clients: int, plan: Plan, **extr
     model = extra.pop("model", HP2)
     return median_round(
         plan,
-        lambda: row(
+        lambda: load_row(
             name, run_load(target, protocol, model, inputs, concurrency=clients, duration=plan.duration), **extra
         ),
     )

@@ -86,3 +86,18 @@ def stop_process(proc: subprocess.Popen[Any]) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=30)
+
+
+def process_memory(pid: int) -> dict[str, int]:
+    """A process's memory in bytes, from /proc/PID/status: ``VmRSS`` (resident now), ``VmHWM`` (its peak) …"""
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key.startswith("Vm") and value.strip().endswith("kB"):
+            fields[key] = int(value.split()[0]) * 1024
+    return fields
+
+
+def resident_bytes(pid: int) -> int:
+    """The process's resident set (``VmRSS``)."""
+    return process_memory(pid)["VmRSS"]

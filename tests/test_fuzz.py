@@ -43,7 +43,7 @@ from workbench.protocol.tensor_proto import MAX_EXPANDED_BYTES
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from replica import Replica  # noqa: E402
+from replica import Replica, process_memory  # noqa: E402
 from waiting import version_states, wait_until  # noqa: E402
 
 Code = grpc.StatusCode
@@ -97,16 +97,6 @@ def server(tmp_path_factory: pytest.TempPathFactory, model_store: Path) -> Itera
         yield replica
     finally:
         replica.stop()
-
-
-def memory(pid: int) -> dict[str, int]:
-    """VmRSS (resident now) and VmHWM (the peak) of ``pid``, in bytes."""
-    fields = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key in ("VmRSS", "VmHWM"):
-            fields[key] = int(value.split()[0]) * 1024
-    return fields
 
 
 # ------------------------------------------------------------------------------------------------ building blocks
@@ -634,11 +624,11 @@ def fuzz(server: Replica, cases: list[Case]) -> collections.Counter[tuple[str, s
     options = [("grpc.max_send_message_length", 64 * MIB), ("grpc.max_receive_message_length", 64 * MIB)]
     with grpc.insecure_channel(server.grpc_target, options=options) as channel:
         predict_still_right(channel)  # warm: TensorFlow's kernels for the normal request are built before measuring
-        before = memory(server.proc.pid)
+        before = process_memory(server.proc.pid)
         counts = check(run_pipelined(channel, cases))
         assert server.proc.poll() is None, f"the server exited:\n{server.log()[-3000:]}"
         predict_still_right(channel)
-        after = memory(server.proc.pid)
+        after = process_memory(server.proc.pid)
     print(f"resident memory {before['VmRSS'] / MIB:.0f} MiB before, {after['VmRSS'] / MIB:.0f} MiB after, "
           f"peak {after['VmHWM'] / MIB:.0f} MiB")  # fmt: skip
     assert after["VmHWM"] - before["VmRSS"] < MEMORY_GROWTH_BOUND, (before, after)

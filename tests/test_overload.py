@@ -38,7 +38,7 @@ from pathlib import Path
 import aiohttp
 import grpc
 import pytest
-from replica import Replica
+from replica import Replica, resident_bytes
 
 import workbench.protocol.tf_protos  # noqa: F401  # isort: skip  (TF Serving's protos without TensorFlow)
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
@@ -204,14 +204,6 @@ async def open_loop(clients: Clients, rate: float, seconds: float) -> Tally:
 
 
 # ------------------------------------------------------------------------------------------------ watching
-def resident_bytes(pid: int) -> int:
-    """The process's resident set (``VmRSS`` in /proc/PID/status)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError(f"no VmRSS for process {pid}")
-
-
 @dataclasses.dataclass
 class Watch:
     """The server's resident memory, sampled while the load runs, and the longest stall of the test's own event loop

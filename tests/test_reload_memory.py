@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 import requests
 from models import save_weighty
-from replica import Replica
+from replica import Replica, resident_bytes
 from waiting import version_states, wait_until
 
 MODEL = "weighty"
@@ -53,14 +53,6 @@ def weighty_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for version in (1, 2):
         save_weighty(base / str(version), offset=float(version), weights_mib=WEIGHTS_MIB)
     return base
-
-
-def resident_bytes(pid: int) -> int:
-    """The process's resident set (``VmRSS`` in /proc/PID/status)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError(f"no VmRSS for process {pid}")
 
 
 def load_predict_unload(server: Replica, session: requests.Session) -> None:

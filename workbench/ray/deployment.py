@@ -67,7 +67,7 @@ class RayDeployment:
             ray.shutdown()
 
 
-def _name(value: Any) -> str:
+def _enum_value(value: Any) -> str:
     """An enum of Ray's (ApplicationStatus, ReplicaState) by its value: "RUNNING", not "ApplicationStatus.RUNNING"."""
     return str(getattr(value, "value", value))
 
@@ -78,8 +78,8 @@ def application_status(name: str) -> dict[str, Any]:
     if app is None:
         return {"status": "NOT_DEPLOYED", "message": "", "replicas": {}}
     deployment = next(iter(app.deployments.values()), None)
-    replicas = {} if deployment is None else {_name(state): n for state, n in deployment.replica_states.items()}
-    return {"status": _name(app.status), "message": app.message, "replicas": replicas}
+    replicas = {} if deployment is None else {_enum_value(state): n for state, n in deployment.replica_states.items()}
+    return {"status": _enum_value(app.status), "message": app.message, "replicas": replicas}
 
 
 def delete_application(name: str) -> None:
