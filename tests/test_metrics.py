@@ -8,6 +8,9 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 from waiting import model_config_text, place_atomically, states_are, version_states, wait_until, write_atomically
 
+from workbench.engine.metrics import ServingMetrics
+from workbench.peers import merge_expositions
+
 DEFAULT_PATH = "/monitoring/prometheus/metrics"
 ALWAYS_ON_PATH = "/metrics"
 ONE = {"instances": [[1.0]]}
@@ -199,3 +202,120 @@ def test_availability_gauge_follows_version_swaps_and_model_removal(serve, make_
     # A version that is no longer loaded is not AVAILABLE: 0, or no series at all.
     assert value(text, gauge, model="gone", version="1") in (0, None)
     assert value(text, gauge, model="m", version="2") == 1
+
+
+# ------------------------------------------------------------------------------ the request series
+# (model, version, api, protocol, code, seconds): OK answers from two versions over two protocols, one error
+# answer, and a request refused before it reached a version (dataplane.refused: no version, 0 s).
+OBSERVED = [
+    ("m", 1, "predict", "grpc", "OK", 0.0001),  # on a bucket bound: counted in le="0.0001" (le means <=)
+    ("m", 1, "predict", "grpc", "OK", 0.003),
+    ("m", 1, "predict", "grpc", "OK", 2.0),
+    ("m", 2, "predict", "rest", "OK", 0.02),
+    ("m", 1, "predict", "grpc", "INVALID_ARGUMENT", 0.5),
+    ("m", None, "predict", "grpc", "NOT_FOUND", 0.0),
+    ("m", 2, "predict", "rest", "OK", 20.0),  # past the last bound: +Inf only
+]
+
+
+def families(text: str) -> dict[str, tuple[str, list[tuple[str, dict[str, str], float]]]]:
+    return {
+        family.name: (family.type, [(s.name, s.labels, s.value) for s in family.samples])
+        for family in text_string_to_metric_families(text)
+    }
+
+
+def test_request_series_exposition_parses_into_the_expected_families():
+    metrics = ServingMetrics()
+    for observation in OBSERVED:
+        metrics.observe_request(*observation)
+    text = metrics.exposition().decode()
+    got = families(text)
+
+    # TF Serving's request count: untyped, its exact sample name, per (model, status), no _created.
+    assert got[":tensorflow:serving:request_count"] == (
+        "unknown",
+        [
+            (":tensorflow:serving:request_count", {"model_name": "m", "status": "INVALID_ARGUMENT"}, 1.0),
+            (":tensorflow:serving:request_count", {"model_name": "m", "status": "NOT_FOUND"}, 1.0),
+            (":tensorflow:serving:request_count", {"model_name": "m", "status": "OK"}, 5.0),
+        ],
+    )
+    # TF Serving's latency in µs for every answer, per (model, API, entrypoint): 33 bounds from 10 µs by 1.8x.
+    tf_name = ":tensorflow:serving:request_latency"
+    tf_type, tf_samples = got[tf_name]
+    assert tf_type == "histogram"
+    tf_bounds = [10 * 1.8**i for i in range(33)] + [float("inf")]
+    for entrypoint, protocol in (("GRPC", "grpc"), ("REST", "rest")):
+        labels = {"model_name": "m", "API": "predict", "entrypoint": entrypoint}
+        observed = [o[5] * 1e6 for o in OBSERVED if o[3] == protocol]
+        buckets = [
+            (s[1]["le"], s[2]) for s in tf_samples if s[0] == f"{tf_name}_bucket" and s[1].items() >= labels.items()
+        ]
+        assert [float(le) for le, _ in buckets] == tf_bounds
+        assert [count for _, count in buckets] == [float(sum(v <= b for v in observed)) for b in tf_bounds]
+        assert (f"{tf_name}_count", labels, float(len(observed))) in tf_samples
+        assert (f"{tf_name}_sum", labels, sum(observed)) in tf_samples
+    grpc = {"model_name": "m", "API": "predict", "entrypoint": "GRPC"}
+    assert value(text, f"{tf_name}_bucket", **grpc, le="10.0") == 1  # the refused request's 0 µs
+    assert value(text, f"{tf_name}_count", **grpc) == 5
+    assert got[f"{tf_name}_created"][0] == "gauge" and len(got[f"{tf_name}_created"][1]) == 2
+
+    # Workbench's request counter: every code, per version ("" when the request named none).
+    requests_type, requests_samples = got["workbench_requests"]
+    assert requests_type == "counter"
+    totals = {(s[1]["version"], s[1]["protocol"], s[1]["code"]): s[2] for s in requests_samples}
+    assert totals == {
+        ("1", "grpc", "OK"): 3.0,
+        ("2", "rest", "OK"): 2.0,
+        ("1", "grpc", "INVALID_ARGUMENT"): 1.0,
+        ("", "grpc", "NOT_FOUND"): 1.0,
+    }
+    assert all(s[0] == "workbench_requests_total" and s[1]["api"] == "predict" for s in requests_samples)
+    created = got["workbench_requests_created"]
+    assert created[0] == "gauge" and len(created[1]) == 4 and all(s[2] > 1.6e9 for s in created[1])
+
+    # Workbench's latency in seconds: OK answers only, per version; 16 bounds from 100 µs to 10 s.
+    name = "workbench_request_latency_seconds"
+    latency_type, latency_samples = got[name]
+    assert latency_type == "histogram"
+    bounds = [1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]
+    bounds.append(float("inf"))
+    for version, protocol in (("1", "grpc"), ("2", "rest")):
+        labels = {"model": "m", "version": version, "api": "predict", "protocol": protocol}
+        observed = [o[5] for o in OBSERVED if str(o[1]) == version and o[4] == "OK"]
+        buckets = [
+            (s[1]["le"], s[2]) for s in latency_samples if s[0] == f"{name}_bucket" and s[1].items() >= labels.items()
+        ]
+        assert [float(le) for le, _ in buckets] == bounds
+        assert [count for _, count in buckets] == [float(sum(v <= b for v in observed)) for b in bounds]
+        assert (f"{name}_count", labels, float(len(observed))) in latency_samples
+        assert (f"{name}_sum", labels, sum(observed)) in latency_samples
+    assert value(text, f"{name}_bucket", model="m", version="1", le="0.0001") == 1
+    assert value(text, f"{name}_bucket", model="m", version="2", le="10.0") == 1
+    assert value(text, f"{name}_bucket", model="m", version="2", le="+Inf") == 2
+    assert len(got[f"{name}_created"][1]) == 2
+    assert sum(samples(text, f"{name}_count")) == 5  # the error and the refused request are not timed here
+
+    # What Triton's statistics extension reads: the same families, under the names it looks for.
+    statistics = {family.name: family for family in metrics.statistics_families()}
+    assert set(statistics) == {
+        "workbench_requests",
+        "workbench_request_latency_seconds",
+        "workbench_queue_seconds",
+        "workbench_inference_seconds",
+        "workbench_batch_size",
+    }
+    for family in ("workbench_requests", name):  # what the exposition shows, _created included
+        here = sorted((s.name, sorted(s.labels.items()), s.value) for s in statistics[family].samples)
+        there = sorted((n, sorted(labels.items()), v) for n, labels, v in got[family][1] + got[f"{family}_created"][1])
+        assert here == there
+
+    # Workers' expositions merge as text (peers): counts and buckets add up, _created keeps the earliest.
+    merged = merge_expositions([text, text]).decode()
+    assert value(merged, "workbench_requests_total", version="1", code="OK") == 6
+    assert value(merged, f"{name}_bucket", version="2", le="+Inf") == 4
+    assert value(merged, ":tensorflow:serving:request_count", model_name="m", status="OK") == 10
+    assert value(merged, "workbench_requests_created", version="1", code="OK") == value(
+        text, "workbench_requests_created", version="1", code="OK"
+    )

@@ -55,13 +55,14 @@ class Call:
     ``run()``. A plain ``with``, not ``async with``: nothing here awaits, and this runs on every request.
     """
 
-    __slots__ = ("_dataplane", "_harness", "_started", "_work", "servable", "model", "api", "protocol")
+    __slots__ = ("_dataplane", "_harness", "_started", "_work", "_interest", "servable", "model", "api", "protocol")
 
     def __init__(self, dataplane: Dataplane, spec: ModelSpec, api: str, protocol: str) -> None:
         self._dataplane = dataplane
         self.model, self.api, self.protocol = spec.name, api, protocol
         self._started = time.perf_counter()
-        self._work: asyncio.Future[Any] | None = None  # what runs on the servable, once the request runs it
+        self._work: asyncio.Future[Any] | None = None  # a composite's run, as a task of its own
+        self._interest: Interest | None = None  # a plain servable's run: its batch tasks, awaited by the request
         try:
             # The harness itself, not a ServableHandle around it: one object less on every request.
             self._harness = dataplane.resolve(spec)
@@ -78,11 +79,14 @@ class Call:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
-        work = self._work
-        if work is None or work.done():
-            self._harness.release()
-        else:  # answered, but a worker thread still runs the servable: hold it until that thread returns
+        # Answered; a worker thread may still run the servable for it: hold it until that thread returns.
+        work, interest = self._work, self._interest
+        if interest is not None and interest.running:
+            interest.when_idle(self._harness.release)
+        elif work is not None and not work.done():
             work.add_done_callback(self._release)
+        else:
+            self._harness.release()
         self._count(exc, self.servable.version)
 
     def _release(self, _: object) -> None:
@@ -204,6 +208,35 @@ class Dataplane:
             return await servable.run_with(self._members, signature, feed, outputs)
         return await self.scheduler.run(servable, signature, feed, outputs)
 
+    async def _execute_for(
+        self,
+        call: Call,
+        signature: Signature,
+        feed: Mapping[str, np.ndarray],
+        outputs: Sequence[str],
+        timeout: float | None,
+    ) -> dict[str, np.ndarray]:
+        """:meth:`execute` for ``call``, answered DEADLINE_EXCEEDED once ``timeout`` seconds pass.
+
+        A plain servable's request awaits its own batch tasks: the deadline answers them early
+        (``Interest.answer_early``) and ``call`` keeps the servable held until their runs return. A composite's
+        run awaits other models and code of its own, so it runs as a task of its own (:meth:`_run`).
+        """
+        servable = call.servable
+        if isinstance(servable, Composite):
+            return await self._run(call, servable.run_with(self._members, signature, feed, outputs), timeout)
+        loop = asyncio.get_running_loop()
+        interest = call._interest = Interest(timeout, loop)
+        expiry = loop.call_later(timeout, interest.answer_early, deadline_exceeded()) if timeout is not None else None
+        try:
+            return await self.scheduler.run(servable, signature, feed, outputs, interest)
+        except asyncio.CancelledError:
+            interest.give_up(ServingError(Code.CANCELLED, "Cancelled"))
+            raise
+        finally:
+            if expiry is not None:
+                expiry.cancel()
+
     @staticmethod
     async def _run(call: Call, work: Awaitable[T], timeout: float | None) -> T:
         """Await ``work`` for ``call`` until ``timeout`` seconds pass (DEADLINE_EXCEEDED).
@@ -215,12 +248,11 @@ class Dataplane:
 
         The caller waits on ``answer``, a plain future the task fills as its last step (see :func:`_answering`),
         not on a shield of the task under ``wait_for``: a cancelled caller cancels only ``answer``, the deadline
-        is one timer, and the answer arrives in the loop turn after the work ends, as if awaited directly, where
-        the shield (and ``wait_for``'s own waiter, with a deadline) cost a future, callbacks and a turn each.
+        is one timer, and the answer arrives in the loop turn after the work ends, as if awaited directly.
         """
         loop = asyncio.get_running_loop()
         answer: asyncio.Future[T] = loop.create_future()
-        interest = Interest(timeout)  # what it still has queued for a batch when the caller gives up never runs
+        interest = Interest(timeout, loop)  # what it still has queued for a batch when the caller gives up never runs
         call._work = interest.start(_answering(work, answer))
         expiry = loop.call_later(timeout, _expire, answer) if timeout is not None else None
         try:
@@ -247,7 +279,7 @@ class Dataplane:
         signature = inference.predict_signature(servable, signature_name)
         feed, outputs = inference.prepare_predict(signature, inputs, output_filter)
         try:
-            result = await self._run(call, self.execute(servable, signature, feed, outputs), timeout)
+            result = await self._execute_for(call, signature, feed, outputs, timeout)
         except ServingError as exc:
             raise inference.name_the_misfit_input(signature, feed, exc) from None
         self._log(
@@ -263,7 +295,7 @@ class Dataplane:
     ) -> tuple[str, inference.Classifications]:
         servable = call.servable
         run = inference.classify_call(servable, signature_name, examples)
-        result = await self._run(call, self.execute(servable, run.signature, run.feed, run.outputs), timeout)
+        result = await self._execute_for(call, run.signature, run.feed, run.outputs, timeout)
         name, labelled = run.signature.name, inference.classify_results(run, result)
         self._log(
             servable,
@@ -276,7 +308,7 @@ class Dataplane:
     ) -> tuple[str, list[float]]:
         servable = call.servable
         run = inference.regress_call(servable, signature_name, examples)
-        result = await self._run(call, self.execute(servable, run.signature, run.feed, run.outputs), timeout)
+        result = await self._execute_for(call, run.signature, run.feed, run.outputs, timeout)
         name, values = run.signature.name, inference.regress_results(run, result)
         self._log(
             servable, lambda: prediction_logs.RegressEntry(servable.name, servable.version, name, examples, values)

@@ -83,7 +83,7 @@ class _Task:
         key: tuple[Any, ...],
         future: asyncio.Future[Outputs],
         enqueued: float,
-        queue: _Queue,
+        queue: _Queue | None,  # None: an unbatched call, never queued
         interest: Interest | None,
     ) -> None:
         self.feed, self.rows, self.key, self.future, self.enqueued = feed, rows, key, future, enqueued
@@ -95,9 +95,21 @@ class _Task:
         if not self.queued:
             return
         self.queued = False
-        self.queue.pending_rows -= self.rows  # the deque entry stays until a batch forms, which skips it
+        if self.queue is not None:
+            self.queue.pending_rows -= self.rows  # the deque entry stays until a batch forms, which skips it
         if error is not None and not self.future.done():
             self.future.set_exception(error)
+
+    def taken(self) -> None:
+        """A batch (or, unbatched, a thread) took it: from now on only its run's end lets go of the model."""
+        self.queued = False
+        if self.interest is not None:
+            self.interest.running += 1
+
+    def finished(self) -> None:
+        """Its run returned (or was dropped unrun by a stopped executor): nothing runs on its model for it any more."""
+        if self.interest is not None:
+            self.interest._finished_one()  # noqa: SLF001 - the interest's own bookkeeping
 
 
 _INTEREST: contextvars.ContextVar[Interest | None] = contextvars.ContextVar("workbench_batching_interest", default=None)
@@ -106,20 +118,31 @@ _INTEREST: contextvars.ContextVar[Interest | None] = contextvars.ContextVar("wor
 class Interest:
     """Whether the caller of one request still waits for its answer: the batcher runs no queued work it gave up.
 
-    Start the request's work with :meth:`start` (a task of its own, as the caller's deadline and cancellation must
-    not cancel work a thread may already run): every batch task that work queues belongs to this interest, a
-    composite's member requests included (tasks started from it inherit it). :meth:`give_up` (the caller's
-    deadline passed, it cancelled) takes those still queued out of their queues at once: they never reach the
-    model, their awaiters get the error, and the work ends without waiting for a batch. A task whose ``timeout``
-    (seconds from now, on the event loop's clock) has run out when its batch forms is dropped the same way, with
-    DEADLINE_EXCEEDED. A task a batch already took runs to the end.
+    Every batch task a request's work queues belongs to its interest, reached in one of two ways:
+
+    - a plain servable's request awaits its tasks itself, passing the interest to :meth:`BatchScheduler.run`. Its
+      deadline calls :meth:`answer_early`: tasks still queued leave their queues unrun, and those a thread already
+      runs are answered with the error at once. :attr:`running` counts the runs not yet returned, and
+      :meth:`when_idle` says when the request may let go of its model.
+    - a composite's work (several models, code of its own) runs as a task started with :meth:`start`, which the
+      caller's deadline and cancellation must not cancel while a thread may run part of it; member requests
+      inherit the interest. :meth:`give_up` takes the tasks still queued out of their queues at once (their
+      awaiters get the error, and the work ends without waiting for a batch).
+
+    A task whose ``timeout`` (seconds from now, on the event loop's clock) has run out when its batch forms is
+    dropped the same way, with DEADLINE_EXCEEDED. A task a batch already took runs to the end.
     """
 
-    __slots__ = ("deadline", "error", "_tasks", "_work")
+    __slots__ = ("deadline", "error", "running", "_on_idle", "_tasks", "_work")
 
-    def __init__(self, timeout: float | None = None) -> None:
-        self.deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
+    def __init__(self, timeout: float | None = None, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        if timeout is None:
+            self.deadline = None
+        else:
+            self.deadline = (loop or asyncio.get_running_loop()).time() + timeout
         self.error: ServingError | None = None  # set once given up
+        self.running = 0  # its tasks a batch or a thread took and whose run has not returned yet
+        self._on_idle: Callable[[], None] | None = None
         self._tasks: list[_Task] = []
         self._work: asyncio.Future[Any] | None = None
 
@@ -145,6 +168,29 @@ class Interest:
         tasks, self._tasks = self._tasks, []
         for task in tasks:
             task.withdraw(error)
+
+    def answer_early(self, error: ServingError) -> None:
+        """:meth:`give_up`, and the tasks already running are answered with ``error`` too, without waiting for
+        their run: for a caller awaiting its batch tasks itself (``BatchScheduler.run(..., interest=…)``), which
+        must keep its model held until :attr:`running` is back to 0 (:meth:`when_idle`)."""
+        tasks = list(self._tasks)
+        self.give_up(error)
+        for task in tasks:
+            if not task.future.done():
+                task.future.set_exception(error)
+
+    def when_idle(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once no run of its tasks is left (at once when none is running)."""
+        if self.running == 0:
+            callback()
+        else:
+            self._on_idle = callback
+
+    def _finished_one(self) -> None:
+        self.running -= 1
+        if self.running == 0 and self._on_idle is not None:
+            callback, self._on_idle = self._on_idle, None
+            callback()
 
     def _add(self, task: _Task) -> None:
         if self.error is not None:
@@ -327,9 +373,21 @@ class BatchScheduler:
             depths[key] = depths.get(key, 0) + queue.pending_rows
         return [(model, version, rows) for (model, version), rows in depths.items()]
 
-    async def run(self, servable: Servable, signature: Signature, feed: Feed, outputs: Sequence[str]) -> Outputs:
-        """Run ``feed`` through ``servable``, batched with other requests when its parameters allow."""
+    async def run(
+        self,
+        servable: Servable,
+        signature: Signature,
+        feed: Feed,
+        outputs: Sequence[str],
+        interest: Interest | None = None,
+    ) -> Outputs:
+        """Run ``feed`` through ``servable``, batched with other requests when its parameters allow.
+
+        The run's tasks belong to ``interest`` (by default, the one the calling task was started under, if any).
+        """
         loop = asyncio.get_running_loop()
+        if interest is None:
+            interest = _INTEREST.get()
         params = self._params_for(servable)
         if params is not None and not signature.batchable:
             # A signature that cannot be concatenated along dimension 0 (its platform says so) runs request by
@@ -345,15 +403,7 @@ class BatchScheduler:
             params = None
         key = batch_key(feed, params.pad_variable_length_inputs) if params is not None else None
         if params is None or key is None:
-            cost = self._know(servable, signature).cost
-            on_loop = cost.inline
-            if on_loop:
-                result, seconds = self._run_alone(servable, signature, feed, outputs)
-            else:
-                work = loop.run_in_executor(self._executor, self._run_alone, servable, signature, feed, outputs)
-                result, seconds = await work
-            cost.record(seconds, on_loop)
-            return result
+            return await self._run_unbatched(loop, servable, signature, feed, outputs, interest)
         rows = next(iter(feed.values())).shape[0]
         if rows > params.max_batch_size:
             raise ServingError(
@@ -363,7 +413,6 @@ class BatchScheduler:
         queue = self._queue(servable, signature, tuple(outputs), params)
         if queue.pending_rows + rows > params.max_enqueued_rows:
             raise ServingError(Code.UNAVAILABLE, "The batch scheduling queue to which this task was submitted is full")
-        interest = _INTEREST.get()
         now = time.perf_counter()
         step = params.execution_batch_size
         if rows <= step:
@@ -406,6 +455,79 @@ class BatchScheduler:
                 task.withdraw(None)
             raise
         return {alias: np.concatenate([part[alias] for part in parts], axis=0) for alias in parts[0]}
+
+    async def _run_unbatched(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        servable: Servable,
+        signature: Signature,
+        feed: Feed,
+        outputs: Sequence[str],
+        interest: Interest | None,
+    ) -> Outputs:
+        """One call on its own, on an inference thread (or, for a model proven cheap, here on the loop).
+
+        A task of its own, never queued, so that its caller's deadline answers it early and its interest knows
+        when the thread has returned, exactly as for a batched request.
+        """
+        cost = self._know(servable, signature).cost
+        if cost.inline:
+            result, seconds = self._run_alone(servable, signature, feed, outputs)
+            cost.record(seconds, True)
+            return result
+        if interest is not None and interest.error is not None:  # its caller already gave up
+            raise interest.error
+        task = _Task(feed, 0, (), loop.create_future(), 0.0, None, interest)
+        if interest is not None:
+            interest._add(task)  # noqa: SLF001
+        task.taken()
+        try:
+            work = self._executor.submit(self._alone_on_thread, loop, task, cost, servable, signature, feed, outputs)
+        except BaseException:  # the executor is shut down
+            task.finished()
+            raise
+        work.add_done_callback(functools.partial(self._alone_if_cancelled, loop, task))
+        return await task.future
+
+    def _alone_on_thread(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        task: _Task,
+        cost: RunCost,
+        servable: Servable,
+        signature: Signature,
+        feed: Feed,
+        outputs: Sequence[str],
+    ) -> None:
+        """On an inference thread: one call, its outcome handed straight to the loop."""
+        try:
+            outcome: tuple[Outputs, float] | BaseException = self._run_alone(servable, signature, feed, outputs)
+        except BaseException as exc:  # noqa: BLE001 - the caller's to raise
+            outcome = exc
+        with contextlib.suppress(RuntimeError):  # the loop is closed (the server stopped): nobody waits any more
+            loop.call_soon_threadsafe(self._alone_done, task, cost, outcome)
+
+    @staticmethod
+    def _alone_done(task: _Task, cost: RunCost | None, outcome: tuple[Outputs, float] | BaseException) -> None:
+        future = task.future
+        if isinstance(outcome, asyncio.CancelledError):
+            future.cancel()
+        elif isinstance(outcome, BaseException):
+            if not future.done():
+                future.set_exception(outcome)
+        else:
+            result, seconds = outcome
+            if cost is not None:
+                cost.record(seconds, False)
+            if not future.done():
+                future.set_result(result)
+        task.finished()
+
+    def _alone_if_cancelled(self, loop: asyncio.AbstractEventLoop, task: _Task, work: ThreadFuture[None]) -> None:
+        """The executor dropped the call unrun (it shut down): its caller gets the cancellation."""
+        if work.cancelled():
+            with contextlib.suppress(RuntimeError):  # the loop is closed too
+                loop.call_soon_threadsafe(self._alone_done, task, None, asyncio.CancelledError())
 
     def _run_alone(
         self, servable: Servable, signature: Signature, feed: Feed, outputs: Sequence[str]
@@ -529,7 +651,7 @@ class BatchScheduler:
             rows += task.rows
         pending.extendleft(reversed(skipped))
         for task in batch:
-            task.queued = False
+            task.taken()
         queue.pending_rows -= rows
         return batch
 
@@ -598,12 +720,14 @@ class BatchScheduler:
             for task in batch:
                 if not task.future.done():
                     task.future.set_exception(error)
+                task.finished()
         else:
             results, target, run_seconds = outcome
             queue.cost.record(run_seconds, on_loop)
             for task, result in zip(batch, results, strict=True):
                 if not task.future.done():
                     task.future.set_result(result)
+                task.finished()
             if self._listener is not None:
                 self._listener(
                     BatchRecord(
