@@ -7,7 +7,9 @@ installed); every row is the median of --rounds measurements:
 
 1. the ceilings: a bare grpc.aio PredictionService and a bare Starlette app (under uvicorn with httptools and
    uvloop, and under granian) answering half_plus_two's exact answer without a model: parse the request, send
-   the answer. Workbench's rows are also given as a ratio of these;
+   the answer. Workbench's rows are also given as a ratio of these (``vs_bare``); and the bare gRPC server with
+   each request handed to a thread and back, the floor of any server that keeps model calls off its event loop
+   (``vs_bare_hop``: what is left is workbench's own cost);
 2. `workbench serve` (one worker) on half_plus_two, batching off and on, 1 and 32 clients, over gRPC (workbench
    bench's grpc.aio client; h2load) and REST (workbench bench's HTTP/1.1 client; wrk);
 3. a compute-bound CNN (≈12 M multiply-adds an image), 64 clients, batching off and on, gRPC and REST;
@@ -40,6 +42,7 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,6 +69,7 @@ from workbench.demo import save_half_plus_two  # noqa: E402
 # The HTTP servers the REST rows compare: granian where it is installed (the bench extra).
 HTTP_SERVERS = ("uvicorn", "granian") if importlib.util.find_spec("granian") else ("uvicorn",)
 HP2 = "half_plus_two"
+HOP = "bare grpc.aio + thread hop"  # the bare server, each request handed to a thread and back
 HP2_INPUTS = {"x": np.array([[2.0]], np.float32)}
 HP2_REST_ANSWER = {"outputs": [[3.0]]}  # half_plus_two's answer to workbench bench's columnar body
 BATCHING = """
@@ -92,15 +96,22 @@ def bare_predict_response() -> Any:
     return response
 
 
-async def serve_bare_grpc(port: int) -> None:
-    """grpc.aio with TF Serving's generated PredictionService: the request parsed, one fixed answer sent."""
+async def serve_bare_grpc(port: int, hop: bool = False) -> None:
+    """grpc.aio with TF Serving's generated PredictionService: the request parsed, one fixed answer sent.
+
+    ``hop``: each request first goes to a thread and back (an empty call through ``run_in_executor``), the least
+    any server that keeps model calls off its event loop pays; the rest of what workbench costs is its own.
+    """
     import workbench.protocol.tf_protos  # noqa: F401  # isort: skip  (no tensorflow/__init__)
     from tensorflow_serving.apis import prediction_service_pb2_grpc
 
     answer = bare_predict_response()
+    threads = ThreadPoolExecutor(max_workers=4)
 
     class Bare(prediction_service_pb2_grpc.PredictionServiceServicer):
         async def Predict(self, request: Any, context: Any) -> Any:  # noqa: N802 - the generated name
+            if hop:
+                await asyncio.get_running_loop().run_in_executor(threads, int)
             return answer
 
     server = grpc.aio.server()
@@ -167,8 +178,8 @@ def child_main(kind: str, args: list[str]) -> None:
     loop = new_event_loop()
     asyncio.set_event_loop(loop)
     port = int(args[0])
-    if kind == "bare-grpc":
-        loop.run_until_complete(serve_bare_grpc(port))
+    if kind in ("bare-grpc", "bare-grpc-hop"):
+        loop.run_until_complete(serve_bare_grpc(port, hop=kind == "bare-grpc-hop"))
     else:  # bare-rest-uvicorn, bare-rest-granian
         loop.run_until_complete(serve_asgi(bare_rest_app(), port, kind.removeprefix("bare-rest-")))
 
@@ -359,19 +370,25 @@ def generators(name: str, grpc_target: str, rest_url: str, clients: int, plan: P
 # ================================================================================================ the measurements
 def ceilings(root: Path, plan: Plan) -> list[dict[str, Any]]:
     """The bare stacks, each a child process answering half_plus_two's answer (checked first) without a model."""
-    grpc_port = free_port()
+    grpc_port, hop_port = free_port(), free_port()
     rest_ports = {server: free_port() for server in HTTP_SERVERS}
-    children = [Child("bare-grpc", grpc_port, log=root / "bare-grpc.log")]
+    children = [
+        Child("bare-grpc", grpc_port, log=root / "bare-grpc.log"),
+        Child("bare-grpc-hop", hop_port, log=root / "bare-grpc-hop.log"),
+    ]
     children += [Child(f"bare-rest-{s}", port, log=root / f"bare-{s}.log") for s, port in rest_ports.items()]
     rows: list[dict[str, Any] | None] = []  # None: h2load or wrk is not installed
     try:
-        grpc_target = f"127.0.0.1:{grpc_port}"
-        children[0].wait(lambda: grpc_answer(grpc_target) == bare_predict_response())
-        for child, port in zip(children[1:], rest_ports.values(), strict=True):
+        grpc_target, hop_target = f"127.0.0.1:{grpc_port}", f"127.0.0.1:{hop_port}"
+        for child, target in zip(children[:2], (grpc_target, hop_target), strict=True):
+            child.wait(functools.partial(lambda t: grpc_answer(t) == bare_predict_response(), target))
+        for child, port in zip(children[2:], rest_ports.values(), strict=True):
             child.wait(functools.partial(answers_rest, port))
         for clients in (1, 32):
             rows.append(load("bare grpc.aio", grpc_target, "grpc", clients, plan))
             rows.append(h2load_row("bare grpc.aio", grpc_target, clients, plan))
+            rows.append(load(HOP, hop_target, "grpc", clients, plan))
+            rows.append(h2load_row(HOP, hop_target, clients, plan))
             for server, port in rest_ports.items():
                 rows.append(load(f"bare Starlette/{server}", f"http://127.0.0.1:{port}", "rest", clients, plan))
                 rows.append(wrk_row(f"bare Starlette/{server}", f"http://127.0.0.1:{port}", clients, plan))
@@ -520,6 +537,16 @@ def ratios(rows: list[dict[str, Any]], ceiling_rows: list[dict[str, Any]]) -> No
         )
         if match and match.get("requests_per_second") and r.get("requests_per_second"):
             r["vs_bare"] = round(r["requests_per_second"] / match["requests_per_second"], 2)
+        hop = next(
+            (
+                c
+                for c in ceiling_rows
+                if c["server"] == HOP and c["protocol"] == r["protocol"] and c["clients"] == r["clients"]
+            ),
+            None,
+        )
+        if hop and hop.get("requests_per_second") and r.get("requests_per_second"):
+            r["vs_bare_hop"] = round(r["requests_per_second"] / hop["requests_per_second"], 2)
 
 
 def save_sklearn_digits(folder: Path) -> None:
@@ -579,7 +606,7 @@ def main() -> None:
     print("The bare stacks (half_plus_two's answer, no model):")
     print(format_table(ceiling, [*columns, "mean_ms"]))
     print(f"\nworkbench serve on half_plus_two ({workers_note}); vs_bare: requests/s over the bare stack's:")
-    print(format_table(served, [*columns, "mean_ms", "vs_bare"]))
+    print(format_table(served, [*columns, "mean_ms", "vs_bare", "vs_bare_hop"]))
     print("\nThe CNN, 64 clients:")
     print(format_table(cnn, columns))
     print(

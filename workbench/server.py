@@ -25,7 +25,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +51,7 @@ from workbench.engine.routing_state import read_legacy_state
 from workbench.engine.source import RepositorySource
 from workbench.engine.stats import RollingStats
 from workbench.engine.storage import VersionCache, caching_loader
+from workbench.engine.threads import InferenceThreads
 from workbench.engine.warmup import warm_up
 from workbench.errors import Code, ServingError
 from workbench.frontends.grpc import ReadinessHealth, start_grpc_server
@@ -158,7 +158,7 @@ class ModelServer:
         )
         # N workers share the cores: each takes its part of the default
         threads = options.num_inference_threads or max(4, 2 * (os.cpu_count() or 1) // max(1, options.num_workers))
-        self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="workbench-infer")
+        self._executor = InferenceThreads(threads, "workbench-infer")
         self.scheduler = BatchScheduler(
             self._executor, lambda servable: self._batching.get(servable.name), listener=self._on_batch
         )

@@ -37,13 +37,13 @@ import time
 import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import Executor
-from concurrent.futures import Future as ThreadFuture
 from typing import Any, TypeVar
 
 import numpy as np
 
 from workbench.engine.batching_config import BatchingParameters
 from workbench.engine.servable import Servable
+from workbench.engine.threads import caller
 from workbench.errors import Code, ServingError, from_exception
 from workbench.signatures import Signature
 
@@ -358,7 +358,7 @@ class BatchScheduler:
         default: a model whose calls are cheap until one is not (a data-dependent loop, a wait on I/O) would hold the
         loop, and every request and probe with it, for that whole call."""
         self._inline_cheap_models = inline_cheap_models
-        self._executor = executor
+        self._call = caller(executor)
         self._params_for = params_for
         self._listener = listener
         self._queues: dict[tuple[int, str, tuple[str, ...]], _Queue] = {}
@@ -482,11 +482,14 @@ class BatchScheduler:
             interest._add(task)  # noqa: SLF001
         task.taken()
         try:
-            work = self._executor.submit(self._alone_on_thread, loop, task, cost, servable, signature, feed, outputs)
+            self._call(
+                self._alone_on_thread,
+                *(loop, task, cost, servable, signature, feed, outputs),
+                dropped=functools.partial(self._alone_dropped, loop, task),
+            )
         except BaseException:  # the executor is shut down
             task.finished()
             raise
-        work.add_done_callback(functools.partial(self._alone_if_cancelled, loop, task))
         return await task.future
 
     def _alone_on_thread(
@@ -523,11 +526,10 @@ class BatchScheduler:
                 future.set_result(result)
         task.finished()
 
-    def _alone_if_cancelled(self, loop: asyncio.AbstractEventLoop, task: _Task, work: ThreadFuture[None]) -> None:
+    def _alone_dropped(self, loop: asyncio.AbstractEventLoop, task: _Task) -> None:
         """The executor dropped the call unrun (it shut down): its caller gets the cancellation."""
-        if work.cancelled():
-            with contextlib.suppress(RuntimeError):  # the loop is closed too
-                loop.call_soon_threadsafe(self._alone_done, task, None, asyncio.CancelledError())
+        with contextlib.suppress(RuntimeError):  # the loop is closed too
+            loop.call_soon_threadsafe(self._alone_done, task, None, asyncio.CancelledError())
 
     def _run_alone(
         self, servable: Servable, signature: Signature, feed: Feed, outputs: Sequence[str]
@@ -594,12 +596,15 @@ class BatchScheduler:
             queue.running += 1
             loop = asyncio.get_running_loop()
             try:
-                work = self._executor.submit(self._run_batch, loop, queue, batch, started)
+                self._call(
+                    self._run_batch,
+                    *(loop, queue, batch, started),
+                    dropped=functools.partial(self._batch_dropped, loop, queue, batch, started),
+                )
             except BaseException as exc:  # noqa: BLE001 - the executor is shut down: the batch's callers get it
                 queue.running -= 1
                 self._deliver(queue, batch, started, exc, on_loop=False)
                 continue
-            work.add_done_callback(functools.partial(self._if_cancelled, loop, queue, batch, started))
         if not pending and queue.running == 0 and not queue.dispatch_pending:
             key = (id(queue.servable), queue.signature.name, queue.outputs)
             if self._queues.get(key) is queue:  # a newer queue under the same key stays
@@ -681,18 +686,12 @@ class BatchScheduler:
         with contextlib.suppress(RuntimeError):  # the loop is closed (the server stopped): nobody waits any more
             loop.call_soon_threadsafe(self._finish, queue, batch, started, outcome)
 
-    def _if_cancelled(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        queue: _Queue,
-        batch: list[_Task],
-        started: float,
-        work: ThreadFuture[None],
+    def _batch_dropped(
+        self, loop: asyncio.AbstractEventLoop, queue: _Queue, batch: list[_Task], started: float
     ) -> None:
         """The executor dropped the batch unrun (it shut down): its callers get the cancellation."""
-        if work.cancelled():
-            with contextlib.suppress(RuntimeError):  # the loop is closed too
-                loop.call_soon_threadsafe(self._finish, queue, batch, started, asyncio.CancelledError())
+        with contextlib.suppress(RuntimeError):  # the loop is closed too
+            loop.call_soon_threadsafe(self._finish, queue, batch, started, asyncio.CancelledError())
 
     def _finish(
         self,
