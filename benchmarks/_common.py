@@ -27,7 +27,8 @@ def server_counters(rest_url: str, model: str) -> tuple[float, float, float]:
     """(examples, batches, failed requests) so far for ``model``, from the server's Prometheus metrics.
 
     Deltas over a run give its mean batch size (workbench_batch_size's sum / count) and how many of its requests
-    failed (TF Serving's request_count with a status other than OK).
+    failed (TF Serving's request_count with a status other than OK or CANCELLED: h2load cancels the requests it has
+    in flight when its time is up, and the server counts those as its client cancelled them).
     """
     text = urllib.request.urlopen(f"{rest_url}/metrics", timeout=10).read().decode()
     examples = batches = failed = 0.0
@@ -41,6 +42,7 @@ def server_counters(rest_url: str, model: str) -> tuple[float, float, float]:
             line.startswith(":tensorflow:serving:request_count")
             and f'model_name="{model}"' in line
             and 'status="OK"' not in line
+            and 'status="CANCELLED"' not in line
         ):
             failed += float(value)
     return examples, batches, failed

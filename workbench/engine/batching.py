@@ -678,11 +678,15 @@ class BatchScheduler:
         return results, target, time.perf_counter() - started
 
     def _run_batch(self, loop: asyncio.AbstractEventLoop, queue: _Queue, batch: list[_Task], started: float) -> None:
-        """On an inference thread: run the batch, then hand its outcome straight to the loop (one hop back)."""
+        """On an inference thread: run the batch and record it, then hand its outcome straight to the loop (one hop
+        back). The record is made here, off the event loop that every request shares."""
+        outcome: tuple[list[Outputs], int, float] | BaseException
         try:
-            outcome: tuple[list[Outputs], int, float] | BaseException = self._execute(queue, batch)
+            outcome = ran = self._execute(queue, batch)
         except BaseException as exc:  # noqa: BLE001 - every caller of the batch gets the error
             outcome = exc
+        else:
+            self._record(queue, batch, started, ran)
         with contextlib.suppress(RuntimeError):  # the loop is closed (the server stopped): nobody waits any more
             loop.call_soon_threadsafe(self._finish, queue, batch, started, outcome)
 
@@ -713,30 +717,39 @@ class BatchScheduler:
         outcome: tuple[list[Outputs], int, float] | BaseException,
         on_loop: bool,
     ) -> None:
-        """Answer every caller of ``batch`` with its rows (or the batch's error), and record the batch."""
+        """Answer every caller of ``batch`` with its rows (or the batch's error); a batch run on the loop is recorded
+        here too (a thread records its own)."""
         if isinstance(outcome, BaseException):
             error = from_exception(outcome)
             for task in batch:
                 if not task.future.done():
                     task.future.set_exception(error)
                 task.finished()
-        else:
-            results, target, run_seconds = outcome
-            queue.cost.record(run_seconds, on_loop)
-            for task, result in zip(batch, results, strict=True):
-                if not task.future.done():
-                    task.future.set_result(result)
-                task.finished()
-            if self._listener is not None:
-                self._listener(
-                    BatchRecord(
-                        model=queue.servable.name,
-                        version=queue.servable.version,
-                        signature=queue.signature.name,
-                        size=sum(t.rows for t in batch),
-                        padded_size=target,
-                        tasks=len(batch),
-                        queue_seconds=[started - t.enqueued for t in batch],
-                        run_seconds=run_seconds,
-                    )
+            return
+        results, _, run_seconds = outcome
+        queue.cost.record(run_seconds, on_loop)
+        for task, result in zip(batch, results, strict=True):
+            if not task.future.done():
+                task.future.set_result(result)
+            task.finished()
+        if on_loop:
+            self._record(queue, batch, started, outcome)
+
+    def _record(
+        self, queue: _Queue, batch: list[_Task], started: float, outcome: tuple[list[Outputs], int, float]
+    ) -> None:
+        """Tell the listener (metrics, stats) what a batch that ran looked like."""
+        if self._listener is not None:
+            _, target, run_seconds = outcome
+            self._listener(
+                BatchRecord(
+                    model=queue.servable.name,
+                    version=queue.servable.version,
+                    signature=queue.signature.name,
+                    size=sum(t.rows for t in batch),
+                    padded_size=target,
+                    tasks=len(batch),
+                    queue_seconds=[started - t.enqueued for t in batch],
+                    run_seconds=run_seconds,
                 )
+            )
