@@ -544,8 +544,12 @@ def test_a_node_removed_under_load(ray_cluster: RayCluster, deploy: Callable[...
     )
     # Only requests the killed replica had accepted fail: at most one per closed-loop client.
     assert len(abrupt_failures) <= 4, abrupt_failures
-    # Ray's HTTP proxy answers 500 for a replica that died under a request; never a hang, never a wrong answer.
-    assert {a.status for a in abrupt_failures} <= {500}, abrupt_failures
+    # Ray's HTTP proxy answers 500 for a replica that died under a request, or, when the replica had already sent
+    # the start of its answer, cuts that answer short (the client reads fewer bytes than announced). Never a hang
+    # (a timeout), never a refused connection, never a wrong answer.
+    assert {a.status for a in abrupt_failures} <= {500, -1}, abrupt_failures
+    cut_short = [a for a in abrupt_failures if a.status == -1]
+    assert all("IncompleteRead" in a.error or "Connection broken" in a.error for a in cut_short), abrupt_failures
     # ... and they all happened while the replica was being lost, none once the deployment was whole again.
     assert not load.failures(since=served_again)
 
