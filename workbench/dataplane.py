@@ -115,6 +115,22 @@ def _expire(answer: asyncio.Future[Any]) -> None:
         answer.set_exception(_Expired())
 
 
+async def _until_answered(waiting: Awaitable[T], interest: Interest, expiry: asyncio.TimerHandle | None) -> T:
+    """What a request awaits, until it is answered: a cancelled caller gives up the work still queued for it, an
+    expired answer (:func:`_expire`) is DEADLINE_EXCEEDED, and the deadline's timer ends with the wait."""
+    try:
+        return await waiting
+    except _Expired:
+        interest.give_up(deadline_exceeded())
+        raise deadline_exceeded() from None
+    except asyncio.CancelledError:
+        interest.give_up(ServingError(Code.CANCELLED, "Cancelled"))
+        raise
+    finally:
+        if expiry is not None:
+            expiry.cancel()
+
+
 async def _answering(work: Awaitable[T], answer: asyncio.Future[T]) -> None:
     """Await ``work`` and hand its outcome to ``answer``, unless nobody waits for it any more.
 
@@ -228,14 +244,7 @@ class Dataplane:
         loop = asyncio.get_running_loop()
         interest = call._interest = Interest(timeout, loop)
         expiry = loop.call_later(timeout, interest.answer_early, deadline_exceeded()) if timeout is not None else None
-        try:
-            return await self.scheduler.run(servable, signature, feed, outputs, interest)
-        except asyncio.CancelledError:
-            interest.give_up(ServingError(Code.CANCELLED, "Cancelled"))
-            raise
-        finally:
-            if expiry is not None:
-                expiry.cancel()
+        return await _until_answered(self.scheduler.run(servable, signature, feed, outputs, interest), interest, expiry)
 
     @staticmethod
     async def _run(call: Call, work: Awaitable[T], timeout: float | None) -> T:
@@ -255,17 +264,7 @@ class Dataplane:
         interest = Interest(timeout, loop)  # what it still has queued for a batch when the caller gives up never runs
         call._work = interest.start(_answering(work, answer))
         expiry = loop.call_later(timeout, _expire, answer) if timeout is not None else None
-        try:
-            return await answer
-        except _Expired:
-            interest.give_up(deadline_exceeded())
-            raise deadline_exceeded() from None
-        except asyncio.CancelledError:
-            interest.give_up(ServingError(Code.CANCELLED, "Cancelled"))
-            raise
-        finally:
-            if expiry is not None:
-                expiry.cancel()
+        return await _until_answered(answer, interest, expiry)
 
     async def predict(
         self,
