@@ -23,7 +23,8 @@ rate of each model at batch 1 and 64 is the ceiling. Then:
   request path, is what a request costs;
 - half_plus_two as a Python model on 1, 4 and 16 workers: the request path alone, scaled over the cores;
 - the same model on 1 worker from one Python client process, against a bare grpc.aio server answering the same
-  messages without a model (benchmarks/request_path.py's comparison, on a quieter machine).
+  messages without a model (benchmarks/request_path.py's comparison, on a quieter machine), batching off and on,
+  in alternating rounds.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ from _common import BATCHING, MONITORING, ServeProcess, free_port, save_results,
 from workbench.bench import run_load  # noqa: E402
 
 REQUEST_PATH_CLIENTS = (1, 32)
+REQUEST_PATH_ROUNDS = 5  # alternating measurements of each request-path row; the row is the median
 
 CLIENTS = 64
 CLIENT_PROCESSES = 8
@@ -413,29 +415,20 @@ def serve_rows(
     return rows
 
 
-def request_path_rows(root: Path, duration: float) -> list[dict[str, Any]]:
+def request_path_rows(root: Path, duration: float, rounds: int = REQUEST_PATH_ROUNDS) -> list[dict[str, Any]]:
     """half_plus_two over gRPC from one Python client process, against bare grpc.aio answering the same messages.
 
     As benchmarks/request_path.py measures it on the 2-core machine (there with TensorFlow's half_plus_two): here
-    the model is the Python one, and the machine is quieter and has 16 cores.
+    the model is the Python one, and the machine is quieter and has 16 cores. The three servers run side by side
+    and are measured in alternating rounds (a run moves by ~10% on a shared machine); each row is the median round.
     """
     import grpc
     from request_path import Child, bare_predict_response
 
     x = {"x": np.array([[2.0]], np.float32)}
-    rows: list[dict[str, Any]] = []
-
-    def measure(server: str, target: str) -> None:
-        for clients in REQUEST_PATH_CLIENTS:
-            result = run_load(target, "grpc", "half_plus_two", x, concurrency=clients, duration=duration)
-            if result.errors:
-                raise RuntimeError(f"{result.errors} requests to {server} failed")
-            row = {"server": server, "clients": clients, "requests_per_second": round(result.requests_per_second, 1)}
-            rows.append({**row, "p50_ms": round(result.percentile(50), 3)})
-            print(json.dumps(rows[-1]), flush=True)
-
     port = free_port()
     bare = Child("bare-grpc", port, log=root / "bare.log")
+    servers: dict[str, ServeProcess] = {}
     try:
         import workbench.protocol.tf_protos  # noqa: F401  # isort: skip  (no tensorflow/__init__)
         from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
@@ -446,21 +439,54 @@ def request_path_rows(root: Path, duration: float) -> list[dict[str, Any]]:
                 return stub.Predict(predict_pb2.PredictRequest(), timeout=5) == bare_predict_response()
 
         bare.wait(answers)
-        measure("bare grpc.aio", f"127.0.0.1:{port}")
+        config = root / "half_plus_two.config"
+        for batching in (False, True):
+            flags = [
+                "--allow_python_models",
+                "--file_system_poll_wait_seconds=0",
+                f"--monitoring_config_file={root / 'monitoring.txt'}",
+            ]
+            if batching:
+                flags += ["--enable_batching", f"--batching_parameters_file={root / 'batching.txt'}"]
+            server = servers[f"workbench, 1 worker, batching {'on' if batching else 'off'}"] = ServeProcess(
+                config, *flags
+            )
+            server.wait_for_answer("half_plus_two", {"instances": [[2.0]]})
+        targets = {"bare grpc.aio": f"127.0.0.1:{port}", **{name: s.grpc_target for name, s in servers.items()}}
+        measured: dict[tuple[str, int], list[dict[str, Any]]] = {}
+        for _ in range(rounds):
+            for clients in REQUEST_PATH_CLIENTS:
+                for name, target in targets.items():
+                    server = servers.get(name)
+                    before = server_counters(server.rest_url, "half_plus_two") if server else None
+                    result = run_load(target, "grpc", "half_plus_two", x, concurrency=clients, duration=duration)
+                    if result.errors:
+                        raise RuntimeError(f"{result.errors} requests to {name} failed")
+                    row: dict[str, Any] = {
+                        "server": name,
+                        "clients": clients,
+                        "requests_per_second": round(result.requests_per_second, 1),
+                        "p50_ms": round(result.percentile(50), 3),
+                    }
+                    if server is not None and before is not None:
+                        examples, batches, _ = (
+                            a - b
+                            for a, b in zip(server_counters(server.rest_url, "half_plus_two"), before, strict=True)
+                        )
+                        row["mean_batch"] = round(examples / batches, 2) if batches else None
+                    measured.setdefault((name, clients), []).append(row)
+        rows = []
+        for runs in measured.values():
+            ranked = sorted(runs, key=lambda r: r["requests_per_second"])
+            rows.append(
+                {**ranked[len(ranked) // 2], "rounds_requests_per_second": [r["requests_per_second"] for r in runs]}
+            )
+            print(json.dumps(rows[-1]), flush=True)
+        return rows
     finally:
         bare.stop()
-    config = root / "half_plus_two.config"
-    for batching in (False, True):
-        flags = ["--allow_python_models", "--file_system_poll_wait_seconds=0"]
-        if batching:
-            flags += ["--enable_batching", f"--batching_parameters_file={root / 'batching.txt'}"]
-        server = ServeProcess(config, *flags)
-        try:
-            server.wait_for_answer("half_plus_two", {"instances": [[2.0]]})
-            measure(f"workbench, 1 worker, batching {'on' if batching else 'off'}", server.grpc_target)
-        finally:
+        for server in servers.values():
             server.stop()
-    return rows
 
 
 def check_answer(server: ServeProcess, model: str, body: bytes, expected: np.ndarray) -> float:
@@ -568,7 +594,7 @@ def main() -> None:
             rows += serve_rows(
                 pool, root, config, "half_plus_two", workers, False, duration, x, np.array([[3.0]]), [(CLIENTS, False)]
             )
-        results["request_path"] = request_path_rows(root, duration)
+        results["request_path"] = request_path_rows(root, duration, 1 if args.quick else REQUEST_PATH_ROUNDS)
         results["rows"] = rows
     results["ratios"] = ratios(rows, limits, results["request_path"])
     path = Path(args.out) if args.out else save_results("gpu", results)
