@@ -48,6 +48,13 @@ def server_counters(rest_url: str, model: str) -> tuple[float, float, float]:
     return examples, batches, failed
 
 
+def counters_since(rest_url: str, model: str, before: tuple[float, float, float]) -> tuple[float, float, float]:
+    """(examples, batches, failed requests) for ``model`` since ``before`` (an earlier :func:`server_counters`)."""
+    after = server_counters(rest_url, model)
+    examples, batches, failed = (a - b for a, b in zip(after, before, strict=True))
+    return examples, batches, failed
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

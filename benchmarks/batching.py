@@ -38,6 +38,7 @@ from _common import (  # noqa: E402
     BATCHING,
     MONITORING,
     ServeProcess,
+    counters_since,
     save_results,
     save_small_cnn,
     server_counters,
@@ -178,8 +179,7 @@ def main() -> None:
                         measured = h2load(server.grpc_target, bodies[model], clients, args.duration, root / "h2.log")
                     else:
                         measured = python_load(server.grpc_target, model, inputs, clients, args.duration)
-                    after = server_counters(server.rest_url, model)
-                    examples, batches, failed = (a - b for a, b in zip(after, before, strict=True))
+                    examples, batches, failed = counters_since(server.rest_url, model, before)
                     if failed:
                         raise RuntimeError(f"{failed:.0f} requests to {model} failed ({clients} clients)")
                     mean_batch = examples / batches if batches else float("nan")

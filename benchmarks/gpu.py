@@ -51,7 +51,15 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _common import BATCHING, MONITORING, ServeProcess, free_port, save_results, server_counters  # noqa: E402
+from _common import (  # noqa: E402
+    BATCHING,
+    MONITORING,
+    ServeProcess,
+    counters_since,
+    free_port,
+    save_results,
+    server_counters,
+)
 
 from workbench.bench import run_load  # noqa: E402
 
@@ -393,9 +401,7 @@ def serve_rows(
                 }
             else:
                 measured = load(pool, server.grpc_target, model, image, clients, duration)
-            examples, batches, failed = (
-                a - b for a, b in zip(server_counters(server.rest_url, model), before, strict=True)
-            )
+            examples, batches, failed = counters_since(server.rest_url, model, before)
             if failed:
                 raise RuntimeError(f"{failed:.0f} requests to {model} failed")
             rows.append(
@@ -469,10 +475,7 @@ def request_path_rows(root: Path, duration: float, rounds: int = REQUEST_PATH_RO
                         "p50_ms": round(result.percentile(50), 3),
                     }
                     if server is not None and before is not None:
-                        examples, batches, _ = (
-                            a - b
-                            for a, b in zip(server_counters(server.rest_url, "half_plus_two"), before, strict=True)
-                        )
+                        examples, batches, _ = counters_since(server.rest_url, "half_plus_two", before)
                         row["mean_batch"] = round(examples / batches, 2) if batches else None
                     measured.setdefault((name, clients), []).append(row)
         rows = []

@@ -526,27 +526,20 @@ def ratios(rows: list[dict[str, Any]], ceiling_rows: list[dict[str, Any]]) -> No
     """Each workbench row's requests/s as a share of the bare stack's at the same protocol, generator and clients."""
     bare = {"grpc": "bare grpc.aio", "rest": "bare Starlette/uvicorn"}
     for r in rows:
+        if not r.get("requests_per_second"):
+            continue
         kind = "grpc" if r["protocol"].startswith("grpc") else "rest"
-        match = next(
-            (
-                c
-                for c in ceiling_rows
-                if c["server"] == bare[kind] and c["protocol"] == r["protocol"] and c["clients"] == r["clients"]
-            ),
-            None,
-        )
-        if match and match.get("requests_per_second") and r.get("requests_per_second"):
-            r["vs_bare"] = round(r["requests_per_second"] / match["requests_per_second"], 2)
-        hop = next(
-            (
-                c
-                for c in ceiling_rows
-                if c["server"] == HOP and c["protocol"] == r["protocol"] and c["clients"] == r["clients"]
-            ),
-            None,
-        )
-        if hop and hop.get("requests_per_second") and r.get("requests_per_second"):
-            r["vs_bare_hop"] = round(r["requests_per_second"] / hop["requests_per_second"], 2)
+        for key, server in (("vs_bare", bare[kind]), ("vs_bare_hop", HOP)):
+            ceiling = next(
+                (
+                    c
+                    for c in ceiling_rows
+                    if c["server"] == server and c["protocol"] == r["protocol"] and c["clients"] == r["clients"]
+                ),
+                None,
+            )
+            if ceiling and ceiling.get("requests_per_second"):
+                r[key] = round(r["requests_per_second"] / ceiling["requests_per_second"], 2)
 
 
 def save_sklearn_digits(folder: Path) -> None:

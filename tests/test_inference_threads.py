@@ -4,11 +4,25 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from workbench.engine.threads import InferenceThreads, caller
+
+
+def occupy(call: Callable[..., object]) -> threading.Event:
+    """Keep an executor's only thread busy until the returned event is set: calls made meanwhile wait queued."""
+    running, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        running.set()
+        release.wait(10)
+
+    call(hold)
+    assert running.wait(10)
+    return release
 
 
 def test_calls_run_on_the_named_threads_and_hand_their_outcome_back() -> None:
@@ -40,16 +54,9 @@ def test_submit_keeps_the_executor_interface() -> None:
 
 def test_shutting_down_drops_what_waits_and_tells_each_dropped_call() -> None:
     threads = InferenceThreads(1, "test-drop")
-    running, release = threading.Event(), threading.Event()
     dropped: list[int] = []
     ran: list[int] = []
-
-    def hold() -> None:
-        running.set()
-        release.wait(10)
-
-    threads.call(hold)
-    assert running.wait(10)  # the only thread is busy: what comes next waits in the queue
+    release = occupy(threads.call)  # the only thread is busy: what comes next waits in the queue
     for value in range(3):
         threads.call(ran.append, value, dropped=lambda value=value: dropped.append(value))
     waiting = threads.submit(ran.append, 99)
@@ -80,16 +87,9 @@ def test_any_executor_runs_a_call_and_reports_a_cancelled_one() -> None:
     """The batcher takes any Executor (tests pass their own): ``caller`` gives it the same call form."""
     pool = ThreadPoolExecutor(max_workers=1)
     call = caller(pool)
-    running, release = threading.Event(), threading.Event()
     ran: list[int] = []
     dropped: list[int] = []
-
-    def hold() -> None:
-        running.set()
-        release.wait(10)
-
-    call(hold)
-    assert running.wait(10)
+    release = occupy(call)
     call(ran.append, 1, dropped=lambda: dropped.append(1))
     pool.shutdown(wait=False, cancel_futures=True)
     release.set()
