@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -55,6 +57,13 @@ def counters_since(rest_url: str, model: str, before: tuple[float, float, float]
     return examples, batches, failed
 
 
+def loop_cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) the main thread of process ``pid`` has used: the thread of a server's event loop,
+    which a Python server's throughput is bound by. Linux's /proc, in clock ticks (10 ms)."""
+    fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -85,37 +94,45 @@ def save_mnist_mlp(export_dir: Path, hidden: int = 256, seed: int = 0) -> Path:
     return export_dir
 
 
-def write_config(path: Path, models: dict[str, Path]) -> Path:
-    entries = "".join(
-        f'  config {{ name: "{name}" base_path: "{base}" model_platform: "tensorflow" }}\n'
-        for name, base in models.items()
-    )
+def write_config(path: Path, models: dict[str, Path], platform: str | None = "tensorflow") -> Path:
+    """A model_config_list serving each base path under its name; ``platform=None`` leaves each model's platform to
+    be detected from its version's files (a Python model, a PyTorch one)."""
+    declared = f' model_platform: "{platform}"' if platform else ""
+    entries = "".join(f'  config {{ name: "{name}" base_path: "{base}"{declared} }}\n' for name, base in models.items())
     path.write_text("model_config_list {\n" + entries + "}\n")
     return path
 
 
 class ServeProcess:
-    """`workbench serve` as a child process, as users run it."""
+    """`workbench serve` as a child process, as users run it.
+
+    The server picks its own free ports (``--port=0 --rest_api_port=-1``) and says which in its ready file: a port
+    chosen here would be free only until released, and another process may take it before the server binds it.
+    Its output goes to a log file (a pipe nobody reads would stop a talkative server once full).
+    """
 
     def __init__(self, config: Path, *extra: str) -> None:
-        self.grpc_port, self.rest_port = free_port(), free_port()
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+        self._spawn([sys.executable, "-m", "workbench"], f"--model_config_file={config}", *extra)
+
+    def _spawn(self, command: list[str], *flags: str) -> None:
+        self._folder = Path(tempfile.mkdtemp(prefix="workbench-bench-"))
+        self.ready_file, self.log_path = self._folder / "ready.json", self._folder / "server.log"
+        self._ports: tuple[int, int] | None = None
         self.started = time.perf_counter()
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "workbench",
-                "serve",
-                f"--port={self.grpc_port}",
-                f"--rest_api_port={self.rest_port}",
-                f"--model_config_file={config}",
-                *extra,
-            ],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                [*command, "serve", "--port=0", "--rest_api_port=-1", f"--ready_file={self.ready_file}", *flags],
+                env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+
+    @property
+    def grpc_port(self) -> int:
+        return self.wait_ready()[0]
+
+    @property
+    def rest_port(self) -> int:
+        return self.wait_ready()[1]
 
     @property
     def rest_url(self) -> str:
@@ -125,24 +142,46 @@ class ServeProcess:
     def grpc_target(self) -> str:
         return f"127.0.0.1:{self.grpc_port}"
 
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self, timeout: float = 180) -> tuple[int, int]:
+        """The (gRPC, REST) ports, once the server has opened them."""
+        deadline = time.perf_counter() + timeout
+        while self._ports is None:
+            self.check_running()
+            if self.ready_file.exists():
+                ready = json.loads(self.ready_file.read_text())
+                self._ports = ready["grpc_port"], ready["rest_port"]
+            elif time.perf_counter() > deadline:
+                raise TimeoutError(f"workbench serve did not open its ports in {timeout} s:\n{self.log()[-3000:]}")
+            else:
+                time.sleep(0.02)
+        return self._ports
+
     def wait_for_answer(self, model: str, body: dict, timeout: float = 180) -> float:
         """Seconds from spawning the process to its first answered predict request."""
         data = json.dumps(body).encode()
         deadline = time.perf_counter() + timeout
+        self.wait_ready(timeout)
         while time.perf_counter() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError("workbench serve exited:\n" + self.proc.stderr.read().decode()[-3000:])
+            self.check_running()
             try:
                 req = urllib.request.Request(f"{self.rest_url}/v1/models/{model}:predict", data=data)
                 with urllib.request.urlopen(req, timeout=5) as response:
                     if response.status == 200:
                         return time.perf_counter() - self.started
             except OSError:
-                time.sleep(0.05)
-        raise TimeoutError("server did not answer in time")
+                time.sleep(0.02)
+        raise TimeoutError(f"workbench serve did not answer in time:\n{self.log()[-3000:]}")
+
+    def check_running(self) -> None:
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"workbench serve exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
 
     def stop(self) -> None:
         stop_process(self.proc)
+        shutil.rmtree(self._folder, ignore_errors=True)
 
 
 def stop_process(proc: subprocess.Popen) -> None:

@@ -59,6 +59,7 @@ from _common import (  # noqa: E402
     free_port,
     save_results,
     server_counters,
+    write_config,
 )
 
 from workbench.bench import run_load  # noqa: E402
@@ -202,12 +203,6 @@ def write_half_plus_two(root: Path) -> Path:
     return version.parent
 
 
-def write_config(path: Path, bases: dict[str, Path]) -> Path:
-    entries = "".join(f'  config {{ name: "{name}" base_path: "{base}" }}\n' for name, base in bases.items())
-    path.write_text("model_config_list {\n" + entries + "}\n")
-    return path
-
-
 def in_process_rate(net: Any, device: str, batch: int, seconds: float = 2.0) -> float:
     """Images/s of the network called directly, on ``device``, at ``batch`` images a call."""
     import torch
@@ -264,8 +259,7 @@ def every_worker_ready(server: ServeProcess, model: str, body: bytes, workers: i
     while in_a_row < 4 * workers:
         if time.perf_counter() > deadline:
             raise TimeoutError("not every worker answered in time")
-        if server.proc.poll() is not None:
-            raise RuntimeError("workbench serve exited:\n" + server.proc.stderr.read().decode()[-3000:])
+        server.check_running()
         try:
             request = urllib.request.Request(f"{server.rest_url}/v1/models/{model}:predict", data=body)
             with urllib.request.urlopen(request, timeout=30):
@@ -547,7 +541,7 @@ def main() -> None:
 
         rows: list[dict[str, Any]] = []
         for model in bases:
-            config = write_config(root / f"{model}.config", {model: bases[model]})
+            config = write_config(root / f"{model}.config", {model: bases[model]}, platform=None)
             counts = worker_counts if model != "cnn_onnx" else [1]
             for workers in counts:
                 for batching in (False, True):
@@ -591,7 +585,9 @@ def main() -> None:
                         batching_file="batching_large.txt",
                     )
         # The request path on many cores: half_plus_two as a Python model, batching off.
-        config = write_config(root / "half_plus_two.config", {"half_plus_two": write_half_plus_two(root)})
+        config = write_config(
+            root / "half_plus_two.config", {"half_plus_two": write_half_plus_two(root)}, platform=None
+        )
         x = {"x": np.array([[2.0]], np.float32)}
         for workers in worker_counts:
             rows += serve_rows(

@@ -2,16 +2,18 @@
 
 Run: `.venv/bin/python benchmarks/request_path.py` (about 20 minutes on 2 cores; the bench extra adds granian).
 Prints tables and writes benchmarks/results/request_path.json. Everything is measured in this one run, one server
-at a time, each a child process on 127.0.0.1, by load generators in this process (and h2load and wrk where
-installed); every row is the median of --rounds measurements:
+under load at a time, each a child process on 127.0.0.1, by load generators in this process (and h2load and wrk
+where installed); every row is the median of --rounds measurements:
 
 1. the ceilings: a bare grpc.aio PredictionService and a bare Starlette app (under uvicorn with httptools and
    uvloop, and under granian) answering half_plus_two's exact answer without a model: parse the request, send
    the answer. Workbench's rows are also given as a ratio of these (``vs_bare``); and the bare gRPC server with
    each request handed to a thread and back, the floor of any server that keeps model calls off its event loop
-   (``vs_bare_hop``: what is left is workbench's own cost);
+   (``vs_bare_hop``: what is left is workbench's own cost). Rows of workbench bench's client against one server
+   process also give its event-loop thread's CPU µs per request (``loop_us``), which bounds a Python server's rate;
 2. `workbench serve` (one worker) on half_plus_two, batching off and on, 1 and 32 clients, over gRPC (workbench
-   bench's grpc.aio client; h2load) and REST (workbench bench's HTTP/1.1 client; wrk);
+   bench's grpc.aio client; h2load) and REST (workbench bench's HTTP/1.1 client; wrk). Both servers are up at
+   once and take turns round by round, so that batching on against off is not decided by when each ran;
 3. a compute-bound CNN (≈12 M multiply-adds an image), 64 clients, batching off and on, gRPC and REST;
 4. one REST predict's p50 with one client against the in-process signature call;
 5. granian against uvicorn: the bare app, then workbench's own REST app (the very object `workbench serve`
@@ -56,6 +58,7 @@ from _common import (  # noqa: E402
     ServeProcess,
     free_port,
     load_row,
+    loop_cpu_seconds,
     save_results,
     save_small_cnn,
     stop_process,
@@ -217,15 +220,9 @@ class StartupProcess(ServeProcess):
     """`workbench serve` as a child, optionally importing TensorFlow before anything else (start-up as it was)."""
 
     def __init__(self, *flags: str, import_tensorflow_first: bool) -> None:
-        self.grpc_port, self.rest_port = free_port(), free_port()
         first = "import tensorflow; " if import_tensorflow_first else ""
         code = f"{first}import sys; from workbench.cli import main; sys.exit(main(sys.argv[1:]))"
-        self.started = time.perf_counter()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", code, "serve", f"--port={self.grpc_port}", f"--rest_api_port={self.rest_port}",
-             *flags],
-            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        )  # fmt: skip
+        self._spawn([sys.executable, "-c", code], *flags)
 
 
 # ====================================================================================== answers, checked and timed
@@ -260,21 +257,53 @@ def median_round(plan: Plan, measure: Callable[[], dict[str, Any]]) -> dict[str,
 
     Other work on a shared machine comes in bursts; the median keeps one burst from deciding a row.
     """
-    rows = [measure() for _ in range(plan.rounds)]
-    rows.sort(key=lambda r: r.get("requests_per_second", 0.0))
+    return _median([measure() for _ in range(plan.rounds)])
+
+
+def alternating(plan: Plan, measures: list[Callable[[], dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Rows of servers compared with each other: ``plan.rounds`` rounds in which each measures once, the order
+    reversed every other round, each row the median of its rounds. A burst of other work then falls on all of them
+    alike, where rows measured one after the other can differ by the burst alone."""
+    rounds: list[list[dict[str, Any]]] = [[] for _ in measures]
+    for index in range(plan.rounds):
+        order = list(enumerate(measures))
+        for which, measure in order if index % 2 == 0 else reversed(order):
+            rounds[which].append(measure())
+    return [_median(rows) for rows in rounds]
+
+
+def _median(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    rows = sorted(rows, key=lambda r: r.get("requests_per_second", 0.0))
     return {**rows[len(rows) // 2], "rounds_requests_per_second": [r.get("requests_per_second") for r in rows]}
 
 
-def load(name: str, target: str, protocol: str, clients: int, plan: Plan, **extra: Any) -> dict[str, Any]:
-    """workbench bench's closed loop (grpc.aio client, or its HTTP/1.1 keep-alive client) against ``target``."""
+def load(
+    name: str, target: str, protocol: str, clients: int, plan: Plan, loop_pid: int | None = None, **extra: Any
+) -> dict[str, Any]:
+    """workbench bench's closed loop (grpc.aio client, or its HTTP/1.1 keep-alive client) against ``target``: the
+    median of ``plan.rounds`` rounds (see :func:`bench_once`)."""
+    return median_round(
+        plan, functools.partial(bench_once, name, target, protocol, clients, plan.duration, loop_pid, **extra)
+    )
+
+
+def bench_once(
+    name: str, target: str, protocol: str, clients: int, duration: float, loop_pid: int | None = None, **extra: Any
+) -> dict[str, Any]:
+    """One round of workbench bench's closed loop against ``target``.
+
+    With ``loop_pid`` (the server process, whose main thread runs its event loop) the row also gives that thread's
+    CPU µs per request (``loop_us``): what bounds a Python server's rate, and steadier than the rate on a shared
+    machine. It counts the client's warm-up requests too (80, about 1% of a round).
+    """
     inputs = extra.pop("inputs", HP2_INPUTS)
     model = extra.pop("model", HP2)
-    return median_round(
-        plan,
-        lambda: load_row(
-            name, run_load(target, protocol, model, inputs, concurrency=clients, duration=plan.duration), **extra
-        ),
-    )
+    before = loop_cpu_seconds(loop_pid) if loop_pid is not None else 0.0
+    result = run_load(target, protocol, model, inputs, concurrency=clients, duration=duration)
+    row = load_row(name, result, **extra)
+    if loop_pid is not None and result.requests:
+        row["loop_us"] = round((loop_cpu_seconds(loop_pid) - before) / result.requests * 1e6, 1)
+    return row
 
 
 def h2load_row(name: str, target: str, clients: int, plan: Plan) -> dict[str, Any] | None:
@@ -355,16 +384,20 @@ def _ms(text: str) -> float:
     return round(float(number) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit], 3)
 
 
-def generators(name: str, grpc_target: str, rest_url: str, clients: int, plan: Plan) -> list[dict[str, Any]]:
-    """gRPC and REST rows at ``clients`` from every generator at hand (workbench bench, then h2load and wrk)."""
-    rows = [
-        load(name, grpc_target, "grpc", clients, plan),
-        load(name, rest_url, "rest", clients, plan),
+def measurements(
+    name: str, grpc_target: str, rest_url: str, clients: int, plan: Plan, loop_pid: int | None = None
+) -> list[Callable[[], dict[str, Any]]]:
+    """One round each of gRPC and REST at ``clients`` from every generator at hand (workbench bench, then h2load and
+    wrk), in that order."""
+    found = [
+        functools.partial(bench_once, name, grpc_target, "grpc", clients, plan.duration, loop_pid),
+        functools.partial(bench_once, name, rest_url, "rest", clients, plan.duration, loop_pid),
     ]
-    for extra in (h2load_row(name, grpc_target, clients, plan), wrk_row(name, rest_url, clients, plan)):
-        if extra is not None:
-            rows.append(extra)
-    return rows
+    if shutil.which("h2load") is not None:
+        found.append(functools.partial(_h2load_once, name, grpc_target, clients, plan.duration))
+    if shutil.which("wrk") is not None:
+        found.append(functools.partial(_wrk_once, name, rest_url, clients, plan.duration))
+    return found
 
 
 # ================================================================================================ the measurements
@@ -385,12 +418,13 @@ def ceilings(root: Path, plan: Plan) -> list[dict[str, Any]]:
         for child, port in zip(children[2:], rest_ports.values(), strict=True):
             child.wait(functools.partial(answers_rest, port))
         for clients in (1, 32):
-            rows.append(load("bare grpc.aio", grpc_target, "grpc", clients, plan))
+            rows.append(load("bare grpc.aio", grpc_target, "grpc", clients, plan, children[0].proc.pid))
             rows.append(h2load_row("bare grpc.aio", grpc_target, clients, plan))
-            rows.append(load(HOP, hop_target, "grpc", clients, plan))
+            rows.append(load(HOP, hop_target, "grpc", clients, plan, children[1].proc.pid))
             rows.append(h2load_row(HOP, hop_target, clients, plan))
-            for server, port in rest_ports.items():
-                rows.append(load(f"bare Starlette/{server}", f"http://127.0.0.1:{port}", "rest", clients, plan))
+            for (server, port), child in zip(rest_ports.items(), children[2:], strict=True):
+                url = f"http://127.0.0.1:{port}"
+                rows.append(load(f"bare Starlette/{server}", url, "rest", clients, plan, child.proc.pid))
                 rows.append(wrk_row(f"bare Starlette/{server}", f"http://127.0.0.1:{port}", clients, plan))
     finally:
         for child in children:
@@ -399,22 +433,33 @@ def ceilings(root: Path, plan: Plan) -> list[dict[str, Any]]:
 
 
 def workbench_rows(config: Path, root: Path, plan: Plan, *flags: str, name: str) -> list[dict[str, Any]]:
+    """Batching off and on, both servers up at once and measured in alternating rounds (:func:`alternating`)."""
+    batching = ["--enable_batching", f"--batching_parameters_file={root / 'batching.txt'}"]
+    servers = {
+        f"{name}, batching off": ServeProcess(config, *flags),
+        f"{name}, batching on": ServeProcess(config, *flags, *batching),
+    }
+    # One worker's event loop is the serve process's main thread; with --num_workers the loops are the workers'.
+    workers = any(f.startswith("--num_workers") for f in flags)
     rows: list[dict[str, Any]] = []
-    for batching in (False, True):
-        extra = ["--enable_batching", f"--batching_parameters_file={root / 'batching.txt'}"] if batching else []
-        server = ServeProcess(config, *flags, *extra)
-        label = f"{name}, batching {'on' if batching else 'off'}"
-        try:
+    try:
+        for server in servers.values():
             server.wait_for_answer(HP2, {"instances": [[1.0]]})
             every_worker_answers(server)
             assert rest_answer(server.rest_url) == HP2_REST_ANSWER
             assert grpc_answer(server.grpc_target) == bare_predict_response(), "bare answer differs"
             run_load(server.rest_url, "rest", HP2, HP2_INPUTS, concurrency=8, duration=1.0)  # every worker warm
-            for clients in (1, 32):
-                rows += generators(label, server.grpc_target, server.rest_url, clients, plan)
-        finally:
+        for clients in (1, 32):
+            per_server = [
+                measurements(label, s.grpc_target, s.rest_url, clients, plan, None if workers else s.proc.pid)
+                for label, s in servers.items()
+            ]
+            for same_generator in zip(*per_server, strict=True):
+                rows += alternating(plan, list(same_generator))
+    finally:
+        for server in servers.values():
             server.stop()
-    return rows
+    return sorted(rows, key=lambda r: (r["server"], r["clients"]))
 
 
 def every_worker_answers(server: ServeProcess, in_a_row: int = 20, timeout: float = 180) -> None:
@@ -597,9 +642,9 @@ def main() -> None:
 
     columns = ["server", "protocol", "clients", "requests_per_second", "p50_ms", "p99_ms", "errors"]
     print("The bare stacks (half_plus_two's answer, no model):")
-    print(format_table(ceiling, [*columns, "mean_ms"]))
+    print(format_table(ceiling, [*columns, "mean_ms", "loop_us"]))
     print(f"\nworkbench serve on half_plus_two ({workers_note}); vs_bare: requests/s over the bare stack's:")
-    print(format_table(served, [*columns, "mean_ms", "vs_bare", "vs_bare_hop"]))
+    print(format_table(served, [*columns, "mean_ms", "loop_us", "vs_bare", "vs_bare_hop"]))
     print("\nThe CNN, 64 clients:")
     print(format_table(cnn, columns))
     print(

@@ -314,7 +314,7 @@ def _check_serve_args(args: argparse.Namespace) -> int:
             "nothing to serve: give --model_base_path=DIR (with --model_name), "
             "--model_config_file=FILE or --model_repository=DIR"
         )
-    args.management_token = management_token(args.management_token, args.host)
+    management_token(args.management_token, args.host)  # refused here, before anything starts
     num_workers = resolve_num_workers(args.num_workers)  # a ValueError says why
     if num_workers > 1 and args.grpc_socket_path:
         raise FlagError("--grpc_socket_path serves one process, not --num_workers")
@@ -354,7 +354,7 @@ def _server_options(args: argparse.Namespace, num_workers: int) -> ServerOptions
         model_repository=args.model_repository,
         model_cache_dir=args.model_cache_dir,
         management_state_file=args.management_state_file,
-        management_token=args.management_token,
+        management_token=management_token(args.management_token, args.host),
         server_name=args.server_name,
         drain_seconds=args.drain_seconds,
         drain_delay_seconds=args.drain_delay_seconds,
