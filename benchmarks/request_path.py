@@ -425,7 +425,7 @@ def ceilings(root: Path, plan: Plan) -> list[dict[str, Any]]:
             for (server, port), child in zip(rest_ports.items(), children[2:], strict=True):
                 url = f"http://127.0.0.1:{port}"
                 rows.append(load(f"bare Starlette/{server}", url, "rest", clients, plan, child.proc.pid))
-                rows.append(wrk_row(f"bare Starlette/{server}", f"http://127.0.0.1:{port}", clients, plan))
+                rows.append(wrk_row(f"bare Starlette/{server}", url, clients, plan))
     finally:
         for child in children:
             child.stop()
@@ -435,14 +435,13 @@ def ceilings(root: Path, plan: Plan) -> list[dict[str, Any]]:
 def workbench_rows(config: Path, root: Path, plan: Plan, *flags: str, name: str) -> list[dict[str, Any]]:
     """Batching off and on, both servers up at once and measured in alternating rounds (:func:`alternating`)."""
     batching = ["--enable_batching", f"--batching_parameters_file={root / 'batching.txt'}"]
-    servers = {
-        f"{name}, batching off": ServeProcess(config, *flags),
-        f"{name}, batching on": ServeProcess(config, *flags, *batching),
-    }
     # One worker's event loop is the serve process's main thread; with --num_workers the loops are the workers'.
     workers = any(f.startswith("--num_workers") for f in flags)
+    servers: dict[str, ServeProcess] = {}
     rows: list[dict[str, Any]] = []
     try:
+        servers[f"{name}, batching off"] = ServeProcess(config, *flags)
+        servers[f"{name}, batching on"] = ServeProcess(config, *flags, *batching)
         for server in servers.values():
             server.wait_for_answer(HP2, {"instances": [[1.0]]})
             every_worker_answers(server)
