@@ -319,7 +319,7 @@ def _h2load_once(name: str, target: str, clients: int, duration: float) -> dict[
         frame.write(b"\x00" + len(message).to_bytes(4, "big") + message)  # gRPC's length-prefixed message
     try:
         done = subprocess.run(
-            ["h2load", f"--clients={clients}", "--max-concurrent-streams=1", f"--duration={duration:g}",
+            ["h2load", f"--clients={clients}", "--max-concurrent-streams=1", f"--duration={round(duration * 1000)}ms",
              "--warm-up-time=1", f"--data={frame.name}", "--header=content-type: application/grpc",
              "--header=te: trailers", f"http://{target}/tensorflow.serving.PredictionService/Predict"],
             capture_output=True, text=True, timeout=duration + 60,
