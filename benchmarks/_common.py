@@ -59,7 +59,7 @@ def counters_since(rest_url: str, model: str, before: tuple[float, float, float]
 
 def loop_cpu_seconds(pid: int) -> float:
     """CPU time (user + system) the main thread of process ``pid`` has used: the thread of a server's event loop,
-    which a Python server's throughput is bound by. Linux's /proc, in clock ticks (10 ms)."""
+    which a Python server's throughput is bound by. Read from Linux's /proc, to a clock tick (10 ms)."""
     fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
@@ -176,6 +176,7 @@ class ServeProcess:
         raise TimeoutError(f"workbench serve did not answer in time:\n{self.log()[-3000:]}")
 
     def check_running(self) -> None:
+        """Raise, with the end of its log, if the server has exited."""
         if self.proc.poll() is not None:
             raise RuntimeError(f"workbench serve exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
 
