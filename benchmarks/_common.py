@@ -11,6 +11,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,28 @@ def loop_cpu_seconds(pid: int) -> float:
     which a Python server's throughput is bound by. Read from Linux's /proc, to a clock tick (10 ms)."""
     fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def taking_turns(rounds: int, measures: Sequence[Callable[[], dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Rows of servers compared with each other: ``rounds`` rounds in which each measure runs once, the order
+    reversed every other round; each row is :func:`median_row` of its rounds. A burst of other work on a shared
+    machine then falls on all of them alike, where rows measured one after the other can differ by the burst alone."""
+    measured: list[list[dict[str, Any]]] = [[] for _ in measures]
+    for index in range(rounds):
+        order = list(enumerate(measures))
+        for which, measure in order if index % 2 == 0 else reversed(order):
+            measured[which].append(measure())
+    return [median_row(rows) for rows in measured]
+
+
+def median_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The round with the median requests/s, with every round's requests/s and (where rows count them) the errors
+    of all rounds."""
+    ranked = sorted(rows, key=lambda r: r.get("requests_per_second") or 0.0)
+    median = {**ranked[len(ranked) // 2], "rounds_requests_per_second": [r.get("requests_per_second") for r in ranked]}
+    if all("errors" in r for r in rows):
+        median["errors"] = sum(r["errors"] for r in rows)
+    return median
 
 
 def free_port() -> int:

@@ -30,6 +30,7 @@ rate of each model at batch 1 and 64 is the ceiling. Then:
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import multiprocessing
 import os
@@ -59,6 +60,7 @@ from _common import (  # noqa: E402
     free_port,
     save_results,
     server_counters,
+    taking_turns,
     write_config,
 )
 
@@ -420,7 +422,7 @@ def request_path_rows(root: Path, duration: float, rounds: int = REQUEST_PATH_RO
 
     As benchmarks/request_path.py measures it on the 2-core machine (there with TensorFlow's half_plus_two): here
     the model is the Python one, and the machine is quieter and has 16 cores. The three servers run side by side
-    and are measured in alternating rounds (a run moves by ~10% on a shared machine); each row is the median round.
+    and take turns (a run moves by ~10% on a shared machine); each row is the median round.
     """
     import grpc
     from request_path import Child, bare_predict_response
@@ -453,32 +455,30 @@ def request_path_rows(root: Path, duration: float, rounds: int = REQUEST_PATH_RO
             )
             server.wait_for_answer("half_plus_two", {"instances": [[2.0]]})
         targets = {"bare grpc.aio": f"127.0.0.1:{port}", **{name: s.grpc_target for name, s in servers.items()}}
-        measured: dict[tuple[str, int], list[dict[str, Any]]] = {}
-        for _ in range(rounds):
-            for clients in REQUEST_PATH_CLIENTS:
-                for name, target in targets.items():
-                    server = servers.get(name)
-                    before = server_counters(server.rest_url, "half_plus_two") if server else None
-                    result = run_load(target, "grpc", "half_plus_two", x, concurrency=clients, duration=duration)
-                    if result.errors:
-                        raise RuntimeError(f"{result.errors} requests to {name} failed")
-                    row: dict[str, Any] = {
-                        "server": name,
-                        "clients": clients,
-                        "requests_per_second": round(result.requests_per_second, 1),
-                        "p50_ms": round(result.percentile(50), 3),
-                    }
-                    if server is not None and before is not None:
-                        examples, batches, _ = counters_since(server.rest_url, "half_plus_two", before)
-                        row["mean_batch"] = round(examples / batches, 2) if batches else None
-                    measured.setdefault((name, clients), []).append(row)
+
+        def measure(name: str, target: str, clients: int) -> dict[str, Any]:
+            server = servers.get(name)
+            before = server_counters(server.rest_url, "half_plus_two") if server is not None else None
+            result = run_load(target, "grpc", "half_plus_two", x, concurrency=clients, duration=duration)
+            if result.errors:
+                raise RuntimeError(f"{result.errors} requests to {name} failed")
+            row: dict[str, Any] = {
+                "server": name,
+                "clients": clients,
+                "requests_per_second": round(result.requests_per_second, 1),
+                "p50_ms": round(result.percentile(50), 3),
+            }
+            if server is not None and before is not None:
+                examples, batches, _ = counters_since(server.rest_url, "half_plus_two", before)
+                row["mean_batch"] = round(examples / batches, 2) if batches else None
+            return row
+
         rows = []
-        for runs in measured.values():
-            ranked = sorted(runs, key=lambda r: r["requests_per_second"])
-            rows.append(
-                {**ranked[len(ranked) // 2], "rounds_requests_per_second": [r["requests_per_second"] for r in runs]}
-            )
-            print(json.dumps(rows[-1]), flush=True)
+        for clients in REQUEST_PATH_CLIENTS:
+            measures = [functools.partial(measure, name, target, clients) for name, target in targets.items()]
+            for row in taking_turns(rounds, measures):
+                rows.append(row)
+                print(json.dumps(row), flush=True)
         return rows
     finally:
         bare.stop()

@@ -34,6 +34,7 @@ and move between runs, and the ratios (measured in the same minutes) are the res
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -53,7 +54,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _common import free_port, load_row, stop_process  # noqa: E402
+from _common import free_port, load_row, stop_process, taking_turns  # noqa: E402
 
 from workbench.bench import format_table, run_load  # noqa: E402
 from workbench.demo import save_half_plus_two  # noqa: E402
@@ -279,26 +280,17 @@ def bare_ray_rows(deployment: Any, endpoints: Endpoints, plan: Plan) -> list[dic
 # ============================================================================================= measuring
 def measure(servers: dict[str, Endpoints], plan: Plan) -> list[dict[str, Any]]:
     """Every (server, protocol, clients) ``plan.rounds`` times, the servers taking turns; the median round each."""
-    measured: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
-    for round_ in range(plan.rounds):
-        order = list(servers) if round_ % 2 == 0 else list(reversed(servers))
-        for clients in plan.clients:
-            for protocol in PROTOCOLS:
-                for server in order:
-                    endpoints = servers[server]
-                    target = endpoints.grpc_target if protocol == "grpc" else endpoints.rest_url
-                    result = run_load(target, protocol, HP2, HP2_INPUTS, concurrency=clients, duration=plan.duration)
-                    measured.setdefault((server, protocol, clients), []).append(load_row(server, result))
+
+    def once(server: str, protocol: str, clients: int) -> dict[str, Any]:
+        endpoints = servers[server]
+        target = endpoints.grpc_target if protocol == "grpc" else endpoints.rest_url
+        result = run_load(target, protocol, HP2, HP2_INPUTS, concurrency=clients, duration=plan.duration)
+        return load_row(server, result)
+
     rows = []
-    for rounds in measured.values():
-        by_rate = sorted(rounds, key=lambda r: r["requests_per_second"])
-        rows.append(
-            {
-                **by_rate[len(by_rate) // 2],
-                "errors": sum(r["errors"] for r in rounds),
-                "rounds_requests_per_second": [r["requests_per_second"] for r in rounds],
-            }
-        )
+    for clients in plan.clients:
+        for protocol in PROTOCOLS:
+            rows += taking_turns(plan.rounds, [functools.partial(once, s, protocol, clients) for s in servers])
     return rows
 
 

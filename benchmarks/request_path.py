@@ -59,9 +59,11 @@ from _common import (  # noqa: E402
     free_port,
     load_row,
     loop_cpu_seconds,
+    median_row,
     save_results,
     save_small_cnn,
     stop_process,
+    taking_turns,
     write_config,
 )
 from frontends import in_process_median_ms  # noqa: E402
@@ -257,24 +259,7 @@ def median_round(plan: Plan, measure: Callable[[], dict[str, Any]]) -> dict[str,
 
     Other work on a shared machine comes in bursts; the median keeps one burst from deciding a row.
     """
-    return _median([measure() for _ in range(plan.rounds)])
-
-
-def alternating(plan: Plan, measures: list[Callable[[], dict[str, Any]]]) -> list[dict[str, Any]]:
-    """Rows of servers compared with each other: ``plan.rounds`` rounds in which each measures once, the order
-    reversed every other round, each row the median of its rounds. A burst of other work then falls on all of them
-    alike, where rows measured one after the other can differ by the burst alone."""
-    rounds: list[list[dict[str, Any]]] = [[] for _ in measures]
-    for index in range(plan.rounds):
-        order = list(enumerate(measures))
-        for which, measure in order if index % 2 == 0 else reversed(order):
-            rounds[which].append(measure())
-    return [_median(rows) for rows in rounds]
-
-
-def _median(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    rows = sorted(rows, key=lambda r: r.get("requests_per_second", 0.0))
-    return {**rows[len(rows) // 2], "rounds_requests_per_second": [r.get("requests_per_second") for r in rows]}
+    return median_row([measure() for _ in range(plan.rounds)])
 
 
 def load(
@@ -389,7 +374,7 @@ def measurements(
 ) -> list[Callable[[], dict[str, Any]]]:
     """One round each of gRPC and REST at ``clients`` from every generator at hand (workbench bench, then h2load and
     wrk), in that order."""
-    found = [
+    found: list[Callable[[], dict[str, Any]]] = [
         functools.partial(bench_once, name, grpc_target, "grpc", clients, plan.duration, loop_pid),
         functools.partial(bench_once, name, rest_url, "rest", clients, plan.duration, loop_pid),
     ]
@@ -433,7 +418,7 @@ def ceilings(root: Path, plan: Plan) -> list[dict[str, Any]]:
 
 
 def workbench_rows(config: Path, root: Path, plan: Plan, *flags: str, name: str) -> list[dict[str, Any]]:
-    """Batching off and on, both servers up at once and measured in alternating rounds (:func:`alternating`)."""
+    """Batching off and on, both servers up at once and measured taking turns (:func:`_common.taking_turns`)."""
     batching = ["--enable_batching", f"--batching_parameters_file={root / 'batching.txt'}"]
     # One worker's event loop is the serve process's main thread; with --num_workers the loops are the workers'.
     workers = any(f.startswith("--num_workers") for f in flags)
@@ -454,7 +439,7 @@ def workbench_rows(config: Path, root: Path, plan: Plan, *flags: str, name: str)
                 for label, s in servers.items()
             ]
             for same_generator in zip(*per_server, strict=True):
-                rows += alternating(plan, list(same_generator))
+                rows += taking_turns(plan.rounds, same_generator)
     finally:
         for server in servers.values():
             server.stop()
