@@ -154,6 +154,30 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     _flag(models, "enable_model_warmup", True, "replay assets.extra/tf_serving_warmup_requests before serving")
     _flag(models, "allow_version_labels_for_unavailable_models", False, "let a label name a version not loaded yet")
     _flag(models, "num_load_threads", 2, "threads that load and unload versions", "N")
+    _flag(
+        models,
+        "wait_for_model_load_seconds",
+        60.0,
+        "a request for a model still in its first load waits this long for it (and no longer than its deadline) "
+        "instead of NOT_FOUND; 0 answers at once",
+        "S",
+    )
+    _flag(
+        models,
+        "model_control_mode",
+        "",
+        "Triton's model control: none (load every model once), poll (and follow the repository), explicit (only "
+        "--load_model models, then clients load and unload whole models); not given: every model, and clients load "
+        "and unload versions",
+        "MODE",
+    )
+    models.add_argument(
+        "--load_model",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="with --model_control_mode=explicit: a model to load at start-up (repeat it; * loads every model)",
+    )
     # Both run code from the repository when a version loads: whoever can write it can run anything here.
     _flag(models, "allow_pickle", False, "load scikit-learn models from model.joblib / model.pkl (pickles run code)")
     _flag(models, "allow_python_models", False, "load model.py, handler.py and their Python code from the repository")
@@ -318,6 +342,18 @@ def _check_serve_args(args: argparse.Namespace) -> int:
     num_workers = resolve_num_workers(args.num_workers)  # a ValueError says why
     if num_workers > 1 and args.grpc_socket_path:
         raise FlagError("--grpc_socket_path serves one process, not --num_workers")
+    if args.wait_for_model_load_seconds < 0:
+        raise FlagError("--wait_for_model_load_seconds cannot be negative (0 answers at once)")
+    from workbench.engine.model_control import ControlMode, check_load_models
+    from workbench.errors import ServingError
+
+    try:
+        mode = ControlMode.parse(args.model_control_mode)
+        check_load_models(mode, args.load_model)
+    except ServingError as exc:
+        raise FlagError(exc.message) from None
+    if mode is ControlMode.EXPLICIT and not args.model_repository:
+        raise FlagError("--model_control_mode=explicit loads models out of a repository: give --model_repository")
     return num_workers
 
 
@@ -349,6 +385,9 @@ def _server_options(args: argparse.Namespace, num_workers: int) -> ServerOptions
         allow_version_labels_for_unavailable_models=args.allow_version_labels_for_unavailable_models,
         num_inference_threads=args.num_inference_threads,
         num_load_threads=args.num_load_threads,
+        wait_for_model_load_seconds=args.wait_for_model_load_seconds,
+        model_control_mode=args.model_control_mode,
+        load_model=tuple(args.load_model),
         enable_batching=args.enable_batching,
         batching_parameters_file=args.batching_parameters_file,
         model_repository=args.model_repository,

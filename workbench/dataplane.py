@@ -162,8 +162,14 @@ class Dataplane:
         scheduler: BatchScheduler,
         request_log: RequestLogger | None = None,
         batching_for: Callable[[str], BatchingParameters | None] = lambda model: None,
+        first_load_wait: float = 60.0,
     ) -> None:
+        """``first_load_wait``: how long a request for a model whose first load is under way waits for it
+        (--wait_for_model_load_seconds; 0: not at all)."""
         self.manager = manager
+        self.first_load_wait = first_load_wait
+        # Per model whose first load is under way: the future its waiting requests share (one manager callback).
+        self._first_loads: dict[str, asyncio.Future[None]] = {}
         self.metrics = metrics
         self.stats = stats
         self.scheduler = scheduler
@@ -180,6 +186,64 @@ class Dataplane:
         names no servable.
         """
         return Call(self, spec, api, protocol)
+
+    async def admit(self, spec: ModelSpec, api: str, protocol: str, timeout: float | None = None) -> Call:
+        """:meth:`request`, once the model's first load is over (see :meth:`loaded`); what waits longer than
+        ``timeout`` seconds is answered DEADLINE_EXCEEDED and counted as refused."""
+        if self.manager.loading_first(spec.name):
+            try:
+                await self._first_load(spec.name, timeout)
+            except ServingError as exc:
+                self.refused(spec.name, api, protocol, exc)
+                raise
+        return Call(self, spec, api, protocol)
+
+    async def loaded(self, name: str, timeout: float | None = None) -> None:
+        """Return once ``name``'s first load is over, at once when it is not under way (nearly always).
+
+        TF Serving opens its ports only after the initial models load, so scripts written for it send requests the
+        moment a port answers; workbench opens them earlier (liveness and readiness answer during a long start-up),
+        and a request for a model the config or repository names waits for that model's first load rather than
+        being told it does not exist. The wait is bounded by ``timeout`` (the request's deadline) and
+        :attr:`first_load_wait`; a model nobody named is not waited for.
+        """
+        if self.manager.loading_first(name):
+            await self._first_load(name, timeout)
+
+    async def _first_load(self, name: str, timeout: float | None) -> None:
+        if self.first_load_wait <= 0:  # told not to wait: answered as the model stands (NOT_FOUND while loading)
+            return
+        loop = asyncio.get_running_loop()
+        over = self._first_loads.get(name)
+        if over is None:
+            over = self._first_loads[name] = loop.create_future()
+
+            def settled() -> None:  # from a load thread, under the manager's lock
+                with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits any more
+                    loop.call_soon_threadsafe(self._first_load_over, name, over)
+
+            if not self.manager.when_first_loaded(name, settled):
+                self._first_load_over(name, over)
+        bound = self.first_load_wait if timeout is None else min(timeout, self.first_load_wait)
+        if over.done():
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(over), bound)
+        except asyncio.TimeoutError:
+            if timeout is not None and timeout <= self.first_load_wait:
+                raise ServingError(
+                    Code.DEADLINE_EXCEEDED, f"Model {name} is still loading: the request's deadline passed first"
+                ) from None
+            raise ServingError(
+                Code.UNAVAILABLE,
+                f"Model {name} is still loading after {self.first_load_wait:g}s (--wait_for_model_load_seconds)",
+            ) from None
+
+    def _first_load_over(self, name: str, over: asyncio.Future[None]) -> None:
+        if self._first_loads.get(name) is over:
+            del self._first_loads[name]
+        if not over.done():
+            over.set_result(None)
 
     def refused(self, model: str, api: str, protocol: str, error: ServingError) -> None:
         """Count a request refused before it named a servable (a frontend could not read its model or version)."""
@@ -364,7 +428,7 @@ class Dataplane:
         Read from the server's metrics, so they agree with ``/metrics``; an unknown model or version is NOT_FOUND.
         """
         if model is None:
-            versions = [(row.name, row.version) for row in self.repository()]
+            versions = [(row.name, row.version) for row in self.repository() if row.version is not None]
         else:
             versions = [(model, status.version) for status in self.manager.version_status(model, version)]
         # The whole server's with --num_workers (workbench.peers), so any worker answers for all of them.

@@ -39,6 +39,7 @@ from workbench.engine.batching import BatchRecord, BatchScheduler
 from workbench.engine.batching_config import BatchingParameters, model_batching_parameters
 from workbench.engine.manager import Manager, VersionState
 from workbench.engine.metrics import ServingMetrics
+from workbench.engine.model_control import ControlMode, ModelControl
 from workbench.engine.options import (
     ModelConfig,
     ServerOptions,
@@ -149,11 +150,18 @@ class ModelServer:
         self.readiness = ServerReadiness(self.manager)
         self._health = ReadinessHealth(self.readiness)  # gRPC's health service: the same answer as /readyz
         discover = (lambda: discover_models(options.model_repository)) if options.model_repository else None
+        # Which of the repository's models serve, and whether clients may change that (--model_control_mode).
+        self.control = ModelControl(
+            ControlMode.parse(options.model_control_mode), discover, self.apply_models, options.load_model
+        )
+        poll_wait = options.file_system_poll_wait_seconds
+        if self.control.mode in (ControlMode.NONE, ControlMode.EXPLICIT) and poll_wait > 0:
+            poll_wait = 0  # Triton's none and explicit modes read the repository at start-up and when a load asks
         self.request_log = RequestLogger()  # TF Serving's logging_config: sampled requests to TFRecord files
         self.source = RepositorySource(
             self.manager,
-            options.file_system_poll_wait_seconds,
-            discover=discover,
+            poll_wait,
+            discover=self.control.discover if discover is not None else None,
             on_scan=self.request_log.configure,
         )
         # N workers share the cores: each takes its part of the default
@@ -172,6 +180,7 @@ class ModelServer:
             self.scheduler,
             request_log=self.request_log,
             batching_for=self._batching.get,
+            first_load_wait=options.wait_for_model_load_seconds,
         )
         self._stopped: asyncio.Event | None = None  # set when the ports close: live stat streams end
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -306,7 +315,7 @@ class ModelServer:
         self._loop = asyncio.get_running_loop()
         if self.peers is not None:
             self.peers.start()
-        models = options.initial_models()  # raises on a malformed config file, before anything starts
+        models = self.control.select(options.initial_models())  # raises on a malformed config, before anything starts
         options.monitoring()  # raises on a malformed monitoring config, before anything starts
         options.drain_timing()  # raises on impossible drain flags, before anything starts
         if options.model_config_file:
@@ -318,6 +327,10 @@ class ModelServer:
         joins_late = bool(options.worker_dir) or not open_ports
         if joins_late:
             await self._loop.run_in_executor(None, self.apply_models, models)
+        else:
+            # Named before the ports open: a request for one of them sent the moment a port answers waits for its
+            # first load (Dataplane.loaded), as scripts written for TF Serving expect, instead of NOT_FOUND.
+            await self._loop.run_in_executor(None, self.manager.set_models, models)
         if open_ports:
             await self._open_ports()
         if not joins_late:  # loading blocks (TensorFlow): off the loop, which meanwhile answers probes
@@ -354,7 +367,11 @@ class ModelServer:
             health=self._health,
             reuse_port=bool(options.worker_dir),
             # The Open Inference Protocol's service on TF Serving's gRPC port
-            services=[InferenceService(self.dataplane, self.readiness, self.rescan, options.management_token).add_to],
+            services=[
+                InferenceService(
+                    self.dataplane, self.readiness, self.rescan, options.management_token, self.control
+                ).add_to
+            ],
             tls=grpc_tls,
             management_token=options.management_token,
         )
@@ -397,6 +414,7 @@ class ModelServer:
                         self.options.rest_api_max_request_bytes,
                         self.options.management_token,
                     ),
+                    self.control,
                 ),
             ],
         )

@@ -112,6 +112,8 @@ class _Model:
     source_error: str = ""  # why its repository could not be listed at the last poll (an object store)
     removed: bool = False
     scanned: bool = False  # the source has listed its versions at least once
+    # The model config's version labels have not been applied yet (they come once its versions have loaded).
+    labels_pending: bool = False
 
     @property
     def routing(self) -> Routing:
@@ -196,6 +198,9 @@ class Manager(RoutingChanges):
         self._listeners: list[StateListener] = []
         self._change_locks: dict[str, threading.Lock] = {}  # RoutingChanges: one change of a model at a time
         self._read_problems: dict[str, str] = {}  # model → the routing read error last logged (logged once)
+        # Models whose first load is under way → what to call when it is over (see :meth:`when_first_loaded`).
+        # Read without the lock by :meth:`loading_first`, on every request; changed under it.
+        self._first_loads: dict[str, list[Callable[[], None]]] = {}
 
     # ----------------------------------------------------------------------------------------- config
     def set_models(self, configs: Iterable[ModelConfig]) -> None:
@@ -209,7 +214,9 @@ class Manager(RoutingChanges):
                     initial = StoredRouting(self._initial_routing.get(config.name, Routing()))
                     model = _Model(config=config, store=self._routing_stores(config.base_path), stored=initial)
                     model.label_map = decisions.labels_of(model.labels, model.routing)
+                    model.labels_pending = bool(config.labels)
                     self._models[config.name] = model
+                    self._first_loads.setdefault(config.name, [])
                 else:
                     if model.config.base_path != config.base_path:
                         model.store = self._routing_stores(config.base_path)
@@ -223,6 +230,7 @@ class Manager(RoutingChanges):
                     model.label_map = {}
                     self._publish(model)
                     self._reconcile(model)
+                    self._settle_first_load(model)
 
     def configs(self) -> list[ModelConfig]:
         with self._lock:
@@ -235,24 +243,35 @@ class Manager(RoutingChanges):
         models (then it can be set before the version has loaded, as TF Serving's flag allows).
         """
         with self._lock:
-            for name, labels in labels_by_model.items():
-                model = self._live_model(name)
-                for label, version in labels.items():
-                    record = model.versions.get(version)
-                    available = record is not None and record.state == VersionState.AVAILABLE
-                    if not available and not self._allow_unavailable_labels:
-                        raise ServingError(
-                            Code.FAILED_PRECONDITION,
-                            f"Request to assign label to version {version} of model {name}, which is not "
-                            "currently available for inference",
-                        )
-                    if not label:
-                        raise ServingError(Code.INVALID_ARGUMENT, f"Empty version label for model {name}")
-            for name, labels in labels_by_model.items():
-                model = self._models[name]
-                model.labels = dict(labels)
-                model.label_map = decisions.labels_of(model.labels, model.routing)
-                self._publish(model)
+            try:
+                self._check_labels(labels_by_model)
+                for name, labels in labels_by_model.items():
+                    model = self._models[name]
+                    model.labels = dict(labels)
+                    model.label_map = decisions.labels_of(model.labels, model.routing)
+                    self._publish(model)
+            finally:  # applied or refused, the config's labels are settled: a first load waiting for them is over
+                for name in labels_by_model:
+                    settled = self._models.get(name)
+                    if settled is not None and settled.labels_pending:
+                        settled.labels_pending = False
+                        self._settle_first_load(settled)
+
+    def _check_labels(self, labels_by_model: Mapping[str, Mapping[str, int]]) -> None:
+        """Refuse labels that name versions not AVAILABLE (unless allowed) or are empty (lock held)."""
+        for name, labels in labels_by_model.items():
+            model = self._live_model(name)
+            for label, version in labels.items():
+                record = model.versions.get(version)
+                available = record is not None and record.state == VersionState.AVAILABLE
+                if not available and not self._allow_unavailable_labels:
+                    raise ServingError(
+                        Code.FAILED_PRECONDITION,
+                        f"Request to assign label to version {version} of model {name}, which is not "
+                        "currently available for inference",
+                    )
+                if not label:
+                    raise ServingError(Code.INVALID_ARGUMENT, f"Empty version label for model {name}")
 
     def _live_model(self, name: str) -> _Model:
         model = self._models.get(name)
@@ -281,6 +300,7 @@ class Manager(RoutingChanges):
             if model is None or model.removed or model.source_error == (problem or ""):
                 return False
             model.source_error = problem or ""
+            self._settle_first_load(model)
             return problem is not None
 
     def refresh_routing(self, name: str) -> None:
@@ -388,6 +408,7 @@ class Manager(RoutingChanges):
                 self._set_state(model, record, VersionState.UNLOADING)
                 self._executor.submit(self._unload, model, record)
         self._wake_parked()
+        self._settle_first_load(model)
         self._settled.notify_all()
 
     def _load(self, model: _Model, record: VersionRecord) -> None:
@@ -590,6 +611,83 @@ class Manager(RoutingChanges):
                 if not model.removed:
                     self._update_aspired(model)
 
+    # ---------------------------------------------------------------- first loads: requests that wait for them
+    def knows(self, name: str) -> bool:
+        """Whether ``name`` is one of the server's models (lock-free: asked on every v2 request)."""
+        model = self._models.get(name)
+        return model is not None and not model.removed
+
+    def dependents(self, name: str) -> set[str]:
+        """The models with a version (serving or waiting to) that runs on ``name``: its pipelines and handlers."""
+        with self._lock:
+            found = set()
+            for model in self._models.values():
+                for record in model.versions.values():
+                    servable = record.parked or (record.harness.servable if record.harness is not None else None)
+                    if isinstance(servable, Composite) and name in servable.members():
+                        found.add(model.config.name)
+            return found
+
+    def loading_first(self, name: str) -> bool:
+        """Whether ``name`` is configured and its first load is not over yet (lock-free: asked on every request).
+
+        A request for such a model waits for that load (:meth:`when_first_loaded`) instead of being told the model
+        does not exist, as TF Serving never says: it opens its ports only once the initial models have loaded.
+        """
+        return name in self._first_loads
+
+    def when_first_loaded(self, name: str, callback: Callable[[], None]) -> bool:
+        """Call ``callback()`` (from any thread, under the lock) once ``name``'s first load is over; False when it
+        already is (then ``callback`` is never called)."""
+        with self._lock:
+            waiting = self._first_loads.get(name)
+            if waiting is None:
+                return False
+            waiting.append(callback)
+            return True
+
+    @staticmethod
+    def _first_load_over(model: _Model) -> bool:
+        """A version serves, or every version the first listing found has loaded or failed, or the model's
+        repository cannot be listed, or the model went; and the config's labels for it are applied."""
+        if model.labels_pending and not model.removed:
+            return False
+        if model.removed or model.source_error:
+            return True
+        states = [r.state for r in model.versions.values()]
+        if VersionState.AVAILABLE in states:
+            return True
+        return model.scanned and VersionState.START not in states and VersionState.LOADING not in states
+
+    def _settle_first_load(self, model: _Model) -> None:
+        """Wake what waits for ``model``'s first load once it is over (lock held)."""
+        name = model.config.name
+        if name not in self._first_loads or self._models.get(name) is not model or not self._first_load_over(model):
+            return
+        for callback in self._first_loads.pop(name):
+            try:
+                callback()
+            except Exception:  # noqa: BLE001 - a waiter must not break the manager
+                log.exception("first-load callback failed")
+
+    def why_not_serving(self, name: str, version: int | None = None) -> str:
+        """Why a configured ``name`` (or its ``version``) does not serve: load errors or its source's problem
+        ("" when there is nothing to tell: an unknown model, or versions on their way)."""
+        with self._lock:
+            model = self._models.get(name)
+            if model is None or model.removed:
+                return ""
+            if model.source_error:
+                return f"its repository cannot be listed: {model.source_error}"
+            failed = {v: r.error.message for v, r in sorted(model.versions.items()) if r.error is not None}
+            if version is not None:
+                return f"version {version} failed to load: {failed[version]}" if version in failed else ""
+            if failed and not self._available(model):
+                return "; ".join(f"version {v} failed to load: {message}" for v, message in failed.items())
+            if model.scanned and not model.versions:
+                return "no version found in its base path"
+            return ""
+
     # ----------------------------------------------------------------------------------------- views
     def snapshots(self, name: str | None = None) -> list[ModelSnapshot]:
         """Every model (or one) as plain data, copied under the lock; views are built from it without it."""
@@ -656,9 +754,10 @@ class Manager(RoutingChanges):
                 return chosen
             newer = self._routes.get(name)
             route = newer if newer is not route else None
-        if version is None:
-            raise ServingError(Code.NOT_FOUND, f"Servable not found for request: Latest({name})")
-        raise ServingError(Code.NOT_FOUND, f"Servable not found for request: Specific({name}, {version})")
+        # TF Serving's words, which clients match on; then why, when the model is configured and failed to load.
+        wanted = f"Latest({name})" if version is None else f"Specific({name}, {version})"
+        why = self.why_not_serving(name, version)
+        raise ServingError(Code.NOT_FOUND, f"Servable not found for request: {wanted}" + (f": {why}" if why else ""))
 
     def version_status(self, name: str, version: int | None = None) -> list[VersionStatus]:
         """Versions of ``name``, newest first, as GetModelStatus reports them."""

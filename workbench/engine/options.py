@@ -119,6 +119,11 @@ class ServerOptions:
     allow_version_labels_for_unavailable_models: bool = False
     num_inference_threads: int = 0
     num_load_threads: int = 2
+    # How long a request for a model whose first load is under way waits for it (0: answered at once, NOT_FOUND).
+    wait_for_model_load_seconds: float = 60.0
+    # Triton's model control: "" (workbench's own: versions), "none", "poll" or "explicit"; --load_model's names.
+    model_control_mode: str = ""
+    load_model: tuple[str, ...] = ()
     enable_batching: bool = False
     batching_parameters_file: str = ""
     # workbench's own: a model repository root (every sub-folder is a model), version management, handles

@@ -187,7 +187,7 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
     async def Predict(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
         spec = _spec(request.model_spec)
         dataplane = self.dataplane
-        with dataplane.request(spec, "predict", "grpc") as call:
+        with await dataplane.admit(spec, "predict", "grpc", time_remaining(context)) as call:
             specs = dataplane.grpc_input_specs(call.servable, spec.signature_name)
             inputs = {alias: to_numpy(proto, alias, specs.get(alias)) for alias, proto in request.inputs.items()}
             signature, outputs = await dataplane.predict(
@@ -210,7 +210,7 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
     async def _examples(self, api: str, request: Any, context: grpc.aio.ServicerContext) -> Any:
         """Classify and Regress: an ``Input`` of tf.Examples in, a ClassificationResult/RegressionResult out."""
         spec = _spec(request.model_spec)
-        with self.dataplane.request(spec, api, "grpc") as call:
+        with await self.dataplane.admit(spec, api, "grpc", time_remaining(context)) as call:
             examples = serialized_examples(request.input)
             timeout = time_remaining(context)
             if api == "classify":
@@ -234,7 +234,7 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
             raise ServingError(
                 Code.INVALID_ARGUMENT, "All ModelSpecs in a MultiInferenceRequest must access the same model"
             )
-        with self.dataplane.request(specs[0], "multi_inference", "grpc") as call:
+        with await self.dataplane.admit(specs[0], "multi_inference", "grpc", time_remaining(context)) as call:
             tasks = [
                 inference.InferenceTask(s.signature_name, t.method_name)
                 for s, t in zip(specs, request.tasks, strict=True)
@@ -262,6 +262,7 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
             if field != "signature_def":
                 raise ServingError(Code.INVALID_ARGUMENT, f"Metadata field {field} is not supported")
         spec = _spec(request.model_spec)
+        await self.dataplane.loaded(spec.name, time_remaining(context))
         with self.dataplane.handle(spec) as servable:
             response = get_model_metadata_pb2.GetModelMetadataResponse()
             _echo(response.model_spec, spec.name, servable.version, None)
@@ -293,6 +294,7 @@ class ModelService(model_service_pb2_grpc.ModelServiceServicer):
         if not request.HasField("model_spec"):
             raise ServingError(Code.INVALID_ARGUMENT, "Missing ModelSpec")
         spec = _spec(request.model_spec)
+        await self.dataplane.loaded(spec.name, time_remaining(context))
         return model_status_proto(self.dataplane.model_status(spec.name, spec.version, spec.label))
 
     @answers_errors

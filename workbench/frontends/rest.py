@@ -128,7 +128,7 @@ class RestApi:
                 if not name:
                     raise ServingError(Code.INVALID_ARGUMENT, "Missing model name in request.")
                 spec = ModelSpec(name=name, version=_version(version), label=label)
-                return self._metadata(spec) if metadata else self._status(spec)
+                return await (self._metadata(spec) if metadata else self._status(spec))
             raise ServingError(Code.INVALID_ARGUMENT, f"Malformed request: {method} {path}")
         except ServingError as exc:
             return error_response(exc)
@@ -138,7 +138,7 @@ class RestApi:
 
     async def _predict(self, spec: ModelSpec, body: bytes) -> Response:
         dataplane = self.dataplane
-        with dataplane.request(spec, "predict", "rest") as call:
+        with await dataplane.admit(spec, "predict", "rest", self.timeout) as call:
             servable = call.servable
             signature_name, inputs, fmt = json_tensor.decode_predict_request(
                 body, lambda name, sent: dataplane.rest_input_specs(servable, name, sent)
@@ -155,7 +155,7 @@ class RestApi:
 
     async def _examples(self, api: str, spec: ModelSpec, body: bytes) -> Response:
         """``:classify`` and ``:regress``: tf.Examples from JSON in, ``{"results": …}`` out."""
-        with self.dataplane.request(spec, api, "rest") as call:
+        with await self.dataplane.admit(spec, api, "rest", self.timeout) as call:
             signature_name, request_input = input_from_json(body)
             examples = serialized_examples(request_input)
             if api == "classify":
@@ -166,11 +166,13 @@ class RestApi:
                 body = json_tensor.encode_regress_response(values)
             return json_response(body, headers=answered_by(spec.name, call.version))
 
-    def _status(self, spec: ModelSpec) -> Response:
+    async def _status(self, spec: ModelSpec) -> Response:
+        await self.dataplane.loaded(spec.name, self.timeout)
         statuses = self.dataplane.model_status(spec.name, spec.version, spec.label)
         return json_response(json_tensor.dumps(to_json_dict(model_status_proto(statuses))))
 
-    def _metadata(self, spec: ModelSpec) -> Response:
+    async def _metadata(self, spec: ModelSpec) -> Response:
+        await self.dataplane.loaded(spec.name, self.timeout)
         with self.dataplane.handle(spec) as servable:
             body = {
                 "model_spec": to_json_dict(model_spec_proto(spec.name, servable.version, spec.signature_name)),

@@ -29,6 +29,7 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from workbench.dataplane import Dataplane, ModelSpec
 from workbench.engine import inference
+from workbench.engine.model_control import ModelControl
 from workbench.engine.readiness import Readiness
 from workbench.errors import Code, ServingError
 from workbench.frontends.grpc import answers_errors, authorization, time_remaining
@@ -50,13 +51,15 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         readiness: Callable[[], Readiness],
         rescan: Callable[[], None],
         management_token: str = "",
+        control: ModelControl | None = None,
     ) -> None:
         """``rescan`` re-reads the model folders and waits until their versions settle (a load without a version);
-        ``management_token``, when set, guards repository load and unload."""
+        ``management_token``, when set, guards repository load and unload; ``control`` is the server's model
+        control (None: workbench's own, on versions)."""
         self.dataplane = dataplane
         self.manager = dataplane.manager
         self._readiness = readiness
-        self.models = V2Repository(dataplane, rescan, management_token)
+        self.models = V2Repository(dataplane, rescan, management_token, control)
 
     def add_to(self, server: grpc.aio.Server) -> None:
         service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(self, server)
@@ -86,7 +89,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @answers_errors
     async def ModelMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        spec = self.models.spec(request.name, request.version)
+        spec = await self.models.loaded_spec(request.name, request.version, time_remaining(context))
         with self.dataplane.handle(spec) as servable:
             signature = inference.predict_signature(servable, "")
             versions = self.models.available_versions(spec.name)
@@ -95,7 +98,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @answers_errors
     async def ModelConfig(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        spec = self.models.spec(request.name, request.version)
+        spec = await self.models.loaded_spec(request.name, request.version, time_remaining(context))
         with self.dataplane.handle(spec) as servable:
             signature = inference.predict_signature(servable, "")
             max_batch_size = self.dataplane.max_batch_size(spec.name)
@@ -117,7 +120,8 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
     @answers_errors
     async def ModelInfer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
         dataplane = self.dataplane
-        with dataplane.request(self._infer_spec(request), "predict", PROTOCOL) as call:
+        spec = await self._infer_spec(request, time_remaining(context))
+        with await dataplane.admit(spec, "predict", PROTOCOL, time_remaining(context)) as call:
             inputs = v2_grpc.decode_inputs(request)
             requested = v2_grpc.requested_outputs(request)
             timeout = time_remaining(context)
@@ -125,10 +129,10 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             order = requested or list(outputs)
             return v2_grpc.infer_response(call.model, str(call.version), request.id, outputs, order)
 
-    def _infer_spec(self, request: Any) -> ModelSpec:
+    async def _infer_spec(self, request: Any, timeout: float | None) -> ModelSpec:
         """The servable an inference request names; one it cannot name (an unknown label) is counted as refused."""
         try:
-            return self.models.spec(request.model_name, request.model_version)
+            return await self.models.loaded_spec(request.model_name, request.model_version, timeout)
         except ServingError as exc:
             self.dataplane.refused(request.model_name, "predict", PROTOCOL, exc)
             raise
@@ -137,7 +141,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
     @answers_errors
     async def RepositoryIndex(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
         _one_repository(request.repository_name)
-        index = v2_models.repository_index(self.dataplane.repository(), ready_only=request.ready)
+        index = v2_models.repository_index(self.models.index(), ready_only=request.ready)
         return json_format.ParseDict(index, service_pb2.RepositoryIndexResponse())
 
     @answers_errors
@@ -152,7 +156,13 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         self.models.authorize(authorization(context))
         _one_repository(request.repository_name)
         version = _version_parameter(request.parameters, "unload")
-        await self.models.unload(request.model_name, version, "the version parameter")
+        dependents = False
+        if "unload_dependents" in request.parameters:
+            parameter = request.parameters["unload_dependents"]
+            if parameter.WhichOneof("parameter_choice") != "bool_param":
+                raise ServingError(Code.INVALID_ARGUMENT, "The unload_dependents parameter must be a bool_param")
+            dependents = parameter.bool_param
+        await self.models.unload(request.model_name, version, "the version parameter", unload_dependents=dependents)
         return service_pb2.RepositoryModelUnloadResponse()
 
 

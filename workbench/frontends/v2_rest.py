@@ -32,6 +32,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from workbench.dataplane import Dataplane, ModelSpec
+from workbench.engine.model_control import ModelControl
 from workbench.engine.readiness import Readiness
 from workbench.errors import Code, ServingError, from_exception
 from workbench.frontends.rest import error_response, json_response
@@ -67,18 +68,24 @@ class V2Rest:
         readiness: Callable[[], Readiness],
         rescan: Callable[[], None],
         settings: V2Settings,
+        control: ModelControl | None = None,
     ) -> None:
         self.dataplane = dataplane
         self.manager = dataplane.manager
         self.readiness = readiness
         self.rescan = rescan
         self.settings = settings
-        self.models = V2Repository(dataplane, rescan, settings.management_token)
+        self.models = V2Repository(dataplane, rescan, settings.management_token, control)
         self.timeout = settings.timeout_ms / 1000 if settings.timeout_ms > 0 else None
 
     # ---------------------------------------------------------------------------------- resolution
     def _spec(self, request: Request) -> ModelSpec:
         return self.models.spec(request.path_params["model"], request.path_params.get("version"))
+
+    async def _loaded_spec(self, request: Request) -> ModelSpec:
+        """:meth:`_spec` once the model's first load is over (a request sent while it loads waits for it)."""
+        params = request.path_params
+        return await self.models.loaded_spec(params["model"], params.get("version"), self.timeout)
 
     # -------------------------------------------------------------------------------------- health
     async def live(self, _: Request) -> Response:
@@ -107,7 +114,7 @@ class V2Rest:
 
     # ------------------------------------------------------------------------------------ metadata
     async def model_metadata(self, request: Request) -> Response:
-        spec = self._spec(request)
+        spec = await self._loaded_spec(request)
         with self.dataplane.handle(spec) as servable:
             signature = _default_signature(spec.name, servable.signatures)
             versions = self.models.available_versions(spec.name)
@@ -115,7 +122,7 @@ class V2Rest:
         return json_response(dumps(body))
 
     async def model_config(self, request: Request) -> Response:
-        spec = self._spec(request)
+        spec = await self._loaded_spec(request)
         with self.dataplane.handle(spec) as servable:
             signature = _default_signature(spec.name, servable.signatures)
             max_batch_size = self.dataplane.max_batch_size(spec.name)
@@ -135,7 +142,7 @@ class V2Rest:
     async def infer(self, request: Request) -> Response:
         body = await self._body(request)
         dataplane = self.dataplane
-        with dataplane.request(self._infer_spec(request), "predict", PROTOCOL) as call:
+        with await dataplane.admit(await self._infer_spec(request), "predict", PROTOCOL, self.timeout) as call:
             servable = call.servable
             json_length = v2_json.header_length(request.headers.get(v2_json.HEADER_LENGTH), len(body))
             decoded = v2_json.decode_infer_request(body, json_length)
@@ -150,10 +157,10 @@ class V2Rest:
             return json_response(encoded.body)
         return Response(encoded.body, media_type=BINARY, headers={v2_json.HEADER_LENGTH: str(encoded.json_length)})
 
-    def _infer_spec(self, request: Request) -> ModelSpec:
+    async def _infer_spec(self, request: Request) -> ModelSpec:
         """The servable an inference request names; one it cannot name (an unknown label) is counted as refused."""
         try:
-            return self._spec(request)
+            return await self._loaded_spec(request)
         except ServingError as exc:
             self.dataplane.refused(request.path_params["model"], "predict", PROTOCOL, exc)
             raise
@@ -184,7 +191,7 @@ class V2Rest:
         ready = doc.get("ready", False)
         if not isinstance(ready, bool):
             raise ServingError(Code.INVALID_ARGUMENT, '"ready" must be true or false')
-        index = v2_models.repository_index(self.dataplane.repository(), ready_only=ready)
+        index = v2_models.repository_index(self.models.index(), ready_only=ready)
         return json_response(dumps(index["models"]))  # Triton's HTTP API answers the bare list
 
     async def load(self, request: Request) -> Response:
@@ -195,8 +202,13 @@ class V2Rest:
 
     async def unload(self, request: Request) -> Response:
         self.models.authorize(request.headers.get("authorization", ""))
-        version = _version_parameter(await _optional_object(request), "unload")
-        await self.models.unload(request.path_params["model"], version, '{"parameters": {"version": N}}')
+        doc = await _optional_object(request)
+        version = _version_parameter(doc, "unload")
+        dependents = doc.get("parameters", {}).get("unload_dependents", False)
+        if not isinstance(dependents, bool):
+            raise ServingError(Code.INVALID_ARGUMENT, "parameters.unload_dependents must be true or false")
+        how = '{"parameters": {"version": N}}'
+        await self.models.unload(request.path_params["model"], version, how, unload_dependents=dependents)
         return Response(status_code=200)
 
 
@@ -260,9 +272,11 @@ def v2_routes(
     readiness: Callable[[], Readiness],
     rescan: Callable[[], None],
     settings: V2Settings | None = None,
+    control: ModelControl | None = None,
 ) -> list[Route]:
-    """The v2 routes for the REST app; ``rescan`` re-reads the model folders and waits until versions settle."""
-    api = V2Rest(dataplane, readiness, rescan, settings or V2Settings())
+    """The v2 routes for the REST app; ``rescan`` re-reads the model folders and waits until versions settle;
+    ``control`` is the server's model control (None: workbench's own, on versions)."""
+    api = V2Rest(dataplane, readiness, rescan, settings or V2Settings(), control)
     table: list[tuple[str, Handler, str]] = [
         ("/v2", api.server_metadata, "GET"),
         ("/v2/health/live", api.live, "GET"),

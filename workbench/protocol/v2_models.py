@@ -183,22 +183,30 @@ def model_statistics(rows: Iterable[ModelStatistics]) -> dict[str, Any]:
 
 @dataclasses.dataclass(frozen=True)
 class RepositoryRow:
-    """One version of a model in the repository index; ``state`` is workbench's VersionState name."""
+    """One version of a model in the repository index; ``state`` is workbench's VersionState name.
+
+    A model of the repository that is not loaded has no version and no state (``None``, ``""``), as in Triton's
+    index; one unloaded by request has no version and the state ``END`` with its reason."""
 
     name: str
-    version: int
+    version: int | None
     state: str
     reason: str = ""
 
     @property
     def v2_state(self) -> str:
-        return REPOSITORY_STATES.get(self.state, "UNAVAILABLE")
+        return REPOSITORY_STATES.get(self.state, "UNAVAILABLE") if self.state else ""
 
 
 def repository_index(rows: Iterable[RepositoryRow], ready_only: bool = False) -> dict[str, Any]:
     """``RepositoryIndexResponse``: every model version and its state (only the READY ones with ``ready_only``)."""
     models = [
-        {"name": row.name, "version": str(row.version), "state": row.v2_state, "reason": row.reason}
+        {
+            "name": row.name,
+            "version": "" if row.version is None else str(row.version),
+            "state": row.v2_state,
+            "reason": row.reason,
+        }
         for row in rows
         if not ready_only or row.v2_state == READY
     ]
