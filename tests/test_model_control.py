@@ -8,6 +8,7 @@ flag, workbench's own behaviour (versions) is unchanged (tests/test_v2_rest.py).
 
 from __future__ import annotations
 
+import json
 import textwrap
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,8 +16,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+import requests
 import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
+from google.protobuf import json_format, text_format
+from tritonclient.grpc import model_config_pb2
 from tritonclient.utils import InferenceServerException
 
 from workbench.cli import FlagError, serve_options
@@ -168,9 +172,7 @@ def test_load_errors_in_tritons_words(clients: tuple[Any, Any]) -> None:
 
 
 @pytest.mark.parametrize("mode", ["none", "poll"])
-def test_none_and_poll_refuse_load_and_unload(
-    serve: Callable[..., ServerThread], repository: Path, mode: str
-) -> None:
+def test_none_and_poll_refuse_load_and_unload(serve: Callable[..., ServerThread], repository: Path, mode: str) -> None:
     server = serve(model_repository=str(repository), allow_python_models=True, model_control_mode=mode)
     http = triton_http.InferenceServerClient(server.rest_url.removeprefix("http://"))
     grpc = triton_grpc.InferenceServerClient(server.grpc_target)
@@ -214,3 +216,114 @@ def test_bad_flags_are_refused_before_anything_starts(repository: Path, flags: l
 def test_explicit_needs_a_repository(tmp_path: Path) -> None:
     with pytest.raises(FlagError, match="give --model_repository"):
         serve_options([f"--model_base_path={tmp_path}", "--model_control_mode=explicit"])
+
+
+# ------------------------------------------------------------------------------- Triton's load overrides
+SCALER_PY = """
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        self.factor = float(config["parameters"]["factor"]["string_value"])
+
+    def execute(self, requests):
+        return [
+            pb_utils.InferenceResponse(
+                output_tensors=[pb_utils.Tensor("Y", pb_utils.get_input_tensor_by_name(r, "X").as_numpy() * %s)]
+            )
+            for r in requests
+        ]
+"""
+
+
+def scaler_config(factor: float) -> dict[str, Any]:
+    return {
+        "backend": "python",
+        "max_batch_size": 4,
+        "input": [{"name": "X", "data_type": "TYPE_FP32", "dims": [1]}],
+        "output": [{"name": "Y", "data_type": "TYPE_FP32", "dims": [1]}],
+        "parameters": {"factor": {"string_value": str(factor)}},
+    }
+
+
+@pytest.fixture
+def triton_server(serve: Callable[..., ServerThread], repository: Path) -> ServerThread:
+    folder = repository / "scaler"
+    (folder / "1").mkdir(parents=True)
+    (folder / "1" / "model.py").write_text(SCALER_PY % "self.factor")
+    text = json.dumps(scaler_config(2.0))
+    config = json_format.Parse(text, model_config_pb2.ModelConfig())
+    (folder / "config.pbtxt").write_text(text_format.MessageToString(config))
+    return serve(
+        model_repository=str(repository),
+        allow_python_models=True,
+        model_control_mode="explicit",
+        load_model=("scaler",),
+    )
+
+
+def scale(client: Any, module: Any, value: float) -> float:
+    x = module.InferInput("X", [1, 1], "FP32")
+    x.set_data_from_numpy(np.array([[value]], np.float32))
+    return float(client.infer("scaler", [x]).as_numpy("Y")[0, 0])
+
+
+def test_a_config_override_reloads_the_model_with_it(triton_server: ServerThread, repository: Path) -> None:
+    http = triton_http.InferenceServerClient(triton_server.rest_url.removeprefix("http://"))
+    grpc = triton_grpc.InferenceServerClient(triton_server.grpc_target)
+    try:
+        assert scale(http, triton_http, 1.5) == 3.0
+        grpc.load_model("scaler", config=json.dumps(scaler_config(10.0)))
+        assert scale(http, triton_http, 1.5) == 15.0
+        assert http.get_model_config("scaler")["parameters"]["factor"]["string_value"] == "10.0"
+        assert (repository / "scaler" / "config.pbtxt").read_text().count('"2.0"') == 1  # the repository untouched
+        http.load_model("scaler")  # without overrides: back to the repository's folder
+        assert scale(grpc, triton_grpc, 1.5) == 3.0
+    finally:
+        http.close()
+        grpc.close()
+
+
+def test_file_overrides_replace_the_models_files(triton_server: ServerThread) -> None:
+    http = triton_http.InferenceServerClient(triton_server.rest_url.removeprefix("http://"))
+    grpc = triton_grpc.InferenceServerClient(triton_server.grpc_target)
+    try:
+        source = (SCALER_PY % "-1.0").encode()
+        config = json.dumps(scaler_config(1.0))
+        http.load_model("scaler", config=config, files={"file:1/model.py": source})
+        assert scale(http, triton_http, 1.5) == -1.5
+        grpc.load_model("scaler", config=config, files={"file:1/model.py": (SCALER_PY % "3.0").encode()})
+        assert scale(grpc, triton_grpc, 1.5) == 4.5
+    finally:
+        http.close()
+        grpc.close()
+
+
+@pytest.mark.parametrize(
+    ("parameters", "words"),
+    [
+        ({"config": "{not json"}, "failed to load 'scaler': the config parameter is not a model config"),
+        ({"config": '{"name": "other"}'}, "the config parameter names model 'other'"),
+        ({"file:1/model.py": "AAAA"}, "File overrides need the config parameter too"),
+        ({"config": "{}", "file:../escape.py": "AAAA"}, "must be <version>/<file> inside the model's folder"),
+        ({"config": "{}", "file:1/model.py": "not base64!"}, "must be base64"),
+    ],
+)
+def test_bad_overrides_are_refused_and_the_model_keeps_serving(
+    triton_server: ServerThread, parameters: dict[str, str], words: str
+) -> None:
+    answer = requests.post(
+        f"{triton_server.rest_url}/v2/repository/models/scaler/load", json={"parameters": parameters}, timeout=60
+    )
+    assert answer.status_code == 400, answer.text
+    assert words in answer.json()["error"]
+    http = triton_http.InferenceServerClient(triton_server.rest_url.removeprefix("http://"))
+    try:
+        assert scale(http, triton_http, 1.5) == 3.0
+    finally:
+        http.close()

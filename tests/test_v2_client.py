@@ -215,11 +215,12 @@ def test_status_reads_as_tf_servings(clients, protocol):
     [
         (lambda c: c.predict("nope", [[1.0]]), Code.NOT_FOUND),
         (lambda c: c.predict("hp", [[1.0]], version=9), Code.NOT_FOUND),
-        (lambda c: c.predict("hp", [[1.0]], label="missing"), Code.NOT_FOUND),
+        # Triton's 400 for a version string that names nothing (TF Serving's REST API says the same of a label)
+        (lambda c: c.predict("hp", [[1.0]], label="missing"), Code.INVALID_ARGUMENT),
         (lambda c: c.predict("multi", {**MULTI, "b": [1, 2, 3]}), Code.INVALID_ARGUMENT),  # 2 rows of a, 3 of b
         (lambda c: c.status("nope"), Code.NOT_FOUND),
         (lambda c: c.status("hp", version=9), Code.NOT_FOUND),
-        (lambda c: c.metadata("hp", label="missing"), Code.NOT_FOUND),
+        (lambda c: c.metadata("hp", label="missing"), Code.INVALID_ARGUMENT),
     ],
     ids=["model", "version", "label", "shape", "status-model", "status-version", "metadata-label"],
 )

@@ -296,7 +296,11 @@ def test_inference_errors_have_precise_codes(client: triton.InferenceServerClien
     assert grpc_code(lambda: client.infer("nope", [x]))[0] == "NOT_FOUND"
     assert grpc_code(lambda: client.infer("hp", [x], model_version="9"))[0] == "NOT_FOUND"
     code, message = grpc_code(lambda: client.infer("hp", [x], model_version="nolabel"))
-    assert (code, message) == ("NOT_FOUND", "Model hp has no version label 'nolabel'")
+    assert (code, message) == (
+        "INVALID_ARGUMENT",
+        "failed to get model version from specified version string 'nolabel': it is neither a version number nor a "
+        "version label of model hp",
+    )
 
     wrong_type = tensor("x", np.array([[1]], np.int32), "INT32")
     code, message = grpc_code(lambda: client.infer("hp", [wrong_type]))

@@ -364,8 +364,8 @@ BAD_REQUESTS = [
     # (path, body or raw bytes, headers, status, words in the error)
     ("/v2/models/nope/infer", {"inputs": []}, {}, 404, "nope"),
     ("/v2/models/hp/versions/9/infer", {"inputs": []}, {}, 404, "Specific(hp, 9)"),
-    ("/v2/models/hp/versions/blue/infer", {"inputs": []}, {}, 404, "no version label 'blue'"),
-    ("/v2/models/hp/versions/²/infer", {"inputs": []}, {}, 404, "no version label '²'"),  # a digit to isdigit()
+    ("/v2/models/hp/versions/blue/infer", {"inputs": []}, {}, 400, "version string 'blue': it is neither"),
+    ("/v2/models/hp/versions/²/infer", {"inputs": []}, {}, 400, "version string '²'"),  # a digit to isdigit()
     ("/v2/models/hp/infer", b"{not json", {}, 400, "JSON Parse error"),
     ("/v2/models/hp/infer", {"inputs": []}, {}, 400, '"inputs"'),
     (
@@ -479,7 +479,8 @@ BAD_REQUESTS = [
     ("/v2/repository/index", {"ready": "yes"}, {}, 400, '"ready" must be true or false'),
     ("/v2/repository/models/nope/load", b"", {}, 404, "Unknown model: nope"),
     ("/v2/repository/models/hp/unload", b"", {}, 400, "Name the version of hp to unload"),
-    ("/v2/repository/models/hp/load", {"parameters": {"config": "{}"}}, {}, 400, "takes only a version parameter"),
+    ("/v2/repository/models/hp/load", {"parameters": {"config": "{}"}}, {}, 400, "need --model_control_mode=explicit"),
+    ("/v2/repository/models/hp/load", {"parameters": {"priority": 1}}, {}, 400, "takes no parameter priority"),
 ]
 
 
@@ -502,14 +503,14 @@ def test_bad_requests_are_clear_client_errors(
     [
         ("/v2/models/nope", 404),
         ("/v2/models/hp/versions/9", 404),
-        ("/v2/models/hp/versions/blue/config", 404),
+        ("/v2/models/hp/versions/blue/config", 400),  # not a version, nor a label: Triton's 400
         ("/v2/models/nope/stats", 404),
         ("/v2/models/hp/versions/9/stats", 404),
         ("/v2/models/hp/versions/9/ready", 404),
         ("/v2/nothing/here", 404),
     ],
 )
-def test_unknown_models_versions_and_paths_are_404(server: ServerThread, path: str, status: int) -> None:
+def test_unknown_models_versions_and_paths_are_refused(server: ServerThread, path: str, status: int) -> None:
     r = requests.get(url(server, path), timeout=30)
     assert r.status_code == status, r.text
     assert r.json()["error"]

@@ -178,6 +178,15 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
         metavar="NAME",
         help="with --model_control_mode=explicit: a model to load at start-up (repeat it; * loads every model)",
     )
+    _flag(
+        models,
+        "response_cache_bytes",
+        0,
+        "Triton's response cache: keep up to this many bytes of predict answers, for the models that opt in "
+        "(--response_cache_models, or response_cache { enable: true } in a Triton config.pbtxt); 0: off",
+        "BYTES",
+    )
+    _flag(models, "response_cache_models", "", "the models whose answers the response cache keeps", "A,B")
     # Both run code from the repository when a version loads: whoever can write it can run anything here.
     _flag(models, "allow_pickle", False, "load scikit-learn models from model.joblib / model.pkl (pickles run code)")
     _flag(models, "allow_python_models", False, "load model.py, handler.py and their Python code from the repository")
@@ -352,6 +361,10 @@ def _check_serve_args(args: argparse.Namespace) -> int:
         check_load_models(mode, args.load_model)
     except ServingError as exc:
         raise FlagError(exc.message) from None
+    if args.response_cache_bytes < 0:
+        raise FlagError("--response_cache_bytes cannot be negative (0 turns the cache off)")
+    if args.response_cache_models and not args.response_cache_bytes:
+        raise FlagError("--response_cache_models needs --response_cache_bytes: the cache's size")
     if mode is ControlMode.EXPLICIT and not args.model_repository:
         raise FlagError("--model_control_mode=explicit loads models out of a repository: give --model_repository")
     return num_workers
@@ -388,6 +401,8 @@ def _server_options(args: argparse.Namespace, num_workers: int) -> ServerOptions
         wait_for_model_load_seconds=args.wait_for_model_load_seconds,
         model_control_mode=args.model_control_mode,
         load_model=tuple(args.load_model),
+        response_cache_bytes=args.response_cache_bytes,
+        response_cache_models=tuple(n for n in (m.strip() for m in args.response_cache_models.split(",")) if n),
         enable_batching=args.enable_batching,
         batching_parameters_file=args.batching_parameters_file,
         model_repository=args.model_repository,

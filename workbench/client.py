@@ -485,19 +485,24 @@ class Client:
         signature_name: str = "",
         output_filter: Sequence[str] = (),
         protocol: str | None = None,
+        parameters: Mapping[str, bool | int | str] | None = None,
     ) -> Prediction:
         """Run a predict; ``inputs`` maps input names to arrays (or is one array for a one-input signature).
 
-        Over v2, ``output_filter`` names the requested outputs, and there is one signature (``serving_default``).
+        Over v2, ``output_filter`` names the requested outputs, and there is one signature (``serving_default``);
+        ``parameters`` are the request's v2 parameters, e.g. a stateful model's ``{"sequence_id": 7,
+        "sequence_start": True}`` (TF Serving's API has none).
         """
         chosen = self._protocol(protocol)
+        if parameters and chosen not in V2_PROTOCOLS:
+            raise ValueError("request parameters travel over the v2 protocol: pass protocol='v2' or 'v2-grpc'")
         if chosen in V2_PROTOCOLS and signature_name not in ("", DEFAULT_SIGNATURE):
             raise ValueError(f"the v2 protocol runs a model's {DEFAULT_SIGNATURE} signature, not {signature_name!r}")
         signature = self.signature(model, signature_name, version, label, protocol=chosen)
         feeds = self.encode_inputs(signature, inputs)
         started = time.perf_counter()
         if chosen in V2_PROTOCOLS:
-            answer = self._v2_infer(chosen, model, feeds, output_filter, version, label)
+            answer = self._v2_infer(chosen, model, feeds, output_filter, version, label, parameters)
             latency = (time.perf_counter() - started) * 1000
             outputs, served_version = answer.outputs, answer.model_version
         elif chosen == "rest":
@@ -543,13 +548,16 @@ class Client:
         outputs: Sequence[str],
         version: int | None,
         label: str | None,
+        parameters: Mapping[str, bool | int | str] | None = None,
     ) -> v2.InferAnswer:
         if protocol == "v2-rest":
-            request = v2.rest_infer_request(feeds, outputs, binary_data=self.binary_data)
+            request = v2.rest_infer_request(feeds, outputs, binary_data=self.binary_data, parameters=parameters)
             path = v2.version_path(model, version, label) + "/infer"
             response = self._send("POST", path, data=request.body, headers=request.headers)
             return v2.rest_infer_answer(response.content, response.headers.get(v2.HEADER_LENGTH))
-        message = v2.grpc_infer_request(model, feeds, outputs, version=v2.version_string(version, label))
+        message = v2.grpc_infer_request(
+            model, feeds, outputs, version=v2.version_string(version, label), parameters=parameters
+        )
         return v2.grpc_infer_answer(self._grpc_call("v2", "ModelInfer", message))
 
     def encode_inputs(self, signature: Signature, inputs: Mapping[str, Any] | Any) -> dict[str, np.ndarray]:

@@ -26,6 +26,8 @@ from workbench.engine.harness import Harness
 from workbench.engine.manager import Manager, ServableHandle, VersionStatus
 from workbench.engine.metrics import ServingMetrics
 from workbench.engine.request_log import RequestLogger
+from workbench.engine.response_cache import ResponseCache, request_digest
+from workbench.engine.sequences import SequenceBatcher, SequenceId, SequenceRequest, missing_correlation_id
 from workbench.engine.servable import Composite, Servable
 from workbench.engine.stats import RollingStats
 from workbench.errors import Code, ServingError, from_exception
@@ -74,6 +76,12 @@ class Call:
     @property
     def version(self) -> int:
         return self.servable.version
+
+    def switch(self, spec: ModelSpec) -> None:
+        """Run on the servable ``spec`` names instead (the version a sequence started on): held, the other released."""
+        harness = self._dataplane.resolve(spec)
+        self._harness.release()
+        self._harness, self.servable = harness, harness.servable
 
     def __enter__(self) -> Call:
         return self
@@ -163,13 +171,18 @@ class Dataplane:
         request_log: RequestLogger | None = None,
         batching_for: Callable[[str], BatchingParameters | None] = lambda model: None,
         first_load_wait: float = 60.0,
+        cache: ResponseCache | None = None,
     ) -> None:
         """``first_load_wait``: how long a request for a model whose first load is under way waits for it
         (--wait_for_model_load_seconds; 0: not at all)."""
         self.manager = manager
         self.first_load_wait = first_load_wait
+        self.cache = cache  # Triton's response cache, for the models that opt in (None: none do)
         # Per model whose first load is under way: the future its waiting requests share (one manager callback).
         self._first_loads: dict[str, asyncio.Future[None]] = {}
+        # Stateful models: a sequence batcher per version, and the version each sequence started on.
+        self._sequence_batchers: dict[tuple[str, int], SequenceBatcher] = {}
+        self._pinned: dict[tuple[str, SequenceId], int] = {}
         self.metrics = metrics
         self.stats = stats
         self.scheduler = scheduler
@@ -337,14 +350,26 @@ class Dataplane:
         inputs: Mapping[str, np.ndarray],
         output_filter: Sequence[str] = (),
         timeout: float | None = None,
+        sequence: SequenceRequest | None = None,
     ) -> tuple[Signature, dict[str, np.ndarray]]:
+        """Run a predict; ``sequence`` is what the request says of its sequence (a stateful model needs one)."""
+        if call.servable.sequence is not None:
+            return await self._predict_step(call, signature_name, inputs, output_filter, timeout, sequence)
         servable = call.servable
         signature = inference.predict_signature(servable, signature_name)
         feed, outputs = inference.prepare_predict(signature, inputs, output_filter)
+        cache, key = self.cache, None
+        if cache is not None and cache.enabled(servable.name):  # keyed on the resolved version: never across them
+            key = cache.key(servable.name, servable.version, signature.name, outputs, request_digest(feed))
+            cached = cache.get(key)
+            if cached is not None:
+                return signature, cached
         try:
             result = await self._execute_for(call, signature, feed, outputs, timeout)
         except ServingError as exc:
             raise inference.name_the_misfit_input(signature, feed, exc) from None
+        if cache is not None and key is not None:
+            cache.put(key, result)
         self._log(
             servable,
             lambda: prediction_logs.PredictEntry(
@@ -352,6 +377,67 @@ class Dataplane:
             ),
         )
         return signature, result
+
+    async def _predict_step(
+        self,
+        call: Call,
+        signature_name: str,
+        inputs: Mapping[str, np.ndarray],
+        output_filter: Sequence[str],
+        timeout: float | None,
+        sequence: SequenceRequest | None,
+    ) -> tuple[Signature, dict[str, np.ndarray]]:
+        """One request of a sequence of a stateful model, on the version the sequence started on (a promotion or a
+        canary since then does not move it), through that version's sequence batcher."""
+        if sequence is None:
+            raise missing_correlation_id(call.model)
+        key = (call.model, sequence.id)
+        pinned = self._pinned.get(key)
+        if sequence.start:
+            self._pinned.pop(key, None)
+        elif pinned is not None and pinned != call.version:
+            call.switch(ModelSpec(call.model, version=pinned))
+        servable = call.servable
+        signature = inference.predict_signature(servable, signature_name)
+        feed, outputs = inference.prepare_predict(signature, inputs, output_filter)
+        batcher = self._sequence_batcher(servable)
+        if sequence.start:
+            self._pinned[key] = servable.version
+        work = asyncio.ensure_future(batcher.run(signature, feed, outputs, sequence))
+        call._work = work  # the version stays held until the step ran, even when the caller gave up
+        try:
+            result = await asyncio.wait_for(asyncio.shield(work), timeout)
+        except asyncio.TimeoutError:
+            raise deadline_exceeded() from None
+        self._log(
+            servable,
+            lambda: prediction_logs.PredictEntry(
+                servable.name, servable.version, signature.name, inputs, output_filter, result
+            ),
+        )
+        return signature, result
+
+    def _sequence_batcher(self, servable: Servable) -> SequenceBatcher:
+        key = (servable.name, servable.version)
+        batcher = self._sequence_batchers.get(key)
+        if batcher is None or batcher.servable is not servable:
+            assert servable.sequence is not None
+            model = servable.name
+
+            def released(sequence_id: SequenceId) -> None:
+                self._pinned.pop((model, sequence_id), None)
+
+            batcher = SequenceBatcher(
+                servable, servable.sequence, self._executor, on_release=released  # type: ignore[arg-type]
+            )
+            self._sequence_batchers[key] = batcher
+        return batcher
+
+    def forget_version(self, model: str, version: int) -> None:
+        """``version`` of ``model`` unloaded: its sequences end (from any thread)."""
+        batcher = self._sequence_batchers.pop((model, version), None)
+        if batcher is not None:
+            batcher.close_soon()
 
     async def classify(
         self, call: Call, signature_name: str, examples: Sequence[bytes], timeout: float | None = None

@@ -35,6 +35,7 @@ from starlette.applications import Starlette
 from workbench import platforms
 from workbench._loop import new_event_loop
 from workbench.dataplane import Dataplane
+from workbench.engine import triton_config
 from workbench.engine.batching import BatchRecord, BatchScheduler
 from workbench.engine.batching_config import BatchingParameters, model_batching_parameters
 from workbench.engine.manager import Manager, VersionState
@@ -48,6 +49,7 @@ from workbench.engine.options import (
 )
 from workbench.engine.readiness import Phase, ServerReadiness
 from workbench.engine.request_log import RequestLogger
+from workbench.engine.response_cache import ResponseCache
 from workbench.engine.routing_state import read_legacy_state
 from workbench.engine.source import RepositorySource
 from workbench.engine.stats import RollingStats
@@ -170,6 +172,11 @@ class ModelServer:
         self.scheduler = BatchScheduler(
             self._executor, lambda servable: self._batching.get(servable.name), listener=self._on_batch
         )
+        self.cache = (
+            ResponseCache(options.response_cache_bytes, options.response_cache_models, self._on_cache_lookup)
+            if options.response_cache_bytes > 0
+            else None
+        )
         self.metrics.report_queue_depths(self._queue_depths)
         self.metrics.report_traffic_shares(self._traffic_shares)
         self.dataplane = Dataplane(
@@ -181,6 +188,7 @@ class ModelServer:
             request_log=self.request_log,
             batching_for=self._batching.get,
             first_load_wait=options.wait_for_model_load_seconds,
+            cache=self.cache,
         )
         self._stopped: asyncio.Event | None = None  # set when the ports close: live stat streams end
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -199,6 +207,10 @@ class ModelServer:
 
     def _on_state_change(self, model: str, version: int, state: VersionState) -> None:
         self.metrics.set_version_state(model, version, state == VersionState.AVAILABLE)
+        if state == VersionState.END:
+            self.dataplane.forget_version(model, version)  # its sequences end
+            if self.cache is not None:
+                self.cache.evict(model, version)  # its answers go with it
         if state == VersionState.END and self.manager.version_state(model, version) in (None, VersionState.END):
             self.model_cache.release(model, version)  # unloaded (or failed): its downloaded copy goes too
         self._readiness_changed()
@@ -210,6 +222,9 @@ class ModelServer:
             return
         with contextlib.suppress(RuntimeError):  # the loop has closed: nobody watches any more
             loop.call_soon_threadsafe(self._health.changed)
+
+    def _on_cache_lookup(self, model: str, version: int, hit: bool) -> None:
+        self.stats.record_cache(model, version, hit)
 
     def _on_batch(self, record: BatchRecord) -> None:
         self.metrics.observe_batch(record)
@@ -252,6 +267,8 @@ class ModelServer:
             "models": self.manager.model_names(),
             "batching": {name: params is not None for name, params in self._batching.items()},
             "request_log": self.request_log.describe(),
+            # Only with --response_cache_bytes: its size, fill and models
+            **({"response_cache": self.cache.describe()} if self.cache is not None else {}),
         }
 
     # -------------------------------------------------------------------------------------- models
@@ -262,15 +279,31 @@ class ModelServer:
         at a version that the same config brings in.
         """
         with self._apply_lock:  # the config-file watcher and gRPC's HandleReloadConfigRequest take turns
-            # Per-model batching parameters sit beside the model (<base_path>/batching_parameters.txt).
-            batching = {m.name: model_batching_parameters(m.base_path) or self._default_batching for m in models}
+            # Per-model batching parameters sit beside the model (<base_path>/batching_parameters.txt); a Triton
+            # model's config.pbtxt (its dynamic_batching) decides for it otherwise.
+            batching = {
+                m.name: model_batching_parameters(m.base_path)
+                or triton_config.batching_parameters(m.base_path, self._default_batching)
+                for m in models
+            }
             self._batching.update(batching)
+            self._opt_into_cache(models)
             self.manager.set_models(models)
             self.request_log.configure(models)
             self.source.poll_once()
             self.manager.wait_until_settled(wait_timeout)
             self.manager.set_labels({m.name: m.labels for m in models})
         self._readiness_changed()  # a model may have come or gone without any version changing state
+
+    def _opt_into_cache(self, models: list[ModelConfig]) -> None:
+        """Triton models whose config.pbtxt says ``response_cache { enable: true }`` join the response cache."""
+        for model in models:
+            if not triton_config.response_cache_enabled(model.base_path):
+                continue
+            if self.cache is None:
+                log.warning("Model %s asks for the response cache, which is off (--response_cache_bytes)", model.name)
+            else:
+                self.cache.enable(model.name)
 
     def rescan(self, timeout: float | None = 300.0) -> None:
         """Re-read every model's folder now and wait until the versions it finds have loaded (or failed)."""
@@ -487,6 +520,7 @@ class ModelServer:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self.request_log.close)  # no requests come any more: write what is queued
         await loop.run_in_executor(None, self.manager.stop)
+        self.control.close()
         await loop.run_in_executor(None, self.model_cache.close)
         if self.peers is not None:
             self.peers.stop()

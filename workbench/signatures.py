@@ -20,6 +20,9 @@ import numpy as np
 from workbench.errors import Code, ServingError
 
 DEFAULT_SIGNATURE = "serving_default"
+# What a request that leaves out an optional input (Triton's ``optional: true``) is fed for it, as a Signature
+# default: recognised by identity, so the platform gives the model no tensor for it and the batcher batches around it.
+OMITTED = np.zeros((0,), dtype=np.float32)
 PREDICT_METHOD = "tensorflow/serving/predict"
 CLASSIFY_METHOD = "tensorflow/serving/classify"
 REGRESS_METHOD = "tensorflow/serving/regress"

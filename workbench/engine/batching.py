@@ -42,15 +42,17 @@ from typing import Any, TypeVar
 import numpy as np
 
 from workbench.engine.batching_config import BatchingParameters
-from workbench.engine.servable import Servable
+from workbench.engine.servable import PerRequestServable, Servable
 from workbench.engine.threads import caller
 from workbench.errors import Code, ServingError, from_exception
-from workbench.signatures import Signature
+from workbench.signatures import OMITTED, Signature
 
 log = logging.getLogger(__name__)
 
 Feed = Mapping[str, np.ndarray]
 Outputs = dict[str, np.ndarray]
+# What running a batch gave: each task's answer (its outputs, or its own error), the rows run, the seconds taken.
+Ran = tuple[list[Outputs | ServingError], int, float]
 T = TypeVar("T")
 
 
@@ -277,9 +279,12 @@ class _Queue:
 def batch_key(feed: Feed, pad: bool) -> tuple[Any, ...] | None:
     """Tasks with equal keys can be concatenated along dimension 0; None: this one cannot batch at all."""
     rows = None
-    key = []
+    key: list[tuple[str, str, Any]] = []
     for alias in sorted(feed):
         value = feed[alias]
+        if value is OMITTED:  # an optional input left out: merges only with requests that left it out too
+            key.append((alias, "omitted", ()))
+            continue
         if value.ndim == 0:
             return None
         if rows is None:
@@ -303,6 +308,9 @@ def merge(feeds: Sequence[Feed], pad_variable_length: bool, padded_rows: int) ->
     merged: dict[str, np.ndarray] = {}
     for alias in feeds[0]:
         parts = [feed[alias] for feed in feeds]
+        if parts[0] is OMITTED:  # left out by every one of them (batch_key)
+            merged[alias] = OMITTED
+            continue
         if pad_variable_length:
             shape = tuple(max(dims) for dims in zip(*(p.shape[1:] for p in parts), strict=True))
             parts = [_pad_to(p, shape) for p in parts]
@@ -588,7 +596,7 @@ class BatchScheduler:
             started = time.perf_counter()
             if queue.cost.inline:  # a cheap call: here and now (this loop turn goes on with the next batch)
                 try:
-                    outcome: tuple[list[Outputs], int, float] | BaseException = self._execute(queue, batch)
+                    outcome: Ran | BaseException = self._execute(queue, batch)
                 except BaseException as exc:  # noqa: BLE001 - every caller of the batch gets the error
                     outcome = exc
                 self._deliver(queue, batch, started, outcome, on_loop=True)
@@ -660,9 +668,15 @@ class BatchScheduler:
         queue.pending_rows -= rows
         return batch
 
-    def _execute(self, queue: _Queue, batch: list[_Task]) -> tuple[list[Outputs], int, float]:
+    def _execute(self, queue: _Queue, batch: list[_Task]) -> Ran:
         params = queue.params
         started = time.perf_counter()
+        if isinstance(queue.servable, PerRequestServable):
+            # It takes the grouped requests as they came (never merged, never padded) and answers each.
+            answers = queue.servable.run_requests(queue.signature, [task.feed for task in batch], queue.outputs)
+            if len(answers) != len(batch):
+                raise ServingError(Code.INTERNAL, f"{len(answers)} answers for a batch of {len(batch)} requests")
+            return answers, sum(task.rows for task in batch), time.perf_counter() - started
         if len(batch) == 1:
             task = batch[0]
             target = padded_size(task.rows, params.allowed_batch_sizes)
@@ -674,13 +688,13 @@ class BatchScheduler:
         target = padded_size(rows, params.allowed_batch_sizes)
         feed = merge([task.feed for task in batch], params.pad_variable_length_inputs, target)
         outputs = queue.servable.run(queue.signature, feed, queue.outputs)
-        results = split(outputs, [task.rows for task in batch], target)
+        results: list[Outputs | ServingError] = list(split(outputs, [task.rows for task in batch], target))
         return results, target, time.perf_counter() - started
 
     def _run_batch(self, loop: asyncio.AbstractEventLoop, queue: _Queue, batch: list[_Task], started: float) -> None:
         """On an inference thread: run the batch and record it, then hand its outcome straight to the loop (one hop
         back). The record is made here, off the event loop that every request shares."""
-        outcome: tuple[list[Outputs], int, float] | BaseException
+        outcome: Ran | BaseException
         try:
             outcome = ran = self._execute(queue, batch)
         except BaseException as exc:  # noqa: BLE001 - every caller of the batch gets the error
@@ -702,7 +716,7 @@ class BatchScheduler:
         queue: _Queue,
         batch: list[_Task],
         started: float,
-        outcome: tuple[list[Outputs], int, float] | BaseException,
+        outcome: Ran | BaseException,
     ) -> None:
         """A batch thread is done: answer its callers and start what waited for the thread."""
         queue.running -= 1
@@ -714,7 +728,7 @@ class BatchScheduler:
         queue: _Queue,
         batch: list[_Task],
         started: float,
-        outcome: tuple[list[Outputs], int, float] | BaseException,
+        outcome: Ran | BaseException,
         on_loop: bool,
     ) -> None:
         """Answer every caller of ``batch`` with its rows (or the batch's error); a batch run on the loop is recorded
@@ -729,15 +743,17 @@ class BatchScheduler:
         results, _, run_seconds = outcome
         queue.cost.record(run_seconds, on_loop)
         for task, result in zip(batch, results, strict=True):
-            if not task.future.done():
+            if task.future.done():
+                pass
+            elif isinstance(result, ServingError):  # that request's own error (PerRequestServable)
+                task.future.set_exception(result)
+            else:
                 task.future.set_result(result)
             task.finished()
         if on_loop:
             self._record(queue, batch, started, outcome)
 
-    def _record(
-        self, queue: _Queue, batch: list[_Task], started: float, outcome: tuple[list[Outputs], int, float]
-    ) -> None:
+    def _record(self, queue: _Queue, batch: list[_Task], started: float, outcome: Ran) -> None:
         """Tell the listener (metrics, stats) what a batch that ran looked like."""
         if self._listener is not None:
             _, target, run_seconds = outcome

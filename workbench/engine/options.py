@@ -124,6 +124,9 @@ class ServerOptions:
     # Triton's model control: "" (workbench's own: versions), "none", "poll" or "explicit"; --load_model's names.
     model_control_mode: str = ""
     load_model: tuple[str, ...] = ()
+    # Triton's response cache: its bound for the whole server (0: off) and the models that opt in by flag.
+    response_cache_bytes: int = 0
+    response_cache_models: tuple[str, ...] = ()
     enable_batching: bool = False
     batching_parameters_file: str = ""
     # workbench's own: a model repository root (every sub-folder is a model), version management, handles
@@ -272,7 +275,9 @@ def model_configs_from_proto(config_list: object, base_dir: Path | None = None) 
             ModelConfig(
                 name=entry.name,
                 base_path=base_path,
-                policy=_policy_from_proto(entry),
+                policy=_policy_from_proto(entry)
+                if entry.HasField("model_version_policy")
+                else _folder_policy(base_path),
                 labels=dict(entry.version_labels),
                 platform=platform,
                 logging=request_log_config_from_proto(entry.logging_config, f"model {entry.name}", base_dir)
@@ -281,6 +286,13 @@ def model_configs_from_proto(config_list: object, base_dir: Path | None = None) 
             )
         )
     return models
+
+
+def _folder_policy(base_path: str) -> VersionPolicy:
+    """A model without a configured policy: its Triton config.pbtxt's ``version_policy``, else latest(1)."""
+    from workbench.engine.triton_config import version_policy  # it imports this module
+
+    return version_policy(base_path) or VersionPolicy()
 
 
 def _policy_from_proto(entry: object) -> VersionPolicy:
@@ -399,7 +411,7 @@ def discover_models(root: str | os.PathLike[str]) -> list[ModelConfig]:
     base = Path(root).resolve()
     base.mkdir(parents=True, exist_ok=True)
     return [
-        ModelConfig(name=entry.name, base_path=str(entry))
+        ModelConfig(name=entry.name, base_path=str(entry), policy=_folder_policy(str(entry)))
         for entry in sorted(base.iterdir())
         if entry.is_dir() and is_model_name(entry.name)
     ]

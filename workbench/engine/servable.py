@@ -14,6 +14,8 @@ from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
+from workbench.engine.sequences import SequenceSettings
+from workbench.errors import ServingError
 from workbench.signatures import Signature
 
 T = TypeVar("T")
@@ -31,6 +33,11 @@ class Servable(abc.ABC):
     path: str
     signatures: Mapping[str, Signature]
     platform: str = ""  # the platform that loaded it (set by workbench.platforms.Loader), for metadata
+    # A model that came with its own Triton config (config.pbtxt), as JSON: the v2 config answer is that config.
+    model_config: Mapping[str, Any] | None = None
+    # A stateful model's sequence batching: its requests run through the sequence batcher, one step of a sequence
+    # at a time with that sequence's state (it then implements run_step: workbench.engine.sequences).
+    sequence: SequenceSettings | None = None
 
     @abc.abstractmethod
     def run(
@@ -40,6 +47,26 @@ class Servable(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - optional: most platforms hold nothing to free by hand
         """Free what the model holds (sessions, native handles, GPU memory)."""
+
+
+class PerRequestServable(Servable):
+    """A servable that takes a batch as the list of its requests and answers each on its own (Triton's Python
+    backend: ``execute(requests)``). The batcher hands it the requests it grouped instead of concatenating them, and
+    an answer may be an error for that request alone."""
+
+    @abc.abstractmethod
+    def run_requests(
+        self, signature: Signature, feeds: Sequence[Mapping[str, np.ndarray]], outputs: Sequence[str]
+    ) -> list[dict[str, np.ndarray] | ServingError]:
+        """One answer per feed, in order: its outputs, or the error of that request."""
+
+    def run(
+        self, signature: Signature, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]
+    ) -> dict[str, np.ndarray]:
+        (answer,) = self.run_requests(signature, [inputs], outputs)
+        if isinstance(answer, ServingError):
+            raise answer
+        return answer
 
 
 class Loader(Protocol):

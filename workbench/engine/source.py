@@ -41,6 +41,8 @@ def _fingerprint(path: str) -> tuple[int, ...]:
     # The folder (files added, removed or renamed), then every file that says what the version is and runs: a
     # model.py, handler.py or pipeline.yaml fixed in place is retried like a replaced saved_model.pb.
     watched = (*platforms.model_files(), platforms.VERSION_CONFIG, platforms.HANDLER_FILE, "variables")
+    # A Triton model's config.pbtxt, beside the versions, says how each of them serves: a fixed one retries them.
+    watched = (*watched, os.path.join(os.pardir, platforms.TRITON_CONFIG))
     for candidate in (path, *(os.path.join(path, name) for name in watched)):
         try:
             st = os.stat(candidate)

@@ -25,6 +25,9 @@ class _Series:
         # Requests trimmed out of the window so far: the totals are these plus what the window holds.
         self.trimmed_requests = 0
         self.trimmed_errors = 0
+        # Response cache lookups since the start (counters: a plain += under the GIL from the loop thread).
+        self.cache_hits = 0
+        self.cache_misses = 0
 
 
 class RollingStats:
@@ -47,6 +50,13 @@ class RollingStats:
 
     def record_batch(self, model: str, version: int, rows: int, tasks: int) -> None:
         self._series_of((model, version)).batches.append((self._clock(), rows, tasks))
+
+    def record_cache(self, model: str, version: int, hit: bool) -> None:
+        series = self._series_of((model, version))
+        if hit:
+            series.cache_hits += 1
+        else:
+            series.cache_misses += 1
 
     def snapshot(self, queue_depths: Mapping[tuple[str, int], int] | None = None) -> dict[str, Any]:
         """``{"time", "window_seconds", "models": {name: {version: {...}}}}``, JSON-ready.
@@ -71,10 +81,17 @@ class RollingStats:
                     series.batches.popleft()
             # Copies (each taken at once): requests recorded meanwhile count in the next snapshot.
             rows = [
-                (key, list(series.requests), list(series.batches), series.trimmed_requests, series.trimmed_errors)
+                (
+                    key,
+                    list(series.requests),
+                    list(series.batches),
+                    series.trimmed_requests,
+                    series.trimmed_errors,
+                    (series.cache_hits, series.cache_misses),
+                )
                 for key, series in items
             ]
-        for (model, version), requests, batches, trimmed, trimmed_errors in rows:
+        for (model, version), requests, batches, trimmed, trimmed_errors, (hits, misses) in rows:
             latencies = np.array([r[1] for r in requests if r[2]], dtype=np.float64) * 1000
             errors = sum(1 for r in requests if not r[2])
             total, total_errors = trimmed + len(requests), trimmed_errors + errors
@@ -92,6 +109,8 @@ class RollingStats:
                 "total_requests": total,
                 "total_errors": total_errors,
             }
+            if hits or misses:  # a model with the response cache on
+                entry.update(cache_hits=hits, cache_misses=misses, cache_hit_rate=round(hits / (hits + misses), 4))
             models.setdefault(model, {})["" if version is None else str(version)] = entry
         return {"time": time.time(), "window_seconds": self.window, "models": models}
 

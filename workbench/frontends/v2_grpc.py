@@ -29,8 +29,9 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from workbench.dataplane import Dataplane, ModelSpec
 from workbench.engine import inference
-from workbench.engine.model_control import ModelControl
+from workbench.engine.model_control import ModelControl, load_overrides
 from workbench.engine.readiness import Readiness
+from workbench.engine.sequences import sequence_request
 from workbench.errors import Code, ServingError
 from workbench.frontends.grpc import answers_errors, authorization, time_remaining
 from workbench.frontends.v2_repository import V2Repository, unsupported_parameters
@@ -102,7 +103,9 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         with self.dataplane.handle(spec) as servable:
             signature = inference.predict_signature(servable, "")
             max_batch_size = self.dataplane.max_batch_size(spec.name)
-            config = v2_models.model_config(spec.name, servable.platform, signature, max_batch_size)
+            config = v2_models.model_config(
+                spec.name, servable.platform, signature, max_batch_size, servable.model_config
+            )
         return service_pb2.ModelConfigResponse(config=json_format.ParseDict(config, model_config_pb2.ModelConfig()))
 
     @answers_errors
@@ -125,7 +128,8 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             inputs = v2_grpc.decode_inputs(request)
             requested = v2_grpc.requested_outputs(request)
             timeout = time_remaining(context)
-            _, outputs = await dataplane.predict(call, "", inputs, requested, timeout=timeout)
+            sequence = sequence_request(v2_grpc.parameter_values(request.parameters))
+            _, outputs = await dataplane.predict(call, "", inputs, requested, timeout=timeout, sequence=sequence)
             order = requested or list(outputs)
             return v2_grpc.infer_response(call.model, str(call.version), request.id, outputs, order)
 
@@ -148,7 +152,9 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def RepositoryModelLoad(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
         self.models.authorize(authorization(context))
         _one_repository(request.repository_name)
-        await self.models.load(request.model_name, _version_parameter(request.parameters, "load"))
+        version = _version_parameter(request.parameters, "load")
+        overrides = load_overrides(v2_grpc.parameter_values(request.parameters))
+        await self.models.load(request.model_name, version, overrides)
         return service_pb2.RepositoryModelLoadResponse()
 
     @answers_errors

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from workbench.dataplane import Dataplane, ModelSpec
 from workbench.engine.manager import VersionState
-from workbench.engine.model_control import ModelControl
+from workbench.engine.model_control import FILE_PREFIX, ModelControl, Overrides
 from workbench.errors import Code, ServingError
 from workbench.frontends.auth import bearer_matches
 from workbench.protocol.v2_models import RepositoryRow, parse_version
@@ -50,7 +50,13 @@ class V2Repository:
         number, label = parse_version(version or "")
         if label is not None and label not in self.manager.labels(model):
             self.known(model)
-            raise ServingError(Code.NOT_FOUND, f"Model {model} has no version label {label!r}")
+            # Triton's words (its clients and users match on them): to Triton a version is a number, to workbench
+            # any other text names a label.
+            raise ServingError(
+                Code.INVALID_ARGUMENT,
+                f"failed to get model version from specified version string '{label}': it is neither a version "
+                f"number nor a version label of model {model}",
+            )
         return ModelSpec(model, version=number, label=label)
 
     async def loaded_spec(self, model: str, version: str | None, timeout: float | None) -> ModelSpec:
@@ -83,17 +89,24 @@ class V2Repository:
         if not bearer_matches(authorization, self._token):
             raise ServingError(Code.UNAUTHENTICATED, "Repository load and unload need the server's management token")
 
-    async def load(self, model: str, version: int | None) -> None:
+    async def load(self, model: str, version: int | None, overrides: Overrides | None = None) -> None:
         """Load (and keep) ``version``; without one, re-read the model's folder and succeed once a version serves.
 
-        In explicit mode a load without a version serves the whole model out of the repository."""
+        In explicit mode a load without a version serves the whole model out of the repository, with Triton's
+        config and file ``overrides`` when given."""
         control = self.control
         if control is not None:
             control.refuse_unless_explicit()
             if control.explicit and version is None:
-                await _off_the_loop(functools.partial(control.load, model))
+                await _off_the_loop(functools.partial(control.load, model, overrides))
                 self._loaded(model)
                 return
+        if overrides:
+            raise ServingError(
+                Code.INVALID_ARGUMENT,
+                "Triton's config and file overrides load a whole model: they need --model_control_mode=explicit "
+                "and no version parameter",
+            )
         self.known(model)
         if version is not None:  # waits until the version serves: never on the event loop
             await _off_the_loop(functools.partial(self.manager.load_version, model, version))
@@ -155,14 +168,15 @@ class V2Repository:
 
 
 def unsupported_parameters(names: list[str], action: str) -> ServingError | None:
-    """The error for repository parameters other than ``version`` (Triton's config and file overrides)."""
-    unsupported = sorted(n for n in names if n not in ("version", "unload_dependents"))
+    """The error for repository parameters neither workbench nor Triton knows (load: version, config, file:…;
+    unload: version, unload_dependents)."""
+    known = ("version", "unload_dependents") if action == "unload" else ("version", "config")
+    unsupported = sorted(n for n in names if n not in known and not (action == "load" and n.startswith(FILE_PREFIX)))
     if not unsupported:
         return None
     return ServingError(
         Code.INVALID_ARGUMENT,
-        f"Repository {action} takes only a version parameter, not {', '.join(unsupported)}: workbench loads "
-        "models from their folders as they are",
+        f"Repository {action} takes no parameter {', '.join(unsupported)}",
     )
 
 

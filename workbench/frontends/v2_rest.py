@@ -32,8 +32,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from workbench.dataplane import Dataplane, ModelSpec
-from workbench.engine.model_control import ModelControl
+from workbench.engine.model_control import ModelControl, load_overrides
 from workbench.engine.readiness import Readiness
+from workbench.engine.sequences import sequence_request
 from workbench.errors import Code, ServingError, from_exception
 from workbench.frontends.rest import error_response, json_response
 from workbench.frontends.v2_repository import V2Repository, unsupported_parameters
@@ -126,7 +127,9 @@ class V2Rest:
         with self.dataplane.handle(spec) as servable:
             signature = _default_signature(spec.name, servable.signatures)
             max_batch_size = self.dataplane.max_batch_size(spec.name)
-            body = v2_models.model_config(spec.name, servable.platform, signature, max_batch_size)
+            body = v2_models.model_config(
+                spec.name, servable.platform, signature, max_batch_size, servable.model_config
+            )
         return json_response(dumps(body))
 
     async def statistics(self, request: Request) -> Response:
@@ -150,9 +153,15 @@ class V2Rest:
             v2_json.check_datatypes(decoded, specs)
             wanted = [output.name for output in decoded.outputs]
             _, outputs = await dataplane.predict(
-                call, DEFAULT_SIGNATURE, decoded.inputs, wanted, timeout=self._timeout(decoded)
+                call,
+                DEFAULT_SIGNATURE,
+                decoded.inputs,
+                wanted,
+                timeout=self._timeout(decoded),
+                sequence=sequence_request(decoded.parameters),
             )
-            encoded = v2_json.encode_infer_response(call.model, servable.version, decoded, outputs)
+            # call.version, not servable's: a sequence runs on the version it started on
+            encoded = v2_json.encode_infer_response(call.model, call.version, decoded, outputs)
         if encoded.json_length is None:
             return json_response(encoded.body)
         return Response(encoded.body, media_type=BINARY, headers={v2_json.HEADER_LENGTH: str(encoded.json_length)})
@@ -196,8 +205,9 @@ class V2Rest:
 
     async def load(self, request: Request) -> Response:
         self.models.authorize(request.headers.get("authorization", ""))
-        version = _version_parameter(await _optional_object(request), "load")
-        await self.models.load(request.path_params["model"], version)
+        doc = await _optional_object(request)
+        version = _version_parameter(doc, "load")
+        await self.models.load(request.path_params["model"], version, load_overrides(doc.get("parameters") or {}))
         return Response(status_code=200)
 
     async def unload(self, request: Request) -> Response:

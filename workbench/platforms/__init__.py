@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 
 VERSION_CONFIG = "workbench.json"
 HANDLER_FILE = "handler.py"
+TRITON_CONFIG = "config.pbtxt"  # beside the version folders: a Triton model (workbench.platforms.triton)
 ENTRY_POINT_GROUP = "workbench.platforms"
 
 
@@ -178,6 +179,11 @@ class Loader:
         self.policy = policy
 
     def __call__(self, name: str, version: int, path: str, platform: str = "") -> Servable:
+        if (Path(path).parent / TRITON_CONFIG).is_file():
+            # A Triton model (its folder holds config.pbtxt): the config says how it is served.
+            from workbench.platforms import triton
+
+            return triton.load(name, version, path, self.policy, platform)
         chosen = get(platform) if platform else detect(path)
         servable = chosen.load(name, version, path, self.policy)
         servable.platform = chosen.name

@@ -199,13 +199,13 @@ class OnnxServable(Servable):
     ``left_out`` names the graph outputs that are not tensors and are not served, with their ONNX types.
     """
 
-    def __init__(self, name: str, version: int, path: str) -> None:
+    def __init__(self, name: str, version: int, path: str, file: str = MODEL_FILE) -> None:
         import onnxruntime
 
         self.name, self.version, self.path = name, version, path
-        model = Path(path) / MODEL_FILE
+        model = Path(path) / file  # another name than model.onnx: a Triton config's default_model_filename
         if not model.is_file():
-            raise ServingError(Code.NOT_FOUND, f"No {MODEL_FILE} in {path}")
+            raise ServingError(Code.NOT_FOUND, f"No {file} in {path}")
         self.providers = choose_providers(onnxruntime.get_available_providers())
         try:
             # From the path, not bytes: external data is found beside it and the file need not be copied.

@@ -25,6 +25,23 @@ The contract (:class:`PythonModel`)::
 - Raise ``ValueError`` (or ``TypeError``) for a request the model cannot take: the client gets 400 /
   INVALID_ARGUMENT with its message. Anything else is 500 / INTERNAL, naming the exception.
 - ``close()`` is called when the version unloads.
+- A **stateful** model (``stateful = True``) serves sequences (Triton's sequence batching): its
+  ``predict(self, inputs, state)`` gets one request of a sequence and the state it returned for the request before
+  (``None`` at the sequence's start), and returns ``(outputs, new_state)``::
+
+      class RunningTotal(workbench.PythonModel):
+          inputs = {"x": ("float32", [-1, 1])}
+          outputs = {"total": ("float32", [-1, 1])}
+          stateful = True
+
+          def predict(self, inputs, state):
+              total = inputs["x"] + (0.0 if state is None else state)
+              return {"total": total}, total
+
+  Clients name the sequence with the request parameters ``sequence_id``, ``sequence_start`` and ``sequence_end``.
+  ``sequence_batching`` (a dict: ``strategy`` "oldest" or "direct", ``max_idle_seconds`` (default 60),
+  ``max_batch_size``, ``max_queue_delay_seconds``) tunes the batcher; ``control_inputs`` (kind → input name, kinds
+  START, END, READY, CORRID) has Triton's control values handed in among the inputs.
 
 ``model.py`` is code from the repository: it is imported only when the server allows Python models
 (``--allow_python_models``), each load under a module name of its own, so versions never share module state.
@@ -47,6 +64,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from workbench.engine.sequences import Controls, SequenceSettings, Strategy
 from workbench.engine.servable import Servable
 from workbench.errors import Code, ServingError
 from workbench.platforms import LoadPolicy
@@ -74,6 +92,7 @@ class PythonModel:
     signatures: ClassVar[Mapping[str, Any]] = {}
     batchable: ClassVar[bool] = True
     thread_safe: ClassVar[bool] = True
+    stateful: ClassVar[bool] = False
 
     def load(self, path: Path) -> None:
         """Read what the model needs from its version folder (called once, before any request)."""
@@ -158,6 +177,33 @@ class PythonServable(Servable):
         self._lock: contextlib.AbstractContextManager[Any] = (
             contextlib.nullcontext() if getattr(cls, "thread_safe", True) else threading.Lock()
         )
+        if getattr(cls, "stateful", False):
+            self.sequence = stateful_settings(cls, self._label)
+            self._controls: Mapping[str, str] = dict(getattr(cls, "control_inputs", None) or {})
+
+    def run_step(
+        self,
+        signature: Signature,
+        inputs: Mapping[str, np.ndarray],
+        outputs: Sequence[str],
+        state: Any,
+        controls: Controls,
+    ) -> tuple[dict[str, np.ndarray], Any]:
+        """One request of a sequence with its state: ``predict(inputs, state)`` → ``(outputs, new_state)``."""
+        method_name = self._methods[signature.name]
+        who = f"{self._label}.{method_name}"
+        feed = dict(inputs)
+        for kind, value in _control_values(controls).items():
+            if kind in self._controls:
+                feed[self._controls[kind]] = value
+        with self._lock:
+            answer = call_user(getattr(self._model, method_name), who, feed, state)
+        if not (isinstance(answer, tuple) and len(answer) == 2):
+            raise ServingError(
+                Code.INTERNAL, f"{who} is stateful: it must return (outputs, new_state), not {type(answer).__name__}"
+            )
+        result, new_state = answer
+        return conform_outputs(signature, result, outputs, who), new_state
 
     def run(
         self, signature: Signature, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]
@@ -178,6 +224,44 @@ class PythonServable(Servable):
             log.exception("%s: close() failed", self._label)
         finally:
             forget_module(self._module)
+
+
+def stateful_settings(cls: type, label: str) -> SequenceSettings:
+    """A stateful model's ``sequence_batching``, checked: a mistake fails the load, naming the key."""
+    given = dict(getattr(cls, "sequence_batching", None) or {})
+    unknown = sorted(set(given) - {"strategy", "max_idle_seconds", "max_batch_size", "max_queue_delay_seconds"})
+    if unknown:
+        raise ServingError(Code.INVALID_ARGUMENT, f"{label}: sequence_batching has unknown keys {unknown}")
+    try:
+        settings = SequenceSettings(
+            strategy=Strategy(given.get("strategy", "oldest")),
+            # Longer than Triton's one second: a notebook user steps through a sequence cell by cell.
+            max_idle_seconds=float(given.get("max_idle_seconds", 60.0)),
+            max_batch_size=int(given.get("max_batch_size", 8)),
+            max_queue_delay_seconds=float(given.get("max_queue_delay_seconds", 0.0)),
+        )
+    except (TypeError, ValueError) as exc:
+        raise ServingError(Code.INVALID_ARGUMENT, f"{label}: sequence_batching: {exc}") from None
+    if settings.max_batch_size < 1 or settings.max_idle_seconds <= 0 or settings.max_queue_delay_seconds < 0:
+        raise ServingError(
+            Code.INVALID_ARGUMENT,
+            f"{label}: sequence_batching needs max_batch_size >= 1, max_idle_seconds > 0, max_queue_delay_seconds >= 0",
+        )
+    controls = dict(getattr(cls, "control_inputs", None) or {})
+    if set(controls) - {"START", "END", "READY", "CORRID"}:
+        raise ServingError(Code.INVALID_ARGUMENT, f"{label}: control_inputs kinds are START, END, READY and CORRID")
+    return settings
+
+
+def _control_values(controls: Controls) -> dict[str, np.ndarray]:
+    """Triton's control inputs for one request: 0/1 flags as int32 [1], the correlation id as int64 or bytes [1]."""
+    corrid = controls.correlation_id
+    return {
+        "START": np.array([int(controls.start)], np.int32),
+        "END": np.array([int(controls.end)], np.int32),
+        "READY": np.array([int(controls.ready)], np.int32),
+        "CORRID": np.array([corrid], np.int64) if isinstance(corrid, int) else np.array([corrid.encode()], object),
+    }
 
 
 def load(name: str, version: int, path: str, policy: LoadPolicy) -> Servable:

@@ -117,6 +117,7 @@ def rest_infer_request(
     *,
     binary_data: bool | None = None,
     request_id: str = "",
+    parameters: Mapping[str, bool | int | str] | None = None,
 ) -> RestRequest:
     """``POST …/infer``'s body: JSON ``data`` for small tensors, raw bytes for large ones (``binary_data=None``).
 
@@ -150,10 +151,13 @@ def rest_infer_request(
     if request_id:
         doc["id"] = request_id
     binary_outputs = bool(raws) if binary_data is None else binary_data
+    request_parameters: dict[str, Any] = dict(parameters or {})
     if outputs:
         doc["outputs"] = [{"name": n, "parameters": {"binary_data": binary_outputs}} for n in outputs]
     elif binary_outputs:
-        doc["parameters"] = {"binary_data_output": True}
+        request_parameters["binary_data_output"] = True
+    if request_parameters:
+        doc["parameters"] = request_parameters
     header = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
     if not raws:
         return RestRequest(header, {"Content-Type": "application/json"})
@@ -208,11 +212,15 @@ def grpc_infer_request(
     *,
     version: str = "",
     request_id: str = "",
+    parameters: Mapping[str, bool | int | str] | None = None,
 ) -> Any:
     """A ``ModelInferRequest`` with every tensor in ``raw_input_contents``, as tritonclient builds them."""
     from tritonclient.grpc import service_pb2
 
     request = service_pb2.ModelInferRequest(model_name=model, model_version=version, id=request_id)
+    for key, value in (parameters or {}).items():  # bool before int: a bool is an int to Python
+        field = "bool_param" if isinstance(value, bool) else "int64_param" if isinstance(value, int) else "string_param"
+        setattr(request.parameters[key], field, value)
     for name, array in inputs.items():
         request.inputs.add(name=name, datatype=to_datatype(array.dtype), shape=array.shape)
         request.raw_input_contents.append(to_raw(array))

@@ -64,6 +64,16 @@ def decode_inputs(request: Any) -> dict[str, np.ndarray]:
     return tensors
 
 
+def parameter_values(parameters: Mapping[str, Any]) -> dict[str, Any]:
+    """A map of ``InferParameter`` as plain values (bool, int, str, float, bytes): what v2 REST's JSON would hold."""
+    values: dict[str, Any] = {}
+    for key, parameter in parameters.items():
+        which = parameter.WhichOneof("parameter_choice")
+        if which is not None:
+            values[key] = getattr(parameter, which)
+    return values
+
+
 def requested_outputs(request: Any) -> list[str]:
     """The outputs a request asks for, in its order; empty means every output of the model."""
     for output in request.outputs:

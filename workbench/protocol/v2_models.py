@@ -102,12 +102,17 @@ def _config_tensor(spec: TensorSpec, batched: bool) -> dict[str, Any]:
     return tensor
 
 
-def model_config(name: str, platform: str, signature: Signature, max_batch_size: int) -> dict[str, Any]:
+def model_config(
+    name: str, platform: str, signature: Signature, max_batch_size: int, declared: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """``ModelConfig``: enough of Triton's model configuration for its clients and perf tools.
 
     With ``max_batch_size`` > 0 (the model is batched) dims leave the batch dimension out, as in Triton; a signature
-    whose tensors do not all lead with a dimension of any size cannot batch, and says ``max_batch_size`` 0.
+    whose tensors do not all lead with a dimension of any size cannot batch, and says ``max_batch_size`` 0. A model
+    ``declared`` with a config of its own (a Triton model's config.pbtxt, as JSON) answers that config, as Triton does.
     """
+    if declared is not None:
+        return dict(declared)
     tensors = [*signature.inputs.values(), *signature.outputs.values()]
     batched = max_batch_size > 0 and signature.batchable and _batched(tensors)
     return {
