@@ -308,3 +308,39 @@ def test_the_notebook_client_sends_a_sequence(server: ServerThread, protocol: st
     assert totals == [1.0, 3.0, 6.0]
     with pytest.raises(ValueError, match="travel over the v2 protocol"):
         client.predict("total", np.array([[1.0]], np.float32), protocol="rest", parameters={"sequence_id": 1})
+
+
+# ------------------------------------------------------------------------------------ --num_workers 2
+def test_with_two_workers_every_request_of_a_sequence_reaches_the_worker_that_holds_it(tmp_path: Path) -> None:
+    """Each request on a new connection (the kernel picks the worker); the totals still add up."""
+    from replica import Replica
+
+    from workbench.frontends.sequence_routing import owner_of
+
+    write_total(tmp_path / "repo" / "total" / "1", 1)
+    replica = Replica(
+        tmp_path / "server", f"--model_repository={tmp_path / 'repo'}", "--allow_python_models", "--num_workers=2"
+    ).wait_ready()
+    try:
+        ids = [7, "sensor-b"]
+        assert {owner_of(i, 2) for i in ids} == {0, 1}  # one sequence held by each worker
+        totals: dict[Any, list[float]] = {i: [] for i in ids}
+        for step_number in range(8):
+            for sequence_id in ids:
+                flags = {"sequence_start": step_number == 0, "sequence_end": step_number == 7}
+                parameters = {"sequence_id": sequence_id, **flags}
+                if step_number % 2:  # a fresh gRPC channel: a new connection, to whichever worker
+                    client = triton_grpc.InferenceServerClient(replica.grpc_target)
+                    tensor = triton_grpc.InferInput("x", [1, 1], "FP32")
+                else:  # REST, without a session: a new connection each time
+                    client = triton_http.InferenceServerClient(replica.rest_url.removeprefix("http://"))
+                    tensor = triton_http.InferInput("x", [1, 1], "FP32")
+                tensor.set_data_from_numpy(np.array([[1.0]], np.float32))
+                answer = client.infer("total", [tensor], sequence_id=parameters["sequence_id"], **flags)
+                totals[sequence_id].append(float(answer.as_numpy("total")[0, 0]))
+                client.close()
+        assert totals == {i: [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0] for i in ids}
+        workers = requests.get(f"{replica.rest_url}/workbench/v1/health", timeout=30).json()["workers"]
+        assert len(workers) == 2
+    finally:
+        replica.stop()

@@ -61,6 +61,7 @@ from workbench.frontends.grpc import ReadinessHealth, start_grpc_server
 from workbench.frontends.management import management_routes
 from workbench.frontends.probes import probe_routes
 from workbench.frontends.rest import create_app
+from workbench.frontends.sequence_routing import SequenceRouter, private_socket
 from workbench.frontends.v2_grpc import InferenceService
 from workbench.frontends.v2_rest import V2Settings, v2_routes
 from workbench.jupyter import registry  # Jupyter's server extension lists and proxies running servers
@@ -159,6 +160,12 @@ class ModelServer:
         poll_wait = options.file_system_poll_wait_seconds
         if self.control.mode in (ControlMode.NONE, ControlMode.EXPLICIT) and poll_wait > 0:
             poll_wait = 0  # Triton's none and explicit modes read the repository at start-up and when a load asks
+        # With --num_workers: a sequence's requests go to the worker that holds it (its private socket).
+        self.router = (
+            SequenceRouter(options.worker_dir, options.worker_index, options.num_workers)
+            if options.worker_dir and options.num_workers > 1
+            else None
+        )
         self.request_log = RequestLogger()  # TF Serving's logging_config: sampled requests to TFRecord files
         self.source = RepositorySource(
             self.manager,
@@ -402,9 +409,10 @@ class ModelServer:
             # The Open Inference Protocol's service on TF Serving's gRPC port
             services=[
                 InferenceService(
-                    self.dataplane, self.readiness, self.rescan, options.management_token, self.control
+                    self.dataplane, self.readiness, self.rescan, options.management_token, self.control, self.router
                 ).add_to
             ],
+            private_socket=str(private_socket(options.worker_dir, options.worker_index)) if self.router else "",
             tls=grpc_tls,
             management_token=options.management_token,
         )
@@ -448,6 +456,7 @@ class ModelServer:
                         self.options.management_token,
                     ),
                     self.control,
+                    self.router,
                 ),
             ],
         )
@@ -524,6 +533,8 @@ class ModelServer:
         await loop.run_in_executor(None, self.model_cache.close)
         if self.peers is not None:
             self.peers.stop()
+        if self.router is not None:
+            await self.router.close()
         self._executor.shutdown(wait=False, cancel_futures=True)
         log.info("Stopped")
 

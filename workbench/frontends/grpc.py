@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import functools
 import logging
+import os
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar, cast
 
@@ -370,13 +372,16 @@ async def start_grpc_server(
     reuse_port: bool = False,
     tls: GrpcTLS | None = None,
     management_token: str = "",
+    private_socket: str = "",
 ) -> tuple[grpc.aio.Server, int | None]:
     """Start the gRPC server; returns it with the bound TCP port (None when only a Unix socket is served).
 
     ``health`` answers grpc.health.v1 (default: SERVING whenever the server answers). ``services`` add more
     servicers to the same server and port (the v2 ``inference.GRPCInferenceService``); each is given a
     :class:`TolerantRegistration`, so its methods must wear :func:`answers_errors`. ``tls`` (``--ssl_config_file``)
-    secures the TCP port and the Unix socket alike, as in TF Serving.
+    secures the TCP port and the Unix socket alike, as in TF Serving. ``private_socket``: a worker's own Unix socket
+    in the supervisor's private run folder, where its siblings hand it the requests of the sequences it holds
+    (without TLS: only this server's user can open that folder).
     """
     options = [
         ("grpc.max_receive_message_length", max_message_bytes),
@@ -412,6 +417,10 @@ async def start_grpc_server(
             raise ServingError(Code.UNAVAILABLE, f"Could not bind the gRPC port {address}: address already in use")
     if socket_path:
         add_port(f"unix:{socket_path}")
+    if private_socket:
+        with contextlib.suppress(FileNotFoundError):  # a restarted worker's predecessor left it
+            os.unlink(private_socket)
+        server.add_insecure_port(f"unix:{private_socket}")
     await server.start()
     return server, port
 

@@ -34,6 +34,7 @@ from workbench.engine.readiness import Readiness
 from workbench.engine.sequences import sequence_request
 from workbench.errors import Code, ServingError
 from workbench.frontends.grpc import answers_errors, authorization, time_remaining
+from workbench.frontends.sequence_routing import SequenceRouter
 from workbench.frontends.v2_repository import V2Repository, unsupported_parameters
 from workbench.protocol import v2_grpc, v2_models
 
@@ -53,14 +54,17 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         rescan: Callable[[], None],
         management_token: str = "",
         control: ModelControl | None = None,
+        router: SequenceRouter | None = None,
     ) -> None:
         """``rescan`` re-reads the model folders and waits until their versions settle (a load without a version);
         ``management_token``, when set, guards repository load and unload; ``control`` is the server's model
-        control (None: workbench's own, on versions)."""
+        control (None: workbench's own, on versions); ``router`` hands a sequence's requests to the worker that holds
+        it (with --num_workers)."""
         self.dataplane = dataplane
         self.manager = dataplane.manager
         self._readiness = readiness
         self.models = V2Repository(dataplane, rescan, management_token, control)
+        self.router = router
 
     def add_to(self, server: grpc.aio.Server) -> None:
         service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(self, server)
@@ -123,12 +127,16 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
     @answers_errors
     async def ModelInfer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
         dataplane = self.dataplane
+        sequence = sequence_request(v2_grpc.parameter_values(request.parameters)) if request.parameters else None
+        if sequence is not None and self.router is not None:
+            owner = self.router.owner(sequence.id)
+            if owner is not None:  # another worker holds this sequence: it answers
+                return await self.router.infer(owner, request, time_remaining(context))
         spec = await self._infer_spec(request, time_remaining(context))
         with await dataplane.admit(spec, "predict", PROTOCOL, time_remaining(context)) as call:
             inputs = v2_grpc.decode_inputs(request)
             requested = v2_grpc.requested_outputs(request)
             timeout = time_remaining(context)
-            sequence = sequence_request(v2_grpc.parameter_values(request.parameters))
             _, outputs = await dataplane.predict(call, "", inputs, requested, timeout=timeout, sequence=sequence)
             order = requested or list(outputs)
             return v2_grpc.infer_response(call.model, str(call.version), request.id, outputs, order)

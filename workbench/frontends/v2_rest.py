@@ -37,8 +37,9 @@ from workbench.engine.readiness import Readiness
 from workbench.engine.sequences import sequence_request
 from workbench.errors import Code, ServingError, from_exception
 from workbench.frontends.rest import error_response, json_response
+from workbench.frontends.sequence_routing import SequenceRouter
 from workbench.frontends.v2_repository import V2Repository, unsupported_parameters
-from workbench.protocol import v2_json, v2_models
+from workbench.protocol import v2_client, v2_json, v2_models
 from workbench.protocol.json_tensor import dumps, parse_body
 from workbench.signatures import DEFAULT_SIGNATURE, Signature
 
@@ -70,6 +71,7 @@ class V2Rest:
         rescan: Callable[[], None],
         settings: V2Settings,
         control: ModelControl | None = None,
+        router: SequenceRouter | None = None,
     ) -> None:
         self.dataplane = dataplane
         self.manager = dataplane.manager
@@ -77,6 +79,7 @@ class V2Rest:
         self.rescan = rescan
         self.settings = settings
         self.models = V2Repository(dataplane, rescan, settings.management_token, control)
+        self.router = router  # with --num_workers: hands a sequence's requests to the worker that holds it
         self.timeout = settings.timeout_ms / 1000 if settings.timeout_ms > 0 else None
 
     # ---------------------------------------------------------------------------------- resolution
@@ -145,10 +148,16 @@ class V2Rest:
     async def infer(self, request: Request) -> Response:
         body = await self._body(request)
         dataplane = self.dataplane
+        decoded = None
+        if self.router is not None:  # with --num_workers: read the request first, its sequence may live elsewhere
+            decoded = self._decode(request, body)
+            sequence = sequence_request(decoded.parameters)
+            owner = self.router.owner(sequence.id) if sequence is not None else None
+            if owner is not None:
+                return await self._forward(request, decoded, owner)
         with await dataplane.admit(await self._infer_spec(request), "predict", PROTOCOL, self.timeout) as call:
             servable = call.servable
-            json_length = v2_json.header_length(request.headers.get(v2_json.HEADER_LENGTH), len(body))
-            decoded = v2_json.decode_infer_request(body, json_length)
+            decoded = decoded or self._decode(request, body)
             specs = dataplane.rest_input_specs(servable, DEFAULT_SIGNATURE, tuple(decoded.inputs))
             v2_json.check_datatypes(decoded, specs)
             wanted = [output.name for output in decoded.outputs]
@@ -162,6 +171,30 @@ class V2Rest:
             )
             # call.version, not servable's: a sequence runs on the version it started on
             encoded = v2_json.encode_infer_response(call.model, call.version, decoded, outputs)
+        if encoded.json_length is None:
+            return json_response(encoded.body)
+        return Response(encoded.body, media_type=BINARY, headers={v2_json.HEADER_LENGTH: str(encoded.json_length)})
+
+    @staticmethod
+    def _decode(request: Request, body: bytes) -> v2_json.InferRequest:
+        json_length = v2_json.header_length(request.headers.get(v2_json.HEADER_LENGTH), len(body))
+        return v2_json.decode_infer_request(body, json_length)
+
+    async def _forward(self, request: Request, decoded: v2_json.InferRequest, owner: int) -> Response:
+        """Have worker ``owner``, which holds the request's sequence, answer it (over its private gRPC socket)."""
+        assert self.router is not None
+        model, version = request.path_params["model"], request.path_params.get("version", "")
+        parameters = {k: v for k, v in decoded.parameters.items() if isinstance(v, (bool, int, str))}
+        message = v2_client.grpc_infer_request(
+            model,
+            decoded.inputs,
+            [output.name for output in decoded.outputs],
+            version=version,
+            request_id=decoded.id or "",
+            parameters=parameters,
+        )
+        answer = v2_client.grpc_infer_answer(await self.router.infer(owner, message, self._timeout(decoded)))
+        encoded = v2_json.encode_infer_response(model, answer.model_version or 0, decoded, answer.outputs)
         if encoded.json_length is None:
             return json_response(encoded.body)
         return Response(encoded.body, media_type=BINARY, headers={v2_json.HEADER_LENGTH: str(encoded.json_length)})
@@ -283,10 +316,11 @@ def v2_routes(
     rescan: Callable[[], None],
     settings: V2Settings | None = None,
     control: ModelControl | None = None,
+    router: SequenceRouter | None = None,
 ) -> list[Route]:
     """The v2 routes for the REST app; ``rescan`` re-reads the model folders and waits until versions settle;
     ``control`` is the server's model control (None: workbench's own, on versions)."""
-    api = V2Rest(dataplane, readiness, rescan, settings or V2Settings(), control)
+    api = V2Rest(dataplane, readiness, rescan, settings or V2Settings(), control, router)
     table: list[tuple[str, Handler, str]] = [
         ("/v2", api.server_metadata, "GET"),
         ("/v2/health/live", api.live, "GET"),
