@@ -23,6 +23,8 @@ import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException
 
+import workbench
+from workbench import PythonModel
 from workbench.client import Client
 from workbench.engine.sequences import (
     Controls,
@@ -344,3 +346,26 @@ def test_with_two_workers_every_request_of_a_sequence_reaches_the_worker_that_ho
         assert len(workers) == 2
     finally:
         replica.stop()
+
+
+class Accumulate(PythonModel):
+    inputs = {"x": ("float32", [-1, 1])}
+    outputs = {"total": ("float32", [-1, 1])}
+    stateful = True
+
+    def predict(self, inputs, state):  # type: ignore[no-untyped-def, override]
+        total = inputs["x"] + (0.0 if state is None else state)
+        return {"total": total}, total
+
+
+class Forgetful(Accumulate):
+    def predict(self, inputs, state):  # type: ignore[no-untyped-def]
+        return {"total": inputs["x"]}  # no new state: not what a stateful model returns
+
+
+def test_export_checks_a_stateful_model_as_a_sequence(tmp_path: Path) -> None:
+    exported = workbench.export(Accumulate, "acc", tmp_path, examples={"x": np.ones((2, 1), np.float32)})
+    assert (exported.path / "model.py").exists()
+    assert not (exported.path / "assets.extra").exists()  # no warmup: it would replay requests outside a sequence
+    with pytest.raises(workbench.ExportError, match=r"must return \(outputs, new_state\)"):
+        workbench.export(Forgetful, "forgetful", tmp_path)

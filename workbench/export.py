@@ -551,6 +551,9 @@ def _write_warmup_and_verify(name: str, path: Path, examples: Any) -> tuple[dict
         described = {key: _describe(sig) for key, sig in servable.signatures.items() if not key.startswith("__")}
         if isinstance(servable, Composite) and servable.members():
             return described, 0  # its steps run on other models: only a server has them
+        if servable.sequence is not None:  # stateful: each example runs as a sequence of its own, nothing replays
+            _check_stateful(servable, signature, examples)
+            return described, 0
         if examples is None:
             batch = _zero_example(signature)
             try:
@@ -573,6 +576,30 @@ def _write_warmup_and_verify(name: str, path: Path, examples: Any) -> tuple[dict
         return described, len(requests)
     finally:
         servable.close()
+
+
+def _check_stateful(servable: Any, signature: Signature, examples: Any) -> None:
+    """Run a stateful model's examples (or zeros), each as the one request of a sequence of its own.
+
+    No warmup file is written: the server's warmup replays requests outside any sequence, which a stateful model
+    does not take.
+    """
+    from workbench.engine.sequences import Controls
+    from workbench.errors import Code, ServingError
+
+    batches = [_zero_example(signature)] if examples is None else _example_requests(examples, signature)
+    for number, batch in enumerate(batches):
+        try:
+            servable.run_step(signature, batch, list(signature.outputs), None, Controls(True, True, True, number))
+        except ServingError as exc:
+            if examples is None and exc.code == Code.INVALID_ARGUMENT:  # made-up zeros, rightly refused
+                log.warning(
+                    "A zero-filled example for %s was rejected (%s); pass examples= to check it",
+                    servable.name,
+                    _one_line(exc),
+                )
+                return
+            raise ExportError(f"The exported model failed its check: {_one_line(exc)}") from exc
 
 
 def _describe(signature: Signature) -> str:
