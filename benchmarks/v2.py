@@ -13,15 +13,21 @@ all from `workbench bench`'s generator: each request is encoded once up front an
 a 2-core machine the figures are the server's, not the client's. The protocols take turns for ``--rounds`` rounds
 (the order rotates), and each row reports the median round.
 
-Last, the same v2 load from tritonclient's own asyncio clients (``tritonclient.grpc.aio``, ``tritonclient.http.aio``)
+Then the same v2 load from tritonclient's own asyncio clients (``tritonclient.grpc.aio``, ``tritonclient.http.aio``)
 as a user's code would send it: every request built from numpy anew and every answer decoded, in this one Python
 process. These rows say what Triton's clients get from workbench, client costs included, and that they run unchanged.
+
+Last, Triton's system shared memory against its binary REST, 32 images a request, taking turns: each
+``tritonclient.http.aio`` client writes its images into a region of its own (``tritonclient.utils.shared_memory``)
+and sends only the region's name, or sends the images as binary data; answers come back as binary data either way.
+``vs_binary_rest`` is the shared-memory row's requests/s over the binary row's, measured in the same rounds.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import sys
 import tempfile
@@ -33,7 +39,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _common import ServeProcess, save_mnist_mlp, save_results, write_config  # noqa: E402
+from _common import ServeProcess, save_mnist_mlp, save_results, taking_turns, write_config  # noqa: E402
 
 from workbench.bench import BenchResult, format_table, run_load  # noqa: E402
 
@@ -88,24 +94,39 @@ def measure(server: ServeProcess, images: np.ndarray, duration: float, rounds: i
     return rows
 
 
-async def tritonclient_load(server: ServeProcess, images: np.ndarray, duration: float, kind: str) -> dict[str, Any]:
-    """16 tritonclient asyncio clients, each building, sending and decoding one request after another."""
+async def tritonclient_load(
+    server: ServeProcess, images: np.ndarray, duration: float, kind: str, shared_memory: bool = False
+) -> dict[str, Any]:
+    """16 tritonclient asyncio clients, each building, sending and decoding one request after another;
+    ``shared_memory``: each writes its images into a system shared-memory region of its own and sends the region."""
     if kind == "grpc":
         import tritonclient.grpc.aio as triton
     else:
         import tritonclient.http.aio as triton  # type: ignore[no-redef]
+    import tritonclient.utils.shared_memory as shm
 
     target = server.grpc_target if kind == "grpc" else server.rest_url.removeprefix("http://")
     client = triton.InferenceServerClient(target, **({} if kind == "grpc" else {"conn_limit": CLIENTS}))
     latencies: list[float] = []
     errors = 0
+    regions: list[Any] = []
+    if shared_memory:
+        await client.unregister_system_shared_memory()
+        for index in range(CLIENTS):
+            name, key = f"images_{index}", f"/workbench_bench_{os.getpid()}_{index}"
+            regions.append(shm.create_shared_memory_region(name, key, images.nbytes))
+            await client.register_system_shared_memory(name, key, images.nbytes)
 
-    async def one_client(deadline: float) -> None:
+    async def one_client(deadline: float, index: int) -> None:
         nonlocal errors
         while time.perf_counter() < deadline:
             started = time.perf_counter()
             request = triton.InferInput("images", list(images.shape), "FP32")
-            request.set_data_from_numpy(images)
+            if shared_memory:  # the client's own region: concurrent clients never write each other's
+                shm.set_shared_memory_region(regions[index], [images])
+                request.set_shared_memory(f"images_{index}", images.nbytes)
+            else:
+                request.set_data_from_numpy(images)
             try:
                 result = await client.infer("mnist", [request])
                 result.as_numpy("probabilities")
@@ -114,15 +135,19 @@ async def tritonclient_load(server: ServeProcess, images: np.ndarray, duration: 
             latencies.append((time.perf_counter() - started) * 1000)
 
     try:
-        await asyncio.gather(*(one_client(time.perf_counter() + 1.0) for _ in range(4)))  # warm up
+        await asyncio.gather(*(one_client(time.perf_counter() + 1.0, index) for index in range(4)))  # warm up
         latencies.clear()
         started = time.perf_counter()
-        await asyncio.gather(*(one_client(started + duration) for _ in range(CLIENTS)))
+        await asyncio.gather(*(one_client(started + duration, index) for index in range(CLIENTS)))
         seconds = time.perf_counter() - started
     finally:
+        if shared_memory:
+            await client.unregister_system_shared_memory()
+            for region in regions:
+                shm.destroy_shared_memory_region(region)
         await client.close()
     return {
-        "way": f"tritonclient.{kind}.aio",
+        "way": f"tritonclient.{kind}.aio" + (" shared memory" if shared_memory else ""),
         "protocol": f"v2-{'grpc' if kind == 'grpc' else 'rest'}",
         "images": len(images),
         "requests_per_second": round(len(latencies) / seconds, 1),
@@ -131,6 +156,19 @@ async def tritonclient_load(server: ServeProcess, images: np.ndarray, duration: 
         "p99_ms": round(float(np.percentile(latencies, 99)), 3),
         "errors": errors,
     }
+
+
+def shared_memory_rows(server: ServeProcess, images: np.ndarray, duration: float, rounds: int) -> list[dict[str, Any]]:
+    """Binary REST and system shared memory from tritonclient.http.aio, taking turns; the ratio of their rates."""
+    binary, shared = taking_turns(
+        rounds,
+        [
+            lambda: asyncio.run(tritonclient_load(server, images, duration, "http")),
+            lambda: asyncio.run(tritonclient_load(server, images, duration, "http", shared_memory=True)),
+        ],
+    )
+    shared["vs_binary_rest"] = round(shared["requests_per_second"] / binary["requests_per_second"], 2)
+    return [binary, shared]
 
 
 def main() -> None:
@@ -153,6 +191,7 @@ def main() -> None:
                 for images in batches
                 for kind in ("grpc", "http")
             ]
+            shm_rows = shared_memory_rows(server, batches[1], args.duration, args.rounds)
         finally:
             server.stop()
 
@@ -161,6 +200,8 @@ def main() -> None:
     print(format_table(rows, [*columns, "vs_tf_serving_grpc"]))
     print(f"\nThe same v2 load from tritonclient's asyncio clients ({args.duration:g} s, encoding every request):")
     print(format_table(triton_rows, columns))
+    print(f"\nSystem shared memory against binary REST (tritonclient.http.aio, median of {args.rounds} rounds):")
+    print(format_table(shm_rows, [*columns, "vs_binary_rest"]))
     path = save_results(
         "v2",
         {
@@ -170,6 +211,7 @@ def main() -> None:
             "rounds": args.rounds,
             "rows": rows,
             "tritonclient_rows": triton_rows,
+            "shared_memory_rows": shm_rows,
         },
     )
     print(f"\nwrote {path}")

@@ -8,11 +8,13 @@ signal arrives, and decides when they may finish.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import shutil
 import signal
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -354,10 +356,16 @@ def test_probes_from_start_up_until_every_model_has_a_version(gated, run_workben
     assert probe(ports.url + "/healthz") == (200, {"status": "alive"})
     assert probe(ports.url + "/readyz") == (503, {"status": "starting", "reason": "loading models at start-up"})
     assert health(ports.target) == NOT_SERVING
-    status = requests.get(ports.url + "/v1/models/gated", timeout=30).json()
-    assert [s["state"] for s in status["model_version_status"]] == ["LOADING"]
+    # A status request for a model still in its first load waits for it, as if the port had opened after the load
+    # (TF Serving's start-up, which scripts written for it expect).
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        status = pool.submit(requests.get, ports.url + "/v1/models/gated", timeout=120)
+        time.sleep(0.5)
+        assert not status.done()
+        gated.open()
+        answered = status.result(timeout=120).json()
+    assert [s["state"] for s in answered["model_version_status"]] == ["AVAILABLE"]
 
-    gated.open()
     wait_until(answering(wb, lambda: probe(ports.url + "/readyz")[1]["status"] != "starting"), 120, what="loaded")
     assert probe(ports.url + "/readyz") == (503, {"status": "unavailable", "reason": "model late has no version yet"})
     assert health(ports.target) == NOT_SERVING

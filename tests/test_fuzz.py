@@ -763,7 +763,9 @@ def infer_names(rng: random.Random) -> Case:
         return Case("names", "ModelInfer", request, Code.NOT_FOUND, f"model {name[:40]!r}")
     if which == 1:
         request.model_version = name
-        return Case("names", "ModelInfer", request, Code.NOT_FOUND, f"label {name[:40]!r}")
+        # Not a version number, nor a label: Triton's "failed to get model version from specified version string"
+        code = Code.NOT_FOUND if name.isascii() and name.isdigit() else Code.INVALID_ARGUMENT
+        return Case("names", "ModelInfer", request, code, f"label {name[:40]!r}")
     if which == 2:
         request.model_version = rng.choice(["2", "0", "99999999999999999999999999", "1" * 300])
         return Case("names", "ModelInfer", request, Code.NOT_FOUND, f"version {request.model_version[:40]}")
@@ -779,7 +781,9 @@ def infer_outputs_and_parameters(rng: random.Random) -> Case:
     key = rng.choice(["shared_memory_region", "classification"])
     target = request.inputs[0] if rng.random() < 0.5 else request.outputs.add(name="y")
     target.parameters[key].string_param = "region"
-    return Case("outputs/parameters", "ModelInfer", request, Code.UNIMPLEMENTED, key)
+    # A region without its shared_memory_byte_size is malformed; the classification extension is not implemented.
+    expected = Code.INVALID_ARGUMENT if key == "shared_memory_region" else Code.UNIMPLEMENTED
+    return Case("outputs/parameters", "ModelInfer", request, expected, key)
 
 
 INFER_CATEGORIES: list[tuple[Callable[[random.Random], Case], int]] = [

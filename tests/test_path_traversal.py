@@ -148,6 +148,10 @@ def http_endpoints(n: str) -> list[tuple[str, str, object]]:
         ("POST", f"/v2/repository/models/{n}/load", {}),
         ("POST", f"/v2/repository/models/{n}/load", {"parameters": {"version": 1}}),
         ("POST", f"/v2/repository/models/{n}/unload", {"parameters": {"version": 1}}),
+        # Triton's shared-memory extension: region names, and keys (what the server opens) from the body
+        ("GET", f"/v2/systemsharedmemory/region/{n}/status", None),
+        ("POST", f"/v2/systemsharedmemory/region/{n}/register", {"key": n, "byte_size": 8}),
+        ("POST", "/v2/systemsharedmemory/region/r/register", {"key": n, "byte_size": 8}),
     ]
 
 
@@ -188,7 +192,7 @@ def grpc_calls(n: str, channel: grpc.Channel) -> list[tuple[str, object, object,
         ("GetModelMetadata", prediction.GetModelMetadata, metadata, found),
         ("GetModelStatus", models.GetModelStatus, status, found),
         ("ModelInfer name", v2.ModelInfer, infer, found),
-        ("ModelInfer version", v2.ModelInfer, infer_label, found),
+        ("ModelInfer version", v2.ModelInfer, infer_label, {Code.NOT_FOUND, Code.INVALID_ARGUMENT}),
         ("ModelMetadata", v2.ModelMetadata, service_pb2.ModelMetadataRequest(name=n), found),
         ("RepositoryModelLoad", v2.RepositoryModelLoad, service_pb2.RepositoryModelLoadRequest(model_name=n), found),
         (
@@ -202,6 +206,24 @@ def grpc_calls(n: str, channel: grpc.Channel) -> list[tuple[str, object, object,
             v2.RepositoryModelUnload,
             service_pb2.RepositoryModelUnloadRequest(model_name=n, parameters=version),
             found,
+        ),
+        (
+            "SystemSharedMemoryStatus",
+            v2.SystemSharedMemoryStatus,
+            service_pb2.SystemSharedMemoryStatusRequest(name=n),
+            found,
+        ),
+        (
+            "SystemSharedMemoryRegister",
+            v2.SystemSharedMemoryRegister,
+            service_pb2.SystemSharedMemoryRegisterRequest(name=n, key=n, byte_size=8),
+            {Code.INVALID_ARGUMENT},
+        ),
+        (
+            "SystemSharedMemoryRegister key",
+            v2.SystemSharedMemoryRegister,
+            service_pb2.SystemSharedMemoryRegisterRequest(name="r", key=n, byte_size=8),
+            {Code.INVALID_ARGUMENT},
         ),
     ]
 

@@ -317,8 +317,9 @@ def test_inference_errors_have_precise_codes(client: triton.InferenceServerClien
     code, message = grpc_code(lambda: client.infer("hp", [x], outputs=[triton.InferRequestedOutput("y")] * 2))
     assert code == "INVALID_ARGUMENT" and "duplicate" in message
     shared = triton.InferInput("x", [1, 1], "FP32")
-    shared.set_shared_memory("region", 4)
-    assert grpc_code(lambda: client.infer("hp", [shared]))[0] == "UNIMPLEMENTED"
+    shared.set_shared_memory("region", 4)  # tests/test_v2_shared_memory.py registers regions and uses them
+    code, message = grpc_code(lambda: client.infer("hp", [shared]))
+    assert code == "INVALID_ARGUMENT" and "shared memory region 'region' is not registered" in message
 
 
 def test_malformed_raw_and_typed_data_is_invalid_argument_naming_the_input(
@@ -384,7 +385,7 @@ def test_descriptive_calls_fail_with_precise_codes(client: triton.InferenceServe
     assert (code, message) == ("INVALID_ARGUMENT", "A model name is required")
     index = service_pb2.RepositoryIndexRequest(repository_name="elsewhere")
     assert stub_code(lambda: stub.RepositoryIndex(index, timeout=10))[0] == "NOT_FOUND"
-    assert grpc_code(lambda: client.get_system_shared_memory_status())[0] == "UNIMPLEMENTED"
+    assert grpc_code(lambda: client.get_trace_settings())[0] == "UNIMPLEMENTED"
 
 
 # ====================================================================================== statistics

@@ -255,6 +255,21 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     _flag(own, "num_inference_threads", 0, "threads running TensorFlow (0: twice the cores, at least 4)", "N")
     _flag(
         own,
+        "shared_memory_max_bytes",
+        4 << 30,
+        "Triton's system shared memory: the most bytes the regions clients register may span together (0: none)",
+        "BYTES",
+    )
+    # Off by default: a client that can name a region can have the server read or overwrite this host's memory.
+    _flag(
+        own,
+        "allow_remote_shared_memory",
+        False,
+        "let clients on other hosts register and use shared memory (by default only loopback and Unix-socket "
+        "clients may); with a management token, registering and unregistering need it",
+    )
+    _flag(
+        own,
         "num_workers",
         "1",
         "worker processes sharing the ports, each loading the models and batching on its own ('auto': one per "
@@ -365,6 +380,8 @@ def _check_serve_args(args: argparse.Namespace) -> int:
         raise FlagError("--response_cache_bytes cannot be negative (0 turns the cache off)")
     if args.response_cache_models and not args.response_cache_bytes:
         raise FlagError("--response_cache_models needs --response_cache_bytes: the cache's size")
+    if args.shared_memory_max_bytes < 0:
+        raise FlagError("--shared_memory_max_bytes cannot be negative (0 lets no shared memory register)")
     if mode is ControlMode.EXPLICIT and not args.model_repository:
         raise FlagError("--model_control_mode=explicit loads models out of a repository: give --model_repository")
     return num_workers
@@ -416,6 +433,8 @@ def _server_options(args: argparse.Namespace, num_workers: int) -> ServerOptions
         parent_pid=args.parent_pid,
         allow_pickle=args.allow_pickle,
         allow_python_models=args.allow_python_models,
+        shared_memory_max_bytes=args.shared_memory_max_bytes,
+        allow_remote_shared_memory=args.allow_remote_shared_memory,
         num_workers=num_workers,
         worker_index=args.worker_index,
         worker_dir=args.worker_of,

@@ -6,7 +6,8 @@ spelled ``"v2-rest"``, or ``"v2-grpc"``), against workbench, a real TF Serving (
 server such as Triton (v2's). The management methods are workbench's own. Input dtypes come from the model's
 metadata, fetched once per model, so ``client.predict("m", [[1.0]])`` sends float32 when the signature says so.
 Every answer carries its latency; errors are :class:`~workbench.errors.ServingError` with the server's
-code and message.
+code and message. :meth:`Client.stream` iterates one request's responses (a decoupled model's 0..n) as they arrive,
+over v2 gRPC's ``ModelStreamInfer``.
 
 v2 goes over REST with ``requests`` (JSON, and Triton's binary tensor extension for large tensors: see
 :mod:`workbench.protocol.v2_client`), and over gRPC with the stubs tritonclient generates
@@ -22,7 +23,7 @@ import dataclasses
 import itertools
 import ssl
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -559,6 +560,59 @@ class Client:
             model, feeds, outputs, version=v2.version_string(version, label), parameters=parameters
         )
         return v2.grpc_infer_answer(self._grpc_call("v2", "ModelInfer", message))
+
+    def stream(
+        self,
+        model: str,
+        inputs: Mapping[str, Any] | Any,
+        *,
+        version: int | None = None,
+        label: str | None = None,
+        output_filter: Sequence[str] = (),
+        parameters: Mapping[str, bool | int | str] | None = None,
+    ) -> Iterator[Prediction]:
+        """Stream one request's responses as they arrive: a decoupled model's 0..n, another model's one.
+
+        Over gRPC ``ModelStreamInfer`` (the client needs its ``grpc`` target, whatever ``protocol`` says), so numpy
+        arrays travel raw and the stream is Triton's: ``for answer in client.stream("countdown", {"n": [3]}):``.
+        The request asks for Triton's empty final response, which ends the iteration (it is not yielded). An error
+        of the request (in the stream) or of the stream raises :class:`ServingError`; the error sent in the stream
+        carries no code (Triton's in-stream errors have none), so it is UNKNOWN. Leaving the loop early cancels the
+        stream, which stops the model between two responses.
+        """
+        if not self.grpc_target:
+            raise ValueError("streaming goes over gRPC ModelStreamInfer: this client has no gRPC target")
+        import grpc
+
+        signature = self.signature(model, "", version, label, protocol="v2-grpc")
+        feeds = self.encode_inputs(signature, inputs)
+        message = v2.grpc_infer_request(
+            model,
+            feeds,
+            output_filter,
+            version=v2.version_string(version, label),
+            parameters={**(parameters or {}), "triton_enable_empty_final_response": True},
+        )
+        responses = self._stub("v2").ModelStreamInfer(iter([message]), timeout=self.timeout)
+        started = time.perf_counter()
+        try:
+            for response in responses:
+                if response.error_message:
+                    raise ServingError(Code.UNKNOWN, response.error_message)
+                answer = response.infer_response
+                if answer.outputs:
+                    read = v2.grpc_infer_answer(answer)
+                    latency = (time.perf_counter() - started) * 1000  # since the request, as predict's
+                    yield Prediction(
+                        read.outputs, model=model, version=read.model_version, protocol="v2-grpc", latency_ms=latency
+                    )
+                final = answer.parameters.get("triton_final_response")
+                if final is not None and final.bool_param:
+                    return
+        except grpc.RpcError as exc:
+            raise ServingError(Code[exc.code().name], exc.details() or "") from None
+        finally:
+            responses.cancel()  # a no-op once the stream ended; stops the server's work when the caller left early
 
     def encode_inputs(self, signature: Signature, inputs: Mapping[str, Any] | Any) -> dict[str, np.ndarray]:
         """``inputs`` as numpy arrays of the signature's input dtypes (one array is fine for one input)."""

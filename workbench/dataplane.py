@@ -12,7 +12,7 @@ import collections
 import contextlib
 import dataclasses
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Executor
 from typing import Any, TypeVar
 
@@ -35,6 +35,7 @@ from workbench.protocol.v2_models import Duration, ModelStatistics, RepositoryRo
 from workbench.signatures import Signature, TensorSpec
 
 T = TypeVar("T")
+_END = object()  # what next() answers once a decoupled model's generator is over
 
 
 @dataclasses.dataclass(frozen=True)
@@ -438,6 +439,63 @@ class Dataplane:
         batcher = self._sequence_batchers.pop((model, version), None)
         if batcher is not None:
             batcher.close_soon()
+
+    async def stream(
+        self,
+        call: Call,
+        signature_name: str,
+        inputs: Mapping[str, np.ndarray],
+        output_filter: Sequence[str] = (),
+        timeout: float | None = None,
+    ) -> AsyncGenerator[dict[str, np.ndarray], None]:
+        """Run a decoupled servable: its responses to one request as they come. A caller that may stop early
+        iterates it under ``contextlib.aclosing`` inside its ``with call:``, so that leaving stops the model.
+
+        The model's generator is advanced on a worker thread one response at a time, and only when the caller asks
+        for the next: a slow client holds the model back rather than filling a buffer. Each request is its own run
+        (never batched). ``timeout`` bounds the whole request (DEADLINE_EXCEEDED). A caller that leaves early (closed,
+        cancelled, past its deadline) has the generator closed between two responses, once the step under way
+        returns; ``call`` holds the servable until then, so an unload never closes a model under its generator.
+        """
+        servable = call.servable
+        if not servable.decoupled:
+            raise ServingError(Code.FAILED_PRECONDITION, f"Model {call.model} is not decoupled: it answers once")
+        signature = inference.predict_signature(servable, signature_name)
+        feed, outputs = inference.prepare_predict(signature, inputs, output_filter)
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        responses = servable.run_decoupled(signature, feed, outputs)
+        step: asyncio.Future[Any] | None = None
+        over = False  # the generator ended or failed: nothing left to close
+        try:
+            while True:
+                step = loop.run_in_executor(self._executor, next, responses, _END)
+                call._work = step  # the servable stays held while a thread runs the model, whatever the caller does
+                remaining = None if deadline is None else deadline - loop.time()
+                try:
+                    result = await asyncio.wait_for(asyncio.shield(step), remaining)
+                except asyncio.TimeoutError:
+                    raise deadline_exceeded() from None
+                except Exception:
+                    over = step.done()  # the model's own error ends its generator
+                    raise
+                if result is _END:
+                    over = True
+                    return
+                yield result
+        finally:
+            if not over:
+                call._work = asyncio.ensure_future(self._close_responses(step, responses))
+
+    async def _close_responses(self, step: asyncio.Future[Any] | None, responses: Iterator[Any]) -> None:
+        """Close a decoupled model's generator once its step under way returned (a generator cannot be closed while
+        another thread runs it), on a worker thread: its ``finally`` blocks are the model's code."""
+        if step is not None and not step.done():
+            await asyncio.wait([step])
+        close = getattr(responses, "close", None)
+        if callable(close):
+            with contextlib.suppress(Exception):  # the request is over; platforms log their model's own failure
+                await asyncio.get_running_loop().run_in_executor(self._executor, close)
 
     async def classify(
         self, call: Call, signature_name: str, examples: Sequence[bytes], timeout: float | None = None

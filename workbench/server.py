@@ -51,6 +51,7 @@ from workbench.engine.readiness import Phase, ServerReadiness
 from workbench.engine.request_log import RequestLogger
 from workbench.engine.response_cache import ResponseCache
 from workbench.engine.routing_state import read_legacy_state
+from workbench.engine.shared_memory import SharedMemoryRegistry
 from workbench.engine.source import RepositorySource
 from workbench.engine.stats import RollingStats
 from workbench.engine.storage import VersionCache, caching_loader
@@ -64,6 +65,7 @@ from workbench.frontends.rest import create_app
 from workbench.frontends.sequence_routing import SequenceRouter, private_socket
 from workbench.frontends.v2_grpc import InferenceService
 from workbench.frontends.v2_rest import V2Settings, v2_routes
+from workbench.frontends.v2_shared_memory import SharedMemoryAccess
 from workbench.jupyter import registry  # Jupyter's server extension lists and proxies running servers
 from workbench.peers import LocalViews, Peers, WholeServerMetrics, WorkerPeers
 from workbench.platforms import LoadPolicy
@@ -196,6 +198,17 @@ class ModelServer:
             batching_for=self._batching.get,
             first_load_wait=options.wait_for_model_load_seconds,
             cache=self.cache,
+        )
+        # Triton's system shared memory: one set of regions for both v2 frontends, unmapped when the server stops.
+        self.shared_memory = SharedMemoryRegistry(options.shared_memory_max_bytes)
+        if options.num_workers > 1:
+            self.shared_memory.close(
+                Code.UNIMPLEMENTED,
+                "Shared memory needs a server of one process: with --num_workers each worker would hold regions of "
+                "its own, and a request could reach one that never heard of its region",
+            )
+        self.shared_memory_access = SharedMemoryAccess(
+            self.shared_memory, options.allow_remote_shared_memory, options.management_token
         )
         self._stopped: asyncio.Event | None = None  # set when the ports close: live stat streams end
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -353,6 +366,10 @@ class ModelServer:
         options = self.options
         self._stopped = asyncio.Event()
         self._loop = asyncio.get_running_loop()
+        if not open_ports:  # Ray Serve's proxies carry the requests: the client may be on any host, so may a replica
+            self.shared_memory.close(
+                Code.UNIMPLEMENTED, "Shared memory is not served through Ray Serve: a replica may run on another host"
+            )
         if self.peers is not None:
             self.peers.start()
         models = self.control.select(options.initial_models())  # raises on a malformed config, before anything starts
@@ -409,7 +426,13 @@ class ModelServer:
             # The Open Inference Protocol's service on TF Serving's gRPC port
             services=[
                 InferenceService(
-                    self.dataplane, self.readiness, self.rescan, options.management_token, self.control, self.router
+                    self.dataplane,
+                    self.readiness,
+                    self.rescan,
+                    options.management_token,
+                    self.control,
+                    self.router,
+                    self.shared_memory_access,
                 ).add_to
             ],
             private_socket=str(private_socket(options.worker_dir, options.worker_index)) if self.router else "",
@@ -457,6 +480,7 @@ class ModelServer:
                     ),
                     self.control,
                     self.router,
+                    self.shared_memory_access,
                 ),
             ],
         )
@@ -529,6 +553,7 @@ class ModelServer:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self.request_log.close)  # no requests come any more: write what is queued
         await loop.run_in_executor(None, self.manager.stop)
+        self.shared_memory.close()  # no request reads or writes a region any more: unmap them
         self.control.close()
         await loop.run_in_executor(None, self.model_cache.close)
         if self.peers is not None:

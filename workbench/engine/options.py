@@ -148,6 +148,10 @@ class ServerOptions:
     # Model files that run code when loaded (pickles; model.py and handler.py) load only when allowed.
     allow_pickle: bool = False
     allow_python_models: bool = False
+    # Triton's system shared memory: the most bytes all registered regions may span (4 GiB; 0: none), and whether
+    # clients on other hosts may use it (by default only loopback and Unix-socket clients may).
+    shared_memory_max_bytes: int = 4 << 30
+    allow_remote_shared_memory: bool = False
 
     def routing_state_path(self) -> str:
         """An older workbench's routing state file (in a model repository: ``.workbench/routing.json``).

@@ -9,13 +9,13 @@ business: the manager's :class:`~workbench.engine.harness.Harness` does that for
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
 from workbench.engine.sequences import SequenceSettings
-from workbench.errors import ServingError
+from workbench.errors import Code, ServingError
 from workbench.signatures import Signature
 
 T = TypeVar("T")
@@ -38,12 +38,25 @@ class Servable(abc.ABC):
     # A stateful model's sequence batching: its requests run through the sequence batcher, one step of a sequence
     # at a time with that sequence's state (it then implements run_step: workbench.engine.sequences).
     sequence: SequenceSettings | None = None
+    # A decoupled model (Triton's decoupled transaction policy) answers a request with 0..n responses: it implements
+    # run_decoupled, is never batched across requests, and is served over streams only (ModelStreamInfer, generate).
+    decoupled: bool = False
 
     @abc.abstractmethod
     def run(
         self, signature: Signature, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]
     ) -> dict[str, np.ndarray]:
         """Run ``signature`` on ``inputs`` (keyed by alias) and return the ``outputs`` asked for (by alias)."""
+
+    def run_decoupled(
+        self, signature: Signature, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]
+    ) -> Iterator[dict[str, np.ndarray]]:
+        """A decoupled model's responses to one request, each produced when the caller asks for the next.
+
+        Called on the event loop, so it must return at once (a generator does: its body runs on the first
+        ``next``); iterated on worker threads, one ``next`` at a time; ``close()`` on it stops it between responses.
+        """
+        raise ServingError(Code.UNIMPLEMENTED, f"Model {self.name} version {self.version} is not decoupled")
 
     def close(self) -> None:  # noqa: B027 - optional: most platforms hold nothing to free by hand
         """Free what the model holds (sessions, native handles, GPU memory)."""

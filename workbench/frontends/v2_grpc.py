@@ -16,11 +16,14 @@ Repository load and unload act on versions, as the v2 REST frontend's and workbe
 version and keeps it loaded; without one it re-reads the model's folder and answers once its versions settled.
 ``RepositoryModelUnload`` needs the ``version`` parameter (a whole model leaves only with the model config). When
 the server has a management token, both need it as ``authorization: Bearer <token>`` metadata.
+
+The ``SystemSharedMemory*`` and ``CudaSharedMemory*`` RPCs, and ``ModelInfer``'s inputs and outputs in registered
+regions, follow :mod:`workbench.frontends.v2_shared_memory` (the same regions as REST's, for clients on this host).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import grpc
@@ -33,10 +36,13 @@ from workbench.engine.model_control import ModelControl, load_overrides
 from workbench.engine.readiness import Readiness
 from workbench.engine.sequences import sequence_request
 from workbench.errors import Code, ServingError
+from workbench.frontends import v2_stream
 from workbench.frontends.grpc import answers_errors, authorization, time_remaining
 from workbench.frontends.sequence_routing import SequenceRouter
 from workbench.frontends.v2_repository import V2Repository, unsupported_parameters
+from workbench.frontends.v2_shared_memory import SharedMemoryAccess
 from workbench.protocol import v2_grpc, v2_models
+from workbench.protocol.v2_shared_memory import SharedMemory
 
 PROTOCOL = "v2-grpc"  # the protocol label of this frontend's requests in metrics
 
@@ -44,7 +50,8 @@ PROTOCOL = "v2-grpc"  # the protocol label of this frontend's requests in metric
 class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
     """``inference.GRPCInferenceService``: health, metadata, inference, statistics and the model repository.
 
-    The shared-memory, tracing, logging and streaming RPCs keep the generated servicer's UNIMPLEMENTED answer.
+    ``ModelStreamInfer`` (and decoupled models) is :mod:`workbench.frontends.v2_stream`'s; the shared-memory RPCs
+    are :mod:`workbench.frontends.v2_shared_memory`'s. Tracing and logging answer UNIMPLEMENTED, naming the RPC.
     """
 
     def __init__(
@@ -55,16 +62,20 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         management_token: str = "",
         control: ModelControl | None = None,
         router: SequenceRouter | None = None,
+        shared_memory: SharedMemoryAccess | None = None,
     ) -> None:
         """``rescan`` re-reads the model folders and waits until their versions settle (a load without a version);
         ``management_token``, when set, guards repository load and unload; ``control`` is the server's model
         control (None: workbench's own, on versions); ``router`` hands a sequence's requests to the worker that holds
-        it (with --num_workers)."""
+        it (with --num_workers); ``shared_memory``: the server's shared-memory regions (None: the shared-memory RPCs
+        and requests naming a region are UNIMPLEMENTED)."""
         self.dataplane = dataplane
         self.manager = dataplane.manager
         self._readiness = readiness
         self.models = V2Repository(dataplane, rescan, management_token, control)
         self.router = router
+        self.shared_memory = shared_memory
+        self._streams = v2_stream.StreamInfer(dataplane, self.models, PROTOCOL)
 
     def add_to(self, server: grpc.aio.Server) -> None:
         service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(self, server)
@@ -108,7 +119,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             signature = inference.predict_signature(servable, "")
             max_batch_size = self.dataplane.max_batch_size(spec.name)
             config = v2_models.model_config(
-                spec.name, servable.platform, signature, max_batch_size, servable.model_config
+                spec.name, servable.platform, signature, max_batch_size, servable.model_config, servable.decoupled
             )
         return service_pb2.ModelConfigResponse(config=json_format.ParseDict(config, model_config_pb2.ModelConfig()))
 
@@ -134,12 +145,28 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                 return await self.router.infer(owner, request, time_remaining(context))
         spec = await self._infer_spec(request, time_remaining(context))
         with await dataplane.admit(spec, "predict", PROTOCOL, time_remaining(context)) as call:
-            inputs = v2_grpc.decode_inputs(request)
-            requested = v2_grpc.requested_outputs(request)
+            memory = self._memory(context)
+            inputs = v2_grpc.decode_inputs(request, memory)
+            requested = v2_grpc.requested_outputs(request, memory)
             timeout = time_remaining(context)
+            v2_stream.refuse_decoupled(call, "ModelInfer RPC")
             _, outputs = await dataplane.predict(call, "", inputs, requested, timeout=timeout, sequence=sequence)
             order = requested or list(outputs)
-            return v2_grpc.infer_response(call.model, str(call.version), request.id, outputs, order)
+            shared = v2_grpc.output_regions(request)
+            return v2_grpc.infer_response(call.model, str(call.version), request.id, outputs, order, shared, memory)
+
+    async def ModelStreamInfer(  # noqa: N802
+        self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext
+    ) -> None:
+        """Bidirectional streaming inference, and decoupled models: see :mod:`workbench.frontends.v2_stream`.
+
+        A coroutine that writes with ``context.write`` rather than an async generator, so a client that leaves while
+        a response is being written ends the stream quietly instead of logging gRPC's error."""
+        await self._streams.serve(requests, context)
+
+    def _memory(self, context: grpc.aio.ServicerContext) -> SharedMemory | None:
+        """The regions this call's inputs and outputs may name (refusals, for a client on another host)."""
+        return self.shared_memory.for_peer(context.peer()) if self.shared_memory is not None else None
 
     async def _infer_spec(self, request: Any, timeout: float | None) -> ModelSpec:
         """The servable an inference request names; one it cannot name (an unknown label) is counted as refused."""
@@ -178,6 +205,74 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             dependents = parameter.bool_param
         await self.models.unload(request.model_name, version, "the version parameter", unload_dependents=dependents)
         return service_pb2.RepositoryModelUnloadResponse()
+
+    # ------------------------------------------------------------------------------ shared memory
+    @answers_errors
+    async def SystemSharedMemoryStatus(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        response = service_pb2.SystemSharedMemoryStatusResponse()
+        for region in self._shared_memory("SystemSharedMemoryStatus").status(context.peer(), request.name):
+            response.regions[region.name].CopyFrom(
+                service_pb2.SystemSharedMemoryStatusResponse.RegionStatus(
+                    name=region.name, key=region.key, offset=region.offset, byte_size=region.byte_size
+                )
+            )
+        return response
+
+    @answers_errors
+    async def SystemSharedMemoryRegister(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        self._shared_memory("SystemSharedMemoryRegister").register(
+            context.peer(), authorization(context), request.name, request.key, request.offset, request.byte_size
+        )
+        return service_pb2.SystemSharedMemoryRegisterResponse()
+
+    @answers_errors
+    async def SystemSharedMemoryUnregister(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        self._shared_memory("SystemSharedMemoryUnregister").unregister(
+            context.peer(), authorization(context), request.name
+        )
+        return service_pb2.SystemSharedMemoryUnregisterResponse()
+
+    @answers_errors
+    async def CudaSharedMemoryStatus(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        # No CUDA region is ever registered: an empty map, or NOT_FOUND for a name
+        self._shared_memory("CudaSharedMemoryStatus").cuda_status(context.peer(), request.name)
+        return service_pb2.CudaSharedMemoryStatusResponse()
+
+    @answers_errors
+    async def CudaSharedMemoryRegister(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        self._shared_memory("CudaSharedMemoryRegister").cuda_register(
+            context.peer(), authorization(context), request.name
+        )
+
+    @answers_errors
+    async def CudaSharedMemoryUnregister(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        self._shared_memory("CudaSharedMemoryUnregister").cuda_unregister(
+            context.peer(), authorization(context), request.name
+        )
+        return service_pb2.CudaSharedMemoryUnregisterResponse()
+
+    def _shared_memory(self, rpc: str) -> SharedMemoryAccess:
+        if self.shared_memory is None:
+            raise ServingError(Code.UNIMPLEMENTED, f"{rpc} is not served here: this server offers no shared memory")
+        return self.shared_memory
+
+    # ------------------------------------------------------------------------------ not implemented
+    # The generated servicer's answer to these raises in the handler, which gRPC logs with a traceback per call.
+    @answers_errors
+    async def TraceSetting(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        raise ServingError(
+            Code.UNIMPLEMENTED,
+            "TraceSetting is not implemented: workbench has no request tracing (its request logs and metrics say "
+            "what requests did)",
+        )
+
+    @answers_errors
+    async def LogSettings(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        raise ServingError(
+            Code.UNIMPLEMENTED,
+            "LogSettings is not implemented: workbench's log level is set where it starts (Python's logging), not by "
+            "clients",
+        )
 
 
 def _version_parameter(parameters: Mapping[str, Any], action: str) -> int | None:

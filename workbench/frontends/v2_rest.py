@@ -4,7 +4,9 @@
 - ``GET /v2/models/{m}[/versions/{v}]`` (metadata) · ``…/ready`` · ``POST …/infer`` · ``GET …/config``;
 - ``GET /v2/models[/{m}[/versions/{v}]]/stats`` (Triton's statistics extension, read from the server's metrics);
 - ``POST /v2/repository/index`` · ``POST /v2/repository/models/{m}/load`` · ``…/unload`` (the model repository
-  extension, on workbench's version management).
+  extension, on workbench's version management);
+- ``/v2/systemsharedmemory/…`` and ``/v2/cudasharedmemory/…`` (Triton's shared-memory extensions, for clients on
+  this host: :mod:`workbench.frontends.v2_shared_memory`); inputs and outputs of ``…/infer`` may name a region.
 
 ``{v}`` all digits selects that version; any other word is a version label (``/versions/canary/infer``), a workbench
 addition. Without a version a request gets the model's default traffic (promotion and canary apply). Requests run
@@ -36,11 +38,14 @@ from workbench.engine.model_control import ModelControl, load_overrides
 from workbench.engine.readiness import Readiness
 from workbench.engine.sequences import sequence_request
 from workbench.errors import Code, ServingError, from_exception
+from workbench.frontends import v2_stream
 from workbench.frontends.rest import error_response, json_response
 from workbench.frontends.sequence_routing import SequenceRouter
 from workbench.frontends.v2_repository import V2Repository, unsupported_parameters
+from workbench.frontends.v2_shared_memory import SharedMemoryAccess, rest_peer, shared_memory_routes
 from workbench.protocol import v2_client, v2_json, v2_models
 from workbench.protocol.json_tensor import dumps, parse_body
+from workbench.protocol.v2_shared_memory import SharedMemory
 from workbench.signatures import DEFAULT_SIGNATURE, Signature
 
 log = logging.getLogger(__name__)
@@ -72,6 +77,7 @@ class V2Rest:
         settings: V2Settings,
         control: ModelControl | None = None,
         router: SequenceRouter | None = None,
+        shared_memory: SharedMemoryAccess | None = None,
     ) -> None:
         self.dataplane = dataplane
         self.manager = dataplane.manager
@@ -80,6 +86,7 @@ class V2Rest:
         self.settings = settings
         self.models = V2Repository(dataplane, rescan, settings.management_token, control)
         self.router = router  # with --num_workers: hands a sequence's requests to the worker that holds it
+        self.shared_memory = shared_memory  # the server's regions (None: requests naming one are UNIMPLEMENTED)
         self.timeout = settings.timeout_ms / 1000 if settings.timeout_ms > 0 else None
 
     # ---------------------------------------------------------------------------------- resolution
@@ -131,7 +138,7 @@ class V2Rest:
             signature = _default_signature(spec.name, servable.signatures)
             max_batch_size = self.dataplane.max_batch_size(spec.name)
             body = v2_models.model_config(
-                spec.name, servable.platform, signature, max_batch_size, servable.model_config
+                spec.name, servable.platform, signature, max_batch_size, servable.model_config, servable.decoupled
             )
         return json_response(dumps(body))
 
@@ -158,6 +165,7 @@ class V2Rest:
         with await dataplane.admit(await self._infer_spec(request), "predict", PROTOCOL, self.timeout) as call:
             servable = call.servable
             decoded = decoded or self._decode(request, body)
+            v2_stream.refuse_decoupled(call, "HTTP end point")
             specs = dataplane.rest_input_specs(servable, DEFAULT_SIGNATURE, tuple(decoded.inputs))
             v2_json.check_datatypes(decoded, specs)
             wanted = [output.name for output in decoded.outputs]
@@ -170,15 +178,20 @@ class V2Rest:
                 sequence=sequence_request(decoded.parameters),
             )
             # call.version, not servable's: a sequence runs on the version it started on
-            encoded = v2_json.encode_infer_response(call.model, call.version, decoded, outputs)
+            encoded = v2_json.encode_infer_response(
+                call.model, call.version, decoded, outputs, self._shared_memory(request)
+            )
         if encoded.json_length is None:
             return json_response(encoded.body)
         return Response(encoded.body, media_type=BINARY, headers={v2_json.HEADER_LENGTH: str(encoded.json_length)})
 
-    @staticmethod
-    def _decode(request: Request, body: bytes) -> v2_json.InferRequest:
+    def _decode(self, request: Request, body: bytes) -> v2_json.InferRequest:
         json_length = v2_json.header_length(request.headers.get(v2_json.HEADER_LENGTH), len(body))
-        return v2_json.decode_infer_request(body, json_length)
+        return v2_json.decode_infer_request(body, json_length, self._shared_memory(request))
+
+    def _shared_memory(self, request: Request) -> SharedMemory | None:
+        """The regions this request's inputs and outputs may name (refusals, for a client on another host)."""
+        return self.shared_memory.for_peer(rest_peer(request)) if self.shared_memory is not None else None
 
     async def _forward(self, request: Request, decoded: v2_json.InferRequest, owner: int) -> Response:
         """Have worker ``owner``, which holds the request's sequence, answer it (over its private gRPC socket)."""
@@ -194,7 +207,9 @@ class V2Rest:
             parameters=parameters,
         )
         answer = v2_client.grpc_infer_answer(await self.router.infer(owner, message, self._timeout(decoded)))
-        encoded = v2_json.encode_infer_response(model, answer.model_version or 0, decoded, answer.outputs)
+        encoded = v2_json.encode_infer_response(
+            model, answer.model_version or 0, decoded, answer.outputs, self._shared_memory(request)
+        )
         if encoded.json_length is None:
             return json_response(encoded.body)
         return Response(encoded.body, media_type=BINARY, headers={v2_json.HEADER_LENGTH: str(encoded.json_length)})
@@ -317,10 +332,13 @@ def v2_routes(
     settings: V2Settings | None = None,
     control: ModelControl | None = None,
     router: SequenceRouter | None = None,
+    shared_memory: SharedMemoryAccess | None = None,
 ) -> list[Route]:
     """The v2 routes for the REST app; ``rescan`` re-reads the model folders and waits until versions settle;
-    ``control`` is the server's model control (None: workbench's own, on versions)."""
-    api = V2Rest(dataplane, readiness, rescan, settings or V2Settings(), control, router)
+    ``control`` is the server's model control (None: workbench's own, on versions); ``shared_memory``: the server's
+    shared-memory regions (None: no shared-memory routes, and requests naming a region are UNIMPLEMENTED)."""
+    api = V2Rest(dataplane, readiness, rescan, settings or V2Settings(), control, router, shared_memory)
+    generate = v2_stream.Generate(dataplane, api.models, api._body, api.timeout, PROTOCOL)
     table: list[tuple[str, Handler, str]] = [
         ("/v2", api.server_metadata, "GET"),
         ("/v2/health/live", api.live, "GET"),
@@ -337,5 +355,9 @@ def v2_routes(
             (f"{base}/infer", api.infer, "POST"),
             (f"{base}/config", api.model_config, "GET"),
             (f"{base}/stats", api.statistics, "GET"),
+            (f"{base}/generate", generate.generate, "POST"),  # Triton's generate extension: v2_stream
+            (f"{base}/generate_stream", generate.generate_stream, "POST"),
         ]
+    if shared_memory is not None:  # Triton's system and CUDA shared-memory extensions
+        table += shared_memory_routes(shared_memory)
     return [Route(path, _answering(handler), methods=[method]) for path, handler, method in table]

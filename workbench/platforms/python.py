@@ -42,6 +42,26 @@ The contract (:class:`PythonModel`)::
   ``sequence_batching`` (a dict: ``strategy`` "oldest" or "direct", ``max_idle_seconds`` (default 60),
   ``max_batch_size``, ``max_queue_delay_seconds``) tunes the batcher; ``control_inputs`` (kind → input name, kinds
   START, END, READY, CORRID) has Triton's control values handed in among the inputs.
+- A **decoupled** model (``decoupled = True``, Triton's decoupled transaction policy) answers a request with 0..n
+  responses: its ``predict`` (and each signature's method) is a generator that yields one dict of outputs per
+  response::
+
+      class Countdown(workbench.PythonModel):
+          inputs = {"n": ("int32", [1])}
+          outputs = {"left": ("int32", [1])}
+          decoupled = True
+
+          def predict(self, inputs):
+              for left in range(int(inputs["n"][0]) - 1, -1, -1):
+                  yield {"left": [left]}
+
+  Each yielded dict is checked as ``predict``'s answer is and sent at once; ending the generator ends the request
+  (yielding nothing is fine: the request then gets no response but the final one). The generator is advanced on
+  a worker thread only when the client is ready for the next response, and closed between two yields when the
+  client goes away or the deadline passes (a ``try/finally`` in it runs then). A decoupled model is never batched
+  across requests (its inputs have no batch dimension to share) and is served over streams only: gRPC
+  ``ModelStreamInfer`` and REST ``/generate``, ``/generate_stream``; ``ModelInfer``, v2 ``/infer`` and TF
+  Serving's APIs refuse it as UNIMPLEMENTED, in Triton's words. It cannot be stateful too.
 
 ``model.py`` is code from the repository: it is imported only when the server allows Python models
 (``--allow_python_models``), each load under a module name of its own, so versions never share module state.
@@ -58,7 +78,7 @@ import logging
 import textwrap
 import threading
 import types
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -82,6 +102,7 @@ log = logging.getLogger(__name__)
 
 MODEL_FILE = "model.py"
 DEFAULT_METHOD = "predict"
+_END = object()  # what next() answers when a decoupled model's generator is over
 
 
 class PythonModel:
@@ -93,6 +114,7 @@ class PythonModel:
     batchable: ClassVar[bool] = True
     thread_safe: ClassVar[bool] = True
     stateful: ClassVar[bool] = False
+    decoupled: ClassVar[bool] = False
 
     def load(self, path: Path) -> None:
         """Read what the model needs from its version folder (called once, before any request)."""
@@ -135,7 +157,8 @@ def model_class(module: types.ModuleType, path: Path) -> type:
 
 def model_signatures(cls: type, where: str) -> tuple[dict[str, Signature], dict[str, str]]:
     """The signatures a model class declares, and the method each runs."""
-    batchable = bool(getattr(cls, "batchable", True))
+    # A decoupled model answers each request on its own: its requests share no batch.
+    batchable = bool(getattr(cls, "batchable", True)) and not getattr(cls, "decoupled", False)
     declared: dict[str, Any] = dict(getattr(cls, "signatures", None) or {})
     inputs, outputs = getattr(cls, "inputs", None), getattr(cls, "outputs", None)
     if inputs or outputs:
@@ -177,6 +200,9 @@ class PythonServable(Servable):
         self._lock: contextlib.AbstractContextManager[Any] = (
             contextlib.nullcontext() if getattr(cls, "thread_safe", True) else threading.Lock()
         )
+        self.decoupled = bool(getattr(cls, "decoupled", False))
+        if self.decoupled and getattr(cls, "stateful", False):
+            raise ServingError(Code.INVALID_ARGUMENT, f"{self._label}: a model is stateful or decoupled, not both")
         if getattr(cls, "stateful", False):
             self.sequence = stateful_settings(cls, self._label)
             self._controls: Mapping[str, str] = dict(getattr(cls, "control_inputs", None) or {})
@@ -208,12 +234,53 @@ class PythonServable(Servable):
     def run(
         self, signature: Signature, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]
     ) -> dict[str, np.ndarray]:
+        if self.decoupled:  # the dataplane streams a decoupled model; this is the backstop for any other caller
+            raise ServingError(
+                Code.UNIMPLEMENTED,
+                f"{self._label} is decoupled (it answers 0..n responses per request): stream it with gRPC "
+                "ModelStreamInfer or REST /generate_stream",
+            )
         method_name = self._methods[signature.name]
         method: Callable[[dict[str, np.ndarray]], Any] = getattr(self._model, method_name)
         who = f"{self._label}.{method_name}"
         with self._lock:
             result = call_user(method, who, dict(inputs))
         return conform_outputs(signature, result, outputs, who)
+
+    def run_decoupled(
+        self, signature: Signature, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]
+    ) -> Iterator[dict[str, np.ndarray]]:
+        """The responses the model's generator yields, each conformed as ``run``'s answer is.
+
+        Each step holds the model's lock (``thread_safe = False``) only while the generator runs, never while a
+        response waits for its client, so a slow client does not stall the model's other requests.
+        """
+        method_name = self._methods[signature.name]
+        who = f"{self._label}.{method_name}"
+        with self._lock:
+            answers = call_user(getattr(self._model, method_name), who, dict(inputs))
+        if isinstance(answers, Mapping) or not isinstance(answers, Iterable):
+            raise ServingError(
+                Code.INTERNAL,
+                f"{who} is decoupled: it must yield dicts of outputs (be a generator), not return "
+                f"{type(answers).__name__}",
+            )
+        responses = iter(answers)
+        try:
+            while True:
+                with self._lock:
+                    result = call_user(next, who, responses, _END)
+                if result is _END:
+                    return
+                yield conform_outputs(signature, result, outputs, who)
+        finally:  # ended, failed or closed early (the client left): let the model's own finally blocks run now
+            close = getattr(responses, "close", None)
+            if callable(close):
+                try:
+                    with self._lock:
+                        close()
+                except Exception:  # noqa: BLE001 - the request is over either way; the model's error is logged
+                    log.exception("%s: closing its generator failed", who)
 
     def close(self) -> None:
         try:

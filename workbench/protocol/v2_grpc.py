@@ -5,7 +5,10 @@ v2 gRPC client speaks to workbench unchanged. A request's tensors come either in
 field per family of types; FP16 and BF16 have none) or, as ``tritonclient`` sends them, in
 ``raw_input_contents``: one little-endian buffer per input, in the order of ``inputs``, BYTES elements each a
 4-byte little-endian length and the bytes. Answers use ``raw_output_contents``, which is what ``tritonclient``
-reads and the cheapest to build. Everything here is pure: no engine, no server.
+reads and the cheapest to build. With Triton's shared-memory extension an input's raw bytes come from a registered
+region instead (and ``raw_input_contents`` holds buffers only for the other inputs, as Triton reads it), and a
+requested output's raw bytes go to one: it is answered with its datatype, shape and shared-memory parameters and an
+empty buffer (:mod:`workbench.protocol.v2_shared_memory`). Everything here is pure: no engine, no server.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ import numpy as np
 from tritonclient.grpc import service_pb2
 
 from workbench.errors import Code, ServingError, invalid_argument
-from workbench.protocol import v2_types
+from workbench.protocol import v2_shared_memory, v2_types
+from workbench.protocol.v2_shared_memory import SharedMemory, SharedTensor
 from workbench.signatures import shape_text
 
 # The typed ``InferTensorContents`` field of each datatype, and the numpy type its values arrive in (protobuf
@@ -39,28 +43,37 @@ _CONTENTS: dict[str, tuple[str, np.dtype[Any]]] = {
     v2_types.BYTES: ("bytes_contents", np.dtype(object)),
 }
 _CONTENTS_FIELDS = tuple(dict.fromkeys(field for field, _ in _CONTENTS.values()))
-# Triton's extensions that place tensors elsewhere or post-process them; workbench implements neither.
-_UNSUPPORTED_PARAMETERS = {
-    "shared_memory_region": "shared memory",
-    "classification": "the classification extension",
-}
+# Triton's extension that post-processes outputs, which workbench does not implement.
+_UNSUPPORTED_PARAMETERS = {"classification": "the classification extension"}
 _LENGTH = struct.Struct("<I")
 
 
-def decode_inputs(request: Any) -> dict[str, np.ndarray]:
-    """The tensors of a ModelInferRequest by name; a malformed one is INVALID_ARGUMENT naming the input."""
+def decode_inputs(request: Any, shared_memory: SharedMemory | None = None) -> dict[str, np.ndarray]:
+    """The tensors of a ModelInferRequest by name; a malformed one is INVALID_ARGUMENT naming the input. Inputs in
+    shared memory are copied out of ``shared_memory`` (without it they are UNIMPLEMENTED)."""
+    places = [_place(tensor.parameters, f'Input "{tensor.name}"') for tensor in request.inputs]
     raw = request.raw_input_contents
-    if raw and len(raw) != len(request.inputs):
+    unshared = sum(place is None for place in places)
+    if raw and len(raw) != unshared:
         raise invalid_argument(
-            f"raw_input_contents holds {len(raw)} buffers for {len(request.inputs)} inputs: "
+            f"raw_input_contents holds {len(raw)} buffers for {unshared} inputs"
+            f"{' not in shared memory' if unshared < len(places) else ''}: "
             "send every input raw (in the order of inputs) or none"
         )
+    buffers = iter(raw)
     tensors: dict[str, np.ndarray] = {}
-    for index, tensor in enumerate(request.inputs):
+    for tensor, place in zip(request.inputs, places, strict=True):
         if tensor.name in tensors:
             raise invalid_argument(f'Input "{tensor.name}" is sent more than once')
         _refuse_unsupported(tensor.parameters, f'input "{tensor.name}"')
-        tensors[tensor.name] = _decode(tensor, raw[index] if raw else None)
+        if place is None:
+            tensors[tensor.name] = _decode(tensor, next(buffers) if raw else None)
+            continue
+        if any(len(getattr(tensor.contents, field)) for field in _CONTENTS_FIELDS):
+            raise invalid_argument(f'Input "{tensor.name}" is sent both in contents and in shared memory')
+        _, shape = _header(tensor)
+        data = v2_shared_memory.read_input(shared_memory, place, tensor.name, shape, tensor.datatype)
+        tensors[tensor.name] = _decode(tensor, data)
     return tensors
 
 
@@ -74,23 +87,50 @@ def parameter_values(parameters: Mapping[str, Any]) -> dict[str, Any]:
     return values
 
 
-def requested_outputs(request: Any) -> list[str]:
-    """The outputs a request asks for, in its order; empty means every output of the model."""
+def requested_outputs(request: Any, shared_memory: SharedMemory | None = None) -> list[str]:
+    """The outputs a request asks for, in its order; empty means every output of the model. Those to be written to
+    shared memory are checked against ``shared_memory`` now, before the model runs (without it: UNIMPLEMENTED)."""
     for output in request.outputs:
         _refuse_unsupported(output.parameters, f'output "{output.name}"')
+        place = _place(output.parameters, f'Output "{output.name}"')
+        if place is not None:
+            v2_shared_memory.check_output(shared_memory, place, output.name)
     return [output.name for output in request.outputs]
 
 
+def output_regions(request: Any) -> dict[str, SharedTensor]:
+    """The requested outputs to be written to shared memory, and where."""
+    places = {output.name: _place(output.parameters, f'Output "{output.name}"') for output in request.outputs}
+    return {name: place for name, place in places.items() if place is not None}
+
+
 def infer_response(
-    model_name: str, model_version: str, request_id: str, outputs: Mapping[str, np.ndarray], order: Sequence[str]
+    model_name: str,
+    model_version: str,
+    request_id: str,
+    outputs: Mapping[str, np.ndarray],
+    order: Sequence[str],
+    shared: Mapping[str, SharedTensor] | None = None,
+    shared_memory: SharedMemory | None = None,
 ) -> Any:
-    """A ModelInferResponse carrying ``outputs`` (in ``order``) as raw little-endian buffers."""
+    """A ModelInferResponse carrying ``outputs`` (in ``order``) as raw little-endian buffers; those in ``shared``
+    are written to ``shared_memory`` instead and answered with their shared-memory parameters and an empty buffer."""
     response = service_pb2.ModelInferResponse(model_name=model_name, model_version=model_version, id=request_id)
     for name in order:
         value = outputs[name]
         datatype = v2_types.to_datatype(value.dtype)
-        response.outputs.add(name=name, datatype=datatype, shape=value.shape)
-        response.raw_output_contents.append(pack_bytes(value) if datatype == v2_types.BYTES else _little_endian(value))
+        output = response.outputs.add(name=name, datatype=datatype, shape=value.shape)
+        data = pack_bytes(value) if datatype == v2_types.BYTES else _little_endian(value)
+        place = shared.get(name) if shared else None
+        if place is not None:
+            v2_shared_memory.write_output(shared_memory, place, name, data)
+            for key, parameter in place.parameters().items():
+                if isinstance(parameter, str):
+                    output.parameters[key].string_param = parameter
+                else:
+                    output.parameters[key].int64_param = parameter
+            data = b""  # as Triton answers: raw_output_contents keeps one buffer per output
+        response.raw_output_contents.append(data)
     return response
 
 
@@ -125,14 +165,28 @@ def unpack_bytes(buffer: bytes, shape: tuple[int, ...], name: str) -> np.ndarray
     return array.reshape(shape)
 
 
-def _decode(tensor: Any, raw: bytes | None) -> np.ndarray:
-    name, datatype = tensor.name, tensor.datatype
-    dtype = _dtype(datatype, name)
+def _place(parameters: Mapping[str, Any], what: str) -> SharedTensor | None:
+    """Where in shared memory a tensor's ``InferParameter`` map puts it (None: nowhere)."""
+    if not any(key in parameters for key in v2_shared_memory.PARAMETERS):
+        return None
+    return v2_shared_memory.shared_tensor(parameter_values(parameters), what)
+
+
+def _header(tensor: Any) -> tuple[np.dtype[Any], tuple[int, ...]]:
+    """An input's numpy type and shape, checked."""
+    name = tensor.name
+    dtype = _dtype(tensor.datatype, name)
     shape = tuple(tensor.shape)
     if any(d < 0 for d in shape):
         raise invalid_argument(f'Input "{name}": shape {shape_text(shape)} has a negative dimension')
     if v2_types.impossible_shape(shape, dtype.itemsize):
         raise invalid_argument(f'Input "{name}": shape {shape_text(shape)} is larger than any tensor can be')
+    return dtype, shape
+
+
+def _decode(tensor: Any, raw: bytes | None) -> np.ndarray:
+    name, datatype = tensor.name, tensor.datatype
+    dtype, shape = _header(tensor)
     count = math.prod(shape)
     sent_contents = [field for field in _CONTENTS_FIELDS if len(getattr(tensor.contents, field))]
     if raw is not None:

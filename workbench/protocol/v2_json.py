@@ -10,6 +10,9 @@ element is a 4-byte little-endian length followed by its bytes.
 Responses mirror it: outputs as JSON ``data`` (flat, row-major), or raw after the JSON when the request asked for
 binary outputs (``parameters.binary_data_output``, or ``binary_data`` per requested output), with the header
 length in the same header. Raw tensors are read with ``np.frombuffer`` (no copy) and JSON is written by orjson.
+
+With Triton's shared-memory extension an input's raw bytes come from a registered region instead, and a requested
+output's go there (:mod:`workbench.protocol.v2_shared_memory`); such an output is answered without data.
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ import numpy as np
 import orjson
 
 from workbench.errors import invalid_argument
+from workbench.protocol import v2_shared_memory
 from workbench.protocol.json_tensor import parse_body
+from workbench.protocol.v2_shared_memory import SharedMemory, SharedTensor
 from workbench.protocol.v2_types import BYTES, impossible_shape, to_datatype, to_numpy_dtype
 from workbench.signatures import TensorSpec
 
@@ -42,6 +47,7 @@ _ORJSON_NUMPY_KINDS = frozenset("biuf")
 class RequestedOutput:
     name: str
     binary: bool | None = None  # None: as the request's binary_data_output says
+    shared: SharedTensor | None = None  # where in shared memory to write it (then the answer carries no data)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,8 +90,13 @@ def header_length(value: str | None, body_size: int) -> int | None:
     return int(text)
 
 
-def decode_infer_request(body: bytes, json_length: int | None = None) -> InferRequest:
-    """Decode a v2 inference request body; ``json_length``: where its JSON ends and raw tensors begin."""
+def decode_infer_request(
+    body: bytes, json_length: int | None = None, shared_memory: SharedMemory | None = None
+) -> InferRequest:
+    """Decode a v2 inference request body; ``json_length``: where its JSON ends and raw tensors begin.
+
+    Inputs in shared memory are copied out of ``shared_memory`` here, and outputs to be written there are checked
+    against it (before the model runs); without it, a request naming shared memory is UNIMPLEMENTED."""
     header = body if json_length is None else body[:json_length]
     doc = parse_body(header)
     request_id = doc.get("id")
@@ -103,8 +114,18 @@ def decode_infer_request(body: bytes, json_length: int | None = None) -> InferRe
         name, shape, datatype = _tensor_header(entry)
         if name in inputs:
             raise invalid_argument(f'Input "{name}" is sent twice')
-        size = _object(entry.get("parameters"), f'parameters of input "{name}"').get(BINARY_DATA_SIZE)
-        if size is not None:
+        tensor_parameters = _object(entry.get("parameters"), f'parameters of input "{name}"')
+        size = tensor_parameters.get(BINARY_DATA_SIZE)
+        shared = v2_shared_memory.shared_tensor(tensor_parameters, f'Input "{name}"')
+        if shared is not None:
+            if size is not None or "data" in entry:  # Triton's rule: data, binary data or shared memory, one of them
+                raise invalid_argument(
+                    f'Input "{name}" has {v2_shared_memory.REGION} and '
+                    f"{BINARY_DATA_SIZE if size is not None else 'data'}: send one"
+                )
+            raw_shared = v2_shared_memory.read_input(shared_memory, shared, name, shape, datatype)
+            inputs[name] = _from_raw(name, memoryview(raw_shared), shape, datatype)
+        elif size is not None:
             if isinstance(size, bool) or not isinstance(size, int) or size < 0:
                 raise invalid_argument(f'{BINARY_DATA_SIZE} of input "{name}" must be a non-negative integer')
             if "data" in entry:
@@ -125,7 +146,11 @@ def decode_infer_request(body: bytes, json_length: int | None = None) -> InferRe
         raise invalid_argument(
             f"The body has {len(raw) - offset} bytes of binary data that no input's {BINARY_DATA_SIZE} accounts for"
         )
-    return InferRequest(inputs, datatypes, _requested_outputs(doc.get("outputs")), request_id, parameters)
+    outputs = _requested_outputs(doc.get("outputs"))
+    for output in outputs:
+        if output.shared is not None:
+            v2_shared_memory.check_output(shared_memory, output.shared, output.name)
+    return InferRequest(inputs, datatypes, outputs, request_id, parameters)
 
 
 def _short(value: Any) -> str:
@@ -174,7 +199,12 @@ def _requested_outputs(entries: Any) -> tuple[RequestedOutput, ...]:
         binary = parameters.get(BINARY_DATA)
         if binary is not None and not isinstance(binary, bool):
             raise invalid_argument(f'{BINARY_DATA} of output "{entry["name"]}" must be true or false')
-        requested.append(RequestedOutput(entry["name"], binary))
+        shared = v2_shared_memory.shared_tensor(parameters, f'Output "{entry["name"]}"')
+        if shared is not None and binary:
+            raise invalid_argument(
+                f'Output "{entry["name"]}" asks for both {v2_shared_memory.REGION} and {BINARY_DATA}: give one'
+            )
+        requested.append(RequestedOutput(entry["name"], binary, shared))
     return tuple(requested)
 
 
@@ -312,18 +342,24 @@ def encode_infer_response(
     model_version: int,
     request: InferRequest,
     outputs: Mapping[str, np.ndarray],
+    shared_memory: SharedMemory | None = None,
 ) -> EncodedResponse:
-    """The response body: each output as JSON data, or raw after the JSON when the request asked for it so."""
-    binary_by_name = {o.name: o.binary for o in request.outputs}
+    """The response body: each output as JSON data, or raw after the JSON when the request asked for it so; an output
+    requested in shared memory is written into ``shared_memory`` and answered with its parameters but no data."""
+    requested = {o.name: o for o in request.outputs}
     entries: list[dict[str, Any]] = []
     raw: list[bytes] = []
     for name, value in outputs.items():
-        binary = binary_by_name.get(name)
+        asked = requested.get(name)
+        binary = asked.binary if asked is not None else None
         if binary is None:
             binary = request.binary_outputs
         datatype = to_datatype(value.dtype)
         entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(value.shape)}
-        if binary:
+        if asked is not None and asked.shared is not None:
+            v2_shared_memory.write_output(shared_memory, asked.shared, name, _raw(value, datatype))
+            entry["parameters"] = asked.shared.parameters()
+        elif binary:
             data = _raw(value, datatype)
             entry["parameters"] = {BINARY_DATA_SIZE: len(data)}
             raw.append(data)

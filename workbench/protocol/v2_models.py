@@ -28,6 +28,7 @@ EXTENSIONS = (
     "model_configuration",
     "model_repository",
     "statistics",
+    "system_shared_memory",  # and CUDA's answers, without CUDA: frontends/v2_shared_memory.py
 )
 
 # workbench platform → the platform name Triton and KServe use for it in metadata and configs.
@@ -103,25 +104,34 @@ def _config_tensor(spec: TensorSpec, batched: bool) -> dict[str, Any]:
 
 
 def model_config(
-    name: str, platform: str, signature: Signature, max_batch_size: int, declared: Mapping[str, Any] | None = None
+    name: str,
+    platform: str,
+    signature: Signature,
+    max_batch_size: int,
+    declared: Mapping[str, Any] | None = None,
+    decoupled: bool = False,
 ) -> dict[str, Any]:
     """``ModelConfig``: enough of Triton's model configuration for its clients and perf tools.
 
     With ``max_batch_size`` > 0 (the model is batched) dims leave the batch dimension out, as in Triton; a signature
     whose tensors do not all lead with a dimension of any size cannot batch, and says ``max_batch_size`` 0. A model
     ``declared`` with a config of its own (a Triton model's config.pbtxt, as JSON) answers that config, as Triton does.
+    A ``decoupled`` model says so in Triton's ``model_transaction_policy``, which tools read to know they must stream.
     """
     if declared is not None:
         return dict(declared)
     tensors = [*signature.inputs.values(), *signature.outputs.values()]
     batched = max_batch_size > 0 and signature.batchable and _batched(tensors)
-    return {
+    config: dict[str, Any] = {
         "name": name,
         "platform": platform_name(platform),
         "max_batch_size": max_batch_size if batched else 0,
         "input": [_config_tensor(spec, batched) for spec in signature.inputs.values()],
         "output": [_config_tensor(spec, batched) for spec in signature.outputs.values()],
     }
+    if decoupled:
+        config["model_transaction_policy"] = {"decoupled": True}
+    return config
 
 
 @dataclasses.dataclass(frozen=True)
