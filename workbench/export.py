@@ -551,8 +551,8 @@ def _write_warmup_and_verify(name: str, path: Path, examples: Any) -> tuple[dict
         described = {key: _describe(sig) for key, sig in servable.signatures.items() if not key.startswith("__")}
         if isinstance(servable, Composite) and servable.members():
             return described, 0  # its steps run on other models: only a server has them
-        if servable.sequence is not None:  # stateful: each example runs as a sequence of its own, nothing replays
-            _check_stateful(servable, signature, examples)
+        if servable.sequence is not None or servable.decoupled:  # run apart from batches: nothing replays
+            _check_unbatched(servable, signature, examples)
             return described, 0
         if examples is None:
             batch = _zero_example(signature)
@@ -578,11 +578,11 @@ def _write_warmup_and_verify(name: str, path: Path, examples: Any) -> tuple[dict
         servable.close()
 
 
-def _check_stateful(servable: Any, signature: Signature, examples: Any) -> None:
-    """Run a stateful model's examples (or zeros), each as the one request of a sequence of its own.
+def _check_unbatched(servable: Any, signature: Signature, examples: Any) -> None:
+    """Run a stateful model's examples (or zeros), each as the one request of a sequence of its own; a decoupled
+    model's, each to its last response.
 
-    No warmup file is written: the server's warmup replays requests outside any sequence, which a stateful model
-    does not take.
+    No warmup file is written: the server's warmup replays plain requests, which neither kind of model takes.
     """
     from workbench.engine.sequences import Controls
     from workbench.errors import Code, ServingError
@@ -590,7 +590,12 @@ def _check_stateful(servable: Any, signature: Signature, examples: Any) -> None:
     batches = [_zero_example(signature)] if examples is None else _example_requests(examples, signature)
     for number, batch in enumerate(batches):
         try:
-            servable.run_step(signature, batch, list(signature.outputs), None, Controls(True, True, True, number))
+            if servable.decoupled:
+                for _ in servable.run_decoupled(signature, batch, list(signature.outputs)):
+                    pass
+            else:
+                controls = Controls(True, True, True, number)
+                servable.run_step(signature, batch, list(signature.outputs), None, controls)
         except ServingError as exc:
             if examples is None and exc.code == Code.INVALID_ARGUMENT:  # made-up zeros, rightly refused
                 log.warning(
