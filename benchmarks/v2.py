@@ -21,6 +21,12 @@ Last, Triton's system shared memory against its binary REST, 32 images a request
 ``tritonclient.http.aio`` client writes its images into a region of its own (``tritonclient.utils.shared_memory``)
 and sends only the region's name, or sends the images as binary data; answers come back as binary data either way.
 ``vs_binary_rest`` is the shared-memory row's requests/s over the binary row's, measured in the same rounds.
+
+And Triton's response cache: the same MLP served twice, ``mnist`` without the cache and ``mnist-cached`` with it
+(``--response_cache_models``); the same 32-image request sent over v2 gRPC again and again, by 1 client (latency)
+and 16 (throughput), taking turns. Every request to ``mnist`` runs the model (what a miss costs); every one to
+``mnist-cached`` but the first is a hit. ``vs_miss`` is the hit row's requests/s over the miss row's; the hit rate
+is read from the server's stats.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -36,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import requests
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -171,6 +179,35 @@ def shared_memory_rows(server: ServeProcess, images: np.ndarray, duration: float
     return [binary, shared]
 
 
+def cache_rows(server: ServeProcess, images: np.ndarray, duration: float, rounds: int) -> list[dict[str, Any]]:
+    """The same request to the uncached and the cached copy of the model, by 1 and by 16 clients, taking turns."""
+    rows = []
+    for clients in (1, CLIENTS):
+
+        def measure(model: str, clients: int = clients) -> dict[str, Any]:
+            result = run_load(
+                server.grpc_target, "v2-grpc", model, {"images": images}, concurrency=clients, duration=duration
+            )
+            return {
+                "way": "hit" if model == "mnist-cached" else "miss",
+                "clients": clients,
+                "requests_per_second": round(result.requests_per_second, 1),
+                "p50_ms": round(result.percentile(50), 3),
+                "p99_ms": round(result.percentile(99), 3),
+                "errors": result.errors,
+            }
+
+        miss, hit = taking_turns(rounds, [lambda: measure("mnist"), lambda: measure("mnist-cached")])
+        hit["vs_miss"] = round(hit["requests_per_second"] / miss["requests_per_second"], 2)
+        hit["p50_vs_miss"] = round(hit["p50_ms"] / miss["p50_ms"], 2)
+        rows += [miss, hit]
+    stats = requests.get(f"{server.rest_url}/workbench/v1/stats", timeout=30).json()["models"]["mnist-cached"]["1"]
+    for row in rows:
+        if row["way"] == "hit":
+            row["hit_rate"] = stats["cache_hit_rate"]
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--duration", type=float, default=4.0, help="seconds per measurement")
@@ -182,7 +219,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         save_mnist_mlp(root / "mnist" / "1")
-        server = ServeProcess(write_config(root / "models.config", {"mnist": root / "mnist"}))
+        shutil.copytree(root / "mnist", root / "mnist-cached")
+        server = ServeProcess(
+            write_config(root / "models.config", {"mnist": root / "mnist", "mnist-cached": root / "mnist-cached"}),
+            "--response_cache_bytes=268435456",
+            "--response_cache_models=mnist-cached",
+        )
         try:
             server.wait_for_answer("mnist", {"instances": [[0.0] * 784]})
             rows = [row for images in batches for row in measure(server, images, args.duration, args.rounds)]
@@ -192,6 +234,7 @@ def main() -> None:
                 for kind in ("grpc", "http")
             ]
             shm_rows = shared_memory_rows(server, batches[1], args.duration, args.rounds)
+            cached_rows = cache_rows(server, batches[1], args.duration, args.rounds)
         finally:
             server.stop()
 
@@ -202,6 +245,9 @@ def main() -> None:
     print(format_table(triton_rows, columns))
     print(f"\nSystem shared memory against binary REST (tritonclient.http.aio, median of {args.rounds} rounds):")
     print(format_table(shm_rows, [*columns, "vs_binary_rest"]))
+    print(f"\nThe response cache, 32 images over v2 gRPC, a hit against a miss (median of {args.rounds} rounds):")
+    cache_columns = ["way", "clients", "requests_per_second", "p50_ms", "p99_ms", "errors", "vs_miss", "p50_vs_miss"]
+    print(format_table(cached_rows, [*cache_columns, "hit_rate"]))
     path = save_results(
         "v2",
         {
@@ -212,6 +258,7 @@ def main() -> None:
             "rows": rows,
             "tritonclient_rows": triton_rows,
             "shared_memory_rows": shm_rows,
+            "response_cache_rows": cached_rows,
         },
     )
     print(f"\nwrote {path}")

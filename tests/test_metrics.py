@@ -8,6 +8,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 from waiting import model_config_text, place_atomically, states_are, version_states, wait_until, write_atomically
 
+from workbench.engine.batching import BatchRecord
 from workbench.engine.metrics import ServingMetrics
 from workbench.peers import merge_expositions
 
@@ -299,13 +300,14 @@ def test_request_series_exposition_parses_into_the_expected_families():
 
     # What Triton's statistics extension reads: the same families, under the names it looks for.
     statistics = {family.name: family for family in metrics.statistics_families()}
-    assert set(statistics) == {
+    assert {name for name in statistics if not name.startswith("nv_")} == {
         "workbench_requests",
         "workbench_request_latency_seconds",
         "workbench_queue_seconds",
         "workbench_inference_seconds",
         "workbench_batch_size",
     }
+    assert {"nv_cache_num_hits_per_model", "nv_cache_hit_duration_per_model"} <= set(statistics)  # cache stats
     for family in ("workbench_requests", name):  # what the exposition shows, _created included
         here = sorted((s.name, sorted(s.labels.items()), s.value) for s in statistics[family].samples)
         there = sorted((n, sorted(labels.items()), v) for n, labels, v in got[family][1] + got[f"{family}_created"][1])
@@ -319,3 +321,59 @@ def test_request_series_exposition_parses_into_the_expected_families():
     assert value(merged, "workbench_requests_created", version="1", code="OK") == value(
         text, "workbench_requests_created", version="1", code="OK"
     )
+
+
+# ------------------------------------------------------------------------------------------ Triton's names
+def test_triton_series_count_requests_inferences_runs_and_their_times():
+    metrics = ServingMetrics()
+    for observation in OBSERVED:
+        metrics.observe_request(*observation)
+    metrics.observe_request("m", 1, "predict", "grpc", "RESOURCE_EXHAUSTED", 0.001)
+    metrics.observe_request("m", 1, "predict", "grpc", "DEADLINE_EXCEEDED", 0.001)
+    metrics.observe_request("m", 1, "predict", "grpc", "INTERNAL", 0.001)
+    # Two runs of version 1: a batch of 3 requests (5 rows), then one request alone.
+    metrics.observe_batch(BatchRecord("m", 1, "serving_default", 5, 8, 3, (0.001, 0.002, 0.003), 0.010))
+    metrics.observe_batch(BatchRecord("m", 1, "serving_default", 1, 1, 1, (0.0,), 0.004))
+    text = metrics.exposition().decode()
+    got = families(text)
+    v1, v2 = {"model": "m", "version": "1"}, {"model": "m", "version": "2"}
+
+    # Untyped, as TF Serving's request count: Triton's exact sample names, without prometheus_client's _total.
+    assert got["nv_inference_request_success"][0] == "unknown"
+    assert "# TYPE nv_inference_request_success untyped" in text
+    assert value(text, "nv_inference_request_success", **v1) == 3
+    assert value(text, "nv_inference_request_success", **v2) == 2
+    # Each failure under Triton's reason; the request that never reached a version is not Triton's to count.
+    reasons = {s[1]["reason"]: s[2] for s in got["nv_inference_request_failure"][1] if s[1]["version"] == "1"}
+    assert reasons == {"OTHER": 1, "REJECTED": 1, "CANCELED": 1, "BACKEND": 1}
+    assert not [s for s in got["nv_inference_request_failure"][1] if s[1]["version"] == ""]
+    # Successful requests' time in whole µs.
+    assert value(text, "nv_inference_request_duration_us", **v1) == round((0.0001 + 0.003 + 2.0) * 1e6)
+    # Rows and runs; queueing per request; each request of a batch is charged its batch's run.
+    assert value(text, "nv_inference_count", **v1) == 6
+    assert value(text, "nv_inference_exec_count", **v1) == 2
+    assert value(text, "nv_inference_queue_duration_us", **v1) == 6000
+    assert value(text, "nv_inference_compute_infer_duration_us", **v1) == 3 * 10_000 + 4_000
+    # Version 2 has served, but has not run yet: Triton's series show it at 0 rather than leave it out.
+    assert value(text, "nv_inference_exec_count", **v2) == 0
+    assert value(text, "nv_inference_compute_input_duration_us", **v1) == 0
+    assert value(text, "nv_inference_compute_output_duration_us", **v1) == 0
+    # No cache: no cache series.
+    assert got["nv_cache_num_hits_per_model"][1] == []
+
+
+def test_triton_series_of_every_worker_add_up():
+    workers = [ServingMetrics(), ServingMetrics()]
+    for index, metrics in enumerate(workers):
+        metrics.observe_request("m", 1, "predict", "rest", "OK", 0.001 * (index + 1))
+        metrics.observe_cache_lookup("m", 1, True, 0.000002)
+        metrics.observe_cache_lookup("m", 1, False, 0.000003)
+        metrics.observe_cache_insert("m", 1, 0.000004)
+    merged = merge_expositions([metrics.exposition().decode() for metrics in workers]).decode()
+    v1 = {"model": "m", "version": "1"}
+    assert value(merged, "nv_inference_request_success", **v1) == 2
+    assert value(merged, "nv_inference_request_duration_us", **v1) == 3000
+    assert value(merged, "nv_cache_num_hits_per_model", **v1) == 2
+    assert value(merged, "nv_cache_num_misses_per_model", **v1) == 2
+    assert value(merged, "nv_cache_hit_duration_per_model", **v1) == 4
+    assert value(merged, "nv_cache_miss_duration_per_model", **v1) == 14

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import requests
 import tritonclient.http as triton_http
+from prometheus_client.parser import text_string_to_metric_families
 from waiting import wait_until
 
 from workbench.cli import FlagError, serve_options
@@ -171,6 +172,38 @@ def test_a_repeated_request_is_answered_from_the_cache_and_counted(server: Serve
     assert "cache_hits" not in stats["plain"]["1"]
     described = requests.get(f"{server.rest_url}/workbench/v1/health", timeout=30).json()["response_cache"]
     assert (described["entries"], described["models"]) == (2, ["cached"])
+
+    # In Prometheus under Triton's names; cached answers are requests answered, but not inferences.
+    text = requests.get(f"{server.rest_url}/metrics", timeout=30).text
+    v1 = {"model": "cached", "version": "1"}
+    assert prometheus_value(text, "nv_cache_num_hits_per_model", v1) == 2
+    assert prometheus_value(text, "nv_cache_num_misses_per_model", v1) == 2
+    assert prometheus_value(text, "nv_cache_hit_duration_per_model", v1) >= 0
+    assert prometheus_value(text, "nv_cache_miss_duration_per_model", v1) > 0  # lookups and insertions
+    assert prometheus_value(text, "nv_inference_request_success", v1) == 4
+    assert prometheus_value(text, "nv_inference_count", v1) == 2
+    assert prometheus_value(text, "nv_inference_exec_count", v1) == 2
+    assert prometheus_value(text, "nv_cache_num_hits_per_model", {"model": "plain", "version": "1"}) is None
+    # And in Triton's statistics extension, as tritonclient reads it.
+    client = triton_http.InferenceServerClient(server.rest_url.removeprefix("http://"))
+    try:
+        (row,) = client.get_inference_statistics("cached")["model_stats"]
+    finally:
+        client.close()
+    assert (row["inference_stats"]["cache_hit"]["count"], row["inference_stats"]["cache_miss"]["count"]) == (2, 2)
+    assert row["inference_stats"]["cache_miss"]["ns"] > 0
+    assert (row["inference_count"], row["execution_count"]) == (2, 2)
+
+
+def prometheus_value(text: str, name: str, labels: dict[str, str]) -> float | None:
+    found = [
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name and sample.labels.items() >= labels.items()
+    ]
+    assert len(found) <= 1, found
+    return found[0] if found else None
 
 
 def test_a_new_version_never_gets_the_old_versions_answer(server: ServerThread, repository: Path) -> None:

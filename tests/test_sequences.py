@@ -9,6 +9,7 @@ never started or has ended. The batcher's Oldest strategy batches across sequenc
 from __future__ import annotations
 
 import asyncio
+import queue
 import textwrap
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -300,6 +301,49 @@ def test_requests_without_a_sequence_and_idle_sequences_are_refused_clearly(clie
     assert send(http, triton_http, 1.0, 3, model="quick", sequence_start=True)[0] == 1.0  # and it serves on
 
 
+def stream_steps(target: str, steps: list[tuple[Any, float, dict[str, bool]]]) -> dict[str, Any]:
+    """Send ``(sequence_id, x, flags)`` steps down one ModelStreamInfer, all at once, and collect each answer (a
+    total, or an error's message) by its request id, ``"<sequence id>:<step>"``."""
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client = triton_grpc.InferenceServerClient(target)
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        for number, (sequence_id, x, flags) in enumerate(steps):
+            tensor = triton_grpc.InferInput("x", [1, 1], "FP32")
+            tensor.set_data_from_numpy(np.array([[x]], np.float32))
+            client.async_stream_infer(
+                "total", [tensor], request_id=f"{sequence_id}:{number}", sequence_id=sequence_id, **flags
+            )
+        got: dict[str, Any] = {}
+        for _ in steps:
+            result, error = answers.get(timeout=60)
+            if error is not None:
+                got[f"error {len(got)}"] = error.message()
+            else:
+                got[result.get_response().id] = float(result.as_numpy("total")[0, 0])
+        return got
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+def test_a_sequence_down_a_stream_runs_in_the_order_sent(server: ServerThread) -> None:
+    """Twenty steps of two sequences sent at once on one stream: each sequence's totals come out in the order sent,
+    however the stream's requests overlap; a step after a sequence's end is refused in the stream, which goes on."""
+    steps: list[tuple[Any, float, dict[str, bool]]] = []
+    for number in range(10):
+        for sequence_id in (31, "s-31"):
+            flags = {"sequence_start": number == 0, "sequence_end": number == 9}
+            steps.append((sequence_id, float(number + 1), flags))
+    steps.append((31, 1.0, {}))  # after its end
+    got = stream_steps(server.grpc_target, steps)
+    for sequence_id in (31, "s-31"):
+        totals = [got[f"{sequence_id}:{n}"] for n, step in enumerate(steps[:-1]) if step[0] == sequence_id]
+        assert totals == [float(sum(range(1, k + 2))) for k in range(10)]
+    (refusal,) = [message for request_id, message in got.items() if request_id.startswith("error")]
+    assert "must specify the START flag" in refusal
+
+
 @pytest.mark.parametrize("protocol", ["v2", "v2-grpc"])
 def test_the_notebook_client_sends_a_sequence(server: ServerThread, protocol: str) -> None:
     client = Client(server.rest_url, server.grpc_target, protocol=protocol)
@@ -342,6 +386,11 @@ def test_with_two_workers_every_request_of_a_sequence_reaches_the_worker_that_ho
                 totals[sequence_id].append(float(answer.as_numpy("total")[0, 0]))
                 client.close()
         assert totals == {i: [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0] for i in ids}
+        # Down one stream (one connection, so one worker): the sequence the other worker holds is handed to it.
+        steps = [(i, 1.0, {"sequence_start": n == 0, "sequence_end": n == 3}) for n in range(4) for i in ids]
+        got = stream_steps(replica.grpc_target, steps)
+        for sequence_id in ids:
+            assert [got[f"{sequence_id}:{n}"] for n, step in enumerate(steps) if step[0] == sequence_id] == [1, 2, 3, 4]
         workers = requests.get(f"{replica.rest_url}/workbench/v1/health", timeout=30).json()["workers"]
         assert len(workers) == 2
     finally:

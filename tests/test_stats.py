@@ -13,6 +13,7 @@ import requests
 from waiting import model_config_text
 
 from workbench.engine.stats import RollingStats
+from workbench.peers import merge_stats
 
 ENTRY_KEYS = {
     "requests_per_second",
@@ -269,3 +270,29 @@ def test_requests_recorded_from_threads_while_snapshots_trim_the_window_are_all_
         worker.join(30)
     entry = rolling.snapshot()["models"]["m"]["1"]
     assert (entry["total_requests"], entry["total_errors"]) == (threads * per_thread, threads * per_thread // 5)
+
+
+def test_merged_workers_stats_add_up_cache_hits_and_misses_and_recompute_the_hit_rate():
+    # --num_workers: each worker has its own response cache; the server's rate is all hits over all lookups.
+    clock = FakeClock()
+    workers = [RollingStats(window_seconds=10.0, clock=clock) for _ in range(3)]
+    for rolling in workers:
+        rolling.record_request("cached", 1, 0.010, ok=True)
+        rolling.record_request("plain", 1, 0.010, ok=True)
+    for hit in (True, True, True, False):
+        workers[1].record_cache("cached", 1, hit)
+    for hit in (False, False):
+        workers[2].record_cache("cached", 1, hit)
+    # The first worker has had no lookup yet: its entry has no cache fields, the merged one still does.
+    snapshots = [rolling.snapshot() for rolling in workers]
+    assert "cache_hits" not in snapshots[0]["models"]["cached"]["1"]
+    assert snapshots[1]["models"]["cached"]["1"]["cache_hit_rate"] == 0.75
+
+    merged = merge_stats(snapshots)["models"]
+    entry = merged["cached"]["1"]
+    assert (entry["cache_hits"], entry["cache_misses"]) == (3, 3)
+    assert entry["cache_hit_rate"] == 0.5  # 3 of 6 lookups; not the first worker's rate, nor the rates' mean
+    assert entry["total_requests"] == 3
+    # A model without the cache on any worker has none of the cache fields.
+    assert not {"cache_hits", "cache_misses", "cache_hit_rate"} & set(merged["plain"]["1"])
+    assert set(merged["plain"]["1"]) == ENTRY_KEYS

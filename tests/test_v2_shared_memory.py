@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import queue
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -195,6 +196,48 @@ def test_fp32_inputs_and_outputs_travel_through_regions_registered_over_either_p
     assert sorted(grpc_status.regions) == ["in", "out"]
     assert (grpc_status.regions["out"].key, grpc_status.regions["out"].byte_size) == (key("out"), 64)
     assert http.get_system_shared_memory_status("in") == [status[0]]
+
+
+def test_a_stream_reads_and_writes_regions_as_model_infer_does(
+    http: httpclient.InferenceServerClient, grpc_client: grpcclient.InferenceServerClient, regions: Any
+):
+    inputs, outputs = regions("stream_in", 64), regions("stream_out", 64)
+    shm.set_shared_memory_region(inputs, [X])
+    http.register_system_shared_memory("stream_in", key("stream_in"), 64)
+    http.register_system_shared_memory("stream_out", key("stream_out"), 64)
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    grpc_client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        grpc_client.async_stream_infer(
+            "hp",
+            [grpc_input("x", [3, 1], "FP32", "stream_in", 12)],
+            outputs=[grpc_output("y", "stream_out", 12)],
+            request_id="in-shm",
+        )
+        result, error = answers.get(timeout=30)
+        assert error is None
+        assert result.get_response().id == "in-shm"
+        assert result.get_output("y").parameters["shared_memory_region"].string_param == "stream_out"
+        np.testing.assert_array_equal(shm.get_contents_as_numpy(outputs, np.float32, [3, 1]), Y)
+        # A region too small for the output is refused in the stream, naming it; the stream goes on.
+        grpc_client.async_stream_infer(
+            "hp",
+            [grpc_input("x", [3, 1], "FP32", "stream_in", 12)],
+            outputs=[grpc_output("y", "stream_out", 8)],
+            request_id="small",
+        )
+        result, error = answers.get(timeout=30)
+        assert result is None
+        assert (
+            error.message()
+            == 'Output "y" takes 12 bytes, more than its shared memory holds (shared_memory_byte_size 8)'
+        )
+        grpc_client.async_stream_infer("hp", [grpc_input("x", [3, 1], "FP32", "no_such_region", 12)])
+        _, error = answers.get(timeout=30)
+        assert "no_such_region" in error.message()
+    finally:
+        grpc_client.stop_stream()
+    still_serves(http)
 
 
 def test_bytes_tensors_in_regions_beside_ordinary_tensors(

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import queue
 import textwrap
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -19,6 +18,7 @@ import pytest
 import requests
 import tritonclient.grpc as triton
 import tritonclient.grpc.aio as triton_aio
+from stream_callbacks import Collected, is_final
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 from waiting import wait_until
@@ -143,24 +143,6 @@ def tensor(name: str, value: np.ndarray, datatype: str) -> triton.InferInput:
 
 def countdown_input(n: int) -> list[triton.InferInput]:
     return [tensor("n", np.array([n], np.int32), "INT32")]
-
-
-class Collected:
-    """What tritonclient's stream callback receives, read with a timeout (a hang fails the test, not the run)."""
-
-    def __init__(self) -> None:
-        self.items: queue.Queue[tuple[Any, Any]] = queue.Queue()
-
-    def __call__(self, result: Any, error: Any) -> None:
-        self.items.put((result, error))
-
-    def take(self, count: int) -> list[tuple[Any, Any]]:
-        return [self.items.get(timeout=20) for _ in range(count)]
-
-
-def is_final(result: Any) -> bool:
-    parameters = result.get_response().parameters
-    return "triton_final_response" in parameters and parameters["triton_final_response"].bool_param
 
 
 # ========================================================================= the Python model contract

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from test_response_cache import write_counter
 from waiting import wait_until
 
 from workbench.client import Client
@@ -141,12 +142,53 @@ def test_live_chart_fills_from_the_stats_stream_and_stops(client):
         names = {trace.name for trace in chart.figure.data}
         assert names == {"hp v2"}
         assert len(chart.figure.data) == 5  # p50, p95, p99, requests/s, mean batch size
+        assert not chart.cache_row and len(chart.figure.layout.annotations) == 3  # no cache: no cache row
         assert chart.figure.data[3].y[-1] > 0  # requests/s
         assert chart.figure.data[4].y[-1] == 1.0  # unbatched: one request a call
         # The window is bounded: 5 s at 10 snapshots a second.
         wait_until(lambda: chart.points("hp", 2) == 50, timeout=30)
     finally:
         chart.close()
+    assert chart.threads == []
+
+
+@pytest.fixture
+def cached_server(serve, tmp_path):
+    """A server with the response cache on for "cached" and not for "plain" (two counting Python models)."""
+    write_counter(tmp_path / "repo" / "cached" / "1", 2.0)
+    write_counter(tmp_path / "repo" / "plain" / "1", 2.0)
+    return serve(
+        model_repository=str(tmp_path / "repo"),
+        allow_python_models=True,
+        response_cache_bytes=1 << 20,
+        response_cache_models=("cached",),
+    )
+
+
+def test_live_chart_has_a_cache_hit_rate_row_when_the_server_caches(cached_server):
+    with Client(cached_server.rest_url) as client:
+        chart = LiveChart(client, window_seconds=5, interval=0.1, min_redraw_seconds=0.1)
+        try:
+            assert chart.cache_row
+            titles = [annotation.text for annotation in chart.figure.layout.annotations]
+            assert titles[3] == "response cache hit rate (%)"
+            for _ in range(4):  # one miss, then three hits
+                client.predict("cached", {"x": [[1.5]]})
+            client.predict("plain", {"x": [[1.5]]})
+            wait_until(lambda: chart.points("cached", 1) >= 3 and chart.points("plain", 1) >= 3, timeout=30)
+
+            def drawn_rates(label: str) -> tuple[Any, ...]:
+                chart.redraw()
+                (trace,) = [t for t in chart.figure.data if t.name == label and t.yaxis == "y4"]
+                return trace.y or ()
+
+            # Cumulative: 3 hits of 4 lookups (snapshots taken meanwhile showed less).
+            wait_until(lambda: drawn_rates("cached v1")[-1:] == (75.0,), what="the hit rate drawn")
+            assert len(drawn_rates("cached v1")) >= 3
+            assert len(chart.figure.data) == 12  # six a version: the five of every chart and the hit rate's
+            assert set(drawn_rates("plain v1")) == {None}  # a model without the cache: no points on that row
+        finally:
+            chart.close()
     assert chart.threads == []
 
 

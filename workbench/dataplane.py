@@ -428,9 +428,8 @@ class Dataplane:
             def released(sequence_id: SequenceId) -> None:
                 self._pinned.pop((model, sequence_id), None)
 
-            batcher = SequenceBatcher(
-                servable, servable.sequence, self._executor, on_release=released  # type: ignore[arg-type]
-            )
+            stateful: Any = servable  # a servable with a sequence implements run_step (StatefulServable)
+            batcher = SequenceBatcher(stateful, servable.sequence, self._executor, on_release=released)
             self._sequence_batchers[key] = batcher
         return batcher
 
@@ -489,7 +488,12 @@ class Dataplane:
 
     async def _close_responses(self, step: asyncio.Future[Any] | None, responses: Iterator[Any]) -> None:
         """Close a decoupled model's generator once its step under way returned (a generator cannot be closed while
-        another thread runs it), on a worker thread: its ``finally`` blocks are the model's code."""
+        another thread runs it), on a worker thread: its ``finally`` blocks are the model's code. Responses that can
+        be told at once (``cancel()``: a Triton Python model's, whose step waits for the model's next send) are, so
+        that the step returns and the model hears now, not at its next response."""
+        cancel = getattr(responses, "cancel", None)
+        if callable(cancel):
+            cancel()
         if step is not None and not step.done():
             await asyncio.wait([step])
         close = getattr(responses, "close", None)
@@ -600,6 +604,11 @@ class _MetricTotals:
     def _duration(self, key: tuple[str, str], family: str) -> Duration:
         return Duration(int(self._samples[(*key, f"{family}_count")]), self._samples[(*key, f"{family}_sum")])
 
+    def _cache(self, key: tuple[str, str], outcome: str, plural: str) -> Duration:
+        """Response cache hits or misses, read from Triton's ``nv_cache_*`` series (durations in µs)."""
+        count = int(self._samples[(*key, f"nv_cache_num_{plural}_per_model")])
+        return Duration(count, self._samples[(*key, f"nv_cache_{outcome}_duration_per_model")] / 1e6)
+
     def statistics(self, model: str, version: int) -> ModelStatistics:
         key = (model, str(version))
         # Batch sizes as the batch-size histogram keeps them: a batch counts under the first bucket it fits
@@ -619,6 +628,8 @@ class _MetricTotals:
             fail=Duration(int(self._samples[(*key, "requests_fail")])),
             queue=self._duration(key, "workbench_queue_seconds"),
             compute_infer=self._duration(key, "workbench_inference_seconds"),
+            cache_hit=self._cache(key, "hit", "hits"),
+            cache_miss=self._cache(key, "miss", "misses"),
             batches=batches,
         )
 

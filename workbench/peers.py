@@ -211,6 +211,8 @@ _SUMMED_STATS = (
     "queue_depth",
     "total_requests",
     "total_errors",
+    "cache_hits",  # the response cache's lookups: each worker has its own cache and counts its own
+    "cache_misses",
 )
 _PERCENTILES = ("p50_ms", "p95_ms", "p99_ms")
 
@@ -220,7 +222,8 @@ def merge_stats(snapshots: list[dict[str, Any]]) -> dict[str, Any]:
 
     Rates, counts and queue depths add up. Percentiles cannot be merged exactly from percentiles: each is the
     workers' percentiles weighted by their request rates (exact when the workers see alike latencies, as the
-    kernel spreads connections evenly). The mean batch size is weighted by batch rates.
+    kernel spreads connections evenly). The mean batch size is weighted by batch rates. Response cache hits and
+    misses add up and the hit rate is theirs; an entry has them only when a worker's has.
     """
     if not snapshots:
         return {"models": {}}
@@ -245,6 +248,10 @@ def _merge_entry(rows: list[dict[str, Any]]) -> dict[str, Any]:
     for key in _PERCENTILES:
         merged[key] = _weighted(rows, key, "requests_per_second")
     merged["mean_batch_size"] = _weighted(rows, "mean_batch_size", "batches_per_second")
+    # The server's hit rate: all its workers' hits over all their lookups (rates cannot be added or averaged).
+    lookups = merged.get("cache_hits", 0) + merged.get("cache_misses", 0)
+    if lookups:
+        merged["cache_hit_rate"] = round(merged.get("cache_hits", 0) / lookups, 4)
     return merged
 
 

@@ -182,7 +182,7 @@ class ModelServer:
             self._executor, lambda servable: self._batching.get(servable.name), listener=self._on_batch
         )
         self.cache = (
-            ResponseCache(options.response_cache_bytes, options.response_cache_models, self._on_cache_lookup)
+            ResponseCache(options.response_cache_bytes, options.response_cache_models, _CacheCounts(self))
             if options.response_cache_bytes > 0
             else None
         )
@@ -242,9 +242,6 @@ class ModelServer:
             return
         with contextlib.suppress(RuntimeError):  # the loop has closed: nobody watches any more
             loop.call_soon_threadsafe(self._health.changed)
-
-    def _on_cache_lookup(self, model: str, version: int, hit: bool) -> None:
-        self.stats.record_cache(model, version, hit)
 
     def _on_batch(self, record: BatchRecord) -> None:
         self.metrics.observe_batch(record)
@@ -581,6 +578,20 @@ class ModelServer:
             closing.append(self._uvicorn.shutdown(sockets=self._sockets))
             self._uvicorn = None
         await asyncio.gather(*closing)
+
+
+class _CacheCounts:
+    """The response cache's lookups, counted in the server's live stats and its metrics (Triton's ``nv_cache_*``)."""
+
+    def __init__(self, server: ModelServer) -> None:
+        self._stats, self._metrics = server.stats, server.metrics
+
+    def cache_lookup(self, model: str, version: int, hit: bool, seconds: float) -> None:
+        self._stats.record_cache(model, version, hit)
+        self._metrics.observe_cache_lookup(model, version, hit, seconds)
+
+    def cache_insert(self, model: str, version: int, seconds: float) -> None:
+        self._metrics.observe_cache_insert(model, version, seconds)
 
 
 def run(options: ServerOptions) -> int:

@@ -37,6 +37,24 @@ export function modelRate(entries: Record<string, IStatsEntry> | undefined): IMo
   return { rps, errorsPerSecond, p99 };
 }
 
+/** A model's response cache lookups since the server started, summed over its versions. */
+export interface ICacheCounts {
+  hits: number;
+  misses: number;
+}
+
+/** The cache counts of a model's versions' entries; null when none has any (the cache is off for the model). */
+export function cacheCounts(entries: Record<string, IStatsEntry> | undefined): ICacheCounts | null {
+  // Counts, not the versions' rates: averaging those would weigh a version with few lookups as a busy one.
+  let hits = 0;
+  let misses = 0;
+  for (const entry of Object.values(entries ?? {})) {
+    hits += entry.cache_hits ?? 0;
+    misses += entry.cache_misses ?? 0;
+  }
+  return hits + misses > 0 ? { hits, misses } : null;
+}
+
 /**
  * The last HISTORY_POINTS statistics snapshots of every server, kept as a series per model for the sparklines.
  */
@@ -69,6 +87,11 @@ export class StatsHistory {
   /** The latest statistics of one version, if it has any. */
   versionEntry(serverId: string, model: string, version: number): IStatsEntry | undefined {
     return this._latest.get(serverId)?.models[model]?.[String(version)];
+  }
+
+  /** The latest statistics of a model's versions, if it has any. */
+  modelEntries(serverId: string, model: string): Record<string, IStatsEntry> | undefined {
+    return this._latest.get(serverId)?.models[model];
   }
 
   /** Forget servers that are gone, so that a long session does not keep every server it ever saw. */
@@ -131,6 +154,8 @@ export interface IModelView {
   current: IModelRate | null;
   rpsSeries: number[];
   p99Series: Array<number | null>;
+  /** The response cache's hits and misses from the latest statistics; null when the model is not cached. */
+  cache: ICacheCounts | null;
   versions: IVersionRow[];
 }
 
@@ -191,6 +216,7 @@ function modelView(serverId: string, model: IModelInfo, history: StatsHistory): 
     current: series.length ? series[series.length - 1] : null,
     rpsSeries: series.map(point => point.rps),
     p99Series: series.map(point => point.p99),
+    cache: cacheCounts(history.modelEntries(serverId, model.name)),
     versions: model.versions.map(version =>
       versionRow(model, version, available, history.versionEntry(serverId, model.name, version.version))
     )
@@ -370,6 +396,11 @@ export function errorMessage(status: number, body: string): string {
 export function percent(share: number): string {
   const value = Math.round(share * 1000) / 10; // one decimal, without floating-point noise (0.07 → 7)
   return `${value >= 10 || Number.isInteger(value) ? Math.round(value) : value.toFixed(1)}%`;
+}
+
+/** 'cache 87% hits': the share of a model's lookups the response cache answered. */
+export function formatCache(cache: ICacheCounts): string {
+  return `cache ${percent(cache.hits / (cache.hits + cache.misses))} hits`;
 }
 
 /** '0', '8.5', '120', '1.2k' requests per second. */

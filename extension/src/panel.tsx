@@ -12,6 +12,7 @@ import { WorkbenchAPI, WorkbenchRequestError } from './api';
 import {
   buildView,
   describeAction,
+  formatCache,
   formatMs,
   formatRate,
   HISTORY_POINTS,
@@ -268,6 +269,15 @@ function ModelCard(props: { server: IServerView; model: IModelView; pending: Set
         <span className="jp-WorkbenchModel-figure" data-figure="p99" title="p99 latency of the slowest version">
           p99 {formatMs(model.current?.p99 ?? null)}
         </span>
+        {model.cache !== null && (
+          <span
+            className="jp-WorkbenchModel-figure"
+            data-figure="cache"
+            title={`response cache: ${model.cache.hits} hits, ${model.cache.misses} misses since the server started`}
+          >
+            {formatCache(model.cache)}
+          </span>
+        )}
       </div>
       <div className="jp-WorkbenchVersions">
           {model.versions.map(row => (

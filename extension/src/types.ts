@@ -76,6 +76,11 @@ export interface IStatsEntry {
   queue_depth: number;
   total_requests: number;
   total_errors: number;
+  /** The response cache's lookups since the server started: only for a version with the cache on. */
+  cache_hits?: number;
+  cache_misses?: number;
+  /** cache_hits over all lookups, 0 to 1. */
+  cache_hit_rate?: number;
 }
 
 export interface IStatsSnapshot {

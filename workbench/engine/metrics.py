@@ -1,4 +1,5 @@
-"""Prometheus metrics: TF Serving's names as the baseline, plus per-version series of our own.
+"""Prometheus metrics: TF Serving's names as the baseline, Triton's (:mod:`workbench.engine.triton_metrics`), plus
+per-version series of our own.
 
 Exposition is ``prometheus_client``'s. TF Serving's ``:tensorflow:serving:request_count`` keeps its exact
 sample name (clients' PromQL uses it); prometheus_client would append ``_total`` to a counter, so that one
@@ -16,6 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
 from workbench.engine.batching import BatchRecord
+from workbench.engine.triton_metrics import TritonMetrics
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -81,6 +83,8 @@ class ServingMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self._tf_request_count = _TFServingRequestCount()
         self.registry.register(self._tf_request_count)
+        self.triton = TritonMetrics()
+        self.registry.register(self.triton)
         self._tf_request_latency = Histogram(
             ":tensorflow:serving:request_latency",
             "Distribution of wall time (in microseconds) for Tensorflow Serving request.",
@@ -161,6 +165,8 @@ class ServingMetrics:
             )
         tf_latency, requests, latency = children
         self._tf_request_count.inc(model, code)
+        if version is not None:  # Triton counts the requests that reached a model version
+            self.triton.request(model, version, code, seconds)
         tf_latency.observe(seconds * 1e6)
         requests.inc()
         if latency is not None:
@@ -181,6 +187,13 @@ class ServingMetrics:
         inference_seconds.observe(record.run_seconds)
         for seconds in record.queue_seconds:
             queue_seconds.observe(seconds)
+        self.triton.batch(record)
+
+    def observe_cache_lookup(self, model: str, version: int, hit: bool, seconds: float) -> None:
+        self.triton.cache_lookup(model, version, hit, seconds)
+
+    def observe_cache_insert(self, model: str, version: int, seconds: float) -> None:
+        self.triton.cache_insert(model, version, seconds)
 
     def report_queue_depths(self, depths: Callable[[], Iterable[tuple[str, int, int]]]) -> None:
         """Where the queue-depth gauge reads (model, version, rows waiting) at scrape time."""
@@ -198,4 +211,4 @@ class ServingMetrics:
     def statistics_families(self) -> list[Metric]:
         """What Triton's statistics extension is read from: requests, latencies, queueing, runs, batch sizes."""
         families = (self.requests, self.latency, self.queue_seconds, self.inference_seconds, self.batch_size)
-        return [metric for family in families for metric in family.collect()]
+        return [metric for family in (*families, self.triton) for metric in family.collect()]

@@ -16,7 +16,9 @@ from __future__ import annotations
 import collections
 import hashlib
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Protocol
 
 import numpy as np
 
@@ -25,7 +27,14 @@ import numpy as np
 ENTRY_OVERHEAD_BYTES = 256
 
 Key = tuple[str, int, str, tuple[str, ...], bytes]
-Outcome = Callable[[str, int, bool], None]  # (model, version, hit) for metrics
+
+
+class CacheObserver(Protocol):
+    """Who counts the cache's work (the server's stats and metrics); both are told the time the cache took."""
+
+    def cache_lookup(self, model: str, version: int, hit: bool, seconds: float) -> None: ...
+
+    def cache_insert(self, model: str, version: int, seconds: float) -> None: ...
 
 
 def request_digest(inputs: Mapping[str, np.ndarray]) -> bytes:
@@ -68,10 +77,10 @@ def _frozen(outputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
 class ResponseCache:
     """A byte-bounded LRU of predict answers, for the models :meth:`enabled` names."""
 
-    def __init__(self, max_bytes: int, models: Iterable[str] = (), on_outcome: Outcome | None = None) -> None:
+    def __init__(self, max_bytes: int, models: Iterable[str] = (), observer: CacheObserver | None = None) -> None:
         self.max_bytes = max_bytes
         self._models = set(models)
-        self._on_outcome = on_outcome
+        self._observer = observer
         self._entries: collections.OrderedDict[Key, tuple[dict[str, np.ndarray], int]] = collections.OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()  # the loop asks and fills; a version unloading evicts from a load thread
@@ -95,16 +104,19 @@ class ResponseCache:
         return (model, version, signature, tuple(outputs), digest)
 
     def get(self, key: Key) -> dict[str, np.ndarray] | None:
+        started = time.perf_counter()
         with self._lock:
             entry = self._entries.get(key)
             if entry is not None:
                 self._entries.move_to_end(key)
-        if self._on_outcome is not None:
-            self._on_outcome(key[0], key[1], entry is not None)
-        return dict(entry[0]) if entry is not None else None
+        answer = dict(entry[0]) if entry is not None else None
+        if self._observer is not None:
+            self._observer.cache_lookup(key[0], key[1], answer is not None, time.perf_counter() - started)
+        return answer
 
     def put(self, key: Key, outputs: Mapping[str, np.ndarray]) -> None:
         """Keep ``outputs`` for ``key``, unless one answer alone is larger than the whole cache."""
+        started = time.perf_counter()
         size = _nbytes(outputs)
         if size > self.max_bytes:
             return
@@ -118,6 +130,8 @@ class ResponseCache:
             while self._bytes > self.max_bytes:
                 _, (_, dropped) = self._entries.popitem(last=False)
                 self._bytes -= dropped
+        if self._observer is not None:
+            self._observer.cache_insert(key[0], key[1], time.perf_counter() - started)
 
     def evict(self, model: str, version: int | None = None) -> None:
         """Drop the entries of ``model`` (of one ``version``): it unloaded, or left the cache."""

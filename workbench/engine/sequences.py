@@ -10,6 +10,9 @@ model returned last (Triton's implicit state), and runs each request of a sequen
 - **Direct**: each sequence holds one of ``max_batch_size`` slots from its start to its end (or until it idles
   out); a new sequence waits for a free slot, and a batch runs the waiting requests in slot order.
 
+``max_sequences`` bounds the sequences Oldest holds at once (Triton's ``max_candidate_sequences``): a sequence that
+starts beyond it waits for one to end or idle out, as Triton keeps it in its backlog (0: no bound).
+
 A sequence idle for longer than ``max_idle_seconds`` is released with its state; so is one whose last request
 (``sequence_end``) has run. A request that continues a sequence the batcher does not hold (never started, ended,
 released) is refused in Triton's words, which its clients match on. A ``sequence_start`` for a sequence that is still
@@ -53,6 +56,7 @@ class SequenceSettings:
     max_idle_seconds: float = 1.0  # Triton's default max_sequence_idle_microseconds: one second
     max_batch_size: int = 8  # Oldest: requests in one batch; Direct: sequences held at once (slots)
     max_queue_delay_seconds: float = 0.0  # Oldest: how long a batch waits for more requests
+    max_sequences: int = 0  # Oldest: sequences held at once (Triton's max_candidate_sequences); 0: no bound
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,8 +207,9 @@ class SequenceBatcher:
     # ------------------------------------------------------------------------------------ sequences
     async def _begin(self, sequence_id: SequenceId) -> _Sequence:
         sequence = _Sequence(sequence_id)
-        if self.settings.strategy is Strategy.DIRECT:
-            while (slot := self._free_slot()) is None:  # every slot holds a sequence: wait for one to end
+        capacity = self._capacity()
+        if capacity is not None:
+            while (slot := self._free_slot(capacity)) is None:  # every slot holds a sequence: wait for one to end
                 waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
                 self._slot_waiters.append((sequence_id, waiter))
                 self._arm_reaper()
@@ -214,9 +219,15 @@ class SequenceBatcher:
         self._arm_reaper()
         return sequence
 
-    def _free_slot(self) -> int | None:
+    def _capacity(self) -> int | None:
+        """How many sequences may be held at once: Direct's slots, Oldest's candidates (None: no bound)."""
+        if self.settings.strategy is Strategy.DIRECT:
+            return self.settings.max_batch_size
+        return self.settings.max_sequences or None
+
+    def _free_slot(self, capacity: int) -> int | None:
         used = {s.slot for s in self._sequences.values()}
-        return next((slot for slot in range(self.settings.max_batch_size) if slot not in used), None)
+        return next((slot for slot in range(capacity) if slot not in used), None)
 
     def _drop(self, sequence: _Sequence) -> None:
         """Release ``sequence`` and its state; what it still had waiting is refused."""

@@ -55,6 +55,8 @@ class Servable(abc.ABC):
 
         Called on the event loop, so it must return at once (a generator does: its body runs on the first
         ``next``); iterated on worker threads, one ``next`` at a time; ``close()`` on it stops it between responses.
+        An iterator that also has ``cancel()`` is told from the event loop, at once, when the request ends early
+        (the client left, the deadline passed), even while a ``next`` still waits.
         """
         raise ServingError(Code.UNIMPLEMENTED, f"Model {self.name} version {self.version} is not decoupled")
 
@@ -124,3 +126,13 @@ class Composite(Servable):
     def members(self) -> Sequence[str]:
         """The names of the other models this one needs serving (none for a handler around its own model)."""
         return ()
+
+
+def streams_only(label: str) -> ServingError:
+    """A decoupled model's refusal of a caller that wants one answer (the dataplane streams such a model; this is
+    the backstop for any other caller)."""
+    return ServingError(
+        Code.UNIMPLEMENTED,
+        f"{label} is decoupled (it answers 0..n responses per request): stream it with gRPC ModelStreamInfer or "
+        "REST /generate_stream",
+    )

@@ -13,9 +13,16 @@ server. What workbench takes from it:
   ``optional``;
 - ``dynamic_batching``, ``instance_group`` and ``version_policy``, mapped onto workbench's
   :class:`BatchingParameters`, concurrent runs and :class:`VersionPolicy` (see :func:`batching_parameters`);
-- ``parameters`` (handed to Python models, as Triton does) and ``response_cache { enable }``.
+- ``parameters`` (handed to Python models, as Triton does) and ``response_cache { enable }``;
+- ``model_transaction_policy { decoupled }``: 0..n responses per request, for Python backend models (Triton runs
+  decoupled models only in its Python backend and custom backends);
+- ``sequence_batching``, for Python backend models: the strategy (``direct``, Triton's default, or ``oldest``),
+  ``max_sequence_idle_microseconds`` and ``control_input``, mapped onto workbench's sequence batcher
+  (:class:`SequenceBatching`: its :class:`SequenceSettings` and the control tensors the model gets).
 
-Everything else in the file (ensembles, sequence batching, optimization, warmup, rate limiters) is not acted on.
+Ensembles, implicit sequence state (``sequence_batching { state }``) and sequence batching for ONNX and TensorFlow
+models are refused (UNIMPLEMENTED, saying which); the rest of the file (optimization, warmup, rate limiters) is not
+acted on.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from google.protobuf import descriptor, json_format, text_format
 
 from workbench.engine.batching_config import BatchingParameters
 from workbench.engine.options import VersionPolicy
+from workbench.engine.sequences import Controls, SequenceSettings, Strategy
 from workbench.errors import Code, ServingError
 from workbench.platforms import TRITON_CONFIG
 
@@ -68,6 +76,20 @@ DATA_TYPES: Mapping[str, np.dtype[Any]] = {
 # queue by batches. This many batches is "unbounded" for any real load, while a runaway client still hits a wall.
 _TRITON_QUEUE_BATCHES = 10_000
 
+# Triton's default max_sequence_idle_microseconds (SEQUENCE_IDLE_DEFAULT_MICROSECONDS): one second.
+SEQUENCE_IDLE_DEFAULT_MICROSECONDS = 1_000_000
+
+# Control kinds by Triton's enum name, as workbench names them (``Controls``' fields); START, END and READY are
+# flags given as the config's false/true values, CORRID is the sequence's id in the config's data type.
+CONTROL_KINDS: Mapping[str, str] = {
+    "CONTROL_SEQUENCE_START": "START",
+    "CONTROL_SEQUENCE_END": "END",
+    "CONTROL_SEQUENCE_READY": "READY",
+    "CONTROL_SEQUENCE_CORRID": "CORRID",
+}
+CORRID_TYPES = ("TYPE_UINT64", "TYPE_INT64", "TYPE_UINT32", "TYPE_INT32", "TYPE_STRING")
+_FLAG_TYPES = {"int32_false_true": "TYPE_INT32", "fp32_false_true": "TYPE_FP32", "bool_false_true": "TYPE_BOOL"}
+
 
 @dataclasses.dataclass(frozen=True)
 class TritonTensor:
@@ -92,6 +114,51 @@ class DynamicBatching:
 
 
 @dataclasses.dataclass(frozen=True)
+class SequenceControl:
+    """One ``control_input``: the tensor the sequence batcher gives the model with each request of a sequence."""
+
+    name: str
+    kind: str  # START, END, READY or CORRID (CONTROL_KINDS)
+    data_type: str  # Triton's name: TYPE_INT32, TYPE_FP32, TYPE_BOOL for flags; CORRID's is the config's
+    false_true: tuple[Any, Any] = (0, 1)  # a flag's values for false and true
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        return DATA_TYPES[self.data_type]
+
+    def value(self, controls: Controls) -> np.ndarray:
+        """This control's one value for a request, as a 1-element array of its data type."""
+        if self.kind != "CORRID":
+            flag = {"START": controls.start, "END": controls.end, "READY": controls.ready}[self.kind]
+            return np.array([self.false_true[int(flag)]], self.dtype)
+        corrid = controls.correlation_id
+        if self.data_type == "TYPE_STRING":
+            return np.array([str(corrid).encode()], object)
+        if isinstance(corrid, str):
+            raise ServingError(
+                Code.INVALID_ARGUMENT,
+                f'sequence id "{corrid}" is a string, but the model\'s CONTROL_SEQUENCE_CORRID input "{self.name}" '
+                f"is {self.data_type}: send a number",
+            )
+        limits = np.iinfo(self.dtype)
+        if not limits.min <= corrid <= limits.max:
+            raise ServingError(
+                Code.INVALID_ARGUMENT,
+                f'sequence id {corrid} does not fit the model\'s CONTROL_SEQUENCE_CORRID input "{self.name}" '
+                f"({self.data_type})",
+            )
+        return np.array([corrid], self.dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class SequenceBatching:
+    """``sequence_batching``: how workbench's sequence batcher runs the model, and the control tensors it gives."""
+
+    settings: SequenceSettings
+    controls: tuple[SequenceControl, ...]
+
+
+@dataclasses.dataclass(frozen=True)
 class TritonConfig:
     """A model's ``config.pbtxt``, read and checked; ``proto`` keeps the file's message for the JSON answer."""
 
@@ -108,6 +175,7 @@ class TritonConfig:
     default_model_filename: str
     response_cache: bool  # response_cache { enable: true }: read by workbench's response cache
     decoupled: bool
+    sequence_batching: SequenceBatching | None  # None: the model is stateless
     proto: Any = dataclasses.field(compare=False, repr=False)
 
     @property
@@ -158,9 +226,21 @@ def describe(proto: Any, file: Path) -> TritonConfig:
         raise fail(f'name "{proto.name}" does not match the model folder "{folder}" (Triton requires them equal)')
     if proto.max_batch_size < 0:
         raise fail(f"max_batch_size must not be negative, got {proto.max_batch_size}")
-    if proto.HasField("sequence_batching") or proto.HasField("ensemble_scheduling"):
-        kind = "sequence_batching" if proto.HasField("sequence_batching") else "ensemble_scheduling"
-        raise fail(f"{kind} is not supported by workbench", Code.UNIMPLEMENTED)
+    if proto.HasField("ensemble_scheduling"):
+        raise fail("ensemble_scheduling (an ensemble of models) is not supported by workbench", Code.UNIMPLEMENTED)
+    platform = _platform(proto, fail)
+    decoupled = proto.model_transaction_policy.decoupled
+    if decoupled and platform != PYTHON:
+        raise fail(
+            f"model_transaction_policy {{ decoupled: true }} is served for Python backend models only: Triton runs "
+            f'decoupled models only in its Python backend and custom backends, not in "{TRITON_NAMES[platform][0]}"',
+            Code.UNIMPLEMENTED,
+        )
+    inputs = tuple(_tensor(t, "input", fail) for t in proto.input)
+    instance_count = _instance_count(proto)
+    sequence = None
+    if proto.HasField("sequence_batching"):
+        sequence = _sequence_batching(proto, platform, inputs, instance_count, fail)
     dynamic = None
     if proto.HasField("dynamic_batching"):
         batching = proto.dynamic_batching
@@ -172,17 +252,18 @@ def describe(proto: Any, file: Path) -> TritonConfig:
     return TritonConfig(
         file=file,
         name=folder,
-        platform=_platform(proto, fail),
+        platform=platform,
         max_batch_size=proto.max_batch_size,
-        inputs=tuple(_tensor(t, "input", fail) for t in proto.input),
+        inputs=inputs,
         outputs=tuple(_tensor(t, "output", fail) for t in proto.output),
         dynamic_batching=dynamic,
-        instance_count=_instance_count(proto),
+        instance_count=instance_count,
         version_policy=_version_policy(proto, fail),
         parameters={key: value.string_value for key, value in proto.parameters.items()},
         default_model_filename=proto.default_model_filename,
         response_cache=proto.response_cache.enable,
-        decoupled=proto.model_transaction_policy.decoupled,
+        decoupled=decoupled,
+        sequence_batching=sequence,
         proto=proto,
     )
 
@@ -238,6 +319,111 @@ def _instance_count(proto: Any) -> int:
     if not proto.instance_group:
         return 1
     return sum(max(group.count, 1) * max(len(group.gpus), 1) for group in proto.instance_group)
+
+
+def _sequence_batching(
+    proto: Any, platform: str, inputs: tuple[TritonTensor, ...], instance_count: int, fail: Any
+) -> SequenceBatching:
+    """``sequence_batching`` as workbench's sequence batcher runs it, checked as Triton checks it.
+
+    Slots and candidates are Triton's: each instance holds ``max(1, max_batch_size)`` sequences (Direct's slots), or
+    ``max_candidate_sequences`` of them when Oldest gives it, so the model holds that many per instance at once.
+    Oldest's ``max_queue_delay_microseconds`` is how long a batch waits for more sequences' requests. Not acted on:
+    Direct's ``max_queue_delay_microseconds`` and ``minimum_slot_utilization`` (a Direct batch runs at once), Oldest's
+    ``preferred_batch_size`` and ``preserve_ordering`` (each request is its own ``execute``, answered in order).
+    """
+    batching = proto.sequence_batching
+    if platform != PYTHON:
+        raise fail(
+            f'sequence_batching is served for Python backend models only (backend: "python"), not for '
+            f'"{TRITON_NAMES[platform][0]}" models, whose state Triton keeps in implicit state or control tensors '
+            "workbench does not implement",
+            Code.UNIMPLEMENTED,
+        )
+    if batching.state:
+        names = ", ".join(f'"{state.input_name}"' for state in batching.state)
+        raise fail(
+            f"sequence_batching's state [ {names} ] (implicit state the server keeps) is not supported by workbench: "
+            "a Python model keeps its sequences' state itself, keyed by request.correlation_id()",
+            Code.UNIMPLEMENTED,
+        )
+    if batching.iterative_sequence:
+        raise fail("sequence_batching's iterative_sequence is not supported by workbench", Code.UNIMPLEMENTED)
+    if proto.model_transaction_policy.decoupled:
+        raise fail("sequence_batching with a decoupled model is not supported by workbench", Code.UNIMPLEMENTED)
+    idle = batching.max_sequence_idle_microseconds or SEQUENCE_IDLE_DEFAULT_MICROSECONDS
+    per_instance = max(1, proto.max_batch_size)
+    if batching.WhichOneof("strategy_choice") == "oldest":
+        oldest = batching.oldest
+        settings = SequenceSettings(
+            strategy=Strategy.OLDEST,
+            max_idle_seconds=idle / 1e6,
+            max_batch_size=per_instance,
+            max_queue_delay_seconds=oldest.max_queue_delay_microseconds / 1e6,
+            max_sequences=(oldest.max_candidate_sequences or per_instance) * instance_count,
+        )
+    else:  # direct {}, or no strategy: Triton's default is Direct
+        settings = SequenceSettings(
+            strategy=Strategy.DIRECT, max_idle_seconds=idle / 1e6, max_batch_size=per_instance * instance_count
+        )
+    controls = tuple(_control(entry, fail) for entry in batching.control_input)
+    _check_controls(controls, inputs, fail)
+    return SequenceBatching(settings, controls)
+
+
+def _control(entry: Any, fail: Any) -> SequenceControl:
+    """One ``control_input``: a tensor name and the one control it carries."""
+    from tritonclient.grpc import model_config_pb2
+
+    if not entry.name:
+        raise fail("every sequence_batching control_input needs a name")
+    if len(entry.control) != 1:
+        raise fail(
+            f'sequence_batching control_input "{entry.name}" must give exactly one control (it gives '
+            f"{len(entry.control)}): a tensor carries one control value"
+        )
+    (control,) = entry.control
+    kind_name = model_config_pb2.ModelSequenceBatching.Control.Kind.Name(control.kind)
+    kind = CONTROL_KINDS[kind_name]
+    given = {
+        field: list(getattr(control, field))
+        for field in ("int32_false_true", "fp32_false_true", "bool_false_true")
+        if len(getattr(control, field))
+    }
+    where = f'sequence_batching control_input "{entry.name}" ({kind_name})'
+    if kind == "CORRID":
+        if given:
+            raise fail(f"{where} takes data_type, not {' or '.join(given)}")
+        data_type = str(model_config_pb2.DataType.Name(control.data_type))
+        if data_type not in CORRID_TYPES:
+            raise fail(f"{where}: data_type must be one of {', '.join(CORRID_TYPES)}, not {data_type}")
+        return SequenceControl(entry.name, kind, data_type)
+    if len(given) != 1:
+        raise fail(f"{where} must give exactly one of int32_false_true, fp32_false_true and bool_false_true")
+    ((field, values),) = given.items()
+    if len(values) != 2:
+        raise fail(f"{where}: {field} must have exactly 2 entries (the false value, then the true one)")
+    return SequenceControl(entry.name, kind, _FLAG_TYPES[field], (values[0], values[1]))
+
+
+def _check_controls(controls: tuple[SequenceControl, ...], inputs: tuple[TritonTensor, ...], fail: Any) -> None:
+    """Each control once, each on a tensor of its own that the config does not also declare as an input (the
+    batcher gives the model control tensors; clients never send them)."""
+    names: set[str] = set()
+    kinds: set[str] = set()
+    declared = {tensor.name for tensor in inputs}
+    for control in controls:
+        if control.name in names:
+            raise fail(f'sequence batching control tensor "{control.name}" is given for several controls')
+        if control.kind in kinds:
+            raise fail(f"sequence batching gives several CONTROL_SEQUENCE_{control.kind} tensors")
+        if control.name in declared:
+            raise fail(
+                f'"{control.name}" is both an input and a sequence_batching control_input: leave it out of input '
+                "[...] (the sequence batcher gives it; clients do not send it)"
+            )
+        names.add(control.name)
+        kinds.add(control.kind)
 
 
 def _version_policy(proto: Any, fail: Any) -> VersionPolicy:
@@ -302,8 +488,8 @@ def batching_parameters(base_path: str, default: BatchingParameters | None) -> B
         config = read_config(base_path)
     except ServingError:
         return default
-    if config.dynamic_batching is None or not config.batched:
-        return None
+    if config.dynamic_batching is None or not config.batched or config.decoupled:
+        return None  # a decoupled model's requests each run alone (see triton_python)
     preferred = config.dynamic_batching.preferred_batch_sizes
     allowed = preferred if preferred and preferred[-1] == config.max_batch_size else ()
     return BatchingParameters(
@@ -341,6 +527,11 @@ def config_json(
         group.count = group.count or 1
     if not proto.default_model_filename:
         proto.default_model_filename = DEFAULT_FILES[config.platform]
+    if proto.HasField("sequence_batching"):  # Triton's normalized config: the idle time it applies
+        batching = proto.sequence_batching
+        batching.max_sequence_idle_microseconds = (
+            batching.max_sequence_idle_microseconds or SEQUENCE_IDLE_DEFAULT_MICROSECONDS
+        )
     for target, completed in [(proto.input, inputs), (proto.output, outputs)]:
         if not target:
             for tensor in completed:

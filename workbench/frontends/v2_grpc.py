@@ -75,7 +75,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         self.models = V2Repository(dataplane, rescan, management_token, control)
         self.router = router
         self.shared_memory = shared_memory
-        self._streams = v2_stream.StreamInfer(dataplane, self.models, PROTOCOL)
+        self._streams = v2_stream.StreamInfer(dataplane, self.models, PROTOCOL, self._memory, router)
 
     def add_to(self, server: grpc.aio.Server) -> None:
         service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(self, server)

@@ -25,6 +25,12 @@ an error before inference begins is a JSON error with its HTTP status (as Triton
 ``{"error"}`` event that ends the stream. The model is asked for its next response only once the previous event
 was handed to the connection, so a client that reads slowly slows the model down.
 
+The requests of one **sequence** (``sequence_id``) on a stream run one after another, in the order they were sent,
+as Triton's sequence batcher takes them; requests of other sequences, or of none, run alongside. With
+``--num_workers``, a sequence request reaches the worker that holds the sequence, as ``ModelInfer``'s do. Inputs
+and outputs may live in **shared memory** as in ``ModelInfer`` (a decoupled model's responses each write the same
+output region: read each one before the next arrives, as with Triton).
+
 A stream's requests are bounded by the stream's deadline (gRPC) or the server's REST timeout
 (``--rest_api_timeout_in_ms``), each request's whole run, all its responses, included.
 """
@@ -33,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -43,13 +50,15 @@ from starlette.responses import Response, StreamingResponse
 from tritonclient.grpc import service_pb2
 
 from workbench.dataplane import Call, Dataplane, ModelSpec
-from workbench.engine.sequences import sequence_request
+from workbench.engine.sequences import SequenceId, sequence_request
 from workbench.errors import Code, ServingError, from_exception
 from workbench.frontends.grpc import time_remaining
 from workbench.frontends.rest import json_response
+from workbench.frontends.sequence_routing import SequenceRouter
 from workbench.frontends.v2_repository import V2Repository
 from workbench.protocol import v2_generate, v2_grpc
 from workbench.protocol.json_tensor import dumps, parse_body
+from workbench.protocol.v2_shared_memory import SharedMemory
 from workbench.signatures import DEFAULT_SIGNATURE
 
 log = logging.getLogger(__name__)
@@ -95,10 +104,21 @@ async def run_request(
 class StreamInfer:
     """``ModelStreamInfer``: one instance per service; :meth:`serve` answers one stream."""
 
-    def __init__(self, dataplane: Dataplane, models: V2Repository, protocol: str) -> None:
+    def __init__(
+        self,
+        dataplane: Dataplane,
+        models: V2Repository,
+        protocol: str,
+        memory: Callable[[grpc.aio.ServicerContext], SharedMemory | None] = lambda _: None,
+        router: SequenceRouter | None = None,
+    ) -> None:
+        """``memory``: the shared-memory regions a call may name (ModelInfer's); ``router``: where a sequence's
+        requests go with --num_workers."""
         self.dataplane = dataplane
         self.models = models
         self.protocol = protocol  # the metrics' protocol label, as ModelInfer's
+        self.memory = memory
+        self.router = router
 
     async def serve(self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> None:
         """Answer one stream: its responses are written as its requests are answered (in the order they finish)."""
@@ -129,6 +149,7 @@ class StreamInfer:
         the stream's end on the queue."""
         slots = asyncio.Semaphore(MAX_IN_FLIGHT)
         running: set[asyncio.Task[None]] = set()
+        last_of: dict[SequenceId, asyncio.Task[None]] = {}  # each sequence's latest request on this stream
 
         def finished(task: asyncio.Task[None]) -> None:
             running.discard(task)
@@ -138,9 +159,14 @@ class StreamInfer:
             try:
                 async for request in requests:
                     await slots.acquire()  # at the bound: read nothing more until a request finishes (back-pressure)
-                    task = asyncio.ensure_future(self._answer(request, context, queue))
+                    sequence = _sequence_of(request)
+                    before = last_of.get(sequence) if sequence is not None else None
+                    task = asyncio.ensure_future(self._answer(request, context, queue, before))
                     running.add(task)
                     task.add_done_callback(finished)
+                    if sequence is not None:
+                        last_of[sequence] = task
+                        task.add_done_callback(functools.partial(_forget, last_of, sequence))
             except Exception as exc:  # noqa: BLE001 - the stream is unreadable (a message that does not parse): its
                 # status says so, as a unary call's would; the requests still running end with it
                 message = f"Reading the request stream failed: {type(exc).__name__}: {exc}"
@@ -153,8 +179,17 @@ class StreamInfer:
             for task in list(running):
                 task.cancel()
 
-    async def _answer(self, request: Any, context: grpc.aio.ServicerContext, queue: asyncio.Queue[Any]) -> None:
-        """Put one request's responses on the stream's queue (waiting while it is full), or its error."""
+    async def _answer(
+        self,
+        request: Any,
+        context: grpc.aio.ServicerContext,
+        queue: asyncio.Queue[Any],
+        before: asyncio.Task[None] | None,
+    ) -> None:
+        """Put one request's responses on the stream's queue (waiting while it is full), or its error; ``before``:
+        the request of the same sequence sent before this one, which runs first."""
+        if before is not None:
+            await asyncio.wait([before])  # its outcome is its own to answer: this one only waits its turn
         try:
             async with contextlib.aclosing(self._responses(request, context)) as responses:
                 async for response in responses:
@@ -168,16 +203,26 @@ class StreamInfer:
     async def _responses(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncGenerator[Any, None]:
         dataplane = self.dataplane
         parameters = v2_grpc.parameter_values(request.parameters)
+        sequence = sequence_request(parameters) if parameters else None
+        router = self.router
+        owner = router.owner(sequence.id) if sequence is not None and router is not None else None
+        if router is not None and owner is not None:  # another worker holds this sequence: it answers (once)
+            response = await router.infer(owner, request, time_remaining(context))
+            response.parameters[FINAL].bool_param = True
+            yield response
+            return
         spec = await self._spec(request, context)
         with await dataplane.admit(spec, "predict", self.protocol, time_remaining(context)) as call:
-            inputs = v2_grpc.decode_inputs(request)
-            requested = v2_grpc.requested_outputs(request)
+            memory = self.memory(context)
+            inputs = v2_grpc.decode_inputs(request, memory)
+            requested = v2_grpc.requested_outputs(request, memory)
+            shared = v2_grpc.output_regions(request)
             version = str(call.version)
             answers = run_request(dataplane, call, inputs, requested, time_remaining(context), parameters)
             async with contextlib.aclosing(answers) as outputs_of:
                 async for outputs in outputs_of:
                     response = v2_grpc.infer_response(
-                        call.model, version, request.id, outputs, requested or list(outputs)
+                        call.model, version, request.id, outputs, requested or list(outputs), shared, memory
                     )
                     # A model that is not decoupled answers once: that answer is its request's last.
                     response.parameters[FINAL].bool_param = not call.servable.decoupled
@@ -193,6 +238,24 @@ class StreamInfer:
         except ServingError as exc:
             self.dataplane.refused(request.model_name, "predict", self.protocol, exc)
             raise
+
+
+def _sequence_of(request: Any) -> SequenceId | None:
+    """The sequence a stream's request continues, to keep its requests in order; None for none, or for parameters
+    that do not parse (the request's own answer says what is wrong with them)."""
+    if "sequence_id" not in request.parameters:
+        return None
+    try:
+        sequence = sequence_request(v2_grpc.parameter_values(request.parameters))
+    except ServingError:
+        return None
+    return sequence.id if sequence is not None else None
+
+
+def _forget(last_of: dict[SequenceId, asyncio.Task[None]], sequence: SequenceId, done: asyncio.Task[None]) -> None:
+    """Drop a sequence's entry once its latest request finished, so a long stream keeps no finished tasks."""
+    if last_of.get(sequence) is done:  # no later request of the sequence came meanwhile
+        del last_of[sequence]
 
 
 def _error(request: Any, message: str) -> Any:

@@ -464,7 +464,8 @@ class QueryPanel(_Part):
 
 # --------------------------------------------------------------------------------------------- chart
 class LiveChart(_Part):
-    """p50/p95/p99 latency, requests/s and mean batch size over time, one colour per model version.
+    """p50/p95/p99 latency, requests/s and mean batch size over time, one colour per model version; and, when the
+    server has the response cache on, each version's cache hit rate since the start.
 
     Fed by the server's stats stream a few times a second; keeps the last ``window_seconds``; redraws at most
     every ``min_redraw_seconds`` in one ``batch_update``. It keeps updating while the kernel is idle or a cell
@@ -487,17 +488,24 @@ class LiveChart(_Part):
         self._lock = threading.Lock()
         self._dirty = False
         self.snapshots = 0
+        #: Whether the figure has the cache row: asked once, as the server's cache is set when it starts.
+        self.cache_row = _has_response_cache(self.client)
+        titles = ["latency (ms): p50 ─  p95 ┄  p99 ·", "requests / s", "mean batch size"]
+        if self.cache_row:
+            titles.append("response cache hit rate (%)")
         figure = make_subplots(
-            rows=3,
-            cols=1,
-            shared_xaxes=True,
-            vertical_spacing=0.06,
-            subplot_titles=("latency (ms): p50 ─  p95 ┄  p99 ·", "requests / s", "mean batch size"),
+            rows=len(titles), cols=1, shared_xaxes=True, vertical_spacing=0.06, subplot_titles=titles
         )
         import plotly.graph_objects as go
 
         self.figure = go.FigureWidget(figure)
-        self.figure.update_layout(height=520, margin={"l": 50, "r": 20, "t": 40, "b": 30}, legend={"orientation": "h"})
+        self.figure.update_layout(
+            height=520 + 160 * (len(titles) - 3),  # a row more, not the same height shared by more rows
+            margin={"l": 50, "r": 20, "t": 40, "b": 30},
+            legend={"orientation": "h"},
+        )
+        if self.cache_row:
+            self.figure.update_yaxes(range=[0, 100], row=4, col=1)  # a share: a fixed scale reads at a glance
         self._traces: dict[tuple[str, str], dict[str, int]] = {}
         self._redraws: _Newest[None] = _Newest(lambda _: self._draw())
         self.widget = self.figure
@@ -538,7 +546,7 @@ class LiveChart(_Part):
                     if series is None:
                         series = self._series[(model, version)] = {
                             k: collections.deque(maxlen=self._points)
-                            for k in ("t", "p50", "p95", "p99", "rps", "batch")
+                            for k in ("t", "p50", "p95", "p99", "rps", "batch", "cache")
                         }
                     series["t"].append(stamp * 1000)
                     series["p50"].append(entry["p50_ms"])
@@ -546,6 +554,8 @@ class LiveChart(_Part):
                     series["p99"].append(entry["p99_ms"])
                     series["rps"].append(entry["requests_per_second"])
                     series["batch"].append(entry["mean_batch_size"])
+                    rate = entry.get("cache_hit_rate")  # only for a version with the cache on, once looked up
+                    series["cache"].append(None if rate is None else round(rate * 100, 2))
             self._dirty = True
 
     def _redraw_loop(self) -> None:
@@ -577,13 +587,16 @@ class LiveChart(_Part):
         colour = _PALETTE[len(self._traces) % len(_PALETTE)]
         label = f"{key[0]} v{key[1]}"
         traces = {}
-        for name, row, dash, legend in (
+        rows = [
             ("p50", 1, "solid", True),
             ("p95", 1, "dash", False),
             ("p99", 1, "dot", False),
             ("rps", 2, "solid", False),
             ("batch", 3, "solid", False),
-        ):
+        ]
+        if self.cache_row:
+            rows.append(("cache", 4, "solid", False))
+        for name, row, dash, legend in rows:
             self.figure.add_scatter(
                 x=[],
                 y=[],
@@ -604,6 +617,16 @@ class LiveChart(_Part):
         with self._lock:
             series = self._series.get((model, str(version)))
             return len(series["t"]) if series else 0
+
+
+def _has_response_cache(client: Client) -> bool:
+    """Whether the server has Triton's response cache on (its health answer describes it only then). A server
+    without workbench's health endpoint (TF Serving) or out of reach gets the chart without the cache row."""
+    try:
+        health = client.health()
+    except (ServingError, requests.RequestException):
+        return False
+    return isinstance(health, dict) and "response_cache" in health
 
 
 # ---------------------------------------------------------------------------------------------- load

@@ -85,7 +85,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from workbench.engine.sequences import Controls, SequenceSettings, Strategy
-from workbench.engine.servable import Servable
+from workbench.engine.servable import Servable, streams_only
 from workbench.errors import Code, ServingError
 from workbench.platforms import LoadPolicy
 from workbench.platforms._user_code import (
@@ -234,12 +234,8 @@ class PythonServable(Servable):
     def run(
         self, signature: Signature, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]
     ) -> dict[str, np.ndarray]:
-        if self.decoupled:  # the dataplane streams a decoupled model; this is the backstop for any other caller
-            raise ServingError(
-                Code.UNIMPLEMENTED,
-                f"{self._label} is decoupled (it answers 0..n responses per request): stream it with gRPC "
-                "ModelStreamInfer or REST /generate_stream",
-            )
+        if self.decoupled:
+            raise streams_only(self._label)
         method_name = self._methods[signature.name]
         method: Callable[[dict[str, np.ndarray]], Any] = getattr(self._model, method_name)
         who = f"{self._label}.{method_name}"

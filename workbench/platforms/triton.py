@@ -6,7 +6,9 @@ platform for it. What clients see is the config: the signature's tensors are its
 data types and dims (a batch dimension first when ``max_batch_size`` > 0), each input reshaped to ``reshape``
 before the model sees it and each output reshaped back to its dims, and at most ``instance_group``'s count of runs
 at once. Inputs are checked against their declared shapes before running, as Triton does. A config without
-inputs or outputs is completed from an ONNX or TensorFlow model, as Triton's auto-complete does.
+inputs or outputs is completed from an ONNX or TensorFlow model, as Triton's auto-complete does. Decoupled models and
+sequence batching are the Python backend's (:mod:`workbench.platforms.triton_python`); the config refuses them for
+the others.
 """
 
 from __future__ import annotations
@@ -49,8 +51,6 @@ def load(name: str, version: int, path: str, policy: LoadPolicy, platform: str =
             f'Model {name}: model_platform "{platform}" contradicts {config.file}, which serves it with '
             f"{config.platform}; leave model_platform out",
         )
-    if config.decoupled:
-        raise ServingError(Code.UNIMPLEMENTED, f"{config.file}: decoupled models are not supported by workbench")
     if config.platform == PYTHON:
         from workbench.platforms import triton_python
 

@@ -1,15 +1,19 @@
 """``triton_python_backend_utils`` for Triton Python models served by workbench (``import ... as pb_utils``).
 
 The part of Triton's module that a ``model.py`` written for Triton's Python backend uses: tensors, requests and
-responses, errors, and the config helpers. It is importable under Triton's name only while a Triton Python model
-is loaded (:func:`workbench.platforms.triton_python.load` puts it into ``sys.modules``), so nothing else in the
-process sees a module by that name. Tensors live in this process as numpy arrays (strings as object arrays of
-``bytes``, as Triton gives them); there is no DLPack, BLS or decoupled sending here.
+responses, errors, the config helpers, and a decoupled model's response sender (``request.get_response_sender()``,
+``InferenceResponseSender.send``, ``TRITONSERVER_RESPONSE_COMPLETE_FINAL``). It is importable under Triton's name
+only while a Triton Python model is loaded (:func:`workbench.platforms.triton_python.load` puts it into
+``sys.modules``), so nothing else in the process sees a module by that name. Tensors live in this process as numpy
+arrays (strings as object arrays of ``bytes``, as Triton gives them); there is no DLPack or BLS here.
 """
 
 from __future__ import annotations
 
+import collections
 import json
+import threading
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -18,6 +22,9 @@ import numpy as np
 from workbench.engine.triton_config import DATA_TYPES
 
 MODULE_NAME = "triton_python_backend_utils"
+
+# InferenceResponseSender.send's flags: this response (or, alone, this call) is the request's last.
+TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 
 
 class TritonModelException(Exception):  # noqa: N818 - Triton's name
@@ -69,7 +76,8 @@ class Tensor:
 
 
 class InferenceRequest:
-    """One client request as ``execute`` gets it."""
+    """One client request as ``execute`` gets it; ``correlation_id`` is its sequence's id (a sequence model's),
+    ``response_sender`` where a decoupled model sends its responses."""
 
     def __init__(
         self,
@@ -79,12 +87,16 @@ class InferenceRequest:
         model_version: int = -1,
         request_id: str = "",
         parameters: Mapping[str, Any] | None = None,
+        correlation_id: int | str = 0,
+        response_sender: InferenceResponseSender | None = None,
     ) -> None:
         self._inputs = list(inputs)
         self._outputs = list(requested_output_names)
         self._model_name, self._model_version = model_name, model_version
         self._request_id = request_id
         self._parameters = dict(parameters or {})
+        self._correlation_id = correlation_id
+        self._sender = response_sender
 
     def inputs(self) -> list[Tensor]:
         return list(self._inputs)
@@ -99,8 +111,10 @@ class InferenceRequest:
     def request_id(self) -> str:
         return self._request_id
 
-    def correlation_id(self) -> int:
-        return 0
+    def correlation_id(self) -> int | str:
+        """The id of the sequence the request belongs to, as the client sent it (a number or a string); 0 for a
+        model without sequence batching."""
+        return self._correlation_id
 
     def model_name(self) -> str:
         return self._model_name
@@ -108,8 +122,18 @@ class InferenceRequest:
     def model_version(self) -> int:
         return self._model_version
 
+    def get_response_sender(self) -> InferenceResponseSender:
+        """Where a decoupled model sends this request's responses (the same sender every call)."""
+        if self._sender is None:
+            raise TritonModelException(
+                "get_response_sender() is for decoupled models (model_transaction_policy { decoupled: true }); "
+                "this model answers each request with the response execute returns for it"
+            )
+        return self._sender
+
     def is_cancelled(self) -> bool:
-        return False
+        """Whether the request is over before its final response: its client left or its deadline passed."""
+        return self._sender is not None and self._sender.is_cancelled()
 
 
 class InferenceResponse:
@@ -147,6 +171,11 @@ def get_output_config_by_name(model_config: Mapping[str, Any], name: str) -> dic
     return next((dict(t) for t in model_config.get("output", []) if t.get("name") == name), None)
 
 
+def using_decoupled_model_transaction_policy(model_config: Mapping[str, Any]) -> bool:
+    """Whether the config (the JSON ``initialize`` got, loaded) makes the model decoupled."""
+    return bool(model_config.get("model_transaction_policy", {}).get("decoupled", False))
+
+
 def triton_string_to_numpy(triton_type_string: str) -> type:
     """``"TYPE_FP32"`` → ``numpy.float32`` (``TYPE_STRING`` → ``numpy.object_``)."""
     try:
@@ -160,3 +189,108 @@ def numpy_to_triton_type(dtype: Any) -> str | None:
     if wanted.kind in "SU":
         wanted = np.dtype(object)
     return next((name for name, known in DATA_TYPES.items() if known == wanted), None)
+
+
+# ------------------------------------------------------------------------------------------ decoupled models
+class ResponseQueue:
+    """One decoupled request's responses on their way from the model's ``send`` to the client (workbench's side).
+
+    Bounded: ``put`` blocks while ``bound`` responses wait, so a model is held back by a slow client rather than
+    filling memory. The request is over once the final flag was sent, the run failed (:meth:`fail`), or the client
+    left (:meth:`cancel`); a send after that raises, and one blocked in ``put`` is woken to raise.
+    """
+
+    def __init__(self, bound: int) -> None:
+        self._items: collections.deque[tuple[InferenceResponse | None, bool]] = collections.deque()
+        self._bound = max(1, bound)
+        self._changed = threading.Condition()
+        self._final = False  # the final flag was sent: nothing may follow
+        self._cancelled = False  # the client left, or the run ended early
+        self._failure: BaseException | None = None  # the run's error, raised after what was sent before it
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    def put(self, response: InferenceResponse | None, final: bool) -> None:
+        """Queue a response (None: the final flag alone), waiting while the queue is full."""
+        with self._changed:
+            while len(self._items) >= self._bound and not self._over():
+                self._changed.wait()
+            if self._cancelled:
+                raise TritonModelException("Unable to send the response: the request was cancelled")
+            if self._over():
+                raise TritonModelException(
+                    "Unable to send the response: the request is over (its final response was sent, or its run failed)"
+                )
+            self._items.append((response, final))
+            self._final = final
+            self._changed.notify_all()
+
+    def take(self) -> tuple[InferenceResponse | None, bool]:
+        """The next response and whether it is the last (``(None, True)``: the final flag alone, or the request was
+        cancelled), waiting for the model; the run's failure is raised once what came before it was taken."""
+        with self._changed:
+            while not self._items and self._failure is None and not self._cancelled:
+                self._changed.wait()
+            if self._items:
+                item = self._items.popleft()
+                self._changed.notify_all()
+                return item
+            if self._failure is not None and not self._cancelled:
+                failure, self._failure = self._failure, None
+                self._cancelled = True
+                raise failure
+            return None, True
+
+    def fail(self, error: BaseException) -> None:
+        """End the request with ``error`` after what was already sent; nothing once it is over."""
+        with self._changed:
+            if not self._over():
+                self._failure = error
+                self._changed.notify_all()
+
+    def cancel(self) -> None:
+        """The request is over (the client left): what waits is dropped, and every send from now on raises."""
+        with self._changed:
+            self._cancelled = True
+            self._items.clear()
+            self._changed.notify_all()
+
+    def _over(self) -> bool:
+        return self._final or self._cancelled or self._failure is not None
+
+
+class InferenceResponseSender:
+    """Where a decoupled model sends one request's responses (``request.get_response_sender()``).
+
+    ``send`` 0..n responses, then once with ``flags=TRITONSERVER_RESPONSE_COMPLETE_FINAL`` (with a last response, or
+    alone), from ``execute`` or from a thread of the model's own after ``execute`` returned. ``send`` waits while the
+    client has not taken the responses before it (a bounded queue), and raises :class:`TritonModelException` once
+    the request is over: its final flag was sent, or it was cancelled (the client left, its deadline passed, an
+    earlier response carried an error), which :meth:`is_cancelled` then says.
+    """
+
+    def __init__(self, responses: ResponseQueue) -> None:
+        self._responses = responses
+
+    def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
+        if response is not None and not isinstance(response, InferenceResponse):
+            raise TritonModelException(f"send() takes a pb_utils.InferenceResponse, not {type(response).__name__}")
+        if flags not in (0, TRITONSERVER_RESPONSE_COMPLETE_FINAL):
+            raise TritonModelException(f"send() flags must be 0 or TRITONSERVER_RESPONSE_COMPLETE_FINAL, not {flags!r}")
+        final = flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        if response is None and not final:
+            raise TritonModelException("send() needs a response, unless flags is TRITONSERVER_RESPONSE_COMPLETE_FINAL")
+        self._responses.put(response, final)
+
+    def is_cancelled(self) -> bool:
+        return self._responses.cancelled
+
+
+def response_sender(responses: ResponseQueue, on_dropped: Any) -> InferenceResponseSender:
+    """A sender for ``responses``; ``on_dropped()`` runs once the model lets go of it (nothing references it any
+    more), so that a request whose model will never send its final flag ends instead of waiting forever."""
+    sender = InferenceResponseSender(responses)
+    weakref.finalize(sender, on_dropped).atexit = False
+    return sender

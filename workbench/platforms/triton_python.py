@@ -6,7 +6,23 @@ share this one), created once and given ``initialize(args)`` with Triton's argum
 ``model_version``, ``model_name``). An instance runs one ``execute(requests)`` at a time, so the instance count is
 the model's concurrency. Requests the batcher grouped (``dynamic_batching``) arrive as that many requests, each with
 its own batch, never merged or padded, and each gets its own response back: a response with an ``error`` answers
-its request alone with 400 / INVALID_ARGUMENT (or the code the ``TritonError`` gives). ``finalize()`` runs on unload.
+its request alone with 400 / INVALID_ARGUMENT (or the code the ``TritonError`` gives). ``finalize()`` runs on unload,
+once the ``execute`` calls under way have returned.
+
+A **decoupled** model (``model_transaction_policy { decoupled: true }``) answers a request with 0..n responses, as in
+Triton: ``execute([request])`` (each request alone, never batched) returns None, and the model sends the responses
+through ``request.get_response_sender()``, then ``TRITONSERVER_RESPONSE_COMPLETE_FINAL``, from ``execute`` or from
+threads of its own after it returned. ``execute`` runs on a thread of its own holding an instance (only while it
+runs, as in Triton), while the dataplane takes the responses one at a time, as the client reads them
+(:meth:`TritonPythonServable.run_decoupled`): ``send`` blocks while :data:`MAX_PENDING_RESPONSES` wait, and raises
+once the request is over (client gone, deadline passed), when ``is_cancelled()`` says so. A response carrying an
+error ends the request with it; so does ``execute`` raising, after what it sent before. Such a model is served over
+streams only (gRPC ``ModelStreamInfer``, REST ``/generate_stream``), as workbench's own decoupled models are.
+
+A model with **sequence_batching** runs through workbench's sequence batcher (:mod:`workbench.engine.sequences`)
+with the config's strategy and idle time: each request of a sequence is one ``execute([request])`` with the config's
+control tensors among its inputs (``[1, 1]`` with a batch dimension, ``[1]`` without) and ``request.correlation_id()``
+its sequence's id; the model keeps each sequence's state itself, keyed by that id, as Triton's Python examples do.
 
 ``model.py`` is repository code: it loads only when the server allows Python models (``--allow_python_models``),
 imported under a module name of its own per load; ``import triton_python_backend_utils as pb_utils`` finds
@@ -15,11 +31,13 @@ imported under a module name of its own per load; ``import triton_python_backend
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import queue
 import sys
 import threading
+import time
 import types
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -28,7 +46,8 @@ from typing import Any
 
 import numpy as np
 
-from workbench.engine.servable import PerRequestServable
+from workbench.engine.sequences import Controls
+from workbench.engine.servable import PerRequestServable, streams_only
 from workbench.engine.triton_config import TritonConfig, TritonTensor, config_json
 from workbench.errors import Code, ServingError
 from workbench.platforms import LoadPolicy, triton_pb_utils
@@ -39,6 +58,10 @@ from workbench.signatures import Signature
 log = logging.getLogger(__name__)
 
 MODEL_CLASS = "TritonPythonModel"
+# A decoupled request's responses sent but not yet taken by its client: a model that sends more waits in send().
+MAX_PENDING_RESPONSES = 4
+# On unload, how long finalize() waits for execute calls still under way (a decoupled model's, told it is cancelled).
+FINALIZE_WAIT_SECONDS = 30.0
 
 # TritonError codes → workbench's; a response error without one (UNKNOWN) is the request's fault: 400.
 _ERROR_CODES = {
@@ -133,7 +156,13 @@ class TritonPythonServable(PerRequestServable):
         self._label = f"Model {name} version {version} ({MODEL_CLASS})"
         self._inputs = {t.name: t for t in config.inputs}
         self._outputs = {t.name: t for t in config.outputs}
-        self.signatures = {"serving_default": signature_of(config, config.inputs, config.outputs)}
+        signature = signature_of(config, config.inputs, config.outputs)
+        self.decoupled = config.decoupled
+        if self.decoupled:  # each request is its own execute: requests share no batch
+            signature = dataclasses.replace(signature, batchable=False)
+        self.signatures = {"serving_default": signature}
+        if config.sequence_batching is not None:
+            self.sequence = config.sequence_batching.settings
         self.model_config = config_json(config, name)
         self._all = list(instances)
         # Free instances: a run takes one (waiting while all are busy) and gives it back.
@@ -149,6 +178,48 @@ class TritonPythonServable(PerRequestServable):
         finally:
             self._free.put(instance)
 
+    # ------------------------------------------------------------------------------------ requests
+    def _request(
+        self,
+        signature: Signature,
+        feed: Mapping[str, np.ndarray],
+        outputs: Sequence[str],
+        controls: Controls | None = None,
+        sender: triton_pb_utils.InferenceResponseSender | None = None,
+    ) -> triton_pb_utils.InferenceRequest:
+        """The request ``execute`` gets: the feed as the model takes it, a sequence's control tensors, a sender."""
+        inputs = model_inputs(self._config, signature, self._inputs, feed)
+        tensors = [triton_pb_utils.Tensor(alias, value) for alias, value in inputs.items()]
+        correlation_id: int | str = 0
+        if controls is not None and self._config.sequence_batching is not None:
+            shape = (batch_rows(feed, self._config) or 1, 1) if self._config.batched else (1,)
+            for control in self._config.sequence_batching.controls:
+                value = control.value(controls)
+                tensors.append(triton_pb_utils.Tensor(control.name, np.broadcast_to(value, shape).copy()))
+            correlation_id = controls.correlation_id
+        return triton_pb_utils.InferenceRequest(
+            tensors, outputs, self.name, self.version, correlation_id=correlation_id, response_sender=sender
+        )
+
+    def _execute(self, requests: list[triton_pb_utils.InferenceRequest]) -> Sequence[Any]:
+        """``execute(requests)`` on a free instance: one response per request."""
+        who = f"{self._label}.execute"
+        with self._instance() as instance:
+            responses = call_user(instance.execute, who, requests)
+        if not isinstance(responses, (list, tuple)) or len(responses) != len(requests):
+            got = f"{len(responses)} responses" if isinstance(responses, (list, tuple)) else repr(responses)
+            raise ServingError(
+                Code.INTERNAL, f"{who} returned {got} for {len(requests)} requests: it must return one per request"
+            )
+        return responses
+
+    def run(
+        self, signature: Signature, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]
+    ) -> dict[str, np.ndarray]:
+        if self.decoupled:
+            raise streams_only(self._label)
+        return super().run(signature, inputs, outputs)
+
     def run_requests(
         self, signature: Signature, feeds: Sequence[Mapping[str, np.ndarray]], outputs: Sequence[str]
     ) -> list[dict[str, np.ndarray] | ServingError]:
@@ -157,26 +228,93 @@ class TritonPythonServable(PerRequestServable):
         asked: list[int] = []  # which feed each request is
         for index, feed in enumerate(feeds):
             try:
-                inputs = model_inputs(self._config, signature, self._inputs, feed)
+                requests.append(self._request(signature, feed, outputs))
             except ServingError as exc:  # this request's inputs are wrong; the others still run
                 answers[index] = exc
                 continue
-            tensors = [triton_pb_utils.Tensor(alias, value) for alias, value in inputs.items()]
-            requests.append(triton_pb_utils.InferenceRequest(tensors, outputs, self.name, self.version))
             asked.append(index)
         if requests:
             who = f"{self._label}.execute"
-            with self._instance() as instance:
-                responses = call_user(instance.execute, who, requests)
-            if not isinstance(responses, (list, tuple)) or len(responses) != len(requests):
-                got = f"{len(responses)} responses" if isinstance(responses, (list, tuple)) else repr(responses)
-                raise ServingError(
-                    Code.INTERNAL, f"{who} returned {got} for {len(requests)} requests: it must return one per request"
-                )
+            responses = self._execute(requests)
             for index, response in zip(asked, responses, strict=True):
                 answers[index] = self._answer(response, feeds[index], outputs, who)
         return [a for a in answers if a is not None]
 
+    def run_step(
+        self,
+        signature: Signature,
+        inputs: Mapping[str, np.ndarray],
+        outputs: Sequence[str],
+        state: Any,
+        controls: Controls,
+    ) -> tuple[dict[str, np.ndarray], Any]:
+        """One request of a sequence: ``execute([request])`` with the control tensors and the sequence's id. The model
+        keeps the sequence's state itself (keyed by ``correlation_id()``), so the batcher keeps none."""
+        (response,) = self._execute([self._request(signature, inputs, outputs, controls)])
+        answer = self._answer(response, inputs, outputs, f"{self._label}.execute")
+        if isinstance(answer, ServingError):
+            raise answer
+        return answer, None
+
+    def run_decoupled(
+        self, signature: Signature, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]
+    ) -> Iterator[dict[str, np.ndarray]]:
+        """A decoupled request's responses, each converted as ``execute``'s answers are (see the module's doc)."""
+        return _DecoupledRun(self, signature, inputs, outputs)
+
+    def _start_decoupled(
+        self,
+        signature: Signature,
+        feed: Mapping[str, np.ndarray],
+        outputs: Sequence[str],
+        responses: triton_pb_utils.ResponseQueue,
+    ) -> None:
+        """Run ``execute`` for a decoupled request on a thread of its own; its responses go to ``responses``."""
+        who = f"{self._label}.execute"
+
+        def dropped() -> None:  # nothing holds the sender any more: no final flag can come
+            responses.fail(
+                ServingError(
+                    Code.INTERNAL,
+                    f"{who} let go of the request's response sender without sending "
+                    "TRITONSERVER_RESPONSE_COMPLETE_FINAL",
+                )
+            )
+
+        sender = triton_pb_utils.response_sender(responses, dropped)
+        request = self._request(signature, feed, outputs, sender=sender)
+        del sender  # the request holds it: once the model lets go of both, the request ends
+        thread = threading.Thread(target=self._execute_decoupled, args=([request], responses), name=who, daemon=True)
+        del request
+        thread.start()
+
+    def _execute_decoupled(
+        self, requests: list[triton_pb_utils.InferenceRequest], responses: triton_pb_utils.ResponseQueue
+    ) -> None:
+        who = f"{self._label}.execute"
+        failure: ServingError | None = ServingError(Code.INTERNAL, f"{who} did not return")
+        try:
+            with self._instance() as instance:
+                if responses.cancelled:  # the client left while the request waited for an instance
+                    return
+                returned = call_user(instance.execute, who, list(requests))  # the model may keep its list
+            failure = None
+            if returned is not None:
+                failure = ServingError(
+                    Code.INTERNAL,
+                    f"{who} returned {type(returned).__name__}: a decoupled model's execute returns None and sends "
+                    "its responses with request.get_response_sender()",
+                )
+        except ServingError as exc:
+            failure = exc
+        finally:
+            if failure is not None:
+                responses.fail(failure)
+            # The model's own threads may still hold the request; this thread lets go of it (after saying why the
+            # request failed, if it did: letting go may be what ends it).
+            requests.clear()
+
+    # ------------------------------------------------------------------------------------- answers
     def _answer(
         self, response: Any, feed: Mapping[str, np.ndarray], outputs: Sequence[str], who: str
     ) -> dict[str, np.ndarray] | ServingError:
@@ -214,7 +352,77 @@ class TritonPythonServable(PerRequestServable):
 
     def close(self) -> None:
         try:
+            self._wait_for_executes()
             _finalize(self._all, self._label)
         finally:
             forget_module(self._module)
             _release_pb_utils()
+
+    def _wait_for_executes(self) -> None:
+        """Take every instance back before finalize: an ``execute`` still runs where a decoupled request's client left
+        (it was told: its sends raise, ``is_cancelled()`` is true). A model that never returns is finalized anyway."""
+        deadline = time.monotonic() + FINALIZE_WAIT_SECONDS
+        for taken in range(len(self._all)):
+            try:
+                self._free.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                log.warning(
+                    "%s: %d execute calls still run after %gs; finalizing anyway",
+                    self._label,
+                    len(self._all) - taken,
+                    FINALIZE_WAIT_SECONDS,
+                )
+                return
+
+
+class _DecoupledRun:
+    """One decoupled request as the dataplane iterates it: ``execute`` starts on the first ``next`` (on a worker
+    thread; creating this on the event loop does nothing), and each ``next`` waits for the model's next response.
+
+    ``close()`` (the client left, the stream ended early) and ``cancel()`` (the same, said from the event loop while a
+    ``next`` still waits) end the request: the responses not taken are dropped, the model's sends raise from then on
+    and ``is_cancelled()`` is true. A response with an error, or ``execute`` failing, ends it the same way.
+    """
+
+    def __init__(
+        self,
+        servable: TritonPythonServable,
+        signature: Signature,
+        feed: Mapping[str, np.ndarray],
+        outputs: Sequence[str],
+    ) -> None:
+        self._servable = servable
+        self._signature, self._feed, self._outputs = signature, feed, outputs
+        self._responses = triton_pb_utils.ResponseQueue(MAX_PENDING_RESPONSES)
+        self._started = False
+        self._over = False
+
+    def __iter__(self) -> _DecoupledRun:
+        return self
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        if self._over or self._responses.cancelled:
+            raise StopIteration
+        if not self._started:
+            self._started = True
+            self._servable._start_decoupled(self._signature, self._feed, self._outputs, self._responses)
+        try:
+            response, final = self._responses.take()
+        except BaseException:
+            self._over = True
+            raise
+        self._over = final
+        if response is None:  # the final flag alone (or cancelled while waiting)
+            raise StopIteration
+        answer = self._servable._answer(response, self._feed, self._outputs, f"{self._servable._label}.execute")
+        if isinstance(answer, ServingError):  # the request ends with its error: the model hears so on its next send
+            self.cancel()
+            raise answer
+        return answer
+
+    def cancel(self) -> None:
+        self._over = True
+        self._responses.cancel()
+
+    def close(self) -> None:
+        self.cancel()

@@ -27,6 +27,8 @@ EXTENSIONS = (
     "binary_tensor_data",
     "model_configuration",
     "model_repository",
+    "model_repository(unload_dependents)",
+    "sequence",  # the sequence batcher, for stateful models: engine/sequences.py
     "statistics",
     "system_shared_memory",  # and CUDA's answers, without CUDA: frontends/v2_shared_memory.py
 )
@@ -162,6 +164,8 @@ class ModelStatistics:
     fail: Duration = Duration()
     queue: Duration = Duration()
     compute_infer: Duration = Duration()
+    cache_hit: Duration = Duration()
+    cache_miss: Duration = Duration()
     batches: Mapping[int, Duration] = dataclasses.field(default_factory=dict)
 
 
@@ -181,8 +185,8 @@ def _statistics_json(row: ModelStatistics) -> dict[str, Any]:
             "compute_input": empty,
             "compute_infer": row.compute_infer.as_json(),
             "compute_output": empty,
-            "cache_hit": empty,
-            "cache_miss": empty,
+            "cache_hit": row.cache_hit.as_json(),
+            "cache_miss": row.cache_miss.as_json(),
         },
         "batch_stats": [
             {"batch_size": size, "compute_input": empty, "compute_infer": runs.as_json(), "compute_output": empty}

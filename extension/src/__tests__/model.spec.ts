@@ -1,7 +1,9 @@
 import {
   buildView,
+  cacheCounts,
   describeAction,
   errorMessage,
+  formatCache,
   formatMs,
   formatRate,
   HISTORY_POINTS,
@@ -83,6 +85,23 @@ describe('modelRate', () => {
     expect(modelRate({ '1': entry({ p99_ms: null }), '': entry({ p99_ms: null }) }).p99).toBeNull();
     expect(modelRate({ '1': entry({ p99_ms: null }), '2': entry({ p99_ms: 0 }) }).p99).toBe(0);
     expect(modelRate({ '2': entry({ p99_ms: 0 }), '1': entry({ p99_ms: null }) }).p99).toBe(0);
+  });
+});
+
+describe('cacheCounts', () => {
+  it('is null without entries, and for entries without cache fields (the cache is off for the model)', () => {
+    expect(cacheCounts(undefined)).toBeNull();
+    expect(cacheCounts({})).toBeNull();
+    expect(cacheCounts(mnistSnapshot(100).models.mnist)).toBeNull();
+  });
+
+  it("sums hits and misses over the versions that have them, not the versions' rates", () => {
+    const entries = {
+      '1': entry({ cache_hits: 1, cache_misses: 9, cache_hit_rate: 0.1 }),
+      '2': entry({ cache_hits: 86, cache_misses: 4, cache_hit_rate: 0.9556 }),
+      '': entry({ total_errors: 2 }) // requests no version took: never looked up
+    };
+    expect(cacheCounts(entries)).toEqual({ hits: 87, misses: 13 });
   });
 });
 
@@ -420,6 +439,22 @@ describe('buildView: models', () => {
       [2, 90],
       [1, null]
     ]);
+  });
+
+  it("shows the response cache's counts of the latest snapshot, only for a model whose versions have them", () => {
+    const history = new StatsHistory();
+    history.record(LOCAL, snapshot(1000, { mnist: { '2': entry({ cache_hits: 1, cache_misses: 3 }) } }));
+    const latest = mnistSnapshot(1001);
+    latest.models.mnist['2'] = { ...latest.models.mnist['2'], cache_hits: 61, cache_misses: 9, cache_hit_rate: 0.8714 };
+    latest.models.mnist['3'] = { ...latest.models.mnist['3'], cache_hits: 26, cache_misses: 4, cache_hit_rate: 0.8667 };
+    history.record(LOCAL, { ...latest, models: { ...latest.models, resnet: { '7': entry() } } });
+    const servers = view(listing().servers, history);
+    const mnistView = modelOf(servers, 'mnist');
+    expect(mnistView.cache).toEqual({ hits: 87, misses: 13 });
+    expect(formatCache(mnistView.cache!)).toBe('cache 87% hits');
+    expect(modelOf(servers, 'resnet').cache).toBeNull(); // stats, but no cache
+    expect(modelOf(servers, FRAUD).cache).toBeNull(); // no stats at all
+    expect(modelOf(view(), 'mnist').cache).toBeNull(); // before any statistics
   });
 
   it('keeps rows in the order the server sends them (newest first)', () => {
@@ -774,6 +809,15 @@ describe('percent', () => {
     expect(percent(0.0996)).toBe('10%');
     const model: IModelInfo = { ...mnist(), canary: { version: 3, weight: 0.07 } };
     expect(viewModel(model).routing).toBe('stable v2 · canary v3 at 7%');
+  });
+});
+
+describe('formatCache', () => {
+  it("gives the share of lookups answered from the cache, as percent() draws shares", () => {
+    expect(formatCache({ hits: 87, misses: 13 })).toBe('cache 87% hits');
+    expect(formatCache({ hits: 0, misses: 5 })).toBe('cache 0% hits');
+    expect(formatCache({ hits: 5, misses: 0 })).toBe('cache 100% hits');
+    expect(formatCache({ hits: 3, misses: 37 })).toBe('cache 7.5% hits');
   });
 });
 
