@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 import statistics
 import sys
 import threading
@@ -316,6 +317,28 @@ def test_start_may_allow_python_models(ip: InteractiveShell, served: SimpleNames
         serve(ip, "stop py")
     assert magics.parse_arguments("start", ["--allow_pickle"]).allow_pickle is True
     assert magics.parse_arguments("start", []).allow_python_models is False
+
+
+def test_start_may_turn_the_response_cache_on(
+    ip: InteractiveShell, served: SimpleNamespace, tmp_path: Path, model_store: Path
+) -> None:
+    for name in ("cached", "plain"):
+        shutil.copytree(model_store / "hp2_tf2", tmp_path / name / "1")  # y = x / 2 + 2
+    line = f"start --name cache --repo {tmp_path} --response_cache_bytes 1048576 --response_cache_models cached"
+    handle = serve(ip, line)
+    try:
+        assert {"--response_cache_bytes=1048576", "--response_cache_models=cached"} <= set(handle.command())
+        for model in ("cached", "plain"):
+            handle.wait_for_version(model, 1)
+            for _ in range(2):  # the same request twice: the second is the cache's, for the model that opted in
+                assert serve(ip, f"predict {model} [1.0] --server cache")["y"].tolist() == [2.5]
+        stats = handle.client.stats()["models"]
+        assert (stats["cached"]["1"]["cache_hits"], stats["cached"]["1"]["cache_misses"]) == (1, 1)
+        assert "cache_hits" not in stats["plain"]["1"]
+    finally:
+        serve(ip, "stop cache")
+    assert magics.parse_arguments("start", []).response_cache_bytes == 0
+    assert "--response_cache_bytes" not in " ".join(ServerHandle("repo").command())
 
 
 def test_start_takes_a_number_of_workers() -> None:

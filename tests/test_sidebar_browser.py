@@ -32,7 +32,9 @@ CELLS = [
     "from workbench.demo import save_half_plus_two\n"
     "save_half_plus_two('models/half_plus_two/1')\n"
     "save_half_plus_two('models/half_plus_two/2', offset=3.0);",
-    "%load_ext workbench\nserver = %serve start --model_repository models --server_name sidebar-demo\nserver",
+    # The response cache on for the model: the load below repeats one request, so the card shows its hits.
+    "%load_ext workbench\nserver = %serve start --model_repository models --server_name sidebar-demo "
+    "--response_cache_bytes 1048576 --response_cache_models half_plus_two\nserver",
     # Version 1 is the stable one to begin with (loaded for it: the repository's policy serves the newest only).
     "%serve promote half_plus_two 1",
     # A little traffic, so that the sparklines have something to draw.
@@ -79,6 +81,9 @@ def _promote_from_the_sidebar(page, lab: str, tmp_path: Path) -> None:  # type: 
     # Traffic reaches the figures beside the sparklines (the load cell runs after the promotion).
     rate = model.locator("[data-figure='rps']")
     wait_until(lambda: rate.inner_text() not in ("", "no requests yet", "0 req/s"), timeout=60, what="traffic")
+    # The same request again and again: the response cache answers it, and the card says how often.
+    cache = model.locator("[data-figure='cache']")
+    wait_until(lambda: re.fullmatch(r"cache (9\d|100)% hits", cache.inner_text().strip()), timeout=60, what="hits")
 
     v2.locator("button[data-action='promote']").click()
     dialog = page.locator(".jp-Dialog")

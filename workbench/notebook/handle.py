@@ -95,6 +95,8 @@ class ServerHandle:
         allow_pickle: bool = False,
         allow_python_models: bool = False,
         num_workers: int | str = 1,
+        response_cache_bytes: int = 0,
+        response_cache_models: Sequence[str] = (),
         ssl_config_file: str | os.PathLike[str] | None = None,
         rest_api_ssl_cert_file: str | os.PathLike[str] | None = None,
         rest_api_ssl_key_file: str | os.PathLike[str] | None = None,
@@ -116,6 +118,9 @@ class ServerHandle:
         self.allow_pickle = allow_pickle
         self.allow_python_models = allow_python_models
         self.num_workers = num_workers  # `workbench serve --num_workers`: a number, or "auto" (one per core)
+        # Triton's response cache: its size in bytes (0: off) and the models that opt in.
+        self.response_cache_bytes = response_cache_bytes
+        self.response_cache_models = list(response_cache_models)
         # TLS: the server's flags (files resolved now: the server runs in another folder), and the CA this handle's
         # client checks the server's certificates with (None: the default trust store)
         self.tls_flags = {
@@ -165,6 +170,10 @@ class ServerHandle:
             args.append("--allow_python_models")
         if str(self.num_workers) != "1":
             args.append(f"--num_workers={self.num_workers}")
+        if self.response_cache_bytes:
+            args.append(f"--response_cache_bytes={self.response_cache_bytes}")
+        if self.response_cache_models:
+            args.append(f"--response_cache_models={','.join(self.response_cache_models)}")
         args += [f"--{flag}={path}" for flag, path in self.tls_flags.items()]
         return args + self.extra_args
 
@@ -430,6 +439,8 @@ def serve(
     allow_pickle: bool = False,
     allow_python_models: bool = False,
     num_workers: int | str = 1,
+    response_cache_bytes: int = 0,
+    response_cache_models: Sequence[str] = (),
     ssl_config_file: str | os.PathLike[str] | None = None,
     rest_api_ssl_cert_file: str | os.PathLike[str] | None = None,
     rest_api_ssl_key_file: str | os.PathLike[str] | None = None,
@@ -447,9 +458,11 @@ def serve(
     ``file_system_poll_wait_seconds``. ``allow_pickle`` (scikit-learn pickles) and ``allow_python_models``
     (``model.py``, ``handler.py``) let the server run code from the repository, off by default. ``num_workers``
     processes share the ports (``"auto"``: one per core), each with its own copy of the models; 1 by default, as
-    a notebook shares its machine with the kernel. TLS: ``ssl_config_file`` (TF Serving's SSLConfig) secures gRPC,
-    ``rest_api_ssl_cert_file`` and ``rest_api_ssl_key_file`` make REST https, and the handle's client checks the
-    server's certificate against ``ca_file`` (default: the default trust store). The server stops with the kernel.
+    a notebook shares its machine with the kernel. ``response_cache_bytes`` sizes Triton's response cache (0: off)
+    for the ``response_cache_models`` that opt in: a repeated request is answered from memory. TLS:
+    ``ssl_config_file`` (TF Serving's SSLConfig) secures gRPC, ``rest_api_ssl_cert_file`` and
+    ``rest_api_ssl_key_file`` make REST https, and the handle's client checks the server's certificate against
+    ``ca_file`` (default: the default trust store). The server stops with the kernel.
     The earlier keyword names (``repository``, ``name``, ``rest_port``, ``grpc_port``, ``batching``,
     ``batching_parameters``, ``poll_seconds``) are accepted too.
     """
@@ -464,6 +477,8 @@ def serve(
         allow_pickle=allow_pickle,
         allow_python_models=allow_python_models,
         num_workers=num_workers,
+        response_cache_bytes=response_cache_bytes,
+        response_cache_models=response_cache_models,
         ssl_config_file=ssl_config_file,
         rest_api_ssl_cert_file=rest_api_ssl_cert_file,
         rest_api_ssl_key_file=rest_api_ssl_key_file,

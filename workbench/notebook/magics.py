@@ -107,6 +107,8 @@ _SIGNATURE_OPTION = argument("--signature_name", default="", metavar="NAME", hel
 @argument("--allow_pickle", action=BoolFlag, help="load scikit-learn pickles (model.joblib, model.pkl): they run code")
 @argument("--allow_python_models", action=BoolFlag, help="load model.py and handler.py from the repository")
 @argument("--num_workers", default="1", metavar="N", help="worker processes on the same ports, or auto (default: 1)")
+@argument("--response_cache_bytes", type=int, default=0, metavar="N", help="Triton's response cache, in bytes (0: off)")
+@argument("--response_cache_models", default="", metavar="A,B", help="the models whose answers the cache keeps")
 @argument("--ssl_config_file", metavar="FILE", help="TLS on gRPC: TF Serving's SSLConfig text proto")
 @argument("--rest_api_ssl_cert_file", metavar="FILE", help="TLS on REST (https): the server's PEM certificate")
 @argument("--rest_api_ssl_key_file", metavar="FILE", help="its PEM private key (default: in the certificate's file)")
@@ -435,6 +437,8 @@ class ServeMagics(Magics):
                 allow_pickle=args.allow_pickle,
                 allow_python_models=args.allow_python_models,
                 num_workers=args.num_workers,
+                response_cache_bytes=args.response_cache_bytes,
+                response_cache_models=[m.strip() for m in args.response_cache_models.split(",") if m.strip()],
                 ssl_config_file=args.ssl_config_file,
                 rest_api_ssl_cert_file=args.rest_api_ssl_cert_file,
                 rest_api_ssl_key_file=args.rest_api_ssl_key_file,
