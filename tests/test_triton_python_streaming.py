@@ -555,7 +555,7 @@ def test_a_decoupled_triton_model_streams_over_grpc_with_its_final_flag(grpc_cli
     grpc_client.start_stream(callback=got)
     try:
         grpc_client.async_stream_infer("countdown", n_input(3), request_id="three", enable_empty_final_response=True)
-        three = got.take(4)
+        three = got.take(3)
         grpc_client.async_stream_infer("countdown", n_input(2), request_id="two", enable_empty_final_response=True)
         two = got.take(3)
         grpc_client.async_stream_infer("countdown", n_input(0), request_id="none", enable_empty_final_response=True)
@@ -566,8 +566,11 @@ def test_a_decoupled_triton_model_streams_over_grpc_with_its_final_flag(grpc_cli
     results = [result for result, _ in three]
     assert [r.as_numpy("LEFT").tolist() for r in results[:3]] == [[2], [1], [0]]  # sent from the model's thread
     assert [r.as_numpy("WORD").tolist() for r in results[:3]] == [[b"left 2"], [b"left 1"], [b"left 0"]]
-    assert [is_final(r) for r in results] == [False, False, False, True] and results[3].get_response().id == "three"
-    assert [r.as_numpy("LEFT").tolist() for r, _ in two[:2]] == [[1], [0]] and is_final(two[2][0])
+    # The last response came with the final flag: it is marked final, and no empty response follows (as in Triton).
+    assert [is_final(r) for r in results] == [False, False, True] and results[2].get_response().id == "three"
+    # Two responses, then the final flag alone: an empty final response, as the request asked.
+    assert [r.as_numpy("LEFT").tolist() for r, _ in two[:2]] == [[1], [0]] and not is_final(two[1][0])
+    assert is_final(two[2][0]) and two[2][0].get_response().outputs == []
     assert is_final(none[0]) and none[0].get_response().outputs == []  # the final flag alone: no response
 
 
@@ -580,13 +583,13 @@ def test_an_error_response_and_a_failing_execute_come_in_the_stream(grpc_client:
         grpc_client.async_stream_infer("countdown", n_input(-2), request_id="raises")
         ((_, raised),) = got.take(1)
         grpc_client.async_stream_infer("countdown", n_input(1), request_id="ok", enable_empty_final_response=True)
-        (last, error), (end, _) = got.take(2)
+        ((last, error),) = got.take(1)
     finally:
         grpc_client.stop_stream()
     assert none is None and first.as_numpy("LEFT").tolist() == [-1]  # what it sent before the error came first
     assert isinstance(failed, InferenceServerException) and "N must not be negative" in failed.message()
     assert isinstance(raised, InferenceServerException) and "execute refused N=-2" in raised.message()
-    assert error is None and last.as_numpy("LEFT").tolist() == [0] and is_final(end)
+    assert error is None and last.as_numpy("LEFT").tolist() == [0] and is_final(last)  # sent with the final flag
 
 
 def test_model_infer_and_rest_infer_refuse_a_decoupled_triton_model(grpc_client: Any, server: ServerThread) -> None:

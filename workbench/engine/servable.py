@@ -136,3 +136,8 @@ def streams_only(label: str) -> ServingError:
         f"{label} is decoupled (it answers 0..n responses per request): stream it with gRPC ModelStreamInfer or "
         "REST /generate_stream",
     )
+
+
+class FinalResponse(dict[str, np.ndarray]):
+    """A decoupled model's response that is also its request's last (Triton's response sent together with the final
+    flag): a stream marks it final instead of sending an empty final response after it."""

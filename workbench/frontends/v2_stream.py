@@ -8,13 +8,14 @@ finishes, so gRPC's flow control pushes back on the client, and responses wait f
 of work and memory, never a growing one. Responses are ``ModelStreamInferResponse`` carrying ``infer_response``
 (whose ``id`` is the request's, to match them); a request that fails gets ``error_message`` in the stream, as Triton
 sends it, and the stream goes on. Each response carries Triton's ``triton_final_response`` parameter: true on the
-last response of its request.
+last response of its request (for a decoupled model, on a response the model sent with the final flag).
 
 A **decoupled** model answers each request with 0..n responses (``Servable.run_decoupled``). As in Triton, the end of
-such a request is sent as an empty final response (``triton_final_response`` true, no outputs) when the request
-asks for it with the ``triton_enable_empty_final_response`` parameter (``tritonclient``'s
-``enable_empty_final_response=True``); without it the client is sent the responses only. ``ModelInfer`` and
-``/infer`` refuse a decoupled model in Triton's words (UNIMPLEMENTED).
+such a request, when the model sent its final flag alone, is sent as an empty final response
+(``triton_final_response`` true, no outputs) when the request asks for it with the
+``triton_enable_empty_final_response`` parameter (``tritonclient``'s ``enable_empty_final_response=True``); without it
+the client is sent the responses only. ``ModelInfer`` and ``/infer`` refuse a decoupled model in Triton's words
+(UNIMPLEMENTED).
 
 **Generate** (``POST /v2/models/{m}[/versions/{v}]/generate`` and ``…/generate_stream``, see
 :mod:`workbench.protocol.v2_generate` for the JSON): ``/generate`` answers one JSON response. Triton's documentation
@@ -51,6 +52,7 @@ from tritonclient.grpc import service_pb2
 
 from workbench.dataplane import Call, Dataplane, ModelSpec
 from workbench.engine.sequences import SequenceId, sequence_request
+from workbench.engine.servable import FinalResponse
 from workbench.errors import Code, ServingError, from_exception
 from workbench.frontends.grpc import time_remaining
 from workbench.frontends.rest import json_response
@@ -219,15 +221,17 @@ class StreamInfer:
             shared = v2_grpc.output_regions(request)
             version = str(call.version)
             answers = run_request(dataplane, call, inputs, requested, time_remaining(context), parameters)
+            ended = False  # a decoupled model's last response came with the final flag
             async with contextlib.aclosing(answers) as outputs_of:
                 async for outputs in outputs_of:
                     response = v2_grpc.infer_response(
                         call.model, version, request.id, outputs, requested or list(outputs), shared, memory
                     )
                     # A model that is not decoupled answers once: that answer is its request's last.
-                    response.parameters[FINAL].bool_param = not call.servable.decoupled
+                    ended = isinstance(outputs, FinalResponse)
+                    response.parameters[FINAL].bool_param = ended or not call.servable.decoupled
                     yield response
-            if call.servable.decoupled and parameters.get(EMPTY_FINAL) is True:
+            if call.servable.decoupled and not ended and parameters.get(EMPTY_FINAL) is True:
                 final = service_pb2.ModelInferResponse(model_name=call.model, model_version=version, id=request.id)
                 final.parameters[FINAL].bool_param = True
                 yield final

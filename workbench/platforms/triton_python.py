@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 
 from workbench.engine.sequences import Controls
-from workbench.engine.servable import PerRequestServable, streams_only
+from workbench.engine.servable import FinalResponse, PerRequestServable, streams_only
 from workbench.engine.triton_config import TritonConfig, TritonTensor, config_json
 from workbench.errors import Code, ServingError
 from workbench.platforms import LoadPolicy, triton_pb_utils
@@ -418,7 +418,7 @@ class _DecoupledRun:
         if isinstance(answer, ServingError):  # the request ends with its error: the model hears so on its next send
             self.cancel()
             raise answer
-        return answer
+        return FinalResponse(answer) if final else answer
 
     def cancel(self) -> None:
         self._over = True
