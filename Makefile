@@ -19,7 +19,7 @@ LABEXT_LINK := $(VENV)/share/jupyter/labextensions/workbench-serving-jupyterlab
 EXT_SOURCES := $(wildcard extension/src/*.ts extension/src/*.tsx extension/style/*) \
                extension/package.json extension/package-lock.json extension/tsconfig.json
 
-.PHONY: install lab serve test test-extension wheel lint clean
+.PHONY: install lab serve test test-fast test-extension wheel lint clean
 
 install: $(STAMP) $(LABEXT)
 
@@ -59,6 +59,10 @@ wheel: install
 
 test: install test-extension
 	$(BIN)/python -m pytest
+
+# The unit tier alone (tests/unit: in-process, on fakes, no framework, no sockets): seconds, for the edit loop.
+test-fast: install
+	$(BIN)/python -m pytest tests/unit
 
 # The sidebar's model → view logic, with jest.
 test-extension: install

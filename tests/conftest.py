@@ -16,9 +16,6 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import models  # noqa: E402  (tests/models.py)
-
-from workbench import demo  # noqa: E402
 from workbench.engine.options import ServerOptions  # noqa: E402
 from workbench.jupyter import registry  # noqa: E402
 from workbench.server import ServerThread  # noqa: E402
@@ -40,6 +37,11 @@ def private_runtime_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pa
 @pytest.fixture(scope="session")
 def model_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One copy of every test model; tests copy versions from here into their own repositories."""
+    # TensorFlow is imported here, by the first test that needs a model, not by every run: the unit tier has none.
+    import models  # tests/models.py
+
+    from workbench import demo
+
     root = tmp_path_factory.mktemp("store")
     demo.save_half_plus_two(root / "hp2_tf2")
     demo.save_half_plus_two(root / "hp3_tf2", offset=3.0)

@@ -88,6 +88,14 @@ def test_make_lab_as_written_runs_as_this_user_and_opens_a_browser() -> None:
     assert command.rstrip().endswith("notebooks/")
 
 
+def test_make_test_fast_runs_the_unit_tier_alone_and_passes() -> None:
+    run = subprocess.run([MAKE, "test-fast"], cwd=ROOT, capture_output=True, text=True, env=make_env(), timeout=300)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    assert re.search(r"\b\d+ passed\b", run.stdout), run.stdout[-2000:]
+    ran = set(re.findall(r"^(tests/\S+\.py)", run.stdout, re.MULTILINE))
+    assert ran and all(path.startswith("tests/unit/") for path in ran), ran
+
+
 @pytest.mark.timeout(600)
 def test_make_lab_serves_jupyterlab_on_the_tutorials(tmp_path: Path) -> None:
     port, token = free_port(), secrets.token_hex(16)

@@ -503,9 +503,11 @@ class Manager(RoutingChanges):
                 record.error = error
                 record.awaiting = awaiting
                 self._set_state(model, record, VersionState.END)
-            elif self._closed or model.versions.get(record.version) is not record:
+            elif self._closed or model.removed or model.versions.get(record.version) is not record:
+                # Not wanted any more (the model left the config while it loaded): never published, closed at once.
                 discard = harness
                 self._set_state(model, record, VersionState.END)
+                self._forget_if_gone(model)
             else:
                 record.harness = harness
                 self._set_state(model, record, VersionState.AVAILABLE)
@@ -513,6 +515,15 @@ class Manager(RoutingChanges):
             self._reconcile(model)
         if discard is not None:
             discard.unload()
+
+    def _forget_if_gone(self, model: _Model) -> bool:
+        """Forget a removed model once every version of it has ended (lock held); whether it was forgotten."""
+        finished = all(r.state == VersionState.END for r in model.versions.values())
+        if model.removed and finished and self._models.get(model.config.name) is model:
+            del self._models[model.config.name]
+            del self._routes[model.config.name]
+            return True
+        return False
 
     def _unload(self, model: _Model, record: VersionRecord) -> None:
         harness = record.harness
@@ -525,11 +536,7 @@ class Manager(RoutingChanges):
             record.harness = None
             self._set_state(model, record, VersionState.END)
             log.info("Unloaded %s version %d", model.config.name, record.version)
-            finished = all(r.state == VersionState.END for r in model.versions.values())
-            if model.removed and finished and self._models.get(model.config.name) is model:
-                del self._models[model.config.name]
-                del self._routes[model.config.name]
-            elif not model.removed:
+            if not self._forget_if_gone(model) and not model.removed:
                 # Aspired again while it was unloading (a load right after an unload): load it anew. Done under
                 # the same lock as END, so a waiter never mistakes this unload's END for a failed load.
                 self._reconcile(model)

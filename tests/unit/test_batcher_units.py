@@ -1,0 +1,611 @@
+"""The dynamic batcher in-process on fakes: what :class:`~workbench.engine.batching.BatchScheduler` merges, splits,
+pads, refuses, drops and records, with no framework and no sockets.
+
+Requests go through a real scheduler on a real thread pool to a :class:`Gated` fake servable, which answers
+``y = x * 10 + 3`` (so every row of an answer says which input row it came from), records the ``x`` values of each
+call as the call starts, and may hold its calls at a gate: while a call waits there with ``num_batch_threads=1``,
+the next requests queue, and what the next batch holds is decided by the scheduler alone, not by timing. Timeouts
+are tested with a short ``batch_timeout_micros`` (or a long one that no test waits for). Covered: merging up to
+``max_batch_size`` in arrival order, large-batch splitting, padding to ``allowed_batch_sizes``, the batch timeout,
+deadlines (when the batch forms, and the dataplane's early answer), a failing call, a full queue,
+``num_batch_threads``, unbatchable signatures, separate queues per signature and output set, the batch records,
+and which calls may run on the event loop; plus the pure merge/split round trip and the parameters' derived sizes.
+
+Every wait is on a condition with a deadline; the wire-level behaviour on real SavedModels is tests/test_batching.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+from fakes import FakeServable, X, Y
+
+from workbench.engine.batching import (
+    BatchRecord,
+    BatchScheduler,
+    Interest,
+    RunCost,
+    deadline_exceeded,
+    merge,
+    padded_size,
+    split,
+)
+from workbench.engine.batching_config import BatchingParameters
+from workbench.errors import Code, ServingError
+from workbench.signatures import PREDICT_METHOD, Signature
+
+WAIT = 5.0  # seconds any one wait may take before a test fails (they take milliseconds)
+LONG = 30_000_000  # a batch_timeout_micros no test waits for: those batches start because they are full
+FACTOR, VERSION = 10.0, 3
+THREAD_PREFIX = "unit-batch"
+QUEUE_FULL = "The batch scheduling queue to which this task was submitted is full"
+
+
+def column(*values: float) -> np.ndarray:
+    return np.array(values, dtype=np.float32).reshape(-1, 1)
+
+
+def answer(*values: float) -> np.ndarray:
+    """What the fake answers for these ``x`` rows."""
+    return column(*values) * FACTOR + VERSION
+
+
+class Gated(FakeServable):
+    """A FakeServable that records the ``x`` values and the thread of each call as it starts, may hold its calls
+    at a gate (open until :meth:`hold`), and may raise any exception, not only a ServingError."""
+
+    def __init__(self, *, batchable: bool = True, delay: float = 0.0) -> None:
+        super().__init__("m", VERSION, factor=FACTOR, batchable=batchable, delay=delay)
+        other = Signature("other", PREDICT_METHOD, {"x": X}, {"y": Y}, batchable=batchable)
+        self.signatures = {**self.signatures, "other": other}
+        self.calls: list[list[float]] = []
+        self.started_on: list[str] = []  # the thread of each call, as it starts
+        self.gate = threading.Event()
+        self.gate.set()
+        self.raising: BaseException | None = None
+        self._calls_lock = threading.Lock()
+
+    def hold(self) -> None:
+        """Calls that start from now on wait until :attr:`gate` is set again."""
+        self.gate.clear()
+
+    def run(
+        self, signature: Signature, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]
+    ) -> dict[str, np.ndarray]:
+        with self._calls_lock:
+            self.calls.append(np.asarray(inputs["x"]).ravel().tolist())
+            self.started_on.append(threading.current_thread().name)
+        if not self.gate.wait(WAIT):
+            raise ServingError(Code.DEADLINE_EXCEEDED, "the test never opened the gate")
+        if self.raising is not None:
+            raise self.raising
+        return super().run(signature, inputs, outputs)
+
+
+class Bench:
+    """A BatchScheduler on its own thread pool, in front of one :class:`Gated` servable, recording its batches."""
+
+    def __init__(self, servable: Gated, params: BatchingParameters | None, inline_cheap_models: bool) -> None:
+        self.servable = servable
+        self.records: list[BatchRecord] = []
+        self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix=THREAD_PREFIX)
+        self.scheduler = BatchScheduler(
+            self.executor, lambda _: params, listener=self.records.append, inline_cheap_models=inline_cheap_models
+        )
+
+    async def ask(
+        self,
+        *values: float,
+        signature: str = "serving_default",
+        outputs: Sequence[str] = ("y",),
+        interest: Interest | None = None,
+    ) -> np.ndarray:
+        result = await self.scheduler.run(
+            self.servable, self.servable.signatures[signature], {"x": column(*values)}, list(outputs), interest
+        )
+        assert set(result) == {"y"}
+        return result["y"]
+
+    def shapes(self) -> list[tuple[int, int, int]]:
+        """(size, padded_size, tasks) of every batch recorded so far."""
+        return [(r.size, r.padded_size, r.tasks) for r in self.records]
+
+    def queued_rows(self) -> int | None:
+        """Rows waiting in the servable's queues; None when it has no live queue."""
+        depths = self.scheduler.queue_depths()
+        return sum(rows for _, _, rows in depths) if depths else None
+
+
+@pytest.fixture
+def bench() -> Iterator[Callable[..., Bench]]:
+    made: list[Bench] = []
+
+    def make(
+        params: BatchingParameters | None,
+        servable: Gated | None = None,
+        inline_cheap_models: bool = False,
+    ) -> Bench:
+        made.append(Bench(servable or Gated(), params, inline_cheap_models))
+        return made[-1]
+
+    yield make
+    for b in made:
+        b.servable.gate.set()
+        b.executor.shutdown(wait=True)
+
+
+async def until(predicate: Callable[[], object], what: str) -> None:
+    """Poll ``predicate`` on the running loop (never blocking it) until truthy, or fail after :data:`WAIT`."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + WAIT
+    while not predicate():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out after {WAIT}s waiting for {what}")
+        await asyncio.sleep(0.001)
+
+
+def params(**fields: int | bool | tuple[int, ...]) -> BatchingParameters:
+    """Parameters with one batch thread and no batch timeout unless told otherwise, validated as a file's are."""
+    fields = {"num_batch_threads": 1, "batch_timeout_micros": 0, **fields}
+    return BatchingParameters(**fields).validate("the test")  # type: ignore[arg-type]
+
+
+def serving_error(future: asyncio.Future[np.ndarray]) -> ServingError:
+    error = future.exception()
+    assert isinstance(error, ServingError), error
+    return error
+
+
+# ====================================================================================== pure functions
+@pytest.mark.parametrize(
+    ("sizes", "allowed"),
+    [([1], ()), ([3], (4, 8)), ([1, 2, 3], ()), ([2, 3], (4, 8)), ([4, 4], (8,)), ([5, 1, 2], (2, 4))],
+)
+def test_merge_then_split_gives_each_feed_exactly_the_answer_it_would_get_alone(
+    sizes: list[int], allowed: tuple[int, ...]
+) -> None:
+    model = FakeServable(factor=FACTOR, version=VERSION)
+    signature = model.signatures["serving_default"]
+    starts = np.cumsum([0, *sizes])
+    feeds = [{"x": column(*range(start, start + size))} for start, size in zip(starts, sizes, strict=False)]
+    target = padded_size(sum(sizes), allowed)
+    assert target >= sum(sizes) and (target in allowed or target == sum(sizes))
+
+    merged = merge(feeds, pad_variable_length=False, padded_rows=target)
+    assert merged["x"].shape == (target, 1)
+    parts = split(model.run(signature, merged, ["y"]), sizes, padded_rows=target)
+
+    assert len(parts) == len(feeds)
+    for feed, part in zip(feeds, parts, strict=True):
+        np.testing.assert_array_equal(part["y"], model.run(signature, feed, ["y"])["y"])
+
+
+def test_execution_batch_size_and_queue_capacity_follow_large_batch_splitting() -> None:
+    plain = BatchingParameters(max_batch_size=8, max_enqueued_batches=3)
+    assert (plain.execution_batch_size, plain.max_enqueued_rows) == (8, 24)
+    splitting = BatchingParameters(
+        max_batch_size=64, max_enqueued_batches=3, enable_large_batch_splitting=True, max_execution_batch_size=16
+    )
+    assert (splitting.execution_batch_size, splitting.max_enqueued_rows) == (16, 48)
+    unset = BatchingParameters(max_batch_size=64, enable_large_batch_splitting=True)  # no execution size given
+    assert unset.execution_batch_size == 64
+    assert splitting.validate("x") is splitting
+
+
+@pytest.mark.parametrize(
+    ("fields", "fragment"),
+    [
+        ({"max_enqueued_batches": 0}, "max_enqueued_batches must be positive, got 0"),
+        ({"max_execution_batch_size": -1}, "max_execution_batch_size must not be negative"),
+        (
+            {"max_batch_size": 64, "enable_large_batch_splitting": True, "max_execution_batch_size": 16,
+             "allowed_batch_sizes": (8, 64)},
+            "the last entry of allowed_batch_sizes (64) must equal max_execution_batch_size (16)",
+        ),
+        (
+            {"max_batch_size": 8, "allowed_batch_sizes": (0, 8)},
+            "allowed_batch_sizes must be positive and increasing, got [0, 8]",
+        ),
+    ],
+)  # fmt: skip
+def test_validate_names_the_wrong_field_and_where_it_came_from(
+    fields: dict[str, int | bool | tuple[int, ...]], fragment: str
+) -> None:
+    with pytest.raises(ServingError) as info:
+        BatchingParameters(**fields).validate("m/batching_parameters.txt")  # type: ignore[arg-type]
+    assert info.value.code == Code.INVALID_ARGUMENT
+    assert info.value.message == f"Invalid batching parameters in m/batching_parameters.txt: {fragment}"
+
+
+# =========================================================================== merging, splitting, padding
+def test_queued_requests_merge_into_calls_of_at_most_max_batch_size_in_arrival_order(bench: Callable[..., Bench]):
+    b = bench(params(max_batch_size=4))
+    b.servable.hold()
+    asked = [(0.0,), (1.0,), (2.0, 3.0), (4.0, 5.0, 6.0), (7.0,), (8.0, 9.0)]
+
+    async def main() -> list[np.ndarray]:
+        first = asyncio.ensure_future(b.ask(*asked[0]))
+        await until(lambda: b.servable.calls, "the first call at the gate")
+        queued = [asyncio.ensure_future(b.ask(*values)) for values in asked[1:]]
+        await until(lambda: b.queued_rows() == 9, "9 rows queued behind the gate")
+        b.servable.gate.set()
+        return await asyncio.wait_for(asyncio.gather(first, *queued), WAIT)
+
+    answers = asyncio.run(main())
+    for values, got in zip(asked, answers, strict=True):
+        np.testing.assert_array_equal(got, answer(*values))
+    # Oldest first, and a request that does not fit ends the batch (nothing jumps the queue to fill it).
+    assert b.servable.calls == [[0], [1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert b.shapes() == [(1, 1, 1), (3, 3, 2), (4, 4, 2), (2, 2, 1)]
+    assert b.scheduler.queue_depths() == []
+
+
+def test_large_batch_splitting_runs_execution_size_pieces_and_reassembles_the_answer_in_order(
+    bench: Callable[..., Bench],
+):
+    b = bench(params(max_batch_size=16, enable_large_batch_splitting=True, max_execution_batch_size=4))
+    b.servable.hold()
+    big = [float(v) for v in range(10)]
+
+    async def main() -> tuple[np.ndarray, np.ndarray]:
+        first = asyncio.ensure_future(b.ask(100))
+        await until(lambda: b.servable.calls, "the first call at the gate")
+        whole = asyncio.ensure_future(b.ask(*big))
+        small = asyncio.ensure_future(b.ask(50))
+        await until(lambda: b.queued_rows() == 11, "the 3 pieces and the small request queued")
+        b.servable.gate.set()
+        await asyncio.wait_for(first, WAIT)
+        return await asyncio.wait_for(whole, WAIT), await asyncio.wait_for(small, WAIT)
+
+    whole, small = asyncio.run(main())
+    np.testing.assert_array_equal(whole, answer(*big))
+    np.testing.assert_array_equal(small, answer(50))
+    # The last piece shares its call with the request queued after it.
+    assert b.servable.calls == [[100], [0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 50]]
+    assert b.shapes() == [(1, 1, 1), (4, 4, 1), (4, 4, 1), (3, 3, 2)]
+
+
+def test_a_request_larger_than_max_batch_size_is_refused_before_it_reaches_the_model(bench: Callable[..., Bench]):
+    b = bench(params(max_batch_size=16, enable_large_batch_splitting=True, max_execution_batch_size=4))
+    with pytest.raises(ServingError) as info:
+        asyncio.run(b.ask(*range(17)))
+    assert info.value.code == Code.INVALID_ARGUMENT
+    assert info.value.message == "Task size 17 is larger than maximum input batch size 16"
+    assert b.servable.calls == [] and b.records == []
+
+
+def test_allowed_batch_sizes_pad_each_call_and_no_padding_row_reaches_an_answer(bench: Callable[..., Bench]):
+    b = bench(params(max_batch_size=8, allowed_batch_sizes=(4, 8)))
+    b.servable.hold()
+
+    async def main() -> list[np.ndarray]:
+        alone = asyncio.ensure_future(b.ask(1, 2, 3))  # a batch of one is padded too
+        await until(lambda: b.servable.calls, "the first call at the gate")
+        two, three = asyncio.ensure_future(b.ask(4, 5)), asyncio.ensure_future(b.ask(6, 7, 8))
+        await until(lambda: b.queued_rows() == 5, "5 rows queued behind the gate")
+        b.servable.gate.set()
+        answers = list(await asyncio.wait_for(asyncio.gather(alone, two, three), WAIT))
+        return [*answers, await asyncio.wait_for(b.ask(9, 10, 11, 12), WAIT)]  # an allowed size: not padded
+
+    alone, two, three, exact = asyncio.run(main())
+    np.testing.assert_array_equal(alone, answer(1, 2, 3))
+    np.testing.assert_array_equal(two, answer(4, 5))
+    np.testing.assert_array_equal(three, answer(6, 7, 8))
+    np.testing.assert_array_equal(exact, answer(9, 10, 11, 12))
+    # The padding repeats the last real row; its answers are cut off again.
+    assert b.servable.calls == [[1, 2, 3, 3], [4, 5, 6, 7, 8, 8, 8, 8], [9, 10, 11, 12]]
+    assert b.servable.batches == [4, 8, 4]
+    assert b.shapes() == [(3, 4, 1), (5, 8, 2), (4, 4, 1)]
+
+
+# ==================================================================================== the batch timeout
+def test_requests_wait_for_the_batch_timeout_and_share_the_batch_that_starts_then(bench: Callable[..., Bench]):
+    timeout = 0.02
+    b = bench(params(max_batch_size=8, batch_timeout_micros=int(timeout * 1e6)))
+
+    async def main() -> tuple[float, np.ndarray, list[np.ndarray]]:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        lone = await asyncio.wait_for(b.ask(1), WAIT)
+        waited = loop.time() - start
+        pair = await asyncio.wait_for(asyncio.gather(b.ask(2), b.ask(3, 4)), WAIT)
+        return waited, lone, list(pair)
+
+    waited, lone, (two, three) = asyncio.run(main())
+    np.testing.assert_array_equal(lone, answer(1))
+    np.testing.assert_array_equal(two, answer(2))
+    np.testing.assert_array_equal(three, answer(3, 4))
+    assert waited >= timeout, "a lone request ran before the batch timeout"
+    assert b.servable.calls == [[1], [2, 3, 4]]
+    assert b.shapes() == [(1, 1, 1), (3, 3, 2)]
+    assert b.records[0].queue_seconds[0] >= timeout
+    assert min(b.records[1].queue_seconds) >= timeout
+
+
+def test_a_full_batch_runs_at_once_without_waiting_for_the_batch_timeout(bench: Callable[..., Bench]):
+    b = bench(params(max_batch_size=4, batch_timeout_micros=LONG))
+
+    async def main() -> list[np.ndarray]:
+        # A wait for the 30 s timeout would fail this wait_for.
+        return list(await asyncio.wait_for(asyncio.gather(b.ask(1, 2), b.ask(3), b.ask(4)), WAIT))
+
+    pair, three, four = asyncio.run(main())
+    np.testing.assert_array_equal(pair, answer(1, 2))
+    np.testing.assert_array_equal(three, answer(3))
+    np.testing.assert_array_equal(four, answer(4))
+    assert b.servable.calls == [[1, 2, 3, 4]]
+    assert b.shapes() == [(4, 4, 3)]
+    assert max(b.records[0].queue_seconds) < WAIT
+    assert b.scheduler.queue_depths() == []
+
+
+# ============================================================================================ deadlines
+def test_a_request_whose_deadline_passed_while_queued_is_dropped_unrun_when_its_batch_forms(
+    bench: Callable[..., Bench],
+):
+    b = bench(params(max_batch_size=8))
+    b.servable.hold()
+
+    async def main() -> tuple[asyncio.Future[np.ndarray], list[np.ndarray]]:
+        loop = asyncio.get_running_loop()
+        first = asyncio.ensure_future(b.ask(1))
+        await until(lambda: b.servable.calls, "the first call at the gate")
+        expiring = Interest(timeout=0.01)
+        expired = asyncio.ensure_future(b.ask(2, interest=expiring))
+        kept = [asyncio.ensure_future(b.ask(3, interest=Interest(timeout=600))), asyncio.ensure_future(b.ask(4))]
+        await until(lambda: b.queued_rows() == 3, "3 rows queued behind the gate")
+        deadline = expiring.deadline
+        assert deadline is not None
+        await until(lambda: loop.time() >= deadline, "the deadline")
+        assert not expired.done(), "nothing gave up on it: it leaves when its batch forms"
+        b.servable.gate.set()
+        answers = await asyncio.wait_for(asyncio.gather(first, *kept), WAIT)
+        await asyncio.wait([expired], timeout=WAIT)
+        return expired, list(answers)
+
+    expired, (first, three, four) = asyncio.run(main())
+    error = serving_error(expired)
+    assert (error.code, error.message) == (Code.DEADLINE_EXCEEDED, "Deadline Exceeded")
+    np.testing.assert_array_equal(first, answer(1))
+    np.testing.assert_array_equal(three, answer(3))
+    np.testing.assert_array_equal(four, answer(4))
+    assert b.servable.calls == [[1], [3, 4]], "the expired request reached the model"
+    assert b.shapes() == [(1, 1, 1), (2, 2, 2)]
+    assert b.scheduler.queue_depths() == []
+
+
+def test_an_expired_request_alone_in_its_queue_never_reaches_the_model(bench: Callable[..., Bench]):
+    timeout = 0.02
+    b = bench(params(max_batch_size=8, batch_timeout_micros=int(timeout * 1e6)))
+
+    async def main() -> tuple[float, BaseException | None]:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        try:
+            await asyncio.wait_for(b.ask(7, interest=Interest(timeout=0.001)), WAIT)
+        except ServingError as exc:
+            return loop.time() - start, exc
+        return loop.time() - start, None
+
+    waited, error = asyncio.run(main())
+    assert isinstance(error, ServingError) and error.code == Code.DEADLINE_EXCEEDED
+    # With nothing but its Interest, the request is answered when the batch timer fires, not at its deadline.
+    assert waited >= timeout
+    assert b.servable.calls == [] and b.records == []
+    assert b.scheduler.queue_depths() == []
+
+
+def test_answering_early_at_the_deadline_takes_the_request_out_of_the_queue_and_frees_its_rows(
+    bench: Callable[..., Bench],
+):
+    # What the dataplane does for a request with a deadline: an Interest, and a timer that answers it early.
+    b = bench(params(max_batch_size=2, max_enqueued_batches=1))
+    b.servable.hold()
+
+    async def main() -> tuple[asyncio.Future[np.ndarray], np.ndarray, np.ndarray]:
+        loop = asyncio.get_running_loop()
+        first = asyncio.ensure_future(b.ask(1))
+        await until(lambda: b.servable.calls, "the first call at the gate")
+        interest = Interest(0.01, loop)
+        loop.call_later(0.01, interest.answer_early, deadline_exceeded())
+        expiring = asyncio.ensure_future(b.ask(2, 3, interest=interest))  # the queue is full now
+        done, _ = await asyncio.wait([expiring], timeout=WAIT)
+        assert done, "the deadline did not answer the queued request"
+        assert not b.servable.gate.is_set() and b.servable.calls == [[1]]
+        assert b.scheduler.queue_depths() == [("m", VERSION, 0)]
+        later = asyncio.ensure_future(b.ask(4, 5))  # fits only because the expired rows left the queue
+        await until(lambda: b.queued_rows() == 2, "the later request queued")
+        b.servable.gate.set()
+        return expiring, await asyncio.wait_for(first, WAIT), await asyncio.wait_for(later, WAIT)
+
+    expiring, first, later = asyncio.run(main())
+    assert serving_error(expiring).code == Code.DEADLINE_EXCEEDED
+    np.testing.assert_array_equal(first, answer(1))
+    np.testing.assert_array_equal(later, answer(4, 5))
+    assert b.servable.calls == [[1], [4, 5]]
+
+
+# ============================================================================== failures and a full queue
+@pytest.mark.parametrize(
+    ("raised", "code", "message"),
+    [
+        (ServingError(Code.FAILED_PRECONDITION, "the model says no"), Code.FAILED_PRECONDITION, "the model says no"),
+        (ValueError("bad rows"), Code.INTERNAL, "ValueError: bad rows"),
+    ],
+    ids=["serving-error", "python-error"],
+)
+def test_a_failing_call_fails_every_request_of_its_batch_with_the_models_error_and_the_next_batch_runs(
+    bench: Callable[..., Bench], raised: BaseException, code: Code, message: str
+):
+    b = bench(params(max_batch_size=8))
+    b.servable.hold()
+    b.servable.raising = raised
+
+    async def main() -> tuple[list[BaseException | np.ndarray], np.ndarray]:
+        first = asyncio.ensure_future(b.ask(1))
+        await until(lambda: b.servable.calls, "the first call at the gate")
+        queued = [asyncio.ensure_future(b.ask(2)), asyncio.ensure_future(b.ask(3, 4))]
+        await until(lambda: b.queued_rows() == 3, "3 rows queued behind the gate")
+        b.servable.gate.set()
+        failed = await asyncio.wait_for(asyncio.gather(first, *queued, return_exceptions=True), WAIT)
+        b.servable.raising = None
+        return list(failed), await asyncio.wait_for(b.ask(5, 6), WAIT)
+
+    failed, recovered = asyncio.run(main())
+    for outcome in failed:
+        assert isinstance(outcome, ServingError), outcome
+        assert (outcome.code, outcome.message) == (code, message)
+    np.testing.assert_array_equal(recovered, answer(5, 6))
+    assert b.servable.calls == [[1], [2, 3, 4], [5, 6]]
+    assert b.shapes() == [(2, 2, 1)], "only the batch that ran to the end is recorded"
+    assert b.scheduler.queue_depths() == []
+
+
+def test_a_full_queue_refuses_with_unavailable_at_once_and_the_refused_rows_never_reach_the_model(
+    bench: Callable[..., Bench],
+):
+    b = bench(params(max_batch_size=2, max_enqueued_batches=1))  # room for 2 queued rows
+    b.servable.hold()
+
+    async def main() -> tuple[ServingError, list[np.ndarray]]:
+        running = asyncio.ensure_future(b.ask(1, 2))  # rows a thread runs no longer count
+        await until(lambda: b.servable.calls, "the first call at the gate")
+        queued = [asyncio.ensure_future(b.ask(3)), asyncio.ensure_future(b.ask(4))]
+        await until(lambda: b.queued_rows() == 2, "2 rows queued behind the gate")
+        with pytest.raises(ServingError) as info:
+            await asyncio.wait_for(b.ask(5), WAIT)  # refused while the gate is still shut: no wait for room
+        assert not b.servable.gate.is_set()
+        b.servable.gate.set()
+        return info.value, list(await asyncio.wait_for(asyncio.gather(running, *queued), WAIT))
+
+    error, (pair, three, four) = asyncio.run(main())
+    assert (error.code, error.message) == (Code.UNAVAILABLE, QUEUE_FULL)
+    np.testing.assert_array_equal(pair, answer(1, 2))
+    np.testing.assert_array_equal(three, answer(3))
+    np.testing.assert_array_equal(four, answer(4))
+    assert b.servable.calls == [[1, 2], [3, 4]]
+
+
+# ========================================================================== threads, queues, signatures
+def test_num_batch_threads_bounds_the_calls_running_at_once(bench: Callable[..., Bench]):
+    b = bench(params(max_batch_size=8, num_batch_threads=2))
+    b.servable.hold()
+
+    async def main() -> list[np.ndarray]:
+        asked = [asyncio.ensure_future(b.ask(1))]
+        await until(lambda: len(b.servable.calls) == 1, "the first call at the gate")
+        asked.append(asyncio.ensure_future(b.ask(2)))  # a second thread is free: it starts at once
+        await until(lambda: len(b.servable.calls) == 2, "the second call at the gate")
+        asked.append(asyncio.ensure_future(b.ask(3)))
+        await until(lambda: b.queued_rows() == 1, "the third request queued")
+        assert len(b.servable.calls) == 2, "a third call started with both batch threads busy"
+        b.servable.gate.set()
+        return list(await asyncio.wait_for(asyncio.gather(*asked), WAIT))
+
+    answers = asyncio.run(main())
+    for value, got in zip((1, 2, 3), answers, strict=True):
+        np.testing.assert_array_equal(got, answer(value))
+    assert b.servable.calls == [[1], [2], [3]]
+    assert b.servable.started_on[0] != b.servable.started_on[1], "the first two calls did not run side by side"
+
+
+@pytest.mark.parametrize("why", ["signature-not-batchable", "batching-off"])
+def test_unbatched_requests_run_one_call_each_whatever_their_size(bench: Callable[..., Bench], why: str):
+    if why == "batching-off":
+        b = bench(None)
+    else:  # batching parameters given, but the signature cannot be concatenated along dimension 0
+        b = bench(params(max_batch_size=2, batch_timeout_micros=LONG), Gated(batchable=False))
+
+    async def main() -> list[np.ndarray]:
+        # Neither batch timeout nor max_batch_size applies: 5 rows are not refused, nobody waits 30 s.
+        return list(await asyncio.wait_for(asyncio.gather(b.ask(1), b.ask(2, 3), b.ask(4, 5, 6, 7, 8)), WAIT))
+
+    one, two, five = asyncio.run(main())
+    np.testing.assert_array_equal(one, answer(1))
+    np.testing.assert_array_equal(two, answer(2, 3))
+    np.testing.assert_array_equal(five, answer(4, 5, 6, 7, 8))
+    assert sorted(b.servable.calls) == [[1], [2, 3], [4, 5, 6, 7, 8]]
+    assert sorted(b.shapes()) == [(1, 1, 1), (2, 2, 1), (5, 5, 1)]
+    assert all(list(r.queue_seconds) == [0.0] for r in b.records)
+    assert b.scheduler.queue_depths() == []
+
+
+def test_different_signatures_and_output_sets_never_share_a_batch(bench: Callable[..., Bench]):
+    b = bench(params(max_batch_size=2, batch_timeout_micros=LONG))
+    # Interleaved: each of the three queues fills (2 rows) and runs; nothing waits for the long timeout.
+    asked = [(1.0, "serving_default", ("y",)), (10.0, "other", ("y",)), (100.0, "serving_default", ())]
+    asked = asked + [(v * 2, signature, outputs) for v, signature, outputs in asked]
+
+    async def main() -> list[np.ndarray]:
+        return list(
+            await asyncio.wait_for(
+                asyncio.gather(*(b.ask(v, signature=s, outputs=outputs) for v, s, outputs in asked)), WAIT
+            )
+        )
+
+    answers = asyncio.run(main())
+    for (value, _, _), got in zip(asked, answers, strict=True):
+        np.testing.assert_array_equal(got, answer(value))
+    assert sorted(b.servable.calls) == [[1, 2], [10, 20], [100, 200]]
+    assert sorted(r.signature for r in b.records) == ["other", "serving_default", "serving_default"]
+    assert b.shapes() == [(2, 2, 2)] * 3
+
+
+def test_batch_records_report_rows_padding_tasks_and_each_tasks_queue_wait(bench: Callable[..., Bench]):
+    held = 0.005
+    delay = 0.002
+    b = bench(params(max_batch_size=4, allowed_batch_sizes=(2, 4)), Gated(delay=delay))
+    b.servable.hold()
+
+    async def main() -> None:
+        first = asyncio.ensure_future(b.ask(1))
+        await until(lambda: b.servable.calls, "the first call at the gate")
+        queued = [asyncio.ensure_future(b.ask(2, 3))]
+        await asyncio.sleep(0)  # the second request queues a loop turn before the third
+        queued.append(asyncio.ensure_future(b.ask(4)))
+        await until(lambda: b.queued_rows() == 3, "3 rows queued behind the gate")
+        shut = time.perf_counter()
+        await until(lambda: time.perf_counter() - shut >= held, "the gate held a little")
+        b.servable.gate.set()
+        await asyncio.wait_for(asyncio.gather(first, *queued), WAIT)
+
+    asyncio.run(main())
+    alone, merged = b.records
+    assert (alone.model, alone.version, alone.signature) == ("m", VERSION, "serving_default")
+    assert (alone.size, alone.padded_size, alone.tasks) == (1, 2, 1)
+    assert len(alone.queue_seconds) == 1 and alone.run_seconds >= held + delay  # its call waited at the gate
+    assert (merged.size, merged.padded_size, merged.tasks) == (3, 4, 2)
+    assert len(merged.queue_seconds) == 2
+    assert merged.queue_seconds[0] >= merged.queue_seconds[1] >= held, "per task, oldest first"
+    assert delay <= merged.run_seconds < WAIT
+    assert b.servable.batches == [2, 4]
+
+
+@pytest.mark.parametrize(("platform", "may_inline"), [("fake", False), ("tensorflow", True)])
+def test_only_a_cheap_call_of_an_inline_platform_moves_onto_the_event_loop(
+    bench: Callable[..., Bench], monkeypatch: pytest.MonkeyPatch, platform: str, may_inline: bool
+):
+    monkeypatch.setattr(RunCost, "INLINE_BUDGET_SECONDS", 0.5)  # a busy test machine's hiccups stay in budget
+    servable = Gated()
+    servable.platform = platform
+    b = bench(params(max_batch_size=8), servable, inline_cheap_models=True)
+    count = RunCost.SETTLE_RUNS + 3
+
+    async def main() -> list[np.ndarray]:
+        return [await asyncio.wait_for(b.ask(v), WAIT) for v in range(count)]
+
+    answers = asyncio.run(main())
+    for value, got in enumerate(answers):
+        np.testing.assert_array_equal(got, answer(value))
+    loop_thread = threading.current_thread().name  # asyncio.run's loop runs on this thread
+    on_loop = [name == loop_thread for name in servable.threads]
+    settle = RunCost.SETTLE_RUNS
+    assert on_loop == [False] * settle + [may_inline] * (count - settle), servable.threads
+    assert all(name.startswith(THREAD_PREFIX) for name, here in zip(servable.threads, on_loop, strict=True) if not here)
+    assert b.shapes() == [(1, 1, 1)] * count, "a call on the loop is recorded as one on a thread is"
