@@ -175,7 +175,7 @@ def serve_workbench_app_twice(base_path: str, uvicorn_port: int, granian_port: i
 
 
 def child_main(kind: str, args: list[str]) -> None:
-    from workbench._loop import new_event_loop
+    from workbench.runtime.loop import new_event_loop
 
     if kind == "workbench-app":
         serve_workbench_app_twice(args[0], int(args[1]), int(args[2]))

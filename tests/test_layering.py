@@ -45,6 +45,20 @@ def test_protocol_notebook_and_client_modules_do_not_import_the_engine(path: Pat
     assert not offending, f"{path.relative_to(REPO_ROOT)} imports {offending}"
 
 
+@pytest.mark.parametrize("path", sorted((PACKAGE / "runtime").glob("*.py")), ids=lambda p: p.name)
+def test_the_runtime_floor_imports_nothing_else_of_workbench(path: Path) -> None:
+    # The bottom floor: process helpers, the event loop, TensorFlow's import. Everything may stand on it. One
+    # exception until TensorFlow's stand-in import has one home (issue 29): the SavedModel runtime loads TF Serving's
+    # protos first (tf_protos, which imports nothing of workbench), as they must be loaded before TensorFlow.
+    allowed = {"workbench.protocol", "workbench.protocol.tf_protos"}
+    offending = sorted(
+        name
+        for name in imported_modules(path)
+        if name.startswith("workbench") and not name.startswith("workbench.runtime") and name not in allowed
+    )
+    assert not offending, f"{path.relative_to(REPO_ROOT)} imports {offending}"
+
+
 def test_the_check_sees_an_engine_import_inside_a_function(tmp_path: Path) -> None:
     module = tmp_path / "m.py"
     module.write_text("def f():\n    from workbench.engine.manager import Manager\n")

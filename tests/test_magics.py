@@ -22,11 +22,11 @@ from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 from waiting import wait_until
 
-from workbench._loop import new_event_loop
 from workbench.bench import BenchResult, run_load_async
 from workbench.client import Prediction
 from workbench.notebook import magics
 from workbench.notebook.handle import ServerHandle, models_table_text, running_servers
+from workbench.runtime.loop import new_event_loop
 
 SUBCOMMANDS = [
     "start", "stop", "restart", "status", "export", "promote", "rollback", "canary", "predict", "bench", "dashboard",

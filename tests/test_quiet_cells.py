@@ -21,7 +21,7 @@ from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
 
-from workbench._tf import quiet_tensorflow, without_tensorflow_notices
+from workbench.runtime.tensorflow_runtime import quiet_tensorflow, without_tensorflow_notices
 
 # What TensorFlow wrote into cells before workbench kept it out (seen in a real kernel).
 IMPORT_NOTICES = (

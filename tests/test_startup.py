@@ -3,9 +3,10 @@
 TF Serving's generated protos import TensorFlow's, and Python runs ``tensorflow/__init__`` (seconds: all of
 TensorFlow's Python API, Keras) before any of them; workbench/protocol/tf_protos.py loads them without it, so a
 repository without TensorFlow models never imports TensorFlow. A repository of SavedModels imports only what runs
-them in sessions (workbench/_tf.py's saved_model_runtime). These tests run ``workbench serve`` as users do, in a
-child process that reports its own ``sys.modules`` on request, after answering every API; and check that
-TensorFlow imported after those protos, or after that runtime, is whole, shares them and behaves as it would have.
+them in sessions (workbench/runtime/tensorflow_runtime.py's saved_model_runtime). These tests run ``workbench
+serve`` as users do, in a child process that reports its own ``sys.modules`` on request, after answering every
+API; and check that TensorFlow imported after those protos, or after that runtime, is whole, shares them and
+behaves as it would have.
 """
 
 from __future__ import annotations

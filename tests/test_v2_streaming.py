@@ -374,8 +374,9 @@ def test_a_slow_reader_holds_the_model_back_and_leaving_closes_its_generator(
             return settled, count(folder, "produced")
 
     settled, after = aio_loop.run_until_complete(asyncio.wait_for(run(), 30))
-    # The stream's queue (16) plus the few that gRPC's windows and buffers hold (about 10 of 1 MiB), not thousands.
-    assert settled <= v2_stream.MAX_QUEUED + 20, settled
+    # The stream's queue (16) plus what gRPC's windows and send buffers hold: usually about 10 responses of 1 MiB,
+    # once 21 on a busy 2-core machine (gRPC's core buffers a write before the window is checked), never thousands.
+    assert settled <= v2_stream.MAX_QUEUED + 32, settled
     assert after <= settled + 3 + 2
     all_closed(folder)
 

@@ -307,7 +307,7 @@ def run_load(target: str, protocol: str, model: str, inputs: Mapping[str, np.nda
     A Jupyter kernel already runs an asyncio loop in its main thread, and a thread can run only one loop: there the
     load runs on a worker thread of its own.
     """
-    from workbench._loop import new_event_loop
+    from workbench.runtime.loop import new_event_loop
 
     def run() -> BenchResult:
         loop = new_event_loop()

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from workbench._tf import quiet_tensorflow
+from workbench.runtime.tensorflow_runtime import quiet_tensorflow
 
 if TYPE_CHECKING:  # only for annotations: importing TF at runtime is slow
     import tensorflow as tf

@@ -55,8 +55,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from workbench import platforms
-from workbench._tf import quiet_tensorflow
 from workbench.engine.storage import RemoteFolder, StorageError, is_remote, join, redact
+from workbench.runtime.tensorflow_runtime import quiet_tensorflow
 from workbench.vocabulary import renamed_keywords
 
 if TYPE_CHECKING:  # only for annotations: importing TensorFlow at runtime is slow

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 import logging
 import os
 import signal
@@ -33,7 +32,6 @@ import uvicorn
 from starlette.applications import Starlette
 
 from workbench import platforms
-from workbench._loop import new_event_loop
 from workbench.dataplane import Dataplane
 from workbench.engine import triton_config
 from workbench.engine.batching import BatchRecord, BatchScheduler
@@ -69,28 +67,15 @@ from workbench.frontends.v2_shared_memory import SharedMemoryAccess
 from workbench.jupyter import registry  # Jupyter's server extension lists and proxies running servers
 from workbench.peers import LocalViews, Peers, WholeServerMetrics, WorkerPeers
 from workbench.platforms import LoadPolicy
+from workbench.runtime.loop import new_event_loop
+from workbench.runtime.process import parent_gone, write_json_atomically
 
 log = logging.getLogger(__name__)
 
 
-def _process_alive(pid: int) -> bool:
-    if os.getppid() != pid:  # re-parented: the parent exited
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def write_ready_file(path: str, content: dict[str, object]) -> None:
     """Tell whoever started this server that it answers, and on which ports (written atomically)."""
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(content, f)
-    os.replace(tmp, path)
+    write_json_atomically(path, content)
 
 
 def _host_for_grpc(host: str) -> str:
@@ -446,7 +431,7 @@ class ModelServer:
     def _watch_parent(self) -> None:
         """Serve only as long as the process that started us lives (a notebook kernel, even one killed -9)."""
         while not self._stopping.wait(0.5):
-            if not _process_alive(self.options.parent_pid):
+            if parent_gone(self.options.parent_pid):
                 log.warning("Parent process %d is gone: stopping", self.options.parent_pid)
                 self._on_parent_exit()
                 return

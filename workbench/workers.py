@@ -33,6 +33,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from workbench.runtime.process import parent_gone, write_json_atomically
+
 log = logging.getLogger(__name__)
 
 POLL_S = 0.1  # how often the supervisor looks at its workers (not on any request's path)
@@ -176,7 +178,7 @@ class Supervisor:
         while True:
             if self._signals:
                 return self._stop(self._signals[0].name)
-            if self.parent_pid and os.getppid() != self.parent_pid:
+            if self.parent_pid and parent_gone(self.parent_pid):
                 log.warning("Parent process %d is gone: stopping", self.parent_pid)
                 return self._stop("parent exited")
             for worker in self._workers:
@@ -219,10 +221,7 @@ class Supervisor:
         content["workers"] = [
             {"index": w.index, "pid": w.process.pid if w.process is not None else None} for w in self._workers
         ]
-        tmp = f"{self.ready_file}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(content, f)
-        os.replace(tmp, self.ready_file)
+        write_json_atomically(self.ready_file, content)
 
     def _stop(self, cause: str) -> int:
         """Every worker drains (SIGTERM) at once; wait for them. Returns 0, or the first worker's failure."""

@@ -3,7 +3,8 @@
 ``FakeServable`` answers ``y = x * factor + version`` (so an answer says which version ran it), records every call
 (the rows of each batch, the thread), may take ``delay`` seconds, and may be told to fail. ``FakeLoader`` is what a
 :class:`~workbench.engine.manager.Manager` loads with: it makes a ``FakeServable`` per version folder, and a test
-may make a version fail to load, or hold its load until the test lets it go.
+may make a version fail to load, or hold its load until the test lets it go. ``FakeRepository`` puts them together
+as a server does: version folders, the real repository source, a manager on the fake loader.
 """
 
 from __future__ import annotations
@@ -15,7 +16,10 @@ from pathlib import Path
 
 import numpy as np
 
+from workbench.engine.manager import Manager
+from workbench.engine.options import ModelConfig, VersionPolicy
 from workbench.engine.servable import Servable
+from workbench.engine.source import RepositorySource
 from workbench.errors import Code, ServingError
 from workbench.signatures import PREDICT_METHOD, Signature, TensorSpec
 
@@ -107,3 +111,54 @@ def version_folders(base: Path, model: str, *versions: int) -> Path:
     for version in versions:
         (base / model / str(version)).mkdir(parents=True, exist_ok=True)
     return base / model
+
+
+class FakeRepository:
+    """Model folders under ``root``, served by a :class:`Manager` on a :class:`FakeLoader` and listed by the real
+    :class:`RepositorySource`, as a server does: ``configure`` a model, ``serve`` it (configure, scan, wait for
+    its loads, apply its labels: the server's ``apply_models``), ``hold`` a version's load. Held loads are let go by
+    ``stop`` whatever the test did."""
+
+    LATEST = VersionPolicy()  # TF Serving's default policy: latest(1)
+    WAIT = 5.0  # seconds a load may take before a test fails (they take milliseconds)
+
+    def __init__(self, root: Path, **manager_options: bool) -> None:
+        self.root = root
+        self.loader = FakeLoader()
+        self.manager = Manager(self.loader, load_threads=2, **manager_options)  # type: ignore[arg-type]
+        self.source = RepositorySource(self.manager, poll_wait_seconds=0)
+        self.configs: dict[str, ModelConfig] = {}
+        self.gates: list[threading.Event] = []
+
+    def configure(
+        self, name: str, *versions: int, policy: VersionPolicy = LATEST, labels: Mapping[str, int] | None = None
+    ) -> None:
+        """Make ``name``'s version folders and configure it beside the others; nothing is listed yet."""
+        base = version_folders(self.root, name, *versions)
+        base.mkdir(parents=True, exist_ok=True)
+        self.configs[name] = ModelConfig(name=name, base_path=str(base), policy=policy, labels=dict(labels or {}))
+        self.manager.set_models(self.configs.values())
+
+    def serve(
+        self, name: str, *versions: int, policy: VersionPolicy = LATEST, labels: Mapping[str, int] | None = None
+    ) -> None:
+        self.configure(name, *versions, policy=policy, labels=labels)
+        self.rescan()
+        self.manager.set_labels({name: self.configs[name].labels})
+
+    def rescan(self) -> None:
+        self.source.poll_once()
+        assert self.manager.wait_until_settled(self.WAIT), "the manager did not settle"
+
+    def hold(self, name: str, version: int) -> threading.Event:
+        gate = self.loader.hold(name, version)
+        self.gates.append(gate)
+        return gate
+
+    def servable(self, name: str, version: int) -> FakeServable:
+        return self.loader.servables[(name, version)]
+
+    def stop(self) -> None:
+        for gate in self.gates:
+            gate.set()
+        self.manager.stop()

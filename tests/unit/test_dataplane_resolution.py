@@ -31,16 +31,15 @@ from typing import Any
 
 import numpy as np
 import pytest
-from fakes import FakeLoader, FakeServable, version_folders
+from fakes import FakeRepository, FakeServable, version_folders
 
 from workbench.dataplane import Dataplane, ModelSpec
 from workbench.engine.batching import BatchRecord, BatchScheduler
-from workbench.engine.manager import Manager, VersionState
+from workbench.engine.manager import VersionState
 from workbench.engine.metrics import ServingMetrics
-from workbench.engine.options import ModelConfig, VersionPolicy
+from workbench.engine.options import VersionPolicy
 from workbench.engine.response_cache import ResponseCache
 from workbench.engine.routing import CanarySplit, Routing, decide, default_version, labels_of, shares
-from workbench.engine.source import RepositorySource
 from workbench.engine.stats import RollingStats
 from workbench.engine.threads import InferenceThreads
 from workbench.errors import Code, ServingError
@@ -95,7 +94,7 @@ class _CacheCounts:
         self._metrics.observe_cache_insert(model, version, seconds)
 
 
-class Engine:
+class Engine(FakeRepository):
     """What ``ModelServer.__init__`` builds around the dataplane, minus the frontends, on a fake loader."""
 
     def __init__(
@@ -106,9 +105,7 @@ class Engine:
         first_load_wait: float = WAIT,
         allow_labels_for_unavailable: bool = False,
     ) -> None:
-        self.root = root
-        self.loader = FakeLoader()
-        self.manager = Manager(self.loader, load_threads=2, allow_labels_for_unavailable=allow_labels_for_unavailable)
+        super().__init__(root, allow_labels_for_unavailable=allow_labels_for_unavailable)
         self.metrics = ServingMetrics()
         self.stats = RollingStats()
         self.threads = InferenceThreads(2, "unit-dataplane")
@@ -125,9 +122,6 @@ class Engine:
             cache=self.cache,
         )
         self.manager.add_listener(self._on_state_change)
-        self.source = RepositorySource(self.manager, poll_wait_seconds=0)
-        self.configs: dict[str, ModelConfig] = {}
-        self.gates: list[threading.Event] = []  # opened at teardown, whatever the test did
 
     def _on_batch(self, record: BatchRecord) -> None:
         self.metrics.observe_batch(record)
@@ -138,37 +132,14 @@ class Engine:
             self.cache.evict(model, version)
 
     # ---------------------------------------------------------------------------------------- models
-    def configure(self, name: str, *versions: int, policy: VersionPolicy = LATEST, **labels: int) -> None:
-        """Make ``name``'s version folders and configure it beside the others; nothing is listed yet."""
-        base = version_folders(self.root, name, *versions)
-        base.mkdir(parents=True, exist_ok=True)
-        self.configs[name] = ModelConfig(name=name, base_path=str(base), policy=policy, labels=labels)
-        self.manager.set_models(self.configs.values())
-
-    def serve(self, name: str, *versions: int, policy: VersionPolicy = LATEST, **labels: int) -> None:
-        """Configure, scan, wait for the loads, apply the labels: the server's ``apply_models`` for ``name``."""
-        self.configure(name, *versions, policy=policy, **labels)
-        self.source.poll_once()
-        assert self.manager.wait_until_settled(WAIT), "the manager did not settle"
-        self.manager.set_labels({name: self.configs[name].labels})
 
     def add_version(self, name: str, version: int) -> None:
         """A new version folder, listed now (its load and the unloads it brings run on the manager's threads)."""
         version_folders(self.root, name, version)
         self.source.poll_once()
 
-    def hold(self, name: str, version: int) -> threading.Event:
-        gate = self.loader.hold(name, version)
-        self.gates.append(gate)
-        return gate
-
-    def servable(self, name: str, version: int) -> FakeServable:
-        return self.loader.servables[(name, version)]
-
     def stop(self) -> None:
-        for gate in self.gates:
-            gate.set()
-        self.manager.stop()
+        super().stop()
         self.threads.shutdown(wait=False)
 
     def state(self, name: str, version: int) -> VersionState | None:
@@ -262,7 +233,7 @@ def cached(make_engine: Callable[..., Engine]) -> Engine:
 def test_a_request_naming_no_version_runs_on_the_newest_and_one_naming_a_version_or_label_on_it(
     engine: Engine,
 ) -> None:
-    engine.serve("m", 1, 2, 3, policy=ALL, old=1)
+    engine.serve("m", 1, 2, 3, policy=ALL, labels={"old": 1})
 
     async def main() -> list[tuple[int, float]]:
         return [
@@ -315,7 +286,7 @@ def test_an_unknown_model_is_not_found_at_once_in_tf_servings_words_and_counted(
 def test_an_unknown_version_or_label_is_refused_with_the_code_and_text_the_frontends_pass_on(
     engine: Engine, spec: ModelSpec, code: Code, message: str
 ) -> None:
-    engine.serve("m", 1, 2, policy=ALL, old=1)
+    engine.serve("m", 1, 2, policy=ALL, labels={"old": 1})
     refused = asyncio.run(engine.refusal(spec))
     assert (refused.code, refused.message) == (code, message)
     assert engine.count(code.name, None) == 1  # refused before any version held it: counted without one
@@ -325,7 +296,7 @@ def test_a_label_on_a_version_that_does_not_serve_is_not_found_for_that_version(
     make_engine: Callable[..., Engine],
 ) -> None:
     engine = make_engine(allow_labels_for_unavailable=True)  # --allow_version_labels_for_unavailable_models
-    engine.serve("m", 1, next=5)  # a label on a version that is not (yet) there
+    engine.serve("m", 1, labels={"next": 5})  # a label on a version that is not (yet) there
     refused = asyncio.run(engine.refusal(ModelSpec("m", label="next")))
     assert (refused.code, refused.message) == (Code.NOT_FOUND, "Servable not found for request: Specific(m, 5)")
 
@@ -568,7 +539,7 @@ def test_a_repeated_request_is_answered_from_the_cache_without_running_the_model
 
 
 def test_the_cache_never_answers_one_version_with_anothers_answer(cached: Engine) -> None:
-    cached.serve("m", 1, 2, policy=ALL, old=1)
+    cached.serve("m", 1, 2, policy=ALL, labels={"old": 1})
 
     async def main() -> list[tuple[int, float]]:
         answers = [

@@ -15,17 +15,16 @@ Nothing here sleeps blindly: every wait is on a condition (the manager's own, or
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
-from fakes import FakeLoader, FakeServable, version_folders
+from fakes import FakeRepository, FakeServable, version_folders
 
-from workbench.engine.manager import Manager, VersionState
-from workbench.engine.options import ModelConfig, VersionPolicy
+from workbench.engine.manager import VersionState
+from workbench.engine.options import VersionPolicy
 from workbench.engine.routing import Routing
-from workbench.engine.source import RepositorySource
 from workbench.errors import Code, ServingError
 
 LATEST = VersionPolicy()  # TF Serving's default policy: latest(1)
@@ -61,59 +60,18 @@ class StateLog:
         assert seen, f"{model} version {version} never reached {state.name}; saw {self.events}"
 
 
-class Bench:
-    """A manager on a fake loader, fed by the real repository source over ``root``'s folders, as the server does."""
+class Bench(FakeRepository):
+    """A manager on a fake loader, fed by the real repository source over ``root``'s folders, as the server does;
+    its state changes recorded."""
 
     def __init__(self, root: Path, **manager_options: bool) -> None:
-        self.root = root
-        self.loader = FakeLoader()
-        self.manager = Manager(self.loader, load_threads=2, **manager_options)  # type: ignore[arg-type]
+        super().__init__(root, **manager_options)
         self.states = StateLog()
         self.manager.add_listener(self.states)
-        self.source = RepositorySource(self.manager, poll_wait_seconds=0)
-        self.configs: dict[str, ModelConfig] = {}
-        self.gates: list[threading.Event] = []  # held loads, let go at teardown whatever the test did
-
-    def configure(
-        self,
-        name: str,
-        *versions: int,
-        policy: VersionPolicy = LATEST,
-        labels: Mapping[str, int] | None = None,
-    ) -> None:
-        """Make ``name``'s version folders and configure it (with the models already configured); no scan yet."""
-        base = version_folders(self.root, name, *versions)
-        base.mkdir(parents=True, exist_ok=True)
-        self.configs[name] = ModelConfig(name=name, base_path=str(base), policy=policy, labels=dict(labels or {}))
-        self.manager.set_models(self.configs.values())
-
-    def serve(
-        self,
-        name: str,
-        *versions: int,
-        policy: VersionPolicy = LATEST,
-        labels: Mapping[str, int] | None = None,
-    ) -> None:
-        """Configure ``name``, scan, wait for its loads and apply its labels: the server's ``apply_models``."""
-        self.configure(name, *versions, policy=policy, labels=labels)
-        self.rescan()
-        self.manager.set_labels({name: self.configs[name].labels})
-
-    def rescan(self) -> None:
-        self.source.poll_once()
-        assert self.manager.wait_until_settled(WAIT), "the manager did not settle"
 
     def add_version(self, name: str, version: int) -> Path:
         version_folders(self.root, name, version)
         return self.root / name / str(version)
-
-    def hold(self, name: str, version: int) -> threading.Event:
-        gate = self.loader.hold(name, version)
-        self.gates.append(gate)
-        return gate
-
-    def servable(self, name: str, version: int) -> FakeServable:
-        return self.loader.servables[(name, version)]
 
     def answer(self, name: str, version: int | None = None, label: str | None = None) -> int:
         """The version that answers a request for ``name`` (``version`` or ``label``, else the default)."""
@@ -140,9 +98,7 @@ def bench(tmp_path: Path) -> Iterator[Bench]:
     try:
         yield made
     finally:
-        for gate in made.gates:
-            gate.set()
-        made.manager.stop()
+        made.stop()
 
 
 def refused(code: Code, call: object, *args: object, **kwargs: object) -> str:

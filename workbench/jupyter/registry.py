@@ -19,10 +19,11 @@ import json
 import logging
 import os
 import re
-import sys
 import time
 from pathlib import Path
 from typing import Any, Protocol
+
+from workbench.runtime.process import pid_exists, write_json_atomically
 
 log = logging.getLogger(__name__)
 
@@ -197,11 +198,8 @@ def register(record: ServerRecord) -> Path | None:
         # Private like Jupyter's runtime dir: the records say which local ports serve which models.
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         path = folder / f"{record.id}.json"
-        tmp = folder / f"{record.id}.json.tmp"  # not *.json: readers never see a half-written record
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(record.to_json(), f, indent=1)
-        os.replace(tmp, path)
+        # Through <id>.json.tmp, which readers' *.json never matches: they never see a half-written record.
+        write_json_atomically(path, record.to_json(), mode=0o600, indent=1)
         return path
     except Exception as exc:  # noqa: BLE001 - listing in Jupyter is a convenience, serving is not
         log.warning("Could not record workbench server %s for Jupyter (%s); serving anyway", record.id, exc)
@@ -271,7 +269,7 @@ def _read_live(path: Path) -> ServerRecord | None:
 
 def is_live(record: ServerRecord) -> bool:
     """Whether the process that wrote ``record`` still runs (and is not another process with its pid)."""
-    if not _pid_exists(record.pid):
+    if not pid_exists(record.pid):
         return False
     stat = _proc_stat(record.pid)
     if stat is not None and stat[0] in ("Z", "X"):  # killed, not yet reaped by its parent (a kernel)
@@ -281,24 +279,6 @@ def is_live(record: ServerRecord) -> bool:
     # No start time to compare: a reused pid almost never runs workbench, and `workbench serve` always does.
     cmdline = _cmdline(record.pid)
     return cmdline is None or "workbench" in cmdline
-
-
-def _pid_exists(pid: int) -> bool:
-    if sys.platform == "win32":  # os.kill(pid, 0) would terminate the process on Windows
-        try:
-            import psutil
-        except ImportError:
-            return True
-        return bool(psutil.pid_exists(pid))
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    except OSError:
-        return False
-    return True
 
 
 def _proc_stat(pid: int) -> tuple[str, int] | None:

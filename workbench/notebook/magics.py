@@ -23,7 +23,6 @@ from IPython.core.magic import Magics, line_magic, magics_class, no_var_expand
 from IPython.core.magic_arguments import argument, kwds, magic_arguments
 from IPython.utils.process import arg_split
 
-from workbench._tf import quiet_tensorflow
 from workbench.bench import (
     DEFAULT_CONCURRENCY,
     DEFAULT_DURATION_S,
@@ -42,6 +41,7 @@ from workbench.notebook.handle import (
     repository_location,
     running_servers,
 )
+from workbench.runtime.tensorflow_runtime import quiet_tensorflow
 from workbench.vocabulary import OPTION_ALIASES, BoolFlag, HelpFormatter, canonical_options, unrecognized_option
 
 if TYPE_CHECKING:  # workbench.export is imported when first used: loading the extension stays cheap

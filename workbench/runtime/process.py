@@ -1,0 +1,51 @@
+"""Processes and the files they leave for each other: one home for "is it alive" and "written all at once"."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def pid_exists(pid: int) -> bool:
+    """Whether a process ``pid`` exists (someone else's counts: it exists, we may not signal it)."""
+    if sys.platform == "win32":  # os.kill(pid, 0) would terminate the process on Windows
+        try:
+            import psutil
+        except ImportError:
+            return True
+        return bool(psutil.pid_exists(pid))
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    return True
+
+
+def parent_gone(parent_pid: int) -> bool:
+    """Whether the process that started this one (``parent_pid``) has exited: once it has, this process is
+    re-parented (to init or a subreaper), so ``getppid`` no longer names it, even if the pid is reused."""
+    return os.getppid() != parent_pid or not pid_exists(parent_pid)
+
+
+def write_json_atomically(
+    path: str | os.PathLike[str], content: Any, *, mode: int = 0o644, indent: int | None = None
+) -> None:
+    """Write ``content`` as JSON to ``path`` so that a reader sees the old file or the whole new one, never a part:
+    into ``<path>.tmp`` beside it (created with ``mode``), then one rename(2). Raises OSError as ``open`` does."""
+    target = Path(path)
+    tmp = target.with_name(target.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(content, f, indent=indent)
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
