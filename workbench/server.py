@@ -167,7 +167,9 @@ class ModelServer:
             self._executor, lambda servable: self._batching.get(servable.name), listener=self._on_batch
         )
         self.cache = (
-            ResponseCache(options.response_cache_bytes, options.response_cache_models, _CacheCounts(self))
+            ResponseCache(
+                options.response_cache_bytes, options.response_cache_models, CacheCounts(self.stats, self.metrics)
+            )
             if options.response_cache_bytes > 0
             else None
         )
@@ -565,11 +567,11 @@ class ModelServer:
         await asyncio.gather(*closing)
 
 
-class _CacheCounts:
+class CacheCounts:
     """The response cache's lookups, counted in the server's live stats and its metrics (Triton's ``nv_cache_*``)."""
 
-    def __init__(self, server: ModelServer) -> None:
-        self._stats, self._metrics = server.stats, server.metrics
+    def __init__(self, stats: RollingStats, metrics: ServingMetrics) -> None:
+        self._stats, self._metrics = stats, metrics
 
     def cache_lookup(self, model: str, version: int, hit: bool, seconds: float) -> None:
         self._stats.record_cache(model, version, hit)

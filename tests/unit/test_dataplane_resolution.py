@@ -43,6 +43,7 @@ from workbench.engine.routing import CanarySplit, Routing, decide, default_versi
 from workbench.engine.stats import RollingStats
 from workbench.engine.threads import InferenceThreads
 from workbench.errors import Code, ServingError
+from workbench.server import CacheCounts
 from workbench.signatures import Signature
 
 WAIT = 5.0  # seconds any one wait may take before a test fails (they take milliseconds)
@@ -80,20 +81,6 @@ async def outcome_within(task: asyncio.Future[Any], seconds: float) -> str | Non
 
 
 # ------------------------------------------------------------------------------------------------ the engine
-class _CacheCounts:
-    """The response cache's lookups counted in the stats and the metrics, as the server's ``_CacheCounts``."""
-
-    def __init__(self, stats: RollingStats, metrics: ServingMetrics) -> None:
-        self._stats, self._metrics = stats, metrics
-
-    def cache_lookup(self, model: str, version: int, hit: bool, seconds: float) -> None:
-        self._stats.record_cache(model, version, hit)
-        self._metrics.observe_cache_lookup(model, version, hit, seconds)
-
-    def cache_insert(self, model: str, version: int, seconds: float) -> None:
-        self._metrics.observe_cache_insert(model, version, seconds)
-
-
 class Engine(FakeRepository):
     """What ``ModelServer.__init__`` builds around the dataplane, minus the frontends, on a fake loader."""
 
@@ -110,7 +97,7 @@ class Engine(FakeRepository):
         self.stats = RollingStats()
         self.threads = InferenceThreads(2, "unit-dataplane")
         self.scheduler = BatchScheduler(self.threads, lambda servable: None, listener=self._on_batch)
-        counts = _CacheCounts(self.stats, self.metrics)
+        counts = CacheCounts(self.stats, self.metrics)
         self.cache = ResponseCache(1 << 20, cache_models, counts) if cache_models else None
         self.dataplane = Dataplane(
             self.manager,
