@@ -31,7 +31,7 @@ from workbench.demo import save_half_plus_two  # noqa: E402
 
 
 def in_process_median_ms(path: Path, inputs: dict[str, np.ndarray], calls: int = 3000) -> float:
-    from workbench.engine import inference
+    from workbench.core import inference
     from workbench.platforms.tensorflow import load_saved_model
 
     servable = load_saved_model("m", 1, str(path))

@@ -8,7 +8,7 @@ A TensorFlow SavedModel with 16 MiB of weights has two versions; version 2 serve
 through the management API, predicts with it once, unloads it and waits for its END; VmRSS is read from /proc after
 each cycle. Four servers, one at a time: TensorFlow's two CPU allocators (oneDNN's, its default on x86, and the
 plain one with TF_ENABLE_ONEDNN_OPTS=0), each as shipped (malloc_trim(0) after every unload,
-workbench/engine/harness.py) and with that call replaced by nothing, in the child process only.
+workbench/models/harness.py) and with that call replaced by nothing, in the child process only.
 
 Measured on the 2-core machine (TensorFlow 2.21, glibc): oneDNN's allocator keeps a freed version in its own pool
 for the next load (about one version above the start after the cycles, no growth, trim or not); the plain
@@ -46,7 +46,7 @@ MODEL = "weighty"
 WEIGHTS_MIB = 16
 # `workbench serve` with the unload's malloc_trim replaced by nothing: the "before" of the mitigation.
 WITHOUT_TRIM = (
-    "import sys, workbench.engine.harness as harness; harness.return_freed_memory = lambda: None; "
+    "import sys, workbench.models.harness as harness; harness.return_freed_memory = lambda: None; "
     "from workbench.cli import main; sys.exit(main())"
 )
 

@@ -162,7 +162,7 @@ async def serve_asgi(app: Any, port: int, http_server: str) -> None:
 
 def serve_workbench_app_twice(base_path: str, uvicorn_port: int, granian_port: int) -> None:
     """One workbench server (gRPC, dataplane, REST under uvicorn) whose REST app granian also serves on a port."""
-    from workbench.engine.options import ServerOptions
+    from workbench.config.options import ServerOptions
     from workbench.server import ServerThread
 
     options = ServerOptions(port=0, rest_api_port=uvicorn_port, model_name=HP2, model_base_path=base_path)

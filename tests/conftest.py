@@ -16,7 +16,7 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from workbench.engine.options import ServerOptions  # noqa: E402
+from workbench.config.options import ServerOptions  # noqa: E402
 from workbench.jupyter import registry  # noqa: E402
 from workbench.server import ServerThread  # noqa: E402
 

@@ -29,7 +29,7 @@ from tensorflow_serving.apis import (
 )
 from waiting import wait_until
 
-from workbench.engine.options import ServerOptions
+from workbench.config.options import ServerOptions
 from workbench.server import ServerThread
 
 DIABETES_FEATURES = ("age", "sex", "bmi", "bp", "s1", "s2", "s3", "s4", "s5", "s6")

@@ -32,7 +32,7 @@ from waiting import (
     wait_until,
 )
 
-from workbench.engine.batching import (
+from workbench.batching.scheduler import (
     INLINE_PLATFORMS,
     BatchRecord,
     BatchScheduler,
@@ -43,10 +43,10 @@ from workbench.engine.batching import (
     padded_size,
     split,
 )
-from workbench.engine.batching_config import BatchingParameters, parse_batching_parameters
-from workbench.engine.options import ServerOptions
-from workbench.engine.servable import Servable
-from workbench.errors import Code, ServingError
+from workbench.config.batching_parameters import BatchingParameters, parse_batching_parameters
+from workbench.config.options import ServerOptions
+from workbench.core.servable import Servable
+from workbench.core.errors import Code, ServingError
 from workbench.platforms.tensorflow import load_saved_model
 from workbench.server import ServerThread
 

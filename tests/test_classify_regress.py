@@ -18,7 +18,7 @@ from tensorflow_serving.apis import (
     regression_pb2,
 )
 
-from workbench.errors import ServingError
+from workbench.core.errors import ServingError
 from workbench.protocol.examples import input_from_json, serialized_examples
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -375,7 +375,7 @@ CLASSIFY = "tensorflow/serving/classify"
 @pytest.fixture(scope="module")
 def declared_float(tmp_path_factory):
     """A server of a model like TF Serving's saved_model_half_plus_three (y = 0.5 * x + 3), REST and gRPC."""
-    from workbench.engine.options import ServerOptions
+    from workbench.config.options import ServerOptions
     from workbench.server import ServerThread
 
     base = tmp_path_factory.mktemp("declared_float") / "half_plus_three"

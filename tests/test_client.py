@@ -12,8 +12,8 @@ import requests
 from waiting import model_config_text, port_is_free
 
 from workbench.client import Client, Prediction
-from workbench.engine.options import ServerOptions
-from workbench.errors import Code, ServingError
+from workbench.config.options import ServerOptions
+from workbench.core.errors import Code, ServingError
 from workbench.server import ServerThread
 
 PROTOCOLS = ["rest", "grpc"]

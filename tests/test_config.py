@@ -9,8 +9,8 @@ import pytest
 import requests
 from waiting import RequestLoop, model_config_text, version_states, wait_until, write_atomically
 
-from workbench.engine.options import ServerOptions
-from workbench.errors import ServingError
+from workbench.config.options import ServerOptions
+from workbench.core.errors import ServingError
 from workbench.server import ServerThread
 
 OK = {"error_code": "OK", "error_message": ""}

@@ -34,8 +34,8 @@ from tensorflow_serving.config import model_server_config_pb2
 from waiting import wait_until
 
 from workbench.cli import build_parser
-from workbench.entrypoint import DEFAULT_MODEL_BASE_PATH, DEFAULT_MODEL_NAME, IMAGE_DEFAULTS, serve_arguments
-from workbench.manifests import MANAGEMENT_SECRET
+from workbench.deploy.entrypoint import DEFAULT_MODEL_BASE_PATH, DEFAULT_MODEL_NAME, IMAGE_DEFAULTS, serve_arguments
+from workbench.deploy.manifests import MANAGEMENT_SECRET
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
@@ -356,7 +356,7 @@ def test_the_image_exposes_tf_servings_ports_and_runs_the_entrypoint() -> None:
     (entrypoint,) = final.all("ENTRYPOINT")
     assert entrypoint.json, "exec form, so that the server is PID 1 and gets the signals"
     scripts = project()["project"]["scripts"]
-    assert scripts.get(entrypoint.value[0]) == "workbench.entrypoint:main"
+    assert scripts.get(entrypoint.value[0]) == "workbench.deploy.entrypoint:main"
     environment = {}
     for command in final.all("ENV"):
         environment.update(zip(command.value[::2], command.value[1::2], strict=True))

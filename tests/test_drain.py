@@ -30,7 +30,7 @@ from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 from test_cli import START_DEADLINE_S, Workbench, free_port
 from waiting import model_config_text, place_atomically, wait_until
 
-from workbench.engine.options import ServerOptions
+from workbench.config.options import ServerOptions
 from workbench.server import ServerThread
 
 ONE = {"instances": [1.0]}

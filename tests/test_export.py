@@ -16,8 +16,10 @@ import tensorflow as tf
 from tensorflow_serving.apis import prediction_log_pb2
 from waiting import version_states, wait_until
 
-from workbench.engine import inference, warmup
-from workbench.engine.servable import Servable
+from workbench.core import inference
+
+from workbench.models import warmup
+from workbench.core.servable import Servable
 from workbench.export import ExportError, ExportResult, export
 from workbench.platforms.tensorflow import load_saved_model
 

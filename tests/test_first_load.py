@@ -35,16 +35,16 @@ from test_cli import free_port
 from tritonclient.utils import InferenceServerException
 from waiting import wait_until
 
-from workbench.dataplane import Dataplane, ModelSpec
-from workbench.engine.batching import BatchScheduler
-from workbench.engine.manager import DiskVersion, Manager
-from workbench.engine.metrics import ServingMetrics
-from workbench.engine.options import ModelConfig
-from workbench.engine.servable import Servable
-from workbench.engine.stats import RollingStats
-from workbench.engine.threads import InferenceThreads
-from workbench.errors import Code, ServingError
-from workbench.signatures import Signature
+from workbench.planes.dataplane import Dataplane, ModelSpec
+from workbench.batching.scheduler import BatchScheduler
+from workbench.models.manager import DiskVersion, Manager
+from workbench.observability.metrics import ServingMetrics
+from workbench.config.options import ModelConfig
+from workbench.core.servable import Servable
+from workbench.observability.stats import RollingStats
+from workbench.batching.threads import InferenceThreads
+from workbench.core.errors import Code, ServingError
+from workbench.core.signatures import Signature
 
 # ----------------------------------------------------------------------------------- the engine, no sockets
 

@@ -25,7 +25,7 @@ from tensorflow_serving.apis import (
 )
 from tensorflow_serving.config import model_server_config_pb2
 
-from workbench.engine.options import ServerOptions
+from workbench.config.options import ServerOptions
 from workbench.server import ServerThread
 
 sys.path.insert(0, str(Path(__file__).parent))

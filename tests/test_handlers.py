@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import models  # noqa: E402  (tests/models.py)
 
-from workbench.engine.options import ServerOptions  # noqa: E402
+from workbench.config.options import ServerOptions  # noqa: E402
 from workbench.platforms import Loader, LoadPolicy  # noqa: E402
 from workbench.server import ServerThread  # noqa: E402
 

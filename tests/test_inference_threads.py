@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from workbench.engine.threads import InferenceThreads, caller
+from workbench.batching.threads import InferenceThreads, caller
 
 
 def occupy(call: Callable[..., object]) -> threading.Event:
@@ -74,7 +74,7 @@ def test_a_failing_call_is_logged_and_the_thread_goes_on(caplog: pytest.LogCaptu
     threads = InferenceThreads(1, "test-fail")
     after = threading.Event()
     try:
-        with caplog.at_level(logging.ERROR, logger="workbench.engine.threads"):
+        with caplog.at_level(logging.ERROR, logger="workbench.batching.threads"):
             threads.call(divmod, 1, 0)
             threads.call(after.set)
             assert after.wait(10)

@@ -9,10 +9,10 @@ import math
 import numpy as np
 import pytest
 
-from workbench.errors import Code, ServingError
+from workbench.core.errors import Code, ServingError
 from workbench.protocol import json_tensor
 from workbench.protocol.json_tensor import Format, decode_tensor, dumps, encode_predict_response, to_json_value
-from workbench.signatures import TensorSpec
+from workbench.core.signatures import TensorSpec
 
 
 def spec(dtype: object, alias: str = "x", shape: tuple[int, ...] | None = None) -> TensorSpec:

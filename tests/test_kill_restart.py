@@ -25,7 +25,7 @@ from waiting import wait_until
 
 import workbench
 from workbench.client import Client
-from workbench.errors import Code, ServingError
+from workbench.core.errors import Code, ServingError
 from workbench.notebook.handle import ServerDied, ServerHandle
 
 STABLE, CANARY = 1, 2

@@ -25,7 +25,7 @@ ABOVE_THE_ENGINE = [
     PACKAGE / "signatures.py",
     PACKAGE / "errors.py",
 ]
-BELOW = ("workbench.engine", "workbench.dataplane", "workbench.frontends", "workbench.server", "workbench.platforms")
+BELOW = ("workbench.engine", "workbench.planes.dataplane", "workbench.frontends", "workbench.server", "workbench.platforms")
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -61,8 +61,8 @@ def test_the_runtime_floor_imports_nothing_else_of_workbench(path: Path) -> None
 
 def test_the_check_sees_an_engine_import_inside_a_function(tmp_path: Path) -> None:
     module = tmp_path / "m.py"
-    module.write_text("def f():\n    from workbench.engine.manager import Manager\n")
-    assert "workbench.engine.manager" in imported_modules(module)
+    module.write_text("def f():\n    from workbench.models.manager import Manager\n")
+    assert "workbench.models.manager" in imported_modules(module)
 
 
 CLIENT_SCRIPT = """

@@ -1,4 +1,4 @@
-"""workbench.manifests, ``%serve manifests`` and ``workbench manifests``: what they render validates as the API
+"""workbench.deploy.manifests, ``%serve manifests`` and ``workbench manifests``: what they render validates as the API
 servers would check it (Kubernetes' schemas through kubernetes-validate, KServe's CRD schemas), says what it must
 (replicas, storage, the model's routing), equals the examples in deploy/ for the examples' inputs, and comes from a
 real server's routing through IPython and the command line."""
@@ -21,8 +21,8 @@ from IPython.core.interactiveshell import InteractiveShell
 from waiting import wait_until
 
 from workbench import cli
-from workbench.engine.routing_state import ROUTING_FILE, decode
-from workbench.manifests import (
+from workbench.models.routing.store import ROUTING_FILE, decode
+from workbench.deploy.manifests import (
     DEFAULT_IMAGE,
     MANAGEMENT_SECRET,
     Manifests,

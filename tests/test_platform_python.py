@@ -19,8 +19,8 @@ from tensorflow_serving.apis import get_model_metadata_pb2, predict_pb2, predict
 sys.path.insert(0, str(Path(__file__).parent))
 
 import workbench  # noqa: E402
-from workbench.engine.options import ServerOptions  # noqa: E402
-from workbench.errors import ServingError  # noqa: E402
+from workbench.config.options import ServerOptions  # noqa: E402
+from workbench.core.errors import ServingError  # noqa: E402
 from workbench.platforms import LoadPolicy, python  # noqa: E402
 from workbench.server import ServerThread  # noqa: E402
 

@@ -14,8 +14,8 @@ import requests
 from waiting import wait_until
 
 from workbench import platforms
-from workbench.engine.options import parse_model_config_file
-from workbench.errors import Code, ServingError
+from workbench.config.options import parse_model_config_file
+from workbench.core.errors import Code, ServingError
 
 
 @pytest.fixture
@@ -109,9 +109,9 @@ from pathlib import Path
 
 import numpy as np
 
-from workbench.engine.servable import Servable
+from workbench.core.servable import Servable
 from workbench.platforms import Platform
-from workbench.signatures import DEFAULT_SIGNATURE, PREDICT_METHOD, Signature, TensorSpec
+from workbench.core.signatures import DEFAULT_SIGNATURE, PREDICT_METHOD, Signature, TensorSpec
 
 PLATFORM = Platform("constant", ("model.const",), "wb_constant_platform")
 

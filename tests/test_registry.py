@@ -14,7 +14,7 @@ import pytest
 import requests
 from waiting import wait_until
 
-from workbench.engine.options import ServerOptions
+from workbench.config.options import ServerOptions
 from workbench.jupyter import registry
 from workbench.jupyter.registry import ServerRecord
 from workbench.server import ServerThread

@@ -14,7 +14,7 @@ its END. The server's resident memory (``VmRSS`` from /proc) is read after every
 
 It runs with both of TensorFlow's CPU allocators: oneDNN's (its default on x86), which keeps freed tensors in a pool
 of its own and reuses them, and the plain one (``TF_ENABLE_ONEDNN_OPTS=0``), which hands them to malloc. There,
-without the server's ``malloc_trim`` after each unload (workbench/engine/harness.py), glibc kept up to eight freed
+without the server's ``malloc_trim`` after each unload (workbench/models/harness.py), glibc kept up to eight freed
 copies beside the live ones: 137 MB more after the cycles than before them (benchmarks/reload_memory.py).
 """
 

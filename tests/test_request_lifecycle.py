@@ -25,7 +25,7 @@ from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 from waiting import states_are, wait_until
 
-from workbench.engine.harness import Harness
+from workbench.models.harness import Harness
 from workbench.protocol.tensor_proto import from_numpy, to_numpy
 from workbench.server import ServerThread
 

@@ -27,13 +27,13 @@ from tensorflow_serving.apis import (
 from test_warmup import save_counter_model
 from waiting import model_config_text, place_atomically, version_states, wait_until, write_atomically
 
-from workbench.engine.options import ModelConfig, parse_model_config_file
-from workbench.engine.prediction_logs import PredictEntry
-from workbench.engine.request_log import RequestLogger
-from workbench.engine.request_log_config import RequestLogConfig
-from workbench.engine.request_log_files import log_files
-from workbench.engine.warmup import read_warmup_records
-from workbench.errors import Code, ServingError
+from workbench.config.options import ModelConfig, parse_model_config_file
+from workbench.observability.prediction_logs import PredictEntry
+from workbench.observability.request_logger import RequestLogger
+from workbench.config.request_logging import RequestLogConfig
+from workbench.protocol.request_log_files import log_files
+from workbench.models.warmup import read_warmup_records
+from workbench.core.errors import Code, ServingError
 from workbench.request_log import RequestLog, read_request_log, write_warmup_file
 
 X = {"instances": [[1.0], [3.0]]}  # half_plus_two: [[2.5], [3.5]]

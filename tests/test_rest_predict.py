@@ -19,7 +19,7 @@ import models  # noqa: E402  (tests/models.py)
 def server(tmp_path_factory, model_store):
     import shutil
 
-    from workbench.engine.options import ServerOptions
+    from workbench.config.options import ServerOptions
     from workbench.server import ServerThread
 
     root = tmp_path_factory.mktemp("predict")

@@ -1,4 +1,4 @@
-"""Routing decisions as pure functions (workbench.engine.routing): plain data in, a decision out, no server."""
+"""Routing decisions as pure functions (workbench.models.routing.policy): plain data in, a decision out, no server."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from collections import Counter
 
 import pytest
 
-from workbench.engine import routing as r
-from workbench.engine.routing import CanarySplit, Decision, Routing, decide
-from workbench.engine.routing_state import DamagedRoutingState, decode, encode
-from workbench.errors import Code, ServingError
+from workbench.models.routing import policy as r
+from workbench.models.routing.policy import CanarySplit, Decision, Routing, decide
+from workbench.models.routing.store import DamagedRoutingState, decode, encode
+from workbench.core.errors import Code, ServingError
 
 
 def decision(routing: Routing, available=(), on_disk=(1, 2, 3), policy=(3,), held=()) -> Decision:

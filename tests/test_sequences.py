@@ -27,7 +27,7 @@ from tritonclient.utils import InferenceServerException
 import workbench
 from workbench import PythonModel
 from workbench.client import Client
-from workbench.engine.sequences import (
+from workbench.batching.sequences import (
     Controls,
     SequenceBatcher,
     SequenceRequest,
@@ -35,9 +35,9 @@ from workbench.engine.sequences import (
     Strategy,
     sequence_request,
 )
-from workbench.errors import Code, ServingError
+from workbench.core.errors import Code, ServingError
 from workbench.server import ServerThread
-from workbench.signatures import Signature
+from workbench.core.signatures import Signature
 
 RUNNING_TOTAL = """
 import workbench

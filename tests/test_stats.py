@@ -12,8 +12,8 @@ import pytest
 import requests
 from waiting import model_config_text
 
-from workbench.engine.stats import RollingStats
-from workbench.peers import merge_stats
+from workbench.observability.stats import RollingStats
+from workbench.observability.whole_server import merge_stats
 
 ENTRY_KEYS = {
     "requests_per_second",

@@ -33,9 +33,9 @@ from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
 from workbench.cli import main
 from workbench.client import Client
-from workbench.engine.extra_protos import SSLConfig
-from workbench.engine.options import ServerOptions, parse_ssl_config_file
-from workbench.errors import Code, ServingError
+from workbench.config.tf_serving_protos import SSLConfig
+from workbench.config.options import ServerOptions, parse_ssl_config_file
+from workbench.core.errors import Code, ServingError
 from workbench.jupyter import registry
 from workbench.notebook.handle import ServerHandle
 from workbench.server import ServerThread
@@ -291,7 +291,7 @@ def test_client_verify_without_custom_ca_trusts_grpcs_default_roots_as_tf_servin
         server_cert=pki.server_cert.read_text(),
         client_verify=True,
     )
-    with caplog.at_level(logging.WARNING, logger="workbench.engine.options"):
+    with caplog.at_level(logging.WARNING, logger="workbench.config.options"):
         server = serve(model_repository=str(repository), ssl_config_file=str(config))
     assert "client_verify without custom_ca" in caplog.text
     # A client certificate from a private CA is not one a public CA issued: refused.

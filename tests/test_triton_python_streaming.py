@@ -24,14 +24,14 @@ from stream_callbacks import Collected, is_final
 from tritonclient.utils import InferenceServerException
 from waiting import wait_until
 
-from workbench.engine import triton_config
-from workbench.engine.options import ServerOptions
-from workbench.engine.sequences import Controls, SequenceBatcher, SequenceRequest, SequenceSettings, Strategy
-from workbench.errors import ServingError
+from workbench.config import triton_model_config as triton_config
+from workbench.config.options import ServerOptions
+from workbench.batching.sequences import Controls, SequenceBatcher, SequenceRequest, SequenceSettings, Strategy
+from workbench.core.errors import ServingError
 from workbench.platforms import LoadPolicy, triton
 from workbench.platforms import triton_python as triton_python_platform
 from workbench.server import ServerThread
-from workbench.signatures import Signature
+from workbench.core.signatures import Signature
 
 # ===================================================================================== a decoupled model
 # Triton's decoupled idiom: execute starts a thread per request and returns None; the thread sends N responses

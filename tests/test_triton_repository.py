@@ -17,9 +17,9 @@ import tritonclient.http as triton_http
 from onnx import TensorProto, helper
 from tritonclient.utils import InferenceServerException
 
-from workbench.engine import triton_config
-from workbench.engine.options import ServerOptions, VersionPolicy, discover_models
-from workbench.errors import ServingError
+from workbench.config import triton_model_config as triton_config
+from workbench.config.options import ServerOptions, VersionPolicy, discover_models
+from workbench.core.errors import ServingError
 from workbench.server import ServerThread
 
 # ================================================================================================ the repository

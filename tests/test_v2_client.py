@@ -16,8 +16,8 @@ from waiting import model_config_text, wait_until
 from workbench import cli
 from workbench.bench import run_load
 from workbench.client import Client, Prediction
-from workbench.engine.options import ServerOptions
-from workbench.errors import Code, ServingError
+from workbench.config.options import ServerOptions
+from workbench.core.errors import Code, ServingError
 from workbench.notebook.widgets import LoadPanel, QueryPanel
 from workbench.protocol import v2_client as v2
 from workbench.server import ServerThread

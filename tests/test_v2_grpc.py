@@ -26,8 +26,8 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 from waiting import place_atomically, wait_until
 
-from workbench.engine.options import ServerOptions
-from workbench.errors import ServingError
+from workbench.config.options import ServerOptions
+from workbench.core.errors import ServingError
 from workbench.protocol import v2_grpc, v2_models
 from workbench.server import ServerThread
 

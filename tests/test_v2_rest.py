@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from waiting import model_config_text, wait_until  # noqa: E402  (tests/waiting.py)
 
-from workbench.engine.options import ServerOptions  # noqa: E402
+from workbench.config.options import ServerOptions  # noqa: E402
 from workbench.server import ServerThread  # noqa: E402
 
 ALL_VERSIONS = "model_version_policy { all {} }"

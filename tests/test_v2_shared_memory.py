@@ -30,9 +30,9 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException, serialize_byte_tensor
 
 from workbench.cli import FlagError, serve_options
-from workbench.engine.options import ServerOptions
-from workbench.engine.shared_memory import SharedMemoryRegistry
-from workbench.errors import Code, ServingError
+from workbench.config.options import ServerOptions
+from workbench.planes.shared_memory import SharedMemoryRegistry
+from workbench.core.errors import Code, ServingError
 from workbench.frontends.auth import is_local_peer
 from workbench.frontends.v2_shared_memory import SharedMemoryAccess
 from workbench.protocol import v2_json
@@ -625,7 +625,7 @@ def test_an_object_shrunk_after_registering_is_refused_not_read(regions: Any):
 
 
 def test_the_regions_count_is_bounded_too(regions: Any, monkeypatch: pytest.MonkeyPatch):
-    from workbench.engine import shared_memory
+    from workbench.planes import shared_memory
 
     monkeypatch.setattr(shared_memory, "MAX_REGIONS", 2)  # 256 in a server; the same check, reached sooner
     regions("count", 8)

@@ -24,8 +24,8 @@ from tritonclient.utils import InferenceServerException
 from waiting import wait_until
 
 from workbench.client import Client
-from workbench.engine.options import ServerOptions
-from workbench.errors import ServingError
+from workbench.config.options import ServerOptions
+from workbench.core.errors import ServingError
 from workbench.frontends import v2_stream
 from workbench.platforms import LoadPolicy, python
 from workbench.server import ServerThread

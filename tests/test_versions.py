@@ -21,7 +21,7 @@ from waiting import (
     wait_until,
 )
 
-from workbench.engine.harness import Harness
+from workbench.models.harness import Harness
 
 OK = {"error_code": "OK", "error_message": ""}
 V1_ANSWER = '{"predictions":[[2.5]]}'  # hp2: 0.5 * 1 + 2

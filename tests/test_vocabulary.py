@@ -29,7 +29,7 @@ from workbench.bench import DEFAULT_CONCURRENCY, DEFAULT_DURATION_S, DEFAULT_PRO
 from workbench.client import Client
 from workbench.notebook.handle import ServerHandle
 from workbench.notebook.magics import parse_arguments
-from workbench.vocabulary import SERVER_KEYWORD_ALIASES
+from workbench.config.vocabulary import SERVER_KEYWORD_ALIASES
 
 BENCH_REQUIRED = ["--target=127.0.0.1:1", "--model=m", '--inputs={"x": [[1.0]]}']
 

@@ -37,7 +37,7 @@ from waiting import wait_until
 
 import workbench
 from workbench.bench import run_load
-from workbench.workers import resolve_num_workers
+from workbench.deploy.workers import resolve_num_workers
 
 CONNECTIONS = 24  # new connections per check: both workers get some (each misses with odds 2 ** -24)
 
@@ -259,7 +259,7 @@ def test_sigterm_under_load_drains_every_worker_and_loses_no_accepted_request(ga
         log = wb.stderr
         for worker in (0, 1):
             assert f"[worker {worker}] workbench.server: Every accepted request finished" in log, log[-3000:]
-        assert log.rindex("workbench.workers: Stopped") > log.rindex("workbench.server: Stopped")
+        assert log.rindex("workbench.deploy.workers: Stopped") > log.rindex("workbench.server: Stopped")
     finally:
         wb.kill()
 

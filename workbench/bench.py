@@ -25,8 +25,8 @@ import numpy as np
 from workbench.client import GRPC_PROTOCOLS, V2_PROTOCOLS, ClientTLS, canonical_protocol
 from workbench.client import PROTOCOLS as PROTOCOLS  # the front ends' --protocol choices, with their defaults here
 from workbench.protocol import v2_client as v2
-from workbench.signatures import DEFAULT_SIGNATURE
-from workbench.vocabulary import renamed_keywords
+from workbench.core.signatures import DEFAULT_SIGNATURE
+from workbench.config.vocabulary import renamed_keywords
 
 PREDICT_METHOD = "/tensorflow.serving.PredictionService/Predict"
 

@@ -1,6 +1,6 @@
 """``workbench serve | demo | bench``: the command line, with ``tensorflow_model_server``'s flag names.
 
-Flags are parsed with argparse, in the vocabulary of :mod:`workbench.vocabulary`: TF Serving's names, with
+Flags are parsed with argparse, in the vocabulary of :mod:`workbench.config.vocabulary`: TF Serving's names, with
 earlier spellings (``--rest_port``, ``--repo``, ``--clients`` ...) and dashes for underscores accepted, and a
 mistyped flag answered with the nearest one. Booleans take TF Serving's forms (``--flag``, ``--flag=true``,
 ``--flag=false``). A TF Serving flag this server does not implement is refused by name, never ignored.
@@ -20,10 +20,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from workbench.bench import DEFAULT_CONCURRENCY, DEFAULT_DURATION_S, DEFAULT_PROTOCOL, GRPC_PROTOCOLS, PROTOCOLS
-from workbench.vocabulary import BoolFlag, HelpFormatter, canonical_options, did_you_mean, unrecognized_option
+from workbench.config.vocabulary import BoolFlag, HelpFormatter, canonical_options, did_you_mean, unrecognized_option
 
 if TYPE_CHECKING:
-    from workbench.engine.options import ServerOptions
+    from workbench.config.options import ServerOptions
 
 # TensorFlow's C++ INFO lines are noise for a server operator; warnings and errors still show.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
@@ -305,7 +305,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
 
     # Set by notebook handles, not by people: it works, but --help does not list it.
     p.add_argument("--parent_pid", type=int, default=0, help=argparse.SUPPRESS)  # stop when this process exits
-    # Set by the supervisor of --num_workers (workbench.workers) on each worker it starts.
+    # Set by the supervisor of --num_workers (workbench.deploy.workers) on each worker it starts.
     p.add_argument("--worker_of", default="", help=argparse.SUPPRESS)  # the supervisor's run folder
     p.add_argument("--worker_index", type=int, default=0, help=argparse.SUPPRESS)
     for name in UNSUPPORTED_TF_SERVING_FLAGS:
@@ -347,7 +347,7 @@ def management_token(flag: str, host: str) -> str:
 
 def _check_serve_args(args: argparse.Namespace) -> int:
     """The number of workers the flags ask for, once they make sense together; raises :class:`FlagError`."""
-    from workbench.workers import resolve_num_workers
+    from workbench.deploy.workers import resolve_num_workers
 
     refused = [n for n in UNSUPPORTED_TF_SERVING_FLAGS if getattr(args, f"x_{n}") is not None]
     if refused:
@@ -368,8 +368,8 @@ def _check_serve_args(args: argparse.Namespace) -> int:
         raise FlagError("--grpc_socket_path serves one process, not --num_workers")
     if args.wait_for_model_load_seconds < 0:
         raise FlagError("--wait_for_model_load_seconds cannot be negative (0 answers at once)")
-    from workbench.engine.model_control import ControlMode, check_load_models
-    from workbench.errors import ServingError
+    from workbench.config.model_control import ControlMode, check_load_models
+    from workbench.core.errors import ServingError
 
     try:
         mode = ControlMode.parse(args.model_control_mode)
@@ -388,7 +388,7 @@ def _check_serve_args(args: argparse.Namespace) -> int:
 
 
 def _server_options(args: argparse.Namespace, num_workers: int) -> ServerOptions:
-    from workbench.engine.options import ServerOptions
+    from workbench.config.options import ServerOptions
 
     return ServerOptions(
         port=args.port,
@@ -471,7 +471,7 @@ def _serve(args: argparse.Namespace) -> int:
             print(f"workbench serve: {line}", file=sys.stderr)
         return 2
     if num_workers > 1 and not args.worker_of:
-        from workbench.errors import ServingError
+        from workbench.core.errors import ServingError
 
         try:  # every worker reads the TLS files: a bad one is said once here, not by workers restarting forever
             options = _server_options(args, num_workers)
@@ -483,7 +483,7 @@ def _serve(args: argparse.Namespace) -> int:
         return _supervise(args, num_workers)
     options = _server_options(args, num_workers)
     _configure_logging(f"[worker {args.worker_index}] " if args.worker_of else "")
-    from workbench.errors import ServingError
+    from workbench.core.errors import ServingError
     from workbench.server import run
 
     try:
@@ -498,7 +498,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _supervise(args: argparse.Namespace, num_workers: int) -> int:
     """``--num_workers`` above 1: this process starts the workers (before importing gRPC or TensorFlow)."""
-    from workbench.workers import Supervisor
+    from workbench.deploy.workers import Supervisor
 
     _configure_logging()
     words: list[str] = args.words
@@ -679,7 +679,7 @@ def _manifests_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[
 
 
 def _manifests(args: argparse.Namespace) -> int:
-    from workbench.manifests import DEFAULT_IMAGE, render_manifests
+    from workbench.deploy.manifests import DEFAULT_IMAGE, render_manifests
 
     routing = None
     storage_uri = args.storage_uri

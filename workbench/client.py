@@ -5,7 +5,7 @@ The same call works over four protocols: TF Serving's (``protocol="rest"`` or ``
 spelled ``"v2-rest"``, or ``"v2-grpc"``), against workbench, a real TF Serving (TF Serving's protocols) or any v2
 server such as Triton (v2's). The management methods are workbench's own. Input dtypes come from the model's
 metadata, fetched once per model, so ``client.predict("m", [[1.0]])`` sends float32 when the signature says so.
-Every answer carries its latency; errors are :class:`~workbench.errors.ServingError` with the server's
+Every answer carries its latency; errors are :class:`~workbench.core.errors.ServingError` with the server's
 code and message. :meth:`Client.stream` iterates one request's responses (a decoupled model's 0..n) as they arrive,
 over v2 gRPC's ``ModelStreamInfer``.
 
@@ -30,11 +30,11 @@ from typing import Any
 import numpy as np
 import requests
 
-from workbench.errors import Code, ServingError
+from workbench.core.errors import Code, ServingError
 from workbench.protocol import v2_client as v2
 from workbench.protocol.signature_defs import signature_from_proto, signatures_from_json
-from workbench.signatures import DEFAULT_SIGNATURE, Signature
-from workbench.vocabulary import renamed_keywords
+from workbench.core.signatures import DEFAULT_SIGNATURE, Signature
+from workbench.config.vocabulary import renamed_keywords
 
 # The protocols, by the names every front end uses (``--protocol`` of ``workbench bench`` and ``%serve``);
 # "v2" is short for "v2-rest".

@@ -55,14 +55,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from workbench import platforms
-from workbench.engine.storage import RemoteFolder, StorageError, is_remote, join, redact
+from workbench.runtime.storage import RemoteFolder, StorageError, is_remote, join, redact
 from workbench.runtime.tensorflow_runtime import quiet_tensorflow
-from workbench.vocabulary import renamed_keywords
+from workbench.config.vocabulary import renamed_keywords
 
 if TYPE_CHECKING:  # only for annotations: importing TensorFlow at runtime is slow
     from numpy.typing import ArrayLike
 
-    from workbench.signatures import Signature, TensorSpec
+    from workbench.core.signatures import Signature, TensorSpec
 
 __all__ = ["ExportError", "ExportResult", "export"]
 
@@ -203,7 +203,7 @@ def _check_version(version: int) -> None:
 
 def _existing_versions(base: Path) -> set[int]:
     """Version numbers of the numbered folders in ``base``, parsed the way the server parses them."""
-    from workbench.engine.source import parse_version
+    from workbench.models.source import parse_version
 
     if not base.is_dir():
         return set()
@@ -246,7 +246,7 @@ def _store_of(model_repository: str, name: str) -> RemoteFolder:
 
 def _store_versions(store: RemoteFolder) -> set[int]:
     """Numbered folders in the store, complete or still uploading (either number is taken)."""
-    from workbench.engine.source import parse_version
+    from workbench.models.source import parse_version
 
     try:
         names = store.list_folders()
@@ -534,9 +534,10 @@ def _sample_rows(examples: Any) -> Any:
 # ------------------------------------------------------------------------------------------ warmup and checks
 def _write_warmup_and_verify(name: str, path: Path, examples: Any) -> tuple[dict[str, str], int]:
     """Load the export as the server will, write the warmup file, run it (or a zero batch); describe signatures."""
-    from workbench.engine import inference, warmup
-    from workbench.engine.servable import Composite
-    from workbench.errors import Code, ServingError
+    from workbench.core import inference
+    from workbench.models import warmup
+    from workbench.core.servable import Composite
+    from workbench.core.errors import Code, ServingError
 
     # Loaded as the server will; the user's own kernel wrote any Python here, so the check may import it.
     loader = platforms.Loader(platforms.LoadPolicy(allow_pickle=False, allow_python=True))
@@ -584,8 +585,8 @@ def _check_unbatched(servable: Any, signature: Signature, examples: Any) -> None
 
     No warmup file is written: the server's warmup replays plain requests, which neither kind of model takes.
     """
-    from workbench.engine.sequences import Controls
-    from workbench.errors import Code, ServingError
+    from workbench.batching.sequences import Controls
+    from workbench.core.errors import Code, ServingError
 
     batches = [_zero_example(signature)] if examples is None else _example_requests(examples, signature)
     for number, batch in enumerate(batches):
@@ -699,8 +700,8 @@ def _write_warmup(name: str, path: Path, requests: Sequence[Mapping[str, np.ndar
     """
     from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
 
-    from workbench.engine.tfrecord import encode_record
-    from workbench.engine.warmup import WARMUP_FILE
+    from workbench.protocol.tfrecord import encode_record
+    from workbench.models.warmup import WARMUP_FILE
     from workbench.protocol.tensor_proto import from_numpy
 
     target = path / WARMUP_FILE

@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from workbench.engine.request_log_files import log_files
-from workbench.engine.tfrecord import encode_record, read_records
+from workbench.protocol.request_log_files import log_files
+from workbench.protocol.tfrecord import encode_record, read_records
 
 __all__ = ["LoggedRequest", "RequestLog", "read_request_log", "write_warmup_file"]
 

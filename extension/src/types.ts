@@ -1,8 +1,8 @@
 /**
  * The JSON the sidebar reads, as the Python side writes it:
  * `GET <base_url>/workbench/api/servers` (workbench/jupyter/handlers.py) lists servers with the model
- * descriptions of `GET /workbench/v1/models` (workbench/engine/manager.py, `describe`), and each server's
- * `GET /workbench/v1/stats` (workbench/engine/stats.py, `snapshot`) is polled through the proxy.
+ * descriptions of `GET /workbench/v1/models` (workbench/models/manager.py, `describe`), and each server's
+ * `GET /workbench/v1/stats` (workbench/observability/stats.py, `snapshot`) is polled through the proxy.
  */
 
 /** A version's state: TF Serving's ModelVersionStatus.State names, plus NOT_LOADED for one only on disk. */

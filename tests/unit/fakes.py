@@ -2,7 +2,7 @@
 
 ``FakeServable`` answers ``y = x * factor + version`` (so an answer says which version ran it), records every call
 (the rows of each batch, the thread), may take ``delay`` seconds, and may be told to fail. ``FakeLoader`` is what a
-:class:`~workbench.engine.manager.Manager` loads with: it makes a ``FakeServable`` per version folder, and a test
+:class:`~workbench.models.manager.Manager` loads with: it makes a ``FakeServable`` per version folder, and a test
 may make a version fail to load, or hold its load until the test lets it go. ``FakeRepository`` puts them together
 as a server does: version folders, the real repository source, a manager on the fake loader.
 """
@@ -16,12 +16,12 @@ from pathlib import Path
 
 import numpy as np
 
-from workbench.engine.manager import Manager
-from workbench.engine.options import ModelConfig, VersionPolicy
-from workbench.engine.servable import Servable
-from workbench.engine.source import RepositorySource
-from workbench.errors import Code, ServingError
-from workbench.signatures import PREDICT_METHOD, Signature, TensorSpec
+from workbench.models.manager import Manager
+from workbench.config.options import ModelConfig, VersionPolicy
+from workbench.core.servable import Servable
+from workbench.models.source import RepositorySource
+from workbench.core.errors import Code, ServingError
+from workbench.core.signatures import PREDICT_METHOD, Signature, TensorSpec
 
 X = TensorSpec(alias="x", name="x", dtype=np.dtype(np.float32), shape=(-1, 1))
 Y = TensorSpec(alias="y", name="y", dtype=np.dtype(np.float32), shape=(-1, 1))

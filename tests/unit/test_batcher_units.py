@@ -1,4 +1,4 @@
-"""The dynamic batcher in-process on fakes: what :class:`~workbench.engine.batching.BatchScheduler` merges, splits,
+"""The dynamic batcher in-process on fakes: what :class:`~workbench.batching.scheduler.BatchScheduler` merges, splits,
 pads, refuses, drops and records, with no framework and no sockets.
 
 Requests go through a real scheduler on a real thread pool to a :class:`Gated` fake servable, which answers
@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 from fakes import FakeServable, X, Y
 
-from workbench.engine.batching import (
+from workbench.batching.scheduler import (
     BatchRecord,
     BatchScheduler,
     Interest,
@@ -36,9 +36,9 @@ from workbench.engine.batching import (
     padded_size,
     split,
 )
-from workbench.engine.batching_config import BatchingParameters
-from workbench.errors import Code, ServingError
-from workbench.signatures import PREDICT_METHOD, Signature
+from workbench.config.batching_parameters import BatchingParameters
+from workbench.core.errors import Code, ServingError
+from workbench.core.signatures import PREDICT_METHOD, Signature
 
 WAIT = 5.0  # seconds any one wait may take before a test fails (they take milliseconds)
 LONG = 30_000_000  # a batch_timeout_micros no test waits for: those batches start because they are full

@@ -1,10 +1,10 @@
 """The dataplane in-process on fakes: which servable a request resolves to, what it holds, how it is answered and
 counted, with no framework and no sockets.
 
-An :class:`Engine` wires :class:`~workbench.dataplane.Dataplane` as ``workbench/server.py`` does (a
-:class:`~workbench.engine.manager.Manager`, the repository source, inference threads, a
-:class:`~workbench.engine.batching.BatchScheduler` whose batch records feed the metrics and the rolling stats, and
-optionally a :class:`~workbench.engine.response_cache.ResponseCache`), on empty version folders in ``tmp_path``
+An :class:`Engine` wires :class:`~workbench.planes.dataplane.Dataplane` as ``workbench/server.py`` does (a
+:class:`~workbench.models.manager.Manager`, the repository source, inference threads, a
+:class:`~workbench.batching.scheduler.BatchScheduler` whose batch records feed the metrics and the rolling stats, and
+optionally a :class:`~workbench.planes.response_cache.ResponseCache`), on empty version folders in ``tmp_path``
 loaded by a :class:`~fakes.FakeLoader`: every servable answers ``y = x * 1 + version``, so an answer to ``x = 0``
 says which version ran it. Requests enter as the frontends' do: ``with await dataplane.admit(...) as call``, then
 ``dataplane.predict(call, ...)``.
@@ -15,7 +15,7 @@ canary's exact share of default traffic, never of requests naming a version; the
 version swap by a request in flight (and by one its deadline answered early), closed only once that run returned;
 a first load that ``admit`` waits for, bounded by the deadline and the flag; a failed load's error; the metrics,
 rolling stats and statistics of each request; the response cache, keyed on the resolved version; and the routing
-policy's pure parts (:mod:`workbench.engine.routing`). Every wait is on a condition with a deadline.
+policy's pure parts (:mod:`workbench.models.routing.policy`). Every wait is on a condition with a deadline.
 """
 
 from __future__ import annotations
@@ -33,18 +33,18 @@ import numpy as np
 import pytest
 from fakes import FakeRepository, FakeServable, version_folders
 
-from workbench.dataplane import Dataplane, ModelSpec
-from workbench.engine.batching import BatchRecord, BatchScheduler
-from workbench.engine.manager import VersionState
-from workbench.engine.metrics import ServingMetrics
-from workbench.engine.options import VersionPolicy
-from workbench.engine.response_cache import ResponseCache
-from workbench.engine.routing import CanarySplit, Routing, decide, default_version, labels_of, shares
-from workbench.engine.stats import RollingStats
-from workbench.engine.threads import InferenceThreads
-from workbench.errors import Code, ServingError
+from workbench.planes.dataplane import Dataplane, ModelSpec
+from workbench.batching.scheduler import BatchRecord, BatchScheduler
+from workbench.models.manager import VersionState
+from workbench.observability.metrics import ServingMetrics
+from workbench.config.options import VersionPolicy
+from workbench.planes.response_cache import ResponseCache
+from workbench.models.routing.policy import CanarySplit, Routing, decide, default_version, labels_of, shares
+from workbench.observability.stats import RollingStats
+from workbench.batching.threads import InferenceThreads
+from workbench.core.errors import Code, ServingError
 from workbench.server import CacheCounts
-from workbench.signatures import Signature
+from workbench.core.signatures import Signature
 
 WAIT = 5.0  # seconds any one wait may take before a test fails (they take milliseconds)
 API, PROTOCOL = "predict", "unit"

@@ -1,6 +1,6 @@
 """The manager's version transitions, in-process on fakes: what loads, what serves, what unloads and when.
 
-These drive :class:`~workbench.engine.manager.Manager` the way the server does (``set_models``, the repository
+These drive :class:`~workbench.models.manager.Manager` the way the server does (``set_models``, the repository
 source's ``poll_once``, ``wait_until_settled``, ``set_labels``) on empty version folders in ``tmp_path``, loaded
 by a :class:`~tests.unit.fakes.FakeLoader`, whose servables answer ``y = x * 1 + version``: a request for ``x = 0``
 says which version ran it. Covered: the version policies (latest N, all, specific); a new version replacing the old
@@ -22,10 +22,10 @@ import numpy as np
 import pytest
 from fakes import FakeRepository, FakeServable, version_folders
 
-from workbench.engine.manager import VersionState
-from workbench.engine.options import VersionPolicy
-from workbench.engine.routing import Routing
-from workbench.errors import Code, ServingError
+from workbench.models.manager import VersionState
+from workbench.config.options import VersionPolicy
+from workbench.models.routing.policy import Routing
+from workbench.core.errors import Code, ServingError
 
 LATEST = VersionPolicy()  # TF Serving's default policy: latest(1)
 WAIT = 5.0  # seconds any one transition may take before a test fails (they take milliseconds)

@@ -29,8 +29,8 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from workbench.engine.manager import Manager
-from workbench.errors import Code, ServingError
+from workbench.models.manager import Manager
+from workbench.core.errors import Code, ServingError
 from workbench.frontends.auth import bearer_matches
 from workbench.frontends.rest import error_response, json_response
 from workbench.protocol.json_tensor import dumps

@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from workbench.engine.readiness import Readiness
+from workbench.models.readiness import Readiness
 from workbench.frontends.rest import json_response
 from workbench.protocol.json_tensor import dumps
 

@@ -17,8 +17,8 @@ from typing import Any
 
 import grpc
 
-from workbench.engine.sequences import SequenceId
-from workbench.errors import Code, ServingError
+from workbench.batching.sequences import SequenceId
+from workbench.core.errors import Code, ServingError
 
 _METHOD = "/inference.GRPCInferenceService/ModelInfer"
 

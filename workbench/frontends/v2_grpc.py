@@ -30,12 +30,12 @@ import grpc
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
-from workbench.dataplane import Dataplane, ModelSpec
-from workbench.engine import inference
-from workbench.engine.model_control import ModelControl, load_overrides
-from workbench.engine.readiness import Readiness
-from workbench.engine.sequences import sequence_request
-from workbench.errors import Code, ServingError
+from workbench.planes.dataplane import Dataplane, ModelSpec
+from workbench.core import inference
+from workbench.config.model_control import ModelControl, load_overrides
+from workbench.models.readiness import Readiness
+from workbench.batching.sequences import sequence_request
+from workbench.core.errors import Code, ServingError
 from workbench.frontends import v2_stream
 from workbench.frontends.grpc import answers_errors, authorization, time_remaining
 from workbench.frontends.sequence_routing import SequenceRouter

@@ -3,7 +3,7 @@ extension's load and unload on workbench's version management.
 
 Both frontends answer the same questions the same way through this class, so a rule about v2 lives in one place:
 a version string of digits is a version, any other a label (unknown: NOT_FOUND, as an unknown version is in v2);
-repository load and unload follow the server's model control mode (:mod:`workbench.engine.model_control`): on
+repository load and unload follow the server's model control mode (:mod:`workbench.config.model_control`): on
 versions by default (a whole model leaves only with the model config), on whole models in explicit mode, refused in
 Triton's words in none and poll modes; a management token, when the server has one, guards them.
 """
@@ -14,10 +14,10 @@ import asyncio
 import functools
 from collections.abc import Callable
 
-from workbench.dataplane import Dataplane, ModelSpec
-from workbench.engine.manager import VersionState
-from workbench.engine.model_control import FILE_PREFIX, ModelControl, Overrides
-from workbench.errors import Code, ServingError
+from workbench.planes.dataplane import Dataplane, ModelSpec
+from workbench.models.manager import VersionState
+from workbench.config.model_control import FILE_PREFIX, ModelControl, Overrides
+from workbench.core.errors import Code, ServingError
 from workbench.frontends.auth import bearer_matches
 from workbench.protocol.v2_models import RepositoryRow, parse_version
 
@@ -61,7 +61,7 @@ class V2Repository:
 
     async def loaded_spec(self, model: str, version: str | None, timeout: float | None) -> ModelSpec:
         """:meth:`spec`, once the model's first load is over (its labels are known only then): see
-        :meth:`Dataplane.loaded <workbench.dataplane.Dataplane.loaded>`."""
+        :meth:`Dataplane.loaded <workbench.planes.dataplane.Dataplane.loaded>`."""
         await self.dataplane.loaded(model, timeout)
         return self.spec(model, version)
 

@@ -2,7 +2,7 @@
 the REST routes (``/v2/systemsharedmemory/…``, ``/v2/cudasharedmemory/…``; the gRPC RPCs are in
 :mod:`workbench.frontends.v2_grpc`).
 
-Regions live in the server's :class:`~workbench.engine.shared_memory.SharedMemoryRegistry`, one for both frontends.
+Regions live in the server's :class:`~workbench.planes.shared_memory.SharedMemoryRegistry`, one for both frontends.
 Shared memory is for clients on this host: a region maps memory of this machine, and a client that can name one can
 have the server read or overwrite it. So every shared-memory call, and every inference request naming a region, from
 an address that is not loopback (or a Unix socket) is PERMISSION_DENIED, unless the server was started with
@@ -22,8 +22,8 @@ from typing import Any, NoReturn
 from starlette.requests import Request
 from starlette.responses import Response
 
-from workbench.engine.shared_memory import RegionStatus, SharedMemoryRegistry
-from workbench.errors import Code, ServingError, invalid_argument
+from workbench.planes.shared_memory import RegionStatus, SharedMemoryRegistry
+from workbench.core.errors import Code, ServingError, invalid_argument
 from workbench.frontends.auth import bearer_matches, is_local_peer
 from workbench.frontends.rest import json_response
 from workbench.protocol.json_tensor import dumps, parse_body

@@ -50,10 +50,10 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from tritonclient.grpc import service_pb2
 
-from workbench.dataplane import Call, Dataplane, ModelSpec
-from workbench.engine.sequences import SequenceId, sequence_request
-from workbench.engine.servable import FinalResponse
-from workbench.errors import Code, ServingError, from_exception
+from workbench.planes.dataplane import Call, Dataplane, ModelSpec
+from workbench.batching.sequences import SequenceId, sequence_request
+from workbench.core.servable import FinalResponse
+from workbench.core.errors import Code, ServingError, from_exception
 from workbench.frontends.grpc import time_remaining
 from workbench.frontends.rest import json_response
 from workbench.frontends.sequence_routing import SequenceRouter
@@ -61,7 +61,7 @@ from workbench.frontends.v2_repository import V2Repository
 from workbench.protocol import v2_generate, v2_grpc
 from workbench.protocol.json_tensor import dumps, parse_body
 from workbench.protocol.v2_shared_memory import SharedMemory
-from workbench.signatures import DEFAULT_SIGNATURE
+from workbench.core.signatures import DEFAULT_SIGNATURE
 
 log = logging.getLogger(__name__)
 

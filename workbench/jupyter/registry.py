@@ -36,7 +36,7 @@ _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
 class _Options(Protocol):
-    """The :class:`~workbench.engine.options.ServerOptions` fields a record is made from."""
+    """The :class:`~workbench.config.options.ServerOptions` fields a record is made from."""
 
     rest_api_host: str
     grpc_host: str

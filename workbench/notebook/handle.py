@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.client import Client
-from workbench.vocabulary import SERVER_KEYWORD_ALIASES, Alias, renamed_keywords
+from workbench.config.vocabulary import SERVER_KEYWORD_ALIASES, Alias, renamed_keywords
 
 DEFAULT_REPOSITORY = "workbench-models"
 _handles: list[ServerHandle] = []

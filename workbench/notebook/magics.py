@@ -31,7 +31,7 @@ from workbench.bench import (
     PROTOCOLS,
     resolve_load,
 )
-from workbench.errors import ServingError
+from workbench.core.errors import ServingError
 from workbench.notebook.handle import (
     DEFAULT_REPOSITORY,
     ServerDied,
@@ -42,7 +42,7 @@ from workbench.notebook.handle import (
     running_servers,
 )
 from workbench.runtime.tensorflow_runtime import quiet_tensorflow
-from workbench.vocabulary import OPTION_ALIASES, BoolFlag, HelpFormatter, canonical_options, unrecognized_option
+from workbench.config.vocabulary import OPTION_ALIASES, BoolFlag, HelpFormatter, canonical_options, unrecognized_option
 
 if TYPE_CHECKING:  # workbench.export is imported when first used: loading the extension stays cheap
     from workbench.export import ExportResult
@@ -86,7 +86,7 @@ class ServingStatus:
 # plain argparse text: IPython's formatter writes reST for docstrings ("::" and a doubled "%" in a cell). Each
 # gets its own ``kwds``: the parser builder writes the description into that dict, so a shared one would leak.
 _SERVER_OPTION = argument("--server_name", metavar="NAME", help="the server to use (default: the only one running)")
-# Options are named as `workbench serve` and `workbench bench` name them (see workbench.vocabulary), with dashes
+# Options are named as `workbench serve` and `workbench bench` name them (see workbench.config.vocabulary), with dashes
 # or underscores; the earlier spellings (--repo, --rest-port, --clients, --signature, --server ...) still work.
 _OPTIONS_NOTE = "Options take underscores or dashes: --rest_api_port or --rest-api-port."
 # Aliases of one subcommand only: in `%serve start`, --name can only be the server's (elsewhere it would be vague).
@@ -624,7 +624,7 @@ class ServeMagics(Magics):
             raise UsageError(f"no requests of {args.model!r} logged under {prefix} yet") from None
 
     def _manifests(self, args: Any) -> Any:
-        from workbench.manifests import DEFAULT_IMAGE, render_manifests
+        from workbench.deploy.manifests import DEFAULT_IMAGE, render_manifests
 
         if args.kserve == args.kubernetes:
             raise UsageError("give one of --kserve or --kubernetes")

@@ -31,8 +31,8 @@ import numpy as np
 import requests
 
 from workbench.client import GRPC_PROTOCOLS, V2_PROTOCOLS, Client
-from workbench.errors import ServingError
-from workbench.signatures import Signature
+from workbench.core.errors import ServingError
+from workbench.core.signatures import Signature
 
 Server = Any  # a ServerHandle, a Client, or a REST base URL
 

@@ -1,7 +1,7 @@
 """The platforms a version folder can hold, and how a folder's platform is chosen.
 
 The list of platforms exists here once: each is one module that turns a version folder into a
-:class:`~workbench.engine.servable.Servable`; the manager, the batcher, the dataplane and the frontends never
+:class:`~workbench.core.servable.Servable`; the manager, the batcher, the dataplane and the frontends never
 change per framework. Third-party packages add platforms through the ``workbench.platforms`` entry-point group
 (each entry point names a :class:`Platform`).
 
@@ -21,8 +21,8 @@ from collections.abc import Callable, Mapping
 from importlib.metadata import entry_points
 from pathlib import Path
 
-from workbench.engine.servable import Servable
-from workbench.errors import Code, ServingError
+from workbench.core.servable import Servable
+from workbench.core.errors import Code, ServingError
 
 log = logging.getLogger(__name__)
 

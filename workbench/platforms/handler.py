@@ -12,7 +12,7 @@ A ``handler.py`` in a version folder defines any of::
     signatures = {"serving_default": {"inputs": {"image": ("string", [-1])}, "outputs": {"label": ("string", [-1])}}}
 
 It may also be a function ``signatures(model_signatures)`` given the model's own signatures (name →
-:class:`~workbench.signatures.Signature`) and returning the same kind of mapping. Signatures it does not
+:class:`~workbench.core.signatures.Signature`) and returning the same kind of mapping. Signatures it does not
 declare keep the model's. preprocess and postprocess apply to every signature.
 
 In a server, preprocess and postprocess run on the serving threads, one request at a time, and the model call
@@ -31,9 +31,9 @@ from typing import Any
 
 import numpy as np
 
-from workbench.engine.inference import prepare_predict
-from workbench.engine.servable import Composite, Members, Servable
-from workbench.errors import Code, ServingError
+from workbench.core.inference import prepare_predict
+from workbench.core.servable import Composite, Members, Servable
+from workbench.core.errors import Code, ServingError
 from workbench.platforms import LoadPolicy
 from workbench.platforms._user_code import (
     call_user,
@@ -43,7 +43,7 @@ from workbench.platforms._user_code import (
     import_file,
     require_python,
 )
-from workbench.signatures import Signature
+from workbench.core.signatures import Signature
 
 Tensors = dict[str, np.ndarray]
 

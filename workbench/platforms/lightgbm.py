@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from workbench.engine.servable import Servable
-from workbench.errors import Code, ServingError
+from workbench.core.servable import Servable
+from workbench.core.errors import Code, ServingError
 from workbench.platforms import LoadPolicy
 from workbench.platforms.tabular import (
     Classes,
@@ -33,7 +33,7 @@ from workbench.platforms.tabular import (
     version_config,
     write_version_config,
 )
-from workbench.signatures import DEFAULT_SIGNATURE
+from workbench.core.signatures import DEFAULT_SIGNATURE
 
 FILE = "model.txt"
 CLASSIFIER_OBJECTIVES = ("binary", "multiclass", "multiclassova")

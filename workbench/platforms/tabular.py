@@ -27,10 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from workbench.engine.servable import Servable
-from workbench.errors import Code, ServingError, from_exception, invalid_argument
+from workbench.core.servable import Servable
+from workbench.core.errors import Code, ServingError, from_exception, invalid_argument
 from workbench.platforms import VERSION_CONFIG
-from workbench.signatures import (
+from workbench.core.signatures import (
     CLASSIFY_METHOD,
     PREDICT_METHOD,
     REGRESS_METHOD,

@@ -1,6 +1,6 @@
 """Triton models: a version folder whose model folder holds ``config.pbtxt``, served as that config says.
 
-The config (:mod:`workbench.engine.triton_config`) names the backend; the version folder holds its file
+The config (:mod:`workbench.config.triton_model_config`) names the backend; the version folder holds its file
 (``model.onnx``, ``model.savedmodel/``, ``model.py``, or ``default_model_filename``), loaded by workbench's own
 platform for it. What clients see is the config: the signature's tensors are its inputs and outputs with their
 data types and dims (a batch dimension first when ``max_batch_size`` > 0), each input reshaped to ``reshape``
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from workbench.engine.servable import Servable
-from workbench.engine.triton_config import (
+from workbench.core.servable import Servable
+from workbench.config.triton_model_config import (
     ONNX,
     PYTHON,
     TENSORFLOW,
@@ -29,9 +29,9 @@ from workbench.engine.triton_config import (
     config_json,
     read_config,
 )
-from workbench.errors import Code, ServingError
+from workbench.core.errors import Code, ServingError
 from workbench.platforms import LoadPolicy
-from workbench.signatures import (
+from workbench.core.signatures import (
     DEFAULT_SIGNATURE,
     OMITTED,
     PREDICT_METHOD,

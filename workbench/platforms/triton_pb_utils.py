@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from workbench.engine.triton_config import DATA_TYPES
+from workbench.config.triton_model_config import DATA_TYPES
 
 MODULE_NAME = "triton_python_backend_utils"
 

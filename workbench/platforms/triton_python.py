@@ -19,7 +19,7 @@ once the request is over (client gone, deadline passed), when ``is_cancelled()``
 error ends the request with it; so does ``execute`` raising, after what it sent before. Such a model is served over
 streams only (gRPC ``ModelStreamInfer``, REST ``/generate_stream``), as workbench's own decoupled models are.
 
-A model with **sequence_batching** runs through workbench's sequence batcher (:mod:`workbench.engine.sequences`)
+A model with **sequence_batching** runs through workbench's sequence batcher (:mod:`workbench.batching.sequences`)
 with the config's strategy and idle time: each request of a sequence is one ``execute([request])`` with the config's
 control tensors among its inputs (``[1, 1]`` with a batch dimension, ``[1]`` without) and ``request.correlation_id()``
 its sequence's id; the model keeps each sequence's state itself, keyed by that id, as Triton's Python examples do.
@@ -46,14 +46,14 @@ from typing import Any
 
 import numpy as np
 
-from workbench.engine.sequences import Controls
-from workbench.engine.servable import FinalResponse, PerRequestServable, streams_only
-from workbench.engine.triton_config import TritonConfig, TritonTensor, config_json
-from workbench.errors import Code, ServingError
+from workbench.batching.sequences import Controls
+from workbench.core.servable import FinalResponse, PerRequestServable, streams_only
+from workbench.config.triton_model_config import TritonConfig, TritonTensor, config_json
+from workbench.core.errors import Code, ServingError
 from workbench.platforms import LoadPolicy, triton_pb_utils
 from workbench.platforms._user_code import call_user, conform, forget_module, import_file, require_python
 from workbench.platforms.triton import batch_rows, model_inputs, signature_of, wire_output
-from workbench.signatures import Signature
+from workbench.core.signatures import Signature
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from workbench.engine.servable import Servable
-from workbench.errors import Code, ServingError
+from workbench.core.servable import Servable
+from workbench.core.errors import Code, ServingError
 from workbench.platforms import LoadPolicy
 from workbench.platforms.tabular import (
     Classes,
@@ -30,7 +30,7 @@ from workbench.platforms.tabular import (
     module_of,
     refuse_options,
 )
-from workbench.signatures import DEFAULT_SIGNATURE
+from workbench.core.signatures import DEFAULT_SIGNATURE
 
 FILES = ("model.ubj", "model.json")
 EXPORT_FILE = "model.ubj"

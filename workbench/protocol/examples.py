@@ -11,7 +11,7 @@ import binascii
 import math
 from typing import Any
 
-from workbench.errors import invalid_argument
+from workbench.core.errors import invalid_argument
 from workbench.protocol.json_tensor import (
     B64,
     _is_b64,

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import orjson
 
-from workbench.errors import invalid_argument
-from workbench.signatures import TensorSpec, describe_inputs, input_error
+from workbench.core.errors import invalid_argument
+from workbench.core.signatures import TensorSpec, describe_inputs, input_error
 
 B64 = "b64"
 BYTES_SUFFIX = "_bytes"

@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 from google.protobuf import json_format
 
-from workbench.errors import Code, ServingError
+from workbench.core.errors import Code, ServingError
 
 
 class VersionStatus(Protocol):

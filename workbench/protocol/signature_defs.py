@@ -4,7 +4,7 @@ A TensorFlow SavedModel reports its SignatureDefs exactly as written (a servable
 ``signature_defs``); every other platform's signatures are described here from their numpy specs, so TF Serving
 clients, the dashboard's query panel and the sidebar read a scikit-learn or ONNX model's metadata unchanged.
 Nothing here imports TensorFlow: the protos come from ``tensorflow-serving-api``'s generated modules only where a
-proto is built, and JSON metadata is read straight into :class:`~workbench.signatures.Signature`.
+proto is built, and JSON metadata is read straight into :class:`~workbench.core.signatures.Signature`.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from workbench.errors import Code, ServingError
+from workbench.core.errors import Code, ServingError
 from workbench.protocol import tf_types
-from workbench.signatures import Signature, TensorSpec
+from workbench.core.signatures import Signature, TensorSpec
 
 
 def _spec_from_proto(alias: str, info: Any) -> TensorSpec:

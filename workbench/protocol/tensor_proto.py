@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from workbench.errors import Code, ServingError, invalid_argument
+from workbench.core.errors import Code, ServingError, invalid_argument
 from workbench.protocol import tf_types
-from workbench.signatures import TensorSpec, input_error, shape_text
+from workbench.core.signatures import TensorSpec, input_error, shape_text
 
 _FIELDS = tf_types.FIELDS
 _DT_STRING = tf_types.DT_STRING

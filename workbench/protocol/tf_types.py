@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from workbench.errors import Code, ServingError
+from workbench.core.errors import Code, ServingError
 
 DT_INVALID = 0
 DT_STRING = 7

@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 import orjson
 
-from workbench.errors import Code, ServingError, invalid_argument
-from workbench.signatures import TensorSpec
+from workbench.core.errors import Code, ServingError, invalid_argument
+from workbench.core.signatures import TensorSpec
 
 _RESERVED = ("id", "parameters")
 

@@ -21,10 +21,10 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc import service_pb2
 
-from workbench.errors import Code, ServingError, invalid_argument
+from workbench.core.errors import Code, ServingError, invalid_argument
 from workbench.protocol import v2_shared_memory, v2_types
 from workbench.protocol.v2_shared_memory import SharedMemory, SharedTensor
-from workbench.signatures import shape_text
+from workbench.core.signatures import shape_text
 
 # The typed ``InferTensorContents`` field of each datatype, and the numpy type its values arrive in (protobuf
 # widens the small integer types to 32 bits). FP16 and BF16 have no typed field: they travel raw only.

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from workbench.protocol.v2_types import BYTES, to_datatype
-from workbench.signatures import Signature, TensorSpec
+from workbench.core.signatures import Signature, TensorSpec
 
 SERVER_NAME = "workbench"
 

@@ -17,7 +17,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from workbench.errors import Code, ServingError, invalid_argument
+from workbench.core.errors import Code, ServingError, invalid_argument
 from workbench.protocol.v2_types import BYTES, to_numpy_dtype
 
 REGION = "shared_memory_region"

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from workbench.errors import Code, ServingError
+from workbench.core.errors import Code, ServingError
 
 BYTES = "BYTES"
 BF16 = "BF16"

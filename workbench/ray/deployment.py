@@ -19,8 +19,8 @@ import ray
 from ray import serve
 
 from workbench.cli import MANAGEMENT_TOKEN_ENV, serve_options
-from workbench.engine.options import ServerOptions
-from workbench.engine.storage import is_remote
+from workbench.config.options import ServerOptions
+from workbench.runtime.storage import is_remote
 from workbench.jupyter import registry
 from workbench.ray.grpc_methods import SERVICER_FUNCTIONS
 from workbench.ray.peers import forget_replicas

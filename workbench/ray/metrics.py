@@ -15,8 +15,8 @@ from typing import Any
 # (without them a node's agent also keeps exporting the series of replicas that have gone, indistinguishable).
 from ray.serve import metrics as ray_metrics
 
-from workbench.engine.batching import BatchRecord
-from workbench.peers import WholeServerMetrics
+from workbench.batching.scheduler import BatchRecord
+from workbench.observability.whole_server import WholeServerMetrics
 
 # The buckets of workbench's own histograms (Ray adds +Inf itself).
 _LATENCY_BOUNDARIES_S = [1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]

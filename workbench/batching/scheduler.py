@@ -1,0 +1,771 @@
+"""Dynamic batching: one queue per model version × signature, merged along dimension 0.
+
+The queues live on the event loop (no locks: one thread touches them); the TensorFlow call of each batch
+runs on the inference threads. A queue starts a batch as soon as one of its ``num_batch_threads`` slots is
+free, so an idle model answers at once and batching adds no latency at low load; under load the next batch
+is whatever waited while the running ones ran (or, with ``batch_timeout_micros``, whatever arrives until
+the batch is full or its oldest request has waited that long). An idle model costs what the unbatched path
+does: the request goes to a thread from its own handler (no extra turn of the loop), a batch of one is neither
+merged nor split, and the thread hands its outcome straight back to the loop.
+
+A call to a cheap model runs on the event loop itself (:class:`RunCost`): for a model answering in tens of
+microseconds, the hop to an inference thread and back (a queue put, a thread wake-up, a GIL hand-over, a
+callback to the loop) costs more than the call, and under load it is paid once per request, since the loop
+is the bottleneck and a batch thread is always free. Such a call starts exactly when a thread would have
+started it, with the same rows, so batches and their records are those of the threaded path.
+
+Requests merge when their inputs have the same aliases, dtypes and trailing dimensions (with
+``pad_variable_length_inputs``, the same ranks: shorter ones are padded); anything that cannot be
+concatenated along dimension 0 runs alone. Each caller gets exactly its own rows back; padding rows added
+for ``allowed_batch_sizes`` are cut off.
+
+A queued request nobody waits for any more never reaches the model: its caller gave up (:class:`Interest`), its
+deadline passed before its batch formed, or the coroutine awaiting it was cancelled. Once a request is in a
+batch a thread runs, it runs to the end (nothing can stop the thread); its answer is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import contextvars
+import dataclasses
+import functools
+import logging
+import time
+import weakref
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from concurrent.futures import Executor
+from typing import Any, TypeVar
+
+import numpy as np
+
+from workbench.config.batching_parameters import BatchingParameters
+from workbench.core.servable import PerRequestServable, Servable
+from workbench.batching.threads import caller
+from workbench.core.errors import Code, ServingError, from_exception
+from workbench.core.signatures import OMITTED, Signature
+
+log = logging.getLogger(__name__)
+
+Feed = Mapping[str, np.ndarray]
+Outputs = dict[str, np.ndarray]
+# What running a batch gave: each task's answer (its outputs, or its own error), the rows run, the seconds taken.
+Ran = tuple[list[Outputs | ServingError], int, float]
+T = TypeVar("T")
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchRecord:
+    """What one executed batch looked like, for metrics and stats."""
+
+    model: str
+    version: int
+    signature: str
+    size: int  # rows of real requests
+    padded_size: int  # rows sent to TensorFlow
+    tasks: int
+    queue_seconds: Sequence[float]  # per task: enqueue → batch start
+    run_seconds: float
+
+
+BatchListener = Callable[[BatchRecord], None]
+
+
+class _Task:
+    """One request (or one piece of a split one) in a queue; ``queued`` until a batch takes it or it is withdrawn."""
+
+    __slots__ = ("feed", "rows", "key", "future", "enqueued", "queue", "interest", "queued")
+
+    def __init__(
+        self,
+        feed: Feed,
+        rows: int,
+        key: tuple[Any, ...],
+        future: asyncio.Future[Outputs],
+        enqueued: float,
+        queue: _Queue | None,  # None: an unbatched call, never queued
+        interest: Interest | None,
+    ) -> None:
+        self.feed, self.rows, self.key, self.future, self.enqueued = feed, rows, key, future, enqueued
+        self.queue, self.interest = queue, interest
+        self.queued = True
+
+    def withdraw(self, error: BaseException | None) -> None:
+        """Out of its queue unrun (no-op once a batch took it); its awaiter gets ``error`` (None: leave its future)."""
+        if not self.queued:
+            return
+        self.queued = False
+        if self.queue is not None:
+            self.queue.pending_rows -= self.rows  # the deque entry stays until a batch forms, which skips it
+        if error is not None and not self.future.done():
+            self.future.set_exception(error)
+
+    def taken(self) -> None:
+        """A batch (or, unbatched, a thread) took it: from now on only its run's end lets go of the model."""
+        self.queued = False
+        if self.interest is not None:
+            self.interest.running += 1
+
+    def finished(self) -> None:
+        """Its run returned (or was dropped unrun by a stopped executor): nothing runs on its model for it any more."""
+        if self.interest is not None:
+            self.interest._finished_one()  # noqa: SLF001 - the interest's own bookkeeping
+
+
+_INTEREST: contextvars.ContextVar[Interest | None] = contextvars.ContextVar("workbench_batching_interest", default=None)
+
+
+class Interest:
+    """Whether the caller of one request still waits for its answer: the batcher runs no queued work it gave up.
+
+    Every batch task a request's work queues belongs to its interest, reached in one of two ways:
+
+    - a plain servable's request awaits its tasks itself, passing the interest to :meth:`BatchScheduler.run`. Its
+      deadline calls :meth:`answer_early`: tasks still queued leave their queues unrun, and those a thread already
+      runs are answered with the error at once. :attr:`running` counts the runs not yet returned, and
+      :meth:`when_idle` says when the request may let go of its model.
+    - a composite's work (several models, code of its own) runs as a task started with :meth:`start`, which the
+      caller's deadline and cancellation must not cancel while a thread may run part of it; member requests
+      inherit the interest. :meth:`give_up` takes the tasks still queued out of their queues at once (their
+      awaiters get the error, and the work ends without waiting for a batch).
+
+    A task whose ``timeout`` (seconds from now, on the event loop's clock) has run out when its batch forms is
+    dropped the same way, with DEADLINE_EXCEEDED. A task a batch already took runs to the end.
+    """
+
+    __slots__ = ("deadline", "error", "running", "_on_idle", "_tasks", "_work")
+
+    def __init__(self, timeout: float | None = None, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        if timeout is None:
+            self.deadline = None
+        else:
+            self.deadline = (loop or asyncio.get_running_loop()).time() + timeout
+        self.error: ServingError | None = None  # set once given up
+        self.running = 0  # its tasks a batch or a thread took and whose run has not returned yet
+        self._on_idle: Callable[[], None] | None = None
+        self._tasks: list[_Task] = []
+        self._work: asyncio.Future[Any] | None = None
+
+    def start(self, work: Awaitable[T]) -> asyncio.Future[T]:
+        """``work`` as a task (a future is returned as is) whose batch tasks belong to this interest."""
+        token = _INTEREST.set(self)
+        try:
+            future = self._work = asyncio.ensure_future(work)
+        finally:
+            _INTEREST.reset(token)
+        return future
+
+    def give_up(self, error: ServingError) -> None:
+        """Nobody waits any more: withdraw every queued task, each answered with ``error``.
+
+        The started work's outcome (that error, most often) is read by nobody now: it is consumed when it comes,
+        so that asyncio does not report it as never retrieved.
+        """
+        if self.error is None:
+            self.error = error
+            if self._work is not None:
+                self._work.add_done_callback(_consume)
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.withdraw(error)
+
+    def answer_early(self, error: ServingError) -> None:
+        """:meth:`give_up`, and the tasks already running are answered with ``error`` too, without waiting for
+        their run: for a caller awaiting its batch tasks itself (``BatchScheduler.run(..., interest=…)``), which
+        must keep its model held until :attr:`running` is back to 0 (:meth:`when_idle`)."""
+        tasks = list(self._tasks)
+        self.give_up(error)
+        for task in tasks:
+            if not task.future.done():
+                task.future.set_exception(error)
+
+    def when_idle(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once no run of its tasks is left (at once when none is running)."""
+        if self.running == 0:
+            callback()
+        else:
+            self._on_idle = callback
+
+    def _finished_one(self) -> None:
+        self.running -= 1
+        if self.running == 0 and self._on_idle is not None:
+            callback, self._on_idle = self._on_idle, None
+            callback()
+
+    def _add(self, task: _Task) -> None:
+        if self.error is not None:
+            task.withdraw(self.error)
+        else:
+            self._tasks.append(task)
+
+
+def _consume(work: asyncio.Future[Any]) -> None:
+    if not work.cancelled():
+        work.exception()
+
+
+def deadline_exceeded() -> ServingError:
+    return ServingError(Code.DEADLINE_EXCEEDED, "Deadline Exceeded")
+
+
+# Platforms whose calls are native compute that never waits on I/O or on the event loop; a Python model's
+# (user code) always runs on a thread.
+INLINE_PLATFORMS = frozenset({"tensorflow", "onnx", "sklearn", "xgboost", "lightgbm", "workbench_null"})
+
+
+class RunCost:
+    """Whether one signature's calls are cheap enough to run on the event loop rather than on a thread.
+
+    Calls start on the inference threads. There a call's wall time also counts its wait for the GIL (long while
+    the loop is busy, which is when this matters), so a slow call there proves nothing, and :data:`SETTLE_RUNS`
+    calls under :data:`INLINE_BUDGET_SECONDS` prove the model cheap. On the loop a call's time is its own: one
+    over the budget (a bigger batch, a model grown slow, the machine busy) sends the calls back to the threads
+    until they prove cheap again. Only :data:`INLINE_PLATFORMS` qualify at all.
+    """
+
+    INLINE_BUDGET_SECONDS = 200e-6  # one call on the loop delays every other request by this much at most
+    SETTLE_RUNS = 8
+
+    __slots__ = ("inline", "_cheap_runs", "_allowed")
+
+    def __init__(self, allowed: bool = True) -> None:
+        self.inline = False
+        self._cheap_runs = 0
+        self._allowed = allowed
+
+    def record(self, seconds: float, on_loop: bool) -> None:
+        """One call took ``seconds`` (wall time), on the loop or on a thread."""
+        cheap = seconds < self.INLINE_BUDGET_SECONDS
+        if on_loop:
+            if not cheap:
+                self.inline, self._cheap_runs = False, 0
+        elif cheap and self._allowed:
+            self._cheap_runs += 1
+            self.inline = self._cheap_runs >= self.SETTLE_RUNS
+
+
+class _Known:
+    """What the scheduler knows of one signature of a servable; it outlives the queues (one is dropped whenever it
+    empties), not the servable."""
+
+    __slots__ = ("cost", "last_batch_tasks")
+
+    def __init__(self, cost: RunCost) -> None:
+        self.cost = cost
+        self.last_batch_tasks = 0  # requests the last batch ran together: more than one, the model is under load
+
+
+class _Queue:
+    def __init__(
+        self,
+        servable: Servable,
+        signature: Signature,
+        outputs: tuple[str, ...],
+        params: BatchingParameters,
+        known: _Known,
+    ):
+        self.servable, self.signature, self.outputs, self.params = servable, signature, outputs, params
+        self.known = known
+        self.cost = known.cost
+        self.pending: collections.deque[_Task] = collections.deque()  # with withdrawn tasks, skipped when met
+        self.pending_rows = 0  # of the queued tasks only
+        self.running = 0
+        self.timer: asyncio.TimerHandle | None = None
+        self.dispatch_pending = False
+
+
+def batch_key(feed: Feed, pad: bool) -> tuple[Any, ...] | None:
+    """Tasks with equal keys can be concatenated along dimension 0; None: this one cannot batch at all."""
+    rows = None
+    key: list[tuple[str, str, Any]] = []
+    for alias in sorted(feed):
+        value = feed[alias]
+        if value is OMITTED:  # an optional input left out: merges only with requests that left it out too
+            key.append((alias, "omitted", ()))
+            continue
+        if value.ndim == 0:
+            return None
+        if rows is None:
+            rows = value.shape[0]
+        elif value.shape[0] != rows:
+            return None
+        key.append((alias, value.dtype.str, value.ndim if pad else value.shape[1:]))
+    return tuple(key) if rows else None
+
+
+def _pad_to(value: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    if value.shape[1:] == shape:
+        return value
+    widths = [(0, 0)] + [(0, target - have) for have, target in zip(value.shape[1:], shape, strict=True)]
+    fill: Any = b"" if value.dtype.kind == "O" else 0
+    return np.pad(value, widths, constant_values=fill)
+
+
+def merge(feeds: Sequence[Feed], pad_variable_length: bool, padded_rows: int) -> dict[str, np.ndarray]:
+    """Concatenate the tasks' inputs along dimension 0 (padding as asked) up to ``padded_rows`` rows."""
+    merged: dict[str, np.ndarray] = {}
+    for alias in feeds[0]:
+        parts = [feed[alias] for feed in feeds]
+        if parts[0] is OMITTED:  # left out by every one of them (batch_key)
+            merged[alias] = OMITTED
+            continue
+        if pad_variable_length:
+            shape = tuple(max(dims) for dims in zip(*(p.shape[1:] for p in parts), strict=True))
+            parts = [_pad_to(p, shape) for p in parts]
+        value = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+        extra = padded_rows - value.shape[0]
+        if extra > 0:  # allowed_batch_sizes: repeat the last row; its results are cut off again
+            value = np.concatenate([value, np.repeat(value[-1:], extra, axis=0)], axis=0)
+        merged[alias] = value
+    return merged
+
+
+def check_batched_outputs(outputs: Outputs, padded_rows: int) -> None:
+    """Refuse outputs whose dimension 0 is not the batch's (a batch of one too: it must not depend on the load)."""
+    for alias, value in outputs.items():
+        if value.ndim == 0 or value.shape[0] != padded_rows:
+            raise ServingError(
+                Code.INVALID_ARGUMENT,
+                f"Batched output tensor {alias} has shape {list(value.shape)}: its 0th dimension does not equal "
+                f"the {padded_rows} rows of the batched inputs, so results cannot be split between requests "
+                "(turn batching off for this model)",
+            )
+
+
+def split(outputs: Outputs, sizes: Sequence[int], padded_rows: int) -> list[Outputs]:
+    """Each task's own rows of every output."""
+    check_batched_outputs(outputs, padded_rows)
+    results: list[Outputs] = []
+    start = 0
+    for size in sizes:
+        results.append({alias: value[start : start + size] for alias, value in outputs.items()})
+        start += size
+    return results
+
+
+def padded_size(rows: int, allowed: Sequence[int]) -> int:
+    for size in allowed:
+        if size >= rows:
+            return size
+    return rows
+
+
+class BatchScheduler:
+    """All batch queues of a server; ``params_for(servable)`` says whether and how a servable batches."""
+
+    def __init__(
+        self,
+        executor: Executor,
+        params_for: Callable[[Servable], BatchingParameters | None],
+        listener: BatchListener | None = None,
+        inline_cheap_models: bool = False,
+    ) -> None:
+        """``inline_cheap_models`` lets models that proved cheap run on the event loop (:class:`RunCost`). Off by
+        default: a model whose calls are cheap until one is not (a data-dependent loop, a wait on I/O) would hold the
+        loop, and every request and probe with it, for that whole call."""
+        self._inline_cheap_models = inline_cheap_models
+        self._call = caller(executor)
+        self._params_for = params_for
+        self._listener = listener
+        self._queues: dict[tuple[int, str, tuple[str, ...]], _Queue] = {}
+        self._known: weakref.WeakKeyDictionary[Servable, dict[str, _Known]] = weakref.WeakKeyDictionary()
+        self._said_unbatched: set[tuple[str, int, str]] = set()
+
+    def queue_depths(self) -> list[tuple[str, int, int]]:
+        """(model, version, rows waiting) for every servable with a live queue."""
+        depths: dict[tuple[str, int], int] = {}
+        for queue in list(self._queues.values()):
+            key = (queue.servable.name, queue.servable.version)
+            depths[key] = depths.get(key, 0) + queue.pending_rows
+        return [(model, version, rows) for (model, version), rows in depths.items()]
+
+    async def run(
+        self,
+        servable: Servable,
+        signature: Signature,
+        feed: Feed,
+        outputs: Sequence[str],
+        interest: Interest | None = None,
+    ) -> Outputs:
+        """Run ``feed`` through ``servable``, batched with other requests when its parameters allow.
+
+        The run's tasks belong to ``interest`` (by default, the one the calling task was started under, if any).
+        """
+        loop = asyncio.get_running_loop()
+        if interest is None:
+            interest = _INTEREST.get()
+        params = self._params_for(servable)
+        if params is not None and not signature.batchable:
+            # A signature that cannot be concatenated along dimension 0 (its platform says so) runs request by
+            # request; say so once, where a user who turned batching on for it will look.
+            unbatched = (servable.name, servable.version, signature.name)
+            if unbatched not in self._said_unbatched:
+                self._said_unbatched.add(unbatched)
+                log.info(
+                    "%s version %d: signature %s cannot be batched (dimension 0 is fixed, or its inputs are "
+                    "parsed per request); its requests run one by one",
+                    *unbatched,
+                )
+            params = None
+        key = batch_key(feed, params.pad_variable_length_inputs) if params is not None else None
+        if params is None or key is None:
+            return await self._run_unbatched(loop, servable, signature, feed, outputs, interest)
+        rows = next(iter(feed.values())).shape[0]
+        if rows > params.max_batch_size:
+            raise ServingError(
+                Code.INVALID_ARGUMENT,
+                f"Task size {rows} is larger than maximum input batch size {params.max_batch_size}",
+            )
+        queue = self._queue(servable, signature, tuple(outputs), params)
+        if queue.pending_rows + rows > params.max_enqueued_rows:
+            raise ServingError(Code.UNAVAILABLE, "The batch scheduling queue to which this task was submitted is full")
+        now = time.perf_counter()
+        step = params.execution_batch_size
+        if rows <= step:
+            tasks = [_Task(feed, rows, key, loop.create_future(), now, queue, interest)]
+        else:
+            tasks = [
+                _Task(piece, next(iter(piece.values())).shape[0], key, loop.create_future(), now, queue, interest)
+                for piece in (
+                    {alias: value[start : start + step] for alias, value in feed.items()}
+                    for start in range(0, rows, step)
+                )
+            ]
+        # Idle: nothing runs or waits, and the last batch ran one request (a batch of several says requests come
+        # together: the next ones may be on their way in this very loop turn).
+        idle = (
+            not queue.pending
+            and queue.running == 0
+            and not queue.dispatch_pending
+            and queue.known.last_batch_tasks <= 1
+        )
+        for task in tasks:
+            queue.pending.append(task)
+            queue.pending_rows += task.rows
+            if interest is not None:
+                interest._add(task)  # noqa: SLF001 - may withdraw it at once: its caller already gave up
+        if idle:
+            # An idle model runs the request now, with no hop through the loop.
+            self._schedule(queue)
+        elif not queue.dispatch_pending:
+            # Under load, dispatch at the end of this event-loop turn, not now: requests whose handlers run in the
+            # same turn (they arrived together) share one batch and one thread hop.
+            queue.dispatch_pending = True
+            loop.call_soon(self._dispatch, queue)
+        try:
+            if len(tasks) == 1:
+                return await tasks[0].future
+            parts = await asyncio.gather(*(task.future for task in tasks))
+        except BaseException:  # cancelled, or a piece failed: the request's pieces still queued never run
+            for task in tasks:
+                task.withdraw(None)
+            raise
+        return {alias: np.concatenate([part[alias] for part in parts], axis=0) for alias in parts[0]}
+
+    async def _run_unbatched(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        servable: Servable,
+        signature: Signature,
+        feed: Feed,
+        outputs: Sequence[str],
+        interest: Interest | None,
+    ) -> Outputs:
+        """One call on its own, on an inference thread (or, for a model proven cheap, here on the loop).
+
+        A task of its own, never queued, so that its caller's deadline answers it early and its interest knows
+        when the thread has returned, exactly as for a batched request.
+        """
+        cost = self._know(servable, signature).cost
+        if cost.inline:
+            result, seconds = self._run_alone(servable, signature, feed, outputs)
+            cost.record(seconds, True)
+            return result
+        if interest is not None and interest.error is not None:  # its caller already gave up
+            raise interest.error
+        task = _Task(feed, 0, (), loop.create_future(), 0.0, None, interest)
+        if interest is not None:
+            interest._add(task)  # noqa: SLF001
+        task.taken()
+        try:
+            self._call(
+                self._alone_on_thread,
+                *(loop, task, cost, servable, signature, feed, outputs),
+                dropped=functools.partial(self._alone_dropped, loop, task),
+            )
+        except BaseException:  # the executor is shut down
+            task.finished()
+            raise
+        return await task.future
+
+    def _alone_on_thread(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        task: _Task,
+        cost: RunCost,
+        servable: Servable,
+        signature: Signature,
+        feed: Feed,
+        outputs: Sequence[str],
+    ) -> None:
+        """On an inference thread: one call, its outcome handed straight to the loop."""
+        try:
+            outcome: tuple[Outputs, float] | BaseException = self._run_alone(servable, signature, feed, outputs)
+        except BaseException as exc:  # noqa: BLE001 - the caller's to raise
+            outcome = exc
+        with contextlib.suppress(RuntimeError):  # the loop is closed (the server stopped): nobody waits any more
+            loop.call_soon_threadsafe(self._alone_done, task, cost, outcome)
+
+    @staticmethod
+    def _alone_done(task: _Task, cost: RunCost | None, outcome: tuple[Outputs, float] | BaseException) -> None:
+        future = task.future
+        if isinstance(outcome, asyncio.CancelledError):
+            future.cancel()
+        elif isinstance(outcome, BaseException):
+            if not future.done():
+                future.set_exception(outcome)
+        else:
+            result, seconds = outcome
+            if cost is not None:
+                cost.record(seconds, False)
+            if not future.done():
+                future.set_result(result)
+        task.finished()
+
+    def _alone_dropped(self, loop: asyncio.AbstractEventLoop, task: _Task) -> None:
+        """The executor dropped the call unrun (it shut down): its caller gets the cancellation."""
+        with contextlib.suppress(RuntimeError):  # the loop is closed too
+            loop.call_soon_threadsafe(self._alone_done, task, None, asyncio.CancelledError())
+
+    def _run_alone(
+        self, servable: Servable, signature: Signature, feed: Feed, outputs: Sequence[str]
+    ) -> tuple[Outputs, float]:
+        """One unbatched call: its outputs and how long it took."""
+        started = time.perf_counter()
+        result = servable.run(signature, feed, outputs)
+        seconds = time.perf_counter() - started
+        if self._listener is not None:
+            rows = next((v.shape[0] for v in feed.values() if v.ndim), 1)
+            self._listener(BatchRecord(servable.name, servable.version, signature.name, rows, rows, 1, [0.0], seconds))
+        return result, seconds
+
+    def _know(self, servable: Servable, signature: Signature) -> _Known:
+        by_signature = self._known.get(servable)
+        if by_signature is None:
+            by_signature = self._known[servable] = {}
+        known = by_signature.get(signature.name)
+        if known is None:
+            known = by_signature[signature.name] = _Known(
+                RunCost(allowed=self._inline_cheap_models and servable.platform in INLINE_PLATFORMS)
+            )
+        return known
+
+    def _queue(
+        self, servable: Servable, signature: Signature, outputs: tuple[str, ...], params: BatchingParameters
+    ) -> _Queue:
+        key = (id(servable), signature.name, outputs)
+        queue = self._queues.get(key)
+        if queue is None or queue.servable is not servable:
+            queue = self._queues[key] = _Queue(servable, signature, outputs, params, self._know(servable, signature))
+        return queue
+
+    def _schedule(self, queue: _Queue) -> None:
+        params = queue.params
+        pending = queue.pending
+        while pending and queue.running < params.num_batch_threads:
+            while pending and not pending[0].queued:  # withdrawn: its caller gave up
+                pending.popleft()
+            if not pending:
+                break
+            if params.batch_timeout_micros > 0 and queue.pending_rows < params.execution_batch_size:
+                waited = time.perf_counter() - pending[0].enqueued
+                remaining = params.batch_timeout_micros / 1e6 - waited
+                if remaining > 0:
+                    if queue.timer is None:
+                        queue.timer = asyncio.get_running_loop().call_later(remaining, self._on_timer, queue)
+                    return
+            if queue.timer is not None:  # this batch starts now: its timer has nothing left to do
+                queue.timer.cancel()
+                queue.timer = None
+            batch = self._take(queue)
+            if not batch:
+                continue
+            queue.known.last_batch_tasks = len(batch)
+            started = time.perf_counter()
+            if queue.cost.inline:  # a cheap call: here and now (this loop turn goes on with the next batch)
+                try:
+                    outcome: Ran | BaseException = self._execute(queue, batch)
+                except BaseException as exc:  # noqa: BLE001 - every caller of the batch gets the error
+                    outcome = exc
+                self._deliver(queue, batch, started, outcome, on_loop=True)
+                continue
+            queue.running += 1
+            loop = asyncio.get_running_loop()
+            try:
+                self._call(
+                    self._run_batch,
+                    *(loop, queue, batch, started),
+                    dropped=functools.partial(self._batch_dropped, loop, queue, batch, started),
+                )
+            except BaseException as exc:  # noqa: BLE001 - the executor is shut down: the batch's callers get it
+                queue.running -= 1
+                self._deliver(queue, batch, started, exc, on_loop=False)
+                continue
+        if not pending and queue.running == 0 and not queue.dispatch_pending:
+            key = (id(queue.servable), queue.signature.name, queue.outputs)
+            if self._queues.get(key) is queue:  # a newer queue under the same key stays
+                del self._queues[key]
+
+    def _dispatch(self, queue: _Queue) -> None:
+        queue.dispatch_pending = False
+        self._schedule(queue)
+
+    def _on_timer(self, queue: _Queue) -> None:
+        queue.timer = None
+        self._schedule(queue)
+
+    def _take(self, queue: _Queue) -> list[_Task]:
+        """The oldest wanted task and every waiting one that merges with it, up to the execution batch size.
+
+        Tasks nobody waits for any more (withdrawn, their deadline passed, their awaiter cancelled) leave the
+        queue here, unrun.
+        """
+        limit = queue.params.execution_batch_size
+        pending = queue.pending
+        now: float | None = None
+        batch: list[_Task] = []
+        skipped: list[_Task] = []
+        rows = 0
+        first: _Task | None = None
+        while pending and rows < limit:
+            task = pending.popleft()
+            if not task.queued:
+                continue
+            if task.future.done():  # its awaiter was cancelled
+                task.withdraw(None)
+                continue
+            interest = task.interest
+            if interest is not None and interest.deadline is not None:
+                if now is None:
+                    now = asyncio.get_running_loop().time()
+                if now >= interest.deadline:
+                    task.withdraw(deadline_exceeded())
+                    continue
+            if first is None:
+                first = task
+            elif task.key != first.key or rows + task.rows > limit:
+                skipped.append(task)
+                if rows + task.rows > limit and task.key == first.key:
+                    break
+                continue
+            batch.append(task)
+            rows += task.rows
+        pending.extendleft(reversed(skipped))
+        for task in batch:
+            task.taken()
+        queue.pending_rows -= rows
+        return batch
+
+    def _execute(self, queue: _Queue, batch: list[_Task]) -> Ran:
+        params = queue.params
+        started = time.perf_counter()
+        if isinstance(queue.servable, PerRequestServable):
+            # It takes the grouped requests as they came (never merged, never padded) and answers each.
+            answers = queue.servable.run_requests(queue.signature, [task.feed for task in batch], queue.outputs)
+            if len(answers) != len(batch):
+                raise ServingError(Code.INTERNAL, f"{len(answers)} answers for a batch of {len(batch)} requests")
+            return answers, sum(task.rows for task in batch), time.perf_counter() - started
+        if len(batch) == 1:
+            task = batch[0]
+            target = padded_size(task.rows, params.allowed_batch_sizes)
+            if target == task.rows:  # a batch of one, unpadded: its own feed and outputs, nothing to merge or cut
+                outputs = queue.servable.run(queue.signature, task.feed, queue.outputs)
+                check_batched_outputs(outputs, target)
+                return [outputs], target, time.perf_counter() - started
+        rows = sum(task.rows for task in batch)
+        target = padded_size(rows, params.allowed_batch_sizes)
+        feed = merge([task.feed for task in batch], params.pad_variable_length_inputs, target)
+        outputs = queue.servable.run(queue.signature, feed, queue.outputs)
+        results: list[Outputs | ServingError] = list(split(outputs, [task.rows for task in batch], target))
+        return results, target, time.perf_counter() - started
+
+    def _run_batch(self, loop: asyncio.AbstractEventLoop, queue: _Queue, batch: list[_Task], started: float) -> None:
+        """On an inference thread: run the batch and record it, then hand its outcome straight to the loop (one hop
+        back). The record is made here, off the event loop that every request shares."""
+        outcome: Ran | BaseException
+        try:
+            outcome = ran = self._execute(queue, batch)
+        except BaseException as exc:  # noqa: BLE001 - every caller of the batch gets the error
+            outcome = exc
+        else:
+            self._record(queue, batch, started, ran)
+        with contextlib.suppress(RuntimeError):  # the loop is closed (the server stopped): nobody waits any more
+            loop.call_soon_threadsafe(self._finish, queue, batch, started, outcome)
+
+    def _batch_dropped(
+        self, loop: asyncio.AbstractEventLoop, queue: _Queue, batch: list[_Task], started: float
+    ) -> None:
+        """The executor dropped the batch unrun (it shut down): its callers get the cancellation."""
+        with contextlib.suppress(RuntimeError):  # the loop is closed too
+            loop.call_soon_threadsafe(self._finish, queue, batch, started, asyncio.CancelledError())
+
+    def _finish(
+        self,
+        queue: _Queue,
+        batch: list[_Task],
+        started: float,
+        outcome: Ran | BaseException,
+    ) -> None:
+        """A batch thread is done: answer its callers and start what waited for the thread."""
+        queue.running -= 1
+        self._deliver(queue, batch, started, outcome, on_loop=False)
+        self._schedule(queue)
+
+    def _deliver(
+        self,
+        queue: _Queue,
+        batch: list[_Task],
+        started: float,
+        outcome: Ran | BaseException,
+        on_loop: bool,
+    ) -> None:
+        """Answer every caller of ``batch`` with its rows (or the batch's error); a batch run on the loop is recorded
+        here too (a thread records its own)."""
+        if isinstance(outcome, BaseException):
+            error = from_exception(outcome)
+            for task in batch:
+                if not task.future.done():
+                    task.future.set_exception(error)
+                task.finished()
+            return
+        results, _, run_seconds = outcome
+        queue.cost.record(run_seconds, on_loop)
+        for task, result in zip(batch, results, strict=True):
+            if task.future.done():
+                pass
+            elif isinstance(result, ServingError):  # that request's own error (PerRequestServable)
+                task.future.set_exception(result)
+            else:
+                task.future.set_result(result)
+            task.finished()
+        if on_loop:
+            self._record(queue, batch, started, outcome)
+
+    def _record(self, queue: _Queue, batch: list[_Task], started: float, outcome: Ran) -> None:
+        """Tell the listener (metrics, stats) what a batch that ran looked like."""
+        if self._listener is not None:
+            _, target, run_seconds = outcome
+            self._listener(
+                BatchRecord(
+                    model=queue.servable.name,
+                    version=queue.servable.version,
+                    signature=queue.signature.name,
+                    size=sum(t.rows for t in batch),
+                    padded_size=target,
+                    tasks=len(batch),
+                    queue_seconds=[started - t.enqueued for t in batch],
+                    run_seconds=run_seconds,
+                )
+            )

@@ -1,0 +1,437 @@
+"""Server options and the text-proto config files TF Serving reads.
+
+The model config and monitoring config are parsed with TF Serving's own protos (shipped in the
+``tensorflow-serving-api`` wheel) and ``google.protobuf.text_format``, so a file that works with
+``tensorflow_model_server`` works here, and a malformed one fails with the same words.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Literal
+
+from workbench import platforms
+from workbench.config.batching_parameters import BatchingParameters, read_batching_parameters_file
+from workbench.config.request_logging import RequestLogConfig, request_log_config_from_proto
+from workbench.runtime.storage import RemoteFolder, is_remote
+from workbench.config.text_config import parse_text_config
+from workbench.core.errors import Code, ServingError
+
+log = logging.getLogger(__name__)
+
+PolicyKind = Literal["latest", "all", "specific"]
+
+
+# "workbench_null" serves a SavedModel's signatures without running it (zeros of the right types): the
+# frontends' own ceiling, for benchmarks.
+@dataclasses.dataclass(frozen=True)
+class VersionPolicy:
+    """Which of the versions found on disk a model should serve (TF Serving's ServableVersionPolicy)."""
+
+    kind: PolicyKind = "latest"
+    num_versions: int = 1
+    versions: frozenset[int] = frozenset()
+
+    def select(self, on_disk: Iterable[int]) -> set[int]:
+        found = sorted(set(on_disk))
+        if self.kind == "all":
+            return set(found)
+        if self.kind == "specific":
+            return {v for v in found if v in self.versions}
+        return set(found[-self.num_versions :]) if self.num_versions > 0 else set()
+
+    def describe(self) -> str:
+        if self.kind == "latest":
+            return f"latest({self.num_versions})"
+        if self.kind == "specific":
+            return f"specific({', '.join(map(str, sorted(self.versions)))})"
+        return "all"
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """One model of the server: where its versions live, which to serve, and its version labels."""
+
+    name: str
+    base_path: str
+    policy: VersionPolicy = VersionPolicy()
+    labels: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    platform: str = ""  # model_platform; "" lets each version folder say (workbench.platforms.detect)
+    logging: RequestLogConfig | None = None  # the config file's logging_config (request logging)
+
+
+@dataclasses.dataclass(frozen=True)
+class MonitoringOptions:
+    prometheus_enabled: bool = False
+    prometheus_path: str = "/monitoring/prometheus/metrics"
+
+
+@dataclasses.dataclass(frozen=True)
+class GrpcTLS:
+    """``--ssl_config_file``, read: TLS on the gRPC port (TF Serving's SSLConfig, with the PEM texts it holds)."""
+
+    server_key: bytes
+    server_cert: bytes  # the certificate chain, leaf first
+    # PEM roots that client certificates must chain to; None: gRPC's default roots (see parse_ssl_config_file)
+    custom_ca: bytes | None
+    client_verify: bool  # mutual TLS: a client without a certificate signed by custom_ca is refused
+
+
+@dataclasses.dataclass(frozen=True)
+class RestTLS:
+    """TLS on the REST port: workbench's own ``--rest_api_ssl_*`` flags (TF Serving's REST API has no TLS)."""
+
+    cert_file: str
+    key_file: str  # "": the key is in cert_file
+    client_ca_file: str  # "": no client certificates asked for; else required, and checked against this CA
+
+
+@dataclasses.dataclass
+class ServerOptions:
+    """Everything ``workbench serve`` was asked for; field names are tensorflow_model_server's flag names."""
+
+    port: int = 8500
+    grpc_socket_path: str = ""
+    rest_api_port: int = 0
+    rest_api_host: str = "127.0.0.1"
+    grpc_host: str = "127.0.0.1"
+    rest_api_timeout_in_ms: int = 30000
+    rest_api_enable_cors_support: bool = False
+    rest_api_max_request_bytes: int = 256 * 1024 * 1024
+    grpc_max_message_bytes: int = 256 * 1024 * 1024
+    grpc_channel_arguments: str = ""
+    ssl_config_file: str = ""  # TF Serving's SSLConfig text proto: TLS (and mutual TLS) on gRPC
+    # workbench's own: TLS on REST (PEM files; the client CA turns on mutual TLS)
+    rest_api_ssl_cert_file: str = ""
+    rest_api_ssl_key_file: str = ""
+    rest_api_ssl_client_ca_file: str = ""
+    model_name: str = "default"
+    model_base_path: str = ""
+    model_config_file: str = ""
+    model_config_file_poll_wait_seconds: float = 0.0
+    file_system_poll_wait_seconds: float = 1.0
+    enable_model_warmup: bool = True
+    monitoring_config_file: str = ""
+    allow_version_labels_for_unavailable_models: bool = False
+    num_inference_threads: int = 0
+    num_load_threads: int = 2
+    # How long a request for a model whose first load is under way waits for it (0: answered at once, NOT_FOUND).
+    wait_for_model_load_seconds: float = 60.0
+    # Triton's model control: "" (workbench's own: versions), "none", "poll" or "explicit"; --load_model's names.
+    model_control_mode: str = ""
+    load_model: tuple[str, ...] = ()
+    # Triton's response cache: its bound for the whole server (0: off) and the models that opt in by flag.
+    response_cache_bytes: int = 0
+    response_cache_models: tuple[str, ...] = ()
+    enable_batching: bool = False
+    batching_parameters_file: str = ""
+    # workbench's own: a model repository root (every sub-folder is a model), version management, handles
+    model_repository: str = ""
+    model_cache_dir: str = ""  # where versions from object stores are downloaded ("": the XDG cache or temp dir)
+    management_state_file: str = ""
+    # Never shown: not in this dataclass's repr (logs, tracebacks, a notebook printing the options).
+    management_token: str = dataclasses.field(default="", repr=False)
+    server_name: str = ""  # shown by the Jupyter sidebar; a notebook handle passes its own name
+    drain_seconds: float = 30.0  # on SIGTERM/SIGINT: the whole shutdown's budget (Kubernetes' default grace)
+    drain_delay_seconds: float = 0.0  # of which: not ready, but still taking new connections
+    ready_file: str = ""
+    parent_pid: int = 0
+    # One of --num_workers processes (workbench.deploy.workers): its index, and the supervisor's run folder, where the
+    # workers find each other to answer for the whole server ("": a server of one process).
+    num_workers: int = 1
+    worker_index: int = 0
+    worker_dir: str = ""
+    # Model files that run code when loaded (pickles; model.py and handler.py) load only when allowed.
+    allow_pickle: bool = False
+    allow_python_models: bool = False
+    # Triton's system shared memory: the most bytes all registered regions may span (4 GiB; 0: none), and whether
+    # clients on other hosts may use it (by default only loopback and Unix-socket clients may).
+    shared_memory_max_bytes: int = 4 << 30
+    allow_remote_shared_memory: bool = False
+
+    def routing_state_path(self) -> str:
+        """An older workbench's routing state file (in a model repository: ``.workbench/routing.json``).
+
+        Routing now lives in each model's base path (``routing.json``); this file is only read, as the starting
+        routing of models whose base path has none, and the first change moves it there.
+        """
+        if self.management_state_file:
+            return self.management_state_file
+        if self.model_repository and not is_remote(self.model_repository):
+            return os.path.join(self.model_repository, ".workbench", "routing.json")
+        return ""
+
+    def initial_models(self) -> list[ModelConfig]:
+        """The models to serve at start-up: the config file's, or the one-model shorthand."""
+        if self.model_config_file:
+            return parse_model_config_file(self.model_config_file)
+        if self.model_repository:
+            return discover_models(self.model_repository)
+        if self.model_base_path:
+            base_path = self.model_base_path
+            base_path = base_path if is_remote(base_path) else os.path.abspath(base_path)
+            return [ModelConfig(name=self.model_name, base_path=base_path)]
+        return []
+
+    def batching_parameters(self) -> BatchingParameters | None:
+        """The server-wide batching parameters (None: batching off unless a model has its own file)."""
+        if self.batching_parameters_file and not self.enable_batching:
+            raise ServingError(Code.INVALID_ARGUMENT, "--batching_parameters_file was given without --enable_batching")
+        if not self.enable_batching:
+            return None
+        if self.batching_parameters_file:
+            return read_batching_parameters_file(self.batching_parameters_file)
+        return BatchingParameters()
+
+    def grpc_arguments(self) -> tuple[tuple[str, int | str], ...]:
+        """``--grpc_channel_arguments``: TF Serving's comma-separated ``key=value`` list."""
+        return parse_channel_arguments(self.grpc_channel_arguments)
+
+    def drain_timing(self) -> tuple[float, float]:
+        """(delay, budget) of a drain: how long to keep taking new connections once not ready, and how long the
+        whole shutdown may take, delay included (so a Kubernetes grace period of ``drain_seconds`` covers it)."""
+        if self.drain_seconds < 0 or self.drain_delay_seconds < 0:
+            raise ServingError(Code.INVALID_ARGUMENT, "--drain_seconds and --drain_delay_seconds cannot be negative")
+        if self.drain_delay_seconds and self.drain_delay_seconds >= self.drain_seconds:
+            raise ServingError(
+                Code.INVALID_ARGUMENT,
+                f"--drain_delay_seconds ({self.drain_delay_seconds:g}) must be shorter than --drain_seconds "
+                f"({self.drain_seconds:g}), which it is part of: accepted requests need time to finish",
+            )
+        return self.drain_delay_seconds, self.drain_seconds
+
+    def grpc_tls(self) -> GrpcTLS | None:
+        """``--ssl_config_file``, read and checked (None: plaintext gRPC, TF Serving's default)."""
+        return parse_ssl_config_file(self.ssl_config_file) if self.ssl_config_file else None
+
+    def rest_tls(self) -> RestTLS | None:
+        """The ``--rest_api_ssl_*`` flags, checked (None: plain HTTP, TF Serving's only REST)."""
+        cert, key, client_ca = self.rest_api_ssl_cert_file, self.rest_api_ssl_key_file, self.rest_api_ssl_client_ca_file
+        if not cert:
+            if key or client_ca:
+                given = "--rest_api_ssl_key_file" if key else "--rest_api_ssl_client_ca_file"
+                raise ServingError(Code.INVALID_ARGUMENT, f"{given} was given without --rest_api_ssl_cert_file")
+            return None
+        for flag, path in [
+            ("--rest_api_ssl_cert_file", cert),
+            ("--rest_api_ssl_key_file", key),
+            ("--rest_api_ssl_client_ca_file", client_ca),
+        ]:
+            if path and not os.path.isfile(path):
+                raise ServingError(Code.NOT_FOUND, f"{flag}={path}: no such file")
+        return RestTLS(os.path.abspath(cert), os.path.abspath(key) if key else "", client_ca)
+
+    def monitoring(self) -> MonitoringOptions:
+        if not self.monitoring_config_file:
+            return MonitoringOptions()
+        return parse_monitoring_config_file(self.monitoring_config_file)
+
+
+def parse_model_config_file(path: str | os.PathLike[str]) -> list[ModelConfig]:
+    """Read a ``ModelServerConfig`` text proto; relative base paths are taken from the file's folder."""
+    from tensorflow_serving.config import model_server_config_pb2
+
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ServingError(Code.NOT_FOUND, f"Could not read model config file {path}: {exc.strerror}") from None
+    config = parse_text_config(text, model_server_config_pb2.ModelServerConfig(), path)
+    if config.WhichOneof("config") == "custom_model_config":
+        raise ServingError(Code.UNIMPLEMENTED, "custom_model_config is not supported; use model_config_list")
+    return model_configs_from_proto(config.model_config_list, base_dir=Path(path).resolve().parent)
+
+
+def model_configs_from_proto(config_list: object, base_dir: Path | None = None) -> list[ModelConfig]:
+    """Validate a ``ModelConfigList`` proto and turn it into ModelConfigs (also used by gRPC's reload)."""
+    models: list[ModelConfig] = []
+    seen: set[str] = set()
+    for entry in config_list.config:  # type: ignore[attr-defined]
+        if not entry.name:
+            raise ServingError(Code.INVALID_ARGUMENT, "Every model in the config must have a name")
+        if not is_config_model_name(entry.name):
+            raise ServingError(
+                Code.INVALID_ARGUMENT,
+                f"Model name {entry.name!r} cannot name a model: it must be one folder name (not '.' or '..', no '/', "
+                "'\\', NUL or control characters)",
+            )
+        if entry.name in seen:
+            raise ServingError(
+                Code.INVALID_ARGUMENT, f"Illegal to list model {entry.name} multiple times in config list"
+            )
+        seen.add(entry.name)
+        platform = entry.model_platform
+        if platform and platform not in platforms.names():
+            raise ServingError(
+                Code.UNIMPLEMENTED,
+                f'Model {entry.name}: model_platform "{entry.model_platform}" is not supported '
+                f"(supported: {', '.join(platforms.names())})",
+            )
+        if not entry.base_path:
+            raise ServingError(Code.INVALID_ARGUMENT, f"Model {entry.name} has no base_path")
+        base_path = entry.base_path
+        if base_dir is not None and not os.path.isabs(base_path) and "://" not in base_path:
+            base_path = str((base_dir / base_path).resolve())
+        models.append(
+            ModelConfig(
+                name=entry.name,
+                base_path=base_path,
+                policy=_policy_from_proto(entry)
+                if entry.HasField("model_version_policy")
+                else _folder_policy(base_path),
+                labels=dict(entry.version_labels),
+                platform=platform,
+                logging=request_log_config_from_proto(entry.logging_config, f"model {entry.name}", base_dir)
+                if entry.HasField("logging_config")
+                else None,
+            )
+        )
+    return models
+
+
+def _folder_policy(base_path: str) -> VersionPolicy:
+    """A model without a configured policy: its Triton config.pbtxt's ``version_policy``, else latest(1)."""
+    from workbench.config.triton_model_config import version_policy  # it imports this module
+
+    return version_policy(base_path) or VersionPolicy()
+
+
+def _policy_from_proto(entry: object) -> VersionPolicy:
+    if not entry.HasField("model_version_policy"):  # type: ignore[attr-defined]
+        return VersionPolicy()
+    policy = entry.model_version_policy  # type: ignore[attr-defined]
+    which = policy.WhichOneof("policy_choice")
+    if which == "all":
+        return VersionPolicy(kind="all")
+    if which == "specific":
+        if not policy.specific.versions:
+            raise ServingError(
+                Code.INVALID_ARGUMENT,
+                f"Model {entry.name}: the specific version policy needs at least one version",  # type: ignore[attr-defined]
+            )
+        return VersionPolicy(kind="specific", versions=frozenset(policy.specific.versions))
+    num = policy.latest.num_versions if which == "latest" else 1
+    return VersionPolicy(kind="latest", num_versions=num or 1)
+
+
+def parse_ssl_config_file(path: str | os.PathLike[str]) -> GrpcTLS:
+    """Read TF Serving's ``SSLConfig`` text proto, as tensorflow_model_server does, with a clear error where it would
+    fail (or, for a key that is missing, start a server no client can reach).
+
+    As in TF Serving, the fields hold the PEM texts themselves, and ``client_verify`` without ``custom_ca`` checks
+    client certificates against gRPC's default roots (``$GRPC_DEFAULT_SSL_ROOTS_FILE_PATH``, else the public CAs
+    bundled with gRPC): any certificate a public CA issued is let in, so that is logged as a warning.
+    """
+    from workbench.config.tf_serving_protos import SSLConfig
+
+    where = f"--ssl_config_file={path}"
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not a text file"
+        raise ServingError(Code.NOT_FOUND, f"Could not read SSL config file {path}: {reason}") from None
+    config = parse_text_config(text, SSLConfig(), path)
+    for field, marker, what in [
+        ("server_key", "PRIVATE KEY-----", "private key"),
+        ("server_cert", "-----BEGIN CERTIFICATE-----", "certificate"),
+    ]:
+        value = getattr(config, field)
+        if not value.strip():
+            raise ServingError(Code.INVALID_ARGUMENT, f"{where}: {field} is missing (TLS needs a key and certificate)")
+        if marker not in value:
+            # TF Serving users most often write a file name here: say that the field takes the PEM text.
+            raise ServingError(
+                Code.INVALID_ARGUMENT,
+                f"{where}: {field} is not a PEM {what} (the field holds the PEM text itself, not a file name)",
+            )
+    if config.custom_ca and "-----BEGIN CERTIFICATE-----" not in config.custom_ca:
+        raise ServingError(Code.INVALID_ARGUMENT, f"{where}: custom_ca is not a PEM certificate")
+    custom_ca = config.custom_ca.encode() if config.custom_ca else None
+    if config.client_verify and custom_ca is None:
+        custom_ca = _grpc_default_roots()
+        log.warning(
+            "%s: client_verify without custom_ca checks client certificates against gRPC's default roots (public "
+            "CAs), as TF Serving does: set custom_ca to the CA that issues your clients' certificates",
+            where,
+        )
+    return GrpcTLS(config.server_key.encode(), config.server_cert.encode(), custom_ca, config.client_verify)
+
+
+def _grpc_default_roots() -> bytes:
+    """The roots gRPC verifies peers with when given none: ``$GRPC_DEFAULT_SSL_ROOTS_FILE_PATH``, else its own."""
+    override = os.environ.get("GRPC_DEFAULT_SSL_ROOTS_FILE_PATH")
+    if override:
+        return Path(override).read_bytes()
+    from importlib.resources import files
+
+    return files("grpc").joinpath("_cython/_credentials/roots.pem").read_bytes()
+
+
+def parse_monitoring_config_file(path: str | os.PathLike[str]) -> MonitoringOptions:
+    from workbench.config.tf_serving_protos import MonitoringConfig
+
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ServingError(Code.NOT_FOUND, f"Could not read monitoring config file {path}: {exc.strerror}") from None
+    config = parse_text_config(text, MonitoringConfig(), path)
+    prometheus = config.prometheus_config
+    metrics_path = prometheus.path or "/monitoring/prometheus/metrics"
+    if not metrics_path.startswith("/"):
+        metrics_path = "/" + metrics_path
+    return MonitoringOptions(prometheus_enabled=prometheus.enable, prometheus_path=metrics_path)
+
+
+def parse_channel_arguments(text: str) -> tuple[tuple[str, int | str], ...]:
+    arguments: list[tuple[str, int | str]] = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ServingError(
+                Code.INVALID_ARGUMENT, f"Malformed --grpc_channel_arguments entry {item!r}: want key=value"
+            )
+        value = value.strip()
+        arguments.append((key.strip(), int(value) if value.lstrip("-").isdigit() else value))
+    return tuple(arguments)
+
+
+def discover_models(root: str | os.PathLike[str]) -> list[ModelConfig]:
+    """A model repository root: every sub-folder whose name is a valid model name is a model (latest policy).
+
+    Hidden folders (``.workbench``, an export's temporary folder) are skipped. A missing root is created, so a
+    server can start on an empty repository and pick up models as they are exported into it. A root in an object
+    store is listed by prefix (raises :class:`~workbench.runtime.storage.StorageError` when it cannot be).
+    """
+    if is_remote(root):
+        url = str(root).rstrip("/")
+        return [
+            ModelConfig(name=name, base_path=f"{url}/{name}")
+            for name in RemoteFolder(url).list_folders()
+            if is_model_name(name)
+        ]
+    base = Path(root).resolve()
+    base.mkdir(parents=True, exist_ok=True)
+    return [
+        ModelConfig(name=entry.name, base_path=str(entry), policy=_folder_policy(str(entry)))
+        for entry in sorted(base.iterdir())
+        if entry.is_dir() and is_model_name(entry.name)
+    ]
+
+
+def is_config_model_name(name: str) -> bool:
+    """A model config's name (a file's or a gRPC reload's): one folder name, as a model cache uses it.
+
+    Looser than :func:`is_model_name` (TF Serving's configs name models with any text), but never a path: no
+    separator, no ``.`` or ``..``, no NUL or control character. REST cannot even address a name with a ``/``.
+    """
+    if not name or name in (".", ".."):
+        return False
+    return not any(c in "/\\" or ord(c) < 0x20 or ord(c) == 0x7F for c in name)
+
+
+def is_model_name(name: str) -> bool:
+    """Letters, digits, ``_``, ``-`` and ``.``, not starting with ``.``: safe as a folder and in a URL path."""
+    return bool(name) and not name.startswith(".") and all(c.isalnum() or c in "_-." for c in name) and name.isascii()

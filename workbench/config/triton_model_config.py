@@ -1,0 +1,579 @@
+"""Triton model repositories: ``<model>/config.pbtxt`` read into the description the rest of workbench uses.
+
+A model folder holding ``config.pbtxt`` is a Triton model (:func:`has_config`); the file is parsed with Triton's own
+generated protos (``tritonclient.grpc.model_config_pb2``) and ``google.protobuf.text_format``, so what Triton reads
+is read the same way, and a file that does not parse fails that model's load with the file and line, never the
+server. What workbench takes from it:
+
+- ``name`` (empty, or the folder's name, as Triton requires), ``platform``/``backend`` (ONNX Runtime, Python,
+  TensorFlow SavedModel; any other is a load error saying so), ``default_model_filename``;
+- ``max_batch_size``: 0, the dims are whole shapes; above 0, every tensor has a batch dimension (-1) before its
+  dims, as clients see it in the metadata;
+- ``input``/``output``: names, ``data_type``, ``dims``, ``reshape`` (the shape the model sees, clients keep the dims),
+  ``optional``;
+- ``dynamic_batching``, ``instance_group`` and ``version_policy``, mapped onto workbench's
+  :class:`BatchingParameters`, concurrent runs and :class:`VersionPolicy` (see :func:`batching_parameters`);
+- ``parameters`` (handed to Python models, as Triton does) and ``response_cache { enable }``;
+- ``model_transaction_policy { decoupled }``: 0..n responses per request, for Python backend models (Triton runs
+  decoupled models only in its Python backend and custom backends);
+- ``sequence_batching``, for Python backend models: the strategy (``direct``, Triton's default, or ``oldest``),
+  ``max_sequence_idle_microseconds`` and ``control_input``, mapped onto workbench's sequence batcher
+  (:class:`SequenceBatching`: its :class:`SequenceSettings` and the control tensors the model gets).
+
+Ensembles, implicit sequence state (``sequence_batching { state }``) and sequence batching for ONNX and TensorFlow
+models are refused (UNIMPLEMENTED, saying which); the rest of the file (optimization, warmup, rate limiters) is not
+acted on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from google.protobuf import descriptor, json_format, text_format
+
+from workbench.config.batching_parameters import BatchingParameters
+from workbench.config.options import VersionPolicy
+from workbench.batching.sequences import Controls, SequenceSettings, Strategy
+from workbench.core.errors import Code, ServingError
+from workbench.platforms import TRITON_CONFIG
+
+CONFIG_FILE = TRITON_CONFIG
+
+# The backends workbench runs, by the workbench platform that loads them, with Triton's names for them (the
+# ``backend`` and the ``platform`` a config may give; either is enough) and the file a version folder holds.
+ONNX, PYTHON, TENSORFLOW = "onnx", "python", "tensorflow"
+BACKENDS: Mapping[str, str] = {"onnxruntime": ONNX, "python": PYTHON, "tensorflow": TENSORFLOW}
+PLATFORMS: Mapping[str, str] = {"onnxruntime_onnx": ONNX, "tensorflow_savedmodel": TENSORFLOW}
+TRITON_NAMES: Mapping[str, tuple[str, str]] = {  # workbench platform → (backend, platform) the JSON answer gives
+    ONNX: ("onnxruntime", "onnxruntime_onnx"),
+    PYTHON: ("python", ""),
+    TENSORFLOW: ("tensorflow", "tensorflow_savedmodel"),
+}
+DEFAULT_FILES: Mapping[str, str] = {ONNX: "model.onnx", PYTHON: "model.py", TENSORFLOW: "model.savedmodel"}
+
+DATA_TYPES: Mapping[str, np.dtype[Any]] = {
+    "TYPE_BOOL": np.dtype(bool),
+    "TYPE_UINT8": np.dtype(np.uint8),
+    "TYPE_UINT16": np.dtype(np.uint16),
+    "TYPE_UINT32": np.dtype(np.uint32),
+    "TYPE_UINT64": np.dtype(np.uint64),
+    "TYPE_INT8": np.dtype(np.int8),
+    "TYPE_INT16": np.dtype(np.int16),
+    "TYPE_INT32": np.dtype(np.int32),
+    "TYPE_INT64": np.dtype(np.int64),
+    "TYPE_FP16": np.dtype(np.float16),
+    "TYPE_FP32": np.dtype(np.float32),
+    "TYPE_FP64": np.dtype(np.float64),
+    "TYPE_STRING": np.dtype(object),  # numpy object arrays of bytes, as everywhere in workbench
+}
+
+# Triton's queue is unbounded by default (default_queue_policy.max_queue_size 0); workbench's batcher bounds its
+# queue by batches. This many batches is "unbounded" for any real load, while a runaway client still hits a wall.
+_TRITON_QUEUE_BATCHES = 10_000
+
+# Triton's default max_sequence_idle_microseconds (SEQUENCE_IDLE_DEFAULT_MICROSECONDS): one second.
+SEQUENCE_IDLE_DEFAULT_MICROSECONDS = 1_000_000
+
+# Control kinds by Triton's enum name, as workbench names them (``Controls``' fields); START, END and READY are
+# flags given as the config's false/true values, CORRID is the sequence's id in the config's data type.
+CONTROL_KINDS: Mapping[str, str] = {
+    "CONTROL_SEQUENCE_START": "START",
+    "CONTROL_SEQUENCE_END": "END",
+    "CONTROL_SEQUENCE_READY": "READY",
+    "CONTROL_SEQUENCE_CORRID": "CORRID",
+}
+CORRID_TYPES = ("TYPE_UINT64", "TYPE_INT64", "TYPE_UINT32", "TYPE_INT32", "TYPE_STRING")
+_FLAG_TYPES = {"int32_false_true": "TYPE_INT32", "fp32_false_true": "TYPE_FP32", "bool_false_true": "TYPE_BOOL"}
+
+
+@dataclasses.dataclass(frozen=True)
+class TritonTensor:
+    """One ``input`` or ``output``: ``dims`` as clients send and receive it, ``reshape`` as the model sees it."""
+
+    name: str
+    dtype: np.dtype[Any]
+    data_type: str  # Triton's name, "TYPE_FP32"
+    dims: tuple[int, ...]
+    reshape: tuple[int, ...] | None = None  # None: the model sees the dims
+    optional: bool = False
+
+    @property
+    def model_dims(self) -> tuple[int, ...]:
+        return self.dims if self.reshape is None else self.reshape
+
+
+@dataclasses.dataclass(frozen=True)
+class DynamicBatching:
+    preferred_batch_sizes: tuple[int, ...]
+    max_queue_delay_microseconds: int
+
+
+@dataclasses.dataclass(frozen=True)
+class SequenceControl:
+    """One ``control_input``: the tensor the sequence batcher gives the model with each request of a sequence."""
+
+    name: str
+    kind: str  # START, END, READY or CORRID (CONTROL_KINDS)
+    data_type: str  # Triton's name: TYPE_INT32, TYPE_FP32, TYPE_BOOL for flags; CORRID's is the config's
+    false_true: tuple[Any, Any] = (0, 1)  # a flag's values for false and true
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        return DATA_TYPES[self.data_type]
+
+    def value(self, controls: Controls) -> np.ndarray:
+        """This control's one value for a request, as a 1-element array of its data type."""
+        if self.kind != "CORRID":
+            flag = {"START": controls.start, "END": controls.end, "READY": controls.ready}[self.kind]
+            return np.array([self.false_true[int(flag)]], self.dtype)
+        corrid = controls.correlation_id
+        if self.data_type == "TYPE_STRING":
+            return np.array([str(corrid).encode()], object)
+        if isinstance(corrid, str):
+            raise ServingError(
+                Code.INVALID_ARGUMENT,
+                f'sequence id "{corrid}" is a string, but the model\'s CONTROL_SEQUENCE_CORRID input "{self.name}" '
+                f"is {self.data_type}: send a number",
+            )
+        limits = np.iinfo(self.dtype)
+        if not limits.min <= corrid <= limits.max:
+            raise ServingError(
+                Code.INVALID_ARGUMENT,
+                f'sequence id {corrid} does not fit the model\'s CONTROL_SEQUENCE_CORRID input "{self.name}" '
+                f"({self.data_type})",
+            )
+        return np.array([corrid], self.dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class SequenceBatching:
+    """``sequence_batching``: how workbench's sequence batcher runs the model, and the control tensors it gives."""
+
+    settings: SequenceSettings
+    controls: tuple[SequenceControl, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class TritonConfig:
+    """A model's ``config.pbtxt``, read and checked; ``proto`` keeps the file's message for the JSON answer."""
+
+    file: Path
+    name: str
+    platform: str  # the workbench platform that runs it: ONNX, PYTHON or TENSORFLOW
+    max_batch_size: int
+    inputs: tuple[TritonTensor, ...]
+    outputs: tuple[TritonTensor, ...]
+    dynamic_batching: DynamicBatching | None
+    instance_count: int  # how many runs of the model at once (Triton's instances)
+    version_policy: VersionPolicy
+    parameters: Mapping[str, str]
+    default_model_filename: str
+    response_cache: bool  # response_cache { enable: true }: read by workbench's response cache
+    decoupled: bool
+    sequence_batching: SequenceBatching | None  # None: the model is stateless
+    proto: Any = dataclasses.field(compare=False, repr=False)
+
+    @property
+    def batched(self) -> bool:
+        """Whether every tensor has a batch dimension before its dims (Triton's max_batch_size > 0)."""
+        return self.max_batch_size > 0
+
+    def model_file(self, version_folder: str | Path) -> Path:
+        return Path(version_folder) / (self.default_model_filename or DEFAULT_FILES[self.platform])
+
+
+def has_config(base_path: str | Path) -> bool:
+    """Whether a model folder is a Triton model (object-store base paths are never: their folder is not local)."""
+    return "://" not in str(base_path) and (Path(base_path) / CONFIG_FILE).is_file()
+
+
+def read_config(model_folder: str | Path) -> TritonConfig:
+    """``<model_folder>/config.pbtxt``, parsed and checked; every problem is a ServingError naming the file."""
+    from tritonclient.grpc import model_config_pb2
+
+    file = Path(model_folder) / CONFIG_FILE
+    try:
+        text = file.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not a text file"
+        raise ServingError(Code.NOT_FOUND, f"Could not read {file}: {reason}") from None
+    proto = model_config_pb2.ModelConfig()
+    try:
+        text_format.Parse(text, proto)
+    except text_format.ParseError as exc:
+        # ParseError's own text starts "line:column : "; say it as a person reads it.
+        where = f"line {exc.GetLine()}, column {exc.GetColumn()}" if exc.GetLine() else "somewhere"
+        detail = str(exc).split(" : ", 1)[-1]
+        raise ServingError(
+            Code.INVALID_ARGUMENT, f"{file} is not a valid Triton model config ({where}): {detail}"
+        ) from None
+    return describe(proto, file)
+
+
+def describe(proto: Any, file: Path) -> TritonConfig:
+    """The checked description of a parsed ``ModelConfig`` read from ``file`` (in ``<model>/config.pbtxt``)."""
+
+    def fail(detail: str, code: Code = Code.INVALID_ARGUMENT) -> ServingError:
+        return ServingError(code, f"{file}: {detail}")
+
+    folder = file.parent.name
+    if proto.name and proto.name != folder:
+        raise fail(f'name "{proto.name}" does not match the model folder "{folder}" (Triton requires them equal)')
+    if proto.max_batch_size < 0:
+        raise fail(f"max_batch_size must not be negative, got {proto.max_batch_size}")
+    if proto.HasField("ensemble_scheduling"):
+        raise fail("ensemble_scheduling (an ensemble of models) is not supported by workbench", Code.UNIMPLEMENTED)
+    platform = _platform(proto, fail)
+    decoupled = proto.model_transaction_policy.decoupled
+    if decoupled and platform != PYTHON:
+        raise fail(
+            f"model_transaction_policy {{ decoupled: true }} is served for Python backend models only: Triton runs "
+            f'decoupled models only in its Python backend and custom backends, not in "{TRITON_NAMES[platform][0]}"',
+            Code.UNIMPLEMENTED,
+        )
+    inputs = tuple(_tensor(t, "input", fail) for t in proto.input)
+    instance_count = _instance_count(proto)
+    sequence = None
+    if proto.HasField("sequence_batching"):
+        sequence = _sequence_batching(proto, platform, inputs, instance_count, fail)
+    dynamic = None
+    if proto.HasField("dynamic_batching"):
+        batching = proto.dynamic_batching
+        if batching.preferred_batch_size and not proto.max_batch_size:
+            raise fail("dynamic_batching needs max_batch_size > 0")
+        dynamic = DynamicBatching(
+            tuple(sorted(batching.preferred_batch_size)), int(batching.max_queue_delay_microseconds)
+        )
+    return TritonConfig(
+        file=file,
+        name=folder,
+        platform=platform,
+        max_batch_size=proto.max_batch_size,
+        inputs=inputs,
+        outputs=tuple(_tensor(t, "output", fail) for t in proto.output),
+        dynamic_batching=dynamic,
+        instance_count=instance_count,
+        version_policy=_version_policy(proto, fail),
+        parameters={key: value.string_value for key, value in proto.parameters.items()},
+        default_model_filename=proto.default_model_filename,
+        response_cache=proto.response_cache.enable,
+        decoupled=decoupled,
+        sequence_batching=sequence,
+        proto=proto,
+    )
+
+
+def _platform(proto: Any, fail: Any) -> str:
+    backend, platform = proto.backend, proto.platform
+    if not backend and not platform:
+        raise fail('names no backend: set backend: "onnxruntime", "python" or "tensorflow" (or a platform)')
+    chosen = {BACKENDS.get(backend, "?") if backend else "", PLATFORMS.get(platform, "?") if platform else ""} - {""}
+    if "?" in chosen:
+        unknown = ", ".join(
+            f'{field} "{value}"'
+            for field, value, known in [("backend", backend, BACKENDS), ("platform", platform, PLATFORMS)]
+            if value and value not in known
+        )
+        supported = ", ".join([*(f'backend "{b}"' for b in BACKENDS), *(f'platform "{p}"' for p in PLATFORMS)])
+        raise fail(f"{unknown} is not supported by workbench (it serves {supported})", Code.UNIMPLEMENTED)
+    if len(chosen) > 1:
+        raise fail(f'backend "{backend}" and platform "{platform}" name different frameworks')
+    return chosen.pop()
+
+
+def _tensor(proto: Any, kind: str, fail: Any) -> TritonTensor:
+    data_type = _data_type_name(proto)
+    if not proto.name:
+        raise fail(f"every {kind} needs a name")
+    if data_type not in DATA_TYPES:
+        raise fail(f'{kind} "{proto.name}" has data_type {data_type}, which workbench cannot serve', Code.UNIMPLEMENTED)
+    dims = tuple(int(d) for d in proto.dims)
+    if any(d < -1 for d in dims):
+        raise fail(f'{kind} "{proto.name}": dims {list(dims)} must be sizes, or -1 for any')
+    reshape = tuple(int(d) for d in proto.reshape.shape) if proto.HasField("reshape") else None
+    if reshape is not None and (-1 not in dims and -1 not in reshape) and np.prod(dims) != np.prod(reshape):
+        raise fail(
+            f'{kind} "{proto.name}": reshape {list(reshape)} does not hold the {int(np.prod(dims))} elements of '
+            f"dims {list(dims)}"
+        )
+    return TritonTensor(proto.name, DATA_TYPES[data_type], data_type, dims, reshape, kind == "input" and proto.optional)
+
+
+def _data_type_name(proto: Any) -> str:
+    from tritonclient.grpc import model_config_pb2
+
+    return str(model_config_pb2.DataType.Name(proto.data_type))
+
+
+def _instance_count(proto: Any) -> int:
+    """Triton runs one request (or batch) at a time per instance: the instances are the model's concurrency.
+
+    A group's ``count`` is per GPU it lists (``gpus``); a group without ``count`` has one; no group at all is one
+    instance. workbench runs every instance in this process on the devices its platform picks.
+    """
+    if not proto.instance_group:
+        return 1
+    return sum(max(group.count, 1) * max(len(group.gpus), 1) for group in proto.instance_group)
+
+
+def _sequence_batching(
+    proto: Any, platform: str, inputs: tuple[TritonTensor, ...], instance_count: int, fail: Any
+) -> SequenceBatching:
+    """``sequence_batching`` as workbench's sequence batcher runs it, checked as Triton checks it.
+
+    Slots and candidates are Triton's: each instance holds ``max(1, max_batch_size)`` sequences (Direct's slots), or
+    ``max_candidate_sequences`` of them when Oldest gives it, so the model holds that many per instance at once.
+    Oldest's ``max_queue_delay_microseconds`` is how long a batch waits for more sequences' requests. Not acted on:
+    Direct's ``max_queue_delay_microseconds`` and ``minimum_slot_utilization`` (a Direct batch runs at once), Oldest's
+    ``preferred_batch_size`` and ``preserve_ordering`` (each request is its own ``execute``, answered in order).
+    """
+    batching = proto.sequence_batching
+    if platform != PYTHON:
+        raise fail(
+            f'sequence_batching is served for Python backend models only (backend: "python"), not for '
+            f'"{TRITON_NAMES[platform][0]}" models, whose state Triton keeps in implicit state or control tensors '
+            "workbench does not implement",
+            Code.UNIMPLEMENTED,
+        )
+    if batching.state:
+        names = ", ".join(f'"{state.input_name}"' for state in batching.state)
+        raise fail(
+            f"sequence_batching's state [ {names} ] (implicit state the server keeps) is not supported by workbench: "
+            "a Python model keeps its sequences' state itself, keyed by request.correlation_id()",
+            Code.UNIMPLEMENTED,
+        )
+    if batching.iterative_sequence:
+        raise fail("sequence_batching's iterative_sequence is not supported by workbench", Code.UNIMPLEMENTED)
+    if proto.model_transaction_policy.decoupled:
+        raise fail("sequence_batching with a decoupled model is not supported by workbench", Code.UNIMPLEMENTED)
+    idle = batching.max_sequence_idle_microseconds or SEQUENCE_IDLE_DEFAULT_MICROSECONDS
+    per_instance = max(1, proto.max_batch_size)
+    if batching.WhichOneof("strategy_choice") == "oldest":
+        oldest = batching.oldest
+        settings = SequenceSettings(
+            strategy=Strategy.OLDEST,
+            max_idle_seconds=idle / 1e6,
+            max_batch_size=per_instance,
+            max_queue_delay_seconds=oldest.max_queue_delay_microseconds / 1e6,
+            max_sequences=(oldest.max_candidate_sequences or per_instance) * instance_count,
+        )
+    else:  # direct {}, or no strategy: Triton's default is Direct
+        settings = SequenceSettings(
+            strategy=Strategy.DIRECT, max_idle_seconds=idle / 1e6, max_batch_size=per_instance * instance_count
+        )
+    controls = tuple(_control(entry, fail) for entry in batching.control_input)
+    _check_controls(controls, inputs, fail)
+    return SequenceBatching(settings, controls)
+
+
+def _control(entry: Any, fail: Any) -> SequenceControl:
+    """One ``control_input``: a tensor name and the one control it carries."""
+    from tritonclient.grpc import model_config_pb2
+
+    if not entry.name:
+        raise fail("every sequence_batching control_input needs a name")
+    if len(entry.control) != 1:
+        raise fail(
+            f'sequence_batching control_input "{entry.name}" must give exactly one control (it gives '
+            f"{len(entry.control)}): a tensor carries one control value"
+        )
+    (control,) = entry.control
+    kind_name = model_config_pb2.ModelSequenceBatching.Control.Kind.Name(control.kind)
+    kind = CONTROL_KINDS[kind_name]
+    given = {
+        field: list(getattr(control, field))
+        for field in ("int32_false_true", "fp32_false_true", "bool_false_true")
+        if len(getattr(control, field))
+    }
+    where = f'sequence_batching control_input "{entry.name}" ({kind_name})'
+    if kind == "CORRID":
+        if given:
+            raise fail(f"{where} takes data_type, not {' or '.join(given)}")
+        data_type = str(model_config_pb2.DataType.Name(control.data_type))
+        if data_type not in CORRID_TYPES:
+            raise fail(f"{where}: data_type must be one of {', '.join(CORRID_TYPES)}, not {data_type}")
+        return SequenceControl(entry.name, kind, data_type)
+    if len(given) != 1:
+        raise fail(f"{where} must give exactly one of int32_false_true, fp32_false_true and bool_false_true")
+    ((field, values),) = given.items()
+    if len(values) != 2:
+        raise fail(f"{where}: {field} must have exactly 2 entries (the false value, then the true one)")
+    return SequenceControl(entry.name, kind, _FLAG_TYPES[field], (values[0], values[1]))
+
+
+def _check_controls(controls: tuple[SequenceControl, ...], inputs: tuple[TritonTensor, ...], fail: Any) -> None:
+    """Each control once, each on a tensor of its own that the config does not also declare as an input (the
+    batcher gives the model control tensors; clients never send them)."""
+    names: set[str] = set()
+    kinds: set[str] = set()
+    declared = {tensor.name for tensor in inputs}
+    for control in controls:
+        if control.name in names:
+            raise fail(f'sequence batching control tensor "{control.name}" is given for several controls')
+        if control.kind in kinds:
+            raise fail(f"sequence batching gives several CONTROL_SEQUENCE_{control.kind} tensors")
+        if control.name in declared:
+            raise fail(
+                f'"{control.name}" is both an input and a sequence_batching control_input: leave it out of input '
+                "[...] (the sequence batcher gives it; clients do not send it)"
+            )
+        names.add(control.name)
+        kinds.add(control.kind)
+
+
+def _version_policy(proto: Any, fail: Any) -> VersionPolicy:
+    if not proto.HasField("version_policy"):
+        return VersionPolicy()  # Triton's default too: latest { num_versions: 1 }
+    which = proto.version_policy.WhichOneof("policy_choice")
+    if which == "all":
+        return VersionPolicy(kind="all")
+    if which == "specific":
+        versions = frozenset(int(v) for v in proto.version_policy.specific.versions)
+        if not versions:
+            raise fail("version_policy specific needs at least one version")
+        return VersionPolicy(kind="specific", versions=versions)
+    return VersionPolicy(kind="latest", num_versions=proto.version_policy.latest.num_versions or 1)
+
+
+# ------------------------------------------------------------------------------- mapped onto workbench
+def version_policy(base_path: str) -> VersionPolicy | None:
+    """The version policy of a Triton model folder; None when it is not one, or its config cannot be read (its
+    versions then fail to load with the config's error, which is where a user looks)."""
+    if not has_config(base_path):
+        return None
+    try:
+        return read_config(base_path).version_policy
+    except ServingError:
+        return None
+
+
+def response_cache_enabled(base_path: str) -> bool:
+    """Whether the folder is a Triton model whose config turns the response cache on (unreadable: no)."""
+    if not has_config(base_path):
+        return False
+    try:
+        return read_config(base_path).response_cache
+    except ServingError:
+        return False
+
+
+def batching_parameters(base_path: str, default: BatchingParameters | None) -> BatchingParameters | None:
+    """How a model batches: ``default`` (the server's) unless the folder is a Triton model, whose config decides.
+
+    ``dynamic_batching`` is TF Serving-style batching with:
+
+    - ``max_batch_size`` the config's: Triton's dynamic batcher never forms a batch larger than it;
+    - ``batch_timeout_micros`` = ``max_queue_delay_microseconds``: both are how long the oldest request waits for
+      more to join before its batch runs anyway (0: it runs at once, which is Triton's default too);
+    - ``num_batch_threads`` = the instance count: Triton runs one batch per instance at a time;
+    - ``allowed_batch_sizes`` = the preferred sizes only when the largest is ``max_batch_size``. workbench pads a
+      batch up to the next allowed size (with copies of its last row, whose results are cut off) so that the model
+      only ever runs those sizes, which is why configs name preferred sizes (engines built for them); Triton instead
+      dispatches at a preferred size without padding. Answers are the same for models whose rows are independent
+      (which dynamic batching already assumes), and the batcher requires the largest allowed size to be
+      ``max_batch_size``; otherwise the preferred sizes are not mapped and batches run at whatever size formed.
+      Python models get their requests as they came, never padded (see ``triton_python``).
+
+    No ``dynamic_batching``: no server-side batching, as in Triton (a client may still send batches). An unreadable
+    config gives ``default``; the model's load reports the error.
+    """
+    if not has_config(base_path):
+        return default
+    try:
+        config = read_config(base_path)
+    except ServingError:
+        return default
+    if config.dynamic_batching is None or not config.batched or config.decoupled:
+        return None  # a decoupled model's requests each run alone (see triton_python)
+    preferred = config.dynamic_batching.preferred_batch_sizes
+    allowed = preferred if preferred and preferred[-1] == config.max_batch_size else ()
+    return BatchingParameters(
+        max_batch_size=config.max_batch_size,
+        batch_timeout_micros=config.dynamic_batching.max_queue_delay_microseconds,
+        max_enqueued_batches=_TRITON_QUEUE_BATCHES,
+        num_batch_threads=config.instance_count,
+        allowed_batch_sizes=allowed,
+    ).validate(str(config.file))
+
+
+# ------------------------------------------------------------------------------------ the JSON answer
+def config_json(
+    config: TritonConfig,
+    served_name: str,
+    inputs: tuple[TritonTensor, ...] = (),
+    outputs: tuple[TritonTensor, ...] = (),
+) -> dict[str, Any]:
+    """The config as Triton answers ``GET /v2/models/{m}/config``: the file's fields, with what Triton fills in
+    (name, backend and platform, version policy, instance group, model file name, and tensors it completed from
+    the model: ``inputs``/``outputs`` where the file declares none). Integers are JSON numbers, as Triton's are."""
+    from tritonclient.grpc import model_config_pb2
+
+    proto = model_config_pb2.ModelConfig()
+    proto.CopyFrom(config.proto)
+    proto.name = served_name
+    proto.backend, platform = TRITON_NAMES[config.platform]
+    if platform and not proto.platform:
+        proto.platform = platform
+    if not proto.HasField("version_policy"):
+        proto.version_policy.latest.num_versions = 1
+    if not proto.instance_group:
+        proto.instance_group.add(name=served_name, kind=model_config_pb2.ModelInstanceGroup.KIND_CPU, count=1)
+    for group in proto.instance_group:
+        group.count = group.count or 1
+    if not proto.default_model_filename:
+        proto.default_model_filename = DEFAULT_FILES[config.platform]
+    if proto.HasField("sequence_batching"):  # Triton's normalized config: the idle time it applies
+        batching = proto.sequence_batching
+        batching.max_sequence_idle_microseconds = (
+            batching.max_sequence_idle_microseconds or SEQUENCE_IDLE_DEFAULT_MICROSECONDS
+        )
+    for target, completed in [(proto.input, inputs), (proto.output, outputs)]:
+        if not target:
+            for tensor in completed:
+                entry = target.add(name=tensor.name, data_type=model_config_pb2.DataType.Value(tensor.data_type))
+                entry.dims.extend(tensor.dims)
+    document = json_format.MessageToDict(
+        proto, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
+    return _numbers(document, proto.DESCRIPTOR)
+
+
+def parameters_json(config: TritonConfig, served_name: str) -> str:
+    """The ``model_config`` a Python model's ``initialize`` gets: the same JSON text Triton hands it."""
+    return json.dumps(config_json(config, served_name))
+
+
+_INT64_TYPES = {
+    descriptor.FieldDescriptor.TYPE_INT64,
+    descriptor.FieldDescriptor.TYPE_UINT64,
+    descriptor.FieldDescriptor.TYPE_SINT64,
+    descriptor.FieldDescriptor.TYPE_FIXED64,
+    descriptor.FieldDescriptor.TYPE_SFIXED64,
+}
+
+
+def _numbers(document: Any, message: Any) -> Any:
+    """proto3 JSON writes 64-bit integers as strings; Triton's config answer (and its clients) have numbers."""
+    for field in message.fields:
+        if field.name not in document:
+            continue
+        value = document[field.name]
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            entry = field.message_type.fields_by_name["value"]
+            if entry.message_type is not None:
+                document[field.name] = {k: _numbers(v, entry.message_type) for k, v in value.items()}
+            elif entry.type in _INT64_TYPES:
+                document[field.name] = {k: int(v) for k, v in value.items()}
+        elif field.message_type is not None:
+            if isinstance(value, list):
+                document[field.name] = [_numbers(v, field.message_type) for v in value]
+            else:
+                document[field.name] = _numbers(value, field.message_type)
+        elif field.type in _INT64_TYPES:
+            document[field.name] = [int(v) for v in value] if isinstance(value, list) else int(value)
+    return document

@@ -1,0 +1,252 @@
+"""``workbench serve --num_workers N``: a supervisor and N shared-nothing worker processes on the same ports.
+
+One Python process answers on about one core (its event loop), so N workers serve N cores' worth. The supervisor
+imports neither gRPC nor TensorFlow (neither survives a fork); it starts each worker as a fresh
+``python -m workbench serve ... --worker_of=RUN_DIR --worker_index=I`` process. Every worker binds the same REST
+and gRPC ports with SO_REUSEPORT (the kernel spreads new connections among them), loads the models and batches on
+its own, and answers for the whole server (:mod:`workbench.observability.whole_server`). Routing changes reach every worker through the
+repository's routing state (``routing.json`` beside each model's versions), which each polls.
+
+The supervisor holds the ports from the start (bound with SO_REUSEPORT, never listening: it takes no connection),
+so a free port it picks (``--port=0``, ``--rest_api_port=-1``) stays this server's while workers come and go. It
+writes the ready file once every worker is ready, restarts a worker that dies (logged, with a growing pause if it
+keeps dying), and on SIGTERM or SIGINT has every worker drain as one process does, then exits 0. A second signal
+is passed on: the workers exit at once, and so does the supervisor (128 + the signal's number).
+
+Each worker's TensorFlow thread pools (and OpenMP's, for the other frameworks) get cores // N threads, so N workers
+do not fight over the cores; variables already set in the environment are left as they are.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from workbench.runtime.process import parent_gone, write_json_atomically
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.1  # how often the supervisor looks at its workers (not on any request's path)
+STEADY_S = 30.0  # a worker that ran this long before dying is restarted at once; sooner, after a growing pause
+MAX_PAUSE_S = 30.0
+STOP_MARGIN_S = 30.0  # beyond --drain_seconds, before workers still running are killed
+
+
+def resolve_num_workers(value: str) -> int:
+    """``--num_workers``: a positive number, or ``auto`` for the machine's cores (those this process may use)."""
+    if value.strip().lower() == "auto":
+        return available_cores()
+    try:
+        count = int(value)
+    except ValueError:
+        raise ValueError(f"--num_workers takes a number or 'auto', not {value!r}") from None
+    if count < 1:
+        raise ValueError(f"--num_workers must be at least 1, got {count}")
+    return count
+
+
+def available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def thread_environment(num_workers: int, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of each worker: thread pools sized to its share of the cores, unless already set."""
+    env = dict(os.environ if environ is None else environ)
+    share = str(max(1, available_cores() // num_workers))
+    for name in ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "OMP_NUM_THREADS"):
+        env.setdefault(name, share)
+    env["PYTHONUNBUFFERED"] = "1"  # workers' log lines reach the supervisor's output as they are written
+    return env
+
+
+def reserve_port(host: str, port: int) -> socket.socket:
+    """Bind ``port`` (0: a free one) with SO_REUSEPORT without listening: the workers bind it too."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        sock.bind((host.strip("[]"), port))
+    except OSError as exc:
+        sock.close()
+        raise OSError(exc.errno, f"Could not bind {host}:{port}: {exc.strerror}") from None
+    return sock
+
+
+@dataclass
+class _Worker:
+    index: int
+    process: subprocess.Popen[bytes] | None = None
+    started: float = 0.0
+    failures: int = 0  # deaths in a row, each soon after its start
+    restart_at: float | None = None
+
+
+@dataclass
+class Supervisor:
+    """Runs ``num_workers`` copies of ``workbench serve <serve_args>`` as one server."""
+
+    serve_args: Sequence[str]  # the command line's words after ``serve``
+    num_workers: int
+    host: str
+    grpc_port: int
+    rest_api_port: int  # 0: REST off; -1: a free port
+    drain_seconds: float = 30.0
+    ready_file: str = ""
+    parent_pid: int = 0
+    _workers: list[_Worker] = field(default_factory=list)
+    _signals: list[signal.Signals] = field(default_factory=list)
+
+    def run(self) -> int:
+        """Serve until SIGTERM or SIGINT (or the parent's exit); the exit code, as ``workbench serve``'s."""
+        grpc_socket = reserve_port(self.host, self.grpc_port)
+        rest_socket = reserve_port(self.host, max(self.rest_api_port, 0)) if self.rest_api_port != 0 else None
+        self.grpc_port = grpc_socket.getsockname()[1]
+        self.rest_api_port = rest_socket.getsockname()[1] if rest_socket is not None else 0
+        run_dir = Path(tempfile.mkdtemp(prefix="workbench-workers-"))
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            log.info(
+                "Starting %d workers on gRPC port %d%s",
+                self.num_workers,
+                self.grpc_port,
+                f" and REST port {self.rest_api_port}" if rest_socket is not None else "",
+            )
+            self._workers = [_Worker(index) for index in range(self.num_workers)]
+            env = thread_environment(self.num_workers)
+            for worker in self._workers:
+                self._start(worker, run_dir, env)
+            return self._supervise(run_dir, env)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            for worker in self._workers:  # only after a failure: a normal end has waited for every worker
+                if worker.process is not None and worker.process.poll() is None:
+                    worker.process.kill()
+                    worker.process.wait()
+            grpc_socket.close()
+            if rest_socket is not None:
+                rest_socket.close()
+            shutil.rmtree(run_dir, ignore_errors=True)
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        self._signals.append(signal.Signals(signum))
+
+    def _command(self, worker: _Worker, run_dir: Path) -> list[str]:
+        # argparse keeps a flag's last value: these override whatever the command line said.
+        return [
+            sys.executable, "-m", "workbench", "serve", *self.serve_args,
+            f"--port={self.grpc_port}",
+            f"--rest_api_port={self.rest_api_port}",
+            f"--num_workers={self.num_workers}",
+            f"--worker_of={run_dir}",
+            f"--worker_index={worker.index}",
+            f"--ready_file={self._worker_ready_file(run_dir, worker.index)}",
+            f"--parent_pid={os.getpid()}",  # a worker stops when the supervisor is gone, even killed -9
+        ]  # fmt: skip
+
+    @staticmethod
+    def _worker_ready_file(run_dir: Path, index: int) -> Path:
+        return run_dir / f"worker-{index}.ready.json"
+
+    def _start(self, worker: _Worker, run_dir: Path, env: dict[str, str]) -> None:
+        self._worker_ready_file(run_dir, worker.index).unlink(missing_ok=True)
+        # Its own process group: a Ctrl-C at the terminal reaches the supervisor only, which has each worker
+        # drain once (the terminal's signal and ours would be two, and a second signal exits at once).
+        worker.process = subprocess.Popen(self._command(worker, run_dir), env=env, stdin=subprocess.DEVNULL,
+                                          process_group=0)  # fmt: skip
+        worker.started = time.monotonic()
+        worker.restart_at = None
+        log.info("Worker %d started (pid %d)", worker.index, worker.process.pid)
+
+    def _supervise(self, run_dir: Path, env: dict[str, str]) -> int:
+        ready = False
+        while True:
+            if self._signals:
+                return self._stop(self._signals[0].name)
+            if self.parent_pid and parent_gone(self.parent_pid):
+                log.warning("Parent process %d is gone: stopping", self.parent_pid)
+                return self._stop("parent exited")
+            for worker in self._workers:
+                code = worker.process.poll() if worker.process is not None else None
+                if worker.process is not None and code is not None:
+                    if not ready:  # a worker that cannot start (a bad flag, port or config): the server cannot
+                        log.error("Worker %d exited with status %d while starting: stopping", worker.index, code)
+                        self._stop("a worker could not start")
+                        return code or 1
+                    self._schedule_restart(worker, code)
+                if worker.restart_at is not None and time.monotonic() >= worker.restart_at:
+                    self._start(worker, run_dir, env)
+            if not ready and all(self._worker_ready_file(run_dir, w.index).exists() for w in self._workers):
+                ready = True
+                log.info("All %d workers ready", self.num_workers)
+                if self.ready_file:
+                    self._write_ready_file(run_dir)
+            time.sleep(POLL_S)
+
+    def _schedule_restart(self, worker: _Worker, code: int) -> None:
+        ran = time.monotonic() - worker.started
+        worker.failures = worker.failures + 1 if ran < STEADY_S else 0
+        pause = min(MAX_PAUSE_S, 0.5 * 2**worker.failures) if worker.failures else 0.0
+        how = f"signal {-code}" if code < 0 else f"status {code}"
+        assert worker.process is not None
+        log.warning(
+            "Worker %d (pid %d) exited with %s after %.1fs: restarting it%s",
+            worker.index,
+            worker.process.pid,
+            how,
+            ran,
+            f" in {pause:.1f}s" if pause else "",
+        )
+        worker.process = None
+        worker.restart_at = time.monotonic() + pause
+
+    def _write_ready_file(self, run_dir: Path) -> None:
+        content = json.loads(self._worker_ready_file(run_dir, 0).read_text())
+        content["pid"] = os.getpid()
+        content["workers"] = [
+            {"index": w.index, "pid": w.process.pid if w.process is not None else None} for w in self._workers
+        ]
+        write_json_atomically(self.ready_file, content)
+
+    def _stop(self, cause: str) -> int:
+        """Every worker drains (SIGTERM) at once; wait for them. Returns 0, or the first worker's failure."""
+        live = [w for w in self._workers if w.process is not None and w.process.poll() is None]
+        log.info("Stopping (%s): %d workers drain", cause, len(live))
+        for worker in live:
+            assert worker.process is not None
+            worker.process.send_signal(signal.SIGTERM)
+        handled = len(self._signals)
+        deadline = time.monotonic() + self.drain_seconds + STOP_MARGIN_S
+        while any(w.process is not None and w.process.poll() is None for w in live):
+            if len(self._signals) > handled:  # a second signal: pass it on, and every worker exits at once
+                sig = self._signals[-1]
+                log.warning("Second %s: the workers exit at once", sig.name)
+                for worker in live:
+                    if worker.process is not None and worker.process.poll() is None:
+                        worker.process.send_signal(sig)
+                for worker in live:
+                    if worker.process is not None:
+                        worker.process.wait()
+                return 128 + sig.value
+            if time.monotonic() > deadline:
+                log.error("Workers still running %.0fs after the drain budget: killing them", STOP_MARGIN_S)
+                return 1  # run() kills them on its way out
+            time.sleep(POLL_S)
+        codes = [w.process.returncode for w in live if w.process is not None]
+        log.info("Stopped")
+        return next((code for code in codes if code not in (0, None)), 0)

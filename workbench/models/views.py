@@ -1,0 +1,88 @@
+"""The JSON view of a model that ``GET /workbench/v1/models`` answers: versions, states, labels, traffic, routing.
+
+Built from a :class:`ModelSnapshot`, plain data the manager copies under its lock, so the view itself (and its
+routing decision) is computed with no lock held.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from workbench.models.routing.policy import Routing, decide, labels_of
+
+
+@dataclasses.dataclass(frozen=True)
+class VersionSnapshot:
+    version: int
+    state: str  # a VersionState name
+    error: str = ""
+    error_code: str = "OK"
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSnapshot:
+    """One model as the manager saw it at one moment."""
+
+    name: str
+    base_path: str
+    platform: str
+    policy: str
+    versions: tuple[VersionSnapshot, ...]
+    on_disk: frozenset[int]
+    policy_versions: frozenset[int]
+    held: frozenset[int]
+    config_labels: dict[str, int]
+    routing: Routing
+    generation: int
+    routing_state: str  # where the routing is stored (a path or URL)
+    error: str = ""  # why the repository could not be listed at the last poll ("" when it could)
+
+    def available(self) -> frozenset[int]:
+        return frozenset(v.version for v in self.versions if v.state == "AVAILABLE")
+
+
+def describe_model(model: ModelSnapshot) -> dict[str, Any]:
+    routing = model.routing
+    decision = decide(
+        routing,
+        available=model.available(),
+        on_disk=model.on_disk,
+        policy_versions=model.policy_versions,
+        held=model.held,
+    )
+    labels = labels_of(model.config_labels, routing)
+    records = {v.version: v for v in model.versions}
+    versions = []
+    for version in sorted(set(records) | model.on_disk, reverse=True):
+        record = records.get(version, VersionSnapshot(version, "NOT_LOADED"))
+        versions.append(
+            {
+                "version": version,
+                "state": record.state,
+                "error": record.error,
+                "error_code": record.error_code,
+                "labels": sorted(label for label, v in labels.items() if v == version),
+                "traffic_share": round(decision.shares.get(version, 0.0), 6),
+                "pinned": version in routing.pinned,
+                "dropped": version in routing.dropped,
+                "on_disk": version in model.on_disk,
+            }
+        )
+    return {
+        "name": model.name,
+        "base_path": model.base_path,
+        "platform": model.platform,
+        "policy": model.policy,
+        "default_version": decision.default_version,
+        "stable": routing.stable,
+        "previous_stable": routing.history[-1] if routing.history else None,
+        "canary": {"version": routing.canary, "weight": routing.canary_weight} if routing.canary is not None else None,
+        "labels": labels,
+        "versions": versions,
+        # The stored routing this server routes by: a change may name the generation it expects (a stale view's
+        # change is then refused instead of undoing someone else's).
+        "generation": model.generation,
+        "routing_state": model.routing_state,
+        "error": model.error,
+    }

@@ -1,0 +1,214 @@
+"""Prometheus metrics: TF Serving's names as the baseline, Triton's (:mod:`workbench.observability.triton_metrics`), plus
+per-version series of our own.
+
+Exposition is ``prometheus_client``'s. TF Serving's ``:tensorflow:serving:request_count`` keeps its exact
+sample name (clients' PromQL uses it); prometheus_client would append ``_total`` to a counter, so that one
+family is exported untyped. Our own series carry the model *version* too, which TF Serving lacks.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+
+from workbench.batching.scheduler import BatchRecord
+from workbench.observability.triton_metrics import TritonMetrics
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# TF Serving's request_latency buckets: 10 µs growing by 1.8x, 33 of them (up to about 2 hours).
+_TF_LATENCY_BUCKETS_US = tuple(10 * 1.8**i for i in range(33))
+_LATENCY_BUCKETS_S = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
+
+
+class _TFServingRequestCount:
+    """``:tensorflow:serving:request_count{model_name, status}`` exactly as TF Serving names it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: dict[tuple[str, str], int] = defaultdict(int)
+
+    def inc(self, model_name: str, status: str) -> None:
+        with self._lock:
+            self._counts[(model_name, status)] += 1
+
+    def collect(self) -> Iterator[Metric]:
+        metric = Metric(":tensorflow:serving:request_count", "The total number of requests.", "unknown")
+        with self._lock:
+            items = sorted(self._counts.items())
+        for (model_name, status), count in items:
+            metric.add_sample(":tensorflow:serving:request_count", {"model_name": model_name, "status": status}, count)
+        yield metric
+
+
+class _ScrapeTimeGauge:
+    """A per-(model, version) gauge read from the engine when Prometheus scrapes, not kept up to date."""
+
+    def __init__(self, name: str, documentation: str, read: Callable[[], Iterable[tuple[str, int, float]]]) -> None:
+        self._name, self._documentation, self._read = name, documentation, read
+
+    def collect(self) -> Iterator[Metric]:
+        metric = GaugeMetricFamily(self._name, self._documentation, labels=["model", "version"])
+        for model, version, value in self._read():
+            metric.add_metric([model, str(version)], value)
+        yield metric
+
+
+class ServingMetrics:
+    """The server's metrics; every frontend records through :meth:`observe_request`."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._tf_request_count = _TFServingRequestCount()
+        self.registry.register(self._tf_request_count)
+        self.triton = TritonMetrics()
+        self.registry.register(self.triton)
+        self._tf_request_latency = Histogram(
+            ":tensorflow:serving:request_latency",
+            "Distribution of wall time (in microseconds) for Tensorflow Serving request.",
+            ["model_name", "API", "entrypoint"],
+            buckets=_TF_LATENCY_BUCKETS_US,
+            registry=self.registry,
+        )
+        self.requests = Counter(
+            "workbench_requests",
+            "Requests by model, version, API, protocol and canonical status code.",
+            ["model", "version", "api", "protocol", "code"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "workbench_request_latency_seconds",
+            "Request latency from decoded request to encoded answer, per model version.",
+            ["model", "version", "api", "protocol"],
+            buckets=_LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.batch_size = Histogram(
+            "workbench_batch_size",
+            "Rows of real requests in each TensorFlow call (1 per request when batching is off).",
+            ["model", "version"],
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048),
+            registry=self.registry,
+        )
+        self.queue_seconds = Histogram(
+            "workbench_queue_seconds",
+            "Time a request waited in its batch queue before its batch started.",
+            ["model", "version"],
+            buckets=_LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.inference_seconds = Histogram(
+            "workbench_inference_seconds",
+            "Time of each TensorFlow call (a whole batch), merging and splitting included.",
+            ["model", "version"],
+            buckets=_LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
+        self._request_children: dict[tuple[object, ...], tuple[Any, Any, Any]] = {}
+        self._batch_children: dict[tuple[str, int], tuple[Any, Any, Any]] = {}
+        self._queue_depths: Callable[[], Iterable[tuple[str, int, int]]] = lambda: ()
+        self._traffic_shares: Callable[[], Iterable[tuple[str, int, float]]] = lambda: ()
+        self.registry.register(
+            _ScrapeTimeGauge(
+                "workbench_queue_depth",
+                "Rows waiting in batch queues, per model version.",
+                lambda: self._queue_depths(),
+            )
+        )
+        self.registry.register(
+            _ScrapeTimeGauge(
+                "workbench_traffic_share",
+                "Share of a model's default traffic (requests naming no version) each version receives.",
+                lambda: self._traffic_shares(),
+            )
+        )
+        self.version_available = Gauge(
+            "workbench_model_version_available",
+            "1 while a model version is AVAILABLE, else 0.",
+            ["model", "version"],
+            registry=self.registry,
+        )
+
+    def observe_request(
+        self, model: str, version: int | None, api: str, protocol: str, code: str, seconds: float
+    ) -> None:
+        key = (model, version, api, protocol, code)
+        children = self._request_children.get(key)
+        if children is None:  # labels() costs a lock and tuple work: resolve each label set once
+            version_label = "" if version is None else str(version)
+            children = self._request_children[key] = (
+                self._tf_request_latency.labels(model, api, protocol.upper()),
+                self.requests.labels(model, version_label, api, protocol, code),
+                self.latency.labels(model, version_label, api, protocol) if code == "OK" else None,
+            )
+        tf_latency, requests, latency = children
+        self._tf_request_count.inc(model, code)
+        if version is not None:  # Triton counts the requests that reached a model version
+            self.triton.request(model, version, code, seconds)
+        tf_latency.observe(seconds * 1e6)
+        requests.inc()
+        if latency is not None:
+            latency.observe(seconds)
+
+    def observe_batch(self, record: BatchRecord) -> None:
+        key = (record.model, record.version)
+        children = self._batch_children.get(key)
+        if children is None:
+            version = str(record.version)
+            children = self._batch_children[key] = (
+                self.batch_size.labels(record.model, version),
+                self.inference_seconds.labels(record.model, version),
+                self.queue_seconds.labels(record.model, version),
+            )
+        batch_size, inference_seconds, queue_seconds = children
+        batch_size.observe(record.size)
+        inference_seconds.observe(record.run_seconds)
+        for seconds in record.queue_seconds:
+            queue_seconds.observe(seconds)
+        self.triton.batch(record)
+
+    def observe_cache_lookup(self, model: str, version: int, hit: bool, seconds: float) -> None:
+        self.triton.cache_lookup(model, version, hit, seconds)
+
+    def observe_cache_insert(self, model: str, version: int, seconds: float) -> None:
+        self.triton.cache_insert(model, version, seconds)
+
+    def report_queue_depths(self, depths: Callable[[], Iterable[tuple[str, int, int]]]) -> None:
+        """Where the queue-depth gauge reads (model, version, rows waiting) at scrape time."""
+        self._queue_depths = depths
+
+    def report_traffic_shares(self, shares: Callable[[], Iterable[tuple[str, int, float]]]) -> None:
+        self._traffic_shares = shares
+
+    def set_version_state(self, model: str, version: int, available: bool) -> None:
+        self.version_available.labels(model, str(version)).set(1 if available else 0)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def statistics_families(self) -> list[Metric]:
+        """What Triton's statistics extension is read from: requests, latencies, queueing, runs, batch sizes."""
+        families = (self.requests, self.latency, self.queue_seconds, self.inference_seconds, self.batch_size)
+        return [metric for family in (*families, self.triton) for metric in family.collect()]
