@@ -1,7 +1,7 @@
 """Memory across reloads: a `workbench serve` process's resident memory over 100 load/unload cycles.
 
 Run: `.venv/bin/python benchmarks/reload_memory.py` (about a minute on 2 cores). Writes
-benchmarks/results/reload_memory.json. tests/test_reload_memory.py holds the server to the figure that matters
+benchmarks/results/reload_memory.json. tests/wire/test_reload_memory.py holds the server to the figure that matters
 (no more than 10% growth from cycle 10 to 100); this script also measures what the server's mitigation buys.
 
 A TensorFlow SavedModel with 16 MiB of weights has two versions; version 2 serves, and each cycle loads version 1
@@ -105,7 +105,7 @@ def run(base: Path, workdir: Path, onednn: bool, trim: bool, cycles: int) -> dic
         seconds = time.perf_counter() - started
     finally:
         stop_process(proc)
-    # As tests/test_reload_memory.py reads them: medians of cycles 6 to 15 and of the last ten.
+    # As tests/wire/test_reload_memory.py reads them: medians of cycles 6 to 15 and of the last ten.
     settled, last = statistics.median(rss[6:16]), statistics.median(rss[-10:])
     return {
         "allocator": "oneDNN" if onednn else "plain",

@@ -24,9 +24,9 @@ import numpy as np
 
 from workbench.client import GRPC_PROTOCOLS, V2_PROTOCOLS, ClientTLS, canonical_protocol
 from workbench.client import PROTOCOLS as PROTOCOLS  # the front ends' --protocol choices, with their defaults here
-from workbench.protocol import v2_client as v2
-from workbench.core.signatures import DEFAULT_SIGNATURE
 from workbench.config.vocabulary import renamed_keywords
+from workbench.core.signatures import DEFAULT_SIGNATURE
+from workbench.protocol import v2_client as v2
 
 PREDICT_METHOD = "/tensorflow.serving.PredictionService/Predict"
 

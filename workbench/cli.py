@@ -55,7 +55,7 @@ UNSUPPORTED_TF_SERVING_FLAGS = {
     "version": "use `workbench --version`",
 }
 
-# Command lines shown under --help. tests/test_vocabulary.py parses every one, so they stay true.
+# Command lines shown under --help. tests/wire/test_vocabulary.py parses every one, so they stay true.
 EXAMPLES = """\
 examples:
   workbench demo demo-models

@@ -30,11 +30,11 @@ from typing import Any
 import numpy as np
 import requests
 
+from workbench.config.vocabulary import renamed_keywords
 from workbench.core.errors import Code, ServingError
+from workbench.core.signatures import DEFAULT_SIGNATURE, Signature
 from workbench.protocol import v2_client as v2
 from workbench.protocol.signature_defs import signature_from_proto, signatures_from_json
-from workbench.core.signatures import DEFAULT_SIGNATURE, Signature
-from workbench.config.vocabulary import renamed_keywords
 
 # The protocols, by the names every front end uses (``--protocol`` of ``workbench bench`` and ``%serve``);
 # "v2" is short for "v2-rest".

@@ -55,9 +55,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from workbench import platforms
+from workbench.config.vocabulary import renamed_keywords
 from workbench.runtime.storage import RemoteFolder, StorageError, is_remote, join, redact
 from workbench.runtime.tensorflow_runtime import quiet_tensorflow
-from workbench.config.vocabulary import renamed_keywords
 
 if TYPE_CHECKING:  # only for annotations: importing TensorFlow at runtime is slow
     from numpy.typing import ArrayLike
@@ -535,9 +535,9 @@ def _sample_rows(examples: Any) -> Any:
 def _write_warmup_and_verify(name: str, path: Path, examples: Any) -> tuple[dict[str, str], int]:
     """Load the export as the server will, write the warmup file, run it (or a zero batch); describe signatures."""
     from workbench.core import inference
-    from workbench.models import warmup
-    from workbench.core.servable import Composite
     from workbench.core.errors import Code, ServingError
+    from workbench.core.servable import Composite
+    from workbench.models import warmup
 
     # Loaded as the server will; the user's own kernel wrote any Python here, so the check may import it.
     loader = platforms.Loader(platforms.LoadPolicy(allow_pickle=False, allow_python=True))
@@ -700,9 +700,9 @@ def _write_warmup(name: str, path: Path, requests: Sequence[Mapping[str, np.ndar
     """
     from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
 
-    from workbench.protocol.tfrecord import encode_record
     from workbench.models.warmup import WARMUP_FILE
     from workbench.protocol.tensor_proto import from_numpy
+    from workbench.protocol.tfrecord import encode_record
 
     target = path / WARMUP_FILE
     target.parent.mkdir(parents=True, exist_ok=True)

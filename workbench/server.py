@@ -32,12 +32,10 @@ import uvicorn
 from starlette.applications import Starlette
 
 from workbench import platforms
-from workbench.planes.dataplane import Dataplane
-from workbench.config import triton_model_config as triton_config
 from workbench.batching.scheduler import BatchRecord, BatchScheduler
+from workbench.batching.threads import InferenceThreads
+from workbench.config import triton_model_config as triton_config
 from workbench.config.batching_parameters import BatchingParameters, model_batching_parameters
-from workbench.models.manager import Manager, VersionState
-from workbench.observability.metrics import ServingMetrics
 from workbench.config.model_control import ControlMode, ModelControl
 from workbench.config.options import (
     ModelConfig,
@@ -45,16 +43,6 @@ from workbench.config.options import (
     discover_models,
     parse_model_config_file,
 )
-from workbench.models.readiness import Phase, ServerReadiness
-from workbench.observability.request_logger import RequestLogger
-from workbench.planes.response_cache import ResponseCache
-from workbench.models.routing.store import read_legacy_state
-from workbench.planes.shared_memory import SharedMemoryRegistry
-from workbench.models.source import RepositorySource
-from workbench.observability.stats import RollingStats
-from workbench.runtime.storage import VersionCache, caching_loader
-from workbench.batching.threads import InferenceThreads
-from workbench.models.warmup import warm_up
 from workbench.core.errors import Code, ServingError
 from workbench.frontends.grpc import ReadinessHealth, start_grpc_server
 from workbench.frontends.management import management_routes
@@ -65,10 +53,22 @@ from workbench.frontends.v2_grpc import InferenceService
 from workbench.frontends.v2_rest import V2Settings, v2_routes
 from workbench.frontends.v2_shared_memory import SharedMemoryAccess
 from workbench.jupyter import registry  # Jupyter's server extension lists and proxies running servers
+from workbench.models.manager import Manager, VersionState
+from workbench.models.readiness import Phase, ServerReadiness
+from workbench.models.routing.store import read_legacy_state
+from workbench.models.source import RepositorySource
+from workbench.models.warmup import warm_up
+from workbench.observability.metrics import ServingMetrics
+from workbench.observability.request_logger import RequestLogger
+from workbench.observability.stats import RollingStats
 from workbench.observability.whole_server import LocalViews, Peers, WholeServerMetrics, WorkerPeers
+from workbench.planes.dataplane import Dataplane
+from workbench.planes.response_cache import ResponseCache
+from workbench.planes.shared_memory import SharedMemoryRegistry
 from workbench.platforms import LoadPolicy
 from workbench.runtime.loop import new_event_loop
 from workbench.runtime.process import parent_gone, write_json_atomically
+from workbench.runtime.storage import VersionCache, caching_loader
 
 log = logging.getLogger(__name__)
 

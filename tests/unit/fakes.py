@@ -16,12 +16,12 @@ from pathlib import Path
 
 import numpy as np
 
-from workbench.models.manager import Manager
 from workbench.config.options import ModelConfig, VersionPolicy
-from workbench.core.servable import Servable
-from workbench.models.source import RepositorySource
 from workbench.core.errors import Code, ServingError
+from workbench.core.servable import Servable
 from workbench.core.signatures import PREDICT_METHOD, Signature, TensorSpec
+from workbench.models.manager import Manager
+from workbench.models.source import RepositorySource
 
 X = TensorSpec(alias="x", name="x", dtype=np.dtype(np.float32), shape=(-1, 1))
 Y = TensorSpec(alias="y", name="y", dtype=np.dtype(np.float32), shape=(-1, 1))

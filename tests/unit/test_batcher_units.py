@@ -11,7 +11,8 @@ deadlines (when the batch forms, and the dataplane's early answer), a failing ca
 ``num_batch_threads``, unbatchable signatures, separate queues per signature and output set, the batch records,
 and which calls may run on the event loop; plus the pure merge/split round trip and the parameters' derived sizes.
 
-Every wait is on a condition with a deadline; the wire-level behaviour on real SavedModels is tests/test_batching.py.
+Every wait is on a condition with a deadline; the wire-level behaviour on real SavedModels is
+tests/wire/test_batching.py.
 """
 
 from __future__ import annotations

@@ -33,18 +33,18 @@ import numpy as np
 import pytest
 from fakes import FakeRepository, FakeServable, version_folders
 
-from workbench.planes.dataplane import Dataplane, ModelSpec
 from workbench.batching.scheduler import BatchRecord, BatchScheduler
-from workbench.models.manager import VersionState
-from workbench.observability.metrics import ServingMetrics
-from workbench.config.options import VersionPolicy
-from workbench.planes.response_cache import ResponseCache
-from workbench.models.routing.policy import CanarySplit, Routing, decide, default_version, labels_of, shares
-from workbench.observability.stats import RollingStats
 from workbench.batching.threads import InferenceThreads
+from workbench.config.options import VersionPolicy
 from workbench.core.errors import Code, ServingError
-from workbench.server import CacheCounts
 from workbench.core.signatures import Signature
+from workbench.models.manager import VersionState
+from workbench.models.routing.policy import CanarySplit, Routing, decide, default_version, labels_of, shares
+from workbench.observability.metrics import ServingMetrics
+from workbench.observability.stats import RollingStats
+from workbench.planes.dataplane import Dataplane, ModelSpec
+from workbench.planes.response_cache import ResponseCache
+from workbench.server import CacheCounts
 
 WAIT = 5.0  # seconds any one wait may take before a test fails (they take milliseconds)
 API, PROTOCOL = "predict", "unit"

@@ -22,10 +22,10 @@ import numpy as np
 import pytest
 from fakes import FakeRepository, FakeServable, version_folders
 
-from workbench.models.manager import VersionState
 from workbench.config.options import VersionPolicy
-from workbench.models.routing.policy import Routing
 from workbench.core.errors import Code, ServingError
+from workbench.models.manager import VersionState
+from workbench.models.routing.policy import Routing
 
 LATEST = VersionPolicy()  # TF Serving's default policy: latest(1)
 WAIT = 5.0  # seconds any one transition may take before a test fails (they take milliseconds)

@@ -41,10 +41,10 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from workbench.config.batching_parameters import BatchingParameters
-from workbench.core.servable import PerRequestServable, Servable
 from workbench.batching.threads import caller
+from workbench.config.batching_parameters import BatchingParameters
 from workbench.core.errors import Code, ServingError, from_exception
+from workbench.core.servable import PerRequestServable, Servable
 from workbench.core.signatures import OMITTED, Signature
 
 log = logging.getLogger(__name__)

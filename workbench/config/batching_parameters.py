@@ -11,8 +11,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from workbench.config.tf_serving_protos import BatchingParameters as BatchingParametersProto
 from workbench.config.text_config import parse_text_config
+from workbench.config.tf_serving_protos import BatchingParameters as BatchingParametersProto
 from workbench.core.errors import Code, ServingError
 
 BATCHING_FILE_NAME = "batching_parameters.txt"

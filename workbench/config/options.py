@@ -17,9 +17,9 @@ from typing import Literal
 from workbench import platforms
 from workbench.config.batching_parameters import BatchingParameters, read_batching_parameters_file
 from workbench.config.request_logging import RequestLogConfig, request_log_config_from_proto
-from workbench.runtime.storage import RemoteFolder, is_remote
 from workbench.config.text_config import parse_text_config
 from workbench.core.errors import Code, ServingError
+from workbench.runtime.storage import RemoteFolder, is_remote
 
 log = logging.getLogger(__name__)
 

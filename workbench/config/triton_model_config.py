@@ -36,9 +36,9 @@ from typing import Any
 import numpy as np
 from google.protobuf import descriptor, json_format, text_format
 
+from workbench.batching.sequences import Controls, SequenceSettings, Strategy
 from workbench.config.batching_parameters import BatchingParameters
 from workbench.config.options import VersionPolicy
-from workbench.batching.sequences import Controls, SequenceSettings, Strategy
 from workbench.core.errors import Code, ServingError
 from workbench.platforms import TRITON_CONFIG
 

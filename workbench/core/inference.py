@@ -11,8 +11,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from workbench.core.servable import Servable
 from workbench.core.errors import Code, ServingError, invalid_argument
+from workbench.core.servable import Servable
 from workbench.core.signatures import (
     CLASSIFY_METHOD,
     DEFAULT_SIGNATURE,

@@ -1,7 +1,7 @@
 """Kubernetes and KServe manifests for a model of a workbench server: ``%serve manifests`` and ``workbench manifests``.
 
 :func:`render_manifests` returns file name → YAML text, the same kinds and conventions as the checked-in examples in
-``deploy/`` (tests/test_manifests.py renders those examples and compares them, as data, with the files there; the
+``deploy/`` (tests/wire/test_manifests.py renders those examples and compares them, as data, with the files there; the
 files keep their longer hand-written comments). The manifests are built as Python data and written with PyYAML.
 
 Two targets:

@@ -4,8 +4,8 @@ One Python process answers on about one core (its event loop), so N workers serv
 imports neither gRPC nor TensorFlow (neither survives a fork); it starts each worker as a fresh
 ``python -m workbench serve ... --worker_of=RUN_DIR --worker_index=I`` process. Every worker binds the same REST
 and gRPC ports with SO_REUSEPORT (the kernel spreads new connections among them), loads the models and batches on
-its own, and answers for the whole server (:mod:`workbench.observability.whole_server`). Routing changes reach every worker through the
-repository's routing state (``routing.json`` beside each model's versions), which each polls.
+its own, and answers for the whole server (:mod:`workbench.observability.whole_server`). Routing changes reach every
+worker through the repository's routing state (``routing.json`` beside each model's versions), which each polls.
 
 The supervisor holds the ports from the start (bound with SO_REUSEPORT, never listening: it takes no connection),
 so a free port it picks (``--port=0``, ``--rest_api_port=-1``) stays this server's while workers come and go. It

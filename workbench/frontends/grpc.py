@@ -32,17 +32,17 @@ from tensorflow_serving.apis import (
     regression_pb2,
 )
 
-from workbench.planes.dataplane import Dataplane, ModelSpec
-from workbench.core import inference
 from workbench.config.options import GrpcTLS, ModelConfig, model_configs_from_proto
-from workbench.models.readiness import Readiness
+from workbench.core import inference
 from workbench.core.errors import Code, ServingError, from_exception
+from workbench.core.signatures import CLASSIFY_METHOD
 from workbench.frontends.auth import bearer_matches
+from workbench.models.readiness import Readiness
+from workbench.planes.dataplane import Dataplane, ModelSpec
 from workbench.protocol.examples import serialized_examples
 from workbench.protocol.serving_protos import model_status_proto
 from workbench.protocol.signature_defs import signature_def_map
 from workbench.protocol.tensor_proto import from_numpy, to_numpy
-from workbench.core.signatures import CLASSIFY_METHOD
 
 log = logging.getLogger(__name__)
 

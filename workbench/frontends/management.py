@@ -29,10 +29,10 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from workbench.models.manager import Manager
 from workbench.core.errors import Code, ServingError
 from workbench.frontends.auth import bearer_matches
 from workbench.frontends.rest import error_response, json_response
+from workbench.models.manager import Manager
 from workbench.protocol.json_tensor import dumps
 
 PREFIX = "/workbench/v1"

@@ -18,8 +18,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from workbench.models.readiness import Readiness
 from workbench.frontends.rest import json_response
+from workbench.models.readiness import Readiness
 from workbench.protocol.json_tensor import dumps
 
 LIVENESS_PATH = "/healthz"

@@ -22,9 +22,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from workbench.planes.dataplane import Dataplane, ModelSpec
-from workbench.observability.metrics import CONTENT_TYPE as PROMETHEUS_CONTENT_TYPE
 from workbench.core.errors import Code, ServingError, from_exception
+from workbench.observability.metrics import CONTENT_TYPE as PROMETHEUS_CONTENT_TYPE
+from workbench.planes.dataplane import Dataplane, ModelSpec
 from workbench.protocol import json_tensor
 from workbench.protocol.examples import input_from_json, serialized_examples
 from workbench.protocol.serving_protos import model_spec_proto, model_status_proto, to_json_dict

@@ -30,17 +30,17 @@ import grpc
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
-from workbench.planes.dataplane import Dataplane, ModelSpec
-from workbench.core import inference
-from workbench.config.model_control import ModelControl, load_overrides
-from workbench.models.readiness import Readiness
 from workbench.batching.sequences import sequence_request
+from workbench.config.model_control import ModelControl, load_overrides
+from workbench.core import inference
 from workbench.core.errors import Code, ServingError
 from workbench.frontends import v2_stream
 from workbench.frontends.grpc import answers_errors, authorization, time_remaining
 from workbench.frontends.sequence_routing import SequenceRouter
 from workbench.frontends.v2_repository import V2Repository, unsupported_parameters
 from workbench.frontends.v2_shared_memory import SharedMemoryAccess
+from workbench.models.readiness import Readiness
+from workbench.planes.dataplane import Dataplane, ModelSpec
 from workbench.protocol import v2_grpc, v2_models
 from workbench.protocol.v2_shared_memory import SharedMemory
 

@@ -14,11 +14,11 @@ import asyncio
 import functools
 from collections.abc import Callable
 
-from workbench.planes.dataplane import Dataplane, ModelSpec
-from workbench.models.manager import VersionState
 from workbench.config.model_control import FILE_PREFIX, ModelControl, Overrides
 from workbench.core.errors import Code, ServingError
 from workbench.frontends.auth import bearer_matches
+from workbench.models.manager import VersionState
+from workbench.planes.dataplane import Dataplane, ModelSpec
 from workbench.protocol.v2_models import RepositoryRow, parse_version
 
 

@@ -10,7 +10,8 @@
 
 ``{v}`` all digits selects that version; any other word is a version label (``/versions/canary/infer``), a workbench
 addition. Without a version a request gets the model's default traffic (promotion and canary apply). Requests run
-through the :class:`~workbench.planes.dataplane.Dataplane` exactly as TF Serving's do (batching, labels, metrics, request
+through the
+:class:`~workbench.planes.dataplane.Dataplane` exactly as TF Serving's do (batching, labels, metrics, request
 logs); this module only translates. Errors are ``{"error": "…"}`` with v2's HTTP codes: 400 for a bad request, 404
 for an unknown model, version or label, 503 for one not ready.
 
@@ -33,20 +34,20 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from workbench.planes.dataplane import Dataplane, ModelSpec
-from workbench.config.model_control import ModelControl, load_overrides
-from workbench.models.readiness import Readiness
 from workbench.batching.sequences import sequence_request
+from workbench.config.model_control import ModelControl, load_overrides
 from workbench.core.errors import Code, ServingError, from_exception
+from workbench.core.signatures import DEFAULT_SIGNATURE, Signature
 from workbench.frontends import v2_stream
 from workbench.frontends.rest import error_response, json_response
 from workbench.frontends.sequence_routing import SequenceRouter
 from workbench.frontends.v2_repository import V2Repository, unsupported_parameters
 from workbench.frontends.v2_shared_memory import SharedMemoryAccess, rest_peer, shared_memory_routes
+from workbench.models.readiness import Readiness
+from workbench.planes.dataplane import Dataplane, ModelSpec
 from workbench.protocol import v2_client, v2_json, v2_models
 from workbench.protocol.json_tensor import dumps, parse_body
 from workbench.protocol.v2_shared_memory import SharedMemory
-from workbench.core.signatures import DEFAULT_SIGNATURE, Signature
 
 log = logging.getLogger(__name__)
 

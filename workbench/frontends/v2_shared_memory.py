@@ -22,10 +22,10 @@ from typing import Any, NoReturn
 from starlette.requests import Request
 from starlette.responses import Response
 
-from workbench.planes.shared_memory import RegionStatus, SharedMemoryRegistry
 from workbench.core.errors import Code, ServingError, invalid_argument
 from workbench.frontends.auth import bearer_matches, is_local_peer
 from workbench.frontends.rest import json_response
+from workbench.planes.shared_memory import RegionStatus, SharedMemoryRegistry
 from workbench.protocol.json_tensor import dumps, parse_body
 from workbench.protocol.v2_shared_memory import SharedMemory, SharedTensor
 

@@ -50,18 +50,18 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from tritonclient.grpc import service_pb2
 
-from workbench.planes.dataplane import Call, Dataplane, ModelSpec
 from workbench.batching.sequences import SequenceId, sequence_request
-from workbench.core.servable import FinalResponse
 from workbench.core.errors import Code, ServingError, from_exception
+from workbench.core.servable import FinalResponse
+from workbench.core.signatures import DEFAULT_SIGNATURE
 from workbench.frontends.grpc import time_remaining
 from workbench.frontends.rest import json_response
 from workbench.frontends.sequence_routing import SequenceRouter
 from workbench.frontends.v2_repository import V2Repository
+from workbench.planes.dataplane import Call, Dataplane, ModelSpec
 from workbench.protocol import v2_generate, v2_grpc
 from workbench.protocol.json_tensor import dumps, parse_body
 from workbench.protocol.v2_shared_memory import SharedMemory
-from workbench.core.signatures import DEFAULT_SIGNATURE
 
 log = logging.getLogger(__name__)
 

@@ -28,21 +28,21 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from workbench.models.routing import policy as decisions
-from workbench.models.harness import Harness
-from workbench.models.views import ModelSnapshot, VersionSnapshot, describe_model
 from workbench.config.options import ModelConfig
-from workbench.models.routing.policy import CanarySplit, Routing
+from workbench.core.errors import Code, ServingError, from_exception
+from workbench.core.servable import Composite, Loader, Servable
+from workbench.models.harness import Harness
+from workbench.models.routing import policy as decisions
 from workbench.models.routing.changes import RoutingChanges
+from workbench.models.routing.policy import CanarySplit, Routing
 from workbench.models.routing.store import (
     DamagedRoutingState,
     RoutingStateStore,
     StoredRouting,
     routing_store_for,
 )
-from workbench.core.servable import Composite, Loader, Servable
+from workbench.models.views import ModelSnapshot, VersionSnapshot, describe_model
 from workbench.runtime.storage import redact
-from workbench.core.errors import Code, ServingError, from_exception
 
 log = logging.getLogger(__name__)
 

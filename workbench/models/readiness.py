@@ -10,8 +10,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-from workbench.models.manager import Manager, VersionState, VersionStatus
 from workbench.core.errors import ServingError
+from workbench.models.manager import Manager, VersionState, VersionStatus
 
 
 class Phase(enum.IntEnum):

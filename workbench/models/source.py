@@ -20,8 +20,8 @@ import threading
 from collections.abc import Callable
 
 from workbench import platforms
-from workbench.models.manager import DiskVersion, Manager
 from workbench.config.options import ModelConfig
+from workbench.models.manager import DiskVersion, Manager
 from workbench.runtime.storage import RemoteFolder, StorageError, fingerprint, is_remote, join, redact
 
 log = logging.getLogger(__name__)

@@ -13,11 +13,11 @@ from collections.abc import Iterator
 from typing import Any
 
 from workbench.core import inference
-from workbench.core.servable import Servable
-from workbench.protocol.tfrecord import CorruptRecord, read_records
 from workbench.core.errors import Code, ServingError, from_exception
+from workbench.core.servable import Servable
 from workbench.protocol.examples import serialized_examples
 from workbench.protocol.tensor_proto import to_numpy
+from workbench.protocol.tfrecord import CorruptRecord, read_records
 
 WARMUP_FILE = os.path.join("assets.extra", "tf_serving_warmup_requests")
 MAX_WARMUP_RECORDS = 1000

@@ -31,6 +31,7 @@ from workbench.bench import (
     PROTOCOLS,
     resolve_load,
 )
+from workbench.config.vocabulary import OPTION_ALIASES, BoolFlag, HelpFormatter, canonical_options, unrecognized_option
 from workbench.core.errors import ServingError
 from workbench.notebook.handle import (
     DEFAULT_REPOSITORY,
@@ -42,7 +43,6 @@ from workbench.notebook.handle import (
     running_servers,
 )
 from workbench.runtime.tensorflow_runtime import quiet_tensorflow
-from workbench.config.vocabulary import OPTION_ALIASES, BoolFlag, HelpFormatter, canonical_options, unrecognized_option
 
 if TYPE_CHECKING:  # workbench.export is imported when first used: loading the extension stays cheap
     from workbench.export import ExportResult
@@ -328,7 +328,7 @@ def _died(exc: ServerDied, handle: ServerHandle | None) -> str:
     """One line for a server that is gone: what happened, where the log is, how to go on."""
     first = _one_line(str(exc)).rstrip(":")
     name = handle.server_name if handle is not None else DEFAULT_NAME
-    # --name is --server_name's alias in `%serve start`; tests/test_magics.py still expects this spelling here.
+    # --name is --server_name's alias in `%serve start`; tests/wire/test_magics.py still expects this spelling here.
     again = "%serve start" + ("" if name == DEFAULT_NAME else f" --name {name}")
     return f"{first}; see handle.log_tail() for why, `{again}` starts it again"
 

@@ -1,4 +1,5 @@
-"""Prometheus metrics: TF Serving's names as the baseline, Triton's (:mod:`workbench.observability.triton_metrics`), plus
+"""Prometheus metrics: TF Serving's names as the baseline, Triton's
+(:mod:`workbench.observability.triton_metrics`), plus
 per-version series of our own.
 
 Exposition is ``prometheus_client``'s. TF Serving's ``:tensorflow:serving:request_count`` keeps its exact

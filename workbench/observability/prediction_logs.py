@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from workbench.core.inference import Classifications, InferenceTask
 from workbench.config.request_logging import RequestLogConfig
-from workbench.protocol.tensor_proto import from_numpy
+from workbench.core.inference import Classifications, InferenceTask
 from workbench.core.signatures import CLASSIFY_METHOD
+from workbench.protocol.tensor_proto import from_numpy
 
 
 def tensor_proto(array: np.ndarray, proto: Any) -> Any:

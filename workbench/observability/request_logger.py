@@ -31,14 +31,14 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from workbench.config.options import ModelConfig
-from workbench.observability.prediction_logs import LogEntry
 from workbench.config.request_logging import (
     RequestLogConfig,
     logging_file,
     read_model_request_log_config,
 )
-from workbench.protocol.request_log_files import FILE_SUFFIX, log_file_name, writer_id
 from workbench.core.errors import ServingError
+from workbench.observability.prediction_logs import LogEntry
+from workbench.protocol.request_log_files import FILE_SUFFIX, log_file_name, writer_id
 
 log = logging.getLogger(__name__)
 

@@ -19,22 +19,21 @@ from typing import Any, TypeVar
 import numpy as np
 from prometheus_client.metrics_core import Metric
 
-from workbench.core import inference
-
-from workbench.observability import prediction_logs
 from workbench.batching.scheduler import BatchScheduler, Interest, deadline_exceeded
+from workbench.batching.sequences import SequenceBatcher, SequenceId, SequenceRequest, missing_correlation_id
 from workbench.config.batching_parameters import BatchingParameters
+from workbench.core import inference
+from workbench.core.errors import Code, ServingError, from_exception
+from workbench.core.servable import Composite, Servable
+from workbench.core.signatures import Signature, TensorSpec
 from workbench.models.harness import Harness
 from workbench.models.manager import Manager, ServableHandle, VersionStatus
+from workbench.observability import prediction_logs
 from workbench.observability.metrics import ServingMetrics
 from workbench.observability.request_logger import RequestLogger
-from workbench.planes.response_cache import ResponseCache, request_digest
-from workbench.batching.sequences import SequenceBatcher, SequenceId, SequenceRequest, missing_correlation_id
-from workbench.core.servable import Composite, Servable
 from workbench.observability.stats import RollingStats
-from workbench.core.errors import Code, ServingError, from_exception
+from workbench.planes.response_cache import ResponseCache, request_digest
 from workbench.protocol.v2_models import Duration, ModelStatistics, RepositoryRow
-from workbench.core.signatures import Signature, TensorSpec
 
 T = TypeVar("T")
 _END = object()  # what next() answers once a decoupled model's generator is over
@@ -581,7 +580,8 @@ class Dataplane:
             versions = [(row.name, row.version) for row in self.repository() if row.version is not None]
         else:
             versions = [(model, status.version) for status in self.manager.version_status(model, version)]
-        # The whole server's with --num_workers (workbench.observability.whole_server), so any worker answers for all of them.
+        # The whole server's with --num_workers (workbench.observability.whole_server), so any worker answers for
+        # all of them.
         totals = _MetricTotals(self.metrics.statistics_families())
         return [totals.statistics(name, number) for name, number in sorted(versions)]
 

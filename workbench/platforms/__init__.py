@@ -21,8 +21,8 @@ from collections.abc import Callable, Mapping
 from importlib.metadata import entry_points
 from pathlib import Path
 
-from workbench.core.servable import Servable
 from workbench.core.errors import Code, ServingError
+from workbench.core.servable import Servable
 
 log = logging.getLogger(__name__)
 

@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 
 from workbench.core.errors import Code, ServingError, from_exception
-from workbench.platforms import PYTHON_SETTING, LoadPolicy
 from workbench.core.signatures import PREDICT_METHOD, Signature, TensorSpec, type_name
+from workbench.platforms import PYTHON_SETTING, LoadPolicy
 
 # TF Serving's type names that numpy spells differently (numpy's "float" is float64, TensorFlow's is float32).
 _TF_NAMES: dict[str, np.dtype[Any]] = {

@@ -31,9 +31,10 @@ from typing import Any
 
 import numpy as np
 
+from workbench.core.errors import Code, ServingError
 from workbench.core.inference import prepare_predict
 from workbench.core.servable import Composite, Members, Servable
-from workbench.core.errors import Code, ServingError
+from workbench.core.signatures import Signature
 from workbench.platforms import LoadPolicy
 from workbench.platforms._user_code import (
     call_user,
@@ -43,7 +44,6 @@ from workbench.platforms._user_code import (
     import_file,
     require_python,
 )
-from workbench.core.signatures import Signature
 
 Tensors = dict[str, np.ndarray]
 

@@ -17,8 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from workbench.core.servable import Servable
 from workbench.core.errors import Code, ServingError
+from workbench.core.servable import Servable
+from workbench.core.signatures import DEFAULT_SIGNATURE
 from workbench.platforms import LoadPolicy
 from workbench.platforms.tabular import (
     Classes,
@@ -33,7 +34,6 @@ from workbench.platforms.tabular import (
     version_config,
     write_version_config,
 )
-from workbench.core.signatures import DEFAULT_SIGNATURE
 
 FILE = "model.txt"
 CLASSIFIER_OBJECTIVES = ("binary", "multiclass", "multiclassova")

@@ -85,8 +85,9 @@ from typing import Any, ClassVar
 import numpy as np
 
 from workbench.batching.sequences import Controls, SequenceSettings, Strategy
-from workbench.core.servable import Servable, streams_only
 from workbench.core.errors import Code, ServingError
+from workbench.core.servable import Servable, streams_only
+from workbench.core.signatures import DEFAULT_SIGNATURE, Signature
 from workbench.platforms import LoadPolicy
 from workbench.platforms._user_code import (
     call_user,
@@ -96,7 +97,6 @@ from workbench.platforms._user_code import (
     import_file,
     require_python,
 )
-from workbench.core.signatures import DEFAULT_SIGNATURE, Signature
 
 log = logging.getLogger(__name__)
 

@@ -23,8 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from workbench.core.servable import Servable
 from workbench.core.errors import Code, ServingError
+from workbench.core.servable import Servable
+from workbench.core.signatures import DEFAULT_SIGNATURE
 from workbench.platforms import PICKLE_SETTING, LoadPolicy
 from workbench.platforms.tabular import (
     Classes,
@@ -38,7 +39,6 @@ from workbench.platforms.tabular import (
     module_of,
     refuse_options,
 )
-from workbench.core.signatures import DEFAULT_SIGNATURE
 
 SKOPS_FILE = "model.skops"
 PICKLE_FILES = ("model.joblib", "model.pkl")

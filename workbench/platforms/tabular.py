@@ -27,9 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from workbench.core.servable import Servable
 from workbench.core.errors import Code, ServingError, from_exception, invalid_argument
-from workbench.platforms import VERSION_CONFIG
+from workbench.core.servable import Servable
 from workbench.core.signatures import (
     CLASSIFY_METHOD,
     PREDICT_METHOD,
@@ -39,6 +38,7 @@ from workbench.core.signatures import (
     describe_array,
     input_error,
 )
+from workbench.platforms import VERSION_CONFIG
 
 MATRIX = "x"  # the alias of the feature matrix, and the tf.Example feature holding a whole row
 EXAMPLES = "inputs"  # classify/regress: the serialized tf.Examples (TF Serving's alias)

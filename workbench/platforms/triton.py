@@ -19,7 +19,6 @@ from pathlib import Path
 
 import numpy as np
 
-from workbench.core.servable import Servable
 from workbench.config.triton_model_config import (
     ONNX,
     PYTHON,
@@ -30,7 +29,7 @@ from workbench.config.triton_model_config import (
     read_config,
 )
 from workbench.core.errors import Code, ServingError
-from workbench.platforms import LoadPolicy
+from workbench.core.servable import Servable
 from workbench.core.signatures import (
     DEFAULT_SIGNATURE,
     OMITTED,
@@ -40,6 +39,7 @@ from workbench.core.signatures import (
     describe_array,
     input_error,
 )
+from workbench.platforms import LoadPolicy
 
 
 def load(name: str, version: int, path: str, policy: LoadPolicy, platform: str = "") -> Servable:

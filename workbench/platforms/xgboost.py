@@ -17,8 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from workbench.core.servable import Servable
 from workbench.core.errors import Code, ServingError
+from workbench.core.servable import Servable
+from workbench.core.signatures import DEFAULT_SIGNATURE
 from workbench.platforms import LoadPolicy
 from workbench.platforms.tabular import (
     Classes,
@@ -30,7 +31,6 @@ from workbench.platforms.tabular import (
     module_of,
     refuse_options,
 )
-from workbench.core.signatures import DEFAULT_SIGNATURE
 
 FILES = ("model.ubj", "model.json")
 EXPORT_FILE = "model.ubj"

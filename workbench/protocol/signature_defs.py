@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from workbench.core.errors import Code, ServingError
-from workbench.protocol import tf_types
 from workbench.core.signatures import Signature, TensorSpec
+from workbench.protocol import tf_types
 
 
 def _spec_from_proto(alias: str, info: Any) -> TensorSpec:

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 
 from workbench.core.errors import Code, ServingError, invalid_argument
-from workbench.protocol import tf_types
 from workbench.core.signatures import TensorSpec, input_error, shape_text
+from workbench.protocol import tf_types
 
 _FIELDS = tf_types.FIELDS
 _DT_STRING = tf_types.DT_STRING

@@ -21,8 +21,8 @@ import numpy as np
 import orjson
 
 from workbench.core.errors import Code, ServingError
-from workbench.protocol.v2_types import BYTES, to_datatype, to_numpy_dtype
 from workbench.core.signatures import DEFAULT_SIGNATURE, PREDICT_METHOD, Signature, TensorSpec
+from workbench.protocol.v2_types import BYTES, to_datatype, to_numpy_dtype
 
 HEADER_LENGTH = "Inference-Header-Content-Length"  # Triton's binary extension: the JSON header's length in bytes
 INFER_METHOD = "/inference.GRPCInferenceService/ModelInfer"

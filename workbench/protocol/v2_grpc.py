@@ -22,9 +22,9 @@ import numpy as np
 from tritonclient.grpc import service_pb2
 
 from workbench.core.errors import Code, ServingError, invalid_argument
+from workbench.core.signatures import shape_text
 from workbench.protocol import v2_shared_memory, v2_types
 from workbench.protocol.v2_shared_memory import SharedMemory, SharedTensor
-from workbench.core.signatures import shape_text
 
 # The typed ``InferTensorContents`` field of each datatype, and the numpy type its values arrive in (protobuf
 # widens the small integer types to 32 bits). FP16 and BF16 have no typed field: they travel raw only.

@@ -27,11 +27,11 @@ import numpy as np
 import orjson
 
 from workbench.core.errors import invalid_argument
+from workbench.core.signatures import TensorSpec
 from workbench.protocol import v2_shared_memory
 from workbench.protocol.json_tensor import parse_body
 from workbench.protocol.v2_shared_memory import SharedMemory, SharedTensor
 from workbench.protocol.v2_types import BYTES, impossible_shape, to_datatype, to_numpy_dtype
-from workbench.core.signatures import TensorSpec
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 BINARY_DATA_SIZE = "binary_data_size"

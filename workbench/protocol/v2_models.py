@@ -17,8 +17,8 @@ import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from workbench.protocol.v2_types import BYTES, to_datatype
 from workbench.core.signatures import Signature, TensorSpec
+from workbench.protocol.v2_types import BYTES, to_datatype
 
 SERVER_NAME = "workbench"
 

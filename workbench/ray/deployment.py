@@ -20,11 +20,11 @@ from ray import serve
 
 from workbench.cli import MANAGEMENT_TOKEN_ENV, serve_options
 from workbench.config.options import ServerOptions
-from workbench.runtime.storage import is_remote
 from workbench.jupyter import registry
 from workbench.ray.grpc_methods import SERVICER_FUNCTIONS
 from workbench.ray.peers import forget_replicas
 from workbench.ray.replica import WorkbenchReplica
+from workbench.runtime.storage import is_remote
 
 DEFAULT_NAME = "workbench"
 # Ray's default (5) suits a model called once per request; workbench queues and batches many requests a replica.

@@ -1,9 +1,9 @@
 """The replicas of one Ray Serve application answering as one server: stats, metrics and health of them all.
 
 A request for ``/workbench/v1/stats``, its stream, the Prometheus metrics or the health reaches one replica
-through Ray's HTTP proxy; like one worker of ``--num_workers`` (:mod:`workbench.observability.whole_server`), it answers for every
-replica. Replicas have no addresses of their own to ask each other at request time, so each one publishes its
-views to Ray's key-value store in the GCS (the store Ray's own libraries keep their state in) every
+through Ray's HTTP proxy; like one worker of ``--num_workers`` (:mod:`workbench.observability.whole_server`), it
+answers for every replica. Replicas have no addresses of their own to ask each other at request time, so each one
+publishes its views to Ray's key-value store in the GCS (the store Ray's own libraries keep their state in) every
 :data:`EXCHANGE_EVERY_S`, and reads its peers' back in the same thread. The replica that takes a request answers at
 once from memory, never from the event loop waiting on the GCS: its own figures are current, its peers' are at
 most a couple of seconds old. A replica that stops publishing (it died, or its node went) is left out once its

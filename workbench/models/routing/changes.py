@@ -15,10 +15,10 @@ import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from workbench.core.errors import Code, ServingError
 from workbench.models.routing import policy as decisions
 from workbench.models.routing.policy import CANARY, STABLE, Routing
 from workbench.models.routing.store import RoutingConflict, RoutingStateStore, RoutingStateUnwritable, StoredRouting
-from workbench.core.errors import Code, ServingError
 
 if TYPE_CHECKING:
     from workbench.models.manager import _Model

@@ -1,0 +1,97 @@
+"""The dashboard seen in a real browser: JupyterLab in headless Chromium, a notebook that starts a server with a
+stable version and a canary and shows the dashboard under load. The widgets must say what the server says (the
+canary's share on the slider and in the table) and the cells nothing but their results; the screenshot after
+the chart has drawn is docs/dashboard.png."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from browser import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    jupyterlab,
+    notebook,
+    open_notebook,
+    require_browser,
+    run_all_cells,
+    stderr_outputs,
+)
+
+SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "dashboard.png"
+
+CELLS = [
+    "import numpy as np, threading, workbench\n"
+    "from workbench.demo import save_half_plus_two\n"
+    "save_half_plus_two('models/half_plus_two/1')\n"
+    "save_half_plus_two('models/half_plus_two/2', offset=3.0);",
+    "server = workbench.serve('models', enable_batching=True)\n"
+    "server.wait_for_version('half_plus_two', 2)\n"
+    "server.client.promote('half_plus_two', 1)  # v1 is the stable version,\n"
+    "server.client.canary('half_plus_two', 2, 0.3)  # and v2 the canary, with 30% of the traffic\n"
+    "server",
+    "from workbench.notebook.widgets import Dashboard\ndashboard = Dashboard(server, window_seconds=30)\ndashboard",
+    "from workbench.bench import run_load\n"
+    "load = threading.Thread(target=run_load, args=(server.grpc_target, 'grpc', 'half_plus_two',\n"
+    "    {'x': np.ones((1, 1), np.float32)}), kwargs={'concurrency': 16, 'duration': 60}, daemon=True)\n"
+    "load.start()",
+]
+
+
+def test_dashboard_renders_in_jupyterlab(tmp_path):
+    require_browser()
+    from playwright.sync_api import sync_playwright
+
+    (tmp_path / "dashboard.ipynb").write_text(json.dumps(notebook(CELLS)))
+    with jupyterlab(tmp_path) as lab, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1500})
+            failure_shot = tmp_path / "failure.png"
+            try:
+                _drive(page, lab, tmp_path)
+            except Exception:
+                page.screenshot(path=str(failure_shot), full_page=True)
+                shutil.copy(failure_shot, Path(os.environ.get("TMPDIR", "/tmp")) / "workbench-dashboard-failure.png")
+                raise
+        finally:
+            browser.close()
+
+
+def _drive(page, lab: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    open_notebook(page, lab, "dashboard.ipynb")
+    run_all_cells(page)
+    # The versions table (server state through the management API) and the canary in it.
+    page.wait_for_selector(".jp-OutputArea-output td:has-text('half_plus_two')", timeout=180_000)
+    page.wait_for_selector(".jp-OutputArea-output td:has-text('canary')", timeout=60_000)
+    # The versions panel says what the server says: the canary's share on the slider, the canary selected.
+    # (The Versions tab comes first in the page: its slider and version list are the first of their kind.)
+    panel = page.locator(".jp-OutputArea-output .widget-tab")
+    panel.locator(".widget-html-content:has-text('stable v1 · canary v2 at 30%')").wait_for(timeout=60_000)
+    assert panel.locator(".widget-slider .widget-readout").first.inner_text() == "30%"
+    version = panel.locator(".widget-dropdown:has(label:text-is('version')) select").first
+    assert version.evaluate("select => select.options[select.selectedIndex].text") == "2"
+    # The live chart: plotly drew lines for both versions from the stats stream, under load.
+    page.wait_for_selector(".js-plotly-plot", timeout=120_000)
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('.js-plotly-plot .scatterlayer .trace path.js-line')]"
+        ".filter(p => (p.getAttribute('d') || '').length > 40).length >= 4",
+        timeout=120_000,
+    )
+    # The chart is live before the picture: its lines are redrawn from a newer snapshot.
+    lines = (
+        "() => [...document.querySelectorAll('.js-plotly-plot .scatterlayer .trace path.js-line')]"
+        ".map(p => p.getAttribute('d')).join('|')"
+    )
+    drawn = page.evaluate(lines)
+    page.wait_for_function(f"() => ({lines})() !== {json.dumps(drawn)}", timeout=60_000)
+    assert stderr_outputs(page) == [], "log lines reached the cells"
+    shot = tmp_path / "dashboard.png"
+    page.screenshot(path=str(shot), full_page=True)
+    assert shot.stat().st_size > 20_000
+    if os.environ.get("WORKBENCH_UPDATE_SCREENSHOTS"):
+        SCREENSHOT.parent.mkdir(exist_ok=True)
+        shutil.copy(shot, SCREENSHOT)

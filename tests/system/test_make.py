@@ -1,0 +1,200 @@
+"""The README's commands as a user types them: ``make lab``, ``make serve``, and the wheel ``make wheel`` builds,
+installed with pip into a fresh virtualenv.
+
+They run as whoever runs the tests: root in CI and in most containers, where JupyterLab refuses to start
+unless told ``--allow-root``. Each server gets free ports on 127.0.0.1 and is stopped (its whole process group)
+at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import venv
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+from waiting import wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+MAKE = shutil.which("make")
+
+pytestmark = pytest.mark.skipif(MAKE is None, reason="GNU make is not installed")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def running(
+    command: list[str], log: Path, cwd: Path = ROOT, env: dict[str, str] | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
+    """A command in a session of its own (make and what it starts), stopped with SIGTERM (then SIGKILL) after."""
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            command, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )  # fmt: skip
+        try:
+            yield process
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(10)
+
+
+def answers(url: str, process: subprocess.Popen[bytes], log: Path, **kwargs: object) -> requests.Response | None:
+    """The answer of ``url`` once it comes; an exited process fails at once with its log."""
+    if process.poll() is not None:
+        raise AssertionError(f"exited with {process.returncode} before answering:\n{log.read_text()[-4000:]}")
+    try:
+        return requests.get(url, timeout=5, **kwargs)  # type: ignore[arg-type]
+    except requests.ConnectionError:
+        return None
+
+
+def ready_answer(base: str, process: subprocess.Popen[bytes], log: Path) -> requests.Response | None:
+    """``/readyz``'s 200 once every model serves (the ports open before the models have loaded)."""
+    answer = answers(f"{base}/readyz", process, log)
+    return answer if answer is not None and answer.status_code == 200 else None
+
+
+def make_env() -> dict[str, str]:
+    # A make run by `make test` passes its flags down; this one is a user's own command line.
+    return {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+
+
+def test_make_lab_as_written_runs_as_this_user_and_opens_a_browser() -> None:
+    dry = subprocess.run([MAKE, "-n", "lab"], cwd=ROOT, capture_output=True, text=True, env=make_env(), timeout=60)
+    assert dry.returncode == 0, dry.stderr
+    (command,) = [line for line in dry.stdout.splitlines() if "jupyter lab" in line]
+    assert "--no-browser" not in command  # a person at a desktop gets JupyterLab in their browser
+    assert ("--allow-root" in command) == (os.geteuid() == 0), command
+    assert command.rstrip().endswith("notebooks/")
+
+
+def test_make_test_fast_runs_the_unit_tier_alone_and_passes() -> None:
+    run = subprocess.run([MAKE, "test-fast"], cwd=ROOT, capture_output=True, text=True, env=make_env(), timeout=300)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    assert re.search(r"\b\d+ passed\b", run.stdout), run.stdout[-2000:]
+    ran = set(re.findall(r"^(tests/\S+\.py)", run.stdout, re.MULTILINE))
+    assert ran and all(path.startswith("tests/unit/") for path in ran), ran
+
+
+@pytest.mark.timeout(600)
+def test_make_lab_serves_jupyterlab_on_the_tutorials(tmp_path: Path) -> None:
+    port, token = free_port(), secrets.token_hex(16)
+    lab_args = (
+        f"--ServerApp.ip=127.0.0.1 --ServerApp.port={port} --ServerApp.port_retries=0 --IdentityProvider.token={token}"
+    )
+    # As at a desktop: JupyterLab opens "the browser", here `true`, which is what a machine without one gets.
+    env = make_env() | {"JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"), "BROWSER": "true"}
+    log = tmp_path / "lab.log"
+    with running([MAKE, "lab", f"LAB_ARGS={lab_args}"], log, env=env) as process:
+        base = f"http://127.0.0.1:{port}"
+        lab = wait_until(
+            lambda: answers(f"{base}/lab", process, log, params={"token": token}), timeout=300, what="JupyterLab"
+        )
+        assert lab.status_code == 200, lab.text[:500]
+        assert "JupyterLab" in lab.text
+        # It opened on the tutorials: the root of its file browser is notebooks/.
+        listing = requests.get(f"{base}/api/contents", params={"token": token}, timeout=10).json()
+        assert "01-quickstart.ipynb" in {item["name"] for item in listing["content"]}
+    assert "Running as root is not recommended" not in log.read_text()
+
+
+@pytest.mark.timeout(600)
+def test_make_serve_serves_the_demo_models(tmp_path: Path) -> None:
+    port = free_port()
+    demo = tmp_path / "demo-models"
+    log = tmp_path / "serve.log"
+    with running([MAKE, "serve", f"DEMO={demo}", "GRPC_PORT=0", f"REST_PORT={port}"], log, env=make_env()) as process:
+        base = f"http://127.0.0.1:{port}"
+        ready = wait_until(lambda: ready_answer(base, process, log), timeout=300, what="make serve ready")
+        assert ready.json() == {"status": "ready"}
+        url = f"{base}/v1/models/half_plus_two"
+        answer = requests.post(f"{url}:predict", json={"instances": [1.0, 2.0]}, timeout=10)
+        assert answer.json() == {"predictions": [2.5, 3.0]}
+    assert (demo / "models.config").is_file()
+
+
+@pytest.mark.timeout(1200)
+def test_the_wheel_make_builds_installs_with_pip_into_a_fresh_virtualenv_and_serves(tmp_path: Path) -> None:
+    dist = tmp_path / "dist"
+    built = subprocess.run(
+        [MAKE, "wheel", f"WHEEL_DIR={dist}"], cwd=ROOT, env=make_env(), capture_output=True, text=True, timeout=600
+    )
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    (wheel,) = dist.glob("*.whl")
+    assert re.fullmatch(r"workbench_serving-[\w.]+-py3-none-any\.whl", wheel.name), wheel.name
+
+    fresh = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=True).create(fresh)
+    bin_dir = fresh / "bin"
+    # What the README tells a user to type (the wheel's path where they would type the name).
+    installed = subprocess.run(
+        [bin_dir / "python", "-m", "pip", "install", "--quiet", f"{wheel}[notebook]"],
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert installed.returncode == 0, installed.stderr[-4000:]
+
+    # The sidebar came prebuilt in the wheel (no Node.js here), and the Jupyter server extension is enabled.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTER", "PYTHON", "VIRTUAL_ENV"))}
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
+    listed = subprocess.run(
+        [bin_dir / "jupyter", "labextension", "list"], capture_output=True, text=True, env=env, timeout=120
+    )
+    text = re.sub(r"\x1b\[[0-9;]*m", "", listed.stdout + listed.stderr)
+    assert re.search(r"workbench-serving-jupyterlab v[\w.]+ enabled OK \(python, workbench-serving\)", text), text
+    servers = subprocess.run(
+        [bin_dir / "jupyter", "server", "extension", "list"], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert re.search(r"workbench\.jupyter\s+enabled", re.sub(r"\x1b\[[0-9;]*m", "", servers.stderr + servers.stdout))
+
+    # It serves: the console script of the fresh environment, on its own demo models.
+    demo = subprocess.run(
+        [bin_dir / "workbench", "demo", tmp_path / "models"], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert demo.returncode == 0, demo.stderr[-3000:]
+    port = free_port()
+    command = [
+        str(bin_dir / "workbench"), "serve", "--port=0", f"--rest_api_port={port}",
+        f"--model_config_file={tmp_path / 'models' / 'models.config'}",
+    ]  # fmt: skip
+    log = tmp_path / "serve.log"
+    with running(command, log, cwd=tmp_path, env=env) as process:
+        base = f"http://127.0.0.1:{port}"
+        wait_until(lambda: ready_answer(base, process, log), timeout=300, what="the installed server ready")
+        url = f"{base}/v1/models/half_plus_two"
+        answer = requests.post(f"{url}:predict", json={"instances": [1.0, 2.0]}, timeout=10)
+        assert answer.json() == {"predictions": [2.5, 3.0]}
+    # The package came from the wheel, not from this checkout.
+    where = subprocess.run(
+        [bin_dir / "python", "-c", "import workbench; print(workbench.__file__)"],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60,
+    )  # fmt: skip
+    assert str(fresh) in where.stdout and str(ROOT) not in where.stdout
+
+
+def test_the_project_is_installed_under_its_distribution_name() -> None:
+    from importlib.metadata import distribution
+
+    # `pip install workbench` installs somebody else's project: this one is workbench-serving on PyPI.
+    metadata = distribution("workbench-serving").metadata
+    assert metadata["Name"] == "workbench-serving"
+    assert metadata["Requires-Python"] == ">=3.10"
