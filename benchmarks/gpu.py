@@ -432,7 +432,7 @@ def request_path_rows(root: Path, duration: float, rounds: int = REQUEST_PATH_RO
     bare = Child("bare-grpc", port, log=root / "bare.log")
     servers: dict[str, ServeProcess] = {}
     try:
-        import workbench.protocol.tf_protos  # noqa: F401  # isort: skip  (no tensorflow/__init__)
+        import workbench.runtime.tensorflow_protos  # noqa: F401  # isort: skip  (no tensorflow/__init__)
         from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
         def answers() -> bool:

@@ -114,7 +114,7 @@ def grpc_answer(target: str) -> tuple[float, str | None]:
     """half_plus_two's gRPC Predict answer for x = [[2.0]] from the real stub, and the replica's trailing metadata."""
     import grpc
 
-    import workbench.protocol.tf_protos  # noqa: F401  # isort: skip  (no tensorflow/__init__)
+    import workbench.runtime.tensorflow_protos  # noqa: F401  # isort: skip  (no tensorflow/__init__)
     from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
     from workbench.protocol.tensor_proto import from_numpy, to_numpy
@@ -238,7 +238,7 @@ class BareRayServe:
     """
 
     def __init__(self) -> None:
-        import workbench.protocol.tf_protos  # noqa: F401  # isort: skip  (no tensorflow/__init__)
+        import workbench.runtime.tensorflow_protos  # noqa: F401  # isort: skip  (no tensorflow/__init__)
         from tensorflow_serving.apis import predict_pb2
 
         from workbench.protocol.tensor_proto import from_numpy

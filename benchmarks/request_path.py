@@ -21,7 +21,7 @@ where installed); every row is the median of --rounds measurements:
 6. `--num_workers` (when workbench has it): the half_plus_two rows with one worker per core;
 7. start-up, spawning `workbench serve` to its first answered predict, for a TensorFlow repository and a
    scikit-learn one, as now and with TensorFlow imported first (what every start paid before
-   workbench/protocol/tf_protos.py).
+   workbench/runtime/tensorflow_protos.py).
 
 On a 2-core machine the load generator shares the cores with the server: absolute figures are low, and the
 ratios (every server measured the same way, in the same minutes) are the result.
@@ -88,7 +88,7 @@ num_batch_threads { value: 1 }
 # ================================================================================= the servers, as child processes
 def bare_predict_response() -> Any:
     """What workbench's gRPC Predict answers half_plus_two for x = [[2.0]] (checked against it in every run)."""
-    import workbench.protocol.tf_protos  # noqa: F401  # isort: skip  (no tensorflow/__init__)
+    import workbench.runtime.tensorflow_protos  # noqa: F401  # isort: skip  (no tensorflow/__init__)
     from tensorflow_serving.apis import predict_pb2
 
     from workbench.protocol.tensor_proto import from_numpy
@@ -107,7 +107,7 @@ async def serve_bare_grpc(port: int, hop: bool = False) -> None:
     ``hop``: each request first goes to a thread and back (an empty call through ``run_in_executor``), the least
     any server that keeps model calls off its event loop pays; the rest of what workbench costs is its own.
     """
-    import workbench.protocol.tf_protos  # noqa: F401  # isort: skip  (no tensorflow/__init__)
+    import workbench.runtime.tensorflow_protos  # noqa: F401  # isort: skip  (no tensorflow/__init__)
     from tensorflow_serving.apis import prediction_service_pb2_grpc
 
     answer = bare_predict_response()
@@ -240,7 +240,7 @@ def answers_rest(port: int) -> bool:
 
 
 def grpc_answer(target: str) -> Any:
-    import workbench.protocol.tf_protos  # noqa: F401  # isort: skip  (no tensorflow/__init__)
+    import workbench.runtime.tensorflow_protos  # noqa: F401  # isort: skip  (no tensorflow/__init__)
     from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
     with grpc.insecure_channel(target) as channel:

@@ -85,7 +85,7 @@ def rest_predict_body(inputs: Mapping[str, np.ndarray], signature_name: str = ""
 
 
 def grpc_predict_bytes(model: str, inputs: Mapping[str, np.ndarray], signature_name: str = "") -> bytes:
-    import workbench.protocol.tf_protos  # noqa: F401  # isort: skip  (no tensorflow/__init__)
+    import workbench.runtime.tensorflow_protos  # noqa: F401  # isort: skip  (no tensorflow/__init__)
     from tensorflow_serving.apis import predict_pb2
 
     from workbench.protocol.tensor_proto import from_numpy

@@ -283,7 +283,7 @@ class Client:
 
                 stub = service_pb2_grpc.GRPCInferenceServiceStub
             else:
-                import workbench.protocol.tf_protos  # noqa: F401  # isort: skip  (no tensorflow/__init__)
+                import workbench.runtime.tensorflow_protos  # noqa: F401  # isort: skip  (no tensorflow/__init__)
                 from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
 
                 module = prediction_service_pb2_grpc if service == "predict" else model_service_pb2_grpc
@@ -379,7 +379,7 @@ class Client:
             for tensor in (*doc.get("inputs", []), *doc.get("outputs", [])):
                 tensor["shape"] = [int(d) for d in tensor.get("shape", [])]  # proto3 JSON writes int64 as strings
             return doc
-        import workbench.protocol.tf_protos  # noqa: F401  # isort: skip  (no tensorflow/__init__)
+        import workbench.runtime.tensorflow_protos  # noqa: F401  # isort: skip  (no tensorflow/__init__)
         from tensorflow_serving.apis import get_model_metadata_pb2
 
         if chosen == "rest":
@@ -414,7 +414,7 @@ class Client:
                 }
                 for s in doc["model_version_status"]
             ]
-        import workbench.protocol.tf_protos  # noqa: F401  # isort: skip  (no tensorflow/__init__)
+        import workbench.runtime.tensorflow_protos  # noqa: F401  # isort: skip  (no tensorflow/__init__)
         from tensorflow_serving.apis import get_model_status_pb2
 
         request = get_model_status_pb2.GetModelStatusRequest()
@@ -524,7 +524,7 @@ class Client:
             answered = headers.get("X-Model-Version", "")
             served_version = int(answered) if answered.isdigit() else version
         else:
-            import workbench.protocol.tf_protos  # noqa: F401  # isort: skip  (no tensorflow/__init__)
+            import workbench.runtime.tensorflow_protos  # noqa: F401  # isort: skip  (no tensorflow/__init__)
             from tensorflow_serving.apis import predict_pb2
 
             from workbench.protocol.tensor_proto import from_numpy, to_numpy
@@ -655,7 +655,7 @@ class Client:
                 body["signature_name"] = signature_name
             doc = self._rest("POST", self._path(model, version, label) + f":{kind}", body)
             return doc["results"], (time.perf_counter() - started) * 1000
-        import workbench.protocol.tf_protos  # noqa: F401  # isort: skip  (no tensorflow/__init__)
+        import workbench.runtime.tensorflow_protos  # noqa: F401  # isort: skip  (no tensorflow/__init__)
         from tensorflow_serving.apis import classification_pb2, regression_pb2
 
         request = (

@@ -65,7 +65,7 @@ from workbench.observability.whole_server import LocalViews, Peers, WholeServerM
 from workbench.planes.dataplane import Dataplane
 from workbench.planes.response_cache import ResponseCache
 from workbench.planes.shared_memory import SharedMemoryRegistry
-from workbench.platforms import LoadPolicy
+from workbench.platforms.base import LoadPolicy
 from workbench.runtime.loop import new_event_loop
 from workbench.runtime.process import parent_gone, write_json_atomically
 from workbench.runtime.storage import VersionCache, caching_loader
@@ -325,7 +325,7 @@ class ModelServer:
             if text == self._config_text:
                 continue
             try:
-                models = parse_model_config_file(path)
+                models = parse_model_config_file(path, platforms.names)
                 self.apply_models(models)
                 self._config_text = text
                 log.info("Applied new model config from %s", path)
@@ -356,7 +356,8 @@ class ModelServer:
             )
         if self.peers is not None:
             self.peers.start()
-        models = self.control.select(options.initial_models())  # raises on a malformed config, before anything starts
+        # Raises on a malformed config, before anything starts.
+        models = self.control.select(options.initial_models(platforms.names))
         options.monitoring()  # raises on a malformed monitoring config, before anything starts
         options.drain_timing()  # raises on impossible drain flags, before anything starts
         if options.model_config_file:

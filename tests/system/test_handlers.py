@@ -17,7 +17,8 @@ import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
 from workbench.config.options import ServerOptions  # noqa: E402
-from workbench.platforms import Loader, LoadPolicy  # noqa: E402
+from workbench.platforms import Loader  # noqa: E402
+from workbench.platforms.base import LoadPolicy
 from workbench.server import ServerThread  # noqa: E402
 
 MAX_BATCH = 8

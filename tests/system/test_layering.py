@@ -48,18 +48,6 @@ SIDE_READ_BY_FLOORS = {"workbench.jupyter.registry"}
 KNOWN_CYCLES: list[set[str]] = [
     {"workbench.cli", "workbench.ray.command", "workbench.ray.deployment", "workbench.ray.replica"},
     {"workbench.models.manager", "workbench.models.routing.changes"},
-    {
-        "workbench.config.options",
-        "workbench.config.triton_model_config",
-        "workbench.platforms",
-        "workbench.platforms._user_code",
-        "workbench.platforms.handler",
-        "workbench.platforms.onnx",
-        "workbench.platforms.tensorflow",
-        "workbench.platforms.triton",
-        "workbench.platforms.triton_pb_utils",
-        "workbench.platforms.triton_python",
-    },
 ]
 
 
@@ -207,14 +195,11 @@ def test_no_import_cycle() -> None:
 
 @pytest.mark.parametrize("path", sorted((PACKAGE / "runtime").glob("*.py")), ids=lambda p: p.name)
 def test_the_runtime_floor_imports_nothing_else_of_workbench(path: Path) -> None:
-    # The bottom floor: process helpers, the event loop, file stores, TensorFlow's import. Everything may stand on it.
-    # One exception until TensorFlow's stand-in import has one home: the SavedModel runtime loads TF Serving's
-    # protos first (tf_protos, which imports nothing of workbench), as they must be loaded before TensorFlow.
-    allowed = {"workbench.protocol", "workbench.protocol.tf_protos"}
+    # The bottom floor: process helpers, the event loop, file stores, TensorFlow's imports. Everything stands on it.
     offending = sorted(
         name
         for name in imported_modules(path)
-        if name.startswith("workbench") and not name.startswith("workbench.runtime") and name not in allowed
+        if name.startswith("workbench") and not name.startswith("workbench.runtime")
     )
     assert not offending, f"{path.relative_to(REPO_ROOT)} imports {offending}"
 

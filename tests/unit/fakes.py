@@ -16,7 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from workbench.config.options import ModelConfig, VersionPolicy
+from workbench.config.options import ModelConfig
+from workbench.config.version_policy import VersionPolicy
 from workbench.core.errors import Code, ServingError
 from workbench.core.servable import Servable
 from workbench.core.signatures import PREDICT_METHOD, Signature, TensorSpec

@@ -35,7 +35,7 @@ from fakes import FakeRepository, FakeServable, version_folders
 
 from workbench.batching.scheduler import BatchRecord, BatchScheduler
 from workbench.batching.threads import InferenceThreads
-from workbench.config.options import VersionPolicy
+from workbench.config.version_policy import VersionPolicy
 from workbench.core.errors import Code, ServingError
 from workbench.core.signatures import Signature
 from workbench.models.manager import VersionState

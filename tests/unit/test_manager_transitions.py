@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from fakes import FakeRepository, FakeServable, version_folders
 
-from workbench.config.options import VersionPolicy
+from workbench.config.version_policy import VersionPolicy
 from workbench.core.errors import Code, ServingError
 from workbench.models.manager import VersionState
 from workbench.models.routing.policy import Routing

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 import requests
 
-import workbench.protocol.tf_protos  # noqa: F401  # isort: skip  (TF Serving's protos without TensorFlow)
+import workbench.runtime.tensorflow_protos  # noqa: F401  # isort: skip  (TF Serving's protos without TensorFlow)
 from replica import Replica, process_memory  # noqa: E402
 from tensorflow_serving.apis import (
     classification_pb2,

@@ -24,8 +24,8 @@ from workbench.cli import MANAGEMENT_TOKEN_ENV, FlagError, is_loopback, serve_op
 from workbench.frontends.auth import bearer_matches
 from workbench.jupyter import registry
 
-# Loads TF Serving's protos without running tensorflow/__init__: see workbench/protocol/tf_protos.py.
-import workbench.protocol.tf_protos  # noqa: F401  # isort: skip
+# Loads TF Serving's protos without running tensorflow/__init__: see workbench/runtime/tensorflow_protos.py.
+import workbench.runtime.tensorflow_protos  # noqa: F401  # isort: skip
 from tensorflow_serving.apis import model_management_pb2, model_service_pb2_grpc
 
 TOKEN = "mgmt-5f1d0c7e9a"

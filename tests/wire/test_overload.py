@@ -40,7 +40,7 @@ import grpc
 import pytest
 from replica import Replica, resident_bytes
 
-import workbench.protocol.tf_protos  # noqa: F401  # isort: skip  (TF Serving's protos without TensorFlow)
+import workbench.runtime.tensorflow_protos  # noqa: F401  # isort: skip  (TF Serving's protos without TensorFlow)
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
 from workbench.config.batching_parameters import BatchingParameters

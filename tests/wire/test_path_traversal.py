@@ -22,7 +22,7 @@ import grpc
 import numpy as np
 import pytest
 
-import workbench.protocol.tf_protos  # noqa: F401  # isort: skip  (TF Serving's protos without TensorFlow)
+import workbench.runtime.tensorflow_protos  # noqa: F401  # isort: skip  (TF Serving's protos without TensorFlow)
 from replica import Replica  # noqa: E402
 from tensorflow_serving.apis import (
     get_model_metadata_pb2,

@@ -24,7 +24,8 @@ from workbench.client import Client  # noqa: E402
 from workbench.config.options import ModelConfig, ServerOptions  # noqa: E402
 from workbench.core.errors import Code, ServingError  # noqa: E402
 from workbench.models.manager import DiskVersion, Manager, VersionState  # noqa: E402
-from workbench.platforms import Loader, LoadPolicy, pipeline  # noqa: E402
+from workbench.platforms import Loader, pipeline  # noqa: E402
+from workbench.platforms.base import LoadPolicy
 from workbench.server import ServerThread  # noqa: E402
 
 SCALER = """

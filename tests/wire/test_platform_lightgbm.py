@@ -12,8 +12,8 @@ import pytest
 import tabular_models as tm  # noqa: E402  (tests/tabular_models.py)
 
 from workbench.core.errors import ServingError  # noqa: E402
-from workbench.platforms import LoadPolicy  # noqa: E402
 from workbench.platforms import lightgbm as platform  # noqa: E402
+from workbench.platforms.base import LoadPolicy  # noqa: E402
 
 DIGITS, SMALL_OR_LARGE, DIABETES = "digits", "small_or_large", "diabetes"
 PARAMS = {"n_estimators": 20, "num_leaves": 8, "n_jobs": 1, "verbose": -1}

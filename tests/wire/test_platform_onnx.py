@@ -29,8 +29,8 @@ from tensorflow_serving.apis import get_model_metadata_pb2, predict_pb2, predict
 from workbench.config.batching_parameters import BATCHING_FILE_NAME
 from workbench.config.options import ServerOptions
 from workbench.core.errors import Code, ServingError
-from workbench.platforms import LoadPolicy
 from workbench.platforms import onnx as onnx_platform
+from workbench.platforms.base import LoadPolicy
 from workbench.server import ServerThread
 
 METRICS_PATH = "/monitoring/prometheus/metrics"

@@ -18,7 +18,8 @@ from tensorflow_serving.apis import get_model_metadata_pb2, predict_pb2, predict
 import workbench  # noqa: E402
 from workbench.config.options import ServerOptions  # noqa: E402
 from workbench.core.errors import ServingError  # noqa: E402
-from workbench.platforms import LoadPolicy, python  # noqa: E402
+from workbench.platforms import python  # noqa: E402
+from workbench.platforms.base import LoadPolicy
 from workbench.server import ServerThread  # noqa: E402
 
 SCALER = '''

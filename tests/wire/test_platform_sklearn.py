@@ -16,8 +16,8 @@ from sklearn.linear_model import LogisticRegression, Ridge
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from workbench.platforms import PICKLE_SETTING, LoadPolicy  # noqa: E402
 from workbench.platforms import sklearn as platform  # noqa: E402
+from workbench.platforms.base import PICKLE_SETTING, LoadPolicy  # noqa: E402
 
 DIGITS, DIABETES = "digits", "diabetes"
 

@@ -26,16 +26,10 @@ from tritonclient.utils import InferenceServerException
 
 import workbench
 from workbench import PythonModel
-from workbench.batching.sequences import (
-    Controls,
-    SequenceBatcher,
-    SequenceRequest,
-    SequenceSettings,
-    Strategy,
-    sequence_request,
-)
+from workbench.batching.sequences import SequenceBatcher
 from workbench.client import Client
 from workbench.core.errors import Code, ServingError
+from workbench.core.sequences import Controls, SequenceRequest, SequenceSettings, Strategy, sequence_request
 from workbench.core.signatures import Signature
 from workbench.server import ServerThread
 

@@ -1,7 +1,7 @@
 """Start-up without ``tensorflow/__init__``: a server imports only the TensorFlow it runs.
 
 TF Serving's generated protos import TensorFlow's, and Python runs ``tensorflow/__init__`` (seconds: all of
-TensorFlow's Python API, Keras) before any of them; workbench/protocol/tf_protos.py loads them without it, so a
+TensorFlow's Python API, Keras) before any of them; workbench/runtime/tensorflow_protos.py loads them without it, so a
 repository without TensorFlow models never imports TensorFlow. A repository of SavedModels imports only what runs
 them in sessions (workbench/runtime/tensorflow_runtime.py's saved_model_runtime). These tests run ``workbench
 serve`` as users do, in a child process that reports its own ``sys.modules`` on request, after answering every
@@ -218,7 +218,7 @@ def test_tensorflow_imported_after_the_protos_shares_them():
     script = textwrap.dedent(
         """
         import sys
-        import workbench.protocol.tf_protos
+        import workbench.runtime.tensorflow_protos
         assert "tensorflow" not in sys.modules
         from tensorflow_serving.apis import predict_pb2
         from tensorflow.core.framework import tensor_pb2

@@ -28,7 +28,7 @@ import trustme
 from google.protobuf import text_format
 from tornado.httpclient import HTTPClientError
 
-import workbench.protocol.tf_protos  # noqa: F401  # isort: skip  (TF Serving's protos without TensorFlow)
+import workbench.runtime.tensorflow_protos  # noqa: F401  # isort: skip  (TF Serving's protos without TensorFlow)
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
 from workbench.cli import main

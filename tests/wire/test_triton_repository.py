@@ -18,7 +18,8 @@ from onnx import TensorProto, helper
 from tritonclient.utils import InferenceServerException
 
 from workbench.config import triton_model_config as triton_config
-from workbench.config.options import ServerOptions, VersionPolicy, discover_models
+from workbench.config.options import ServerOptions, discover_models
+from workbench.config.version_policy import VersionPolicy
 from workbench.core.errors import ServingError
 from workbench.server import ServerThread
 

@@ -27,7 +27,8 @@ from workbench.client import Client
 from workbench.config.options import ServerOptions
 from workbench.core.errors import ServingError
 from workbench.frontends import v2_stream
-from workbench.platforms import LoadPolicy, python
+from workbench.platforms import python
+from workbench.platforms.base import LoadPolicy
 from workbench.server import ServerThread
 
 # An ordinary model: batched, one answer per request.

@@ -10,48 +10,24 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Literal
 
-from workbench import platforms
 from workbench.config.batching_parameters import BatchingParameters, read_batching_parameters_file
 from workbench.config.request_logging import RequestLogConfig, request_log_config_from_proto
 from workbench.config.text_config import parse_text_config
+from workbench.config.version_policy import VersionPolicy
 from workbench.core.errors import Code, ServingError
 from workbench.runtime.storage import RemoteFolder, is_remote
 
 log = logging.getLogger(__name__)
 
-PolicyKind = Literal["latest", "all", "specific"]
+# The platforms a model config may name: ``workbench.platforms.names``, given by the floors above.
+PlatformNames = Callable[[], Sequence[str]]
 
 
 # "workbench_null" serves a SavedModel's signatures without running it (zeros of the right types): the
 # frontends' own ceiling, for benchmarks.
-@dataclasses.dataclass(frozen=True)
-class VersionPolicy:
-    """Which of the versions found on disk a model should serve (TF Serving's ServableVersionPolicy)."""
-
-    kind: PolicyKind = "latest"
-    num_versions: int = 1
-    versions: frozenset[int] = frozenset()
-
-    def select(self, on_disk: Iterable[int]) -> set[int]:
-        found = sorted(set(on_disk))
-        if self.kind == "all":
-            return set(found)
-        if self.kind == "specific":
-            return {v for v in found if v in self.versions}
-        return set(found[-self.num_versions :]) if self.num_versions > 0 else set()
-
-    def describe(self) -> str:
-        if self.kind == "latest":
-            return f"latest({self.num_versions})"
-        if self.kind == "specific":
-            return f"specific({', '.join(map(str, sorted(self.versions)))})"
-        return "all"
-
-
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     """One model of the server: where its versions live, which to serve, and its version labels."""
@@ -165,10 +141,10 @@ class ServerOptions:
             return os.path.join(self.model_repository, ".workbench", "routing.json")
         return ""
 
-    def initial_models(self) -> list[ModelConfig]:
+    def initial_models(self, platform_names: PlatformNames | None = None) -> list[ModelConfig]:
         """The models to serve at start-up: the config file's, or the one-model shorthand."""
         if self.model_config_file:
-            return parse_model_config_file(self.model_config_file)
+            return parse_model_config_file(self.model_config_file, platform_names)
         if self.model_repository:
             return discover_models(self.model_repository)
         if self.model_base_path:
@@ -231,7 +207,9 @@ class ServerOptions:
         return parse_monitoring_config_file(self.monitoring_config_file)
 
 
-def parse_model_config_file(path: str | os.PathLike[str]) -> list[ModelConfig]:
+def parse_model_config_file(
+    path: str | os.PathLike[str], platform_names: PlatformNames | None = None
+) -> list[ModelConfig]:
     """Read a ``ModelServerConfig`` text proto; relative base paths are taken from the file's folder."""
     from tensorflow_serving.config import model_server_config_pb2
 
@@ -242,11 +220,17 @@ def parse_model_config_file(path: str | os.PathLike[str]) -> list[ModelConfig]:
     config = parse_text_config(text, model_server_config_pb2.ModelServerConfig(), path)
     if config.WhichOneof("config") == "custom_model_config":
         raise ServingError(Code.UNIMPLEMENTED, "custom_model_config is not supported; use model_config_list")
-    return model_configs_from_proto(config.model_config_list, base_dir=Path(path).resolve().parent)
+    return model_configs_from_proto(config.model_config_list, Path(path).resolve().parent, platform_names)
 
 
-def model_configs_from_proto(config_list: object, base_dir: Path | None = None) -> list[ModelConfig]:
-    """Validate a ``ModelConfigList`` proto and turn it into ModelConfigs (also used by gRPC's reload)."""
+def model_configs_from_proto(
+    config_list: object, base_dir: Path | None = None, platform_names: PlatformNames | None = None
+) -> list[ModelConfig]:
+    """Validate a ``ModelConfigList`` proto and turn it into ModelConfigs (also used by gRPC's reload).
+
+    ``platform_names`` gives the platforms a ``model_platform`` may name (``workbench.platforms.names``, passed in by
+    the floors above: the platforms stand on this one); without it any name passes here and fails at load.
+    """
     models: list[ModelConfig] = []
     seen: set[str] = set()
     for entry in config_list.config:  # type: ignore[attr-defined]
@@ -264,11 +248,11 @@ def model_configs_from_proto(config_list: object, base_dir: Path | None = None) 
             )
         seen.add(entry.name)
         platform = entry.model_platform
-        if platform and platform not in platforms.names():
+        if platform and platform_names is not None and platform not in platform_names():
             raise ServingError(
                 Code.UNIMPLEMENTED,
                 f'Model {entry.name}: model_platform "{entry.model_platform}" is not supported '
-                f"(supported: {', '.join(platforms.names())})",
+                f"(supported: {', '.join(platform_names())})",
             )
         if not entry.base_path:
             raise ServingError(Code.INVALID_ARGUMENT, f"Model {entry.name} has no base_path")
@@ -294,7 +278,7 @@ def model_configs_from_proto(config_list: object, base_dir: Path | None = None) 
 
 def _folder_policy(base_path: str) -> VersionPolicy:
     """A model without a configured policy: its Triton config.pbtxt's ``version_policy``, else latest(1)."""
-    from workbench.config.triton_model_config import version_policy  # it imports this module
+    from workbench.config.triton_model_config import version_policy  # protos of tritonclient, only when needed
 
     return version_policy(base_path) or VersionPolicy()
 

@@ -36,13 +36,12 @@ from typing import Any
 import numpy as np
 from google.protobuf import descriptor, json_format, text_format
 
-from workbench.batching.sequences import Controls, SequenceSettings, Strategy
 from workbench.config.batching_parameters import BatchingParameters
-from workbench.config.options import VersionPolicy
+from workbench.config.version_policy import VersionPolicy
 from workbench.core.errors import Code, ServingError
-from workbench.platforms import TRITON_CONFIG
+from workbench.core.sequences import Controls, SequenceSettings, Strategy
 
-CONFIG_FILE = TRITON_CONFIG
+CONFIG_FILE = "config.pbtxt"  # beside the version folders: a Triton model (workbench.platforms.triton)
 
 # The backends workbench runs, by the workbench platform that loads them, with Triton's names for them (the
 # ``backend`` and the ``platform`` a config may give; either is enough) and the file a version folder holds.

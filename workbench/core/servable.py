@@ -14,8 +14,8 @@ from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
-from workbench.batching.sequences import SequenceSettings
 from workbench.core.errors import Code, ServingError
+from workbench.core.sequences import SequenceSettings
 from workbench.core.signatures import Signature
 
 T = TypeVar("T")

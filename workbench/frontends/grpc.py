@@ -19,8 +19,8 @@ from typing import Any, TypeVar, cast
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-# Loads TF Serving's protos without running tensorflow/__init__ (seconds): see protocol/tf_protos.py.
-import workbench.protocol.tf_protos  # noqa: F401  # isort: skip
+# Loads TF Serving's protos without running tensorflow/__init__ (seconds): see runtime/tensorflow_protos.py.
+import workbench.runtime.tensorflow_protos  # noqa: F401  # isort: skip
 from tensorflow_serving.apis import (
     classification_pb2,
     get_model_metadata_pb2,
@@ -32,6 +32,7 @@ from tensorflow_serving.apis import (
     regression_pb2,
 )
 
+from workbench import platforms
 from workbench.config.options import GrpcTLS, ModelConfig, model_configs_from_proto
 from workbench.core import inference
 from workbench.core.errors import Code, ServingError, from_exception
@@ -306,7 +307,7 @@ class ModelService(model_service_pb2_grpc.ModelServiceServicer):
         which = request.config.WhichOneof("config")
         if which != "model_config_list":
             raise ServingError(Code.UNIMPLEMENTED, "ServerConfig type not supported: only model_config_list is")
-        models = model_configs_from_proto(request.config.model_config_list)
+        models = model_configs_from_proto(request.config.model_config_list, platform_names=platforms.names)
         await asyncio.get_running_loop().run_in_executor(None, self._reload_config, models)
         response = model_management_pb2.ReloadConfigResponse()
         response.status.error_code = 0

@@ -17,8 +17,8 @@ from typing import Any
 
 import grpc
 
-from workbench.batching.sequences import SequenceId
 from workbench.core.errors import Code, ServingError
+from workbench.core.sequences import SequenceId
 
 _METHOD = "/inference.GRPCInferenceService/ModelInfer"
 

@@ -30,10 +30,10 @@ import grpc
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
-from workbench.batching.sequences import sequence_request
 from workbench.config.model_control import ModelControl, load_overrides
 from workbench.core import inference
 from workbench.core.errors import Code, ServingError
+from workbench.core.sequences import sequence_request
 from workbench.frontends import v2_stream
 from workbench.frontends.grpc import answers_errors, authorization, time_remaining
 from workbench.frontends.sequence_routing import SequenceRouter

@@ -34,9 +34,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from workbench.batching.sequences import sequence_request
 from workbench.config.model_control import ModelControl, load_overrides
 from workbench.core.errors import Code, ServingError, from_exception
+from workbench.core.sequences import sequence_request
 from workbench.core.signatures import DEFAULT_SIGNATURE, Signature
 from workbench.frontends import v2_stream
 from workbench.frontends.rest import error_response, json_response

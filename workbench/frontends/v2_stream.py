@@ -50,8 +50,8 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from tritonclient.grpc import service_pb2
 
-from workbench.batching.sequences import SequenceId, sequence_request
 from workbench.core.errors import Code, ServingError, from_exception
+from workbench.core.sequences import SequenceId, sequence_request
 from workbench.core.servable import FinalResponse
 from workbench.core.signatures import DEFAULT_SIGNATURE
 from workbench.frontends.grpc import time_remaining

@@ -33,7 +33,7 @@ def read_warmup_records(path: str) -> Iterator[Any]:
     Read with workbench's own TFRecord reader (same framing and checksums as TensorFlow's, and its words for what
     is wrong), so a model's warmup does not import all of TensorFlow before the model serves.
     """
-    import workbench.protocol.tf_protos  # noqa: F401  # isort: skip  (no tensorflow/__init__)
+    import workbench.runtime.tensorflow_protos  # noqa: F401  # isort: skip  (no tensorflow/__init__)
     from tensorflow_serving.apis import prediction_log_pb2
 
     try:

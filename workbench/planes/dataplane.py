@@ -20,10 +20,11 @@ import numpy as np
 from prometheus_client.metrics_core import Metric
 
 from workbench.batching.scheduler import BatchScheduler, Interest, deadline_exceeded
-from workbench.batching.sequences import SequenceBatcher, SequenceId, SequenceRequest, missing_correlation_id
+from workbench.batching.sequences import SequenceBatcher
 from workbench.config.batching_parameters import BatchingParameters
 from workbench.core import inference
 from workbench.core.errors import Code, ServingError, from_exception
+from workbench.core.sequences import SequenceId, SequenceRequest, missing_correlation_id
 from workbench.core.servable import Composite, Servable
 from workbench.core.signatures import Signature, TensorSpec
 from workbench.models.harness import Harness

@@ -23,29 +23,12 @@ from pathlib import Path
 
 from workbench.core.errors import Code, ServingError
 from workbench.core.servable import Servable
+from workbench.platforms.base import HANDLER_FILE, TRITON_CONFIG, VERSION_CONFIG, LoadPolicy
 
 log = logging.getLogger(__name__)
 
-VERSION_CONFIG = "workbench.json"
-HANDLER_FILE = "handler.py"
-TRITON_CONFIG = "config.pbtxt"  # beside the version folders: a Triton model (workbench.platforms.triton)
 ENTRY_POINT_GROUP = "workbench.platforms"
 
-
-@dataclasses.dataclass(frozen=True)
-class LoadPolicy:
-    """What a server may execute from a repository, beyond model files that are data.
-
-    Pickles (``model.joblib``, ``model.pkl``) and Python files (``model.py``, ``handler.py``) run code when loaded:
-    whoever can write the repository can run anything in the server. They load only when allowed.
-    """
-
-    allow_pickle: bool = False
-    allow_python: bool = False
-
-
-PICKLE_SETTING = "--allow_pickle (Server(allow_pickle=True), %serve start --allow-pickle)"
-PYTHON_SETTING = "--allow_python_models (Server(allow_python_models=True), %serve start --allow-python-models)"
 
 PlatformLoader = Callable[[str, int, str, LoadPolicy], Servable]
 

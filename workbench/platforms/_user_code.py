@@ -26,7 +26,7 @@ import numpy as np
 
 from workbench.core.errors import Code, ServingError, from_exception
 from workbench.core.signatures import PREDICT_METHOD, Signature, TensorSpec, type_name
-from workbench.platforms import PYTHON_SETTING, LoadPolicy
+from workbench.platforms.base import PYTHON_SETTING, LoadPolicy
 
 # TF Serving's type names that numpy spells differently (numpy's "float" is float64, TensorFlow's is float32).
 _TF_NAMES: dict[str, np.dtype[Any]] = {

@@ -35,7 +35,6 @@ from workbench.core.errors import Code, ServingError
 from workbench.core.inference import prepare_predict
 from workbench.core.servable import Composite, Members, Servable
 from workbench.core.signatures import Signature
-from workbench.platforms import LoadPolicy
 from workbench.platforms._user_code import (
     call_user,
     conform_outputs,
@@ -44,6 +43,7 @@ from workbench.platforms._user_code import (
     import_file,
     require_python,
 )
+from workbench.platforms.base import LoadPolicy
 
 Tensors = dict[str, np.ndarray]
 

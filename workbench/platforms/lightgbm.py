@@ -20,7 +20,7 @@ import numpy as np
 from workbench.core.errors import Code, ServingError
 from workbench.core.servable import Servable
 from workbench.core.signatures import DEFAULT_SIGNATURE
-from workbench.platforms import LoadPolicy
+from workbench.platforms.base import LoadPolicy
 from workbench.platforms.tabular import (
     Classes,
     Matrix,

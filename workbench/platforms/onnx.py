@@ -26,7 +26,7 @@ import numpy as np
 from workbench.core.errors import Code, ServingError
 from workbench.core.servable import Servable
 from workbench.core.signatures import DEFAULT_SIGNATURE, PREDICT_METHOD, Signature, TensorSpec, input_error
-from workbench.platforms import LoadPolicy
+from workbench.platforms.base import LoadPolicy
 
 if TYPE_CHECKING:  # annotations only: importing onnx or onnxruntime at runtime is what load/write do
     import onnx

@@ -47,8 +47,8 @@ import numpy as np
 from workbench.core.errors import Code, ServingError, from_exception
 from workbench.core.servable import Composite, Members, Servable
 from workbench.core.signatures import DEFAULT_SIGNATURE, PREDICT_METHOD, Signature, TensorSpec
-from workbench.platforms import LoadPolicy
 from workbench.platforms._user_code import conform_outputs, tensor_specs
+from workbench.platforms.base import LoadPolicy
 
 PIPELINE_FILE = "pipeline.yaml"
 _TOP_KEYS = ("inputs", "outputs", "steps")

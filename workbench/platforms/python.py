@@ -84,11 +84,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from workbench.batching.sequences import Controls, SequenceSettings, Strategy
 from workbench.core.errors import Code, ServingError
+from workbench.core.sequences import Controls, SequenceSettings, Strategy
 from workbench.core.servable import Servable, streams_only
 from workbench.core.signatures import DEFAULT_SIGNATURE, Signature
-from workbench.platforms import LoadPolicy
 from workbench.platforms._user_code import (
     call_user,
     conform_outputs,
@@ -97,6 +96,7 @@ from workbench.platforms._user_code import (
     import_file,
     require_python,
 )
+from workbench.platforms.base import LoadPolicy
 
 log = logging.getLogger(__name__)
 

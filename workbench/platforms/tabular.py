@@ -38,7 +38,7 @@ from workbench.core.signatures import (
     describe_array,
     input_error,
 )
-from workbench.platforms import VERSION_CONFIG
+from workbench.platforms.base import VERSION_CONFIG
 
 MATRIX = "x"  # the alias of the feature matrix, and the tf.Example feature holding a whole row
 EXAMPLES = "inputs"  # classify/regress: the serialized tf.Examples (TF Serving's alias)

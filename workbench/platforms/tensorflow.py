@@ -29,7 +29,7 @@ import numpy as np
 from workbench.core.errors import Code, ServingError, from_exception
 from workbench.core.servable import Servable
 from workbench.core.signatures import Signature, TensorSpec
-from workbench.platforms import LoadPolicy
+from workbench.platforms.base import LoadPolicy
 from workbench.protocol import tf_types
 from workbench.protocol.signature_defs import signature_from_proto
 from workbench.runtime.tensorflow_runtime import saved_model_runtime

@@ -46,14 +46,15 @@ from typing import Any
 
 import numpy as np
 
-from workbench.batching.sequences import Controls
 from workbench.config.triton_model_config import TritonConfig, TritonTensor, config_json
 from workbench.core.errors import Code, ServingError
+from workbench.core.sequences import Controls
 from workbench.core.servable import FinalResponse, PerRequestServable, streams_only
 from workbench.core.signatures import Signature
-from workbench.platforms import LoadPolicy, triton_pb_utils
+from workbench.platforms import triton_pb_utils
 from workbench.platforms._user_code import call_user, conform, forget_module, import_file, require_python
-from workbench.platforms.triton import batch_rows, model_inputs, signature_of, wire_output
+from workbench.platforms.base import LoadPolicy
+from workbench.platforms.triton_tensors import batch_rows, model_inputs, signature_of, wire_output
 
 log = logging.getLogger(__name__)
 

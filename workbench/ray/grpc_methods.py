@@ -16,8 +16,8 @@ from typing import Any
 
 import grpc
 
-# Loads TF Serving's protos without running tensorflow/__init__ (seconds): see protocol/tf_protos.py.
-import workbench.protocol.tf_protos  # noqa: F401  # isort: skip
+# Loads TF Serving's protos without running tensorflow/__init__ (seconds): see runtime/tensorflow_protos.py.
+import workbench.runtime.tensorflow_protos  # noqa: F401  # isort: skip
 from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 

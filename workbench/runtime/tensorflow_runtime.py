@@ -30,7 +30,6 @@ import re
 import sys
 import tempfile
 import threading
-import types
 from collections.abc import Iterator
 from typing import IO, Any
 
@@ -175,9 +174,9 @@ def saved_model_runtime() -> SavedModelRuntime:
         return runtime
     with _runtime_lock:
         if _runtime is None:
-            from workbench.protocol import tf_protos
+            from workbench.runtime import tensorflow_protos
 
-            tf_protos.load()  # first, with its own stand-in: TF Serving's protos share TensorFlow's, as ever
+            tensorflow_protos.load()  # first, with its own stand-in: TF Serving's protos share TensorFlow's, as ever
             if "tensorflow" not in sys.modules:
                 try:
                     _import_without_tensorflow_init()
@@ -210,31 +209,18 @@ def _import_without_tensorflow_init() -> None:
         return  # not a package on disk: the plain imports decide
     if not _plain_installation(os.path.dirname(spec.origin)):
         return
-    stand_in = types.ModuleType("tensorflow", "Stands in for TensorFlow while its SavedModel runtime is imported.")
-    stand_in.__path__ = list(spec.submodule_search_locations)
-    stand_in.__spec__ = spec
-    stand_in.__file__ = spec.origin
-    # As in workbench.protocol.tf_protos: another thread importing TensorFlow meanwhile waits on the module's
-    # import lock (its spec says it is initializing) and then imports the genuine package.
-    from importlib._bootstrap import _ModuleLockManager  # type: ignore[attr-defined]
+    from workbench.runtime import tensorflow_protos  # loads TF Serving's protos: imported when first needed
 
-    with _ModuleLockManager("tensorflow"):
-        if "tensorflow" in sys.modules:  # imported for real while this thread waited for the lock
+    with tensorflow_protos.stand_in(spec, "its SavedModel runtime is imported") as stood_in:
+        if not stood_in:  # imported for real while this thread waited for the lock
             return
-        spec._initializing = True  # type: ignore[attr-defined]
-        sys.modules["tensorflow"] = stand_in
-        try:
-            # tensorflow/__init__'s own first steps, in its order: the C++ library, then TF2 behaviour, which
-            # modules imported after it read when they are imported.
-            os.environ.setdefault("ENABLE_RUNTIME_UPTIME_TELEMETRY", "1")
-            importlib.import_module("tensorflow.python.pywrap_tensorflow")
-            os.environ["TF2_BEHAVIOR"] = "1"
-            tf2 = importlib.import_module("tensorflow.python.tf2")
-            tf2.enable()
-            for name in _RUNTIME_MODULES:
-                importlib.import_module(name)
-            importlib.import_module("tensorflow.python.compat.v2_compat").enable_v2_behavior()
-        finally:
-            if sys.modules.get("tensorflow") is stand_in:
-                del sys.modules["tensorflow"]
-            spec._initializing = False  # type: ignore[attr-defined]
+        # tensorflow/__init__'s own first steps, in its order: the C++ library, then TF2 behaviour, which
+        # modules imported after it read when they are imported.
+        os.environ.setdefault("ENABLE_RUNTIME_UPTIME_TELEMETRY", "1")
+        importlib.import_module("tensorflow.python.pywrap_tensorflow")
+        os.environ["TF2_BEHAVIOR"] = "1"
+        tf2 = importlib.import_module("tensorflow.python.tf2")
+        tf2.enable()
+        for name in _RUNTIME_MODULES:
+            importlib.import_module(name)
+        importlib.import_module("tensorflow.python.compat.v2_compat").enable_v2_behavior()

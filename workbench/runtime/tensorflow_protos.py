@@ -21,6 +21,7 @@ should.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.machinery
 import importlib.util
@@ -30,7 +31,7 @@ import threading
 import types
 from collections.abc import Iterator
 
-__all__ = ["TENSORFLOW_PROTOS", "load"]
+__all__ = ["TENSORFLOW_PROTOS", "load", "stand_in"]
 
 # Read by workbench without TF Serving's protos pulling them in (saved_model.pb sniffing, SignatureDefs, Examples).
 TENSORFLOW_PROTOS = (
@@ -60,12 +61,17 @@ def _import_all() -> None:
         importlib.import_module(name)
 
 
-def _import_with_stand_in(spec: importlib.machinery.ModuleSpec) -> None:
-    """The imports, with an empty ``tensorflow`` package in place of the real one for their duration."""
-    stand_in = types.ModuleType("tensorflow", "Stands in for TensorFlow while its generated protos are imported.")
-    stand_in.__path__ = list(spec.submodule_search_locations or ())
-    stand_in.__spec__ = spec
-    stand_in.__file__ = spec.origin
+@contextlib.contextmanager
+def stand_in(spec: importlib.machinery.ModuleSpec, purpose: str) -> Iterator[bool]:
+    """An empty ``tensorflow`` package in place of the real one while the block imports submodules of it.
+
+    Yields False (and stands nothing in) when TensorFlow was imported for real meanwhile. The one home of this trick:
+    TF Serving's protos here, TensorFlow's SavedModel runtime in :mod:`workbench.runtime.tensorflow_runtime`.
+    """
+    module = types.ModuleType("tensorflow", f"Stands in for TensorFlow while {purpose}.")
+    module.__path__ = list(spec.submodule_search_locations or ())
+    module.__spec__ = spec
+    module.__file__ = spec.origin
     # Another thread importing TensorFlow meanwhile must wait rather than get the stand-in: Python waits on a
     # module's import lock while its spec says it is initializing, and the lock is held here until it is gone.
     # (_ModuleLockManager is importlib's own per-module lock, unchanged since Python 3.3.)
@@ -73,14 +79,14 @@ def _import_with_stand_in(spec: importlib.machinery.ModuleSpec) -> None:
 
     with _ModuleLockManager("tensorflow"):
         if "tensorflow" in sys.modules:  # imported for real while this thread waited for the lock
-            _import_all()
+            yield False
             return
         spec._initializing = True  # type: ignore[attr-defined]
-        sys.modules["tensorflow"] = stand_in
+        sys.modules["tensorflow"] = module
         try:
-            _import_all()
+            yield True
         finally:
-            if sys.modules.get("tensorflow") is stand_in:
+            if sys.modules.get("tensorflow") is module:
                 del sys.modules["tensorflow"]
             spec._initializing = False  # type: ignore[attr-defined]
 
@@ -95,7 +101,8 @@ def load() -> None:
         if spec is None or spec.submodule_search_locations is None:
             _import_all()  # already imported (or not a package on disk): nothing to keep out
         else:
-            _import_with_stand_in(spec)
+            with stand_in(spec, "its generated protos are imported"):
+                _import_all()
         _loaded = True
 
 

@@ -1,0 +1,100 @@
+"""What a stateful model and its requests say of sequences (Triton's sequence batching): the contract.
+
+The sequence's settings (Oldest or Direct, idle time, slots), what a request names (``sequence_id``,
+``sequence_start``, ``sequence_end``), the control inputs a step is given, and the ``run_step`` a stateful servable
+implements. Platforms declare these and frontends parse them; the batcher that runs sequences is
+:mod:`workbench.batching.sequences`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from workbench.core.errors import Code, ServingError
+from workbench.core.signatures import Signature
+
+SequenceId = int | str
+
+
+class Strategy(enum.Enum):
+    DIRECT = "direct"
+    OLDEST = "oldest"
+
+
+@dataclasses.dataclass(frozen=True)
+class SequenceSettings:
+    """A stateful model's sequence batching (Triton's ``sequence_batching``)."""
+
+    strategy: Strategy = Strategy.OLDEST
+    max_idle_seconds: float = 1.0  # Triton's default max_sequence_idle_microseconds: one second
+    max_batch_size: int = 8  # Oldest: requests in one batch; Direct: sequences held at once (slots)
+    max_queue_delay_seconds: float = 0.0  # Oldest: how long a batch waits for more requests
+    max_sequences: int = 0  # Oldest: sequences held at once (Triton's max_candidate_sequences); 0: no bound
+
+
+@dataclasses.dataclass(frozen=True)
+class SequenceRequest:
+    """What a request says of its sequence."""
+
+    id: SequenceId
+    start: bool = False
+    end: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Controls:
+    """Triton's sequence control inputs for one request, as values (a model turns them into its tensors)."""
+
+    start: bool
+    end: bool
+    ready: bool
+    correlation_id: SequenceId
+
+
+class StatefulServable(Protocol):
+    """What the sequence batcher runs: one step of one sequence, with its state (None at its start)."""
+
+    name: str
+    version: int
+
+    def run_step(
+        self,
+        signature: Signature,
+        inputs: Mapping[str, np.ndarray],
+        outputs: Sequence[str],
+        state: Any,
+        controls: Controls,
+    ) -> tuple[dict[str, np.ndarray], Any]: ...
+
+
+def sequence_request(parameters: Mapping[str, Any]) -> SequenceRequest | None:
+    """The sequence a request's v2 parameters name (None: none), or INVALID_ARGUMENT for values that cannot be."""
+    if "sequence_id" not in parameters:
+        for flag in ("sequence_start", "sequence_end"):
+            if parameters.get(flag):
+                raise ServingError(Code.INVALID_ARGUMENT, f"parameters.{flag} needs parameters.sequence_id")
+        return None
+    raw = parameters["sequence_id"]
+    if isinstance(raw, bool) or not isinstance(raw, (int, str)) or (isinstance(raw, int) and raw < 0):
+        raise ServingError(
+            Code.INVALID_ARGUMENT, f"parameters.sequence_id must be an unsigned integer or a string, got {raw!r}"
+        )
+    flags = {}
+    for flag in ("sequence_start", "sequence_end"):
+        value = parameters.get(flag, False)
+        if not isinstance(value, bool):
+            raise ServingError(Code.INVALID_ARGUMENT, f"parameters.{flag} must be true or false, got {value!r}")
+        flags[flag] = value
+    return SequenceRequest(raw, flags["sequence_start"], flags["sequence_end"])
+
+
+def missing_correlation_id(model: str) -> ServingError:
+    return ServingError(
+        Code.INVALID_ARGUMENT,
+        f"inference request to model '{model}' must specify a non-zero or non-empty correlation ID",
+    )

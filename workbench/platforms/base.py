@@ -1,0 +1,31 @@
+"""What every platform module shares: the load policy, and the files that say what a version folder holds.
+
+Platform modules import these from here, not from the package, so the package (the registry, which imports a
+platform's module only when one of its versions loads) and its modules never import each other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from workbench.config.triton_model_config import CONFIG_FILE
+
+VERSION_CONFIG = "workbench.json"
+HANDLER_FILE = "handler.py"
+TRITON_CONFIG = CONFIG_FILE  # beside the version folders: a Triton model (workbench.platforms.triton)
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadPolicy:
+    """What a server may execute from a repository, beyond model files that are data.
+
+    Pickles (``model.joblib``, ``model.pkl``) and Python files (``model.py``, ``handler.py``) run code when loaded:
+    whoever can write the repository can run anything in the server. They load only when allowed.
+    """
+
+    allow_pickle: bool = False
+    allow_python: bool = False
+
+
+PICKLE_SETTING = "--allow_pickle (Server(allow_pickle=True), %serve start --allow-pickle)"
+PYTHON_SETTING = "--allow_python_models (Server(allow_python_models=True), %serve start --allow-python-models)"
