@@ -41,7 +41,6 @@ from workbench.config.options import (
     ModelConfig,
     ServerOptions,
     discover_models,
-    parse_model_config_file,
 )
 from workbench.core.errors import Code, ServingError
 from workbench.frontends.grpc import ReadinessHealth, start_grpc_server
@@ -53,6 +52,7 @@ from workbench.frontends.v2_grpc import InferenceService
 from workbench.frontends.v2_rest import V2Settings, v2_routes
 from workbench.frontends.v2_shared_memory import SharedMemoryAccess
 from workbench.jupyter import registry  # Jupyter's server extension lists and proxies running servers
+from workbench.models.configs import initial_models, parse_model_config_file
 from workbench.models.manager import Manager, VersionState
 from workbench.models.readiness import Phase, ServerReadiness
 from workbench.models.routing.store import read_legacy_state
@@ -325,7 +325,7 @@ class ModelServer:
             if text == self._config_text:
                 continue
             try:
-                models = parse_model_config_file(path, platforms.names)
+                models = parse_model_config_file(path)
                 self.apply_models(models)
                 self._config_text = text
                 log.info("Applied new model config from %s", path)
@@ -357,7 +357,7 @@ class ModelServer:
         if self.peers is not None:
             self.peers.start()
         # Raises on a malformed config, before anything starts.
-        models = self.control.select(options.initial_models(platforms.names))
+        models = self.control.select(initial_models(options))
         options.monitoring()  # raises on a malformed monitoring config, before anything starts
         options.drain_timing()  # raises on impossible drain flags, before anything starts
         if options.model_config_file:

@@ -33,7 +33,6 @@ from waiting import (
 )
 
 from workbench.batching.scheduler import (
-    INLINE_PLATFORMS,
     BatchRecord,
     BatchScheduler,
     Interest,
@@ -47,6 +46,7 @@ from workbench.config.batching_parameters import BatchingParameters, parse_batch
 from workbench.config.options import ServerOptions
 from workbench.core.errors import Code, ServingError
 from workbench.core.servable import Servable
+from workbench.platforms import INLINE_PLATFORMS
 from workbench.platforms.tensorflow import load_saved_model
 from workbench.server import ServerThread
 

@@ -14,8 +14,8 @@ import requests
 from waiting import wait_until
 
 from workbench import platforms
-from workbench.config.options import parse_model_config_file
 from workbench.core.errors import Code, ServingError
+from workbench.models.configs import parse_model_config_file
 
 
 @pytest.fixture

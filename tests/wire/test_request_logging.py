@@ -27,9 +27,10 @@ from tensorflow_serving.apis import (
 from test_warmup import save_counter_model
 from waiting import model_config_text, place_atomically, version_states, wait_until, write_atomically
 
-from workbench.config.options import ModelConfig, parse_model_config_file
+from workbench.config.options import ModelConfig
 from workbench.config.request_logging import RequestLogConfig
 from workbench.core.errors import Code, ServingError
+from workbench.models.configs import parse_model_config_file
 from workbench.models.warmup import read_warmup_records
 from workbench.observability.prediction_logs import PredictEntry
 from workbench.observability.request_logger import RequestLogger

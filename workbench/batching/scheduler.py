@@ -41,6 +41,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from workbench import platforms
 from workbench.batching.threads import caller
 from workbench.config.batching_parameters import BatchingParameters
 from workbench.core.errors import Code, ServingError, from_exception
@@ -210,11 +211,6 @@ def deadline_exceeded() -> ServingError:
     return ServingError(Code.DEADLINE_EXCEEDED, "Deadline Exceeded")
 
 
-# Platforms whose calls are native compute that never waits on I/O or on the event loop; a Python model's
-# (user code) always runs on a thread.
-INLINE_PLATFORMS = frozenset({"tensorflow", "onnx", "sklearn", "xgboost", "lightgbm", "workbench_null"})
-
-
 class RunCost:
     """Whether one signature's calls are cheap enough to run on the event loop rather than on a thread.
 
@@ -222,7 +218,8 @@ class RunCost:
     the loop is busy, which is when this matters), so a slow call there proves nothing, and :data:`SETTLE_RUNS`
     calls under :data:`INLINE_BUDGET_SECONDS` prove the model cheap. On the loop a call's time is its own: one
     over the budget (a bigger batch, a model grown slow, the machine busy) sends the calls back to the threads
-    until they prove cheap again. Only :data:`INLINE_PLATFORMS` qualify at all.
+    until they prove cheap again. Only platforms described ``inline`` qualify at all
+    (:data:`workbench.platforms.INLINE_PLATFORMS`).
     """
 
     INLINE_BUDGET_SECONDS = 200e-6  # one call on the loop delays every other request by this much at most
@@ -558,7 +555,7 @@ class BatchScheduler:
         known = by_signature.get(signature.name)
         if known is None:
             known = by_signature[signature.name] = _Known(
-                RunCost(allowed=self._inline_cheap_models and servable.platform in INLINE_PLATFORMS)
+                RunCost(allowed=self._inline_cheap_models and servable.platform in platforms.INLINE_PLATFORMS)
             )
         return known
 

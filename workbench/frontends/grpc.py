@@ -32,12 +32,12 @@ from tensorflow_serving.apis import (
     regression_pb2,
 )
 
-from workbench import platforms
-from workbench.config.options import GrpcTLS, ModelConfig, model_configs_from_proto
+from workbench.config.options import GrpcTLS, ModelConfig
 from workbench.core import inference
 from workbench.core.errors import Code, ServingError, from_exception
 from workbench.core.signatures import CLASSIFY_METHOD
 from workbench.frontends.auth import bearer_matches
+from workbench.models.configs import model_configs_from_proto
 from workbench.models.readiness import Readiness
 from workbench.planes.dataplane import Dataplane, ModelSpec
 from workbench.protocol.examples import serialized_examples
@@ -307,7 +307,7 @@ class ModelService(model_service_pb2_grpc.ModelServiceServicer):
         which = request.config.WhichOneof("config")
         if which != "model_config_list":
             raise ServingError(Code.UNIMPLEMENTED, "ServerConfig type not supported: only model_config_list is")
-        models = model_configs_from_proto(request.config.model_config_list, platform_names=platforms.names)
+        models = model_configs_from_proto(request.config.model_config_list)
         await asyncio.get_running_loop().run_in_executor(None, self._reload_config, models)
         response = model_management_pb2.ReloadConfigResponse()
         response.status.error_code = 0

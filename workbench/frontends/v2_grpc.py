@@ -30,6 +30,7 @@ import grpc
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
+from workbench import platforms
 from workbench.config.model_control import ModelControl, load_overrides
 from workbench.core import inference
 from workbench.core.errors import Code, ServingError
@@ -109,7 +110,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         with self.dataplane.handle(spec) as servable:
             signature = inference.predict_signature(servable, "")
             versions = self.models.available_versions(spec.name)
-            described = v2_models.model_metadata(spec.name, versions, servable.platform, signature)
+            described = v2_models.model_metadata(spec.name, versions, platforms.v2_name(servable.platform), signature)
         return json_format.ParseDict(described, service_pb2.ModelMetadataResponse())
 
     @answers_errors
@@ -119,7 +120,12 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             signature = inference.predict_signature(servable, "")
             max_batch_size = self.dataplane.max_batch_size(spec.name)
             config = v2_models.model_config(
-                spec.name, servable.platform, signature, max_batch_size, servable.model_config, servable.decoupled
+                spec.name,
+                platforms.v2_name(servable.platform),
+                signature,
+                max_batch_size,
+                servable.model_config,
+                servable.decoupled,
             )
         return service_pb2.ModelConfigResponse(config=json_format.ParseDict(config, model_config_pb2.ModelConfig()))
 

@@ -34,6 +34,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from workbench import platforms
 from workbench.config.model_control import ModelControl, load_overrides
 from workbench.core.errors import Code, ServingError, from_exception
 from workbench.core.sequences import sequence_request
@@ -130,7 +131,7 @@ class V2Rest:
         with self.dataplane.handle(spec) as servable:
             signature = _default_signature(spec.name, servable.signatures)
             versions = self.models.available_versions(spec.name)
-            body = v2_models.model_metadata(spec.name, versions, servable.platform, signature)
+            body = v2_models.model_metadata(spec.name, versions, platforms.v2_name(servable.platform), signature)
         return json_response(dumps(body))
 
     async def model_config(self, request: Request) -> Response:
@@ -139,7 +140,12 @@ class V2Rest:
             signature = _default_signature(spec.name, servable.signatures)
             max_batch_size = self.dataplane.max_batch_size(spec.name)
             body = v2_models.model_config(
-                spec.name, servable.platform, signature, max_batch_size, servable.model_config, servable.decoupled
+                spec.name,
+                platforms.v2_name(servable.platform),
+                signature,
+                max_batch_size,
+                servable.model_config,
+                servable.decoupled,
             )
         return json_response(dumps(body))
 

@@ -40,6 +40,11 @@ class Platform:
     ``module`` is imported only when a version of the platform loads (``loader`` names the function in it), so
     a server of TensorFlow models never imports scikit-learn, and a platform whose library is not installed
     fails only its own versions, with ``extra`` named in the error.
+
+    ``v2_name`` is the name Triton and KServe give the platform in v2 metadata and configs (the name itself when
+    they share it). ``inline`` says its calls are native compute that never waits on I/O or on the event loop, so the
+    batcher may run a cheap model's calls on the loop (:class:`workbench.batching.scheduler.RunCost`); user code (a
+    Python model, a pipeline's steps) always runs on a thread. Plugins' calls always run on a thread.
     """
 
     name: str
@@ -47,6 +52,8 @@ class Platform:
     module: str
     loader: str = "load"
     extra: str = ""
+    v2_name: str = ""
+    inline: bool = False
 
     def load(self, name: str, version: int, path: str, policy: LoadPolicy) -> Servable:
         try:
@@ -61,17 +68,34 @@ class Platform:
 
 
 BUILTIN: tuple[Platform, ...] = (
-    Platform("tensorflow", ("saved_model.pb", "saved_model.pbtxt"), "workbench.platforms.tensorflow"),
-    Platform("sklearn", ("model.skops", "model.joblib", "model.pkl"), "workbench.platforms.sklearn", extra="sklearn"),
-    Platform("xgboost", ("model.ubj", "model.json"), "workbench.platforms.xgboost", extra="xgboost"),
-    Platform("lightgbm", ("model.txt",), "workbench.platforms.lightgbm", extra="lightgbm"),
-    Platform("onnx", ("model.onnx",), "workbench.platforms.onnx", extra="onnx"),
+    Platform(
+        "tensorflow",
+        ("saved_model.pb", "saved_model.pbtxt"),
+        "workbench.platforms.tensorflow",
+        v2_name="tensorflow_savedmodel",
+        inline=True,
+    ),
+    Platform(
+        "sklearn",
+        ("model.skops", "model.joblib", "model.pkl"),
+        "workbench.platforms.sklearn",
+        "load",
+        "sklearn",
+        inline=True,
+    ),
+    Platform("xgboost", ("model.ubj", "model.json"), "workbench.platforms.xgboost", extra="xgboost", inline=True),
+    Platform("lightgbm", ("model.txt",), "workbench.platforms.lightgbm", extra="lightgbm", inline=True),
+    Platform(
+        "onnx", ("model.onnx",), "workbench.platforms.onnx", extra="onnx", v2_name="onnxruntime_onnx", inline=True
+    ),
     Platform("python", ("model.py",), "workbench.platforms.python"),
-    Platform("pipeline", ("pipeline.yaml",), "workbench.platforms.pipeline"),
+    Platform("pipeline", ("pipeline.yaml",), "workbench.platforms.pipeline", v2_name="ensemble"),
     # SavedModel signatures answered with zeros: the frontends' ceiling, measured by the benchmarks. Chosen only
     # by name (no files of its own).
-    Platform("workbench_null", (), "workbench.platforms.tensorflow", loader="load_null"),
+    Platform("workbench_null", (), "workbench.platforms.tensorflow", loader="load_null", inline=True),
 )
+# The built-in platforms whose cheap calls may run on the event loop.
+INLINE_PLATFORMS = frozenset(platform.name for platform in BUILTIN if platform.inline)
 
 
 @functools.cache
@@ -96,6 +120,12 @@ def registry() -> Mapping[str, Platform]:
 
 def names() -> tuple[str, ...]:
     return tuple(registry())
+
+
+def v2_name(name: str) -> str:
+    """The v2 name of a platform ("tensorflow" → "tensorflow_savedmodel"); unknown ones as they are."""
+    platform = registry().get(name)
+    return (platform.v2_name or platform.name) if platform is not None else name
 
 
 def model_files() -> tuple[str, ...]:

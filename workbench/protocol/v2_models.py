@@ -33,17 +33,6 @@ EXTENSIONS = (
     "system_shared_memory",  # and CUDA's answers, without CUDA: frontends/v2_shared_memory.py
 )
 
-# workbench platform → the platform name Triton and KServe use for it in metadata and configs.
-PLATFORM_NAMES: Mapping[str, str] = {
-    "tensorflow": "tensorflow_savedmodel",
-    "onnx": "onnxruntime_onnx",
-    "pipeline": "ensemble",
-    "python": "python",
-    "sklearn": "sklearn",
-    "xgboost": "xgboost",
-    "lightgbm": "lightgbm",
-}
-
 # A version's state in the model repository extension: Triton's words for workbench's VersionState names.
 REPOSITORY_STATES: Mapping[str, str] = {
     "START": "LOADING",
@@ -53,11 +42,6 @@ REPOSITORY_STATES: Mapping[str, str] = {
     "END": "UNAVAILABLE",
 }
 READY = "READY"
-
-
-def platform_name(platform: str) -> str:
-    """The v2 name of a workbench platform ("tensorflow" → "tensorflow_savedmodel"); unknown ones as they are."""
-    return PLATFORM_NAMES.get(platform, platform)
 
 
 def server_metadata() -> dict[str, Any]:
@@ -77,11 +61,12 @@ def _tensor_metadata(spec: TensorSpec) -> dict[str, Any]:
 
 
 def model_metadata(name: str, versions: Sequence[int | str], platform: str, signature: Signature) -> dict[str, Any]:
-    """``ModelMetadataResponse``: the model's versions (as strings) and its signature's tensors."""
+    """``ModelMetadataResponse``: the model's versions (as strings) and its signature's tensors. ``platform`` is
+    the v2 name (:func:`workbench.platforms.v2_name`)."""
     return {
         "name": name,
         "versions": [str(v) for v in versions],
-        "platform": platform_name(platform),
+        "platform": platform,
         "inputs": [_tensor_metadata(spec) for spec in signature.inputs.values()],
         "outputs": [_tensor_metadata(spec) for spec in signature.outputs.values()],
     }
@@ -126,7 +111,7 @@ def model_config(
     batched = max_batch_size > 0 and signature.batchable and _batched(tensors)
     config: dict[str, Any] = {
         "name": name,
-        "platform": platform_name(platform),
+        "platform": platform,
         "max_batch_size": max_batch_size if batched else 0,
         "input": [_config_tensor(spec, batched) for spec in signature.inputs.values()],
         "output": [_config_tensor(spec, batched) for spec in signature.outputs.values()],
