@@ -27,16 +27,10 @@ import numpy as np
 import pytest
 from fakes import FakeServable, X, Y
 
-from workbench.batching.scheduler import (
-    BatchRecord,
-    BatchScheduler,
-    Interest,
-    RunCost,
-    deadline_exceeded,
-    merge,
-    padded_size,
-    split,
-)
+from workbench.batching.interest import Interest, deadline_exceeded
+from workbench.batching.merge import merge, padded_size, split
+from workbench.batching.run_cost import RunCost
+from workbench.batching.scheduler import BatchRecord, BatchScheduler
 from workbench.config.batching_parameters import BatchingParameters
 from workbench.core.errors import Code, ServingError
 from workbench.core.signatures import PREDICT_METHOD, Signature

@@ -32,16 +32,10 @@ from waiting import (
     wait_until,
 )
 
-from workbench.batching.scheduler import (
-    BatchRecord,
-    BatchScheduler,
-    Interest,
-    RunCost,
-    batch_key,
-    merge,
-    padded_size,
-    split,
-)
+from workbench.batching.interest import Interest
+from workbench.batching.merge import batch_key, merge, padded_size, split
+from workbench.batching.run_cost import RunCost
+from workbench.batching.scheduler import BatchRecord, BatchScheduler
 from workbench.config.batching_parameters import BatchingParameters, parse_batching_parameters
 from workbench.config.options import ServerOptions
 from workbench.core.errors import Code, ServingError

@@ -22,6 +22,11 @@ for ``allowed_batch_sizes`` are cut off.
 A queued request nobody waits for any more never reaches the model: its caller gave up (:class:`Interest`), its
 deadline passed before its batch formed, or the coroutine awaiting it was cancelled. Once a request is in a
 batch a thread runs, it runs to the end (nothing can stop the thread); its answer is dropped.
+
+The pure parts live beside it (:mod:`~workbench.batching.merge`: merge, split, pad; :mod:`~workbench.batching.interest`:
+a request's tasks; :mod:`~workbench.batching.run_cost`). What stays here, over 450 lines, is one class on purpose:
+its queues, their dispatch and the delivery of outcomes share state only the event loop touches, and every path that
+changes a queue reads in one place.
 """
 
 from __future__ import annotations
@@ -29,29 +34,29 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import contextvars
 import dataclasses
 import functools
 import logging
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import numpy as np
 
 from workbench import platforms
+from workbench.batching.interest import CURRENT_INTEREST, BatchTask, Interest, deadline_exceeded
+from workbench.batching.merge import Feed, Outputs, batch_key, check_batched_outputs, merge, padded_size, split
+from workbench.batching.run_cost import RunCost
 from workbench.batching.threads import caller
 from workbench.config.batching_parameters import BatchingParameters
 from workbench.core.errors import Code, ServingError, from_exception
 from workbench.core.servable import PerRequestServable, Servable
-from workbench.core.signatures import OMITTED, Signature
+from workbench.core.signatures import Signature
 
 log = logging.getLogger(__name__)
 
-Feed = Mapping[str, np.ndarray]
-Outputs = dict[str, np.ndarray]
 # What running a batch gave: each task's answer (its outputs, or its own error), the rows run, the seconds taken.
 Ran = tuple[list[Outputs | ServingError], int, float]
 T = TypeVar("T")
@@ -74,176 +79,7 @@ class BatchRecord:
 BatchListener = Callable[[BatchRecord], None]
 
 
-class _Task:
-    """One request (or one piece of a split one) in a queue; ``queued`` until a batch takes it or it is withdrawn."""
-
-    __slots__ = ("feed", "rows", "key", "future", "enqueued", "queue", "interest", "queued")
-
-    def __init__(
-        self,
-        feed: Feed,
-        rows: int,
-        key: tuple[Any, ...],
-        future: asyncio.Future[Outputs],
-        enqueued: float,
-        queue: _Queue | None,  # None: an unbatched call, never queued
-        interest: Interest | None,
-    ) -> None:
-        self.feed, self.rows, self.key, self.future, self.enqueued = feed, rows, key, future, enqueued
-        self.queue, self.interest = queue, interest
-        self.queued = True
-
-    def withdraw(self, error: BaseException | None) -> None:
-        """Out of its queue unrun (no-op once a batch took it); its awaiter gets ``error`` (None: leave its future)."""
-        if not self.queued:
-            return
-        self.queued = False
-        if self.queue is not None:
-            self.queue.pending_rows -= self.rows  # the deque entry stays until a batch forms, which skips it
-        if error is not None and not self.future.done():
-            self.future.set_exception(error)
-
-    def taken(self) -> None:
-        """A batch (or, unbatched, a thread) took it: from now on only its run's end lets go of the model."""
-        self.queued = False
-        if self.interest is not None:
-            self.interest.running += 1
-
-    def finished(self) -> None:
-        """Its run returned (or was dropped unrun by a stopped executor): nothing runs on its model for it any more."""
-        if self.interest is not None:
-            self.interest._finished_one()  # noqa: SLF001 - the interest's own bookkeeping
-
-
-_INTEREST: contextvars.ContextVar[Interest | None] = contextvars.ContextVar("workbench_batching_interest", default=None)
-
-
-class Interest:
-    """Whether the caller of one request still waits for its answer: the batcher runs no queued work it gave up.
-
-    Every batch task a request's work queues belongs to its interest, reached in one of two ways:
-
-    - a plain servable's request awaits its tasks itself, passing the interest to :meth:`BatchScheduler.run`. Its
-      deadline calls :meth:`answer_early`: tasks still queued leave their queues unrun, and those a thread already
-      runs are answered with the error at once. :attr:`running` counts the runs not yet returned, and
-      :meth:`when_idle` says when the request may let go of its model.
-    - a composite's work (several models, code of its own) runs as a task started with :meth:`start`, which the
-      caller's deadline and cancellation must not cancel while a thread may run part of it; member requests
-      inherit the interest. :meth:`give_up` takes the tasks still queued out of their queues at once (their
-      awaiters get the error, and the work ends without waiting for a batch).
-
-    A task whose ``timeout`` (seconds from now, on the event loop's clock) has run out when its batch forms is
-    dropped the same way, with DEADLINE_EXCEEDED. A task a batch already took runs to the end.
-    """
-
-    __slots__ = ("deadline", "error", "running", "_on_idle", "_tasks", "_work")
-
-    def __init__(self, timeout: float | None = None, loop: asyncio.AbstractEventLoop | None = None) -> None:
-        if timeout is None:
-            self.deadline = None
-        else:
-            self.deadline = (loop or asyncio.get_running_loop()).time() + timeout
-        self.error: ServingError | None = None  # set once given up
-        self.running = 0  # its tasks a batch or a thread took and whose run has not returned yet
-        self._on_idle: Callable[[], None] | None = None
-        self._tasks: list[_Task] = []
-        self._work: asyncio.Future[Any] | None = None
-
-    def start(self, work: Awaitable[T]) -> asyncio.Future[T]:
-        """``work`` as a task (a future is returned as is) whose batch tasks belong to this interest."""
-        token = _INTEREST.set(self)
-        try:
-            future = self._work = asyncio.ensure_future(work)
-        finally:
-            _INTEREST.reset(token)
-        return future
-
-    def give_up(self, error: ServingError) -> None:
-        """Nobody waits any more: withdraw every queued task, each answered with ``error``.
-
-        The started work's outcome (that error, most often) is read by nobody now: it is consumed when it comes,
-        so that asyncio does not report it as never retrieved.
-        """
-        if self.error is None:
-            self.error = error
-            if self._work is not None:
-                self._work.add_done_callback(_consume)
-        tasks, self._tasks = self._tasks, []
-        for task in tasks:
-            task.withdraw(error)
-
-    def answer_early(self, error: ServingError) -> None:
-        """:meth:`give_up`, and the tasks already running are answered with ``error`` too, without waiting for
-        their run: for a caller awaiting its batch tasks itself (``BatchScheduler.run(..., interest=…)``), which
-        must keep its model held until :attr:`running` is back to 0 (:meth:`when_idle`)."""
-        tasks = list(self._tasks)
-        self.give_up(error)
-        for task in tasks:
-            if not task.future.done():
-                task.future.set_exception(error)
-
-    def when_idle(self, callback: Callable[[], None]) -> None:
-        """Call ``callback`` once no run of its tasks is left (at once when none is running)."""
-        if self.running == 0:
-            callback()
-        else:
-            self._on_idle = callback
-
-    def _finished_one(self) -> None:
-        self.running -= 1
-        if self.running == 0 and self._on_idle is not None:
-            callback, self._on_idle = self._on_idle, None
-            callback()
-
-    def _add(self, task: _Task) -> None:
-        if self.error is not None:
-            task.withdraw(self.error)
-        else:
-            self._tasks.append(task)
-
-
-def _consume(work: asyncio.Future[Any]) -> None:
-    if not work.cancelled():
-        work.exception()
-
-
-def deadline_exceeded() -> ServingError:
-    return ServingError(Code.DEADLINE_EXCEEDED, "Deadline Exceeded")
-
-
-class RunCost:
-    """Whether one signature's calls are cheap enough to run on the event loop rather than on a thread.
-
-    Calls start on the inference threads. There a call's wall time also counts its wait for the GIL (long while
-    the loop is busy, which is when this matters), so a slow call there proves nothing, and :data:`SETTLE_RUNS`
-    calls under :data:`INLINE_BUDGET_SECONDS` prove the model cheap. On the loop a call's time is its own: one
-    over the budget (a bigger batch, a model grown slow, the machine busy) sends the calls back to the threads
-    until they prove cheap again. Only platforms described ``inline`` qualify at all
-    (:data:`workbench.platforms.INLINE_PLATFORMS`).
-    """
-
-    INLINE_BUDGET_SECONDS = 200e-6  # one call on the loop delays every other request by this much at most
-    SETTLE_RUNS = 8
-
-    __slots__ = ("inline", "_cheap_runs", "_allowed")
-
-    def __init__(self, allowed: bool = True) -> None:
-        self.inline = False
-        self._cheap_runs = 0
-        self._allowed = allowed
-
-    def record(self, seconds: float, on_loop: bool) -> None:
-        """One call took ``seconds`` (wall time), on the loop or on a thread."""
-        cheap = seconds < self.INLINE_BUDGET_SECONDS
-        if on_loop:
-            if not cheap:
-                self.inline, self._cheap_runs = False, 0
-        elif cheap and self._allowed:
-            self._cheap_runs += 1
-            self.inline = self._cheap_runs >= self.SETTLE_RUNS
-
-
-class _Known:
+class _SignatureState:
     """What the scheduler knows of one signature of a servable; it outlives the queues (one is dropped whenever it
     empties), not the servable."""
 
@@ -261,92 +97,16 @@ class _Queue:
         signature: Signature,
         outputs: tuple[str, ...],
         params: BatchingParameters,
-        known: _Known,
+        known: _SignatureState,
     ):
         self.servable, self.signature, self.outputs, self.params = servable, signature, outputs, params
         self.known = known
         self.cost = known.cost
-        self.pending: collections.deque[_Task] = collections.deque()  # with withdrawn tasks, skipped when met
+        self.pending: collections.deque[BatchTask] = collections.deque()  # with withdrawn tasks, skipped when met
         self.pending_rows = 0  # of the queued tasks only
         self.running = 0
         self.timer: asyncio.TimerHandle | None = None
         self.dispatch_pending = False
-
-
-def batch_key(feed: Feed, pad: bool) -> tuple[Any, ...] | None:
-    """Tasks with equal keys can be concatenated along dimension 0; None: this one cannot batch at all."""
-    rows = None
-    key: list[tuple[str, str, Any]] = []
-    for alias in sorted(feed):
-        value = feed[alias]
-        if value is OMITTED:  # an optional input left out: merges only with requests that left it out too
-            key.append((alias, "omitted", ()))
-            continue
-        if value.ndim == 0:
-            return None
-        if rows is None:
-            rows = value.shape[0]
-        elif value.shape[0] != rows:
-            return None
-        key.append((alias, value.dtype.str, value.ndim if pad else value.shape[1:]))
-    return tuple(key) if rows else None
-
-
-def _pad_to(value: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-    if value.shape[1:] == shape:
-        return value
-    widths = [(0, 0)] + [(0, target - have) for have, target in zip(value.shape[1:], shape, strict=True)]
-    fill: Any = b"" if value.dtype.kind == "O" else 0
-    return np.pad(value, widths, constant_values=fill)
-
-
-def merge(feeds: Sequence[Feed], pad_variable_length: bool, padded_rows: int) -> dict[str, np.ndarray]:
-    """Concatenate the tasks' inputs along dimension 0 (padding as asked) up to ``padded_rows`` rows."""
-    merged: dict[str, np.ndarray] = {}
-    for alias in feeds[0]:
-        parts = [feed[alias] for feed in feeds]
-        if parts[0] is OMITTED:  # left out by every one of them (batch_key)
-            merged[alias] = OMITTED
-            continue
-        if pad_variable_length:
-            shape = tuple(max(dims) for dims in zip(*(p.shape[1:] for p in parts), strict=True))
-            parts = [_pad_to(p, shape) for p in parts]
-        value = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
-        extra = padded_rows - value.shape[0]
-        if extra > 0:  # allowed_batch_sizes: repeat the last row; its results are cut off again
-            value = np.concatenate([value, np.repeat(value[-1:], extra, axis=0)], axis=0)
-        merged[alias] = value
-    return merged
-
-
-def check_batched_outputs(outputs: Outputs, padded_rows: int) -> None:
-    """Refuse outputs whose dimension 0 is not the batch's (a batch of one too: it must not depend on the load)."""
-    for alias, value in outputs.items():
-        if value.ndim == 0 or value.shape[0] != padded_rows:
-            raise ServingError(
-                Code.INVALID_ARGUMENT,
-                f"Batched output tensor {alias} has shape {list(value.shape)}: its 0th dimension does not equal "
-                f"the {padded_rows} rows of the batched inputs, so results cannot be split between requests "
-                "(turn batching off for this model)",
-            )
-
-
-def split(outputs: Outputs, sizes: Sequence[int], padded_rows: int) -> list[Outputs]:
-    """Each task's own rows of every output."""
-    check_batched_outputs(outputs, padded_rows)
-    results: list[Outputs] = []
-    start = 0
-    for size in sizes:
-        results.append({alias: value[start : start + size] for alias, value in outputs.items()})
-        start += size
-    return results
-
-
-def padded_size(rows: int, allowed: Sequence[int]) -> int:
-    for size in allowed:
-        if size >= rows:
-            return size
-    return rows
 
 
 class BatchScheduler:
@@ -367,7 +127,7 @@ class BatchScheduler:
         self._params_for = params_for
         self._listener = listener
         self._queues: dict[tuple[int, str, tuple[str, ...]], _Queue] = {}
-        self._known: weakref.WeakKeyDictionary[Servable, dict[str, _Known]] = weakref.WeakKeyDictionary()
+        self._known: weakref.WeakKeyDictionary[Servable, dict[str, _SignatureState]] = weakref.WeakKeyDictionary()
         self._said_unbatched: set[tuple[str, int, str]] = set()
 
     def queue_depths(self) -> list[tuple[str, int, int]]:
@@ -392,7 +152,7 @@ class BatchScheduler:
         """
         loop = asyncio.get_running_loop()
         if interest is None:
-            interest = _INTEREST.get()
+            interest = CURRENT_INTEREST.get()
         params = self._params_for(servable)
         if params is not None and not signature.batchable:
             # A signature that cannot be concatenated along dimension 0 (its platform says so) runs request by
@@ -421,10 +181,10 @@ class BatchScheduler:
         now = time.perf_counter()
         step = params.execution_batch_size
         if rows <= step:
-            tasks = [_Task(feed, rows, key, loop.create_future(), now, queue, interest)]
+            tasks = [BatchTask(feed, rows, key, loop.create_future(), now, queue, interest)]
         else:
             tasks = [
-                _Task(piece, next(iter(piece.values())).shape[0], key, loop.create_future(), now, queue, interest)
+                BatchTask(piece, next(iter(piece.values())).shape[0], key, loop.create_future(), now, queue, interest)
                 for piece in (
                     {alias: value[start : start + step] for alias, value in feed.items()}
                     for start in range(0, rows, step)
@@ -482,7 +242,7 @@ class BatchScheduler:
             return result
         if interest is not None and interest.error is not None:  # its caller already gave up
             raise interest.error
-        task = _Task(feed, 0, (), loop.create_future(), 0.0, None, interest)
+        task = BatchTask(feed, 0, (), loop.create_future(), 0.0, None, interest)
         if interest is not None:
             interest._add(task)  # noqa: SLF001
         task.taken()
@@ -500,7 +260,7 @@ class BatchScheduler:
     def _alone_on_thread(
         self,
         loop: asyncio.AbstractEventLoop,
-        task: _Task,
+        task: BatchTask,
         cost: RunCost,
         servable: Servable,
         signature: Signature,
@@ -516,7 +276,7 @@ class BatchScheduler:
             loop.call_soon_threadsafe(self._alone_done, task, cost, outcome)
 
     @staticmethod
-    def _alone_done(task: _Task, cost: RunCost | None, outcome: tuple[Outputs, float] | BaseException) -> None:
+    def _alone_done(task: BatchTask, cost: RunCost | None, outcome: tuple[Outputs, float] | BaseException) -> None:
         future = task.future
         if isinstance(outcome, asyncio.CancelledError):
             future.cancel()
@@ -531,7 +291,7 @@ class BatchScheduler:
                 future.set_result(result)
         task.finished()
 
-    def _alone_dropped(self, loop: asyncio.AbstractEventLoop, task: _Task) -> None:
+    def _alone_dropped(self, loop: asyncio.AbstractEventLoop, task: BatchTask) -> None:
         """The executor dropped the call unrun (it shut down): its caller gets the cancellation."""
         with contextlib.suppress(RuntimeError):  # the loop is closed too
             loop.call_soon_threadsafe(self._alone_done, task, None, asyncio.CancelledError())
@@ -548,13 +308,13 @@ class BatchScheduler:
             self._listener(BatchRecord(servable.name, servable.version, signature.name, rows, rows, 1, [0.0], seconds))
         return result, seconds
 
-    def _know(self, servable: Servable, signature: Signature) -> _Known:
+    def _know(self, servable: Servable, signature: Signature) -> _SignatureState:
         by_signature = self._known.get(servable)
         if by_signature is None:
             by_signature = self._known[servable] = {}
         known = by_signature.get(signature.name)
         if known is None:
-            known = by_signature[signature.name] = _Known(
+            known = by_signature[signature.name] = _SignatureState(
                 RunCost(allowed=self._inline_cheap_models and servable.platform in platforms.INLINE_PLATFORMS)
             )
         return known
@@ -623,7 +383,7 @@ class BatchScheduler:
         queue.timer = None
         self._schedule(queue)
 
-    def _take(self, queue: _Queue) -> list[_Task]:
+    def _take(self, queue: _Queue) -> list[BatchTask]:
         """The oldest wanted task and every waiting one that merges with it, up to the execution batch size.
 
         Tasks nobody waits for any more (withdrawn, their deadline passed, their awaiter cancelled) leave the
@@ -632,10 +392,10 @@ class BatchScheduler:
         limit = queue.params.execution_batch_size
         pending = queue.pending
         now: float | None = None
-        batch: list[_Task] = []
-        skipped: list[_Task] = []
+        batch: list[BatchTask] = []
+        skipped: list[BatchTask] = []
         rows = 0
-        first: _Task | None = None
+        first: BatchTask | None = None
         while pending and rows < limit:
             task = pending.popleft()
             if not task.queued:
@@ -665,7 +425,7 @@ class BatchScheduler:
         queue.pending_rows -= rows
         return batch
 
-    def _execute(self, queue: _Queue, batch: list[_Task]) -> Ran:
+    def _execute(self, queue: _Queue, batch: list[BatchTask]) -> Ran:
         params = queue.params
         started = time.perf_counter()
         if isinstance(queue.servable, PerRequestServable):
@@ -688,7 +448,9 @@ class BatchScheduler:
         results: list[Outputs | ServingError] = list(split(outputs, [task.rows for task in batch], target))
         return results, target, time.perf_counter() - started
 
-    def _run_batch(self, loop: asyncio.AbstractEventLoop, queue: _Queue, batch: list[_Task], started: float) -> None:
+    def _run_batch(
+        self, loop: asyncio.AbstractEventLoop, queue: _Queue, batch: list[BatchTask], started: float
+    ) -> None:
         """On an inference thread: run the batch and record it, then hand its outcome straight to the loop (one hop
         back). The record is made here, off the event loop that every request shares."""
         outcome: Ran | BaseException
@@ -702,7 +464,7 @@ class BatchScheduler:
             loop.call_soon_threadsafe(self._finish, queue, batch, started, outcome)
 
     def _batch_dropped(
-        self, loop: asyncio.AbstractEventLoop, queue: _Queue, batch: list[_Task], started: float
+        self, loop: asyncio.AbstractEventLoop, queue: _Queue, batch: list[BatchTask], started: float
     ) -> None:
         """The executor dropped the batch unrun (it shut down): its callers get the cancellation."""
         with contextlib.suppress(RuntimeError):  # the loop is closed too
@@ -711,7 +473,7 @@ class BatchScheduler:
     def _finish(
         self,
         queue: _Queue,
-        batch: list[_Task],
+        batch: list[BatchTask],
         started: float,
         outcome: Ran | BaseException,
     ) -> None:
@@ -723,7 +485,7 @@ class BatchScheduler:
     def _deliver(
         self,
         queue: _Queue,
-        batch: list[_Task],
+        batch: list[BatchTask],
         started: float,
         outcome: Ran | BaseException,
         on_loop: bool,
@@ -750,7 +512,7 @@ class BatchScheduler:
         if on_loop:
             self._record(queue, batch, started, outcome)
 
-    def _record(self, queue: _Queue, batch: list[_Task], started: float, outcome: Ran) -> None:
+    def _record(self, queue: _Queue, batch: list[BatchTask], started: float, outcome: Ran) -> None:
         """Tell the listener (metrics, stats) what a batch that ran looked like."""
         if self._listener is not None:
             _, target, run_seconds = outcome

@@ -19,7 +19,8 @@ from typing import Any, TypeVar
 import numpy as np
 from prometheus_client.metrics_core import Metric
 
-from workbench.batching.scheduler import BatchScheduler, Interest, deadline_exceeded
+from workbench.batching.interest import Interest, deadline_exceeded
+from workbench.batching.scheduler import BatchScheduler
 from workbench.batching.sequences import SequenceBatcher
 from workbench.config.batching_parameters import BatchingParameters
 from workbench.core import inference
