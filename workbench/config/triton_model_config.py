@@ -23,6 +23,10 @@ server. What workbench takes from it:
 Ensembles, implicit sequence state (``sequence_batching { state }``) and sequence batching for ONNX and TensorFlow
 models are refused (UNIMPLEMENTED, saying which); the rest of the file (optimization, warmup, rate limiters) is not
 acted on.
+
+Why one module of this size: it mirrors one file format. Reading ``config.pbtxt`` into :class:`TritonConfig` (with
+every check Triton makes, in Triton's words) and writing the JSON answers back are kept beside the message they
+both follow, so a field added to one side is seen on the other.
 """
 
 from __future__ import annotations

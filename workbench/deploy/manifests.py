@@ -29,6 +29,10 @@ one whose storage holds only version 2 and one holding version 3, which is not w
 double the pods. So the manifest carries the model's routing as a comment saying where the replicas read it, and
 ``canary_traffic_percent`` is a separate, explicit choice: a revision canary for *this* apply (a new image or
 storageUri tried on a share of the traffic), which is what KServe means by it.
+
+Why one module of this size: rendering is one job done as data, for two targets that share their constants, probes,
+secrets and image handling; split in three they would import each other. The functions read top to bottom: the
+API, then Kubernetes' documents, then KServe's, then YAML.
 """
 
 from __future__ import annotations

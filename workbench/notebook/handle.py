@@ -9,6 +9,9 @@ cells; a server that died is reported with the end of that log and can be restar
 Options and attributes are named as ``workbench serve``'s flags (``model_repository``, ``server_name``,
 ``rest_api_port``, ``port`` for gRPC, ``enable_batching``, ``batching_parameters_file``); the earlier names
 (``repository``, ``name``, ``rest_port``, ``grpc_port``, ``batching``, ``batching_parameters``) still work.
+
+Why one module of this size: :class:`ServerHandle` is the notebook's one object for a server process (start,
+wait, stop, restart, its client, its tables); the functions after it are the few it needs and ``serve()``.
 """
 
 from __future__ import annotations

@@ -65,6 +65,9 @@ The contract (:class:`PythonModel`)::
 
 ``model.py`` is code from the repository: it is imported only when the server allows Python models
 (``--allow_python_models``), each load under a module name of its own, so versions never share module state.
+
+Why one module of this size: the Python platform is one contract, read by users as one file: the base class,
+how a model.py is loaded and run (stateless, stateful, decoupled), and how ``export`` writes a class back as source.
 """
 
 from __future__ import annotations

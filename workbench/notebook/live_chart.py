@@ -1,0 +1,189 @@
+"""The live chart: latency percentiles and throughput per version, fed by the server's stats stream."""
+
+from __future__ import annotations
+
+import collections
+import json
+import threading
+import time
+from typing import Any
+
+import requests
+
+from workbench.client import Client
+from workbench.core.errors import ServingError
+from workbench.notebook.part import (
+    PALETTE,
+    Newest,
+    Part,
+    Server,
+    client_of,
+    on_kernel_thread,
+    register,
+)
+
+
+def _has_response_cache(client: Client) -> bool:
+    """Whether the server has Triton's response cache on (its health answer describes it only then). A server
+    without workbench's health endpoint (TF Serving) or out of reach gets the chart without the cache row."""
+    try:
+        health = client.health()
+    except (ServingError, requests.RequestException):
+        return False
+    return isinstance(health, dict) and "response_cache" in health
+
+
+class LiveChart(Part):
+    """p50/p95/p99 latency, requests/s and mean batch size over time, one colour per model version; and, when the
+    server has the response cache on, each version's cache hit rate since the start.
+
+    Fed by the server's stats stream a few times a second; keeps the last ``window_seconds``; redraws at most
+    every ``min_redraw_seconds`` in one ``batch_update``. It keeps updating while the kernel is idle or a cell
+    awaits; a cell that keeps the kernel's thread busy (a long computation, a blocking ``%serve bench``) holds
+    the redraws until it ends, as it holds the frontend's clicks, and the chart then catches up at once.
+    """
+
+    def __init__(
+        self, server: Server, window_seconds: float = 60.0, interval: float = 0.25, min_redraw_seconds: float = 0.5
+    ) -> None:
+        super().__init__()
+        from plotly.subplots import make_subplots
+
+        self.client = client_of(server)
+        self.url = self.client.url
+        self.interval, self.min_redraw = interval, min_redraw_seconds
+        points = max(2, int(window_seconds / interval))
+        self._series: dict[tuple[str, str], dict[str, collections.deque[Any]]] = {}
+        self._points = points
+        self._lock = threading.Lock()
+        self._dirty = False
+        self.snapshots = 0
+        #: Whether the figure has the cache row: asked once, as the server's cache is set when it starts.
+        self.cache_row = _has_response_cache(self.client)
+        titles = ["latency (ms): p50 ─  p95 ┄  p99 ·", "requests / s", "mean batch size"]
+        if self.cache_row:
+            titles.append("response cache hit rate (%)")
+        figure = make_subplots(
+            rows=len(titles), cols=1, shared_xaxes=True, vertical_spacing=0.06, subplot_titles=titles
+        )
+        import plotly.graph_objects as go
+
+        self.figure = go.FigureWidget(figure)
+        self.figure.update_layout(
+            height=520 + 160 * (len(titles) - 3),  # a row more, not the same height shared by more rows
+            margin={"l": 50, "r": 20, "t": 40, "b": 30},
+            legend={"orientation": "h"},
+        )
+        if self.cache_row:
+            self.figure.update_yaxes(range=[0, 100], row=4, col=1)  # a share: a fixed scale reads at a glance
+        self._traces: dict[tuple[str, str], dict[str, int]] = {}
+        self._redraws: Newest[None] = Newest(lambda _: self._draw())
+        self.widget = self.figure
+        register(server, self)
+        self._spawn(self._read_stream, "chart-stream")
+        self._spawn(self._redraw_loop, "chart-draw")
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        display(self.figure)
+
+    def _read_stream(self) -> None:
+        """Follow the server-sent events; reconnect if the stream drops, until closed."""
+        while not self._stop.is_set():
+            try:
+                with self.client.open_stream(  # the client's TLS settings: an https server is checked as it is
+                    "/workbench/v1/stats/stream", params={"interval": self.interval}, timeout=(5, 30)
+                ) as response:
+                    for line in response.iter_lines():
+                        if self._stop.is_set():
+                            return
+                        if line.startswith(b"data: "):
+                            self._add(json.loads(line[6:]))
+            except (requests.RequestException, ValueError):
+                pass
+            self._stop.wait(1.0)
+
+    def _add(self, snapshot: dict[str, Any]) -> None:
+        stamp = snapshot["time"]
+        with self._lock:
+            self.snapshots += 1
+            for model, versions in snapshot["models"].items():
+                for version, entry in versions.items():
+                    if not version:  # requests that never reached a version (unknown model): not a series
+                        continue
+                    series = self._series.get((model, version))
+                    if series is None:
+                        series = self._series[(model, version)] = {
+                            k: collections.deque(maxlen=self._points)
+                            for k in ("t", "p50", "p95", "p99", "rps", "batch", "cache")
+                        }
+                    series["t"].append(stamp * 1000)
+                    series["p50"].append(entry["p50_ms"])
+                    series["p95"].append(entry["p95_ms"])
+                    series["p99"].append(entry["p99_ms"])
+                    series["rps"].append(entry["requests_per_second"])
+                    series["batch"].append(entry["mean_batch_size"])
+                    rate = entry.get("cache_hit_rate")  # only for a version with the cache on, once looked up
+                    series["cache"].append(None if rate is None else round(rate * 100, 2))
+            self._dirty = True
+
+    def _redraw_loop(self) -> None:
+        while not self._stop.wait(self.min_redraw):
+            with self._lock:
+                dirty = self._dirty
+            if dirty:
+                self._redraws.post(None)
+
+    def redraw(self) -> None:
+        """Draw the snapshots received since the last redraw (on the kernel's thread: it changes the figure)."""
+        on_kernel_thread(self._draw)
+
+    def _draw(self) -> None:
+        with self._lock:
+            if not self._dirty:
+                return
+            self._dirty = False
+            data = {key: {k: list(v) for k, v in series.items()} for key, series in self._series.items()}
+        with self.figure.batch_update():
+            for key, series in sorted(data.items()):
+                traces = self._traces.get(key) or self._add_traces(key)
+                x = [time.strftime("%H:%M:%S", time.localtime(t / 1000)) for t in series["t"]]
+                for name, index in traces.items():
+                    self.figure.data[index].x = x
+                    self.figure.data[index].y = series[name]
+
+    def _add_traces(self, key: tuple[str, str]) -> dict[str, int]:
+        colour = PALETTE[len(self._traces) % len(PALETTE)]
+        label = f"{key[0]} v{key[1]}"
+        traces = {}
+        rows = [
+            ("p50", 1, "solid", True),
+            ("p95", 1, "dash", False),
+            ("p99", 1, "dot", False),
+            ("rps", 2, "solid", False),
+            ("batch", 3, "solid", False),
+        ]
+        if self.cache_row:
+            rows.append(("cache", 4, "solid", False))
+        for name, row, dash, legend in rows:
+            self.figure.add_scatter(
+                x=[],
+                y=[],
+                mode="lines",
+                name=label,
+                legendgroup=label,
+                showlegend=legend,
+                line={"color": colour, "dash": dash},
+                row=row,
+                col=1,
+            )
+            traces[name] = len(self.figure.data) - 1
+        self._traces[key] = traces
+        return traces
+
+    def points(self, model: str, version: int | str) -> int:
+        """How many snapshots the chart holds for a model version."""
+        with self._lock:
+            series = self._series.get((model, str(version)))
+            return len(series["t"]) if series else 0
