@@ -16,7 +16,7 @@ from typing import Any
 import grpc
 import pytest
 import requests
-from tests.test_cli import workbench_env
+from test_cli import workbench_env
 
 from tests.waiting import wait_until
 from workbench import demo
