@@ -260,7 +260,7 @@ def save_small_cnn(export_dir: Path, channels: tuple[int, int] = (32, 64), seed:
 
 
 def load_row(server: str, result: Any, **extra: Any) -> dict[str, Any]:
-    """One result table row from a :class:`workbench.bench.BenchResult`: rate, p50, p99 and errors."""
+    """One result table row from a :class:`workbench.client.bench.BenchResult`: rate, p50, p99 and errors."""
     return {
         "server": server,
         "protocol": result.protocol,

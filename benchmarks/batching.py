@@ -45,7 +45,7 @@ from _common import (  # noqa: E402
     write_config,
 )
 
-from workbench.bench import format_table, grpc_predict_bytes, run_load  # noqa: E402
+from workbench.client.bench import format_table, grpc_predict_bytes, run_load  # noqa: E402
 from workbench.demo import save_half_plus_two  # noqa: E402
 
 

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from _common import ServeProcess, save_mnist_mlp, save_results, write_config  # noqa: E402
 
-from workbench.bench import format_table, run_load  # noqa: E402
+from workbench.client.bench import format_table, run_load  # noqa: E402
 from workbench.demo import save_half_plus_two  # noqa: E402
 
 

@@ -64,7 +64,7 @@ from _common import (  # noqa: E402
     write_config,
 )
 
-from workbench.bench import run_load  # noqa: E402
+from workbench.client.bench import run_load  # noqa: E402
 
 REQUEST_PATH_CLIENTS = (1, 32)
 REQUEST_PATH_ROUNDS = 5  # alternating measurements of each request-path row; the row is the median

@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from _common import ServeProcess, free_port, save_results, stop_process  # noqa: E402
 
-from workbench.bench import format_table, run_load  # noqa: E402
+from workbench.client.bench import format_table, run_load  # noqa: E402
 
 PLATFORMS = ("tensorflow", "sklearn", "xgboost", "lightgbm", "onnx")
 CONCURRENCY = 32

@@ -68,7 +68,7 @@ from _common import (  # noqa: E402
 )
 from frontends import in_process_median_ms  # noqa: E402
 
-from workbench.bench import format_table, grpc_predict_bytes, run_load  # noqa: E402
+from workbench.client.bench import format_table, grpc_predict_bytes, run_load  # noqa: E402
 from workbench.demo import save_half_plus_two  # noqa: E402
 
 # The HTTP servers the REST rows compare: granian where it is installed (the bench extra).

@@ -19,7 +19,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from workbench.bench import DEFAULT_CONCURRENCY, DEFAULT_DURATION_S, DEFAULT_PROTOCOL, GRPC_PROTOCOLS, PROTOCOLS
+from workbench.client.bench import DEFAULT_CONCURRENCY, DEFAULT_DURATION_S, DEFAULT_PROTOCOL, GRPC_PROTOCOLS, PROTOCOLS
 from workbench.config.vocabulary import BoolFlag, HelpFormatter, canonical_options, did_you_mean, unrecognized_option
 
 if TYPE_CHECKING:
@@ -601,8 +601,8 @@ def _bench(args: argparse.Namespace) -> int:
 
     import numpy as np
 
-    from workbench.bench import format_table, input_dtypes, resolve_load, run_load
     from workbench.client import ClientTLS
+    from workbench.client.bench import format_table, input_dtypes, resolve_load, run_load
 
     try:  # usage mistakes: exit 2, as argparse's own
         duration, requests = resolve_load(args.concurrency, args.duration, args.requests)

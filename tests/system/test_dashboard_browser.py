@@ -34,7 +34,7 @@ CELLS = [
     "server.client.canary('half_plus_two', 2, 0.3)  # and v2 the canary, with 30% of the traffic\n"
     "server",
     "from workbench.notebook.widgets import Dashboard\ndashboard = Dashboard(server, window_seconds=30)\ndashboard",
-    "from workbench.bench import run_load\n"
+    "from workbench.client.bench import run_load\n"
     "load = threading.Thread(target=run_load, args=(server.grpc_target, 'grpc', 'half_plus_two',\n"
     "    {'x': np.ones((1, 1), np.float32)}), kwargs={'concurrency': 16, 'duration': 60}, daemon=True)\n"
     "load.start()",

@@ -35,7 +35,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
 ]
 # Beside the floors, for people and their tools: they stand on runtime, core, protocol and config, on each other, and
 # on the public API (PUBLIC), never on the engine's floors, also not through a module they import.
-SIDE = ("workbench.client", "workbench.bench", "workbench.notebook", "workbench.jupyter", "workbench.request_log")
+SIDE = ("workbench.client", "workbench.notebook", "workbench.jupyter", "workbench.request_log")
 PUBLIC = ("workbench.export", "workbench.server", "workbench.ray", "workbench.demo", "workbench.deploy.manifests")
 GROUND = ("runtime", "core", "protocol", "config")
 ENTRY = ("workbench", "workbench.__main__")  # the package's face and `python -m workbench`: import anything
@@ -226,7 +226,7 @@ target, protocol = sys.argv[1], sys.argv[2]
 client = Client(target, protocol=protocol) if protocol == "rest" else Client(None, target, protocol=protocol)
 answer = client.predict("hp", [[1.0], [2.0]])
 if protocol == "grpc":  # and the load generator's request, built without TensorFlow too
-    from workbench.bench import run_load
+    from workbench.client.bench import run_load
     import numpy as np
     assert run_load(target, "grpc", "hp", {"x": np.ones((1, 1), np.float32)}, requests=5).errors == 0
 print(json.dumps({

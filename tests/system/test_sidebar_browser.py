@@ -39,7 +39,7 @@ CELLS = [
     "%serve promote half_plus_two 1",
     # A little traffic, so that the sparklines have something to draw.
     "import threading, numpy as np\n"
-    "from workbench.bench import run_load\n"
+    "from workbench.client.bench import run_load\n"
     "threading.Thread(target=run_load, args=(server.grpc_target, 'grpc', 'half_plus_two',\n"
     "    {'x': np.ones((1, 1), np.float32)}), kwargs={'concurrency': 1, 'duration': 90}, daemon=True).start()",
     # Run only after Promote in the sidebar: the notebook sees the version the sidebar made stable.

@@ -22,8 +22,8 @@ from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 from waiting import wait_until
 
-from workbench.bench import BenchResult, run_load_async
 from workbench.client import Prediction
+from workbench.client.bench import BenchResult, run_load_async
 from workbench.notebook import magics
 from workbench.notebook.handle import ServerHandle, models_table_text, running_servers
 from workbench.runtime.loop import new_event_loop

@@ -14,8 +14,8 @@ import pytest
 from waiting import model_config_text, wait_until
 
 from workbench import cli
-from workbench.bench import run_load
 from workbench.client import Client, Prediction
+from workbench.client.bench import run_load
 from workbench.config.options import ServerOptions
 from workbench.core.errors import Code, ServingError
 from workbench.notebook.widgets import LoadPanel, QueryPanel

@@ -24,9 +24,9 @@ from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
 import workbench
-from workbench import bench, cli
-from workbench.bench import DEFAULT_CONCURRENCY, DEFAULT_DURATION_S, DEFAULT_PROTOCOL, resolve_load, run_load
-from workbench.client import Client
+from workbench import cli
+from workbench.client import Client, bench
+from workbench.client.bench import DEFAULT_CONCURRENCY, DEFAULT_DURATION_S, DEFAULT_PROTOCOL, resolve_load, run_load
 from workbench.config.vocabulary import SERVER_KEYWORD_ALIASES
 from workbench.notebook.handle import ServerHandle
 from workbench.notebook.magics import parse_arguments

@@ -36,7 +36,7 @@ from test_drain import (  # noqa: F401 - gated_model and gated are fixtures
 from waiting import wait_until
 
 import workbench
-from workbench.bench import run_load
+from workbench.client.bench import run_load
 from workbench.deploy.workers import resolve_num_workers
 
 CONNECTIONS = 24  # new connections per check: both workers get some (each misses with odds 2 ** -24)

@@ -57,7 +57,7 @@ class LoadPanel(Part):
         display(self.widget)
 
     def _go(self) -> None:
-        from workbench.bench import format_table, run_load
+        from workbench.client.bench import format_table, run_load
 
         model, clients, seconds, protocol = (
             self.model.value,

@@ -23,7 +23,7 @@ from IPython.core.magic import Magics, line_magic, magics_class, no_var_expand
 from IPython.core.magic_arguments import argument, kwds, magic_arguments
 from IPython.utils.process import arg_split
 
-from workbench.bench import (
+from workbench.client.bench import (
     DEFAULT_CONCURRENCY,
     DEFAULT_DURATION_S,
     DEFAULT_PROTOCOL,
@@ -573,7 +573,7 @@ class ServeMagics(Magics):
         )
 
     def _bench(self, args: Any) -> Any:
-        from workbench.bench import format_table, run_load
+        from workbench.client.bench import format_table, run_load
 
         duration, requests = resolve_load(args.concurrency, args.duration, args.requests)  # ValueError: usage
         handle = self._server(args.server_name)

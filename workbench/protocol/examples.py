@@ -6,15 +6,13 @@ here once. The protos come from ``tensorflow-serving-api``/``tensorflow`` and ne
 
 from __future__ import annotations
 
-import base64
 import binascii
 import math
 from typing import Any
 
 from workbench.core.errors import invalid_argument
+from workbench.protocol.bytes_codec import from_b64, is_b64
 from workbench.protocol.json_tensor import (
-    B64,
-    _is_b64,
     _json_type,
     dumps_value,
     parse_body,
@@ -33,7 +31,7 @@ def _feature_kind_error(name: str, kind: str) -> Exception:
 
 def _add_value(feature: Any, name: str, value: Any) -> None:
     kind = feature.WhichOneof("kind")
-    if value is None or isinstance(value, list) or (isinstance(value, dict) and not _is_b64(value)):
+    if value is None or isinstance(value, list) or (isinstance(value, dict) and not is_b64(value)):
         raise invalid_argument(f"Feature: {name} has element with unexpected JSON type: {_json_type(value)}")
     if isinstance(value, bool):
         if kind not in (None, "int64_list"):
@@ -46,7 +44,7 @@ def _add_value(feature: Any, name: str, value: Any) -> None:
             feature.bytes_list.value.append(value.encode("utf-8"))
         else:
             try:
-                feature.bytes_list.value.append(base64.b64decode(value[B64], validate=True))
+                feature.bytes_list.value.append(from_b64(value))
             except (binascii.Error, ValueError):
                 raise invalid_argument("Unable to base64 decode") from None
     elif isinstance(value, float):

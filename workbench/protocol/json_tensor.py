@@ -4,11 +4,14 @@ Pure translation, no sockets and no model: the REST frontend hands in the body a
 specs; the rules and messages are those of TF Serving's ``json_tensor.cc``. Numbers take a numpy fast path;
 anything numpy refuses (ragged lists, wrong JSON types) is re-walked element by element to say exactly where
 the request is wrong.
+
+One module of ~460 lines on purpose: it is the counterpart of that one C++ file (requests and responses share its
+``Format``, ``dumps`` and float rules), and the REST front end and the tests reach it as ``json_tensor.*``. Bytes as
+``{"b64": ...}`` are :mod:`workbench.protocol.bytes_codec`'s.
 """
 
 from __future__ import annotations
 
-import base64
 import binascii
 import enum
 import json
@@ -21,8 +24,8 @@ import orjson
 
 from workbench.core.errors import invalid_argument
 from workbench.core.signatures import TensorSpec, describe_inputs, input_error
+from workbench.protocol.bytes_codec import from_b64, is_b64, to_b64
 
-B64 = "b64"
 BYTES_SUFFIX = "_bytes"
 
 
@@ -63,10 +66,6 @@ def signature_name_of(doc: Mapping[str, Any]) -> str:
             f"JSON Value: {dumps_value(doc)} not formatted correctly. 'signature_name' key must be a string value."
         )
     return name
-
-
-def _is_b64(value: Any) -> bool:
-    return isinstance(value, dict) and len(value) == 1 and isinstance(value.get(B64), str)
 
 
 def _json_type(value: Any) -> str:
@@ -122,7 +121,7 @@ def _sent_names(doc: Mapping[str, Any]) -> tuple[str, ...]:
     value = doc.get("inputs") if "inputs" in doc else None
     if value is None and isinstance(doc.get("instances"), list) and doc["instances"]:
         value = doc["instances"][0]
-    return tuple(value) if isinstance(value, dict) and not _is_b64(value) else ()
+    return tuple(value) if isinstance(value, dict) and not is_b64(value) else ()
 
 
 def _decode_instances(doc: Mapping[str, Any], specs: Mapping[str, TensorSpec], fast: bool) -> dict[str, np.ndarray]:
@@ -132,7 +131,7 @@ def _decode_instances(doc: Mapping[str, Any], specs: Mapping[str, TensorSpec], f
     if not instances:
         raise invalid_argument(f"JSON Value: {dumps_value(doc)} No values in 'instances' array")
     first = instances[0]
-    objects = isinstance(first, dict) and not _is_b64(first)
+    objects = isinstance(first, dict) and not is_b64(first)
     if not objects:
         if len(specs) > 1:
             raise invalid_argument(
@@ -141,7 +140,7 @@ def _decode_instances(doc: Mapping[str, Any], specs: Mapping[str, TensorSpec], f
             )
         ((name, spec),) = specs.items()
         for i, item in enumerate(instances):
-            if isinstance(item, dict) and not _is_b64(item):
+            if isinstance(item, dict) and not is_b64(item):
                 raise input_error(
                     spec, f"an object at item {i}", f"Expecting value/list but got object at item {i} of input list"
                 )
@@ -150,7 +149,7 @@ def _decode_instances(doc: Mapping[str, Any], specs: Mapping[str, TensorSpec], f
     names = sorted(specs)
     columns: dict[str, list[Any]] = {name: [] for name in names}
     for i, item in enumerate(instances):
-        if not isinstance(item, dict) or _is_b64(item):
+        if not isinstance(item, dict) or is_b64(item):
             raise invalid_argument(
                 f"Expecting object but got list at item {i} of input list. Signature inputs: {describe_inputs(specs)}."
             )
@@ -173,7 +172,7 @@ def _decode_instances(doc: Mapping[str, Any], specs: Mapping[str, TensorSpec], f
 
 
 def _decode_inputs(value: Any, specs: Mapping[str, TensorSpec], fast: bool) -> dict[str, np.ndarray]:
-    if not isinstance(value, dict) or _is_b64(value):
+    if not isinstance(value, dict) or is_b64(value):
         if len(specs) > 1:
             raise invalid_argument(
                 "inputs is a plain value/list, but expecting an object as multiple input tensors required as "
@@ -366,13 +365,13 @@ def _leaf(v: Any, spec: TensorSpec) -> Any:
         if isinstance(v, str):
             return v.encode("utf-8")
         if isinstance(v, dict):
-            if not _is_b64(v):
+            if not is_b64(v):
                 raise _Unfit(
                     'an object other than {"b64": "..."}',
                     f"JSON Value: {dumps_value(v)} not formatted correctly for base64 data",
                 )
             try:
-                return base64.b64decode(v[B64], validate=True)
+                return from_b64(v)
             except (binascii.Error, ValueError):
                 raise _Unfit("invalid base64", "Unable to base64 decode") from None
         raise _type_error(v, spec)
@@ -424,7 +423,7 @@ def _strings(value: Any, as_b64: bool) -> Any:
             return value.decode("utf-8")
         except UnicodeDecodeError:
             pass  # not text: send it losslessly rather than as invalid JSON
-    return {B64: base64.b64encode(value).decode("ascii")}
+    return to_b64(value)
 
 
 def dumps(obj: Any) -> bytes:

@@ -5,10 +5,10 @@ bytes beat JSON numbers (a JSON header, then the raw tensors; ``Inference-Header
 header ends), and gRPC's ``ModelInferRequest`` with ``raw_input_contents``, the form tritonclient sends. Answers are
 read back from JSON ``data``, from raw bytes after a JSON header, or from a ``ModelInferResponse``'s raw or typed
 contents, whichever the server chose. BYTES tensors travel as Triton does (each element a 4-byte little-endian
-length and its bytes), through tritonclient's own serializer.
+length and its bytes: :mod:`workbench.protocol.bytes_codec`).
 
-Pure translation: no sockets here (the :class:`~workbench.client.Client` and :mod:`workbench.bench` send what this
-builds), and no TensorFlow.
+Pure translation: no sockets here (the :class:`~workbench.client.Client` and :mod:`workbench.client.bench` send
+what this builds), and no TensorFlow.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import orjson
 
 from workbench.core.errors import Code, ServingError
 from workbench.core.signatures import DEFAULT_SIGNATURE, PREDICT_METHOD, Signature, TensorSpec
+from workbench.protocol.bytes_codec import MalformedBytes, pack_bytes, unpack_bytes
 from workbench.protocol.v2_types import BYTES, to_datatype, to_numpy_dtype
 
 HEADER_LENGTH = "Inference-Header-Content-Length"  # Triton's binary extension: the JSON header's length in bytes
@@ -63,20 +64,16 @@ def answered_version(model_version: str) -> int | None:
 def to_raw(array: np.ndarray) -> bytes:
     """A tensor's raw form: row-major little-endian elements, or BYTES' length-prefixed elements."""
     if to_datatype(array.dtype) == BYTES:
-        from tritonclient.utils import serialize_byte_tensor
-
-        return serialize_byte_tensor(array).item() if array.size else b""
+        return pack_bytes(array)
     return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
 
 
 def from_raw(buffer: bytes | memoryview, datatype: str, shape: Sequence[int]) -> np.ndarray:
     """The array a raw tensor holds; a size that does not fit the shape is DATA_LOSS (the answer is damaged)."""
     if datatype == BYTES:
-        from tritonclient.utils import deserialize_bytes_tensor
-
         try:
-            flat = deserialize_bytes_tensor(bytes(buffer))
-        except Exception as exc:  # struct.error: a length prefix that runs past the end
+            flat = unpack_bytes(buffer)
+        except MalformedBytes as exc:
             raise ServingError(Code.DATA_LOSS, f"a BYTES tensor's raw data is malformed: {exc}") from None
     else:
         dtype = to_numpy_dtype(datatype).newbyteorder("<")

@@ -14,7 +14,6 @@ empty buffer (:mod:`workbench.protocol.v2_shared_memory`). Everything here is pu
 from __future__ import annotations
 
 import math
-import struct
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -24,6 +23,7 @@ from tritonclient.grpc import service_pb2
 from workbench.core.errors import Code, ServingError, invalid_argument
 from workbench.core.signatures import shape_text
 from workbench.protocol import v2_shared_memory, v2_types
+from workbench.protocol.bytes_codec import TruncatedElement, TruncatedLength, pack_bytes, unpack_bytes
 from workbench.protocol.v2_shared_memory import SharedMemory, SharedTensor
 
 # The typed ``InferTensorContents`` field of each datatype, and the numpy type its values arrive in (protobuf
@@ -45,7 +45,6 @@ _CONTENTS: dict[str, tuple[str, np.dtype[Any]]] = {
 _CONTENTS_FIELDS = tuple(dict.fromkeys(field for field, _ in _CONTENTS.values()))
 # Triton's extension that post-processes outputs, which workbench does not implement.
 _UNSUPPORTED_PARAMETERS = {"classification": "the classification extension"}
-_LENGTH = struct.Struct("<I")
 
 
 def decode_inputs(request: Any, shared_memory: SharedMemory | None = None) -> dict[str, np.ndarray]:
@@ -134,35 +133,19 @@ def infer_response(
     return response
 
 
-def pack_bytes(value: np.ndarray) -> bytes:
-    """A BYTES tensor in raw form: each element (row-major) as a 4-byte little-endian length and its bytes."""
-    parts: list[bytes] = []
-    for element in value.ravel():
-        data = element if isinstance(element, bytes) else str(element).encode()
-        parts += (_LENGTH.pack(len(data)), data)
-    return b"".join(parts)
-
-
-def unpack_bytes(buffer: bytes, shape: tuple[int, ...], name: str) -> np.ndarray:
+def _bytes_input(buffer: bytes, shape: tuple[int, ...], name: str) -> np.ndarray:
     """A raw BYTES buffer of input ``name`` as a numpy ``object`` array of ``shape`` holding ``bytes``."""
-    elements: list[bytes] = []
-    view, offset = memoryview(buffer), 0
-    while offset < len(view):
-        if offset + _LENGTH.size > len(view):
-            raise invalid_argument(f'Input "{name}": its raw BYTES data ends inside an element\'s 4-byte length')
-        (length,) = _LENGTH.unpack_from(view, offset)
-        offset += _LENGTH.size
-        if offset + length > len(view):
-            raise invalid_argument(
-                f'Input "{name}": a raw BYTES element says it has {length} bytes, but only {len(view) - offset} remain'
-            )
-        elements.append(bytes(view[offset : offset + length]))
-        offset += length
+    try:
+        elements = unpack_bytes(buffer)
+    except TruncatedLength:
+        raise invalid_argument(f'Input "{name}": its raw BYTES data ends inside an element\'s 4-byte length') from None
+    except TruncatedElement as exc:
+        raise invalid_argument(
+            f'Input "{name}": a raw BYTES element says it has {exc.length} bytes, but only {exc.remaining} remain'
+        ) from None
     if len(elements) != math.prod(shape):
         raise _count_mismatch(name, shape, len(elements))
-    array = np.empty(len(elements), dtype=object)
-    array[:] = elements
-    return array.reshape(shape)
+    return elements.reshape(shape)
 
 
 def _place(parameters: Mapping[str, Any], what: str) -> SharedTensor | None:
@@ -193,7 +176,7 @@ def _decode(tensor: Any, raw: bytes | None) -> np.ndarray:
         if sent_contents:
             raise invalid_argument(f'Input "{name}" is sent both in contents and in raw_input_contents')
         if datatype == v2_types.BYTES:
-            return unpack_bytes(raw, shape, name)
+            return _bytes_input(raw, shape, name)
         if len(raw) != count * dtype.itemsize:
             raise invalid_argument(
                 f'Input "{name}": shape {shape_text(shape)} of {datatype} takes {count * dtype.itemsize} bytes '

@@ -17,9 +17,7 @@ output's go there (:mod:`workbench.protocol.v2_shared_memory`); such an output i
 
 from __future__ import annotations
 
-import base64
 import dataclasses
-import struct
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -29,6 +27,7 @@ import orjson
 from workbench.core.errors import invalid_argument
 from workbench.core.signatures import TensorSpec
 from workbench.protocol import v2_shared_memory
+from workbench.protocol.bytes_codec import TruncatedElement, TruncatedLength, from_b64, is_b64, pack_bytes, unpack_bytes
 from workbench.protocol.json_tensor import parse_body
 from workbench.protocol.v2_shared_memory import SharedMemory, SharedTensor
 from workbench.protocol.v2_types import BYTES, impossible_shape, to_datatype, to_numpy_dtype
@@ -38,7 +37,6 @@ BINARY_DATA_SIZE = "binary_data_size"
 BINARY_DATA = "binary_data"
 BINARY_DATA_OUTPUT = "binary_data_output"
 
-_LENGTH = struct.Struct("<I")
 # JSON arrays orjson writes straight from numpy (OPT_SERIALIZE_NUMPY); others go through tolist().
 _ORJSON_NUMPY_KINDS = frozenset("biuf")
 
@@ -232,22 +230,17 @@ def _from_raw(name: str, raw: memoryview, shape: tuple[int, ...], datatype: str)
 
 
 def _bytes_from_raw(name: str, raw: memoryview, shape: tuple[int, ...], count: int) -> np.ndarray:
-    values: list[bytes] = []
-    offset, end = 0, len(raw)
-    while offset < end:
-        if offset + 4 > end:
-            raise invalid_argument(f'Input "{name}": binary BYTES data ends inside an element\'s 4-byte length')
-        (length,) = _LENGTH.unpack_from(raw, offset)
-        offset += 4
-        if offset + length > end:
-            raise invalid_argument(f'Input "{name}": a BYTES element of {length} bytes runs past its binary data')
-        values.append(bytes(raw[offset : offset + length]))
-        offset += length
+    try:
+        values = unpack_bytes(raw)
+    except TruncatedLength:
+        raise invalid_argument(f'Input "{name}": binary BYTES data ends inside an element\'s 4-byte length') from None
+    except TruncatedElement as exc:
+        raise invalid_argument(
+            f'Input "{name}": a BYTES element of {exc.length} bytes runs past its binary data'
+        ) from None
     if len(values) != count:
         raise _shape_error(name, shape, f"its binary data holds {len(values)} BYTES elements")
-    array = np.empty(count, dtype=object)
-    array[:] = values
-    return array.reshape(shape)
+    return values.reshape(shape)
 
 
 def _from_json(name: str, data: Any, shape: tuple[int, ...], datatype: str) -> np.ndarray:
@@ -309,9 +302,9 @@ def _flatten_bytes(name: str, data: list[Any], into: list[bytes]) -> tuple[int, 
     for item in data:
         if isinstance(item, str):
             into.append(item.encode())
-        elif isinstance(item, dict) and isinstance(item.get("b64"), str) and len(item) == 1:
+        elif is_b64(item):
             try:
-                into.append(base64.b64decode(item["b64"], validate=True))
+                into.append(from_b64(item))
             except ValueError:
                 raise invalid_argument(f'Input "{name}": {_short(item)} is not valid base64') from None
         else:
@@ -377,12 +370,7 @@ def encode_infer_response(
 
 def _raw(value: np.ndarray, datatype: str) -> bytes:
     if datatype == BYTES:
-        parts = []
-        for item in value.reshape(-1):
-            data = item if isinstance(item, bytes) else str(item).encode()
-            parts.append(_LENGTH.pack(len(data)))
-            parts.append(data)
-        return b"".join(parts)
+        return pack_bytes(value)
     return np.ascontiguousarray(value, dtype=value.dtype.newbyteorder("<")).tobytes()
 
 

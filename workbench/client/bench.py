@@ -22,8 +22,9 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-from workbench.client import GRPC_PROTOCOLS, V2_PROTOCOLS, ClientTLS, canonical_protocol
-from workbench.client import PROTOCOLS as PROTOCOLS  # the front ends' --protocol choices, with their defaults here
+from workbench.client.protocols import GRPC_PROTOCOLS, V2_PROTOCOLS, canonical_protocol
+from workbench.client.protocols import PROTOCOLS as PROTOCOLS  # the front ends' --protocol choices, defaults here
+from workbench.client.tls import ClientTLS
 from workbench.config.vocabulary import renamed_keywords
 from workbench.core.signatures import DEFAULT_SIGNATURE
 from workbench.protocol import v2_client as v2
@@ -335,7 +336,7 @@ def input_dtypes(
     target: str, protocol: str, model: str, signature_name: str = "", tls: ClientTLS | None = None
 ) -> dict[str, np.dtype[Any]]:
     """The signature's input dtypes, read from the server's metadata (so JSON numbers get the right type)."""
-    from workbench.client import Client
+    from workbench.client.facade import Client
 
     grpc = canonical_protocol(protocol) in GRPC_PROTOCOLS
     url = None if grpc else (target if "://" in target else f"http://{target}")
