@@ -2,7 +2,7 @@
 
 The public face: :func:`serve` (a server process of the kernel), :func:`export` (a model → the next numbered
 version), :class:`Client` (REST/gRPC with numpy), and ``%load_ext workbench`` for the ``%serve`` magics.
-Everything is imported lazily: ``import workbench`` must not pull in TensorFlow.
+Everything is imported lazily: ``import workbench`` must not pull in TensorFlow, nor any other workbench module.
 """
 
 from __future__ import annotations
@@ -11,16 +11,15 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-# Bound eagerly (it imports only numpy at module level): a lazy binding would be shadowed by the submodule
-# ``workbench.export`` itself the first time anything imports it.
-from workbench.export import ExportError, export
-
+# Every name below is bound on first use (PEP 562): ``import workbench`` imports no other workbench module. Exporting
+# lives in ``workbench.publishing``: a submodule ``workbench.export`` would shadow the function once imported.
 if TYPE_CHECKING:
     from workbench.client import Client
     from workbench.notebook.handle import ServerHandle, serve
     from workbench.notebook.widgets import Dashboard
     from workbench.platforms.pipeline import Pipeline, Step
     from workbench.platforms.python import PythonModel
+    from workbench.publishing import ExportError, export
 
 __all__ = [
     "Client",
@@ -38,6 +37,10 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
+    if name in ("export", "ExportError"):  # a model → the next numbered version (workbench.publishing)
+        from workbench import publishing
+
+        return getattr(publishing, name)
     if name == "Client":
         from workbench.client import Client
 

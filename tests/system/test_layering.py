@@ -31,12 +31,15 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("planes", ("workbench.planes",)),
     ("frontends", ("workbench.frontends",)),
     ("server", ("workbench.server",)),
-    ("cli and deploy", ("workbench.cli", "workbench.deploy", "workbench.ray", "workbench.export", "workbench.demo")),
+    (
+        "cli and deploy",
+        ("workbench.cli", "workbench.deploy", "workbench.ray", "workbench.publishing", "workbench.demo"),
+    ),
 ]
 # Beside the floors, for people and their tools: they stand on runtime, core, protocol and config, on each other, and
 # on the public API (PUBLIC), never on the engine's floors, also not through a module they import.
 SIDE = ("workbench.client", "workbench.notebook", "workbench.jupyter", "workbench.request_log")
-PUBLIC = ("workbench.export", "workbench.server", "workbench.ray", "workbench.demo", "workbench.deploy.manifests")
+PUBLIC = ("workbench.publishing", "workbench.server", "workbench.ray", "workbench.demo", "workbench.deploy.manifests")
 GROUND = ("runtime", "core", "protocol", "config")
 ENTRY = ("workbench", "workbench.__main__")  # the package's face and `python -m workbench`: import anything
 # The top floor (the CLI) may use the side packages too: `workbench bench` runs the load generator.
@@ -257,3 +260,28 @@ def test_a_client_predicts_without_importing_tensorflow(tmp_path: Path, model_st
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["y"] == [[2.5], [3.0]]
     assert result["tensorflow"] == []
+
+
+FACE_SCRIPT = """
+import json, sys
+import workbench
+loaded = sorted(m for m in sys.modules if m.startswith(("workbench.", "tensorflow.")) or m == "tensorflow")
+print(json.dumps({
+    "loaded": loaded,
+    "export": callable(workbench.export),
+    "ExportError": issubclass(workbench.ExportError, Exception),
+    "Client": isinstance(workbench.Client, type),
+    "PythonModel": isinstance(workbench.PythonModel, type),
+}))
+"""
+
+
+def test_the_package_face_imports_nothing_until_a_name_is_used() -> None:
+    """``import workbench`` (a notebook's first line) binds every public name lazily: it loads no other workbench
+    module, so neither the engine nor TensorFlow, and each name still resolves when first used."""
+    done = subprocess.run(
+        [sys.executable, "-c", FACE_SCRIPT], capture_output=True, text=True, timeout=120, cwd=REPO_ROOT
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result == {"loaded": [], "export": True, "ExportError": True, "Client": True, "PythonModel": True}

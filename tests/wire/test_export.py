@@ -18,9 +18,9 @@ from waiting import version_states, wait_until
 
 from workbench.core import inference
 from workbench.core.servable import Servable
-from workbench.export import ExportError, ExportResult, export
 from workbench.models import warmup
 from workbench.platforms.tensorflow import load_saved_model
+from workbench.publishing import ExportError, ExportResult, export
 
 RNG = np.random.default_rng(0)
 PIXELS = RNG.random((5, 64))  # float64 on purpose: export casts it to the signature's float32

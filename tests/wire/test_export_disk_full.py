@@ -25,7 +25,7 @@ import pytest
 import requests
 from waiting import wait_until
 
-from workbench.export import ExportError, export
+from workbench.publishing import ExportError, export
 from workbench.server import ServerThread
 
 FILESYSTEM_SIZE = "1m"

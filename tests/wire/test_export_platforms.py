@@ -17,8 +17,8 @@ from waiting import version_states, wait_until
 
 import workbench
 from workbench.client import Client
-from workbench.export import ExportError
 from workbench.models.warmup import WARMUP_FILE
+from workbench.publishing import ExportError
 
 
 @pytest.fixture(scope="module")

@@ -98,7 +98,7 @@ def test_exported_and_copied_models_appear(first, model_store):
         def serve(self, x: tf.Tensor) -> dict[str, tf.Tensor]:
             return {"tripled": 3.0 * x}
 
-    from workbench.export import export
+    from workbench.publishing import export
 
     exported = export(Triple(), "triple", first.repository)
     assert exported.version == 1
@@ -110,7 +110,7 @@ def test_exported_and_copied_models_appear(first, model_store):
 def test_workbench_export_stays_the_function_once_its_module_is_imported():
     import importlib
 
-    module = importlib.import_module("workbench.export")  # as `from workbench.export import ExportError` does
+    module = importlib.import_module("workbench.publishing")  # as `from workbench.publishing import ExportError` does
     assert callable(workbench.export), workbench.export
     assert workbench.export is module.export
 

@@ -334,7 +334,7 @@ def test_credentials_in_a_url_are_never_shown() -> None:
 def test_export_to_s3_is_served_by_both_replicas(pair: tuple[Path, list[Replica]], s3: Any) -> None:
     import tensorflow as tf
 
-    from workbench.export import export
+    from workbench.publishing import export
 
     class Affine(tf.Module):
         def __init__(self) -> None:

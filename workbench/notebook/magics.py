@@ -44,8 +44,8 @@ from workbench.notebook.handle import (
 )
 from workbench.runtime.tensorflow_runtime import quiet_tensorflow
 
-if TYPE_CHECKING:  # workbench.export is imported when first used: loading the extension stays cheap
-    from workbench.export import ExportResult
+if TYPE_CHECKING:  # workbench.publishing is imported when first used: loading the extension stays cheap
+    from workbench.publishing import ExportResult
 
 __all__ = ["ServeMagics", "ServingStatus", "load_ipython_extension"]
 
@@ -503,7 +503,7 @@ class ServeMagics(Magics):
         return ServingStatus(handle.models(), handle.server_name)
 
     def _export(self, args: Any) -> ServingStatus:
-        from workbench.export import ExportError, export
+        from workbench.publishing import ExportError, export
 
         handle = self._server(args.server_name)
         model = self._variable(args.model_var, "MODEL_VAR")

@@ -1,0 +1,154 @@
+"""Export a model from the notebook into a served model repository: ``export(model, "digits")``.
+
+The result is ``<model_repository>/<name>/<version>/``: a SavedModel with a ``serving_default`` signature and,
+when examples are given, ``assets.extra/tf_serving_warmup_requests``. A server polling ``<model_repository>/<name>``
+picks the new version up.
+
+Every export is built in a hidden folder inside ``<model_repository>/<name>`` (the server skips dot-folders), checked
+by loading it exactly the way the server will, and only then renamed to its number, so a server never sees a
+half-written or broken version, and a failed export leaves nothing behind.
+
+``model_repository`` may also be an object store (``s3://bucket/models``, ``gs://…``, any fsspec URL): the export is
+built and checked in a local temporary folder, then uploaded to ``<model_repository>/<name>/<version>/`` with
+``saved_model.pb`` last. Object stores have no rename; a server counts a version as present only once its
+``saved_model.pb`` exists, so it never sees a half-uploaded one.
+
+This module runs the steps; each has its own module: the SavedModel route (:mod:`.saved_model`), the other platforms'
+writers (:mod:`.writers`), the check and warmup (:mod:`.check`, :mod:`.warmup`), publishing under a number
+(:mod:`.versions`, :mod:`.store`) and a full disk (:mod:`.disk`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from workbench.config.vocabulary import renamed_keywords
+from workbench.publishing.check import write_warmup_and_verify
+from workbench.publishing.disk import bytes_under, examples_bytes, no_space_message, out_of_space, variables_bytes
+from workbench.publishing.errors import ExportError, one_line
+from workbench.publishing.saved_model import save, serving_functions
+from workbench.publishing.store import refuse_existing_in_store, store_of, upload
+from workbench.publishing.versions import check_name, check_version, publish, refuse_existing
+from workbench.publishing.writers import platform_writer
+from workbench.runtime.storage import is_remote, join
+from workbench.runtime.tensorflow_runtime import quiet_tensorflow
+
+if TYPE_CHECKING:  # only for annotations: importing TensorFlow at runtime is slow
+    from numpy.typing import ArrayLike
+
+__all__ = ["ExportResult", "export"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportResult:
+    """What :func:`export` wrote: the version folder and its signatures (name → ``(inputs) -> (outputs)``)."""
+
+    name: str
+    version: int
+    path: Path | str  # a URL (str) for a version exported to an object store
+    signatures: dict[str, str]
+    warmup_records: int
+
+    def __repr__(self) -> str:
+        return (
+            f"ExportResult(name={self.name!r}, version={self.version}, path='{self.path}', "
+            f"signatures={self.signatures!r}, warmup_records={self.warmup_records})"
+        )
+
+
+@renamed_keywords(repo="model_repository")  # the name before the vocabulary was made one
+def export(
+    model: Any,
+    name: str,
+    model_repository: str | os.PathLike[str] = "workbench-models",
+    version: int | None = None,
+    examples: Mapping[str, ArrayLike] | Sequence[Mapping[str, ArrayLike]] | ArrayLike | None = None,
+    signatures: Mapping[str, Any] | None = None,
+    format: str | None = None,  # noqa: A002 - the word users know (skl2onnx, Keras' export use it too)
+) -> ExportResult:
+    """Save ``model`` as version ``version`` (default: the next one) of ``<model_repository>/<name>``; check it serves.
+
+    ``model`` is a built Keras 3 model, a ``tf.Module`` whose ``tf.function`` (``serve``, ``serving_default``,
+    ``__call__`` or its only one) has an ``input_signature``, a ``tf.function`` with an ``input_signature``, or
+    a concrete function; ``signatures`` adds (or replaces) named signatures with such functions. It may also be a
+    scikit-learn estimator or pipeline, an XGBoost or LightGBM model, an ONNX model (``onnx.ModelProto``, bytes or
+    a path to a ``.onnx`` file), a :class:`workbench.PythonModel` class, or a pipeline description: each is written
+    in its platform's format (see :mod:`workbench.platforms`). ``format="onnx"`` converts a scikit-learn model to
+    ONNX with skl2onnx, where the estimator supports it.
+
+    ``examples`` — one dict of input alias → batch, a list of such dicts (one warmup request each, at most
+    1000), or a bare batch when ``serving_default`` has one input — are cast to the signature's types, written
+    as the version's warmup requests and run through the exported model before it is published.
+    """
+    check_name(name)
+    store = store_of(str(model_repository), name) if is_remote(model_repository) else None
+    # A store's export is built in a local temporary folder, then uploaded (object stores have no rename).
+    base = Path(tempfile.mkdtemp(prefix="workbench-export-")) if store else Path(model_repository).absolute() / name
+    if version is not None:
+        check_version(version)
+        if store is not None:
+            refuse_existing_in_store(name, store, version)
+        else:
+            refuse_existing(name, base, version)
+    staging = base / f".tmp-export-{uuid.uuid4().hex}"
+    # A model folder this export creates goes again if the export fails: a server polling the repository would
+    # otherwise list an empty model.
+    creates_base = store is None and not base.exists()
+    published = False
+    functions: dict[str, Any] = {}
+    # What TensorFlow logs while it imports, traces, saves, loads and runs the export ("Assets written to ...",
+    # optimizer notices) is about workbench's work, not the user's: the cell shows the result, or the error.
+    with quiet_tensorflow():
+        try:
+            # Understood before mkdir: a model nobody can export makes nothing.
+            write = platform_writer(model, format, signatures, examples)
+            if write is None:
+                functions, trackables = serving_functions(model, signatures)
+            try:
+                base.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise ExportError(f"Cannot create the model folder {base}: {exc}") from exc
+            if write is None:
+                save(functions, trackables, staging)
+            else:
+                staging.mkdir()
+                write(staging)
+            described, records = write_warmup_and_verify(name, staging, examples)
+            if store is not None:
+                final_version = upload(name, store, staging, version)
+            else:
+                final_version = publish(name, base, staging, version)
+            published = True
+        except Exception as exc:
+            if out_of_space(exc):  # TensorFlow's or Python's, raw or already wrapped: one message that says so
+                needed = max(bytes_under(staging), variables_bytes(functions) + examples_bytes(examples))
+                shutil.rmtree(staging, ignore_errors=True)  # first, so the free space reported is the real one
+                raise ExportError(no_space_message(name, base, needed)) from exc
+            if isinstance(exc, ExportError):
+                raise
+            # A failure nobody foresaw still gets the one-line, cleaned-up treatment.
+            raise ExportError(f"Export of {name!r} failed: {one_line(exc)}") from exc
+        finally:
+            # Reached with staging still present only when something failed (or was interrupted).
+            if staging.exists():
+                shutil.rmtree(staging, ignore_errors=True)
+            if store is not None:
+                shutil.rmtree(base, ignore_errors=True)
+            elif creates_base and not published:
+                with contextlib.suppress(OSError):  # not empty: another export published meanwhile, keep it
+                    base.rmdir()
+    return ExportResult(
+        name=name,
+        version=final_version,
+        path=join(store.location, str(final_version)) if store is not None else base / str(final_version),
+        signatures=described,
+        warmup_records=records,
+    )
