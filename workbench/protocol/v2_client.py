@@ -22,8 +22,8 @@ import orjson
 
 from workbench.core.errors import Code, ServingError
 from workbench.core.signatures import DEFAULT_SIGNATURE, PREDICT_METHOD, Signature, TensorSpec
-from workbench.protocol.bytes_codec import MalformedBytes, pack_bytes, unpack_bytes
-from workbench.protocol.v2_types import BYTES, to_datatype, to_numpy_dtype
+from workbench.protocol.bytes_codec import MalformedBytes, unpack_bytes
+from workbench.protocol.v2_types import BYTES, raw_contents, to_datatype, to_numpy_dtype
 
 HEADER_LENGTH = "Inference-Header-Content-Length"  # Triton's binary extension: the JSON header's length in bytes
 INFER_METHOD = "/inference.GRPCInferenceService/ModelInfer"
@@ -63,9 +63,7 @@ def answered_version(model_version: str) -> int | None:
 # ------------------------------------------------------------------------------------------- raw tensors
 def to_raw(array: np.ndarray) -> bytes:
     """A tensor's raw form: row-major little-endian elements, or BYTES' length-prefixed elements."""
-    if to_datatype(array.dtype) == BYTES:
-        return pack_bytes(array)
-    return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
+    return raw_contents(array, to_datatype(array.dtype))
 
 
 def from_raw(buffer: bytes | memoryview, datatype: str, shape: Sequence[int]) -> np.ndarray:

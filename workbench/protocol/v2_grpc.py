@@ -23,7 +23,7 @@ from tritonclient.grpc import service_pb2
 from workbench.core.errors import Code, ServingError, invalid_argument
 from workbench.core.signatures import shape_text
 from workbench.protocol import v2_shared_memory, v2_types
-from workbench.protocol.bytes_codec import TruncatedElement, TruncatedLength, pack_bytes, unpack_bytes
+from workbench.protocol.bytes_codec import TruncatedElement, TruncatedLength, unpack_bytes
 from workbench.protocol.v2_shared_memory import SharedMemory, SharedTensor
 
 # The typed ``InferTensorContents`` field of each datatype, and the numpy type its values arrive in (protobuf
@@ -119,7 +119,7 @@ def infer_response(
         value = outputs[name]
         datatype = v2_types.to_datatype(value.dtype)
         output = response.outputs.add(name=name, datatype=datatype, shape=value.shape)
-        data = pack_bytes(value) if datatype == v2_types.BYTES else _little_endian(value)
+        data = v2_types.raw_contents(value, datatype)
         place = shared.get(name) if shared else None
         if place is not None:
             v2_shared_memory.write_output(shared_memory, place, name, data)
@@ -227,8 +227,3 @@ def _refuse_unsupported(parameters: Mapping[str, Any], what: str) -> None:
     for key, feature in _UNSUPPORTED_PARAMETERS.items():
         if key in parameters:
             raise ServingError(Code.UNIMPLEMENTED, f"The {what} asks for {feature}, which workbench does not implement")
-
-
-def _little_endian(value: np.ndarray) -> bytes:
-    """``value``'s elements, row-major, in little-endian order: the layout of v2 raw tensors."""
-    return value.astype(value.dtype.newbyteorder("<"), copy=False).tobytes()

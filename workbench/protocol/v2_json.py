@@ -27,10 +27,10 @@ import orjson
 from workbench.core.errors import invalid_argument
 from workbench.core.signatures import TensorSpec
 from workbench.protocol import v2_shared_memory
-from workbench.protocol.bytes_codec import TruncatedElement, TruncatedLength, from_b64, is_b64, pack_bytes, unpack_bytes
+from workbench.protocol.bytes_codec import TruncatedElement, TruncatedLength, from_b64, is_b64, unpack_bytes
 from workbench.protocol.json_tensor import parse_body
 from workbench.protocol.v2_shared_memory import SharedMemory, SharedTensor
-from workbench.protocol.v2_types import BYTES, impossible_shape, to_datatype, to_numpy_dtype
+from workbench.protocol.v2_types import BYTES, impossible_shape, raw_contents, to_datatype, to_numpy_dtype
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 BINARY_DATA_SIZE = "binary_data_size"
@@ -350,10 +350,10 @@ def encode_infer_response(
         datatype = to_datatype(value.dtype)
         entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(value.shape)}
         if asked is not None and asked.shared is not None:
-            v2_shared_memory.write_output(shared_memory, asked.shared, name, _raw(value, datatype))
+            v2_shared_memory.write_output(shared_memory, asked.shared, name, raw_contents(value, datatype))
             entry["parameters"] = asked.shared.parameters()
         elif binary:
-            data = _raw(value, datatype)
+            data = raw_contents(value, datatype)
             entry["parameters"] = {BINARY_DATA_SIZE: len(data)}
             raw.append(data)
         else:
@@ -366,12 +366,6 @@ def encode_infer_response(
     if not raw:
         return EncodedResponse(header, None)
     return EncodedResponse(b"".join((header, *raw)), len(header))
-
-
-def _raw(value: np.ndarray, datatype: str) -> bytes:
-    if datatype == BYTES:
-        return pack_bytes(value)
-    return np.ascontiguousarray(value, dtype=value.dtype.newbyteorder("<")).tobytes()
 
 
 def _json_data(name: str, value: np.ndarray, datatype: str) -> Any:

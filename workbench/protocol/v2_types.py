@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from workbench.core.errors import Code, ServingError
+from workbench.protocol.bytes_codec import pack_bytes
 
 BYTES = "BYTES"
 BF16 = "BF16"
@@ -82,3 +83,11 @@ def element_size(datatype: str) -> int:
     if datatype == BYTES:
         raise ValueError("BYTES elements have no fixed size")
     return to_numpy_dtype(datatype).itemsize
+
+
+def raw_contents(value: np.ndarray, datatype: str) -> bytes:
+    """A tensor's raw form, for every v2 edge: BYTES elements length-prefixed (:mod:`~workbench.protocol.bytes_codec`),
+    anything else its elements row-major in little-endian order (one copy)."""
+    if datatype == BYTES:
+        return pack_bytes(value)
+    return value.astype(value.dtype.newbyteorder("<"), copy=False).tobytes()
