@@ -9,7 +9,9 @@ serve: it waits, loaded, while they load, and a version that failed for lack of 
 (:mod:`~workbench.models.composites`).
 
 All state sits behind one lock, held only for bookkeeping: loads, unloads, reading and writing the routing state,
-and building JSON views all run off it. The records it guards are :mod:`~workbench.models.records`. Requests never
+and building JSON views all run off it. The records it guards are :mod:`~workbench.models.records`, held with the lock
+by :class:`~workbench.models.served.ServedModels`, the manager's base, which answers the queries on them (status,
+views, resolution); the manager is their one writer. Requests never
 take it: each model's :class:`~workbench.models.routes.Route` (its serving versions, labels and routing) is an
 immutable snapshot, replaced under the lock whenever one of those changes and read without it. A management change
 (promote, rollback, canary, load, unload) is a compare-and-write of the model's stored routing (``routing_state``),
@@ -26,16 +28,14 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 from workbench.config.options import ModelConfig
 from workbench.core.errors import Code, ServingError, from_exception
 from workbench.core.servable import Composite, Loader, Servable
 from workbench.models import composites
-from workbench.models.first_loads import FirstLoads
 from workbench.models.harness import Harness
 from workbench.models.records import DiskVersion, ModelRecord, VersionRecord, VersionState, VersionStatus
-from workbench.models.routes import Route, ServableHandle, check_labels, route_of
+from workbench.models.routes import ServableHandle, check_labels, route_of
 from workbench.models.routing import policy as decisions
 from workbench.models.routing.changes import RoutingChanges
 from workbench.models.routing.policy import Routing
@@ -45,7 +45,7 @@ from workbench.models.routing.store import (
     StoredRouting,
     routing_store_for,
 )
-from workbench.models.views import ModelSnapshot, describe_model, snapshot_of
+from workbench.models.served import ServedModels
 
 # Importers name these here: the manager's vocabulary, kept in its records and routes modules.
 __all__ = ["DiskVersion", "Manager", "ServableHandle", "VersionState", "VersionStatus"]
@@ -57,8 +57,8 @@ StateListener = Callable[[str, int, "VersionState"], None]
 RoutingStores = Callable[[str], RoutingStateStore]
 
 
-class Manager:
-    """The models' versions, loaded and routed."""
+class Manager(ServedModels):
+    """The models' versions, loaded and routed: the writer of the records :class:`ServedModels` reads."""
 
     def __init__(
         self,
@@ -72,22 +72,18 @@ class Manager:
     ) -> None:
         """``routing_stores(base_path)`` gives a model's routing store; ``initial_routing`` is each model's routing
         while its store holds none (an older workbench's state file, migrated on the first change)."""
+        super().__init__()
         self._loader = loader
         self._routing_stores = routing_stores
         self._initial_routing = dict(initial_routing or {})
         self._warmup = warmup
         self._allow_unavailable_labels = allow_labels_for_unavailable
-        self._lock = threading.RLock()
-        self._settled = threading.Condition(self._lock)
-        self._models: dict[str, ModelRecord] = {}
-        self._routes: dict[str, Route] = {}  # by model name; replaced (never changed) under the lock
         self._executor = ThreadPoolExecutor(max_workers=max(1, load_threads), thread_name_prefix="workbench-load")
         self._closed = False
         self._listeners: list[StateListener] = []
         self._change_locks: dict[str, threading.Lock] = {}  # routing changes: one change of a model at a time
         self._changes = RoutingChanges(self)  # for callers holding a manager alone (tests, in-process use)
         self._read_problems: dict[str, str] = {}  # model → the routing read error last logged (logged once)
-        self._first_loads = FirstLoads()  # see :meth:`when_first_loaded`
 
     # ----------------------------------------------------------------------------------------- config
     def set_models(self, configs: Iterable[ModelConfig]) -> None:
@@ -119,10 +115,6 @@ class Manager:
                     self._reconcile(model)
                     self._settle_first_load(model)
 
-    def configs(self) -> list[ModelConfig]:
-        with self._lock:
-            return [m.config for m in self._models.values() if not m.removed]
-
     def set_labels(self, labels_by_model: Mapping[str, Mapping[str, int]]) -> None:
         """Replace the version labels of the given models, all or nothing.
 
@@ -144,12 +136,6 @@ class Manager:
                     if settled is not None and settled.labels_pending:
                         settled.labels_pending = False
                         self._settle_first_load(settled)
-
-    def _live_model(self, name: str) -> ModelRecord:
-        model = self._models.get(name)
-        if model is None or model.removed:
-            raise ServingError(Code.NOT_FOUND, f"Model {name} is not in the server's config")
-        return model
 
     # ---------------------------------------------------------------------------------------- source
     def set_aspired_versions(
@@ -406,15 +392,6 @@ class Manager:
             self._live_model(name)  # an unknown name is NOT_FOUND here, and leaves no lock behind for each one sent
             return self._change_locks.setdefault(name, threading.Lock())
 
-    def config_labels(self, name: str) -> dict[str, int]:
-        """The model config file's version labels of ``name``."""
-        with self._lock:
-            return dict(self._live_model(name).labels)
-
-    def routing_store(self, name: str) -> RoutingStateStore:
-        with self._lock:
-            return self._live_model(name).store
-
     def reread_routing(self, name: str) -> StoredRouting:
         """Read ``name``'s stored routing afresh (no lock held), route by it unless a newer state arrived meanwhile
         or it cannot be read, and return what ``name`` routes by now."""
@@ -434,16 +411,6 @@ class Manager:
             model = self._models.get(name)
             if model is not None and model.store is store:
                 self._apply_routing(model, stored)
-
-    def available_versions(self, name: str) -> set[int]:
-        with self._lock:
-            return self._live_model(name).available()
-
-    def has_version(self, name: str, version: int) -> bool:
-        """Whether ``name`` has ``version``: loaded (or tried) here, or in its repository."""
-        with self._lock:
-            model = self._live_model(name)
-            return version in model.versions or version in model.on_disk
 
     @contextlib.contextmanager
     def hold_loaded(self, name: str, version: int, timeout: float) -> Iterator[None]:
@@ -501,148 +468,6 @@ class Manager:
 
     def unload_version(self, name: str, version: int, generation: int | None = None) -> None:
         self._changes.unload_version(name, version, generation)
-
-    # ---------------------------------------------------------------- first loads: requests that wait for them
-    def knows(self, name: str) -> bool:
-        """Whether ``name`` is one of the server's models (lock-free: asked on every v2 request)."""
-        model = self._models.get(name)
-        return model is not None and not model.removed
-
-    def dependents(self, name: str) -> set[str]:
-        """The models with a version (serving or waiting to) that runs on ``name``: its pipelines and handlers."""
-        with self._lock:
-            return composites.dependents(self._models, name)
-
-    def loading_first(self, name: str) -> bool:
-        """Whether ``name`` is configured and its first load is not over yet (lock-free: asked on every request).
-
-        A request for such a model waits for that load (:meth:`when_first_loaded`) instead of being told the model
-        does not exist, as TF Serving never says: it opens its ports only once the initial models have loaded.
-        """
-        return self._first_loads.loading(name)
-
-    def when_first_loaded(self, name: str, callback: Callable[[], None]) -> bool:
-        """Call ``callback()`` (from any thread, under the lock) once ``name``'s first load is over; False when it
-        already is (then ``callback`` is never called)."""
-        with self._lock:
-            return self._first_loads.when_over(name, callback)
-
-    def why_not_serving(self, name: str, version: int | None = None) -> str:
-        """Why a configured ``name`` (or its ``version``) does not serve: load errors or its source's problem
-        ("" when there is nothing to tell: an unknown model, or versions on their way)."""
-        with self._lock:
-            model = self._models.get(name)
-            if model is None or model.removed:
-                return ""
-            if model.source_error:
-                return f"its repository cannot be listed: {model.source_error}"
-            failed = {v: r.error.message for v, r in sorted(model.versions.items()) if r.error is not None}
-            if version is not None:
-                return f"version {version} failed to load: {failed[version]}" if version in failed else ""
-            if failed and not model.available():
-                return "; ".join(f"version {v} failed to load: {message}" for v, message in failed.items())
-            if model.scanned and not model.versions:
-                return "no version found in its base path"
-            return ""
-
-    # ----------------------------------------------------------------------------------------- views
-    def snapshots(self, name: str | None = None) -> list[ModelSnapshot]:
-        """Every model (or one) as plain data, copied under the lock; views are built from it without it."""
-        with self._lock:
-            if name is not None:
-                models = [self._live_model(name)]
-            else:
-                models = [m for _, m in sorted(self._models.items()) if not m.removed]
-            return [snapshot_of(m) for m in models]
-
-    def describe(self, name: str | None = None) -> list[dict[str, Any]]:
-        """Every model (or one) with its versions, states, labels, traffic shares and routing, JSON-ready."""
-        return [describe_model(snapshot) for snapshot in self.snapshots(name)]
-
-    # -------------------------------------------------------------------------------------- queries
-    def handle(self, name: str, version: int | None = None, label: str | None = None) -> ServableHandle:
-        """Hold the servable a request runs on until the request is answered (it cannot unload meanwhile)."""
-        return ServableHandle(self.resolve(name, version, label))
-
-    def resolve(self, name: str, version: int | None = None, label: str | None = None) -> Harness:
-        """The servable a request for (name, version or label) runs on, already acquired for the caller.
-
-        Lock-free: it reads the model's current :class:`~workbench.models.routes.Route`. A version leaves the route
-        (under the lock) before its unload starts, so when the harness refuses (it is unloading), a newer route is
-        already in place and resolution starts over from it. Callers release what they get.
-        """
-        route = self._routes.get(name)
-        if label is not None:
-            version = route.labels.get(label) if route is not None else None
-            if version is None:
-                raise ServingError(Code.INVALID_ARGUMENT, f"Unrecognized servable version label: {label}")
-        while route is not None:
-            chosen = route.pick() if version is None else route.serving.get(version)
-            if chosen is None:
-                break
-            if chosen.acquire():
-                return chosen
-            newer = self._routes.get(name)
-            route = newer if newer is not route else None
-        # TF Serving's words, which clients match on; then why, when the model is configured and failed to load.
-        wanted = f"Latest({name})" if version is None else f"Specific({name}, {version})"
-        why = self.why_not_serving(name, version)
-        raise ServingError(Code.NOT_FOUND, f"Servable not found for request: {wanted}" + (f": {why}" if why else ""))
-
-    def version_status(self, name: str, version: int | None = None) -> list[VersionStatus]:
-        """Versions of ``name``, newest first, as GetModelStatus reports them."""
-        with self._lock:
-            model = self._models.get(name)
-            records = list(model.versions.values()) if model is not None else []
-            problem = model.source_error if model is not None else ""
-        if problem and not records:  # e.g. a missing bucket: say so rather than "no versions"
-            raise ServingError(Code.NOT_FOUND, f"Could not find any versions of model {name}: {problem}")
-        if version is not None:
-            records = [r for r in records if r.version == version]
-            if not records:
-                raise ServingError(Code.NOT_FOUND, f"Could not find version {version} of model {name}")
-        elif not records:
-            raise ServingError(Code.NOT_FOUND, f"Could not find any versions of model {name}")
-        return [
-            VersionStatus(r.version, r.state, r.error, r.since)
-            for r in sorted(records, key=lambda r: r.version, reverse=True)
-        ]
-
-    def version_state(self, name: str, version: int) -> VersionState | None:
-        """The state of the current record of ``version`` (None: never loaded); a listener may call it."""
-        with self._lock:
-            model = self._models.get(name)
-            record = model.versions.get(version) if model is not None else None
-            return record.state if record is not None else None
-
-    def label_version(self, name: str, label: str) -> int:
-        with self._lock:
-            model = self._models.get(name)
-            version = model.label_map.get(label) if model is not None and not model.removed else None
-        if version is None:
-            raise ServingError(Code.INVALID_ARGUMENT, f"Unrecognized servable version label: {label}")
-        return version
-
-    def labels(self, name: str) -> dict[str, int]:
-        with self._lock:
-            model = self._models.get(name)
-            return dict(model.label_map) if model is not None else {}
-
-    def model_names(self) -> list[str]:
-        with self._lock:
-            return sorted(n for n, m in self._models.items() if not m.removed)
-
-    def _settled_locked(self) -> bool:
-        for model in self._models.values():
-            for record in model.versions.values():
-                if record.state in (VersionState.START, VersionState.LOADING, VersionState.UNLOADING):
-                    return False
-        return True
-
-    def wait_until_settled(self, timeout: float | None = None) -> bool:
-        """Block until no version is loading or unloading (True), or ``timeout`` passes (False)."""
-        with self._lock:
-            return self._settled.wait_for(self._settled_locked, timeout=timeout)
 
     def stop(self) -> None:
         with self._lock:

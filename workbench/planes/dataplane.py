@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from workbench.batching.scheduler import BatchScheduler, Interest, deadline_exceeded
-from workbench.batching.sequences import SequenceBatcher, SequenceId, SequenceRequest, missing_correlation_id
+from workbench.batching.sequences import SequenceRequest
 from workbench.config.batching_parameters import BatchingParameters
 from workbench.core import inference
 from workbench.core.errors import Code, ServingError
@@ -33,7 +33,9 @@ from workbench.observability.request_logger import RequestLogger
 from workbench.observability.stats import RollingStats
 from workbench.planes import decoupled
 from workbench.planes.calls import Call, ModelSpec, answering, expire, until_answered
+from workbench.planes.first_load_waits import FirstLoadWaits
 from workbench.planes.response_cache import ResponseCache, request_digest
+from workbench.planes.sequences import Sequences
 from workbench.planes.statistics import MetricTotals
 from workbench.protocol.v2_models import ModelStatistics, RepositoryRow
 
@@ -75,13 +77,10 @@ class Dataplane:
         (--wait_for_model_load_seconds; 0: not at all); ``status``: the server's own views."""
         self._manager = manager
         self._status = status or _alone()
-        self.first_load_wait = first_load_wait
+        self._first_load_waits = FirstLoadWaits(manager, first_load_wait)
         self.cache = cache  # Triton's response cache, for the models that opt in (None: none do)
-        # Per model whose first load is under way: the future its waiting requests share (one manager callback).
-        self._first_loads: dict[str, asyncio.Future[None]] = {}
         # Stateful models: a sequence batcher per version, and the version each sequence started on.
-        self._sequence_batchers: dict[tuple[str, int], SequenceBatcher] = {}
-        self._pinned: dict[tuple[str, SequenceId], int] = {}
+        self._sequences = Sequences(executor)
         self.metrics = metrics
         self.stats = stats
         self.scheduler = scheduler
@@ -89,6 +88,15 @@ class Dataplane:
         self._executor = executor
         self._batching_for = batching_for
         self._members = _Members(self)
+
+    @property
+    def first_load_wait(self) -> float:
+        """How long a request waits for its model's first load (--wait_for_model_load_seconds; 0: not at all)."""
+        return self._first_load_waits.first_load_wait
+
+    @first_load_wait.setter
+    def first_load_wait(self, seconds: float) -> None:
+        self._first_load_waits.first_load_wait = seconds
 
     # --------------------------------------------------------------------------------- resolution
     def request(self, spec: ModelSpec, api: str, protocol: str) -> Call:
@@ -104,7 +112,7 @@ class Dataplane:
         ``timeout`` seconds is answered DEADLINE_EXCEEDED and counted as refused."""
         if self._manager.loading_first(spec.name):
             try:
-                await self._first_load(spec.name, timeout)
+                await self._first_load_waits.wait(spec.name, timeout)
             except ServingError as exc:
                 self.refused(spec.name, api, protocol, exc)
                 raise
@@ -120,42 +128,7 @@ class Dataplane:
         :attr:`first_load_wait`; a model nobody named is not waited for.
         """
         if self._manager.loading_first(name):
-            await self._first_load(name, timeout)
-
-    async def _first_load(self, name: str, timeout: float | None) -> None:
-        if self.first_load_wait <= 0:  # told not to wait: answered as the model stands (NOT_FOUND while loading)
-            return
-        loop = asyncio.get_running_loop()
-        over = self._first_loads.get(name)
-        if over is None:
-            over = self._first_loads[name] = loop.create_future()
-
-            def settled() -> None:  # from a load thread, under the manager's lock
-                with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits any more
-                    loop.call_soon_threadsafe(self._first_load_over, name, over)
-
-            if not self._manager.when_first_loaded(name, settled):
-                self._first_load_over(name, over)
-        bound = self.first_load_wait if timeout is None else min(timeout, self.first_load_wait)
-        if over.done():
-            return
-        try:
-            await asyncio.wait_for(asyncio.shield(over), bound)
-        except asyncio.TimeoutError:
-            if timeout is not None and timeout <= self.first_load_wait:
-                raise ServingError(
-                    Code.DEADLINE_EXCEEDED, f"Model {name} is still loading: the request's deadline passed first"
-                ) from None
-            raise ServingError(
-                Code.UNAVAILABLE,
-                f"Model {name} is still loading after {self.first_load_wait:g}s (--wait_for_model_load_seconds)",
-            ) from None
-
-    def _first_load_over(self, name: str, over: asyncio.Future[None]) -> None:
-        if self._first_loads.get(name) is over:
-            del self._first_loads[name]
-        if not over.done():
-            over.set_result(None)
+            await self._first_load_waits.wait(name, timeout)
 
     def refused(self, model: str, api: str, protocol: str, error: ServingError) -> None:
         """Count a request refused before it named a servable (a frontend could not read its model or version)."""
@@ -286,28 +259,10 @@ class Dataplane:
         timeout: float | None,
         sequence: SequenceRequest | None,
     ) -> tuple[Signature, dict[str, np.ndarray]]:
-        """One request of a sequence of a stateful model, on the version the sequence started on (a promotion or a
-        canary since then does not move it), through that version's sequence batcher."""
-        if sequence is None:
-            raise missing_correlation_id(call.model)
-        key = (call.model, sequence.id)
-        pinned = self._pinned.get(key)
-        if sequence.start:
-            self._pinned.pop(key, None)
-        elif pinned is not None and pinned != call.version:
-            call.switch(ModelSpec(call.model, version=pinned))
+        """One request of a sequence of a stateful model (see :meth:`Sequences.step
+        <workbench.planes.sequences.Sequences.step>`), logged once answered."""
+        signature, result = await self._sequences.step(call, signature_name, inputs, output_filter, timeout, sequence)
         servable = call.servable
-        signature = inference.predict_signature(servable, signature_name)
-        feed, outputs = inference.prepare_predict(signature, inputs, output_filter)
-        batcher = self._sequence_batcher(servable)
-        if sequence.start:
-            self._pinned[key] = servable.version
-        work = asyncio.ensure_future(batcher.run(signature, feed, outputs, sequence))
-        call._work = work  # the version stays held until the step ran, even when the caller gave up
-        try:
-            result = await asyncio.wait_for(asyncio.shield(work), timeout)
-        except asyncio.TimeoutError:
-            raise deadline_exceeded() from None
         self._log(
             servable,
             lambda: prediction_logs.PredictEntry(
@@ -316,26 +271,9 @@ class Dataplane:
         )
         return signature, result
 
-    def _sequence_batcher(self, servable: Servable) -> SequenceBatcher:
-        key = (servable.name, servable.version)
-        batcher = self._sequence_batchers.get(key)
-        if batcher is None or batcher.servable is not servable:
-            assert servable.sequence is not None
-            model = servable.name
-
-            def released(sequence_id: SequenceId) -> None:
-                self._pinned.pop((model, sequence_id), None)
-
-            stateful: Any = servable  # a servable with a sequence implements run_step (StatefulServable)
-            batcher = SequenceBatcher(stateful, servable.sequence, self._executor, on_release=released)
-            self._sequence_batchers[key] = batcher
-        return batcher
-
     def forget_version(self, model: str, version: int) -> None:
         """``version`` of ``model`` unloaded: its sequences end (from any thread)."""
-        batcher = self._sequence_batchers.pop((model, version), None)
-        if batcher is not None:
-            batcher.close_soon()
+        self._sequences.forget_version(model, version)
 
     def stream(
         self,
