@@ -39,8 +39,8 @@ from workbench.models.routes import ServableHandle, check_labels, route_of
 from workbench.models.routing import policy as decisions
 from workbench.models.routing.changes import RoutingChanges
 from workbench.models.routing.policy import Routing
+from workbench.models.routing.reading import RoutingReader
 from workbench.models.routing.store import (
-    DamagedRoutingState,
     RoutingStateStore,
     StoredRouting,
     routing_store_for,
@@ -75,7 +75,7 @@ class Manager(ServedModels):
         super().__init__()
         self._loader = loader
         self._routing_stores = routing_stores
-        self._initial_routing = dict(initial_routing or {})
+        self._routing_reader = RoutingReader(initial_routing)
         self._warmup = warmup
         self._allow_unavailable_labels = allow_labels_for_unavailable
         self._executor = ThreadPoolExecutor(max_workers=max(1, load_threads), thread_name_prefix="workbench-load")
@@ -83,7 +83,6 @@ class Manager(ServedModels):
         self._listeners: list[StateListener] = []
         self._change_locks: dict[str, threading.Lock] = {}  # routing changes: one change of a model at a time
         self._changes = RoutingChanges(self)  # for callers holding a manager alone (tests, in-process use)
-        self._read_problems: dict[str, str] = {}  # model → the routing read error last logged (logged once)
 
     # ----------------------------------------------------------------------------------------- config
     def set_models(self, configs: Iterable[ModelConfig]) -> None:
@@ -94,7 +93,7 @@ class Manager(ServedModels):
             for config in configs:
                 model = self._models.get(config.name)
                 if model is None or model.removed:
-                    initial = StoredRouting(self._initial_routing.get(config.name, Routing()))
+                    initial = self._routing_reader.initial(config.name)
                     model = ModelRecord(config=config, store=self._routing_stores(config.base_path), stored=initial)
                     model.label_map = decisions.labels_of(model.labels, model.routing)
                     model.labels_pending = bool(config.labels)
@@ -171,28 +170,12 @@ class Manager(ServedModels):
             if model is None or model.removed:
                 return
             store, epoch = model.store, model.routing_epoch
-        stored = self._read_routing(name, store)
+        stored = self._routing_reader.read(name, store)
         if stored is None:
             return
         with self._lock:
             if model.routing_epoch == epoch and not model.removed:
                 self._apply_routing(model, stored)
-
-    def _read_routing(self, name: str, store: RoutingStateStore) -> StoredRouting | None:
-        """The stored routing of ``name`` (its initial routing when none is stored), or None if unreadable."""
-        try:
-            stored = store.read()
-        except (DamagedRoutingState, OSError) as exc:
-            problem = str(exc)
-            with self._lock:
-                first = self._read_problems.get(name) != problem
-                self._read_problems[name] = problem
-            if first:
-                log.error("Model %s keeps its routing: the routing state cannot be read: %s", name, problem)
-            return None
-        with self._lock:
-            self._read_problems.pop(name, None)
-        return stored if stored is not None else StoredRouting(self._initial_routing.get(name, Routing()))
 
     def _apply_routing(self, model: ModelRecord, stored: StoredRouting) -> None:
         """Route by ``stored`` from now on: load and unload what it implies (lock held)."""
@@ -398,7 +381,7 @@ class Manager(ServedModels):
         with self._lock:
             model = self._live_model(name)
             store, epoch = model.store, model.routing_epoch
-        stored = self._read_routing(name, store)
+        stored = self._routing_reader.read(name, store)
         with self._lock:
             if stored is not None and model.routing_epoch == epoch:
                 self._apply_routing(model, stored)
