@@ -371,6 +371,10 @@ class Dataplane:
     def stats_snapshot(self) -> dict[str, object]:
         return self._status.stats()
 
+    def metrics_exposition(self) -> bytes:
+        """The server's metrics in Prometheus' text format (the whole server's with --num_workers)."""
+        return self.metrics.exposition()
+
     @property
     def stopped(self) -> asyncio.Event:
         """Set once the server's ports close."""

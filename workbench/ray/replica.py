@@ -95,7 +95,7 @@ class WorkbenchReplica:
         log.info("Replica %s serves %s", self.replica_id, ", ".join(models) or "no models")
 
     def __serve_build_asgi_app__(self) -> ASGIApp:  # noqa: PLW3201 - the name Ray Serve calls
-        return _ReplicaHeader(self.server.rest_app(), self.replica_id)
+        return _ReplicaHeader(self.server.frontends.rest_app(), self.replica_id)
 
     def check_health(self) -> None:
         """Ray's controller asks this periodically: a replica whose engine stopped is replaced."""

@@ -22,12 +22,10 @@ import threading
 import time
 from collections.abc import Callable
 
-from starlette.applications import Starlette
-
 from workbench import platforms
 from workbench.batching.scheduler import BatchRecord, BatchScheduler
 from workbench.batching.threads import InferenceThreads
-from workbench.config.options import ModelConfig, ServerOptions
+from workbench.config.options import ServerOptions
 from workbench.core.errors import Code
 from workbench.frontends.grpc import ReadinessHealth
 from workbench.frontends.sequence_routing import SequenceRouter, private_socket
@@ -231,19 +229,6 @@ class ModelServer:
             # Only with --response_cache_bytes: its size, fill and models
             **({"response_cache": self.cache.describe()} if self.cache is not None else {}),
         }
-
-    # -------------------------------------------------------------------------------------- models
-    def apply_models(self, models: list[ModelConfig], wait_timeout: float | None = None) -> None:
-        """Realise exactly ``models``: see :meth:`ControlPlane.apply_models`."""
-        self.controlplane.apply_models(models, wait_timeout)
-
-    def rescan(self, timeout: float | None = 300.0) -> None:
-        """Re-read every model's folder now and wait until the versions it finds have loaded (or failed)."""
-        self.controlplane.rescan(timeout)
-
-    def rest_app(self) -> Starlette:
-        """The REST API as an ASGI app: TF Serving's /v1, v2, management, stats, probes and metrics."""
-        return self.frontends.rest_app()
 
     # ------------------------------------------------------------------------------------ lifecycle
     async def start(self, open_ports: bool = True) -> None:
