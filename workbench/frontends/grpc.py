@@ -32,13 +32,14 @@ from tensorflow_serving.apis import (
     regression_pb2,
 )
 
-from workbench.config.options import GrpcTLS, ModelConfig
+from workbench.config.options import GrpcTLS
 from workbench.core import inference
 from workbench.core.errors import Code, ServingError, from_exception
 from workbench.core.signatures import CLASSIFY_METHOD
 from workbench.frontends.auth import bearer_matches
 from workbench.models.configs import model_configs_from_proto
 from workbench.models.readiness import Readiness
+from workbench.planes.controlplane import ControlPlane
 from workbench.planes.dataplane import Dataplane, ModelSpec
 from workbench.protocol.examples import serialized_examples
 from workbench.protocol.serving_protos import model_status_proto
@@ -186,6 +187,9 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
     def __init__(self, dataplane: Dataplane) -> None:
         self.dataplane = dataplane
 
+    def add_to(self, server: grpc.aio.Server) -> None:
+        prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(self, server)
+
     @answers_errors
     async def Predict(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
         spec = _spec(request.model_spec)
@@ -283,14 +287,16 @@ def _fill_classifications(result: Any, rows: inference.Classifications) -> None:
 
 
 class ModelService(model_service_pb2_grpc.ModelServiceServicer):
-    def __init__(
-        self, dataplane: Dataplane, reload_config: Callable[[list[ModelConfig]], None], management_token: str = ""
-    ) -> None:
-        """``management_token``, when set, guards HandleReloadConfigRequest (``authorization: Bearer <token>``
-        metadata), as it guards the REST management API: a reload points models at any path."""
+    def __init__(self, dataplane: Dataplane, controlplane: ControlPlane, management_token: str = "") -> None:
+        """Model status is read through ``dataplane``; a config reload is ``controlplane``'s. ``management_token``,
+        when set, guards HandleReloadConfigRequest (``authorization: Bearer <token>`` metadata), as it guards the
+        REST management API: a reload points models at any path."""
         self.dataplane = dataplane
-        self._reload_config = reload_config
+        self._controlplane = controlplane
         self._token = management_token
+
+    def add_to(self, server: grpc.aio.Server) -> None:
+        model_service_pb2_grpc.add_ModelServiceServicer_to_server(self, server)
 
     @answers_errors
     async def GetModelStatus(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
@@ -308,7 +314,7 @@ class ModelService(model_service_pb2_grpc.ModelServiceServicer):
         if which != "model_config_list":
             raise ServingError(Code.UNIMPLEMENTED, "ServerConfig type not supported: only model_config_list is")
         models = model_configs_from_proto(request.config.model_config_list)
-        await asyncio.get_running_loop().run_in_executor(None, self._reload_config, models)
+        await asyncio.get_running_loop().run_in_executor(None, self._controlplane.reload_config, models)
         response = model_management_pb2.ReloadConfigResponse()
         response.status.error_code = 0
         return response
@@ -361,8 +367,6 @@ class ReadinessHealth(health_pb2_grpc.HealthServicer):
 
 
 async def start_grpc_server(
-    dataplane: Dataplane,
-    reload_config: Callable[[list[ModelConfig]], None],
     *,
     address: str | None,
     socket_path: str = "",
@@ -372,14 +376,14 @@ async def start_grpc_server(
     services: Sequence[Callable[[grpc.aio.Server], None]] = (),
     reuse_port: bool = False,
     tls: GrpcTLS | None = None,
-    management_token: str = "",
     private_socket: str = "",
 ) -> tuple[grpc.aio.Server, int | None]:
     """Start the gRPC server; returns it with the bound TCP port (None when only a Unix socket is served).
 
-    ``health`` answers grpc.health.v1 (default: SERVING whenever the server answers). ``services`` add more
-    servicers to the same server and port (the v2 ``inference.GRPCInferenceService``); each is given a
-    :class:`TolerantRegistration`, so its methods must wear :func:`answers_errors`. ``tls`` (``--ssl_config_file``)
+    ``health`` answers grpc.health.v1 (default: SERVING whenever the server answers). ``services`` add the
+    servicers (TF Serving's PredictionService and ModelService, the v2 ``inference.GRPCInferenceService``: see
+    :mod:`workbench.frontends.wiring`); each is given a :class:`TolerantRegistration`, so its methods must wear
+    :func:`answers_errors`. ``tls`` (``--ssl_config_file``)
     secures the TCP port and the Unix socket alike, as in TF Serving. ``private_socket``: a worker's own Unix socket
     in the supervisor's private run folder, where its siblings hand it the requests of the sequences it holds
     (without TLS: only this server's user can open that folder).
@@ -393,10 +397,6 @@ async def start_grpc_server(
     server = grpc.aio.server(options=options)
     # Services whose methods wear answers_errors: garbage gets INVALID_ARGUMENT. Health keeps gRPC's own handling.
     registration = cast(grpc.aio.Server, TolerantRegistration(server))
-    prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(PredictionService(dataplane), registration)
-    model_service_pb2_grpc.add_ModelServiceServicer_to_server(
-        ModelService(dataplane, reload_config, management_token), registration
-    )
     for add_service in services:
         add_service(registration)
     health = health or ReadinessHealth(lambda: Readiness(True, "ready"))

@@ -13,6 +13,8 @@ Each change is atomic, stored in the model's repository (``routing.json`` beside
 replica) and answered with the model's new description. A body may carry ``"generation": N``, the routing
 generation the caller last saw (``GET`` answers it): the change is then refused with 409 ABORTED if the routing
 moved on since, instead of overwriting a change the caller has not seen.
+
+Reads go through the data plane, changes through the control plane.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import functools
 import json
 import re
 from collections.abc import AsyncIterator, Callable
-from typing import Any, Protocol
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
@@ -32,7 +34,8 @@ from starlette.routing import Route
 from workbench.core.errors import Code, ServingError
 from workbench.frontends.auth import bearer_matches
 from workbench.frontends.rest import error_response, json_response
-from workbench.models.manager import Manager
+from workbench.planes.controlplane import ControlPlane
+from workbench.planes.dataplane import Dataplane
 from workbench.protocol.json_tensor import dumps
 
 PREFIX = "/workbench/v1"
@@ -40,22 +43,14 @@ _MODEL_ACTION = re.compile(r"([^/:]+):(promote|rollback|canary)")
 _VERSION_ACTION = re.compile(r"([^/:]+)/versions/(\d+):(load|unload)")
 
 
-class ManagedServer(Protocol):
-    manager: Manager
-
-    def stats_snapshot(self) -> dict[str, Any]: ...
-
-    def health(self) -> dict[str, Any]: ...
-
-
-def management_routes(server: ManagedServer, stopping: asyncio.Event, token: str = "") -> list[Route]:
-    manager = server.manager
+def management_routes(dataplane: Dataplane, controlplane: ControlPlane, token: str = "") -> list[Route]:
+    """``token``: the bearer token the changes need (none when empty)."""
 
     async def health(_: Request) -> Response:
-        return json_response(dumps(server.health()))
+        return json_response(dumps(dataplane.health()))
 
     async def stats(_: Request) -> Response:
-        return json_response(dumps(server.stats_snapshot()))
+        return json_response(dumps(dataplane.stats_snapshot()))
 
     async def stats_stream(request: Request) -> Response:
         try:
@@ -65,9 +60,11 @@ def management_routes(server: ManagedServer, stopping: asyncio.Event, token: str
         if not 0.05 <= interval <= 60:
             return error_response(ServingError(Code.INVALID_ARGUMENT, "interval must be between 0.05 and 60 seconds"))
 
+        stopping = dataplane.stopped
+
         async def events() -> AsyncIterator[bytes]:
             while not stopping.is_set() and not await request.is_disconnected():
-                yield b"data: " + json.dumps(server.stats_snapshot(), separators=(",", ":")).encode() + b"\n\n"
+                yield b"data: " + json.dumps(dataplane.stats_snapshot(), separators=(",", ":")).encode() + b"\n\n"
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(stopping.wait(), interval)
 
@@ -77,7 +74,7 @@ def management_routes(server: ManagedServer, stopping: asyncio.Event, token: str
     async def models(request: Request) -> Response:
         name = request.path_params.get("name")
         try:
-            described = manager.describe(name)
+            described = dataplane.describe(name)
         except ServingError as exc:
             return error_response(exc)
         return json_response(dumps(described[0] if name else {"models": described}))
@@ -87,10 +84,10 @@ def management_routes(server: ManagedServer, stopping: asyncio.Event, token: str
         try:
             if token and not bearer_matches(request.headers.get("authorization", ""), token):
                 raise ServingError(Code.UNAUTHENTICATED, "This server's management API needs its bearer token")
-            name, action = await _parse_action(request, request.path_params["target"], manager)
+            name, action = await _parse_action(request, request.path_params["target"], controlplane)
             # A promotion or canary may wait for a version to load: never on the event loop.
             await asyncio.get_running_loop().run_in_executor(None, action)
-            return json_response(dumps(manager.describe(name)[0]))
+            return json_response(dumps(dataplane.describe(name)[0]))
         except ServingError as exc:
             return error_response(exc)
 
@@ -129,26 +126,26 @@ def _generation(doc: dict[str, Any]) -> int | None:
     return _int_field(doc, "generation") if doc.get("generation") is not None else None
 
 
-async def _parse_action(request: Request, target: str, manager: Manager) -> tuple[str, Callable[[], object]]:
+async def _parse_action(request: Request, target: str, control: ControlPlane) -> tuple[str, Callable[[], object]]:
     """The model a POST changes, and the change itself, ready to run."""
     if match := _MODEL_ACTION.fullmatch(target):
         name, verb = match.groups()
         doc = await _json_object(request)
         generation = _generation(doc)
         if verb == "promote":
-            return name, functools.partial(manager.promote, name, _int_field(doc, "version"), generation=generation)
+            return name, functools.partial(control.promote, name, _int_field(doc, "version"), generation=generation)
         if verb == "rollback":
-            return name, functools.partial(manager.rollback, name, generation=generation)
+            return name, functools.partial(control.rollback, name, generation=generation)
         version = _int_field(doc, "version")
         weight = doc.get("weight")
         if isinstance(weight, bool) or not isinstance(weight, (int, float)):
             raise ServingError(
                 Code.INVALID_ARGUMENT, f'"weight" must be a number from 0 to 1, got {json.dumps(weight)}'
             )
-        return name, functools.partial(manager.set_canary, name, version, float(weight), generation=generation)
+        return name, functools.partial(control.set_canary, name, version, float(weight), generation=generation)
     if match := _VERSION_ACTION.fullmatch(target):
         name, version_text, verb = match.groups()
         generation = _generation(await _json_object(request))
-        method = manager.load_version if verb == "load" else manager.unload_version
+        method = control.load_version if verb == "load" else control.unload_version
         return name, functools.partial(method, name, int(version_text), generation=generation)
     raise ServingError(Code.INVALID_ARGUMENT, f"Malformed request: POST {PREFIX}/models/{target}")

@@ -12,26 +12,26 @@ for a model whose versions all failed.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from workbench.frontends.rest import json_response
-from workbench.models.readiness import Readiness
+from workbench.planes.dataplane import Dataplane
 from workbench.protocol.json_tensor import dumps
 
 LIVENESS_PATH = "/healthz"
 READINESS_PATH = "/readyz"
 
 
-def probe_routes(readiness: Callable[[], Readiness]) -> list[Route]:
+def probe_routes(dataplane: Dataplane) -> list[Route]:
+    """Liveness answers while the process does; readiness is the data plane's (:meth:`Dataplane.readiness`)."""
+
     async def healthz(_: Request) -> Response:
         return json_response(b'{"status":"alive"}')
 
     async def readyz(_: Request) -> Response:
-        answer = readiness()
+        answer = dataplane.readiness()
         return json_response(dumps(answer.body()), 200 if answer.ready else 503)
 
     return [Route(LIVENESS_PATH, healthz, methods=["GET"]), Route(READINESS_PATH, readyz, methods=["GET"])]

@@ -195,7 +195,7 @@ def create_app(
     routes.append(Route("/v1", api.v1, methods=["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD"]))
 
     async def prometheus(_: Request) -> Response:
-        return Response(dataplane.metrics.exposition(), media_type=PROMETHEUS_CONTENT_TYPE)
+        return Response(dataplane.metrics_exposition(), media_type=PROMETHEUS_CONTENT_TYPE)
 
     # /metrics is always on (where KServe's annotations and most scrapers look); a monitoring config's
     # prometheus_config adds TF Serving's path, /monitoring/prometheus/metrics by default.

@@ -23,7 +23,7 @@ regions, follow :mod:`workbench.frontends.v2_shared_memory` (the same regions as
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import grpc
@@ -31,7 +31,7 @@ from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from workbench import platforms
-from workbench.config.model_control import ModelControl, load_overrides
+from workbench.config.model_control import load_overrides
 from workbench.core import inference
 from workbench.core.errors import Code, ServingError
 from workbench.core.sequences import sequence_request
@@ -40,7 +40,7 @@ from workbench.frontends.grpc import answers_errors, authorization, time_remaini
 from workbench.frontends.sequence_routing import SequenceRouter
 from workbench.frontends.v2_repository import V2Repository, unsupported_parameters
 from workbench.frontends.v2_shared_memory import SharedMemoryAccess
-from workbench.models.readiness import Readiness
+from workbench.planes.controlplane import ControlPlane
 from workbench.planes.dataplane import Dataplane, ModelSpec
 from workbench.protocol import v2_grpc, v2_models
 from workbench.protocol.v2_shared_memory import SharedMemory
@@ -58,22 +58,17 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
     def __init__(
         self,
         dataplane: Dataplane,
-        readiness: Callable[[], Readiness],
-        rescan: Callable[[], None],
+        controlplane: ControlPlane,
         management_token: str = "",
-        control: ModelControl | None = None,
         router: SequenceRouter | None = None,
         shared_memory: SharedMemoryAccess | None = None,
     ) -> None:
-        """``rescan`` re-reads the model folders and waits until their versions settle (a load without a version);
-        ``management_token``, when set, guards repository load and unload; ``control`` is the server's model
-        control (None: workbench's own, on versions); ``router`` hands a sequence's requests to the worker that holds
-        it (with --num_workers); ``shared_memory``: the server's shared-memory regions (None: the shared-memory RPCs
-        and requests naming a region are UNIMPLEMENTED)."""
+        """Reads and inference go through ``dataplane``, repository loads and unloads through ``controlplane``;
+        ``management_token``, when set, guards repository load and unload; ``router`` hands a sequence's requests to
+        the worker that holds it (with --num_workers); ``shared_memory``: the server's shared-memory regions (None:
+        the shared-memory RPCs and requests naming a region are UNIMPLEMENTED)."""
         self.dataplane = dataplane
-        self.manager = dataplane.manager
-        self._readiness = readiness
-        self.models = V2Repository(dataplane, rescan, management_token, control)
+        self.models = V2Repository(dataplane, controlplane, management_token)
         self.router = router
         self.shared_memory = shared_memory
         self._streams = v2_stream.StreamInfer(dataplane, self.models, PROTOCOL, self._memory, router)
@@ -88,7 +83,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @answers_errors
     async def ServerReady(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        return service_pb2.ServerReadyResponse(ready=self._readiness().ready)  # as /readyz and gRPC health
+        return service_pb2.ServerReadyResponse(ready=self.dataplane.readiness().ready)  # as /readyz and gRPC health
 
     @answers_errors
     async def ModelReady(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802

@@ -1,11 +1,11 @@
 """What the v2 frontends (REST and gRPC) share beyond the wire: which model a request names, and the repository
-extension's load and unload on workbench's version management.
+extension's load and unload.
 
 Both frontends answer the same questions the same way through this class, so a rule about v2 lives in one place:
 a version string of digits is a version, any other a label (unknown: NOT_FOUND, as an unknown version is in v2);
-repository load and unload follow the server's model control mode (:mod:`workbench.config.model_control`): on
-versions by default (a whole model leaves only with the model config), on whole models in explicit mode, refused in
-Triton's words in none and poll modes; a management token, when the server has one, guards them.
+repository load and unload are the control plane's (:meth:`ControlPlane.repository_load
+<workbench.planes.controlplane.ControlPlane.repository_load>`: they follow the server's model control mode), run off
+the event loop; a management token, when the server has one, guards them.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import asyncio
 import functools
 from collections.abc import Callable
 
-from workbench.config.model_control import FILE_PREFIX, ModelControl, Overrides
+from workbench.config.model_control import FILE_PREFIX, Overrides
 from workbench.core.errors import Code, ServingError
 from workbench.frontends.auth import bearer_matches
-from workbench.models.manager import VersionState
+from workbench.planes.controlplane import ControlPlane
 from workbench.planes.dataplane import Dataplane, ModelSpec
 from workbench.protocol.v2_models import RepositoryRow, parse_version
 
@@ -25,30 +25,20 @@ from workbench.protocol.v2_models import RepositoryRow, parse_version
 class V2Repository:
     """Model resolution and the repository extension, for both v2 frontends."""
 
-    def __init__(
-        self,
-        dataplane: Dataplane,
-        rescan: Callable[[], None],
-        management_token: str = "",
-        control: ModelControl | None = None,
-    ) -> None:
-        """``rescan`` re-reads the model folders and waits until their versions settle (a load without a version);
-        ``control``: the server's model control (None: workbench's own, on versions)."""
+    def __init__(self, dataplane: Dataplane, controlplane: ControlPlane, management_token: str = "") -> None:
         self.dataplane = dataplane
-        self.manager = dataplane.manager
-        self._rescan = rescan
+        self.controlplane = controlplane
         self._token = management_token
-        self.control = control
 
     # ------------------------------------------------------------------------------------- resolution
     def spec(self, model: str, version: str | None) -> ModelSpec:
         """What a request's model and version string select, once its label (if any) is known."""
         if not model:
             raise ServingError(Code.INVALID_ARGUMENT, "A model name is required")
-        if not self.manager.knows(model):  # Triton's words, which its users match on, for a model it never heard of
+        if not self.dataplane.knows(model):  # Triton's words, which its users match on, for a model it never heard of
             raise ServingError(Code.NOT_FOUND, f"Request for unknown model: '{model}' is not found")
         number, label = parse_version(version or "")
-        if label is not None and label not in self.manager.labels(model):
+        if label is not None and label not in self.dataplane.labels(model):
             self.known(model)
             # Triton's words (its clients and users match on them): to Triton a version is a number, to workbench
             # any other text names a label.
@@ -67,10 +57,10 @@ class V2Repository:
 
     def version_of(self, spec: ModelSpec) -> int | None:
         """The version number ``spec`` names (its label's), or None for the default traffic."""
-        return self.manager.label_version(spec.name, spec.label) if spec.label is not None else spec.version
+        return self.dataplane.label_version(spec.name, spec.label) if spec.label is not None else spec.version
 
     def known(self, model: str) -> str:
-        if model not in self.manager.model_names():
+        if model not in self.dataplane.model_names():
             raise ServingError(
                 Code.NOT_FOUND,
                 f"Unknown model: {model}. workbench loads the models of its model config or model repository",
@@ -78,8 +68,7 @@ class V2Repository:
         return model
 
     def available_versions(self, model: str) -> list[int]:
-        statuses = self.manager.version_status(model)
-        return sorted(s.version for s in statuses if s.state == VersionState.AVAILABLE)
+        return self.dataplane.available_versions(model)
 
     # ------------------------------------------------------------------------------------- repository
     def authorize(self, authorization: str) -> None:
@@ -90,81 +79,26 @@ class V2Repository:
             raise ServingError(Code.UNAUTHENTICATED, "Repository load and unload need the server's management token")
 
     async def load(self, model: str, version: int | None, overrides: Overrides | None = None) -> None:
-        """Load (and keep) ``version``; without one, re-read the model's folder and succeed once a version serves.
-
-        In explicit mode a load without a version serves the whole model out of the repository, with Triton's
-        config and file ``overrides`` when given."""
-        control = self.control
-        if control is not None:
-            control.refuse_unless_explicit()
-            if control.explicit and version is None:
-                await _off_the_loop(functools.partial(control.load, model, overrides))
-                self._loaded(model)
-                return
-        if overrides:
-            raise ServingError(
-                Code.INVALID_ARGUMENT,
-                "Triton's config and file overrides load a whole model: they need --model_control_mode=explicit "
-                "and no version parameter",
-            )
-        self.known(model)
-        if version is not None:  # waits until the version serves: never on the event loop
-            await _off_the_loop(functools.partial(self.manager.load_version, model, version))
-            return
-        await _off_the_loop(self._rescan)
-        if self.available_versions(model):
-            return
-        statuses = self.manager.version_status(model)
-        reasons = "; ".join(f"version {s.version}: {s.error.message}" for s in statuses if s.error is not None)
-        raise ServingError(
-            Code.UNAVAILABLE, f"Model {model} has no version that serves" + (f" ({reasons})" if reasons else "")
-        )
+        """Load (and keep) ``version``; without one, re-read the model's folder and succeed once a version serves
+        (in explicit mode: serve the whole model, with Triton's config and file ``overrides`` when given)."""
+        await _off_the_loop(functools.partial(self.controlplane.repository_load, model, version, overrides))
 
     def index(self) -> list[RepositoryRow]:
         """The repository index: every version the server knows, and in explicit mode the repository's models that
         are not loaded (unloaded by request: UNAVAILABLE, "unloaded"; never loaded: no state)."""
         rows = self.dataplane.repository()
-        control = self.control
-        if control is None or not control.explicit:
+        not_loaded = self.controlplane.not_loaded_rows()
+        if not not_loaded:
             return rows
-        unloaded = set(control.unloaded())
-        for name in control.not_loaded(self.manager.model_names()):
-            state, reason = ("END", "unloaded") if name in unloaded else ("", "")
-            rows.append(RepositoryRow(name, None, state, reason))
-        return sorted(rows, key=lambda row: (row.name, -1 if row.version is None else row.version))
-
-    def _loaded(self, model: str) -> None:
-        """After an explicit load: Triton's "failed to load" with each version's reason, unless a version serves."""
-        if self.available_versions(model):
-            return
-        statuses = self.manager.version_status(model) if self.manager.knows(model) else []
-        versions = ",".join(str(s.version) for s in sorted(statuses, key=lambda s: s.version)) or "none found"
-        reasons = "; ".join(f"version {s.version}: {s.error.message}" for s in statuses if s.error is not None)
-        message = f"failed to load '{model}', versions that are not available: {versions}"
-        raise ServingError(Code.UNAVAILABLE, message + (f" ({reasons})" if reasons else ""))
+        return sorted(rows + not_loaded, key=lambda row: (row.name, -1 if row.version is None else row.version))
 
     async def unload(
         self, model: str, version: int | None, how_to_name_it: str, unload_dependents: bool = False
     ) -> None:
         """Unload ``version`` (not the one serving the default traffic, nor the last that serves); in explicit
         mode, without a version, the whole model (and, with ``unload_dependents``, the models that run on it)."""
-        control = self.control
-        if control is not None:
-            control.refuse_unless_explicit()
-            if control.explicit and version is None:
-                if not self.manager.knows(model):
-                    raise ServingError(Code.NOT_FOUND, f"failed to unload '{model}': it is not loaded")
-                names = {model, *(self.manager.dependents(model) if unload_dependents else ())}
-                await _off_the_loop(functools.partial(control.unload, names))
-                return
-        self.known(model)
-        if version is None:
-            raise ServingError(
-                Code.FAILED_PRECONDITION,
-                f"Name the version of {model} to unload: {how_to_name_it}. workbench serves every model of its "
-                "model config; remove a model from the config to stop serving it",
-            )
-        await _off_the_loop(functools.partial(self.manager.unload_version, model, version))
+        unload = self.controlplane.repository_unload
+        await _off_the_loop(functools.partial(unload, model, version, how_to_name_it, unload_dependents))
 
 
 def unsupported_parameters(names: list[str], action: str) -> ServingError | None:

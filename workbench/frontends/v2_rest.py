@@ -35,7 +35,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from workbench import platforms
-from workbench.config.model_control import ModelControl, load_overrides
+from workbench.config.model_control import load_overrides
 from workbench.core.errors import Code, ServingError, from_exception
 from workbench.core.sequences import sequence_request
 from workbench.core.signatures import DEFAULT_SIGNATURE, Signature
@@ -44,7 +44,7 @@ from workbench.frontends.rest import error_response, json_response
 from workbench.frontends.sequence_routing import SequenceRouter
 from workbench.frontends.v2_repository import V2Repository, unsupported_parameters
 from workbench.frontends.v2_shared_memory import SharedMemoryAccess, rest_peer, shared_memory_routes
-from workbench.models.readiness import Readiness
+from workbench.planes.controlplane import ControlPlane
 from workbench.planes.dataplane import Dataplane, ModelSpec
 from workbench.protocol import v2_client, v2_json, v2_models
 from workbench.protocol.json_tensor import dumps, parse_body
@@ -74,19 +74,14 @@ class V2Rest:
     def __init__(
         self,
         dataplane: Dataplane,
-        readiness: Callable[[], Readiness],
-        rescan: Callable[[], None],
+        controlplane: ControlPlane,
         settings: V2Settings,
-        control: ModelControl | None = None,
         router: SequenceRouter | None = None,
         shared_memory: SharedMemoryAccess | None = None,
     ) -> None:
         self.dataplane = dataplane
-        self.manager = dataplane.manager
-        self.readiness = readiness
-        self.rescan = rescan
         self.settings = settings
-        self.models = V2Repository(dataplane, rescan, settings.management_token, control)
+        self.models = V2Repository(dataplane, controlplane, settings.management_token)
         self.router = router  # with --num_workers: hands a sequence's requests to the worker that holds it
         self.shared_memory = shared_memory  # the server's regions (None: requests naming one are UNIMPLEMENTED)
         self.timeout = settings.timeout_ms / 1000 if settings.timeout_ms > 0 else None
@@ -105,7 +100,7 @@ class V2Rest:
         return Response(status_code=200)
 
     async def ready(self, _: Request) -> Response:
-        answer = self.readiness()
+        answer = self.dataplane.readiness()
         return json_response(dumps(answer.body()), 200 if answer.ready else 503)
 
     async def server_metadata(self, _: Request) -> Response:
@@ -334,17 +329,16 @@ def _answering(handler: Handler) -> Handler:
 
 def v2_routes(
     dataplane: Dataplane,
-    readiness: Callable[[], Readiness],
-    rescan: Callable[[], None],
+    controlplane: ControlPlane,
     settings: V2Settings | None = None,
-    control: ModelControl | None = None,
     router: SequenceRouter | None = None,
     shared_memory: SharedMemoryAccess | None = None,
 ) -> list[Route]:
-    """The v2 routes for the REST app; ``rescan`` re-reads the model folders and waits until versions settle;
-    ``control`` is the server's model control (None: workbench's own, on versions); ``shared_memory``: the server's
-    shared-memory regions (None: no shared-memory routes, and requests naming a region are UNIMPLEMENTED)."""
-    api = V2Rest(dataplane, readiness, rescan, settings or V2Settings(), control, router, shared_memory)
+    """The v2 routes for the REST app: reads and inference through ``dataplane``, repository loads and unloads
+    through ``controlplane``; ``router`` hands a sequence's requests to the worker that holds it (with
+    --num_workers); ``shared_memory``: the server's shared-memory regions (None: no shared-memory routes, and
+    requests naming a region are UNIMPLEMENTED)."""
+    api = V2Rest(dataplane, controlplane, settings or V2Settings(), router, shared_memory)
     generate = v2_stream.Generate(dataplane, api.models, api._body, api.timeout, PROTOCOL)
     table: list[tuple[str, Handler, str]] = [
         ("/v2", api.server_metadata, "GET"),

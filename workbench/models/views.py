@@ -1,7 +1,7 @@
 """The JSON view of a model that ``GET /workbench/v1/models`` answers: versions, states, labels, traffic, routing.
 
-Built from a :class:`ModelSnapshot`, plain data the manager copies under its lock, so the view itself (and its
-routing decision) is computed with no lock held.
+Built from a :class:`ModelSnapshot`, plain data the manager copies under its lock (:func:`snapshot_of`), so the view
+itself (and its routing decision) is computed with no lock held.
 """
 
 from __future__ import annotations
@@ -9,7 +9,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from workbench.models.records import ModelRecord
 from workbench.models.routing.policy import Routing, decide, labels_of
+from workbench.runtime.storage import redact
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +42,34 @@ class ModelSnapshot:
 
     def available(self) -> frozenset[int]:
         return frozenset(v.version for v in self.versions if v.state == "AVAILABLE")
+
+
+def snapshot_of(model: ModelRecord) -> ModelSnapshot:
+    """``model`` as plain data (the manager's lock held)."""
+    versions = tuple(
+        VersionSnapshot(
+            r.version,
+            r.state.name,
+            r.error.message if r.error else "",
+            r.error.code.name if r.error else "OK",
+        )
+        for r in model.versions.values()
+    )
+    return ModelSnapshot(
+        name=model.config.name,
+        base_path=redact(model.config.base_path),
+        platform=model.config.platform,
+        policy=model.config.policy.describe(),
+        versions=versions,
+        on_disk=frozenset(model.on_disk),
+        policy_versions=frozenset(model.policy_versions),
+        held=frozenset(model.held),
+        config_labels=dict(model.labels),
+        routing=model.routing,
+        generation=model.stored.generation,
+        routing_state=model.store.location,
+        error=model.source_error,
+    )
 
 
 def describe_model(model: ModelSnapshot) -> dict[str, Any]:

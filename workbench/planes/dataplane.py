@@ -1,167 +1,63 @@
-"""The one place a request is resolved and executed, for every frontend.
+"""The one place a request is resolved and executed, and what the server serves is read, for every frontend.
 
 Frontends decode their wire format, then call here: model/version/label resolution, signature lookup, the
 run itself (on worker threads, never on the event loop), deadlines and metrics all live once, so REST and
-gRPC cannot drift apart.
+gRPC cannot drift apart. The frontends read the server here too (its models, their versions and labels, its
+readiness, health and stats); what changes the server is the control plane's (:mod:`workbench.planes.controlplane`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import dataclasses
-import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from typing import Any, TypeVar
 
 import numpy as np
-from prometheus_client.metrics_core import Metric
 
 from workbench.batching.interest import Interest, deadline_exceeded
 from workbench.batching.scheduler import BatchScheduler
-from workbench.batching.sequences import SequenceBatcher
 from workbench.config.batching_parameters import BatchingParameters
 from workbench.core import inference
-from workbench.core.errors import Code, ServingError, from_exception
-from workbench.core.sequences import SequenceId, SequenceRequest, missing_correlation_id
+from workbench.core.errors import Code, ServingError
+from workbench.core.sequences import SequenceRequest
 from workbench.core.servable import Composite, Servable
 from workbench.core.signatures import Signature, TensorSpec
 from workbench.models.harness import Harness
-from workbench.models.manager import Manager, ServableHandle, VersionStatus
+from workbench.models.manager import Manager, ServableHandle, VersionState, VersionStatus
+from workbench.models.readiness import Readiness
 from workbench.observability import prediction_logs
 from workbench.observability.metrics import ServingMetrics
 from workbench.observability.request_logger import RequestLogger
 from workbench.observability.stats import RollingStats
+from workbench.planes import decoupled
+from workbench.planes.calls import Call, ModelSpec, answering, expire, until_answered
+from workbench.planes.first_load_waits import FirstLoadWaits
 from workbench.planes.response_cache import ResponseCache, request_digest
-from workbench.protocol.v2_models import Duration, ModelStatistics, RepositoryRow
+from workbench.planes.sequences import Sequences
+from workbench.planes.statistics import MetricTotals
+from workbench.protocol.v2_models import ModelStatistics, RepositoryRow
+
+__all__ = ["Call", "Dataplane", "ModelSpec", "ServerStatus"]
 
 T = TypeVar("T")
-_END = object()  # what next() answers once a decoupled model's generator is over
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelSpec:
-    """What a request names: a model and at most one of a version or a label."""
+class ServerStatus:
+    """What the server says of itself, read by the frontends through :class:`Dataplane`."""
 
-    name: str
-    version: int | None = None
-    label: str | None = None
-    signature_name: str = ""
-
-
-class Call:
-    """One request in flight: ``with dataplane.request(spec, api, protocol) as call:``.
-
-    Entering resolves ``spec`` and holds the servable (``call.servable``); leaving counts the request once, by its
-    final status, in the metrics and the rolling stats. The hold outlives the answer when it must: a request
-    answered early (its deadline passed, its client cancelled) while a worker thread still runs its servable
-    releases the servable only when that thread returns, so an unload never closes a model under a running
-    ``run()``. A plain ``with``, not ``async with``: nothing here awaits, and this runs on every request.
-    """
-
-    __slots__ = ("_dataplane", "_harness", "_started", "_work", "_interest", "servable", "model", "api", "protocol")
-
-    def __init__(self, dataplane: Dataplane, spec: ModelSpec, api: str, protocol: str) -> None:
-        self._dataplane = dataplane
-        self.model, self.api, self.protocol = spec.name, api, protocol
-        self._started = time.perf_counter()
-        self._work: asyncio.Future[Any] | None = None  # a composite's run, as a task of its own
-        self._interest: Interest | None = None  # a plain servable's run: its batch tasks, awaited by the request
-        try:
-            # The harness itself, not a ServableHandle around it: one object less on every request.
-            self._harness = dataplane.resolve(spec)
-        except BaseException as exc:  # an unknown model or version is a request too: count it
-            self._count(exc, None)
-            raise
-        self.servable: Servable = self._harness.servable
-
-    @property
-    def version(self) -> int:
-        return self.servable.version
-
-    def switch(self, spec: ModelSpec) -> None:
-        """Run on the servable ``spec`` names instead (the version a sequence started on): held, the other released."""
-        harness = self._dataplane.resolve(spec)
-        self._harness.release()
-        self._harness, self.servable = harness, harness.servable
-
-    def __enter__(self) -> Call:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
-        # Answered; a worker thread may still run the servable for it: hold it until that thread returns.
-        work, interest = self._work, self._interest
-        if interest is not None and interest.running:
-            interest.when_idle(self._harness.release)
-        elif work is not None and not work.done():
-            work.add_done_callback(self._release)
-        else:
-            self._harness.release()
-        self._count(exc, self.servable.version)
-
-    def _release(self, _: object) -> None:
-        self._harness.release()
-
-    def _count(self, exc: BaseException | None, version: int | None) -> None:
-        if exc is None:
-            code = "OK"
-        elif isinstance(exc, ServingError):
-            code = exc.code.name
-        elif isinstance(exc, asyncio.CancelledError):
-            code = Code.CANCELLED.name
-        else:
-            code = from_exception(exc).code.name
-        seconds = time.perf_counter() - self._started
-        self._dataplane.metrics.observe_request(self.model, version, self.api, self.protocol, code, seconds)
-        self._dataplane.stats.record_request(self.model, version, seconds, code == "OK")
+    readiness: Callable[[], Readiness]  # what /readyz and gRPC health answer
+    health: Callable[[], dict[str, object]]  # GET /workbench/v1/health
+    stats: Callable[[], dict[str, object]]  # GET /workbench/v1/stats
+    stopped: asyncio.Event  # set once the ports close: live stat streams end
 
 
-class _Expired(Exception):
-    """A request's deadline passed before its answer came (set on the answer future by its timer)."""
-
-
-def _expire(answer: asyncio.Future[Any]) -> None:
-    if not answer.done():
-        answer.set_exception(_Expired())
-
-
-async def _until_answered(waiting: Awaitable[T], interest: Interest, expiry: asyncio.TimerHandle | None) -> T:
-    """What a request awaits, until it is answered: a cancelled caller gives up the work still queued for it, an
-    expired answer (:func:`_expire`) is DEADLINE_EXCEEDED, and the deadline's timer ends with the wait."""
-    try:
-        return await waiting
-    except _Expired:
-        interest.give_up(deadline_exceeded())
-        raise deadline_exceeded() from None
-    except asyncio.CancelledError:
-        interest.give_up(ServingError(Code.CANCELLED, "Cancelled"))
-        raise
-    finally:
-        if expiry is not None:
-            expiry.cancel()
-
-
-async def _answering(work: Awaitable[T], answer: asyncio.Future[T]) -> None:
-    """Await ``work`` and hand its outcome to ``answer``, unless nobody waits for it any more.
-
-    Run as the request's task: setting ``answer`` is the task's last step, so by the time the caller resumes the
-    task is done (and ``Call`` releases the servable at once). An outcome nobody waits for (the caller's deadline
-    passed, it cancelled) is dropped here, never left unretrieved.
-    """
-    try:
-        result = await work
-    except asyncio.CancelledError:
-        if not answer.done():
-            answer.cancel()
-        raise
-    except Exception as exc:  # noqa: BLE001 - the caller's to raise
-        if not answer.done():
-            answer.set_exception(exc)
-    else:
-        if not answer.done():
-            answer.set_result(result)
+def _alone() -> ServerStatus:
+    """The status of a data plane with no server around it (tests): ready, healthy, no stats."""
+    return ServerStatus(lambda: Readiness(True, "ready"), lambda: {"status": "ok"}, dict, asyncio.Event())
 
 
 class Dataplane:
@@ -176,17 +72,16 @@ class Dataplane:
         batching_for: Callable[[str], BatchingParameters | None] = lambda model: None,
         first_load_wait: float = 60.0,
         cache: ResponseCache | None = None,
+        status: ServerStatus | None = None,
     ) -> None:
         """``first_load_wait``: how long a request for a model whose first load is under way waits for it
-        (--wait_for_model_load_seconds; 0: not at all)."""
-        self.manager = manager
-        self.first_load_wait = first_load_wait
+        (--wait_for_model_load_seconds; 0: not at all); ``status``: the server's own views."""
+        self._manager = manager
+        self._status = status or _alone()
+        self._first_load_waits = FirstLoadWaits(manager, first_load_wait)
         self.cache = cache  # Triton's response cache, for the models that opt in (None: none do)
-        # Per model whose first load is under way: the future its waiting requests share (one manager callback).
-        self._first_loads: dict[str, asyncio.Future[None]] = {}
         # Stateful models: a sequence batcher per version, and the version each sequence started on.
-        self._sequence_batchers: dict[tuple[str, int], SequenceBatcher] = {}
-        self._pinned: dict[tuple[str, SequenceId], int] = {}
+        self._sequences = Sequences(executor)
         self.metrics = metrics
         self.stats = stats
         self.scheduler = scheduler
@@ -194,6 +89,15 @@ class Dataplane:
         self._executor = executor
         self._batching_for = batching_for
         self._members = _Members(self)
+
+    @property
+    def first_load_wait(self) -> float:
+        """How long a request waits for its model's first load (--wait_for_model_load_seconds; 0: not at all)."""
+        return self._first_load_waits.first_load_wait
+
+    @first_load_wait.setter
+    def first_load_wait(self, seconds: float) -> None:
+        self._first_load_waits.first_load_wait = seconds
 
     # --------------------------------------------------------------------------------- resolution
     def request(self, spec: ModelSpec, api: str, protocol: str) -> Call:
@@ -207,9 +111,9 @@ class Dataplane:
     async def admit(self, spec: ModelSpec, api: str, protocol: str, timeout: float | None = None) -> Call:
         """:meth:`request`, once the model's first load is over (see :meth:`loaded`); what waits longer than
         ``timeout`` seconds is answered DEADLINE_EXCEEDED and counted as refused."""
-        if self.manager.loading_first(spec.name):
+        if self._manager.loading_first(spec.name):
             try:
-                await self._first_load(spec.name, timeout)
+                await self._first_load_waits.wait(spec.name, timeout)
             except ServingError as exc:
                 self.refused(spec.name, api, protocol, exc)
                 raise
@@ -224,43 +128,8 @@ class Dataplane:
         being told it does not exist. The wait is bounded by ``timeout`` (the request's deadline) and
         :attr:`first_load_wait`; a model nobody named is not waited for.
         """
-        if self.manager.loading_first(name):
-            await self._first_load(name, timeout)
-
-    async def _first_load(self, name: str, timeout: float | None) -> None:
-        if self.first_load_wait <= 0:  # told not to wait: answered as the model stands (NOT_FOUND while loading)
-            return
-        loop = asyncio.get_running_loop()
-        over = self._first_loads.get(name)
-        if over is None:
-            over = self._first_loads[name] = loop.create_future()
-
-            def settled() -> None:  # from a load thread, under the manager's lock
-                with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits any more
-                    loop.call_soon_threadsafe(self._first_load_over, name, over)
-
-            if not self.manager.when_first_loaded(name, settled):
-                self._first_load_over(name, over)
-        bound = self.first_load_wait if timeout is None else min(timeout, self.first_load_wait)
-        if over.done():
-            return
-        try:
-            await asyncio.wait_for(asyncio.shield(over), bound)
-        except asyncio.TimeoutError:
-            if timeout is not None and timeout <= self.first_load_wait:
-                raise ServingError(
-                    Code.DEADLINE_EXCEEDED, f"Model {name} is still loading: the request's deadline passed first"
-                ) from None
-            raise ServingError(
-                Code.UNAVAILABLE,
-                f"Model {name} is still loading after {self.first_load_wait:g}s (--wait_for_model_load_seconds)",
-            ) from None
-
-    def _first_load_over(self, name: str, over: asyncio.Future[None]) -> None:
-        if self._first_loads.get(name) is over:
-            del self._first_loads[name]
-        if not over.done():
-            over.set_result(None)
+        if self._manager.loading_first(name):
+            await self._first_load_waits.wait(name, timeout)
 
     def refused(self, model: str, api: str, protocol: str, error: ServingError) -> None:
         """Count a request refused before it named a servable (a frontend could not read its model or version)."""
@@ -278,7 +147,7 @@ class Dataplane:
         """The harness of the servable ``spec`` names, already held for the caller (who releases it)."""
         if spec.version is not None and spec.label is not None:
             raise ServingError(Code.INVALID_ARGUMENT, "A request may name a version or a label, not both")
-        return self.manager.resolve(spec.name, spec.version, spec.label)
+        return self._manager.resolve(spec.name, spec.version, spec.label)
 
     @staticmethod
     def rest_input_specs(
@@ -325,7 +194,7 @@ class Dataplane:
         loop = asyncio.get_running_loop()
         interest = call._interest = Interest(timeout, loop)
         expiry = loop.call_later(timeout, interest.answer_early, deadline_exceeded()) if timeout is not None else None
-        return await _until_answered(self.scheduler.run(servable, signature, feed, outputs, interest), interest, expiry)
+        return await until_answered(self.scheduler.run(servable, signature, feed, outputs, interest), interest, expiry)
 
     @staticmethod
     async def _run(call: Call, work: Awaitable[T], timeout: float | None) -> T:
@@ -336,16 +205,16 @@ class Dataplane:
         (and with it the thread) is done. What ``work`` still has queued for a batch when the caller gives up
         leaves its queue unrun (the batcher's Interest).
 
-        The caller waits on ``answer``, a plain future the task fills as its last step (see :func:`_answering`),
+        The caller waits on ``answer``, a plain future the task fills as its last step (see :func:`answering`),
         not on a shield of the task under ``wait_for``: a cancelled caller cancels only ``answer``, the deadline
         is one timer, and the answer arrives in the loop turn after the work ends, as if awaited directly.
         """
         loop = asyncio.get_running_loop()
         answer: asyncio.Future[T] = loop.create_future()
         interest = Interest(timeout, loop)  # what it still has queued for a batch when the caller gives up never runs
-        call._work = interest.start(_answering(work, answer))
-        expiry = loop.call_later(timeout, _expire, answer) if timeout is not None else None
-        return await _until_answered(answer, interest, expiry)
+        call._work = interest.start(answering(work, answer))
+        expiry = loop.call_later(timeout, expire, answer) if timeout is not None else None
+        return await until_answered(answer, interest, expiry)
 
     async def predict(
         self,
@@ -391,28 +260,10 @@ class Dataplane:
         timeout: float | None,
         sequence: SequenceRequest | None,
     ) -> tuple[Signature, dict[str, np.ndarray]]:
-        """One request of a sequence of a stateful model, on the version the sequence started on (a promotion or a
-        canary since then does not move it), through that version's sequence batcher."""
-        if sequence is None:
-            raise missing_correlation_id(call.model)
-        key = (call.model, sequence.id)
-        pinned = self._pinned.get(key)
-        if sequence.start:
-            self._pinned.pop(key, None)
-        elif pinned is not None and pinned != call.version:
-            call.switch(ModelSpec(call.model, version=pinned))
+        """One request of a sequence of a stateful model (see :meth:`Sequences.step
+        <workbench.planes.sequences.Sequences.step>`), logged once answered."""
+        signature, result = await self._sequences.step(call, signature_name, inputs, output_filter, timeout, sequence)
         servable = call.servable
-        signature = inference.predict_signature(servable, signature_name)
-        feed, outputs = inference.prepare_predict(signature, inputs, output_filter)
-        batcher = self._sequence_batcher(servable)
-        if sequence.start:
-            self._pinned[key] = servable.version
-        work = asyncio.ensure_future(batcher.run(signature, feed, outputs, sequence))
-        call._work = work  # the version stays held until the step ran, even when the caller gave up
-        try:
-            result = await asyncio.wait_for(asyncio.shield(work), timeout)
-        except asyncio.TimeoutError:
-            raise deadline_exceeded() from None
         self._log(
             servable,
             lambda: prediction_logs.PredictEntry(
@@ -421,28 +272,11 @@ class Dataplane:
         )
         return signature, result
 
-    def _sequence_batcher(self, servable: Servable) -> SequenceBatcher:
-        key = (servable.name, servable.version)
-        batcher = self._sequence_batchers.get(key)
-        if batcher is None or batcher.servable is not servable:
-            assert servable.sequence is not None
-            model = servable.name
-
-            def released(sequence_id: SequenceId) -> None:
-                self._pinned.pop((model, sequence_id), None)
-
-            stateful: Any = servable  # a servable with a sequence implements run_step (StatefulServable)
-            batcher = SequenceBatcher(stateful, servable.sequence, self._executor, on_release=released)
-            self._sequence_batchers[key] = batcher
-        return batcher
-
     def forget_version(self, model: str, version: int) -> None:
         """``version`` of ``model`` unloaded: its sequences end (from any thread)."""
-        batcher = self._sequence_batchers.pop((model, version), None)
-        if batcher is not None:
-            batcher.close_soon()
+        self._sequences.forget_version(model, version)
 
-    async def stream(
+    def stream(
         self,
         call: Call,
         signature_name: str,
@@ -450,59 +284,9 @@ class Dataplane:
         output_filter: Sequence[str] = (),
         timeout: float | None = None,
     ) -> AsyncGenerator[dict[str, np.ndarray], None]:
-        """Run a decoupled servable: its responses to one request as they come. A caller that may stop early
-        iterates it under ``contextlib.aclosing`` inside its ``with call:``, so that leaving stops the model.
-
-        The model's generator is advanced on a worker thread one response at a time, and only when the caller asks
-        for the next: a slow client holds the model back rather than filling a buffer. Each request is its own run
-        (never batched). ``timeout`` bounds the whole request (DEADLINE_EXCEEDED). A caller that leaves early (closed,
-        cancelled, past its deadline) has the generator closed between two responses, once the step under way
-        returns; ``call`` holds the servable until then, so an unload never closes a model under its generator.
-        """
-        servable = call.servable
-        if not servable.decoupled:
-            raise ServingError(Code.FAILED_PRECONDITION, f"Model {call.model} is not decoupled: it answers once")
-        signature = inference.predict_signature(servable, signature_name)
-        feed, outputs = inference.prepare_predict(signature, inputs, output_filter)
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
-        responses = servable.run_decoupled(signature, feed, outputs)
-        step: asyncio.Future[Any] | None = None
-        over = False  # the generator ended or failed: nothing left to close
-        try:
-            while True:
-                step = loop.run_in_executor(self._executor, next, responses, _END)
-                call._work = step  # the servable stays held while a thread runs the model, whatever the caller does
-                remaining = None if deadline is None else deadline - loop.time()
-                try:
-                    result = await asyncio.wait_for(asyncio.shield(step), remaining)
-                except asyncio.TimeoutError:
-                    raise deadline_exceeded() from None
-                except Exception:
-                    over = step.done()  # the model's own error ends its generator
-                    raise
-                if result is _END:
-                    over = True
-                    return
-                yield result
-        finally:
-            if not over:
-                call._work = asyncio.ensure_future(self._close_responses(step, responses))
-
-    async def _close_responses(self, step: asyncio.Future[Any] | None, responses: Iterator[Any]) -> None:
-        """Close a decoupled model's generator once its step under way returned (a generator cannot be closed while
-        another thread runs it), on a worker thread: its ``finally`` blocks are the model's code. Responses that can
-        be told at once (``cancel()``: a Triton Python model's, whose step waits for the model's next send) are, so
-        that the step returns and the model hears now, not at its next response."""
-        cancel = getattr(responses, "cancel", None)
-        if callable(cancel):
-            cancel()
-        if step is not None and not step.done():
-            await asyncio.wait([step])
-        close = getattr(responses, "close", None)
-        if callable(close):
-            with contextlib.suppress(Exception):  # the request is over; platforms log their model's own failure
-                await asyncio.get_running_loop().run_in_executor(self._executor, close)
+        """Run a decoupled servable: its responses to one request as they come (see
+        :func:`workbench.planes.decoupled.stream`)."""
+        return decoupled.stream(call, self._executor, signature_name, inputs, output_filter, timeout)
 
     async def classify(
         self, call: Call, signature_name: str, examples: Sequence[bytes], timeout: float | None = None
@@ -553,10 +337,54 @@ class Dataplane:
             self.request_log.log(servable.name, entry)
 
     # ------------------------------------------------------------------------------------ queries
+    def knows(self, name: str) -> bool:
+        """Whether ``name`` is one of the server's models (lock-free: asked on every v2 request)."""
+        return self._manager.knows(name)
+
+    def model_names(self) -> list[str]:
+        return self._manager.model_names()
+
+    def labels(self, name: str) -> dict[str, int]:
+        """Every version label of ``name`` (the config's and the routing's)."""
+        return self._manager.labels(name)
+
+    def label_version(self, name: str, label: str) -> int:
+        return self._manager.label_version(name, label)
+
+    def available_versions(self, name: str) -> list[int]:
+        """``name``'s AVAILABLE versions, oldest first (NOT_FOUND when it has none at all)."""
+        return sorted(s.version for s in self._manager.version_status(name) if s.state == VersionState.AVAILABLE)
+
+    def dependents(self, name: str) -> set[str]:
+        """The models that run on ``name`` (its pipelines and handlers)."""
+        return self._manager.dependents(name)
+
+    def describe(self, name: str | None = None) -> list[dict[str, Any]]:
+        """Every model (or one) with its versions, states, labels, traffic shares and routing, JSON-ready."""
+        return self._manager.describe(name)
+
+    def readiness(self) -> Readiness:
+        return self._status.readiness()
+
+    def health(self) -> dict[str, object]:
+        return self._status.health()
+
+    def stats_snapshot(self) -> dict[str, object]:
+        return self._status.stats()
+
+    def metrics_exposition(self) -> bytes:
+        """The server's metrics in Prometheus' text format (the whole server's with --num_workers)."""
+        return self.metrics.exposition()
+
+    @property
+    def stopped(self) -> asyncio.Event:
+        """Set once the server's ports close."""
+        return self._status.stopped
+
     def model_status(self, name: str, version: int | None = None, label: str | None = None) -> list[VersionStatus]:
         if label is not None:
-            version = self.manager.label_version(name, label)
-        return self.manager.version_status(name, version)
+            version = self._manager.label_version(name, label)
+        return self._manager.version_status(name, version)
 
     def max_batch_size(self, model: str) -> int:
         """The most rows one batch of ``model`` runs (its batching parameters'); 0 when batching is off for it."""
@@ -566,9 +394,9 @@ class Dataplane:
     def repository(self) -> list[RepositoryRow]:
         """Every version of every model the server knows, with its state and why it failed (if it did)."""
         rows = []
-        for name in self.manager.model_names():
+        for name in self._manager.model_names():
             with contextlib.suppress(ServingError):  # a model with no versions (yet) has no rows
-                for status in self.manager.version_status(name):
+                for status in self._manager.version_status(name):
                     reason = status.error.message if status.error is not None else ""
                     rows.append(RepositoryRow(name, status.version, status.state.name, reason))
         return sorted(rows, key=lambda row: (row.name, row.version))
@@ -581,61 +409,11 @@ class Dataplane:
         if model is None:
             versions = [(row.name, row.version) for row in self.repository() if row.version is not None]
         else:
-            versions = [(model, status.version) for status in self.manager.version_status(model, version)]
+            versions = [(model, status.version) for status in self._manager.version_status(model, version)]
         # The whole server's with --num_workers (workbench.observability.whole_server), so any worker answers for
         # all of them.
-        totals = _MetricTotals(self.metrics.statistics_families())
+        totals = MetricTotals(self.metrics.statistics_families())
         return [totals.statistics(name, number) for name, number in sorted(versions)]
-
-
-class _MetricTotals:
-    """The server's Prometheus series summed per (model, version), read once for a statistics answer."""
-
-    def __init__(self, families: Iterable[Metric]) -> None:
-        self._samples: dict[tuple[str, str, str], float] = collections.defaultdict(float)
-        self._buckets: dict[tuple[str, str], list[tuple[float, float]]] = collections.defaultdict(list)
-        for metric in families:
-            for sample in metric.samples:
-                key = (sample.labels.get("model", ""), sample.labels.get("version", ""))
-                if sample.name == "workbench_batch_size_bucket":
-                    self._buckets[key].append((float(sample.labels["le"]), sample.value))
-                elif sample.name.startswith("workbench_requests") and not sample.name.endswith("_created"):
-                    code = "ok" if sample.labels["code"] == "OK" else "fail"
-                    self._samples[(*key, f"requests_{code}")] += sample.value
-                else:
-                    self._samples[(*key, sample.name)] += sample.value
-
-    def _duration(self, key: tuple[str, str], family: str) -> Duration:
-        return Duration(int(self._samples[(*key, f"{family}_count")]), self._samples[(*key, f"{family}_sum")])
-
-    def _cache(self, key: tuple[str, str], outcome: str, plural: str) -> Duration:
-        """Response cache hits or misses, read from Triton's ``nv_cache_*`` series (durations in µs)."""
-        count = int(self._samples[(*key, f"nv_cache_num_{plural}_per_model")])
-        return Duration(count, self._samples[(*key, f"nv_cache_{outcome}_duration_per_model")] / 1e6)
-
-    def statistics(self, model: str, version: int) -> ModelStatistics:
-        key = (model, str(version))
-        # Batch sizes as the batch-size histogram keeps them: a batch counts under the first bucket it fits
-        # (1, 2, 4, 8, ...), so a batch of 3 rows is reported as size 4.
-        batches, below = {}, 0.0
-        for bound, cumulative in sorted(self._buckets[key]):
-            if cumulative > below and bound != float("inf"):
-                batches[int(bound)] = Duration(int(cumulative - below))
-            below = cumulative
-        return ModelStatistics(
-            name=model,
-            version=version,
-            inference_count=int(self._samples[(*key, "workbench_batch_size_sum")]),
-            execution_count=int(self._samples[(*key, "workbench_batch_size_count")]),
-            success=self._duration(key, "workbench_request_latency_seconds"),
-            # Failed requests are counted, not timed (the latency histogram keeps answered ones).
-            fail=Duration(int(self._samples[(*key, "requests_fail")])),
-            queue=self._duration(key, "workbench_queue_seconds"),
-            compute_infer=self._duration(key, "workbench_inference_seconds"),
-            cache_hit=self._cache(key, "hit", "hits"),
-            cache_miss=self._cache(key, "miss", "misses"),
-            batches=batches,
-        )
 
 
 class _Members:

@@ -21,8 +21,6 @@ from ray import serve
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from workbench.cli import serve_options
-from workbench.frontends.grpc import ModelService, PredictionService
-from workbench.frontends.v2_grpc import InferenceService
 from workbench.ray.grpc_methods import ray_methods
 from workbench.ray.metrics import RayServingMetrics
 from workbench.ray.peers import ReplicaPeers
@@ -88,16 +86,16 @@ class WorkbenchReplica:
         peers = functools.partial(ReplicaPeers, app, self.replica_id)
         self.server = ModelServer(options, peers=peers, metrics=RayServingMetrics())
         await self.server.start(open_ports=False)  # returns once the repository's versions have loaded
-        dataplane = self.server.dataplane
-        self.prediction_service = PredictionService(dataplane)
-        self.model_service = ModelService(dataplane, self.server.apply_models)
-        self.inference_service = InferenceService(
-            dataplane, self.server.readiness, self.server.rescan, options.management_token
-        )
-        log.info("Replica %s serves %s", self.replica_id, ", ".join(self.server.manager.model_names()) or "no models")
+        # The server's own frontends, as its ports would serve them; Ray's proxy tells nothing of the client's address.
+        servicers = self.server.frontends.grpc_servicers(direct=False)
+        self.prediction_service = servicers.prediction
+        self.model_service = servicers.model
+        self.inference_service = servicers.inference
+        models = self.server.dataplane.model_names()
+        log.info("Replica %s serves %s", self.replica_id, ", ".join(models) or "no models")
 
     def __serve_build_asgi_app__(self) -> ASGIApp:  # noqa: PLW3201 - the name Ray Serve calls
-        return _ReplicaHeader(self.server.rest_app(), self.replica_id)
+        return _ReplicaHeader(self.server.frontends.rest_app(), self.replica_id)
 
     def check_health(self) -> None:
         """Ray's controller asks this periodically: a replica whose engine stopped is replaced."""

@@ -4,8 +4,9 @@ Each change is a compare-and-write of the model's stored routing (``routing_stat
 read afresh from the store (refusing a caller's stale ``generation`` early), decides the new routing with
 :mod:`~workbench.models.routing.policy`, keeps any version it gives a role loaded while the write is made, and routes by
 what was stored. A write racing another replica's is refused by the store, and this server then routes by the
-winner. Mixed into :class:`~workbench.models.manager.Manager`, which owns the models and their loading: this module
-only decides and stores routing changes.
+winner. :class:`RoutingChanges` *uses* the models' manager (:class:`~workbench.models.manager.Manager`, through the
+public methods :class:`RoutedModels` names), which owns the models and their loading: this module only decides and
+stores routing changes.
 """
 
 from __future__ import annotations
@@ -13,31 +14,51 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from workbench.core.errors import Code, ServingError
 from workbench.models.routing import policy as decisions
 from workbench.models.routing.policy import CANARY, STABLE, Routing
 from workbench.models.routing.store import RoutingConflict, RoutingStateStore, RoutingStateUnwritable, StoredRouting
 
-if TYPE_CHECKING:
-    from workbench.models.manager import _Model
+
+class RoutedModels(Protocol):
+    """What a routing change needs of the manager (each raises NOT_FOUND for a model not in the config)."""
+
+    def change_lock(self, name: str) -> threading.Lock:
+        """The lock that lets one change of ``name`` run at a time in this process."""
+        ...
+
+    def config_labels(self, name: str) -> dict[str, int]:
+        """The model config file's version labels of ``name``."""
+        ...
+
+    def routing_store(self, name: str) -> RoutingStateStore: ...
+
+    def reread_routing(self, name: str) -> StoredRouting:
+        """Read ``name``'s stored routing afresh, route by it, and return what it routes by now."""
+        ...
+
+    def route_by(self, name: str, stored: StoredRouting, store: RoutingStateStore) -> None:
+        """Route ``name`` by ``stored``, read from or written to ``store`` (not if the model has another store now)."""
+        ...
+
+    def available_versions(self, name: str) -> set[int]: ...
+
+    def has_version(self, name: str, version: int) -> bool:
+        """Whether ``version`` of ``name`` is known (loaded once, or on disk)."""
+        ...
+
+    def hold_loaded(self, name: str, version: int, timeout: float) -> contextlib.AbstractContextManager[None]:
+        """Load ``version`` and keep it loaded for the ``with`` block (raises when it does not load)."""
+        ...
 
 
 class RoutingChanges:
-    """The management operations of :class:`~workbench.models.manager.Manager` (a mixin: it is their home)."""
+    """The management operations on the routing of a :class:`RoutedModels` (the manager)."""
 
-    if TYPE_CHECKING:  # what the manager provides
-        _lock: threading.RLock
-        _models: dict[str, _Model]
-        _change_locks: dict[str, threading.Lock]
-
-        def _live_model(self, name: str) -> _Model: ...
-        @staticmethod
-        def _available(model: _Model) -> set[int]: ...
-        def _read_routing(self, name: str, store: RoutingStateStore) -> StoredRouting | None: ...
-        def _apply_routing(self, model: _Model, stored: StoredRouting) -> None: ...
-        def _held(self, name: str, version: int, timeout: float) -> contextlib.AbstractContextManager[None]: ...
+    def __init__(self, models: RoutedModels) -> None:
+        self._models = models
 
     def promote(self, name: str, version: int, timeout: float = 300.0, generation: int | None = None) -> None:
         """Point ``stable`` at ``version`` (loading it first) and make it the default of ``name``.
@@ -47,15 +68,14 @@ class RoutingChanges:
         """
         with self._changing(name):
             base = self._begin_change(name, generation, label=STABLE)
-            with self._held(name, version, timeout):
+            with self._models.hold_loaded(name, version, timeout):
                 self._commit(name, base, decisions.promote(base.routing, version))
 
     def rollback(self, name: str, generation: int | None = None) -> int:
         """Return ``stable`` to the version it pointed at before the last promotion; returns that version."""
         with self._changing(name):
             base = self._begin_change(name, generation, label=STABLE)
-            with self._lock:
-                available = self._available(self._live_model(name))
+            available = self._models.available_versions(name)
             routing, previous = decisions.rollback(name, base.routing, available)
             self._commit(name, base, routing)
             return previous
@@ -71,52 +91,41 @@ class RoutingChanges:
             if weight == 0:
                 self._commit(name, base, decisions.set_canary(base.routing, version, 0.0))
                 return
-            with self._held(name, version, timeout):
+            with self._models.hold_loaded(name, version, timeout):
                 self._commit(name, base, decisions.set_canary(base.routing, version, weight))
 
     def load_version(self, name: str, version: int, timeout: float = 300.0, generation: int | None = None) -> None:
         """Load (pin) ``version`` beyond the model's policy, and keep it loaded."""
         with self._changing(name):
             base = self._begin_change(name, generation)
-            with self._held(name, version, timeout):
+            with self._models.hold_loaded(name, version, timeout):
                 self._commit(name, base, decisions.pin(base.routing, version))
 
     def unload_version(self, name: str, version: int, generation: int | None = None) -> None:
         """Unload ``version`` (even if the policy wants it) — never the stable, canary or last serving one."""
         with self._changing(name):
             base = self._begin_change(name, generation)
-            with self._lock:
-                model = self._live_model(name)
-                if version not in model.versions and version not in model.on_disk:
-                    raise ServingError(Code.NOT_FOUND, f"Model {name} has no version {version}")
-                available = self._available(model)
+            if not self._models.has_version(name, version):
+                raise ServingError(Code.NOT_FOUND, f"Model {name} has no version {version}")
+            available = self._models.available_versions(name)
             self._commit(name, base, decisions.drop(name, base.routing, version, available))
 
     @contextlib.contextmanager
     def _changing(self, name: str) -> Iterator[None]:
         """One change of a model at a time in this process (other processes are kept out by the store's lock)."""
-        with self._lock:
-            self._live_model(name)  # an unknown name is NOT_FOUND here, and leaves no lock behind for each one sent
-            change_lock = self._change_locks.setdefault(name, threading.Lock())
-        with change_lock:
+        with self._models.change_lock(name):  # an unknown name is NOT_FOUND here
             yield
 
     def _begin_change(self, name: str, generation: int | None, label: str | None = None) -> StoredRouting:
         """The stored routing a change starts from, read afresh; refuse early what could not be stored."""
-        with self._lock:
-            model = self._live_model(name)
-            if label is not None:
-                decisions.check_label_owner(name, label, model.labels)
-            store, epoch = model.store, model.routing_epoch
+        store = self._models.routing_store(name)
+        if label is not None:
+            decisions.check_label_owner(name, label, self._models.config_labels(name))
         try:
             store.check_writable()
         except RoutingStateUnwritable as exc:
             raise _unwritable(name, exc) from None
-        stored = self._read_routing(name, store)
-        with self._lock:
-            if stored is not None and model.routing_epoch == epoch:
-                self._apply_routing(model, stored)
-            base = model.stored
+        base = self._models.reread_routing(name)
         if generation is not None and generation != base.generation:
             raise ServingError(
                 Code.ABORTED,
@@ -129,16 +138,12 @@ class RoutingChanges:
         """Store ``routing`` (no lock held while it is written), then route by it."""
         if routing == base.routing:
             return  # nothing changes: nothing to write
-        with self._lock:
-            model = self._live_model(name)
-            store = model.store
+        store = self._models.routing_store(name)
         try:
             stored = store.write(routing, base)
         except RoutingConflict as conflict:
             current = conflict.current
-            with self._lock:
-                if self._models.get(name) is model:
-                    self._apply_routing(model, current)
+            self._models.route_by(name, current, store)
             moved = (
                 f"generation {base.generation} was edited in place"
                 if current.generation == base.generation
@@ -152,9 +157,7 @@ class RoutingChanges:
             ) from None
         except RoutingStateUnwritable as exc:
             raise _unwritable(name, exc) from None
-        with self._lock:
-            if self._models.get(name) is model:
-                self._apply_routing(model, stored)
+        self._models.route_by(name, stored, store)
 
 
 def _unwritable(name: str, exc: RoutingStateUnwritable) -> ServingError:

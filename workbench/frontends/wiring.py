@@ -1,0 +1,113 @@
+"""The frontends, wired once: each gets the data plane, the control plane and its own settings, nothing else.
+
+A server (:mod:`workbench.server`) serves them on its ports; a Ray Serve replica (:mod:`workbench.ray.replica`)
+hands Ray's proxies the same REST app and gRPC servicers. Both build them here, so they cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import grpc
+from starlette.applications import Starlette
+
+from workbench.config.options import ServerOptions
+from workbench.frontends.grpc import ModelService, PredictionService
+from workbench.frontends.management import management_routes
+from workbench.frontends.probes import probe_routes
+from workbench.frontends.rest import create_app
+from workbench.frontends.sequence_routing import SequenceRouter
+from workbench.frontends.v2_grpc import InferenceService
+from workbench.frontends.v2_rest import V2Settings, v2_routes
+from workbench.frontends.v2_shared_memory import SharedMemoryAccess
+from workbench.planes.controlplane import ControlPlane
+from workbench.planes.dataplane import Dataplane
+
+
+@dataclasses.dataclass(frozen=True)
+class FrontendSettings:
+    """The frontends' own settings: limits, CORS, the Prometheus path, the management token, and the helpers of a
+    server with several workers (the sequence router) and of one with shared memory."""
+
+    rest_timeout_ms: int = 30000
+    rest_max_request_bytes: int = 256 * 1024 * 1024
+    enable_cors: bool = False
+    prometheus_path: str | None = None  # TF Serving's monitoring path, beside /metrics (None: /metrics alone)
+    management_token: str = ""
+    router: SequenceRouter | None = None  # with --num_workers: a sequence's requests go to the worker holding it
+    shared_memory: SharedMemoryAccess | None = None  # None: no shared-memory routes or RPCs
+
+    @classmethod
+    def of(
+        cls,
+        options: ServerOptions,
+        router: SequenceRouter | None = None,
+        shared_memory: SharedMemoryAccess | None = None,
+    ) -> FrontendSettings:
+        monitoring = options.monitoring()
+        return cls(
+            rest_timeout_ms=options.rest_api_timeout_in_ms,
+            rest_max_request_bytes=options.rest_api_max_request_bytes,
+            enable_cors=options.rest_api_enable_cors_support,
+            prometheus_path=monitoring.prometheus_path if monitoring.prometheus_enabled else None,
+            management_token=options.management_token,
+            router=router,
+            shared_memory=shared_memory,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class GrpcServicers:
+    """The gRPC services: TF Serving's PredictionService and ModelService, and v2's GRPCInferenceService."""
+
+    prediction: PredictionService
+    model: ModelService
+    inference: InferenceService
+
+    def adders(self) -> list[Callable[[grpc.aio.Server], None]]:
+        """What adds each to a gRPC server (for :func:`~workbench.frontends.grpc.start_grpc_server`)."""
+        return [self.prediction.add_to, self.model.add_to, self.inference.add_to]
+
+
+class Frontends:
+    """Every frontend of one server, on its two planes."""
+
+    def __init__(self, dataplane: Dataplane, controlplane: ControlPlane, settings: FrontendSettings) -> None:
+        self.dataplane = dataplane
+        self.controlplane = controlplane
+        self.settings = settings
+
+    def rest_app(self) -> Starlette:
+        """The REST API as an ASGI app: TF Serving's /v1, v2, management, stats, probes and metrics."""
+        dataplane, controlplane, settings = self.dataplane, self.controlplane, self.settings
+        return create_app(
+            dataplane,
+            timeout_ms=settings.rest_timeout_ms,
+            max_request_bytes=settings.rest_max_request_bytes,
+            enable_cors=settings.enable_cors,
+            prometheus_path=settings.prometheus_path,
+            extra_routes=[
+                *probe_routes(dataplane),
+                *management_routes(dataplane, controlplane, settings.management_token),
+                *v2_routes(
+                    dataplane,
+                    controlplane,
+                    V2Settings(settings.rest_timeout_ms, settings.rest_max_request_bytes, settings.management_token),
+                    settings.router,
+                    settings.shared_memory,
+                ),
+            ],
+        )
+
+    def grpc_servicers(self, direct: bool = True) -> GrpcServicers:
+        """The gRPC servicers; ``direct=False`` for calls that come through a proxy (Ray Serve's), which tells
+        nothing of the client's address: no shared memory (offered only to clients on this host) nor sequence
+        routing between workers then."""
+        dataplane, controlplane, settings = self.dataplane, self.controlplane, self.settings
+        router, shared_memory = (settings.router, settings.shared_memory) if direct else (None, None)
+        return GrpcServicers(
+            PredictionService(dataplane),
+            ModelService(dataplane, controlplane, settings.management_token),
+            InferenceService(dataplane, controlplane, settings.management_token, router, shared_memory),
+        )

@@ -1,0 +1,98 @@
+"""What the manager keeps of each model and version: plain records, changed only under the manager's lock.
+
+:class:`~workbench.models.manager.Manager` owns them; :mod:`~workbench.models.routes` builds what requests resolve
+against from them, :mod:`~workbench.models.composites` reads them for the pipelines waiting on their members, and
+:mod:`~workbench.models.views` copies them into plain snapshots.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import enum
+import threading
+import time
+
+from workbench.config.options import ModelConfig
+from workbench.core.errors import ServingError
+from workbench.core.servable import Servable
+from workbench.models.harness import Harness
+from workbench.models.routing.policy import CanarySplit, Routing
+from workbench.models.routing.store import RoutingStateStore, StoredRouting
+
+
+class VersionState(enum.IntEnum):
+    """ModelVersionStatus.State, with the proto's numbers."""
+
+    START = 10
+    LOADING = 20
+    AVAILABLE = 30
+    UNLOADING = 40
+    END = 50
+
+
+@dataclasses.dataclass(frozen=True)
+class DiskVersion:
+    """A version folder as the source saw it; the fingerprint changes when its files do."""
+
+    path: str
+    fingerprint: tuple[int, ...] = ()
+
+
+@dataclasses.dataclass
+class VersionRecord:
+    version: int
+    path: str
+    fingerprint: tuple[int, ...]
+    state: VersionState = VersionState.START
+    error: ServingError | None = None
+    harness: Harness | None = None
+    # A composite version (a pipeline) and the models it runs on that were not serving when it loaded: it waits,
+    # loaded and ``parked`` (LOADING), while one of them is on its way, else it ends with that error and is
+    # retried once they all serve.
+    awaiting: frozenset[str] = frozenset()
+    parked: Servable | None = None
+    since: float = dataclasses.field(default_factory=time.time)
+
+
+@dataclasses.dataclass(frozen=True)
+class VersionStatus:
+    """A snapshot of one version for status APIs (never holds the servable)."""
+
+    version: int
+    state: VersionState
+    error: ServingError | None
+    since: float
+
+
+@dataclasses.dataclass
+class ModelRecord:
+    config: ModelConfig
+    store: RoutingStateStore
+    stored: StoredRouting  # the routing this server routes by, as last read from (or written to) the store
+    aspired: dict[int, DiskVersion] = dataclasses.field(default_factory=dict)
+    on_disk: dict[int, DiskVersion] = dataclasses.field(default_factory=dict)
+    policy_versions: set[int] = dataclasses.field(default_factory=set)
+    versions: dict[int, VersionRecord] = dataclasses.field(default_factory=dict)
+    labels: dict[str, int] = dataclasses.field(default_factory=dict)  # the model config file's version_labels
+    label_map: dict[str, int] = dataclasses.field(default_factory=dict)  # every label: labels_of(labels, routing)
+    # Versions a management change in progress is loading: kept loaded until the change is stored (or failed).
+    held: collections.Counter[int] = dataclasses.field(default_factory=collections.Counter)
+    split: CanarySplit = dataclasses.field(default_factory=CanarySplit)
+    split_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)  # the split's counters
+    # Bumped whenever ``stored`` is replaced, so a read that started before a newer state arrived is dropped.
+    routing_epoch: int = 0
+    drops_ignored: bool = False  # the routing's drops would leave nothing to serve (warned once)
+    source_error: str = ""  # why its repository could not be listed at the last poll (an object store)
+    removed: bool = False
+    scanned: bool = False  # the source has listed its versions at least once
+    # The model config's version labels have not been applied yet (they come once its versions have loaded).
+    labels_pending: bool = False
+
+    @property
+    def routing(self) -> Routing:
+        return self.stored.routing
+
+    def available(self) -> set[int]:
+        """The versions that serve."""
+        return {v for v, r in self.versions.items() if r.state == VersionState.AVAILABLE}

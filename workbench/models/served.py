@@ -1,0 +1,206 @@
+"""The models a manager serves, as records under one lock, and every question those records answer.
+
+:class:`ServedModels` owns the state (the lock, the model records, the routes requests resolve against, the first
+loads under way) and only reads it; :class:`~workbench.models.manager.Manager`, its subclass, is the one writer: it
+configures models, loads and unloads their versions and routes them. The split keeps the lifecycle in one file and
+the status, views and resolution in another, with the state defined once, here.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from workbench.config.options import ModelConfig
+from workbench.core.errors import Code, ServingError
+from workbench.models import composites
+from workbench.models.first_loads import FirstLoads
+from workbench.models.harness import Harness
+from workbench.models.records import ModelRecord, VersionState, VersionStatus
+from workbench.models.routes import Route, ServableHandle
+from workbench.models.routing.store import RoutingStateStore
+from workbench.models.views import ModelSnapshot, describe_model, snapshot_of
+
+
+class ServedModels:
+    """The models' records and routes, and the queries on them (status, views, resolution); read-only."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._settled = threading.Condition(self._lock)  # notified whenever a version's state may have settled
+        self._models: dict[str, ModelRecord] = {}
+        self._routes: dict[str, Route] = {}  # by model name; replaced (never changed) under the lock
+        self._first_loads = FirstLoads()  # see :meth:`when_first_loaded`
+
+    def _live_model(self, name: str) -> ModelRecord:
+        model = self._models.get(name)
+        if model is None or model.removed:
+            raise ServingError(Code.NOT_FOUND, f"Model {name} is not in the server's config")
+        return model
+
+    def configs(self) -> list[ModelConfig]:
+        with self._lock:
+            return [m.config for m in self._models.values() if not m.removed]
+
+    # ---------------------------------------------------------------- what a routing change reads
+    def config_labels(self, name: str) -> dict[str, int]:
+        """The model config file's version labels of ``name``."""
+        with self._lock:
+            return dict(self._live_model(name).labels)
+
+    def routing_store(self, name: str) -> RoutingStateStore:
+        with self._lock:
+            return self._live_model(name).store
+
+    def available_versions(self, name: str) -> set[int]:
+        with self._lock:
+            return self._live_model(name).available()
+
+    def has_version(self, name: str, version: int) -> bool:
+        """Whether ``name`` has ``version``: loaded (or tried) here, or in its repository."""
+        with self._lock:
+            model = self._live_model(name)
+            return version in model.versions or version in model.on_disk
+
+    # ---------------------------------------------------------------- first loads: requests that wait for them
+    def knows(self, name: str) -> bool:
+        """Whether ``name`` is one of the server's models (lock-free: asked on every v2 request)."""
+        model = self._models.get(name)
+        return model is not None and not model.removed
+
+    def dependents(self, name: str) -> set[str]:
+        """The models with a version (serving or waiting to) that runs on ``name``: its pipelines and handlers."""
+        with self._lock:
+            return composites.dependents(self._models, name)
+
+    def loading_first(self, name: str) -> bool:
+        """Whether ``name`` is configured and its first load is not over yet (lock-free: asked on every request).
+
+        A request for such a model waits for that load (:meth:`when_first_loaded`) instead of being told the model
+        does not exist, as TF Serving never says: it opens its ports only once the initial models have loaded.
+        """
+        return self._first_loads.loading(name)
+
+    def when_first_loaded(self, name: str, callback: Callable[[], None]) -> bool:
+        """Call ``callback()`` (from any thread, under the lock) once ``name``'s first load is over; False when it
+        already is (then ``callback`` is never called)."""
+        with self._lock:
+            return self._first_loads.when_over(name, callback)
+
+    def why_not_serving(self, name: str, version: int | None = None) -> str:
+        """Why a configured ``name`` (or its ``version``) does not serve: load errors or its source's problem
+        ("" when there is nothing to tell: an unknown model, or versions on their way)."""
+        with self._lock:
+            model = self._models.get(name)
+            if model is None or model.removed:
+                return ""
+            if model.source_error:
+                return f"its repository cannot be listed: {model.source_error}"
+            failed = {v: r.error.message for v, r in sorted(model.versions.items()) if r.error is not None}
+            if version is not None:
+                return f"version {version} failed to load: {failed[version]}" if version in failed else ""
+            if failed and not model.available():
+                return "; ".join(f"version {v} failed to load: {message}" for v, message in failed.items())
+            if model.scanned and not model.versions:
+                return "no version found in its base path"
+            return ""
+
+    # ----------------------------------------------------------------------------------------- views
+    def snapshots(self, name: str | None = None) -> list[ModelSnapshot]:
+        """Every model (or one) as plain data, copied under the lock; views are built from it without it."""
+        with self._lock:
+            if name is not None:
+                models = [self._live_model(name)]
+            else:
+                models = [m for _, m in sorted(self._models.items()) if not m.removed]
+            return [snapshot_of(m) for m in models]
+
+    def describe(self, name: str | None = None) -> list[dict[str, Any]]:
+        """Every model (or one) with its versions, states, labels, traffic shares and routing, JSON-ready."""
+        return [describe_model(snapshot) for snapshot in self.snapshots(name)]
+
+    # -------------------------------------------------------------------------------------- queries
+    def handle(self, name: str, version: int | None = None, label: str | None = None) -> ServableHandle:
+        """Hold the servable a request runs on until the request is answered (it cannot unload meanwhile)."""
+        return ServableHandle(self.resolve(name, version, label))
+
+    def resolve(self, name: str, version: int | None = None, label: str | None = None) -> Harness:
+        """The servable a request for (name, version or label) runs on, already acquired for the caller.
+
+        Lock-free: it reads the model's current :class:`~workbench.models.routes.Route`. A version leaves the route
+        (under the lock) before its unload starts, so when the harness refuses (it is unloading), a newer route is
+        already in place and resolution starts over from it. Callers release what they get.
+        """
+        route = self._routes.get(name)
+        if label is not None:
+            version = route.labels.get(label) if route is not None else None
+            if version is None:
+                raise ServingError(Code.INVALID_ARGUMENT, f"Unrecognized servable version label: {label}")
+        while route is not None:
+            chosen = route.pick() if version is None else route.serving.get(version)
+            if chosen is None:
+                break
+            if chosen.acquire():
+                return chosen
+            newer = self._routes.get(name)
+            route = newer if newer is not route else None
+        # TF Serving's words, which clients match on; then why, when the model is configured and failed to load.
+        wanted = f"Latest({name})" if version is None else f"Specific({name}, {version})"
+        why = self.why_not_serving(name, version)
+        raise ServingError(Code.NOT_FOUND, f"Servable not found for request: {wanted}" + (f": {why}" if why else ""))
+
+    def version_status(self, name: str, version: int | None = None) -> list[VersionStatus]:
+        """Versions of ``name``, newest first, as GetModelStatus reports them."""
+        with self._lock:
+            model = self._models.get(name)
+            records = list(model.versions.values()) if model is not None else []
+            problem = model.source_error if model is not None else ""
+        if problem and not records:  # e.g. a missing bucket: say so rather than "no versions"
+            raise ServingError(Code.NOT_FOUND, f"Could not find any versions of model {name}: {problem}")
+        if version is not None:
+            records = [r for r in records if r.version == version]
+            if not records:
+                raise ServingError(Code.NOT_FOUND, f"Could not find version {version} of model {name}")
+        elif not records:
+            raise ServingError(Code.NOT_FOUND, f"Could not find any versions of model {name}")
+        return [
+            VersionStatus(r.version, r.state, r.error, r.since)
+            for r in sorted(records, key=lambda r: r.version, reverse=True)
+        ]
+
+    def version_state(self, name: str, version: int) -> VersionState | None:
+        """The state of the current record of ``version`` (None: never loaded); a listener may call it."""
+        with self._lock:
+            model = self._models.get(name)
+            record = model.versions.get(version) if model is not None else None
+            return record.state if record is not None else None
+
+    def label_version(self, name: str, label: str) -> int:
+        with self._lock:
+            model = self._models.get(name)
+            version = model.label_map.get(label) if model is not None and not model.removed else None
+        if version is None:
+            raise ServingError(Code.INVALID_ARGUMENT, f"Unrecognized servable version label: {label}")
+        return version
+
+    def labels(self, name: str) -> dict[str, int]:
+        with self._lock:
+            model = self._models.get(name)
+            return dict(model.label_map) if model is not None else {}
+
+    def model_names(self) -> list[str]:
+        with self._lock:
+            return sorted(n for n, m in self._models.items() if not m.removed)
+
+    def _settled_locked(self) -> bool:
+        for model in self._models.values():
+            for record in model.versions.values():
+                if record.state in (VersionState.START, VersionState.LOADING, VersionState.UNLOADING):
+                    return False
+        return True
+
+    def wait_until_settled(self, timeout: float | None = None) -> bool:
+        """Block until no version is loading or unloading (True), or ``timeout`` passes (False)."""
+        with self._lock:
+            return self._settled.wait_for(self._settled_locked, timeout=timeout)

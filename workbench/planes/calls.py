@@ -1,0 +1,152 @@
+"""One request in flight through the data plane: what it names (:class:`ModelSpec`), the servable it holds and how it
+is counted (:class:`Call`), and how its answer meets its deadline (:func:`until_answered`, :func:`answering`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Awaitable
+from typing import Any, Protocol, TypeVar
+
+from workbench.batching.interest import Interest, deadline_exceeded
+from workbench.core.errors import Code, ServingError, from_exception
+from workbench.core.servable import Servable
+from workbench.models.harness import Harness
+from workbench.observability.metrics import ServingMetrics
+from workbench.observability.stats import RollingStats
+
+T = TypeVar("T")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """What a request names: a model and at most one of a version or a label."""
+
+    name: str
+    version: int | None = None
+    label: str | None = None
+    signature_name: str = ""
+
+
+class CallSite(Protocol):
+    """What a :class:`Call` needs of the data plane."""
+
+    metrics: ServingMetrics
+    stats: RollingStats
+
+    def resolve(self, spec: ModelSpec) -> Harness: ...
+
+
+class Call:
+    """One request in flight: ``with dataplane.request(spec, api, protocol) as call:``.
+
+    Entering resolves ``spec`` and holds the servable (``call.servable``); leaving counts the request once, by its
+    final status, in the metrics and the rolling stats. The hold outlives the answer when it must: a request
+    answered early (its deadline passed, its client cancelled) while a worker thread still runs its servable
+    releases the servable only when that thread returns, so an unload never closes a model under a running
+    ``run()``. A plain ``with``, not ``async with``: nothing here awaits, and this runs on every request.
+    """
+
+    __slots__ = ("_dataplane", "_harness", "_started", "_work", "_interest", "servable", "model", "api", "protocol")
+
+    def __init__(self, dataplane: CallSite, spec: ModelSpec, api: str, protocol: str) -> None:
+        self._dataplane = dataplane
+        self.model, self.api, self.protocol = spec.name, api, protocol
+        self._started = time.perf_counter()
+        self._work: asyncio.Future[Any] | None = None  # a composite's run, as a task of its own
+        self._interest: Interest | None = None  # a plain servable's run: its batch tasks, awaited by the request
+        try:
+            # The harness itself, not a ServableHandle around it: one object less on every request.
+            self._harness = dataplane.resolve(spec)
+        except BaseException as exc:  # an unknown model or version is a request too: count it
+            self._count(exc, None)
+            raise
+        self.servable: Servable = self._harness.servable
+
+    @property
+    def version(self) -> int:
+        return self.servable.version
+
+    def switch(self, spec: ModelSpec) -> None:
+        """Run on the servable ``spec`` names instead (the version a sequence started on): held, the other released."""
+        harness = self._dataplane.resolve(spec)
+        self._harness.release()
+        self._harness, self.servable = harness, harness.servable
+
+    def __enter__(self) -> Call:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        # Answered; a worker thread may still run the servable for it: hold it until that thread returns.
+        work, interest = self._work, self._interest
+        if interest is not None and interest.running:
+            interest.when_idle(self._harness.release)
+        elif work is not None and not work.done():
+            work.add_done_callback(self._release)
+        else:
+            self._harness.release()
+        self._count(exc, self.servable.version)
+
+    def _release(self, _: object) -> None:
+        self._harness.release()
+
+    def _count(self, exc: BaseException | None, version: int | None) -> None:
+        if exc is None:
+            code = "OK"
+        elif isinstance(exc, ServingError):
+            code = exc.code.name
+        elif isinstance(exc, asyncio.CancelledError):
+            code = Code.CANCELLED.name
+        else:
+            code = from_exception(exc).code.name
+        seconds = time.perf_counter() - self._started
+        self._dataplane.metrics.observe_request(self.model, version, self.api, self.protocol, code, seconds)
+        self._dataplane.stats.record_request(self.model, version, seconds, code == "OK")
+
+
+class Expired(Exception):
+    """A request's deadline passed before its answer came (set on the answer future by its timer)."""
+
+
+def expire(answer: asyncio.Future[Any]) -> None:
+    if not answer.done():
+        answer.set_exception(Expired())
+
+
+async def until_answered(waiting: Awaitable[T], interest: Interest, expiry: asyncio.TimerHandle | None) -> T:
+    """What a request awaits, until it is answered: a cancelled caller gives up the work still queued for it, an
+    expired answer (:func:`expire`) is DEADLINE_EXCEEDED, and the deadline's timer ends with the wait."""
+    try:
+        return await waiting
+    except Expired:
+        interest.give_up(deadline_exceeded())
+        raise deadline_exceeded() from None
+    except asyncio.CancelledError:
+        interest.give_up(ServingError(Code.CANCELLED, "Cancelled"))
+        raise
+    finally:
+        if expiry is not None:
+            expiry.cancel()
+
+
+async def answering(work: Awaitable[T], answer: asyncio.Future[T]) -> None:
+    """Await ``work`` and hand its outcome to ``answer``, unless nobody waits for it any more.
+
+    Run as the request's task: setting ``answer`` is the task's last step, so by the time the caller resumes the
+    task is done (and ``Call`` releases the servable at once). An outcome nobody waits for (the caller's deadline
+    passed, it cancelled) is dropped here, never left unretrieved.
+    """
+    try:
+        result = await work
+    except asyncio.CancelledError:
+        if not answer.done():
+            answer.cancel()
+        raise
+    except Exception as exc:  # noqa: BLE001 - the caller's to raise
+        if not answer.done():
+            answer.set_exception(exc)
+    else:
+        if not answer.done():
+            answer.set_result(result)

@@ -1,0 +1,82 @@
+"""Decoupled models (0..n responses per request): their responses to one request, streamed as they come."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
+from concurrent.futures import Executor
+from typing import Any
+
+import numpy as np
+
+from workbench.batching.scheduler import deadline_exceeded
+from workbench.core import inference
+from workbench.core.errors import Code, ServingError
+from workbench.planes.calls import Call
+
+_END = object()  # what next() answers once a decoupled model's generator is over
+
+
+async def stream(
+    call: Call,
+    executor: Executor,
+    signature_name: str,
+    inputs: Mapping[str, np.ndarray],
+    output_filter: Sequence[str] = (),
+    timeout: float | None = None,
+) -> AsyncGenerator[dict[str, np.ndarray], None]:
+    """Run a decoupled servable: its responses to one request as they come. A caller that may stop early
+    iterates it under ``contextlib.aclosing`` inside its ``with call:``, so that leaving stops the model.
+
+    The model's generator is advanced on a worker thread one response at a time, and only when the caller asks
+    for the next: a slow client holds the model back rather than filling a buffer. Each request is its own run
+    (never batched). ``timeout`` bounds the whole request (DEADLINE_EXCEEDED). A caller that leaves early (closed,
+    cancelled, past its deadline) has the generator closed between two responses, once the step under way
+    returns; ``call`` holds the servable until then, so an unload never closes a model under its generator.
+    """
+    servable = call.servable
+    if not servable.decoupled:
+        raise ServingError(Code.FAILED_PRECONDITION, f"Model {call.model} is not decoupled: it answers once")
+    signature = inference.predict_signature(servable, signature_name)
+    feed, outputs = inference.prepare_predict(signature, inputs, output_filter)
+    loop = asyncio.get_running_loop()
+    deadline = None if timeout is None else loop.time() + timeout
+    responses = servable.run_decoupled(signature, feed, outputs)
+    step: asyncio.Future[Any] | None = None
+    over = False  # the generator ended or failed: nothing left to close
+    try:
+        while True:
+            step = loop.run_in_executor(executor, next, responses, _END)
+            call._work = step  # the servable stays held while a thread runs the model, whatever the caller does
+            remaining = None if deadline is None else deadline - loop.time()
+            try:
+                result = await asyncio.wait_for(asyncio.shield(step), remaining)
+            except asyncio.TimeoutError:
+                raise deadline_exceeded() from None
+            except Exception:
+                over = step.done()  # the model's own error ends its generator
+                raise
+            if result is _END:
+                over = True
+                return
+            yield result
+    finally:
+        if not over:
+            call._work = asyncio.ensure_future(_close_responses(step, responses, executor))
+
+
+async def _close_responses(step: asyncio.Future[Any] | None, responses: Iterator[Any], executor: Executor) -> None:
+    """Close a decoupled model's generator once its step under way returned (a generator cannot be closed while
+    another thread runs it), on a worker thread: its ``finally`` blocks are the model's code. Responses that can
+    be told at once (``cancel()``: a Triton Python model's, whose step waits for the model's next send) are, so
+    that the step returns and the model hears now, not at its next response."""
+    cancel = getattr(responses, "cancel", None)
+    if callable(cancel):
+        cancel()
+    if step is not None and not step.done():
+        await asyncio.wait([step])
+    close = getattr(responses, "close", None)
+    if callable(close):
+        with contextlib.suppress(Exception):  # the request is over; platforms log their model's own failure
+            await asyncio.get_running_loop().run_in_executor(executor, close)

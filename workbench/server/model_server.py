@@ -1,0 +1,342 @@
+"""The serving process's composition root: the engine, the two planes and the frontends, on one asyncio loop.
+
+:class:`ModelServer` wires the manager, the control plane (the repository source, config changes, model control and
+routing changes), metrics, the data plane and the frontends (:class:`~workbench.frontends.wiring.Frontends`), and
+runs a server's life: its ports (:mod:`workbench.server.ports`), its watchers (:mod:`workbench.server.watchers`) and
+its announcements (:mod:`workbench.server.announce`).
+
+Life of a server: the ports open first (liveness answers, readiness says "starting"), then the initial models
+load; it is ready while every model has an AVAILABLE version. Stopping is a drain (:meth:`ModelServer.stop`):
+readiness turns false, optionally new connections are still taken for a delay, then the ports stop accepting,
+accepted requests (those queued for a batch included) finish within the drain's budget, and the engine stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+
+from workbench import platforms
+from workbench.batching.scheduler import BatchRecord, BatchScheduler
+from workbench.batching.threads import InferenceThreads
+from workbench.config.options import ServerOptions
+from workbench.core.errors import Code
+from workbench.frontends.grpc import ReadinessHealth
+from workbench.frontends.sequence_routing import SequenceRouter, private_socket
+from workbench.frontends.v2_shared_memory import SharedMemoryAccess
+from workbench.frontends.wiring import Frontends, FrontendSettings
+from workbench.models.manager import Manager, VersionState
+from workbench.models.readiness import Phase, ServerReadiness
+from workbench.models.routing.store import read_legacy_state
+from workbench.models.warmup import warm_up
+from workbench.observability.metrics import ServingMetrics
+from workbench.observability.request_logger import RequestLogger
+from workbench.observability.stats import RollingStats
+from workbench.observability.whole_server import LocalViews, Peers, WholeServerMetrics, WorkerPeers
+from workbench.planes.controlplane import ControlPlane
+from workbench.planes.dataplane import Dataplane, ServerStatus
+from workbench.planes.response_cache import ResponseCache
+from workbench.planes.shared_memory import SharedMemoryRegistry
+from workbench.platforms.base import LoadPolicy
+from workbench.runtime.storage import VersionCache, caching_loader
+from workbench.server.announce import JupyterRecord, write_ready_file
+from workbench.server.cache_counts import CacheCounts
+from workbench.server.ports import Ports
+from workbench.server.watchers import ConfigFileWatcher, watch_parent
+
+log = logging.getLogger("workbench.server")  # the server's log lines, whichever of its modules writes them
+
+
+class ModelServer:
+    """One server: load the models, then answer on the configured ports until stopped."""
+
+    def __init__(
+        self,
+        options: ServerOptions,
+        *,
+        peers: Callable[[LocalViews], Peers] | None = None,
+        metrics: ServingMetrics | None = None,
+    ) -> None:
+        """``peers``: the processes this one serves with as one server, given this one's views (default: the
+        other workers of --num_workers, if it is one); its stats, metrics and health then answer for all of them.
+        ``metrics``: where requests and batches are recorded (with peers, a :class:`WholeServerMetrics`)."""
+        self.options = options
+        if peers is None and options.worker_dir:
+            peers = functools.partial(WorkerPeers, options.worker_dir, options.worker_index, options.num_workers)
+        self.metrics = metrics or (WholeServerMetrics() if peers is not None else ServingMetrics())
+        self.peers: Peers | None = None
+        if peers is not None:
+            if not isinstance(self.metrics, WholeServerMetrics):
+                raise TypeError("a server with peers answers their metrics too: give it a WholeServerMetrics")
+            views = LocalViews(self._own_stats_snapshot, self.metrics.own_exposition, self._own_health)
+            self.peers = self.metrics.peers = peers(views)
+        self.stats = RollingStats()
+        # Versions in object stores load from a local copy, downloaded per load and removed on unload.
+        self.model_cache = VersionCache(options.model_cache_dir)
+        self.manager = Manager(
+            caching_loader(
+                platforms.Loader(LoadPolicy(options.allow_pickle, options.allow_python_models)), self.model_cache
+            ),
+            warmup=warm_up if options.enable_model_warmup else None,
+            load_threads=options.num_load_threads,
+            allow_labels_for_unavailable=options.allow_version_labels_for_unavailable_models,
+            # Routing lives in each model's base path; an older workbench's state file is where it starts.
+            initial_routing=read_legacy_state(options.routing_state_path()),
+        )
+        self.manager.add_listener(self._on_state_change)
+        self.readiness = ServerReadiness(self.manager)
+        self.request_log = RequestLogger()  # TF Serving's logging_config: sampled requests to TFRecord files
+        self.cache = (
+            ResponseCache(
+                options.response_cache_bytes, options.response_cache_models, CacheCounts(self.stats, self.metrics)
+            )
+            if options.response_cache_bytes > 0
+            else None
+        )
+        self.controlplane = ControlPlane(
+            self.manager,
+            options,
+            request_log=self.request_log,
+            cache=self.cache,
+            on_models_changed=self._readiness_changed,
+        )
+        self.source = self.controlplane.source
+        # With --num_workers: a sequence's requests go to the worker that holds it (its private socket).
+        self.router = (
+            SequenceRouter(options.worker_dir, options.worker_index, options.num_workers)
+            if options.worker_dir and options.num_workers > 1
+            else None
+        )
+        # N workers share the cores: each takes its part of the default
+        threads = options.num_inference_threads or max(4, 2 * (os.cpu_count() or 1) // max(1, options.num_workers))
+        self._executor = InferenceThreads(threads, "workbench-infer")
+        self.scheduler = BatchScheduler(
+            self._executor, lambda servable: self.controlplane.batching_for(servable.name), listener=self._on_batch
+        )
+        self.metrics.report_queue_depths(self._queue_depths)
+        self.metrics.report_traffic_shares(self._traffic_shares)
+        self._stopped = asyncio.Event()  # set when the ports close: live stat streams end
+        self.dataplane = Dataplane(
+            self.manager,
+            self.metrics,
+            self.stats,
+            self._executor,
+            self.scheduler,
+            request_log=self.request_log,
+            batching_for=self.controlplane.batching_for,
+            first_load_wait=options.wait_for_model_load_seconds,
+            cache=self.cache,
+            status=ServerStatus(self.readiness, self.health, self.stats_snapshot, self._stopped),
+        )
+        self._health = ReadinessHealth(self.dataplane.readiness)  # gRPC's health service: the same answer as /readyz
+        # Triton's system shared memory: one set of regions for both v2 frontends, unmapped when the server stops.
+        self.shared_memory = SharedMemoryRegistry(options.shared_memory_max_bytes)
+        if options.num_workers > 1:
+            self.shared_memory.close(
+                Code.UNIMPLEMENTED,
+                "Shared memory needs a server of one process: with --num_workers each worker would hold regions of "
+                "its own, and a request could reach one that never heard of its region",
+            )
+        self.shared_memory_access = SharedMemoryAccess(
+            self.shared_memory, options.allow_remote_shared_memory, options.management_token
+        )
+        self.frontends = Frontends(
+            self.dataplane,
+            self.controlplane,
+            FrontendSettings.of(options, self.router, self.shared_memory_access),
+        )
+        self._ports = Ports(options)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop_task: asyncio.Future[None] | None = None
+        self._stopping = threading.Event()
+        self._config_watcher: ConfigFileWatcher | None = None
+        self.started_at: float | None = None
+        self._jupyter = JupyterRecord()
+
+    @property
+    def rest_port(self) -> int | None:
+        return self._ports.rest_port
+
+    @property
+    def grpc_port(self) -> int | None:
+        return self._ports.grpc_port
+
+    def _on_state_change(self, model: str, version: int, state: VersionState) -> None:
+        self.metrics.set_version_state(model, version, state == VersionState.AVAILABLE)
+        if state == VersionState.END:
+            self.dataplane.forget_version(model, version)  # its sequences end
+            if self.cache is not None:
+                self.cache.evict(model, version)  # its answers go with it
+        if state == VersionState.END and self.manager.version_state(model, version) in (None, VersionState.END):
+            self.model_cache.release(model, version)  # unloaded (or failed): its downloaded copy goes too
+        self._readiness_changed()
+
+    def _readiness_changed(self) -> None:
+        """Tell gRPC health watchers that readiness may have changed (from any thread)."""
+        loop = self._loop
+        if loop is None:
+            return
+        with contextlib.suppress(RuntimeError):  # the loop has closed: nobody watches any more
+            loop.call_soon_threadsafe(self._health.changed)
+
+    def _on_batch(self, record: BatchRecord) -> None:
+        self.metrics.observe_batch(record)
+        self.stats.record_batch(record.model, record.version, record.size, record.tasks)
+
+    def _queue_depths(self) -> list[tuple[str, int, int]]:
+        return self.scheduler.queue_depths()
+
+    def _traffic_shares(self) -> list[tuple[str, int, float]]:
+        return [
+            (model["name"], version["version"], version["traffic_share"])
+            for model in self.manager.describe()
+            for version in model["versions"]
+            if version["state"] == "AVAILABLE"
+        ]
+
+    def stats_snapshot(self) -> dict[str, object]:
+        return self.peers.stats() if self.peers is not None else self._own_stats_snapshot()
+
+    def _own_stats_snapshot(self) -> dict[str, object]:
+        return self.stats.snapshot({(m, v): rows for m, v, rows in self.scheduler.queue_depths()})
+
+    def health(self) -> dict[str, object]:
+        health = self._own_health()
+        if self.peers is not None:  # "pid" is the worker that answered; "workers" lists them all
+            health["worker"] = self.peers.index
+            health["workers"] = self.peers.workers()
+        return health
+
+    def _own_health(self) -> dict[str, object]:
+        return {
+            "status": "ok",
+            "readiness": self.readiness().body(),  # as GET /readyz answers
+            "pid": os.getpid(),
+            "grpc_port": self.grpc_port,
+            "rest_port": self.rest_port,
+            # How to reach the ports: https or http, and whether gRPC wants a TLS channel (secure_channel)
+            "rest_scheme": "https" if self.options.rest_api_ssl_cert_file else "http",
+            "grpc_tls": bool(self.options.ssl_config_file),
+            "models": self.manager.model_names(),
+            "batching": self.controlplane.batching_models(),
+            "request_log": self.request_log.describe(),
+            # Only with --response_cache_bytes: its size, fill and models
+            **({"response_cache": self.cache.describe()} if self.cache is not None else {}),
+        }
+
+    # ------------------------------------------------------------------------------------ lifecycle
+    async def start(self, open_ports: bool = True) -> None:
+        """Load the models, then open the ports; on any failure, stop what had started and re-raise.
+
+        ``open_ports=False`` starts the engine alone: another server (Ray Serve's proxies) carries the requests to
+        :attr:`frontends`, so nothing binds, and the server is not listed for Jupyter.
+        """
+        try:
+            await self._start(open_ports)
+        except BaseException:
+            await self.stop(cause="start-up failed")
+            raise
+
+    async def _start(self, open_ports: bool) -> None:
+        options = self.options
+        self._loop = asyncio.get_running_loop()
+        if not open_ports:  # Ray Serve's proxies carry the requests: the client may be on any host, so may a replica
+            self.shared_memory.close(
+                Code.UNIMPLEMENTED, "Shared memory is not served through Ray Serve: a replica may run on another host"
+            )
+        if self.peers is not None:
+            self.peers.start()
+        models = self.controlplane.initial_models(options)  # raises on a malformed config, before anything starts
+        options.monitoring()  # raises on a malformed monitoring config, before anything starts
+        options.drain_timing()  # raises on impossible drain flags, before anything starts
+        if options.model_config_file and options.model_config_file_poll_wait_seconds > 0:
+            self._config_watcher = ConfigFileWatcher(
+                options.model_config_file,
+                options.model_config_file_poll_wait_seconds,
+                self.controlplane.apply_models,
+                self._stopping,
+            )
+        # Unlike TF Serving, the ports open before the models load: liveness answers during a long start-up
+        # (no restarts while a big model loads), readiness says "starting", and a bad port fails at once. A worker of
+        # --num_workers joins the shared ports only once its models are loaded: the kernel hands new connections to
+        # every listening worker, and a (re)started one must not answer "not found" beside siblings that serve.
+        joins_late = bool(options.worker_dir) or not open_ports
+        if joins_late:
+            await self._loop.run_in_executor(None, self.controlplane.apply_models, models)
+        else:
+            # Named before the ports open: a request for one of them sent the moment a port answers waits for its
+            # first load (Dataplane.loaded), as scripts written for TF Serving expect, instead of NOT_FOUND.
+            await self._loop.run_in_executor(None, self.controlplane.name_models, models)
+        if open_ports:
+            await self._ports.open(
+                self.frontends.grpc_servicers().adders(),
+                self._health,
+                self.frontends.rest_app,
+                private_socket=str(private_socket(options.worker_dir, options.worker_index)) if self.router else "",
+            )
+        if not joins_late:  # loading blocks (TensorFlow): off the loop, which meanwhile answers probes
+            await self._loop.run_in_executor(None, self.controlplane.apply_models, models)
+        self.controlplane.start_polling()
+        if self._config_watcher is not None:
+            self._config_watcher.start()
+        self.readiness.enter(Phase.SERVING)
+        self._health.changed()
+        readiness = self.readiness()
+        log.info("Models loaded: %s", "ready" if readiness.ready else f"not ready: {readiness.reason}")
+        self.started_at = time.time()
+        if options.parent_pid:
+            watch_parent(options.parent_pid, self._stopping)
+        # Recorded once it answers, before the ready file so a started handle is listed; never raises. Of
+        # --num_workers, the first worker records the server.
+        if options.worker_index == 0 and open_ports:
+            self._jupyter.write(options, self.rest_port, self.grpc_port, self.started_at)
+        if options.ready_file and open_ports:
+            write_ready_file(options.ready_file, self.health())
+
+    async def stop(self, delay: float = 0.0, cause: str = "stop requested") -> None:
+        """Drain, then stop: see :meth:`_drain`. The budget is ``--drain_seconds``; calling again waits for the
+        same stop."""
+        if self._stop_task is None:
+            self._stop_task = asyncio.ensure_future(self._drain(delay, self.options.drain_seconds, cause))
+        await asyncio.shield(self._stop_task)
+
+    async def _drain(self, delay: float, budget: float, cause: str) -> None:
+        """Readiness false; ``delay`` seconds still taking new connections; then no new connections, and what was
+        accepted finishes, all within ``budget`` seconds; then the engine stops. One log line per phase."""
+        deadline = time.monotonic() + budget
+        self._stopping.set()
+        self.readiness.enter(Phase.DRAINING)
+        self._health.changed()
+        log.info("Draining (%s): not ready any more (/readyz 503, gRPC health NOT_SERVING)", cause)
+        self._jupyter.remove()  # Jupyter stops listing and proxying a server going away
+        if delay > 0:
+            log.info("Still taking new connections for %gs while load balancers stop routing here", delay)
+            await asyncio.sleep(delay)
+        grace = max(0.0, deadline - time.monotonic())
+        log.info("Refusing new connections; accepted requests have %.1fs to finish", grace)
+        self._stopped.set()
+        started = time.monotonic()
+        await self._ports.close(grace)
+        if time.monotonic() - started < grace:
+            log.info("Every accepted request finished (%.1fs)", time.monotonic() - started)
+        else:
+            log.warning("Drain budget (--drain_seconds=%g) spent: requests still running were cancelled", budget)
+        self.controlplane.stop_polling()
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self.request_log.close)  # no requests come any more: write what is queued
+        await loop.run_in_executor(None, self.manager.stop)
+        self.shared_memory.close()  # no request reads or writes a region any more: unmap them
+        self.controlplane.close()
+        await loop.run_in_executor(None, self.model_cache.close)
+        if self.peers is not None:
+            self.peers.stop()
+        if self.router is not None:
+            await self.router.close()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        log.info("Stopped")

@@ -1,0 +1,138 @@
+"""The server's ports: binding the REST socket, running uvicorn on it, starting gRPC, and closing both at once.
+
+Nothing here decides what the ports answer (that is :mod:`workbench.frontends.wiring`'s): only how they open, with
+which TLS, and how they close within a drain's grace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import ssl
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import grpc
+import uvicorn
+from starlette.applications import Starlette
+
+from workbench.config.options import ServerOptions
+from workbench.core.errors import Code, ServingError
+from workbench.frontends.grpc import ReadinessHealth, start_grpc_server
+
+log = logging.getLogger("workbench.server")  # the server's log lines, whichever of its modules writes them
+
+
+def host_for_grpc(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def bind(host: str, port: int, reuse_port: bool = False) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:  # one of --num_workers: the kernel spreads new connections among the workers' sockets
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ServingError(Code.UNAVAILABLE, f"Could not bind the REST port {host}:{port}: {exc.strerror}") from None
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+class Ports:
+    """A server's open ports: gRPC (TF Serving's services and v2's, on one port) and REST."""
+
+    def __init__(self, options: ServerOptions) -> None:
+        self._options = options
+        self.rest_port: int | None = None
+        self.grpc_port: int | None = None
+        self._grpc: grpc.aio.Server | None = None
+        self._uvicorn: uvicorn.Server | None = None
+        self._sockets: list[socket.socket] = []
+
+    async def open(
+        self,
+        services: Sequence[Callable[[grpc.aio.Server], None]],
+        health: ReadinessHealth,
+        rest_app: Callable[[], Starlette],
+        private_socket: str = "",
+    ) -> None:
+        """Open gRPC with ``services`` and ``health`` then, unless it is off, REST with ``rest_app()``;
+        ``private_socket``: a worker's own socket, where its siblings hand it the requests of its sequences."""
+        options = self._options
+        grpc_tls = options.grpc_tls()  # raises on a bad --ssl_config_file or --rest_api_ssl_* flag, before binding
+        options.rest_tls()
+        self._grpc, self.grpc_port = await start_grpc_server(
+            address=f"{host_for_grpc(options.grpc_host)}:{options.port}",
+            socket_path=options.grpc_socket_path,
+            max_message_bytes=options.grpc_max_message_bytes,
+            channel_arguments=options.grpc_arguments(),
+            health=health,
+            reuse_port=bool(options.worker_dir),
+            services=services,
+            private_socket=private_socket,
+            tls=grpc_tls,
+        )
+        tls_note = ""
+        if grpc_tls is not None:
+            tls_note = " with TLS, client certificates required" if grpc_tls.client_verify else " with TLS"
+        log.info("Running gRPC ModelServer at %s:%d%s", options.grpc_host, self.grpc_port, tls_note)
+        if options.rest_api_port != 0:  # 0 is off, as in TF Serving; -1 picks a free port
+            await self._start_rest(rest_app(), max(options.rest_api_port, 0))
+
+    async def _start_rest(self, app: Starlette, port: int) -> None:
+        options = self._options
+        sock = bind(options.rest_api_host, port, reuse_port=bool(options.worker_dir))
+        self._sockets.append(sock)
+        self.rest_port = sock.getsockname()[1]
+        tls = options.rest_tls()
+        ssl_options: dict[str, Any] = {}
+        if tls is not None:
+            ssl_options = {"ssl_certfile": tls.cert_file, "ssl_keyfile": tls.key_file or None}
+            if tls.client_ca_file:  # mutual TLS: no certificate issued by this CA, no connection
+                ssl_options.update(ssl_ca_certs=tls.client_ca_file, ssl_cert_reqs=ssl.CERT_REQUIRED)
+        config = uvicorn.Config(
+            app,
+            lifespan="off",
+            log_config=None,
+            access_log=False,
+            http="httptools",
+            loop="none",
+            timeout_keep_alive=30,
+            **ssl_options,
+        )
+        try:
+            config.load()  # builds the SSL context: reads the certificate, key and client CA
+        except (OSError, ssl.SSLError) as exc:
+            files = ", ".join(f"{k}={v}" for k, v in ssl_options.items() if isinstance(v, str))
+            raise ServingError(Code.INVALID_ARGUMENT, f"REST TLS cannot use {files}: {exc}") from None
+        server = uvicorn.Server(config)
+        server.lifespan = config.lifespan_class(config)
+        await server.startup(sockets=[sock])
+        self._uvicorn = server
+        scheme = "HTTPS" if tls is not None else "HTTP"
+        log.info("Exporting %s/REST API at %s:%d", scheme, options.rest_api_host, self.rest_port)
+
+    async def close(self, grace: float) -> None:
+        """Stop accepting on both ports at once; wait up to ``grace`` seconds for accepted requests to finish.
+
+        gRPC's ``stop(grace)`` refuses new RPCs and cancels what still runs at the end of the grace. uvicorn closes
+        its listening sockets and idle keep-alive connections, answers what it accepted with ``Connection:
+        close``, and cancels what still runs at its graceful-shutdown timeout.
+        """
+        closing = []
+        if self._grpc is not None:
+            closing.append(self._grpc.stop(grace=grace))
+            self._grpc = None
+        if self._uvicorn is not None:
+            # uvicorn hands this to asyncio.wait_for, which takes fractions of seconds too.
+            self._uvicorn.config.timeout_graceful_shutdown = grace  # type: ignore[assignment]
+            self._uvicorn.should_exit = True
+            closing.append(self._uvicorn.shutdown(sockets=self._sockets))
+            self._uvicorn = None
+        await asyncio.gather(*closing)
