@@ -58,7 +58,7 @@ from workbench.frontends.grpc import time_remaining
 from workbench.frontends.rest import json_response
 from workbench.frontends.sequence_routing import SequenceRouter
 from workbench.frontends.v2_repository import V2Repository
-from workbench.planes.dataplane import Call, Dataplane, ModelSpec
+from workbench.planes.dataplane import Dataplane, ModelSpec, RequestInFlight
 from workbench.protocol import v2_generate, v2_grpc
 from workbench.protocol.json_tensor import dumps, parse_body
 from workbench.protocol.v2_shared_memory import SharedMemory
@@ -74,7 +74,7 @@ _END = object()  # the last item of a stream's response queue
 Outputs = dict[str, Any]
 
 
-def refuse_decoupled(call: Call, endpoint: str) -> None:
+def refuse_decoupled(call: RequestInFlight, endpoint: str) -> None:
     """Triton's refusal of a decoupled model by an endpoint that answers one response (``ModelInfer RPC``,
     ``HTTP end point``): UNIMPLEMENTED, as Triton's TRITONSERVER_ERROR_UNSUPPORTED is."""
     if call.servable.decoupled:
@@ -83,7 +83,7 @@ def refuse_decoupled(call: Call, endpoint: str) -> None:
 
 async def run_request(
     dataplane: Dataplane,
-    call: Call,
+    call: RequestInFlight,
     inputs: dict[str, Any],
     requested: list[str],
     timeout: float | None,

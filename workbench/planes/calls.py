@@ -1,5 +1,6 @@
 """One request in flight through the data plane: what it names (:class:`ModelSpec`), the servable it holds and how it
-is counted (:class:`Call`), and how its answer meets its deadline (:func:`until_answered`, :func:`answering`).
+is counted (:class:`RequestInFlight`), and how its answer meets its deadline (:func:`until_answered`,
+:func:`answering`).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ class ModelSpec:
 
 
 class CallSite(Protocol):
-    """What a :class:`Call` needs of the data plane."""
+    """What a :class:`RequestInFlight` needs of the data plane."""
 
     metrics: ServingMetrics
     stats: RollingStats
@@ -39,7 +40,7 @@ class CallSite(Protocol):
     def resolve(self, spec: ModelSpec) -> Harness: ...
 
 
-class Call:
+class RequestInFlight:
     """One request in flight: ``with dataplane.request(spec, api, protocol) as call:``.
 
     Entering resolves ``spec`` and holds the servable (``call.servable``); leaving counts the request once, by its
@@ -75,7 +76,7 @@ class Call:
         self._harness.release()
         self._harness, self.servable = harness, harness.servable
 
-    def __enter__(self) -> Call:
+    def __enter__(self) -> RequestInFlight:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
@@ -135,8 +136,8 @@ async def answering(work: Awaitable[T], answer: asyncio.Future[T]) -> None:
     """Await ``work`` and hand its outcome to ``answer``, unless nobody waits for it any more.
 
     Run as the request's task: setting ``answer`` is the task's last step, so by the time the caller resumes the
-    task is done (and ``Call`` releases the servable at once). An outcome nobody waits for (the caller's deadline
-    passed, it cancelled) is dropped here, never left unretrieved.
+    task is done (and ``RequestInFlight`` releases the servable at once). An outcome nobody waits for (the caller's
+    deadline passed, it cancelled) is dropped here, never left unretrieved.
     """
     try:
         result = await work

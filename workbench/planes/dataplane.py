@@ -33,14 +33,14 @@ from workbench.observability.metrics import ServingMetrics
 from workbench.observability.request_logger import RequestLogger
 from workbench.observability.stats import RollingStats
 from workbench.planes import decoupled
-from workbench.planes.calls import Call, ModelSpec, answering, expire, until_answered
+from workbench.planes.calls import ModelSpec, RequestInFlight, answering, expire, until_answered
 from workbench.planes.first_load_waits import FirstLoadWaits
 from workbench.planes.response_cache import ResponseCache, request_digest
 from workbench.planes.sequences import Sequences
 from workbench.planes.statistics import MetricTotals
 from workbench.protocol.v2_models import ModelStatistics, RepositoryRow
 
-__all__ = ["Call", "Dataplane", "ModelSpec", "ServerStatus"]
+__all__ = ["RequestInFlight", "Dataplane", "ModelSpec", "ServerStatus"]
 
 T = TypeVar("T")
 
@@ -88,7 +88,7 @@ class Dataplane:
         self.request_log = request_log
         self._executor = executor
         self._batching_for = batching_for
-        self._members = _Members(self)
+        self._members = _MemberAccess(self)
 
     @property
     def first_load_wait(self) -> float:
@@ -100,15 +100,15 @@ class Dataplane:
         self._first_load_waits.first_load_wait = seconds
 
     # --------------------------------------------------------------------------------- resolution
-    def request(self, spec: ModelSpec, api: str, protocol: str) -> Call:
-        """The one entry of an inference request: resolved, held and counted (see :class:`Call`).
+    def request(self, spec: ModelSpec, api: str, protocol: str) -> RequestInFlight:
+        """The one entry of an inference request: resolved, held and counted (see :class:`RequestInFlight`).
 
         ``api`` and ``protocol`` label its metrics ("predict", "rest"). Raises (already counted) when ``spec``
         names no servable.
         """
-        return Call(self, spec, api, protocol)
+        return RequestInFlight(self, spec, api, protocol)
 
-    async def admit(self, spec: ModelSpec, api: str, protocol: str, timeout: float | None = None) -> Call:
+    async def admit(self, spec: ModelSpec, api: str, protocol: str, timeout: float | None = None) -> RequestInFlight:
         """:meth:`request`, once the model's first load is over (see :meth:`loaded`); what waits longer than
         ``timeout`` seconds is answered DEADLINE_EXCEEDED and counted as refused."""
         if self._manager.loading_first(spec.name):
@@ -117,7 +117,7 @@ class Dataplane:
             except ServingError as exc:
                 self.refused(spec.name, api, protocol, exc)
                 raise
-        return Call(self, spec, api, protocol)
+        return RequestInFlight(self, spec, api, protocol)
 
     async def loaded(self, name: str, timeout: float | None = None) -> None:
         """Return once ``name``'s first load is over, at once when it is not under way (nearly always).
@@ -176,7 +176,7 @@ class Dataplane:
 
     async def _execute_for(
         self,
-        call: Call,
+        call: RequestInFlight,
         signature: Signature,
         feed: Mapping[str, np.ndarray],
         outputs: Sequence[str],
@@ -197,7 +197,7 @@ class Dataplane:
         return await until_answered(self.scheduler.run(servable, signature, feed, outputs, interest), interest, expiry)
 
     @staticmethod
-    async def _run(call: Call, work: Awaitable[T], timeout: float | None) -> T:
+    async def _run(call: RequestInFlight, work: Awaitable[T], timeout: float | None) -> T:
         """Await ``work`` for ``call`` until ``timeout`` seconds pass (DEADLINE_EXCEEDED).
 
         ``work`` runs as a task of its own that neither the deadline nor a cancelled caller cancels: once it has
@@ -218,7 +218,7 @@ class Dataplane:
 
     async def predict(
         self,
-        call: Call,
+        call: RequestInFlight,
         signature_name: str,
         inputs: Mapping[str, np.ndarray],
         output_filter: Sequence[str] = (),
@@ -253,7 +253,7 @@ class Dataplane:
 
     async def _predict_step(
         self,
-        call: Call,
+        call: RequestInFlight,
         signature_name: str,
         inputs: Mapping[str, np.ndarray],
         output_filter: Sequence[str],
@@ -278,7 +278,7 @@ class Dataplane:
 
     def stream(
         self,
-        call: Call,
+        call: RequestInFlight,
         signature_name: str,
         inputs: Mapping[str, np.ndarray],
         output_filter: Sequence[str] = (),
@@ -289,7 +289,7 @@ class Dataplane:
         return decoupled.stream(call, self._executor, signature_name, inputs, output_filter, timeout)
 
     async def classify(
-        self, call: Call, signature_name: str, examples: Sequence[bytes], timeout: float | None = None
+        self, call: RequestInFlight, signature_name: str, examples: Sequence[bytes], timeout: float | None = None
     ) -> tuple[str, inference.Classifications]:
         servable = call.servable
         run = inference.classify_call(servable, signature_name, examples)
@@ -302,7 +302,7 @@ class Dataplane:
         return name, labelled
 
     async def regress(
-        self, call: Call, signature_name: str, examples: Sequence[bytes], timeout: float | None = None
+        self, call: RequestInFlight, signature_name: str, examples: Sequence[bytes], timeout: float | None = None
     ) -> tuple[str, list[float]]:
         servable = call.servable
         run = inference.regress_call(servable, signature_name, examples)
@@ -315,7 +315,7 @@ class Dataplane:
 
     async def multi_inference(
         self,
-        call: Call,
+        call: RequestInFlight,
         tasks: Sequence[inference.InferenceTask],
         examples: Sequence[bytes],
         timeout: float | None = None,
@@ -416,7 +416,7 @@ class Dataplane:
         return [totals.statistics(name, number) for name, number in sorted(versions)]
 
 
-class _Members:
+class _MemberAccess:
     """What composite servables (handlers, pipelines) reach the server's other models through."""
 
     def __init__(self, dataplane: Dataplane) -> None:

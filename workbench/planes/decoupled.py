@@ -13,13 +13,13 @@ import numpy as np
 from workbench.batching.scheduler import deadline_exceeded
 from workbench.core import inference
 from workbench.core.errors import Code, ServingError
-from workbench.planes.calls import Call
+from workbench.planes.calls import RequestInFlight
 
 _END = object()  # what next() answers once a decoupled model's generator is over
 
 
 async def stream(
-    call: Call,
+    call: RequestInFlight,
     executor: Executor,
     signature_name: str,
     inputs: Mapping[str, np.ndarray],

@@ -16,7 +16,7 @@ from workbench.core import inference
 from workbench.core.sequences import SequenceId, SequenceRequest, missing_correlation_id
 from workbench.core.servable import Servable
 from workbench.core.signatures import Signature
-from workbench.planes.calls import Call, ModelSpec
+from workbench.planes.calls import ModelSpec, RequestInFlight
 
 
 class Sequences:
@@ -29,7 +29,7 @@ class Sequences:
 
     async def step(
         self,
-        call: Call,
+        call: RequestInFlight,
         signature_name: str,
         inputs: Mapping[str, np.ndarray],
         output_filter: Sequence[str],
