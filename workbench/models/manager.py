@@ -18,6 +18,10 @@ immutable snapshot, replaced under the lock whenever one of those changes and re
 so replicas sharing a repository agree: :class:`~workbench.models.routing.changes.RoutingChanges` makes it through
 the public methods here (the server's control plane, :mod:`workbench.planes.controlplane`, holds one), and the
 manager only keeps the versions it needs loaded.
+
+Why a module of this size: it is the one writer of the served models, and every transition (load, publish,
+unload, retry, a late load of a removed model) is read here together with the lock it holds; the reads, records,
+routes, composites and first loads live beside it (:mod:`~workbench.models.served` and its siblings).
 """
 
 from __future__ import annotations
