@@ -46,7 +46,6 @@ ENTRY = ("workbench", "workbench.__main__")  # the package's face and `python -m
 SIDE_READ_BY_FLOORS = {"workbench.jupyter.registry"}
 # Import cycles being taken apart in issue 29's next steps; this list only shrinks.
 KNOWN_CYCLES: list[set[str]] = [
-    {"workbench.cli", "workbench.ray.command", "workbench.ray.deployment", "workbench.ray.replica"},
     {"workbench.models.manager", "workbench.models.routing.changes"},
     {
         "workbench.config.options",

@@ -16,11 +16,11 @@ from typing import Any
 import grpc
 import pytest
 import requests
-from tests.test_cli import workbench_env
+from test_cli import workbench_env
 
 from tests.waiting import wait_until
 from workbench import demo
-from workbench.cli import MANAGEMENT_TOKEN_ENV, FlagError, is_loopback, serve_options
+from workbench.config.server_flags import MANAGEMENT_TOKEN_ENV, FlagError, is_loopback, serve_options
 from workbench.frontends.auth import bearer_matches
 from workbench.jupyter import registry
 

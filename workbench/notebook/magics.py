@@ -23,16 +23,17 @@ from IPython.core.magic import Magics, line_magic, magics_class, no_var_expand
 from IPython.core.magic_arguments import argument, kwds, magic_arguments
 from IPython.utils.process import arg_split
 
-from workbench.bench import (
-    DEFAULT_CONCURRENCY,
-    DEFAULT_DURATION_S,
-    DEFAULT_PROTOCOL,
-    GRPC_PROTOCOLS,
-    PROTOCOLS,
-    resolve_load,
+from workbench.bench import DEFAULT_PROTOCOL, GRPC_PROTOCOLS, LOAD_ARGUMENTS, PROTOCOLS, resolve_load
+from workbench.config.server_flags import FLAGS
+from workbench.config.vocabulary import (
+    OPTION_ALIASES,
+    Argument,
+    HelpFormatter,
+    canonical_options,
+    unrecognized_option,
 )
-from workbench.config.vocabulary import OPTION_ALIASES, BoolFlag, HelpFormatter, canonical_options, unrecognized_option
 from workbench.core.errors import ServingError
+from workbench.deploy.manifests import MANIFESTS_ARGUMENTS
 from workbench.notebook.handle import (
     DEFAULT_REPOSITORY,
     ServerDied,
@@ -91,6 +92,18 @@ _SERVER_OPTION = argument("--server_name", metavar="NAME", help="the server to u
 _OPTIONS_NOTE = "Options take underscores or dashes: --rest_api_port or --rest-api-port."
 # Aliases of one subcommand only: in `%serve start`, --name can only be the server's (elsewhere it would be vague).
 _SUBCOMMAND_ALIASES: dict[str, dict[str, str]] = {"start": {"name": "server_name"}}
+
+
+def _declared(spec: Argument) -> Any:
+    """An option declared once for the command line too (workbench.bench, workbench.deploy.manifests)."""
+    return argument(*spec.flags, **spec.options)
+
+
+def _flag(name: str, help: str, **overrides: Any) -> Any:
+    """One of `workbench serve`'s flags, as `%serve start` takes it (the handle turns it back into that flag)."""
+    return _declared(FLAGS[name].argument(help, **overrides))
+
+
 _PROTOCOL_OPTION = argument("--protocol", choices=PROTOCOLS, default=DEFAULT_PROTOCOL, help="the API to use")
 _GRPC_OPTION = argument("--grpc", dest="protocol", action="store_const", const="grpc", help="short for --protocol grpc")
 _SIGNATURE_OPTION = argument("--signature_name", default="", metavar="NAME", help="default: serving_default")
@@ -98,20 +111,20 @@ _SIGNATURE_OPTION = argument("--signature_name", default="", metavar="NAME", hel
 
 @magic_arguments(name="%serve start")
 @kwds(formatter_class=HelpFormatter, epilog=_OPTIONS_NOTE)
-@argument("--server_name", default=DEFAULT_NAME, metavar="NAME", help="the server's name")
-@argument("--model_repository", metavar="DIR", help=f"repository folder or s3:// URL (default: {DEFAULT_REPOSITORY})")
-@argument("--rest_api_port", type=int, metavar="PORT", help="REST API port (default: a free one)")
-@argument("--port", type=int, metavar="PORT", help="gRPC port (default: a free one)")
-@argument("--enable_batching", action=BoolFlag, help="dynamic batching with TF Serving's default parameters")
-@argument("--batching_parameters_file", metavar="FILE", help="a BatchingParameters text proto (turns batching on)")
-@argument("--allow_pickle", action=BoolFlag, help="load scikit-learn pickles (model.joblib, model.pkl): they run code")
-@argument("--allow_python_models", action=BoolFlag, help="load model.py and handler.py from the repository")
-@argument("--num_workers", default="1", metavar="N", help="worker processes on the same ports, or auto (default: 1)")
-@argument("--response_cache_bytes", type=int, default=0, metavar="N", help="Triton's response cache, in bytes (0: off)")
-@argument("--response_cache_models", default="", metavar="A,B", help="the models whose answers the cache keeps")
-@argument("--ssl_config_file", metavar="FILE", help="TLS on gRPC: TF Serving's SSLConfig text proto")
-@argument("--rest_api_ssl_cert_file", metavar="FILE", help="TLS on REST (https): the server's PEM certificate")
-@argument("--rest_api_ssl_key_file", metavar="FILE", help="its PEM private key (default: in the certificate's file)")
+@_flag("server_name", default=DEFAULT_NAME, help="the server's name")
+@_flag("model_repository", help=f"repository folder or s3:// URL (default: {DEFAULT_REPOSITORY})")
+@_flag("rest_api_port", help="REST API port (default: a free one)")
+@_flag("port", help="gRPC port (default: a free one)")
+@_flag("enable_batching", help="dynamic batching with TF Serving's default parameters")
+@_flag("batching_parameters_file", help="a BatchingParameters text proto (turns batching on)")
+@_flag("allow_pickle", help="load scikit-learn pickles (model.joblib, model.pkl): they run code")
+@_flag("allow_python_models", help="load model.py and handler.py from the repository")
+@_flag("num_workers", default="1", help="worker processes on the same ports, or auto (default: 1)")
+@_flag("response_cache_bytes", default=0, metavar="N", help="Triton's response cache, in bytes (0: off)")
+@_flag("response_cache_models", default="", help="the models whose answers the cache keeps")
+@_flag("ssl_config_file", help="TLS on gRPC: TF Serving's SSLConfig text proto")
+@_flag("rest_api_ssl_cert_file", help="TLS on REST (https): the server's PEM certificate")
+@_flag("rest_api_ssl_key_file", help="its PEM private key (default: in the certificate's file)")
 @argument("--ca_file", metavar="FILE", help="the PEM CA the notebook checks the server's certificate with")
 def _start_parser(line: str) -> None:
     """Start a server on a model repository (every sub-folder is a model); returns its handle."""
@@ -204,12 +217,12 @@ def _predict_parser(line: str) -> None:
 @kwds(formatter_class=HelpFormatter, epilog=_OPTIONS_NOTE)
 @argument("model", metavar="MODEL")
 @argument("data", nargs="+", metavar="DATA", help="one request's inputs: a variable name or a JSON literal")
-@_PROTOCOL_OPTION
-@_GRPC_OPTION
-@argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY, metavar="N", help="clients in flight at once")
-@argument("--duration", type=float, metavar="S", help=f"seconds to run (default: {DEFAULT_DURATION_S:g})")
-@argument("--requests", type=int, metavar="N", help="stop after this many requests instead of a duration")
-@_SIGNATURE_OPTION
+@_declared(LOAD_ARGUMENTS["protocol"])
+@_declared(LOAD_ARGUMENTS["grpc"])
+@_declared(LOAD_ARGUMENTS["concurrency"])
+@_declared(LOAD_ARGUMENTS["duration"])
+@_declared(LOAD_ARGUMENTS["requests"])
+@_declared(LOAD_ARGUMENTS["signature_name"])
 @_SERVER_OPTION
 def _bench_parser(line: str) -> None:
     """Closed-loop load on MODEL, as `workbench bench`: shows throughput and latency percentiles, returns them."""
@@ -244,8 +257,8 @@ def _logs_parser(line: str) -> None:
     help="where the cluster reads the model: s3://…, gs://… or pvc://CLAIM/PATH (default: the server's folder, "
     "which a cluster cannot read)",
 )
-@argument("--replicas", type=int, default=2, metavar="N", help="replicas (the autoscaler's minimum)")
-@argument("--image", metavar="IMAGE", help="the workbench image (default: deploy/'s example name)")
+@_declared(MANIFESTS_ARGUMENTS["replicas"])
+@_declared(MANIFESTS_ARGUMENTS["image"])
 @argument("--out", metavar="DIR", help="also write the files into DIR")
 @_SERVER_OPTION
 def _manifests_parser(line: str) -> None:
