@@ -1,6 +1,7 @@
 """``workbench serve``: one serving process, or the supervisor of ``--num_workers`` processes.
 
-The flags, their checks and the options they become are declared once in :mod:`workbench.config.server_flags`.
+The flags are declared once in :mod:`workbench.config.server_flags`; their checks and the options they become are
+:mod:`workbench.config.serve_options`'.
 """
 
 from __future__ import annotations
@@ -9,13 +10,8 @@ import argparse
 import sys
 
 from workbench.cli.logs import configure_logging
-from workbench.config.server_flags import (
-    SERVE_PARSER_TEXTS,
-    SERVE_SUMMARY,
-    add_serve_flags,
-    check_serve_flags,
-    options_from_flags,
-)
+from workbench.config.serve_options import check_serve_flags, options_from_flags
+from workbench.config.server_flags import SERVE_PARSER_TEXTS, SERVE_SUMMARY, add_serve_flags
 
 
 def add_serve_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -75,7 +75,7 @@ KSERVE_MODELS_DIR = "/mnt/models"  # where KServe's storage initializer puts sto
 S3_SECRET = "workbench-models-s3"
 # The management API's bearer token, from a Secret the operator creates (never written into these manifests):
 #   kubectl create secret generic workbench-management --from-literal=token="$(openssl rand -hex 24)"
-# A server bound beyond loopback refuses to start without a token (workbench.config.server_flags.management_token).
+# A server bound beyond loopback refuses to start without a token (workbench.config.serve_options.management_token).
 MANAGEMENT_SECRET = "workbench-management"
 MANAGEMENT_TOKEN_ENV = {
     "name": "WORKBENCH_MANAGEMENT_TOKEN",

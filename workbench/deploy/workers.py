@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from workbench.config.server_flags import resolve_num_workers as resolve_num_workers  # --num_workers, read
+from workbench.config.serve_options import resolve_num_workers as resolve_num_workers  # --num_workers, read
 from workbench.runtime.process import available_cores, parent_gone, write_json_atomically
 
 log = logging.getLogger(__name__)

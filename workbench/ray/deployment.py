@@ -19,7 +19,8 @@ import ray
 from ray import serve
 
 from workbench.config.options import ServerOptions
-from workbench.config.server_flags import MANAGEMENT_TOKEN_ENV, serve_flag_words, serve_options
+from workbench.config.serve_options import serve_options
+from workbench.config.server_flags import MANAGEMENT_TOKEN_ENV, serve_flag_words
 from workbench.jupyter import registry
 from workbench.ray.grpc_methods import SERVICER_FUNCTIONS
 from workbench.ray.peers import forget_replicas

@@ -20,7 +20,7 @@ from typing import Any
 from ray import serve
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from workbench.config.server_flags import serve_options
+from workbench.config.serve_options import serve_options
 from workbench.frontends.grpc import ModelService, PredictionService
 from workbench.frontends.v2_grpc import InferenceService
 from workbench.ray.grpc_methods import ray_methods
