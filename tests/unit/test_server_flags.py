@@ -71,3 +71,11 @@ def test_serve_options_says_what_is_wrong() -> None:
         serve_options(["--model_repository=models", "--rest_api_prot=1"])
     with pytest.raises(FlagError, match="one embedded server is one process"):
         serve_options(["--model_repository=models", "--num_workers=2"])
+
+
+def test_a_flag_knows_its_earlier_spellings() -> None:
+    assert set(FLAGS["model_repository"].aliases) == {"repo", "repository"}
+    assert FLAGS["rest_api_port"].aliases == ("rest_port",)
+    assert serve_options(["--repo=models", "--rest_port=8501"]) == serve_options(
+        ["--model_repository=models", "--rest_api_port=8501"]
+    )

@@ -4,10 +4,12 @@ sets, its default and how its value becomes that option.
 Types and defaults are :class:`~workbench.config.options.ServerOptions`' own (a flag is typed by its option's
 default; a boolean takes TF Serving's forms), so a flag and its option cannot drift apart. From the declaration
 come the argparse flags of ``workbench serve`` (:func:`add_serve_flags`), the options of a parsed command line
-(:mod:`workbench.config.serve_options`, which checks them) and the command line of a child server
-(:func:`serve_flag_words`: the notebook's handles, Ray's replicas).
+(:mod:`workbench.config.serve_options`, which checks them), the command line of a child server
+(:func:`serve_flag_words`: the notebook's handles, Ray's replicas) and the types of ``%serve start``'s options
+(:meth:`ServeFlag.argument`).
 Earlier spellings of the flags (``--rest_port``, ``--repo`` ...) are the vocabulary's aliases
-(:data:`workbench.config.vocabulary.OPTION_ALIASES`), which the parser reads.
+(:data:`workbench.config.vocabulary.OPTION_ALIASES`, :attr:`ServeFlag.aliases`): they name an option in every
+parser that has it, so they are declared there, once, by the name they stand for.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from workbench.config.options import ServerOptions
-from workbench.config.vocabulary import Argument, BoolFlag, VocabularyParser
+from workbench.config.vocabulary import OPTION_ALIASES, Argument, BoolFlag, VocabularyParser
 
 # The management token's other source: an environment variable keeps the secret out of `ps` and shell histories.
 MANAGEMENT_TOKEN_ENV = "WORKBENCH_MANAGEMENT_TOKEN"
@@ -90,6 +92,12 @@ class ServeFlag:
     convert: Callable[[Any], Any] | None = None  # its value → the option's
     repeat: bool = False  # given once per value (a list)
     hidden: bool = False  # set by programs (notebook handles, the supervisor), not people: --help leaves it out
+
+    @property
+    def aliases(self) -> tuple[str, ...]:
+        """Its earlier spellings: the vocabulary's, which name an option wherever a parser has it (``--repo`` is
+        ``workbench serve``'s, ``%serve start``'s and ``workbench ray deploy``'s ``--model_repository``)."""
+        return tuple(alias for alias, name in OPTION_ALIASES.items() if name == self.name)
 
     @property
     def field(self) -> str | None:
