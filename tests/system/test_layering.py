@@ -48,9 +48,7 @@ ENTRY = ("workbench", "workbench.__main__")  # the package's face and `python -m
 # runtime floor and the package version.
 SIDE_READ_BY_FLOORS = {"workbench.jupyter.registry"}
 # Import cycles being taken apart in issue 29's next steps; this list only shrinks.
-KNOWN_CYCLES: list[set[str]] = [
-    {"workbench.cli", "workbench.ray.command", "workbench.ray.deployment", "workbench.ray.replica"},
-]
+KNOWN_CYCLES: list[set[str]] = []
 
 
 def imported_modules(path: Path) -> set[str]:

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from workbench.cli import UNSUPPORTED_TF_SERVING_FLAGS, build_parser, main
+from workbench.cli import build_parser, main
+from workbench.config.server_flags import UNSUPPORTED_TF_SERVING_FLAGS
 
 START_DEADLINE_S = 120
 STOP_DEADLINE_S = 30

@@ -20,7 +20,8 @@ from test_cli import workbench_env
 
 from tests.waiting import wait_until
 from workbench import demo
-from workbench.cli import MANAGEMENT_TOKEN_ENV, FlagError, is_loopback, serve_options
+from workbench.config.serve_options import FlagError, is_loopback, serve_options
+from workbench.config.server_flags import MANAGEMENT_TOKEN_ENV
 from workbench.frontends.auth import bearer_matches
 from workbench.jupyter import registry
 

@@ -23,7 +23,7 @@ from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2
 from tritonclient.utils import InferenceServerException
 
-from workbench.cli import FlagError, serve_options
+from workbench.config.serve_options import FlagError, serve_options
 from workbench.server import ServerThread
 
 DOUBLER = """

@@ -19,7 +19,7 @@ import tritonclient.http as triton_http
 from prometheus_client.parser import text_string_to_metric_families
 from waiting import wait_until
 
-from workbench.cli import FlagError, serve_options
+from workbench.config.serve_options import FlagError, serve_options
 from workbench.planes.response_cache import ENTRY_OVERHEAD_BYTES, ResponseCache, request_digest
 from workbench.server import ServerThread
 

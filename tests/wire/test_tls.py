@@ -381,7 +381,8 @@ def test_ssl_config_fields_hold_pem_text_not_file_names(pki: Pki, tmp_path: Path
 
 
 def test_the_ssl_config_file_flag_is_served_not_refused() -> None:
-    from workbench.cli import UNSUPPORTED_TF_SERVING_FLAGS, serve_options
+    from workbench.config.serve_options import serve_options
+    from workbench.config.server_flags import UNSUPPORTED_TF_SERVING_FLAGS
 
     assert "ssl_config_file" not in UNSUPPORTED_TF_SERVING_FLAGS
     options = serve_options(["--model_base_path=/m", "--ssl_config_file=/s.config", "--rest_api_ssl_cert_file=/c"])

@@ -29,8 +29,8 @@ import tritonclient.utils.shared_memory as shm
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException, serialize_byte_tensor
 
-from workbench.cli import FlagError, serve_options
 from workbench.config.options import ServerOptions
+from workbench.config.serve_options import FlagError, serve_options
 from workbench.core.errors import Code, ServingError
 from workbench.frontends.auth import is_local_peer
 from workbench.frontends.v2_shared_memory import SharedMemoryAccess

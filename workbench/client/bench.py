@@ -25,7 +25,7 @@ import numpy as np
 from workbench.client.protocols import GRPC_PROTOCOLS, V2_PROTOCOLS, canonical_protocol
 from workbench.client.protocols import PROTOCOLS as PROTOCOLS  # the front ends' --protocol choices, defaults here
 from workbench.client.tls import ClientTLS
-from workbench.config.vocabulary import renamed_keywords
+from workbench.config.vocabulary import Argument, renamed_keywords
 from workbench.core.signatures import DEFAULT_SIGNATURE
 from workbench.protocol import v2_client as v2
 
@@ -39,6 +39,25 @@ PREDICT_METHOD = "/tensorflow.serving.PredictionService/Predict"
 DEFAULT_PROTOCOL = "rest"
 DEFAULT_DURATION_S = 5.0
 DEFAULT_CONCURRENCY = 1
+# The load's options, declared once for `workbench bench` and `%serve bench`: each takes them in its own order.
+LOAD_ARGUMENTS: Mapping[str, Argument] = {
+    "protocol": Argument.of("--protocol", choices=PROTOCOLS, default=DEFAULT_PROTOCOL, help="the API to load"),
+    "grpc": Argument.of(
+        "--grpc", dest="protocol", action="store_const", const="grpc", help="short for --protocol=grpc"
+    ),
+    "signature_name": Argument.of(
+        "--signature_name", default="", metavar="NAME", help="the signature (default: serving_default)"
+    ),
+    "concurrency": Argument.of(
+        "--concurrency", type=int, default=DEFAULT_CONCURRENCY, metavar="N", help="clients in flight at once"
+    ),
+    "duration": Argument.of(
+        "--duration", type=float, metavar="S", help=f"seconds to run (default: {DEFAULT_DURATION_S:g})"
+    ),
+    "requests": Argument.of(
+        "--requests", type=int, metavar="N", help="stop after this many requests instead of a duration"
+    ),
+}
 # gRPC clients per channel. One channel is one HTTP/2 connection, and the kernel gives a connection to one worker
 # of `workbench serve --num_workers`: a channel per few clients spreads the load over the workers, as many
 # independent clients would, while a few clients still share a connection as real ones do.

@@ -8,18 +8,21 @@ also reads dashes as underscores: ``--rest-api-port``), Python keywords through 
 attributes through :class:`Alias` — but help, signatures and docs show only the names above.
 
 The command line and the magics also share from here what makes their help and errors helpful: the help
-formatter (defaults shown, booleans shown as flags), TF Serving's boolean flags (:class:`BoolFlag`) and the
-"did you mean" suggestion for a mistyped option.
+formatter (defaults shown, booleans shown as flags), TF Serving's boolean flags (:class:`BoolFlag`), the
+"did you mean" suggestion for a mistyped option, the parser that applies them all (:class:`VocabularyParser`) and
+:class:`Argument`, an option declared once for every parser that takes it.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
 import functools
+import sys
 import textwrap
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import Any, TypeVar, cast
+from typing import Any, Protocol, TypeVar, cast
 
 # Earlier or other spellings → the name. An alias applies only where the option it stands for exists, and never
 # hides an option of its own spelling: ``--model_name`` stays ``serve``'s own flag, and means ``--model`` only
@@ -240,3 +243,56 @@ def did_you_mean(word: str, candidates: Collection[str] | Mapping[str, str]) -> 
         return ""
     suggestion = candidates[close[0]] if isinstance(candidates, Mapping) else close[0]
     return f": did you mean {suggestion}?"
+
+
+class VocabularyParser(argparse.ArgumentParser):
+    """argparse in workbench's vocabulary: aliases and dashes accepted, a mistyped flag or command answered with
+    the nearest one, and every error ending with where help is."""
+
+    commands: tuple[str, ...] = ()  # set on a parser of subcommands (the top level, `ray`): its subcommands
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        # TF Serving takes no abbreviated flags; a prefix (--rest) is a mistake to point out, not a flag to guess.
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        words = list(sys.argv[1:] if args is None else args)
+        if self.commands:  # the top level: the command's own parser reads the flags after it
+            command = next((word for word in words if not word.startswith("-")), None)
+            if command is not None and command not in self.commands:
+                hint = did_you_mean(command, self.commands)
+                self.error(f"unknown command {command!r}{hint} (commands: {', '.join(self.commands)})")
+        else:
+            words = canonical_options(words, self)
+            problem = unrecognized_option(words, self)
+            if problem:
+                self.error(problem)
+        return super().parse_known_args(words, namespace)
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}\n(see `{self.prog} --help`)\n")
+
+
+class _TakesArguments(Protocol):
+    def add_argument(self, *name_or_flags: str, **kwargs: Any) -> Any: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Argument:
+    """One option (or positional) as ``add_argument`` takes it, declared once for every parser that has it: the
+    command line adds it with :meth:`add_to`, a ``%serve`` magic with IPython's ``@argument(*a.flags, **a.options)``.
+    """
+
+    flags: tuple[str, ...]
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def of(cls, *flags: str, **options: Any) -> Argument:
+        return cls(flags, options)
+
+    def add_to(self, parser: _TakesArguments) -> None:
+        parser.add_argument(*self.flags, **self.options)

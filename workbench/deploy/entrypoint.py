@@ -41,12 +41,9 @@ PATH_FLAG = "model_base_path"
 
 def _serve_parser() -> argparse.ArgumentParser:
     """``workbench serve``'s own parser: the one place that knows its flags, their aliases and spellings."""
-    from workbench.cli import build_parser
+    from workbench.config.server_flags import serve_parser
 
-    for action in build_parser()._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            return action.choices["serve"]  # type: ignore[no-any-return]
-    raise RuntimeError("workbench's command line has no serve command")  # pragma: no cover - a broken build
+    return serve_parser()
 
 
 def named_flags(args: Sequence[str], names: Sequence[str]) -> set[str]:

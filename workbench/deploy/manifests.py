@@ -46,6 +46,8 @@ from typing import Any, Literal
 
 import yaml
 
+from workbench.config.vocabulary import Argument
+
 __all__ = [
     "DEFAULT_IMAGE",
     "Manifests",
@@ -64,6 +66,11 @@ Documents = dict[str, list[dict[str, Any]]]  # file name → the documents it ho
 
 # The image deploy/Dockerfile builds, as the examples in deploy/ name it: replace it with your registry's.
 DEFAULT_IMAGE = "registry.example.com/workbench-serving:0.1.0"
+# The options `workbench manifests` and `%serve manifests` share, declared once (each takes them in its own order).
+MANIFESTS_ARGUMENTS: Mapping[str, Argument] = {
+    "replicas": Argument.of("--replicas", type=int, default=2, metavar="N", help="replicas (the autoscaler's minimum)"),
+    "image": Argument.of("--image", metavar="IMAGE", help="the workbench image (default: deploy/'s example name)"),
+}
 RUNTIME_NAME = "workbench"
 DEFAULT_CLAIM = "workbench-models"
 CONFIG_DIR = "/etc/workbench"  # where the Deployment mounts the ConfigMap
@@ -72,7 +79,7 @@ KSERVE_MODELS_DIR = "/mnt/models"  # where KServe's storage initializer puts sto
 S3_SECRET = "workbench-models-s3"
 # The management API's bearer token, from a Secret the operator creates (never written into these manifests):
 #   kubectl create secret generic workbench-management --from-literal=token="$(openssl rand -hex 24)"
-# A server bound beyond loopback refuses to start without a token (workbench.cli.management_token).
+# A server bound beyond loopback refuses to start without a token (workbench.config.serve_options.management_token).
 MANAGEMENT_SECRET = "workbench-management"
 MANAGEMENT_TOKEN_ENV = {
     "name": "WORKBENCH_MANAGEMENT_TOKEN",

@@ -33,7 +33,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from workbench.runtime.process import parent_gone, write_json_atomically
+from workbench.config.serve_options import resolve_num_workers as resolve_num_workers  # --num_workers, read
+from workbench.runtime.process import available_cores, parent_gone, write_json_atomically
 
 log = logging.getLogger(__name__)
 
@@ -41,26 +42,6 @@ POLL_S = 0.1  # how often the supervisor looks at its workers (not on any reques
 STEADY_S = 30.0  # a worker that ran this long before dying is restarted at once; sooner, after a growing pause
 MAX_PAUSE_S = 30.0
 STOP_MARGIN_S = 30.0  # beyond --drain_seconds, before workers still running are killed
-
-
-def resolve_num_workers(value: str) -> int:
-    """``--num_workers``: a positive number, or ``auto`` for the machine's cores (those this process may use)."""
-    if value.strip().lower() == "auto":
-        return available_cores()
-    try:
-        count = int(value)
-    except ValueError:
-        raise ValueError(f"--num_workers takes a number or 'auto', not {value!r}") from None
-    if count < 1:
-        raise ValueError(f"--num_workers must be at least 1, got {count}")
-    return count
-
-
-def available_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def thread_environment(num_workers: int, environ: dict[str, str] | None = None) -> dict[str, str]:

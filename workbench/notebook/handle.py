@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.client import Client
+from workbench.config.server_flags import serve_flag_words
 from workbench.config.vocabulary import SERVER_KEYWORD_ALIASES, Alias, renamed_keywords
 
 DEFAULT_REPOSITORY = "workbench-models"
@@ -153,32 +154,33 @@ class ServerHandle:
 
     # --------------------------------------------------------------------------------- lifecycle
     def command(self) -> list[str]:
-        args = [
-            sys.executable, "-m", "workbench", "serve",
-            f"--model_repository={self.model_repository}",
-            f"--port={self._port_asked}",
-            f"--rest_api_port={self._rest_api_port_asked}",
-            f"--file_system_poll_wait_seconds={self.file_system_poll_wait_seconds}",
-            f"--server_name={self.server_name}",
-            f"--ready_file={self._ready_path}",
-            f"--parent_pid={os.getpid()}",
-        ]  # fmt: skip
-        if self.enable_batching or self.batching_parameters_file:
-            args.append("--enable_batching")
-        if self.batching_parameters_file:
-            args.append(f"--batching_parameters_file={Path(self.batching_parameters_file).resolve()}")
-        if self.allow_pickle:
-            args.append("--allow_pickle")
-        if self.allow_python_models:
-            args.append("--allow_python_models")
-        if str(self.num_workers) != "1":
-            args.append(f"--num_workers={self.num_workers}")
-        if self.response_cache_bytes:
-            args.append(f"--response_cache_bytes={self.response_cache_bytes}")
-        if self.response_cache_models:
-            args.append(f"--response_cache_models={','.join(self.response_cache_models)}")
-        args += [f"--{flag}={path}" for flag, path in self.tls_flags.items()]
-        return args + self.extra_args
+        """The server's command line: ``workbench serve`` with this handle's options as its flags."""
+        batching_file = self.batching_parameters_file
+        always = serve_flag_words(
+            {
+                "model_repository": self.model_repository,
+                "port": self._port_asked,
+                "rest_api_port": self._rest_api_port_asked,
+                "file_system_poll_wait_seconds": self.file_system_poll_wait_seconds,
+                "server_name": self.server_name,
+                "ready_file": self._ready_path,
+                "parent_pid": os.getpid(),
+            },
+            keep_defaults=True,
+        )
+        given = serve_flag_words(  # the rest only where not the server's default
+            {
+                "enable_batching": bool(self.enable_batching or batching_file),
+                "batching_parameters_file": Path(batching_file).resolve() if batching_file else None,
+                "allow_pickle": self.allow_pickle,
+                "allow_python_models": self.allow_python_models,
+                "num_workers": str(self.num_workers),
+                "response_cache_bytes": self.response_cache_bytes,
+                "response_cache_models": self.response_cache_models,
+                **self.tls_flags,
+            }
+        )
+        return [sys.executable, "-m", "workbench", "serve", *always, *given, *self.extra_args]
 
     def start(self, timeout: float = 180.0) -> ServerHandle:
         """Start the server and return once it answers (raises :class:`ServerDied` if it cannot start)."""

@@ -8,7 +8,6 @@ Servers are child processes (see :mod:`workbench.notebook.handle`): they never p
 
 from __future__ import annotations
 
-import argparse
 import difflib
 import html
 import json
@@ -20,18 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class, no_var_expand
-from IPython.core.magic_arguments import argument, kwds, magic_arguments
-from IPython.utils.process import arg_split
 
-from workbench.client.bench import (
-    DEFAULT_CONCURRENCY,
-    DEFAULT_DURATION_S,
-    DEFAULT_PROTOCOL,
-    GRPC_PROTOCOLS,
-    PROTOCOLS,
-    resolve_load,
-)
-from workbench.config.vocabulary import OPTION_ALIASES, BoolFlag, HelpFormatter, canonical_options, unrecognized_option
+from workbench.client.bench import GRPC_PROTOCOLS, resolve_load
 from workbench.core.errors import ServingError
 from workbench.notebook.handle import (
     DEFAULT_REPOSITORY,
@@ -42,14 +31,14 @@ from workbench.notebook.handle import (
     repository_location,
     running_servers,
 )
+from workbench.notebook.serve_subcommands import DEFAULT_NAME, PARSERS, one_line, overview, parse_arguments, split_line
 from workbench.runtime.tensorflow_runtime import quiet_tensorflow
 
 if TYPE_CHECKING:  # workbench.publishing is imported when first used: loading the extension stays cheap
     from workbench.publishing import ExportResult
 
-__all__ = ["ServeMagics", "ServingStatus", "load_ipython_extension"]
+__all__ = ["ServeMagics", "ServingStatus", "load_ipython_extension", "parse_arguments"]
 
-DEFAULT_NAME = "default"
 _TRANSITIONAL = ("START", "LOADING", "UNLOADING")
 
 
@@ -80,253 +69,9 @@ class ServingStatus:
         return note + models_table_html(self.models, title=f"workbench server <code>{html.escape(self.server)}</code>")
 
 
-# ------------------------------------------------------------------------------------------- subcommand parsers
-# Each function only carries a parser (``.parser``) and its help text: ``magic_arguments`` builds them from the
-# decorators, and the docstring's first line is the subcommand's one-line summary in ``%serve --help``. Help is
-# plain argparse text: IPython's formatter writes reST for docstrings ("::" and a doubled "%" in a cell). Each
-# gets its own ``kwds``: the parser builder writes the description into that dict, so a shared one would leak.
-_SERVER_OPTION = argument("--server_name", metavar="NAME", help="the server to use (default: the only one running)")
-# Options are named as `workbench serve` and `workbench bench` name them (see workbench.config.vocabulary), with dashes
-# or underscores; the earlier spellings (--repo, --rest-port, --clients, --signature, --server ...) still work.
-_OPTIONS_NOTE = "Options take underscores or dashes: --rest_api_port or --rest-api-port."
-# Aliases of one subcommand only: in `%serve start`, --name can only be the server's (elsewhere it would be vague).
-_SUBCOMMAND_ALIASES: dict[str, dict[str, str]] = {"start": {"name": "server_name"}}
-_PROTOCOL_OPTION = argument("--protocol", choices=PROTOCOLS, default=DEFAULT_PROTOCOL, help="the API to use")
-_GRPC_OPTION = argument("--grpc", dest="protocol", action="store_const", const="grpc", help="short for --protocol grpc")
-_SIGNATURE_OPTION = argument("--signature_name", default="", metavar="NAME", help="default: serving_default")
-
-
-@magic_arguments(name="%serve start")
-@kwds(formatter_class=HelpFormatter, epilog=_OPTIONS_NOTE)
-@argument("--server_name", default=DEFAULT_NAME, metavar="NAME", help="the server's name")
-@argument("--model_repository", metavar="DIR", help=f"repository folder or s3:// URL (default: {DEFAULT_REPOSITORY})")
-@argument("--rest_api_port", type=int, metavar="PORT", help="REST API port (default: a free one)")
-@argument("--port", type=int, metavar="PORT", help="gRPC port (default: a free one)")
-@argument("--enable_batching", action=BoolFlag, help="dynamic batching with TF Serving's default parameters")
-@argument("--batching_parameters_file", metavar="FILE", help="a BatchingParameters text proto (turns batching on)")
-@argument("--allow_pickle", action=BoolFlag, help="load scikit-learn pickles (model.joblib, model.pkl): they run code")
-@argument("--allow_python_models", action=BoolFlag, help="load model.py and handler.py from the repository")
-@argument("--num_workers", default="1", metavar="N", help="worker processes on the same ports, or auto (default: 1)")
-@argument("--response_cache_bytes", type=int, default=0, metavar="N", help="Triton's response cache, in bytes (0: off)")
-@argument("--response_cache_models", default="", metavar="A,B", help="the models whose answers the cache keeps")
-@argument("--ssl_config_file", metavar="FILE", help="TLS on gRPC: TF Serving's SSLConfig text proto")
-@argument("--rest_api_ssl_cert_file", metavar="FILE", help="TLS on REST (https): the server's PEM certificate")
-@argument("--rest_api_ssl_key_file", metavar="FILE", help="its PEM private key (default: in the certificate's file)")
-@argument("--ca_file", metavar="FILE", help="the PEM CA the notebook checks the server's certificate with")
-def _start_parser(line: str) -> None:
-    """Start a server on a model repository (every sub-folder is a model); returns its handle."""
-
-
-@magic_arguments(name="%serve stop")
-@kwds(formatter_class=HelpFormatter, epilog=_OPTIONS_NOTE)
-@argument("name", nargs="?", metavar="NAME", help="the server to stop (default: the only one running)")
-@argument("--server_name", metavar="NAME", help="the same as NAME")
-@argument("--all", action="store_true", help="stop every server of this kernel")
-def _stop_parser(line: str) -> None:
-    """Stop a server (or --all)."""
-
-
-@magic_arguments(name="%serve restart")
-@kwds(formatter_class=HelpFormatter, epilog=_OPTIONS_NOTE)
-@argument("name", nargs="?", metavar="NAME", help="the server to restart (default: the only one)")
-@argument("--server_name", metavar="NAME", help="the same as NAME")
-def _restart_parser(line: str) -> None:
-    """Restart a server (one that died too) on its ports, with its repository, options and routing."""
-
-
-@magic_arguments(name="%serve status")
-@kwds(formatter_class=HelpFormatter, epilog=_OPTIONS_NOTE)
-@argument("model", nargs="?", metavar="MODEL", help="only this model")
-@_SERVER_OPTION
-def _status_parser(line: str) -> None:
-    """Show the models, their versions, states, labels and traffic shares."""
-
-
-@magic_arguments(name="%serve export")
-@kwds(formatter_class=HelpFormatter, epilog=_OPTIONS_NOTE)
-@argument(
-    "model_var",
-    metavar="MODEL_VAR",
-    help="the variable holding the model (Keras, tf.Module, tf.function, scikit-learn, XGBoost, LightGBM, ONNX, "
-    "a PythonModel class, a pipeline)",
-)
-@argument("name", metavar="NAME", help="the served model's name")
-@argument("--version", type=int, metavar="N", help="the version number (default: the next one)")
-@argument("--examples", metavar="VAR", help="warmup examples: a variable name or a JSON literal")
-@argument("--format", choices=["onnx"], help="convert first: onnx writes a scikit-learn model as ONNX (skl2onnx)")
-@_SERVER_OPTION
-def _export_parser(line: str) -> None:
-    """Export a model variable as the next version and wait until the server serves it."""
-
-
-@magic_arguments(name="%serve promote")
-@kwds(formatter_class=HelpFormatter, epilog=_OPTIONS_NOTE)
-@argument("model", metavar="MODEL")
-@argument("version", type=int, metavar="VERSION")
-@_SERVER_OPTION
-def _promote_parser(line: str) -> None:
-    """Make VERSION the stable (default) version of MODEL."""
-
-
-@magic_arguments(name="%serve rollback")
-@kwds(formatter_class=HelpFormatter, epilog=_OPTIONS_NOTE)
-@argument("model", metavar="MODEL")
-@_SERVER_OPTION
-def _rollback_parser(line: str) -> None:
-    """Return MODEL's stable label to the version it had before the last promotion."""
-
-
-@magic_arguments(name="%serve canary")
-@kwds(formatter_class=HelpFormatter, epilog=_OPTIONS_NOTE)
-@argument("model", metavar="MODEL")
-@argument("version", type=int, metavar="VERSION")
-@argument("weight", type=float, metavar="WEIGHT", help="share of default traffic, 0 to 1 (0 ends the canary)")
-@_SERVER_OPTION
-def _canary_parser(line: str) -> None:
-    """Send a share (0 to 1) of MODEL's default traffic to VERSION; 0 ends the canary."""
-
-
-@magic_arguments(name="%serve predict")
-@kwds(formatter_class=HelpFormatter, epilog=_OPTIONS_NOTE)
-@argument("model", metavar="MODEL")
-@argument("data", nargs="+", metavar="DATA", help="""a variable name or a JSON literal: '{"x": [[1.0]]}' or [[1.0]]""")
-@_PROTOCOL_OPTION
-@_GRPC_OPTION
-@argument("--version", type=int, metavar="N", help="this version")
-@argument("--label", metavar="L", help="the version with this label")
-@_SIGNATURE_OPTION
-@_SERVER_OPTION
-def _predict_parser(line: str) -> None:
-    """Run a predict; returns the outputs (a dict of numpy arrays with .latency_ms)."""
-
-
-@magic_arguments(name="%serve bench")
-@kwds(formatter_class=HelpFormatter, epilog=_OPTIONS_NOTE)
-@argument("model", metavar="MODEL")
-@argument("data", nargs="+", metavar="DATA", help="one request's inputs: a variable name or a JSON literal")
-@_PROTOCOL_OPTION
-@_GRPC_OPTION
-@argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY, metavar="N", help="clients in flight at once")
-@argument("--duration", type=float, metavar="S", help=f"seconds to run (default: {DEFAULT_DURATION_S:g})")
-@argument("--requests", type=int, metavar="N", help="stop after this many requests instead of a duration")
-@_SIGNATURE_OPTION
-@_SERVER_OPTION
-def _bench_parser(line: str) -> None:
-    """Closed-loop load on MODEL, as `workbench bench`: shows throughput and latency percentiles, returns them."""
-
-
-@magic_arguments(name="%serve dashboard")
-@kwds(formatter_class=HelpFormatter, epilog=_OPTIONS_NOTE)
-@argument("--window", type=float, default=60.0, metavar="S", help="seconds of history on the live chart")
-@_SERVER_OPTION
-def _dashboard_parser(line: str) -> None:
-    """The serving dashboard: versions and their buttons, queries, a live latency chart and a load button."""
-
-
-@magic_arguments(name="%serve logs")
-@kwds(formatter_class=HelpFormatter, epilog=_OPTIONS_NOTE)
-@argument("model", metavar="MODEL")
-@argument("--last", type=int, default=20, metavar="N", help="show the newest N records; 0 shows all")
-@argument("--filename_prefix", metavar="PATH", help="read this log (default: where the server logs MODEL)")
-@_SERVER_OPTION
-def _logs_parser(line: str) -> None:
-    """Show MODEL's logged requests (its logging_config); returns them (workbench.request_log)."""
-
-
-@magic_arguments(name="%serve manifests")
-@kwds(formatter_class=HelpFormatter, epilog=_OPTIONS_NOTE)
-@argument("model", metavar="MODEL")
-@argument("--kserve", action="store_true", help="an InferenceService on the workbench ClusterServingRuntime")
-@argument("--kubernetes", action="store_true", help="Deployment, Service, autoscaler, model config (ConfigMap)")
-@argument(
-    "--storage_uri",
-    metavar="URI",
-    help="where the cluster reads the model: s3://…, gs://… or pvc://CLAIM/PATH (default: the server's folder, "
-    "which a cluster cannot read)",
-)
-@argument("--replicas", type=int, default=2, metavar="N", help="replicas (the autoscaler's minimum)")
-@argument("--image", metavar="IMAGE", help="the workbench image (default: deploy/'s example name)")
-@argument("--out", metavar="DIR", help="also write the files into DIR")
-@_SERVER_OPTION
-def _manifests_parser(line: str) -> None:
-    """Render KServe or Kubernetes manifests for MODEL with its routing; --out DIR writes them."""
-
-
-_PARSERS: dict[str, Callable[..., Any]] = {
-    "start": _start_parser,
-    "stop": _stop_parser,
-    "restart": _restart_parser,
-    "status": _status_parser,
-    "export": _export_parser,
-    "promote": _promote_parser,
-    "rollback": _rollback_parser,
-    "canary": _canary_parser,
-    "predict": _predict_parser,
-    "bench": _bench_parser,
-    "dashboard": _dashboard_parser,
-    "logs": _logs_parser,
-    "manifests": _manifests_parser,
-}
-
-
-def _summary(sub: str) -> str:
-    description = _PARSERS[sub].parser.description or ""  # type: ignore[attr-defined]
-    return description.strip().splitlines()[0]
-
-
-def overview() -> str:
-    """The text of ``%serve --help``: one line per subcommand."""
-    width = max(map(len, _PARSERS))
-    lines = ["Usage: %serve SUBCOMMAND [options]   (%serve SUBCOMMAND --help for its options)", ""]
-    lines += [f"  {sub:<{width}}  {_summary(sub)}" for sub in _PARSERS]
-    lines += ["", _OPTIONS_NOTE]
-    return "\n".join(lines)
-
-
-def parse_arguments(sub: str, words: list[str]) -> argparse.Namespace:
-    """The arguments of ``%serve SUB WORDS``, with options in the vocabulary's spelling (a UsageError if wrong).
-
-    Aliases and dashes are read first (``--rest-port`` is ``--rest_api_port``), so a mistyped option is reported
-    with the nearest real one; argparse's own messages say which subcommand they come from and where help is.
-    """
-    parser = _PARSERS[sub].parser  # type: ignore[attr-defined]
-    words = canonical_options(words, parser, {**OPTION_ALIASES, **_SUBCOMMAND_ALIASES.get(sub, {})})
-    problem = unrecognized_option(words, parser)
-    if problem:
-        raise UsageError(f"%serve {sub}: {problem} (%serve {sub} --help)")
-    try:
-        return parser.parse_args(words)  # type: ignore[no-any-return]
-    except UsageError as exc:
-        raise UsageError(f"%serve {sub}: {_one_line(str(exc))} (%serve {sub} --help)") from None
-
-
-# ------------------------------------------------------------------------------------------------- helpers
-def _split(line: str) -> list[str]:
-    """Split like a shell, but keep JSON intact.
-
-    IPython's non-POSIX split keeps quotes inside words (POSIX rules would turn ``{"x":[[1]]}`` into
-    ``{x:[[1]]}``); a word quoted as a whole loses its outer quotes here.
-    """
-    try:
-        words = arg_split(line, strict=True)
-    except ValueError as exc:  # an unclosed quote
-        raise UsageError(f"%serve: cannot split the line: {exc}") from None
-    # IPython hands a line magic the rest of its line, comment included: `%serve start  # note` must work as
-    # in a shell, so an unquoted word that starts with "#" ends the arguments.
-    comment = next((i for i, w in enumerate(words) if w.startswith("#")), len(words))
-    words = words[:comment]
-    return [w[1:-1] if len(w) >= 2 and w[0] == w[-1] and w[0] in "'\"" else w for w in words]
-
-
-def _one_line(text: str, limit: int = 300) -> str:
-    """The first non-empty line of ``text``, shortened: UsageError messages must stay one line."""
-    line = next((s.strip() for s in str(text).splitlines() if s.strip()), "")
-    return line if len(line) <= limit else line[: limit - 1] + "…"
-
-
 def _died(exc: ServerDied, handle: ServerHandle | None) -> str:
     """One line for a server that is gone: what happened, where the log is, how to go on."""
-    first = _one_line(str(exc)).rstrip(":")
+    first = one_line(str(exc)).rstrip(":")
     name = handle.server_name if handle is not None else DEFAULT_NAME
     # --name is --server_name's alias in `%serve start`; tests/wire/test_magics.py still expects this spelling here.
     again = "%serve start" + ("" if name == DEFAULT_NAME else f" --name {name}")
@@ -347,16 +92,16 @@ class ServeMagics(Magics):
     @line_magic
     def serve(self, line: str) -> Any:
         """Serve models from the notebook: ``%serve --help`` lists the subcommands."""
-        words = _split(line)
+        words = split_line(line)
         if not words or words[0] in ("-h", "--help", "help"):
             print(overview())
             return None
         sub, rest = words[0], words[1:]
-        if sub not in _PARSERS:
-            close = difflib.get_close_matches(sub, _PARSERS, n=2)
+        if sub not in PARSERS:
+            close = difflib.get_close_matches(sub, PARSERS, n=2)
             hint = f"did you mean {' or '.join(map(repr, close))}? " if close else ""
-            raise UsageError(f"%serve: unknown subcommand {sub!r}: {hint}one of {', '.join(_PARSERS)} (%serve --help)")
-        parser = _PARSERS[sub].parser  # type: ignore[attr-defined]
+            raise UsageError(f"%serve: unknown subcommand {sub!r}: {hint}one of {', '.join(PARSERS)} (%serve --help)")
+        parser = PARSERS[sub].parser  # type: ignore[attr-defined]
         if "-h" in rest or "--help" in rest:
             print(parser.format_help().rstrip())
             return None
@@ -373,9 +118,9 @@ class ServeMagics(Magics):
         except ServerDied as exc:
             raise UsageError(_died(exc, self._current)) from None
         except ServingError as exc:
-            raise UsageError(f"%serve {sub}: {exc.code.name}: {_one_line(exc.message)}") from None
+            raise UsageError(f"%serve {sub}: {exc.code.name}: {one_line(exc.message)}") from None
         except (ValueError, TimeoutError, OSError) as exc:  # bad inputs for the client, a load that never came
-            raise UsageError(f"%serve {sub}: {_one_line(str(exc))}") from None
+            raise UsageError(f"%serve {sub}: {one_line(str(exc))}") from None
 
     # ------------------------------------------------------------------------------------- servers
     def _known(self) -> dict[str, ServerHandle]:
@@ -448,7 +193,7 @@ class ServeMagics(Magics):
         try:
             handle.restart()  # a handle that died starts again on the same ports if they were chosen
         except ServerDied:
-            last = _one_line(handle.log_tail(1)) or "no output"
+            last = one_line(handle.log_tail(1)) or "no output"
             handle.stop()  # frees what is left; the log file stays for reading
             self.servers.pop(name, None)
             raise UsageError(f"workbench server {name!r} could not start: {last} (log: {handle.log_path})") from None
@@ -513,14 +258,14 @@ class ServeMagics(Magics):
                 model, args.name, handle.model_repository, version=args.version, examples=examples, format=args.format
             )
         except ExportError as exc:
-            raise UsageError(_one_line(str(exc))) from None
+            raise UsageError(one_line(str(exc))) from None
         try:
             handle.wait_for_version(args.name, result.version)
         except ServerDied as exc:
             if not handle.running:
                 raise
             # wait_for_version also says "died" for a version that failed to load: the server itself is fine.
-            raise UsageError(_one_line(str(exc))) from None
+            raise UsageError(one_line(str(exc))) from None
         self._settle(handle, args.name)
         signature = result.signatures.get("serving_default", "")
         note = f"exported {args.name} v{result.version} {signature}".rstrip()
@@ -660,7 +405,7 @@ class ServeMagics(Magics):
         except ValueError as exc:
             if text.isidentifier():
                 raise UsageError(f"no variable {text!r} in the notebook for {what}") from None
-            raise UsageError(f"{what} is neither a variable nor JSON: {_one_line(str(exc))}") from None
+            raise UsageError(f"{what} is neither a variable nor JSON: {one_line(str(exc))}") from None
 
 
 def load_ipython_extension(ipython: Any) -> None:

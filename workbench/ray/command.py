@@ -19,7 +19,7 @@ from typing import Any
 import ray
 from ray import serve
 
-from workbench.cli import FlagError
+from workbench.config.serve_options import FlagError
 from workbench.ray.deployment import RayDeployment, application_status, delete_application, deploy
 
 

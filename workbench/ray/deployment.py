@@ -18,8 +18,9 @@ from typing import Any
 import ray
 from ray import serve
 
-from workbench.cli import MANAGEMENT_TOKEN_ENV, serve_options
 from workbench.config.options import ServerOptions
+from workbench.config.serve_options import serve_options
+from workbench.config.server_flags import MANAGEMENT_TOKEN_ENV, serve_flag_words
 from workbench.jupyter import registry
 from workbench.ray.grpc_methods import SERVICER_FUNCTIONS
 from workbench.ray.peers import forget_replicas
@@ -94,14 +95,18 @@ def _serve_flags(
     repository: str | os.PathLike[str] | None, flags: Sequence[str], http_host: str
 ) -> tuple[list[str], ServerOptions]:
     """The replicas' ``workbench serve`` flags, checked here (a bad flag fails now, not in every replica)."""
-    words = list(flags)
+    source: dict[str, Any] = {}
     if repository is not None:
         where = str(repository)
         # Replicas run in other processes (other machines): a relative path would mean their working folder.
-        words.insert(0, f"--model_repository={where if is_remote(where) else Path(where).resolve()}")
+        source["model_repository"] = where if is_remote(where) else Path(where).resolve()
     # Replicas bind nothing, but the proxies expose their REST app on http_host: the management token's rule
-    # (a token, or --management_token=none, beyond loopback) is the proxy's address's.
-    words.append(f"--host={http_host}")
+    # (a token, or --management_token=none, beyond loopback) is the proxy's address's. Last: it wins over flags'.
+    words = [
+        *serve_flag_words(source, keep_defaults=True),
+        *flags,
+        *serve_flag_words({"host": http_host}, keep_defaults=True),
+    ]
     return words, serve_options(words)  # raises FlagError with argparse's own message
 
 

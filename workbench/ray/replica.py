@@ -20,7 +20,7 @@ from typing import Any
 from ray import serve
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from workbench.cli import serve_options
+from workbench.config.serve_options import serve_options
 from workbench.ray.grpc_methods import ray_methods
 from workbench.ray.metrics import RayServingMetrics
 from workbench.ray.peers import ReplicaPeers

@@ -9,6 +9,14 @@ from pathlib import Path
 from typing import Any
 
 
+def available_cores() -> int:
+    """The cores this process may run on (its affinity where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 def pid_exists(pid: int) -> bool:
     """Whether a process ``pid`` exists (someone else's counts: it exists, we may not signal it)."""
     if sys.platform == "win32":  # os.kill(pid, 0) would terminate the process on Windows

@@ -1,0 +1,76 @@
+"""``workbench serve``: one serving process, or the supervisor of ``--num_workers`` processes.
+
+The flags are declared once in :mod:`workbench.config.server_flags`; their checks and the options they become are
+:mod:`workbench.config.serve_options`'.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from workbench.cli.logs import configure_logging
+from workbench.config.serve_options import check_serve_flags, options_from_flags
+from workbench.config.server_flags import SERVE_PARSER_TEXTS, SERVE_SUMMARY, add_serve_flags
+
+
+def add_serve_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    parser = sub.add_parser("serve", help=SERVE_SUMMARY, **SERVE_PARSER_TEXTS)
+    add_serve_flags(parser)
+    parser.set_defaults(command=_serve)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    try:
+        num_workers = check_serve_flags(args)
+    except ValueError as exc:
+        for line in str(exc).splitlines():
+            print(f"workbench serve: {line}", file=sys.stderr)
+        return 2
+    if num_workers > 1 and not args.worker_of:
+        from workbench.core.errors import ServingError
+
+        try:  # every worker reads the TLS files: a bad one is said once here, not by workers restarting forever
+            options = options_from_flags(args, num_workers)
+            options.grpc_tls()
+            options.rest_tls()
+        except ServingError as exc:
+            print(f"workbench serve: {exc.message}", file=sys.stderr)
+            return 1
+        return _supervise(args, num_workers)
+    options = options_from_flags(args, num_workers)
+    configure_logging(f"[worker {args.worker_index}] " if args.worker_of else "")
+    from workbench.core.errors import ServingError
+    from workbench.server import run
+
+    try:
+        return run(options)
+    except ServingError as exc:
+        print(f"workbench serve: {exc.message}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # e.g. the port is taken
+        print(f"workbench serve: {exc}", file=sys.stderr)
+        return 1
+
+
+def _supervise(args: argparse.Namespace, num_workers: int) -> int:
+    """``--num_workers`` above 1: this process starts the workers (before importing gRPC or TensorFlow)."""
+    from workbench.deploy.workers import Supervisor
+
+    configure_logging()
+    words: list[str] = args.words
+    supervisor = Supervisor(
+        serve_args=words[words.index("serve") + 1 :],
+        num_workers=num_workers,
+        host=args.host,
+        grpc_port=args.port,
+        rest_api_port=args.rest_api_port,
+        drain_seconds=args.drain_seconds,
+        ready_file=args.ready_file,
+        parent_pid=args.parent_pid,
+    )
+    try:
+        return supervisor.run()
+    except OSError as exc:  # e.g. the port is taken
+        print(f"workbench serve: {exc}", file=sys.stderr)
+        return 1

@@ -1,0 +1,148 @@
+"""The options ``workbench serve``'s flags ask for: the flags checked together, and turned into
+:class:`~workbench.config.options.ServerOptions` (the flags themselves are declared in
+:mod:`workbench.config.server_flags`). The command line uses it, and so does an engine embedded elsewhere (a Ray
+Serve replica), through :func:`serve_options`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import ipaddress
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from workbench.config.options import ServerOptions
+from workbench.config.server_flags import (
+    FLAGS,
+    MANAGEMENT_TOKEN_ENV,
+    NO_TOKEN,
+    UNSUPPORTED_TF_SERVING_FLAGS,
+    serve_parser,
+)
+from workbench.runtime.process import available_cores
+
+
+class FlagError(ValueError):
+    """A command line that names what cannot be served together (the message says why)."""
+
+
+def is_loopback(host: str) -> bool:
+    """Whether only this machine reaches an address (``localhost``, 127.0.0.0/8, ``::1``)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name (or 0.0.0.0's kin): others may reach it
+        return False
+
+
+def management_token(flag: str, host: str) -> str:
+    """The token the management API requires ("" for none): the flag, else ``$WORKBENCH_MANAGEMENT_TOKEN``.
+
+    A server others can reach (any --host but loopback) needs one: without it, anyone who reaches the port could
+    promote, unload or load models. Going without is allowed when said explicitly (``--management_token=none``).
+    """
+    token = flag or os.environ.get(MANAGEMENT_TOKEN_ENV, "")
+    if token == NO_TOKEN:
+        return ""
+    if not token and not is_loopback(host):
+        raise FlagError(
+            f"--host={host} lets other machines reach this server, and its management API changes what is served: "
+            f"give it a token (--management_token=TOKEN, or ${MANAGEMENT_TOKEN_ENV} to keep it off the command line), "
+            f"or --management_token={NO_TOKEN} to serve without one on purpose"
+        )
+    return token
+
+
+def resolve_num_workers(value: str) -> int:
+    """``--num_workers``: a positive number, or ``auto`` for the machine's cores (those this process may use)."""
+    if value.strip().lower() == "auto":
+        return available_cores()
+    try:
+        count = int(value)
+    except ValueError:
+        raise ValueError(f"--num_workers takes a number or 'auto', not {value!r}") from None
+    if count < 1:
+        raise ValueError(f"--num_workers must be at least 1, got {count}")
+    return count
+
+
+def check_serve_flags(args: argparse.Namespace) -> int:
+    """The number of workers the flags ask for, once they make sense together; raises :class:`FlagError` (or
+    ValueError, for --num_workers)."""
+    from workbench.config.model_control import ControlMode, check_load_models
+    from workbench.core.errors import ServingError
+
+    refused = [n for n in UNSUPPORTED_TF_SERVING_FLAGS if getattr(args, f"x_{n}") is not None]
+    if refused:
+        raise FlagError(
+            "\n".join(f"--{name} is not supported: {UNSUPPORTED_TF_SERVING_FLAGS[name]}" for name in refused)
+        )
+    sources = [flag for flag in ("model_config_file", "model_base_path", "model_repository") if getattr(args, flag)]
+    if len(sources) > 1:
+        raise FlagError(f"give one of --{' or --'.join(sources)}, not several")
+    if not sources:
+        raise FlagError(
+            "nothing to serve: give --model_base_path=DIR (with --model_name), "
+            "--model_config_file=FILE or --model_repository=DIR"
+        )
+    management_token(args.management_token, args.host)  # refused here, before anything starts
+    num_workers = resolve_num_workers(args.num_workers)  # a ValueError says why
+    if num_workers > 1 and args.grpc_socket_path:
+        raise FlagError("--grpc_socket_path serves one process, not --num_workers")
+    if args.wait_for_model_load_seconds < 0:
+        raise FlagError("--wait_for_model_load_seconds cannot be negative (0 answers at once)")
+    try:
+        mode = ControlMode.parse(args.model_control_mode)
+        check_load_models(mode, args.load_model)
+    except ServingError as exc:
+        raise FlagError(exc.message) from None
+    if args.response_cache_bytes < 0:
+        raise FlagError("--response_cache_bytes cannot be negative (0 turns the cache off)")
+    if args.response_cache_models and not args.response_cache_bytes:
+        raise FlagError("--response_cache_models needs --response_cache_bytes: the cache's size")
+    if args.shared_memory_max_bytes < 0:
+        raise FlagError("--shared_memory_max_bytes cannot be negative (0 lets no shared memory register)")
+    if mode is ControlMode.EXPLICIT and not args.model_repository:
+        raise FlagError("--model_control_mode=explicit loads models out of a repository: give --model_repository")
+    return num_workers
+
+
+# ------------------------------------------------------------------------------------------------ options
+def options_from_flags(args: argparse.Namespace, num_workers: int) -> ServerOptions:
+    """The options of one serving process from ``workbench serve``'s parsed (and checked) flags."""
+    fields: dict[str, Any] = {}
+    for flag in FLAGS.values():
+        if flag.field is not None:
+            value = getattr(args, flag.name)
+            fields[flag.field] = value if flag.convert is None else flag.convert(value)
+    return ServerOptions(
+        **fields,
+        rest_api_host=args.host,
+        grpc_host=args.host,
+        management_token=management_token(args.management_token, args.host),
+        num_workers=num_workers,
+    )
+
+
+def serve_options(flags: Sequence[str]) -> ServerOptions:
+    """``workbench serve``'s flags (without the command) as the options of one serving process.
+
+    For embedding the engine elsewhere (a Ray Serve replica): the same vocabulary and checks as the command line;
+    a bad flag raises :class:`FlagError` (argparse's own message) instead of exiting.
+    """
+    try:
+        with contextlib.redirect_stderr(io.StringIO()) as err:
+            args = serve_parser().parse_args(list(flags))
+    except SystemExit:
+        raise FlagError(err.getvalue().strip()) from None
+    try:
+        num_workers = check_serve_flags(args)
+    except ValueError as exc:
+        raise FlagError(str(exc)) from None
+    if num_workers > 1:
+        raise FlagError("--num_workers: one embedded server is one process")
+    return options_from_flags(args, 1)

@@ -1,0 +1,281 @@
+"""``%serve``'s subcommands: their arguments and help (``%serve SUB --help``), and how a magic's line is read.
+
+Options are named as ``workbench serve`` and ``workbench bench`` name them; those the command line has too are
+declared once for both: ``%serve start``'s are ``workbench serve``'s flags (:mod:`workbench.config.server_flags`,
+typed there), the load's are :data:`workbench.client.bench.LOAD_ARGUMENTS`, the manifests' are
+:data:`workbench.deploy.manifests.MANIFESTS_ARGUMENTS`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic_arguments import argument, kwds, magic_arguments
+from IPython.utils.process import arg_split
+
+from workbench.client.bench import DEFAULT_PROTOCOL, LOAD_ARGUMENTS, PROTOCOLS
+from workbench.config.server_flags import FLAGS
+from workbench.config.vocabulary import OPTION_ALIASES, Argument, HelpFormatter, canonical_options, unrecognized_option
+from workbench.deploy.manifests import MANIFESTS_ARGUMENTS
+from workbench.notebook.handle import DEFAULT_REPOSITORY
+
+DEFAULT_NAME = "default"  # the server's name when none is given
+
+
+# ------------------------------------------------------------------------------------------- subcommand parsers
+# Each function only carries a parser (``.parser``) and its help text: ``magic_arguments`` builds them from the
+# decorators, and the docstring's first line is the subcommand's one-line summary in ``%serve --help``. Help is
+# plain argparse text: IPython's formatter writes reST for docstrings ("::" and a doubled "%" in a cell). Each
+# gets its own ``kwds``: the parser builder writes the description into that dict, so a shared one would leak.
+_SERVER_OPTION = argument("--server_name", metavar="NAME", help="the server to use (default: the only one running)")
+# Options are named as `workbench serve` and `workbench bench` name them (see workbench.config.vocabulary), with dashes
+# or underscores; the earlier spellings (--repo, --rest-port, --clients, --signature, --server ...) still work.
+_OPTIONS_NOTE = "Options take underscores or dashes: --rest_api_port or --rest-api-port."
+# Aliases of one subcommand only: in `%serve start`, --name can only be the server's (elsewhere it would be vague).
+_SUBCOMMAND_ALIASES: dict[str, dict[str, str]] = {"start": {"name": "server_name"}}
+
+
+def _declared(spec: Argument) -> Any:
+    """An option declared once for the command line too (workbench.client.bench, workbench.deploy.manifests)."""
+    return argument(*spec.flags, **spec.options)
+
+
+def _flag(name: str, help: str, **overrides: Any) -> Any:
+    """One of `workbench serve`'s flags, as `%serve start` takes it (the handle turns it back into that flag)."""
+    return _declared(FLAGS[name].argument(help, **overrides))
+
+
+_PROTOCOL_OPTION = argument("--protocol", choices=PROTOCOLS, default=DEFAULT_PROTOCOL, help="the API to use")
+_GRPC_OPTION = argument("--grpc", dest="protocol", action="store_const", const="grpc", help="short for --protocol grpc")
+_SIGNATURE_OPTION = argument("--signature_name", default="", metavar="NAME", help="default: serving_default")
+
+
+@magic_arguments(name="%serve start")
+@kwds(formatter_class=HelpFormatter, epilog=_OPTIONS_NOTE)
+@_flag("server_name", default=DEFAULT_NAME, help="the server's name")
+@_flag("model_repository", help=f"repository folder or s3:// URL (default: {DEFAULT_REPOSITORY})")
+@_flag("rest_api_port", help="REST API port (default: a free one)")
+@_flag("port", help="gRPC port (default: a free one)")
+@_flag("enable_batching", help="dynamic batching with TF Serving's default parameters")
+@_flag("batching_parameters_file", help="a BatchingParameters text proto (turns batching on)")
+@_flag("allow_pickle", help="load scikit-learn pickles (model.joblib, model.pkl): they run code")
+@_flag("allow_python_models", help="load model.py and handler.py from the repository")
+@_flag("num_workers", default="1", help="worker processes on the same ports, or auto (default: 1)")
+@_flag("response_cache_bytes", default=0, metavar="N", help="Triton's response cache, in bytes (0: off)")
+@_flag("response_cache_models", default="", help="the models whose answers the cache keeps")
+@_flag("ssl_config_file", help="TLS on gRPC: TF Serving's SSLConfig text proto")
+@_flag("rest_api_ssl_cert_file", help="TLS on REST (https): the server's PEM certificate")
+@_flag("rest_api_ssl_key_file", help="its PEM private key (default: in the certificate's file)")
+@argument("--ca_file", metavar="FILE", help="the PEM CA the notebook checks the server's certificate with")
+def _start_parser(line: str) -> None:
+    """Start a server on a model repository (every sub-folder is a model); returns its handle."""
+
+
+@magic_arguments(name="%serve stop")
+@kwds(formatter_class=HelpFormatter, epilog=_OPTIONS_NOTE)
+@argument("name", nargs="?", metavar="NAME", help="the server to stop (default: the only one running)")
+@argument("--server_name", metavar="NAME", help="the same as NAME")
+@argument("--all", action="store_true", help="stop every server of this kernel")
+def _stop_parser(line: str) -> None:
+    """Stop a server (or --all)."""
+
+
+@magic_arguments(name="%serve restart")
+@kwds(formatter_class=HelpFormatter, epilog=_OPTIONS_NOTE)
+@argument("name", nargs="?", metavar="NAME", help="the server to restart (default: the only one)")
+@argument("--server_name", metavar="NAME", help="the same as NAME")
+def _restart_parser(line: str) -> None:
+    """Restart a server (one that died too) on its ports, with its repository, options and routing."""
+
+
+@magic_arguments(name="%serve status")
+@kwds(formatter_class=HelpFormatter, epilog=_OPTIONS_NOTE)
+@argument("model", nargs="?", metavar="MODEL", help="only this model")
+@_SERVER_OPTION
+def _status_parser(line: str) -> None:
+    """Show the models, their versions, states, labels and traffic shares."""
+
+
+@magic_arguments(name="%serve export")
+@kwds(formatter_class=HelpFormatter, epilog=_OPTIONS_NOTE)
+@argument(
+    "model_var",
+    metavar="MODEL_VAR",
+    help="the variable holding the model (Keras, tf.Module, tf.function, scikit-learn, XGBoost, LightGBM, ONNX, "
+    "a PythonModel class, a pipeline)",
+)
+@argument("name", metavar="NAME", help="the served model's name")
+@argument("--version", type=int, metavar="N", help="the version number (default: the next one)")
+@argument("--examples", metavar="VAR", help="warmup examples: a variable name or a JSON literal")
+@argument("--format", choices=["onnx"], help="convert first: onnx writes a scikit-learn model as ONNX (skl2onnx)")
+@_SERVER_OPTION
+def _export_parser(line: str) -> None:
+    """Export a model variable as the next version and wait until the server serves it."""
+
+
+@magic_arguments(name="%serve promote")
+@kwds(formatter_class=HelpFormatter, epilog=_OPTIONS_NOTE)
+@argument("model", metavar="MODEL")
+@argument("version", type=int, metavar="VERSION")
+@_SERVER_OPTION
+def _promote_parser(line: str) -> None:
+    """Make VERSION the stable (default) version of MODEL."""
+
+
+@magic_arguments(name="%serve rollback")
+@kwds(formatter_class=HelpFormatter, epilog=_OPTIONS_NOTE)
+@argument("model", metavar="MODEL")
+@_SERVER_OPTION
+def _rollback_parser(line: str) -> None:
+    """Return MODEL's stable label to the version it had before the last promotion."""
+
+
+@magic_arguments(name="%serve canary")
+@kwds(formatter_class=HelpFormatter, epilog=_OPTIONS_NOTE)
+@argument("model", metavar="MODEL")
+@argument("version", type=int, metavar="VERSION")
+@argument("weight", type=float, metavar="WEIGHT", help="share of default traffic, 0 to 1 (0 ends the canary)")
+@_SERVER_OPTION
+def _canary_parser(line: str) -> None:
+    """Send a share (0 to 1) of MODEL's default traffic to VERSION; 0 ends the canary."""
+
+
+@magic_arguments(name="%serve predict")
+@kwds(formatter_class=HelpFormatter, epilog=_OPTIONS_NOTE)
+@argument("model", metavar="MODEL")
+@argument("data", nargs="+", metavar="DATA", help="""a variable name or a JSON literal: '{"x": [[1.0]]}' or [[1.0]]""")
+@_PROTOCOL_OPTION
+@_GRPC_OPTION
+@argument("--version", type=int, metavar="N", help="this version")
+@argument("--label", metavar="L", help="the version with this label")
+@_SIGNATURE_OPTION
+@_SERVER_OPTION
+def _predict_parser(line: str) -> None:
+    """Run a predict; returns the outputs (a dict of numpy arrays with .latency_ms)."""
+
+
+@magic_arguments(name="%serve bench")
+@kwds(formatter_class=HelpFormatter, epilog=_OPTIONS_NOTE)
+@argument("model", metavar="MODEL")
+@argument("data", nargs="+", metavar="DATA", help="one request's inputs: a variable name or a JSON literal")
+@_declared(LOAD_ARGUMENTS["protocol"])
+@_declared(LOAD_ARGUMENTS["grpc"])
+@_declared(LOAD_ARGUMENTS["concurrency"])
+@_declared(LOAD_ARGUMENTS["duration"])
+@_declared(LOAD_ARGUMENTS["requests"])
+@_declared(LOAD_ARGUMENTS["signature_name"])
+@_SERVER_OPTION
+def _bench_parser(line: str) -> None:
+    """Closed-loop load on MODEL, as `workbench bench`: shows throughput and latency percentiles, returns them."""
+
+
+@magic_arguments(name="%serve dashboard")
+@kwds(formatter_class=HelpFormatter, epilog=_OPTIONS_NOTE)
+@argument("--window", type=float, default=60.0, metavar="S", help="seconds of history on the live chart")
+@_SERVER_OPTION
+def _dashboard_parser(line: str) -> None:
+    """The serving dashboard: versions and their buttons, queries, a live latency chart and a load button."""
+
+
+@magic_arguments(name="%serve logs")
+@kwds(formatter_class=HelpFormatter, epilog=_OPTIONS_NOTE)
+@argument("model", metavar="MODEL")
+@argument("--last", type=int, default=20, metavar="N", help="show the newest N records; 0 shows all")
+@argument("--filename_prefix", metavar="PATH", help="read this log (default: where the server logs MODEL)")
+@_SERVER_OPTION
+def _logs_parser(line: str) -> None:
+    """Show MODEL's logged requests (its logging_config); returns them (workbench.request_log)."""
+
+
+@magic_arguments(name="%serve manifests")
+@kwds(formatter_class=HelpFormatter, epilog=_OPTIONS_NOTE)
+@argument("model", metavar="MODEL")
+@argument("--kserve", action="store_true", help="an InferenceService on the workbench ClusterServingRuntime")
+@argument("--kubernetes", action="store_true", help="Deployment, Service, autoscaler, model config (ConfigMap)")
+@argument(
+    "--storage_uri",
+    metavar="URI",
+    help="where the cluster reads the model: s3://…, gs://… or pvc://CLAIM/PATH (default: the server's folder, "
+    "which a cluster cannot read)",
+)
+@_declared(MANIFESTS_ARGUMENTS["replicas"])
+@_declared(MANIFESTS_ARGUMENTS["image"])
+@argument("--out", metavar="DIR", help="also write the files into DIR")
+@_SERVER_OPTION
+def _manifests_parser(line: str) -> None:
+    """Render KServe or Kubernetes manifests for MODEL with its routing; --out DIR writes them."""
+
+
+PARSERS: dict[str, Callable[..., Any]] = {
+    "start": _start_parser,
+    "stop": _stop_parser,
+    "restart": _restart_parser,
+    "status": _status_parser,
+    "export": _export_parser,
+    "promote": _promote_parser,
+    "rollback": _rollback_parser,
+    "canary": _canary_parser,
+    "predict": _predict_parser,
+    "bench": _bench_parser,
+    "dashboard": _dashboard_parser,
+    "logs": _logs_parser,
+    "manifests": _manifests_parser,
+}
+
+
+def _summary(sub: str) -> str:
+    description = PARSERS[sub].parser.description or ""  # type: ignore[attr-defined]
+    return description.strip().splitlines()[0]
+
+
+def overview() -> str:
+    """The text of ``%serve --help``: one line per subcommand."""
+    width = max(map(len, PARSERS))
+    lines = ["Usage: %serve SUBCOMMAND [options]   (%serve SUBCOMMAND --help for its options)", ""]
+    lines += [f"  {sub:<{width}}  {_summary(sub)}" for sub in PARSERS]
+    lines += ["", _OPTIONS_NOTE]
+    return "\n".join(lines)
+
+
+def parse_arguments(sub: str, words: list[str]) -> argparse.Namespace:
+    """The arguments of ``%serve SUB WORDS``, with options in the vocabulary's spelling (a UsageError if wrong).
+
+    Aliases and dashes are read first (``--rest-port`` is ``--rest_api_port``), so a mistyped option is reported
+    with the nearest real one; argparse's own messages say which subcommand they come from and where help is.
+    """
+    parser = PARSERS[sub].parser  # type: ignore[attr-defined]
+    words = canonical_options(words, parser, {**OPTION_ALIASES, **_SUBCOMMAND_ALIASES.get(sub, {})})
+    problem = unrecognized_option(words, parser)
+    if problem:
+        raise UsageError(f"%serve {sub}: {problem} (%serve {sub} --help)")
+    try:
+        return parser.parse_args(words)  # type: ignore[no-any-return]
+    except UsageError as exc:
+        raise UsageError(f"%serve {sub}: {one_line(str(exc))} (%serve {sub} --help)") from None
+
+
+# ------------------------------------------------------------------------------------------------- helpers
+def split_line(line: str) -> list[str]:
+    """Split like a shell, but keep JSON intact.
+
+    IPython's non-POSIX split keeps quotes inside words (POSIX rules would turn ``{"x":[[1]]}`` into
+    ``{x:[[1]]}``); a word quoted as a whole loses its outer quotes here.
+    """
+    try:
+        words = arg_split(line, strict=True)
+    except ValueError as exc:  # an unclosed quote
+        raise UsageError(f"%serve: cannot split the line: {exc}") from None
+    # IPython hands a line magic the rest of its line, comment included: `%serve start  # note` must work as
+    # in a shell, so an unquoted word that starts with "#" ends the arguments.
+    comment = next((i for i, w in enumerate(words) if w.startswith("#")), len(words))
+    words = words[:comment]
+    return [w[1:-1] if len(w) >= 2 and w[0] == w[-1] and w[0] in "'\"" else w for w in words]
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    """The first non-empty line of ``text``, shortened: UsageError messages must stay one line."""
+    line = next((s.strip() for s in str(text).splitlines() if s.strip()), "")
+    return line if len(line) <= limit else line[: limit - 1] + "…"
