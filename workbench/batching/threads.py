@@ -29,7 +29,9 @@ class InferenceThreads(Executor):
     """Up to ``threads`` threads named ``{name}_{i}`` that run queued calls in order.
 
     A thread starts only when a call finds none idle, as ThreadPoolExecutor's do: at low load one thread takes every
-    call, which is faster than waking a different sleeping thread each time.
+    call, which is faster than waking a different sleeping thread each time. A call *claims* the idle thread it
+    finds, so a burst of calls sent while one thread idles starts threads for the rest rather than queueing them all
+    for that one (where a slow call would hold every call behind it).
     """
 
     def __init__(self, threads: int, name: str) -> None:
@@ -38,7 +40,7 @@ class InferenceThreads(Executor):
         self._count, self._name = threads, name
         self._queue: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
-        self._idle = 0  # threads waiting for a call (read without the lock: a stale count only starts one early)
+        self._idle = threading.Semaphore(0)  # threads waiting for a call that no call has claimed yet
         self._lock = threading.Lock()
         self._shut_down = False
 
@@ -48,8 +50,8 @@ class InferenceThreads(Executor):
         ``dropped`` is called instead, on the thread shutting down, if the call is still queued when
         :meth:`shutdown` cancels what waits. Raises RuntimeError once shut down, as an Executor does.
         """
-        if self._idle == 0 and len(self._threads) < self._count:
-            self._start_one()
+        if not self._idle.acquire(blocking=False) and len(self._threads) < self._count:
+            self._start_one()  # it takes this call first; at the limit the call waits for a thread to finish one
         with self._lock:  # not after shutdown's end marks, where no thread would ever take it
             if self._shut_down:
                 raise RuntimeError("cannot schedule new calls after shutdown")
@@ -102,12 +104,9 @@ class InferenceThreads(Executor):
             self._threads.append(thread)
 
     def _work(self) -> None:
+        # A new thread was started for the call that found no idle one: it takes a call before it counts as idle.
         while True:
-            with self._lock:
-                self._idle += 1
             item = self._queue.get()
-            with self._lock:
-                self._idle -= 1
             if item is None:
                 return
             fn, args, _ = item
@@ -115,6 +114,7 @@ class InferenceThreads(Executor):
                 fn(*args)
             except BaseException:  # noqa: BLE001 - a call hands its own outcome back; a bug must not end the thread
                 log.exception("An inference thread's call failed")
+            self._idle.release()
 
 
 Caller = Callable[..., None]  # call(fn, *args, dropped=None), as InferenceThreads.call
