@@ -17,7 +17,7 @@ import requests
 sys.path.insert(0, str(Path(__file__).parent))
 
 from workbench.config.options import ServerOptions  # noqa: E402
-from workbench.jupyter import registry  # noqa: E402
+from workbench.jupyter import server_records as registry  # noqa: E402
 from workbench.server import ServerThread  # noqa: E402
 
 

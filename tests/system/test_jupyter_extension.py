@@ -19,8 +19,8 @@ import tornado.testing
 import tornado.web
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPResponse
 
-from workbench.jupyter import registry
-from workbench.jupyter.registry import ServerRecord
+from workbench.jupyter import server_records as registry
+from workbench.jupyter.server_records import ServerRecord
 from workbench.server import ServerThread
 
 pytest_plugins = ["pytest_jupyter.jupyter_server"]

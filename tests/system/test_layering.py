@@ -44,9 +44,9 @@ GROUND = ("runtime", "core", "protocol", "config")
 ENTRY = ("workbench", "workbench.__main__")  # the package's face and `python -m workbench`: import anything
 # The top floor (the CLI) may use the side packages too: `workbench bench` runs the load generator.
 # Where a floor reads what a side package writes, named with the reason. The Jupyter record of a running server is
-# written by the server (and Ray deployments) and read by the Jupyter extension: jupyter.registry imports only the
+# written by the server (and Ray deployments) and read by the Jupyter extension: jupyter.server_records imports only the
 # runtime floor and the package version.
-SIDE_READ_BY_FLOORS = {"workbench.jupyter.registry"}
+SIDE_READ_BY_FLOORS = {"workbench.jupyter.server_records"}
 # Import cycles being taken apart in issue 29's next steps; this list only shrinks.
 KNOWN_CYCLES: list[set[str]] = []
 

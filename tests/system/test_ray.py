@@ -64,7 +64,7 @@ from tritonclient.utils import InferenceServerException
 import workbench.ray
 from tests.waiting import process_gone, wait_until
 from workbench import demo
-from workbench.jupyter import registry
+from workbench.jupyter import server_records as registry
 from workbench.notebook.widgets import LiveChart
 from workbench.protocol.tensor_proto import from_numpy, to_numpy
 from workbench.ray import RayDeployment

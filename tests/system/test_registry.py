@@ -1,4 +1,4 @@
-"""The registry of running servers (workbench.jupyter.registry), written by real servers."""
+"""The registry of running servers (workbench.jupyter.server_records), written by real servers."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import requests
 from waiting import wait_until
 
 from workbench.config.options import ServerOptions
-from workbench.jupyter import registry
-from workbench.jupyter.registry import ServerRecord
+from workbench.jupyter import server_records as registry
+from workbench.jupyter.server_records import ServerRecord
 from workbench.server import ServerThread
 
 

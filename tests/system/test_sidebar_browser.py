@@ -24,7 +24,7 @@ from browser import (
 )
 from waiting import wait_until
 
-from workbench.jupyter.registry import list_servers
+from workbench.jupyter.server_records import list_servers
 
 SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "sidebar.png"
 

@@ -23,7 +23,7 @@ from workbench import demo
 from workbench.config.serve_options import FlagError, is_loopback, serve_options
 from workbench.config.server_flags import MANAGEMENT_TOKEN_ENV
 from workbench.frontends.auth import bearer_matches
-from workbench.jupyter import registry
+from workbench.jupyter import server_records as registry
 
 # Loads TF Serving's protos without running tensorflow/__init__: see workbench/runtime/tensorflow_protos.py.
 import workbench.runtime.tensorflow_protos  # noqa: F401  # isort: skip

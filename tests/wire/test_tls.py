@@ -36,7 +36,7 @@ from workbench.client import Client
 from workbench.config.options import ServerOptions, parse_ssl_config_file
 from workbench.config.tf_serving_protos import SSLConfig
 from workbench.core.errors import Code, ServingError
-from workbench.jupyter import registry
+from workbench.jupyter import server_records as registry
 from workbench.notebook.handle import ServerHandle
 from workbench.server import ServerThread
 

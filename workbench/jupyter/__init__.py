@@ -4,10 +4,10 @@ Enabled by ``jupyter-config/jupyter_server_config.d/workbench.json`` (installed 
 ``etc/jupyter/jupyter_server_config.d``), or by hand with ``jupyter server extension enable workbench.jupyter``.
 It adds, under Jupyter's base URL and behind Jupyter's own authentication:
 
-- ``GET workbench/api/servers``: every running server with its models (see :mod:`workbench.jupyter.registry`);
+- ``GET workbench/api/servers``: every running server with its models (see :mod:`workbench.jupyter.server_records`);
 - ``workbench/proxy/<server-id>/<path>``: a request forwarded to that server's REST API.
 
-This module only wires entry points; the serving process imports :mod:`workbench.jupyter.registry`, so nothing
+This module only wires entry points; the serving process imports :mod:`workbench.jupyter.server_records`, so nothing
 here may import Jupyter or tornado at module level.
 """
 
@@ -25,7 +25,7 @@ def _jupyter_server_extension_points() -> list[dict[str, str]]:
 def _load_jupyter_server_extension(serverapp: Any) -> None:
     """Add the handlers to the Jupyter server's web application."""
     from workbench.jupyter.handlers import handlers
-    from workbench.jupyter.registry import registry_dir
+    from workbench.jupyter.server_records import registry_dir
 
     base_url = serverapp.web_app.settings["base_url"]
     serverapp.web_app.add_handlers(".*$", handlers(base_url))

@@ -33,7 +33,7 @@ from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from tornado.simple_httpclient import HTTPTimeoutError
 
-from workbench.jupyter.registry import ServerRecord, get_server, list_servers
+from workbench.jupyter.server_records import ServerRecord, get_server, list_servers
 
 #: Seconds the listing waits for each server's model list (servers are asked concurrently).
 LIST_TIMEOUT = 2.0

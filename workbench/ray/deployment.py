@@ -21,7 +21,7 @@ from ray import serve
 from workbench.config.options import ServerOptions
 from workbench.config.serve_options import serve_options
 from workbench.config.server_flags import MANAGEMENT_TOKEN_ENV, serve_flag_words
-from workbench.jupyter import registry
+from workbench.jupyter import server_records
 from workbench.ray.grpc_methods import SERVICER_FUNCTIONS
 from workbench.ray.peers import forget_replicas
 from workbench.ray.replica import WorkbenchReplica
@@ -61,7 +61,7 @@ class RayDeployment:
     def shutdown(self) -> None:
         """Delete the application; stop Serve when no other application runs, and Ray when deploy() started it."""
         if self._registry_id is not None:
-            registry.unregister(self._registry_id)
+            server_records.unregister(self._registry_id)
             self._registry_id = None
         delete_application(self.name)
         if self._owns_ray:
@@ -127,9 +127,9 @@ def _list_for_jupyter(options: ServerOptions, name: str, host: str, http_port: i
         options,
         rest_api_host=host,
         grpc_host=host,
-        server_name=f"{registry.server_name(options)} (Ray Serve: {name})",
+        server_name=f"{server_records.server_name(options)} (Ray Serve: {name})",
     )
-    return registry.register_server(listed, http_port, grpc_port)
+    return server_records.register_server(listed, http_port, grpc_port)
 
 
 def deploy(

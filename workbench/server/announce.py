@@ -1,13 +1,13 @@
 """Telling others that a server answers: the ready file its starter waits for, and the record Jupyter lists.
 
-The Jupyter record (:mod:`workbench.jupyter.registry`) is written once the server answers and removed when it starts
-draining, so Jupyter's extension stops listing and proxying a server going away; writing it never raises.
+The Jupyter record (:mod:`workbench.jupyter.server_records`) is written once the server answers and removed when it
+starts draining, so Jupyter's extension stops listing and proxying a server going away; writing it never raises.
 """
 
 from __future__ import annotations
 
 from workbench.config.options import ServerOptions
-from workbench.jupyter import registry  # Jupyter's server extension lists and proxies running servers
+from workbench.jupyter import server_records  # Jupyter's server extension lists and proxies running servers
 from workbench.runtime.process import write_json_atomically
 
 
@@ -23,9 +23,9 @@ class JupyterRecord:
         self._id: str | None = None
 
     def write(self, options: ServerOptions, rest_port: int | None, grpc_port: int | None, started_at: float) -> None:
-        self._id = registry.register_server(options, rest_port, grpc_port, started_at)
+        self._id = server_records.register_server(options, rest_port, grpc_port, started_at)
 
     def remove(self) -> None:
         if self._id is not None:
-            registry.unregister(self._id)
+            server_records.unregister(self._id)
             self._id = None
