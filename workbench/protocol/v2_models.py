@@ -28,7 +28,7 @@ EXTENSIONS = (
     "model_configuration",
     "model_repository",
     "model_repository(unload_dependents)",
-    "sequence",  # the sequence batcher, for stateful models: engine/sequences.py
+    "sequence",  # the sequence batcher, for stateful models: batching/sequences.py
     "statistics",
     "system_shared_memory",  # and CUDA's answers, without CUDA: frontends/v2_shared_memory.py
 )
