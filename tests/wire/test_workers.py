@@ -254,7 +254,11 @@ def test_sigterm_under_load_drains_every_worker_and_loses_no_accepted_request(ga
             client.start()
         wait_until(lambda: all(len(c.outcomes) >= 3 for c in clients), 120, what="every client answered 3 times")
         gated.close()
-        wait_until(lambda: gated.held() == len(clients), 120, what="every client's request held in a worker")
+        try:
+            wait_until(lambda: gated.held() == len(clients), 120, what="every client's request held in a worker")
+        except AssertionError as exc:  # say what each client last saw: one refused request stops its client
+            last = [(type(c).__name__, len(c.outcomes), c.outcomes[-1:]) for c in clients]
+            raise AssertionError(f"{exc}; held: {gated.held()}; clients: {last}; server: {wb.stderr[-2000:]}") from None
         sigterm_and_expect_a_drain(wb, ports, gated, clients)
         log = wb.stderr
         for worker in (0, 1):
