@@ -27,7 +27,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("protocol", ("workbench.protocol",)),
     ("config", ("workbench.config",)),
     ("platforms", ("workbench.platforms",)),
-    ("engine", ("workbench.batching", "workbench.models", "workbench.observability")),
+    ("engine", ("workbench.batching", "workbench.models", "workbench.observability", "workbench.runners")),
     ("planes", ("workbench.planes",)),
     ("frontends", ("workbench.frontends",)),
     ("server", ("workbench.server",)),

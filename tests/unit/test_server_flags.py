@@ -12,7 +12,7 @@ from workbench.config.serve_options import FlagError, serve_options
 from workbench.config.server_flags import FLAGS, serve_flag_words, serve_parser
 
 # Fields no flag sets by itself: --host binds both ports, the token and the number of workers are resolved.
-DERIVED = {"rest_api_host", "grpc_host", "management_token", "num_workers"}
+DERIVED = {"rest_api_host", "grpc_host", "management_token", "num_workers", "model_runners"}
 
 
 def test_every_option_is_a_flag_or_derived_from_one() -> None:

@@ -41,7 +41,7 @@ import time
 import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import numpy as np
 
@@ -77,6 +77,22 @@ class BatchRecord:
 
 
 BatchListener = Callable[[BatchRecord], None]
+
+
+class Batcher(Protocol):
+    """What the data plane runs requests through: :class:`BatchScheduler`, or a frontend's dispatch to its model
+    runners (:class:`workbench.runners.remote.RunnerDispatch`)."""
+
+    async def run(
+        self,
+        servable: Servable,
+        signature: Signature,
+        feed: Feed,
+        outputs: Sequence[str],
+        interest: Interest | None = None,
+    ) -> Outputs: ...
+
+    def queue_depths(self) -> list[tuple[str, int, int]]: ...
 
 
 class _SignatureState:

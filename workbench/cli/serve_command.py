@@ -27,18 +27,19 @@ def _serve(args: argparse.Namespace) -> int:
         for line in str(exc).splitlines():
             print(f"workbench serve: {line}", file=sys.stderr)
         return 2
-    if num_workers > 1 and not args.worker_of:
+    if args.runner_of:
+        return _run_model_runner(args, num_workers)
+    options = options_from_flags(args, num_workers)
+    if (num_workers > 1 or options.model_runners) and not args.worker_of:
         from workbench.core.errors import ServingError
 
         try:  # every worker reads the TLS files: a bad one is said once here, not by workers restarting forever
-            options = options_from_flags(args, num_workers)
             options.grpc_tls()
             options.rest_tls()
         except ServingError as exc:
             print(f"workbench serve: {exc.message}", file=sys.stderr)
             return 1
-        return _supervise(args, num_workers)
-    options = options_from_flags(args, num_workers)
+        return _supervise(args, num_workers, options.model_runners)
     configure_logging(f"[worker {args.worker_index}] " if args.worker_of else "")
     from workbench.core.errors import ServingError
     from workbench.server import run
@@ -53,8 +54,18 @@ def _serve(args: argparse.Namespace) -> int:
         return 1
 
 
-def _supervise(args: argparse.Namespace, num_workers: int) -> int:
-    """``--num_workers`` above 1: this process starts the workers (before importing gRPC or TensorFlow)."""
+def _run_model_runner(args: argparse.Namespace, num_workers: int) -> int:
+    """A model runner of a supervised server (``--runner_of``): it holds the models, the workers send it requests."""
+    options = options_from_flags(args, num_workers)
+    configure_logging(f"[runner {args.runner_index}] ")
+    from workbench.runners.runner import run
+
+    return run(options, args.runner_of, args.runner_index)
+
+
+def _supervise(args: argparse.Namespace, num_workers: int, model_runners: int) -> int:
+    """``--num_workers`` above 1, or model runners: this process starts the workers and runners (before importing
+    gRPC or TensorFlow)."""
     from workbench.deploy.workers import Supervisor
 
     configure_logging()
@@ -62,6 +73,7 @@ def _supervise(args: argparse.Namespace, num_workers: int) -> int:
     supervisor = Supervisor(
         serve_args=words[words.index("serve") + 1 :],
         num_workers=num_workers,
+        model_runners=model_runners,
         host=args.host,
         grpc_port=args.port,
         rest_api_port=args.rest_api_port,

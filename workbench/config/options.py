@@ -119,6 +119,8 @@ class ServerOptions:
     # One of --num_workers processes (workbench.deploy.workers): its index, and the supervisor's run folder, where the
     # workers find each other to answer for the whole server ("": a server of one process).
     num_workers: int = 1
+    # Model runners the workers hand requests to (workbench.runners): 0, each worker loads and batches on its own.
+    model_runners: int = 0
     worker_index: int = 0
     worker_dir: str = ""
     # Model files that run code when loaded (pickles; model.py and handler.py) load only when allowed.

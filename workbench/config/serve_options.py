@@ -22,7 +22,7 @@ from workbench.config.server_flags import (
     UNSUPPORTED_TF_SERVING_FLAGS,
     serve_parser,
 )
-from workbench.runtime.process import available_cores
+from workbench.runtime.process import available_cores, visible_gpus
 
 
 class FlagError(ValueError):
@@ -70,6 +70,22 @@ def resolve_num_workers(value: str) -> int:
     return count
 
 
+def resolve_model_runners(value: str, num_workers: int) -> int:
+    """``--model_runners``: how many runner processes (0: none, every worker loads and batches on its own)."""
+    word = value.strip().lower()
+    if word == "in_process":
+        return 0
+    if word == "auto":
+        return max(1, len(visible_gpus())) if num_workers > 1 else 0
+    try:
+        count = int(word)
+    except ValueError:
+        raise ValueError(f"--model_runners takes a number, 'auto' or 'in_process', not {value!r}") from None
+    if count < 1:
+        raise ValueError(f"--model_runners must be at least 1 (or 'in_process'), got {count}")
+    return count
+
+
 def check_serve_flags(args: argparse.Namespace) -> int:
     """The number of workers the flags ask for, once they make sense together; raises :class:`FlagError` (or
     ValueError, for --num_workers)."""
@@ -91,6 +107,7 @@ def check_serve_flags(args: argparse.Namespace) -> int:
         )
     management_token(args.management_token, args.host)  # refused here, before anything starts
     num_workers = resolve_num_workers(args.num_workers)  # a ValueError says why
+    resolve_model_runners(args.model_runners, num_workers)  # a ValueError says why
     if num_workers > 1 and args.grpc_socket_path:
         raise FlagError("--grpc_socket_path serves one process, not --num_workers")
     if args.wait_for_model_load_seconds < 0:
@@ -125,6 +142,7 @@ def options_from_flags(args: argparse.Namespace, num_workers: int) -> ServerOpti
         grpc_host=args.host,
         management_token=management_token(args.management_token, args.host),
         num_workers=num_workers,
+        model_runners=resolve_model_runners(args.model_runners, num_workers),
     )
 
 
@@ -145,4 +163,6 @@ def serve_options(flags: Sequence[str]) -> ServerOptions:
         raise FlagError(str(exc)) from None
     if num_workers > 1:
         raise FlagError("--num_workers: one embedded server is one process")
+    if resolve_model_runners(args.model_runners, 1):
+        raise FlagError("--model_runners: one embedded server is one process")
     return options_from_flags(args, 1)

@@ -284,6 +284,16 @@ SERVE_FLAGS: tuple[FlagGroup, ...] = (
                 default="1",
                 option=None,
             ),
+            # 'auto', 'in_process' or a number: resolved (and checked) by check_serve_flags.
+            ServeFlag(
+                "model_runners",
+                "processes that hold the models and run their batches for every worker ('auto': one per GPU, or one "
+                "without GPUs, when --num_workers is above 1; 'in_process': each worker loads and batches on its own, "
+                "as with one process); a number starts that many, each holding every model",
+                "N",
+                default="auto",
+                option=None,
+            ),
             ServeFlag(
                 "management_state_file", "an older workbench's routing state, read where a model has none", "FILE"
             ),
@@ -320,6 +330,9 @@ SERVE_FLAGS: tuple[FlagGroup, ...] = (
             # Set by the supervisor of --num_workers (workbench.deploy.workers) on each worker: its run folder.
             ServeFlag("worker_of", "", default="", option="worker_dir", hidden=True),
             ServeFlag("worker_index", "", hidden=True),
+            # Set by the supervisor on each model runner (workbench.runners.runner): its run folder and index.
+            ServeFlag("runner_of", "", default="", option=None, hidden=True),
+            ServeFlag("runner_index", "", default=0, option=None, hidden=True),
         ),
     ),
 )

@@ -1,4 +1,4 @@
-"""``workbench serve --num_workers N``: a supervisor and N shared-nothing worker processes on the same ports.
+"""``workbench serve --num_workers N``: a supervisor, N worker processes on the same ports, and the model runners.
 
 One Python process answers on about one core (its event loop), so N workers serve N cores' worth. The supervisor
 imports neither gRPC nor TensorFlow (neither survives a fork); it starts each worker as a fresh
@@ -13,8 +13,18 @@ writes the ready file once every worker is ready, restarts a worker that dies (l
 keeps dying), and on SIGTERM or SIGINT has every worker drain as one process does, then exits 0. A second signal
 is passed on: the workers exit at once, and so does the supervisor (128 + the signal's number).
 
+With model runners (``--model_runners``, by default one per GPU, or one, whenever N is above 1), the workers are
+frontends: they answer the wire and route, and hand each request to a runner, which holds every model version once
+and batches what all workers send it (:mod:`workbench.runners`). The supervisor starts the runners first (each
+``workbench serve ... --runner_of=RUN_DIR --runner_index=I``, GPU I's only with CUDA_VISIBLE_DEVICES), the workers
+once the runners listen; it restarts a runner that dies as it restarts a worker (the workers fail what was in
+flight on it with UNAVAILABLE and load their versions again once it is back), and stops the runners after the
+workers drained. With ``--model_runners=in_process`` the workers are shared-nothing: each loads the models and
+batches on its own.
+
 Each worker's TensorFlow thread pools (and OpenMP's, for the other frameworks) get cores // N threads, so N workers
-do not fight over the cores; variables already set in the environment are left as they are.
+do not fight over the cores (with runners, each runner gets cores // runners); variables already set in the
+environment are left as they are.
 """
 
 from __future__ import annotations
@@ -34,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from workbench.config.serve_options import resolve_num_workers as resolve_num_workers  # --num_workers, read
-from workbench.runtime.process import available_cores, parent_gone, write_json_atomically
+from workbench.runtime.process import available_cores, parent_gone, visible_gpus, write_json_atomically
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +81,7 @@ def reserve_port(host: str, port: int) -> socket.socket:
 @dataclass
 class _Worker:
     index: int
+    kind: str = "worker"  # or "runner"
     process: subprocess.Popen[bytes] | None = None
     started: float = 0.0
     failures: int = 0  # deaths in a row, each soon after its start
@@ -89,7 +100,9 @@ class Supervisor:
     drain_seconds: float = 30.0
     ready_file: str = ""
     parent_pid: int = 0
+    model_runners: int = 0  # 0: shared-nothing workers
     _workers: list[_Worker] = field(default_factory=list)
+    _runners: list[_Worker] = field(default_factory=list)
     _signals: list[signal.Signals] = field(default_factory=list)
 
     def run(self) -> int:
@@ -107,15 +120,20 @@ class Supervisor:
                 self.grpc_port,
                 f" and REST port {self.rest_api_port}" if rest_socket is not None else "",
             )
+            self._runners = [_Worker(index, "runner") for index in range(self.model_runners)]
             self._workers = [_Worker(index) for index in range(self.num_workers)]
             env = thread_environment(self.num_workers)
+            if self._runners:
+                code = self._start_runners(run_dir)
+                if code is not None:
+                    return code
             for worker in self._workers:
                 self._start(worker, run_dir, env)
             return self._supervise(run_dir, env)
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-            for worker in self._workers:  # only after a failure: a normal end has waited for every worker
+            for worker in [*self._workers, *self._runners]:  # only after a failure: a normal end has waited for them
                 if worker.process is not None and worker.process.poll() is None:
                     worker.process.kill()
                     worker.process.wait()
@@ -129,11 +147,21 @@ class Supervisor:
 
     def _command(self, worker: _Worker, run_dir: Path) -> list[str]:
         # argparse keeps a flag's last value: these override whatever the command line said.
+        if worker.kind == "runner":
+            return [
+                sys.executable, "-m", "workbench", "serve", *self.serve_args,
+                f"--num_workers={self.num_workers}",
+                f"--model_runners={self.model_runners}",
+                f"--runner_of={run_dir}",
+                f"--runner_index={worker.index}",
+                f"--parent_pid={os.getpid()}",
+            ]  # fmt: skip
         return [
             sys.executable, "-m", "workbench", "serve", *self.serve_args,
             f"--port={self.grpc_port}",
             f"--rest_api_port={self.rest_api_port}",
             f"--num_workers={self.num_workers}",
+            f"--model_runners={self.model_runners or 'in_process'}",
             f"--worker_of={run_dir}",
             f"--worker_index={worker.index}",
             f"--ready_file={self._worker_ready_file(run_dir, worker.index)}",
@@ -144,7 +172,44 @@ class Supervisor:
     def _worker_ready_file(run_dir: Path, index: int) -> Path:
         return run_dir / f"worker-{index}.ready.json"
 
+    def _runner_environment(self, index: int) -> dict[str, str]:
+        """A runner's environment: its share of the cores, and its GPU alone (runner i drives GPU i mod the GPUs)."""
+        env = thread_environment(self.model_runners)
+        gpus = visible_gpus()
+        if gpus:
+            env["CUDA_VISIBLE_DEVICES"] = gpus[index % len(gpus)]
+        return env
+
+    def _start_runners(self, run_dir: Path) -> int | None:
+        """Start every runner and wait until each listens; the exit code to return if one cannot start."""
+        from workbench.runners.runner import ready_path
+
+        for runner in self._runners:
+            self._start(runner, run_dir, self._runner_environment(runner.index))
+        while not all(ready_path(run_dir, runner.index).exists() for runner in self._runners):
+            for runner in self._runners:
+                code = runner.process.poll() if runner.process is not None else None
+                if code is not None:
+                    log.error("Model runner %d exited with status %d while starting: stopping", runner.index, code)
+                    self._stop("a model runner could not start")
+                    return code or 1
+            if self._signals:
+                return self._stop(self._signals[0].name)
+            time.sleep(POLL_S / 4)
+        log.info("%d model runners listening", len(self._runners))
+        return None
+
     def _start(self, worker: _Worker, run_dir: Path, env: dict[str, str]) -> None:
+        if worker.kind == "runner":
+            from workbench.runners.runner import ready_path
+
+            ready_path(run_dir, worker.index).unlink(missing_ok=True)
+            worker.process = subprocess.Popen(self._command(worker, run_dir), env=env, stdin=subprocess.DEVNULL,
+                                              process_group=0)  # fmt: skip
+            worker.started = time.monotonic()
+            worker.restart_at = None
+            log.info("Model runner %d started (pid %d)", worker.index, worker.process.pid)
+            return
         self._worker_ready_file(run_dir, worker.index).unlink(missing_ok=True)
         # Its own process group: a Ctrl-C at the terminal reaches the supervisor only, which has each worker
         # drain once (the terminal's signal and ours would be two, and a second signal exits at once).
@@ -172,6 +237,12 @@ class Supervisor:
                     self._schedule_restart(worker, code)
                 if worker.restart_at is not None and time.monotonic() >= worker.restart_at:
                     self._start(worker, run_dir, env)
+            for runner in self._runners:
+                code = runner.process.poll() if runner.process is not None else None
+                if runner.process is not None and code is not None:
+                    self._schedule_restart(runner, code)
+                if runner.restart_at is not None and time.monotonic() >= runner.restart_at:
+                    self._start(runner, run_dir, self._runner_environment(runner.index))
             if not ready and all(self._worker_ready_file(run_dir, w.index).exists() for w in self._workers):
                 ready = True
                 log.info("All %d workers ready", self.num_workers)
@@ -186,7 +257,8 @@ class Supervisor:
         how = f"signal {-code}" if code < 0 else f"status {code}"
         assert worker.process is not None
         log.warning(
-            "Worker %d (pid %d) exited with %s after %.1fs: restarting it%s",
+            "%s %d (pid %d) exited with %s after %.1fs: restarting it%s",
+            "Model runner" if worker.kind == "runner" else "Worker",
             worker.index,
             worker.process.pid,
             how,
@@ -201,6 +273,9 @@ class Supervisor:
         content["pid"] = os.getpid()
         content["workers"] = [
             {"index": w.index, "pid": w.process.pid if w.process is not None else None} for w in self._workers
+        ]
+        content["runners"] = [
+            {"index": r.index, "pid": r.process.pid if r.process is not None else None} for r in self._runners
         ]
         write_json_atomically(self.ready_file, content)
 
@@ -229,5 +304,22 @@ class Supervisor:
                 return 1  # run() kills them on its way out
             time.sleep(POLL_S)
         codes = [w.process.returncode for w in live if w.process is not None]
+        self._stop_runners()
         log.info("Stopped")
         return next((code for code in codes if code not in (0, None)), 0)
+
+    def _stop_runners(self) -> None:
+        """The workers are gone, and with them every request: the runners close their models and exit."""
+        live = [r for r in self._runners if r.process is not None and r.process.poll() is None]
+        for runner in live:
+            assert runner.process is not None
+            runner.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_MARGIN_S
+        for runner in live:
+            assert runner.process is not None
+            try:
+                runner.process.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.error("Model runner %d did not stop: killing it", runner.index)
+                runner.process.kill()
+                runner.process.wait()

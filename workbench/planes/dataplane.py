@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from workbench.batching.interest import Interest, deadline_exceeded
-from workbench.batching.scheduler import BatchScheduler
+from workbench.batching.scheduler import Batcher
 from workbench.config.batching_parameters import BatchingParameters
 from workbench.core import inference
 from workbench.core.errors import Code, ServingError
@@ -67,7 +67,7 @@ class Dataplane:
         metrics: ServingMetrics,
         stats: RollingStats,
         executor: Executor,
-        scheduler: BatchScheduler,
+        scheduler: Batcher,
         request_log: RequestLogger | None = None,
         batching_for: Callable[[str], BatchingParameters | None] = lambda model: None,
         first_load_wait: float = 60.0,

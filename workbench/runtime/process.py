@@ -17,6 +17,23 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
+def visible_gpus() -> list[str]:
+    """The NVIDIA GPUs this process may use, as CUDA_VISIBLE_DEVICES names them (without importing a CUDA library):
+    that variable's entries where it is set, else every GPU the driver lists."""
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        names = []
+        for name in (part.strip() for part in listed.split(",")):
+            if not name or name.startswith("-"):  # CUDA stops at the first invalid entry
+                break
+            names.append(name)
+        return names
+    try:
+        return [str(index) for index in range(len(os.listdir("/proc/driver/nvidia/gpus")))]
+    except OSError:
+        return []
+
+
 def pid_exists(pid: int) -> bool:
     """Whether a process ``pid`` exists (someone else's counts: it exists, we may not signal it)."""
     if sys.platform == "win32":  # os.kill(pid, 0) would terminate the process on Windows

@@ -23,10 +23,11 @@ import time
 from collections.abc import Callable
 
 from workbench import platforms
-from workbench.batching.scheduler import BatchRecord, BatchScheduler
+from workbench.batching.scheduler import Batcher, BatchRecord, BatchScheduler
 from workbench.batching.threads import InferenceThreads
 from workbench.config.options import ServerOptions
 from workbench.core.errors import Code
+from workbench.core.servable import Loader, Servable
 from workbench.frontends.grpc import ReadinessHealth
 from workbench.frontends.sequence_routing import SequenceRouter, private_socket
 from workbench.frontends.v2_shared_memory import SharedMemoryAccess
@@ -44,6 +45,7 @@ from workbench.planes.dataplane import Dataplane, ServerStatus
 from workbench.planes.response_cache import ResponseCache
 from workbench.planes.shared_memory import SharedMemoryRegistry
 from workbench.platforms.base import LoadPolicy
+from workbench.runners.remote import RunnerDispatch, RunnerLoader, RunnerPool, RunnerServable
 from workbench.runtime.storage import VersionCache, caching_loader
 from workbench.server.announce import JupyterRecord, write_ready_file
 from workbench.server.cache_counts import CacheCounts
@@ -51,6 +53,12 @@ from workbench.server.ports import Ports
 from workbench.server.watchers import ConfigFileWatcher, watch_parent
 
 log = logging.getLogger("workbench.server")  # the server's log lines, whichever of its modules writes them
+
+
+def _warm_up_here(servable: Servable) -> None:
+    """Warm up a version loaded in this process (a model runner warms up the versions it loads)."""
+    if not isinstance(servable, RunnerServable):
+        warm_up(servable)
 
 
 class ModelServer:
@@ -79,11 +87,18 @@ class ModelServer:
         self.stats = RollingStats()
         # Versions in object stores load from a local copy, downloaded per load and removed on unload.
         self.model_cache = VersionCache(options.model_cache_dir)
+        loader: Loader = platforms.Loader(LoadPolicy(options.allow_pickle, options.allow_python_models))
+        # A worker with model runners: the runners load the versions (and warm them up) and run their batches.
+        self.runners = (
+            RunnerPool(options.worker_dir, options.model_runners, self._on_batch)
+            if options.worker_dir and options.model_runners
+            else None
+        )
+        if self.runners is not None:
+            loader = RunnerLoader(self.runners, loader)
         self.manager = Manager(
-            caching_loader(
-                platforms.Loader(LoadPolicy(options.allow_pickle, options.allow_python_models)), self.model_cache
-            ),
-            warmup=warm_up if options.enable_model_warmup else None,
+            caching_loader(loader, self.model_cache),
+            warmup=_warm_up_here if options.enable_model_warmup else None,
             load_threads=options.num_load_threads,
             allow_labels_for_unavailable=options.allow_version_labels_for_unavailable_models,
             # Routing lives in each model's base path; an older workbench's state file is where it starts.
@@ -119,6 +134,11 @@ class ModelServer:
         self.scheduler = BatchScheduler(
             self._executor, lambda servable: self.controlplane.batching_for(servable.name), listener=self._on_batch
         )
+        self.batcher: Batcher = (
+            RunnerDispatch(self.scheduler, self.runners, self.controlplane.batching_for)
+            if self.runners is not None
+            else self.scheduler
+        )
         self.metrics.report_queue_depths(self._queue_depths)
         self.metrics.report_traffic_shares(self._traffic_shares)
         self._stopped = asyncio.Event()  # set when the ports close: live stat streams end
@@ -127,7 +147,7 @@ class ModelServer:
             self.metrics,
             self.stats,
             self._executor,
-            self.scheduler,
+            self.batcher,
             request_log=self.request_log,
             batching_for=self.controlplane.batching_for,
             first_load_wait=options.wait_for_model_load_seconds,
@@ -190,7 +210,7 @@ class ModelServer:
         self.stats.record_batch(record.model, record.version, record.size, record.tasks)
 
     def _queue_depths(self) -> list[tuple[str, int, int]]:
-        return self.scheduler.queue_depths()
+        return self.batcher.queue_depths()
 
     def _traffic_shares(self) -> list[tuple[str, int, float]]:
         return [
@@ -204,7 +224,7 @@ class ModelServer:
         return self.peers.stats() if self.peers is not None else self._own_stats_snapshot()
 
     def _own_stats_snapshot(self) -> dict[str, object]:
-        return self.stats.snapshot({(m, v): rows for m, v, rows in self.scheduler.queue_depths()})
+        return self.stats.snapshot({(m, v): rows for m, v, rows in self.batcher.queue_depths()})
 
     def health(self) -> dict[str, object]:
         health = self._own_health()
@@ -252,6 +272,8 @@ class ModelServer:
             )
         if self.peers is not None:
             self.peers.start()
+        if self.runners is not None:  # the supervisor started them before this worker
+            await self.runners.connect()
         models = self.controlplane.initial_models(options)  # raises on a malformed config, before anything starts
         options.monitoring()  # raises on a malformed monitoring config, before anything starts
         options.drain_timing()  # raises on impossible drain flags, before anything starts
@@ -331,6 +353,8 @@ class ModelServer:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self.request_log.close)  # no requests come any more: write what is queued
         await loop.run_in_executor(None, self.manager.stop)
+        if self.runners is not None:
+            await self.runners.close()
         self.shared_memory.close()  # no request reads or writes a region any more: unmap them
         self.controlplane.close()
         await loop.run_in_executor(None, self.model_cache.close)
