@@ -290,17 +290,18 @@ class RunnerLink(asyncio.Protocol):
         for frame in self._frames.feed(data):
             message, spans = wire.decode(frame, self._answers)
             kind = message[0]
-            if kind == wire.REPLY:
-                self._answered(message[1], message[2], message[3], spans)
+            if kind == wire.REPLIES:
+                replies = message[1]
+                if spans:  # the answers view the runner's arena: copy them out, then give the blocks back
+                    replies = [(rid, ok, _copied(payload) if ok else payload) for rid, ok, payload in replies]
+                    self._freed.extend(offset for offset, _ in spans)
+                    self._schedule_flush()
+                for rid, ok, payload in replies:
+                    self._answered(rid, ok, payload)
             elif kind == wire.BATCH:
                 self._on_batch(message[1])
 
-    def _answered(self, rid: int, ok: bool, payload: Any, spans: wire.Spans) -> None:
-        if spans:  # the answer views the runner's arena: copy it out, then give the blocks back
-            if ok and isinstance(payload, dict):
-                payload = {name: np.array(value, copy=True) for name, value in payload.items()}
-            self._freed.extend(offset for offset, _ in spans)
-            self._schedule_flush()
+    def _answered(self, rid: int, ok: bool, payload: Any) -> None:
         entry = self._pending.pop(rid, None)
         if entry is None:
             return
@@ -321,3 +322,11 @@ class RunnerLink(asyncio.Protocol):
 
 
 _UNSENT: Any = object()
+
+
+def _copied(payload: Any) -> Any:
+    """An answer's tensors out of the runner's arena (a load's description holds none)."""
+    if isinstance(payload, dict):
+        return {name: np.array(value, copy=True) if isinstance(value, np.ndarray) else value
+                for name, value in payload.items()}  # fmt: skip
+    return payload

@@ -35,12 +35,14 @@ import numpy as np
 
 from workbench import platforms
 from workbench.batching.interest import Interest
+from workbench.batching.merge import batch_key, merge, split
 from workbench.batching.scheduler import BatchRecord, BatchScheduler
 from workbench.batching.threads import InferenceThreads
 from workbench.config.batching_parameters import BatchingParameters
 from workbench.config.options import ServerOptions
 from workbench.core.errors import Code, ServingError, from_exception
 from workbench.core.servable import Composite, Servable
+from workbench.core.signatures import Signature
 from workbench.models.warmup import warm_up
 from workbench.platforms.base import LoadPolicy
 from workbench.runners import wire
@@ -52,6 +54,8 @@ log = logging.getLogger("workbench.runner")
 ANSWER_ARENA_BYTES = 1 << 30  # virtual: pages are backed only while answers occupy them
 LOCAL = "local"  # a LOAD's answer for a version the frontend must load itself
 Key = tuple[str, int, str]  # model, version, version folder
+# An INFER's fields: rid, key, signature name, outputs, timeout, (batching parameters,) or (), feed.
+Request = tuple[Any, ...]
 
 
 def socket_path(run_dir: str | Path, index: int) -> Path:
@@ -222,6 +226,117 @@ class ModelRunner:
         version.loading.add_done_callback(close)
 
     # ------------------------------------------------------------------------------------- requests
+    def infer_many(self, frontend: _Frontend, requests: list[Request]) -> None:
+        """The INFERs of one read from ``frontend``. Requests for the same version, signature and outputs whose
+        inputs concatenate go to the batcher together, as one request (:meth:`_run_together`): one task, one
+        interest and one answer to split, instead of one of each per request, which is most of what a request
+        costs the runner's loop; the batcher still merges them with other frontends' requests."""
+        if len(requests) == 1:
+            self.infer(frontend, *requests[0])
+            return
+        groups: dict[tuple[Key, str, tuple[str, ...]], list[Request]] = {}
+        for request in requests:
+            groups.setdefault((request[1], request[2], request[3]), []).append(request)
+        for (key, signature_name, outputs), members in groups.items():
+            for params in (member[5] for member in members if member[5]):
+                self._params[key[0]] = params[0]
+            alone = self._together(frontend, key, signature_name, outputs, members) if len(members) > 1 else members
+            for request in alone:
+                self.infer(frontend, *request)
+
+    def _together(
+        self, frontend: _Frontend, key: Key, signature_name: str, outputs: tuple[str, ...], members: list[Request]
+    ) -> list[Request]:
+        """Run ``members`` in groups of at most a batch each; the requests that must run alone."""
+        version = self._versions.get(key)
+        servable = version.servable if version is not None else None
+        params = self._params.get(key[0])
+        if version is None or servable is None or params is None:
+            return members
+        signature = servable.signatures.get(signature_name)
+        if signature is None or not signature.batchable:
+            return members
+        alone: list[Request] = []
+        by_shape: dict[tuple[Any, ...], list[Request]] = {}
+        for request in members:
+            shape = batch_key(request[6], params.pad_variable_length_inputs)
+            if shape is None or not request[6]:
+                alone.append(request)
+            else:
+                by_shape.setdefault(shape, []).append(request)
+        for similar in by_shape.values():
+            group: list[Request] = []
+            rows = 0
+            for request in similar:
+                size = next(iter(request[6].values())).shape[0]
+                if group and rows + size > params.max_batch_size:
+                    self._run_together(frontend, version, servable, signature, outputs, group, params)
+                    group, rows = [], 0
+                group.append(request)
+                rows += size
+            if len(group) == 1 or rows > params.max_batch_size:
+                alone += group  # alone, it is refused as too large by the batcher, in its words
+            else:
+                self._run_together(frontend, version, servable, signature, outputs, group, params)
+        return alone
+
+    def _run_together(
+        self,
+        frontend: _Frontend,
+        version: _Version,
+        servable: Servable,
+        signature: Signature,
+        outputs: tuple[str, ...],
+        group: list[Request],
+        params: BatchingParameters,
+    ) -> None:
+        """One request made of ``group``; each member gets its own rows of the answer. Its deadline is the
+        latest of theirs (an earlier one is answered by its frontend); a member's cancellation does not stop the
+        others (the frontend drops that member's answer)."""
+        if len(group) == 1:
+            self.infer(frontend, *group[0])
+            return
+        sizes = [next(iter(request[6].values())).shape[0] for request in group]
+        feed = merge([request[6] for request in group], params.pad_variable_length_inputs, sum(sizes))
+        timeouts = [request[4] for request in group]
+        loop = asyncio.get_running_loop()
+        interest = Interest(None if None in timeouts else max(timeouts), loop)
+        self._reporter[servable.name] = frontend
+        version.running += 1
+        run = loop.create_task(self.scheduler.run(servable, signature, feed, outputs, interest))
+        rids = [request[0] for request in group]
+        run.add_done_callback(lambda done: self._ran_together(frontend, rids, sizes, version, interest, done))
+
+    def _ran_together(
+        self,
+        frontend: _Frontend,
+        rids: list[int],
+        sizes: list[int],
+        version: _Version,
+        interest: Interest,
+        done: asyncio.Task[dict[str, np.ndarray]],
+    ) -> None:
+        answers: list[tuple[bool, Any]]
+        try:
+            parts = split(done.result(), sizes, sum(sizes))
+            answers = [(True, part) for part in parts]
+        except asyncio.CancelledError:
+            answers = [(False, (Code.CANCELLED.value, "Cancelled"))] * len(rids)
+        except Exception as exc:  # noqa: BLE001 - every member's answer
+            answers = [(False, wire.error_of(exc))] * len(rids)
+
+        def finished() -> None:
+            for rid, answer in zip(rids, answers, strict=True):
+                frontend.reply(rid, *answer)
+            self._ran_one(version)
+
+        interest.when_idle(finished)
+
+    def _ran_one(self, version: _Version) -> None:
+        version.running -= 1
+        if version.running == 0 and not version.holders and version.key not in self._versions:
+            self._drop(version)
+
     def infer(
         self,
         frontend: _Frontend,
@@ -271,9 +386,7 @@ class ModelRunner:
         def finished() -> None:  # no thread reads its tensors any more: answer, and the frontend frees them
             frontend.calls.pop(rid, None)
             frontend.reply(rid, *answer)
-            version.running -= 1
-            if version.running == 0 and not version.holders and version.key not in self._versions:
-                self._drop(version)
+            self._ran_one(version)
 
         interest.when_idle(finished)
 
@@ -332,6 +445,8 @@ class _Frontend(asyncio.Protocol):
         self.open = False
         self._frames = wire.FrameReader()
         self._out: list[bytes] = []
+        self._replies: list[tuple[int, bool, Any]] = []
+        self._flush_scheduled = False
         self._transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -351,11 +466,12 @@ class _Frontend(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         runner = self.runner
+        requests: list[Request] = []
         for frame in self._frames.feed(data):
             message, _ = wire.decode(frame, self.requests)
             kind = message[0]
             if kind == wire.INFER:
-                runner.infer(self, *message[1:])
+                requests.append(message[1:])
             elif kind == wire.CANCEL:
                 runner.cancel(self, message[1])
             elif kind == wire.FREE:
@@ -365,6 +481,8 @@ class _Frontend(asyncio.Protocol):
                 asyncio.ensure_future(self._load(*message[1:]))
             elif kind == wire.UNLOAD:
                 runner.unload(self, message[1])
+        if requests:
+            runner.infer_many(self, requests)
 
     async def _load(self, rid: int, key: Key, platform: str) -> None:
         try:
@@ -375,25 +493,45 @@ class _Frontend(asyncio.Protocol):
             self.reply(rid, True, description)
 
     def reply(self, rid: int, ok: bool, payload: Any) -> None:
-        if not self.open:
-            return
-        try:
-            self.send((wire.REPLY, rid, ok, payload))
-        except Exception as exc:  # noqa: BLE001 - an answer that cannot travel (it does not pickle) fails its request
-            log.exception("Answer to request %d could not be sent", rid)
-            self.send((wire.REPLY, rid, False, wire.error_of(exc)))
+        """Answer request ``rid``: with the other answers of this turn of the loop, in one message."""
+        if self.open:
+            self._replies.append((rid, ok, payload))
+            self._schedule_flush()
 
     def send(self, message: tuple[Any, ...]) -> None:
         """Queue ``message``; everything queued in one turn of the loop leaves in one write."""
         frame, _ = wire.encode(message, self.answers)
-        if not self._out:
-            asyncio.get_running_loop().call_soon(self._flush)
         self._out.append(frame)
+        self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
 
     def _flush(self) -> None:
+        self._flush_scheduled = False
+        replies, self._replies = self._replies, []
+        if replies:
+            self._out.append(self._replies_frame(replies))
         out, self._out = self._out, []
-        if self._transport is not None and not self._transport.is_closing():
+        if self._transport is not None and not self._transport.is_closing() and out:
             self._transport.write(b"".join(out))
+
+    def _replies_frame(self, replies: list[tuple[int, bool, Any]]) -> bytes:
+        try:
+            frame, _ = wire.encode((wire.REPLIES, replies), self.answers)
+            return frame
+        except Exception:  # noqa: BLE001 - one answer does not pickle: send the others, fail that one alone
+            frames = []
+            for rid, ok, payload in replies:
+                try:
+                    frame, _ = wire.encode((wire.REPLIES, [(rid, ok, payload)]), self.answers)
+                except Exception as exc:  # noqa: BLE001 - its request fails with why
+                    log.exception("Answer to request %d could not be sent", rid)
+                    frame, _ = wire.encode((wire.REPLIES, [(rid, False, wire.error_of(exc))]), None)
+                frames.append(frame)
+            return b"".join(frames)
 
 
 # ---------------------------------------------------------------------------------------------- process

@@ -8,8 +8,9 @@ sender's arena in their place, so a request's tensors reach the model without an
 cheaper than a block's bookkeeping.
 
 Messages are tuples whose first item is their kind. Frontend → runner: :data:`LOAD`, :data:`UNLOAD`, :data:`INFER`,
-:data:`CANCEL`, :data:`FREE`. Runner → frontend: :data:`REPLY` (to LOAD and INFER), :data:`BATCH` (a batch record,
-for the frontend's metrics) and :data:`FREE` (frontends free nothing of the runner's but what its replies used).
+:data:`CANCEL`, :data:`FREE` (blocks of the runner's arena the frontend has read). Runner → frontend: :data:`REPLIES`
+(the answers to LOADs and INFERs of one turn of the runner's loop, together) and :data:`BATCH` (a batch record, for
+the frontend's metrics).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 from workbench.core.errors import Code, ServingError
 from workbench.runners.arena import Arena
 
-LOAD, UNLOAD, INFER, CANCEL, FREE, REPLY, BATCH = range(7)
+LOAD, UNLOAD, INFER, CANCEL, FREE, REPLIES, BATCH = range(7)
 
 INLINE_BYTES = 16 << 10
 _HEADER = struct.Struct("<II")

@@ -1,0 +1,137 @@
+"""Frontends and model runners on this machine's CPUs: the CNN, 1 image a request, 64 clients, batching on.
+
+Run: `.venv/bin/python benchmarks/runners.py` (about 2 minutes on 2 cores). Writes benchmarks/results/runners.json.
+
+Side by side in one run, taking turns (each configuration measured in every round, the median kept):
+
+- the limit: the CNN called in-process (no server) at batch 64, images/s;
+- `workbench serve` with 1 worker in one process (``--model_runners=in_process``, the default for 1 worker);
+- 1 worker handing requests to 1 model runner (``--model_runners=1``);
+- 2 workers and 1 runner (the default for ``--num_workers=2``): batches form across both workers;
+- 2 shared-nothing workers (``--model_runners=in_process``), as ``--num_workers`` served before runners.
+
+Load: gRPC, 64 requests in flight from workbench's own generator, in a process of its own on the same cores. For
+each server: images/s over the in-process batch-64 rate, and the mean batch the batcher formed (the whole server's
+stats, which count each of the runner's batches once).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import statistics
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from _common import BATCHING, ServeProcess, save_results, save_small_cnn, write_config  # noqa: E402
+
+CLIENTS = 64
+SERVERS: dict[str, tuple[str, ...]] = {
+    "1 worker, in process": ("--model_runners=in_process",),
+    "1 worker + 1 runner": ("--model_runners=1",),
+    "2 workers + 1 runner": ("--num_workers=2",),
+    "2 workers, in process": ("--num_workers=2", "--model_runners=in_process"),
+}
+
+
+def in_process_rate(path: Path, batch: int, seconds: float = 3.0) -> float:
+    from workbench.platforms.tensorflow import load_saved_model
+
+    servable = load_saved_model("cnn", 1, str(path))
+    signature = servable.signatures["serving_default"]
+    feed = {"images": np.random.default_rng(0).random((batch, 784), dtype=np.float32)}
+    for _ in range(3):
+        servable.run(signature, feed, ["probabilities"])
+    times = []
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline or len(times) < 5:
+        started = time.perf_counter()
+        servable.run(signature, feed, ["probabilities"])
+        times.append(time.perf_counter() - started)
+    servable.close()
+    return batch / statistics.median(times)
+
+
+def _load(target: str, duration: float, out: Any) -> None:
+    from workbench.client.bench import run_load
+
+    image = {"images": np.random.default_rng(1).random((1, 784), dtype=np.float32)}
+    result = run_load(target, "grpc", "cnn", image, concurrency=CLIENTS, duration=duration)
+    out.put({"rate": result.requests_per_second, "errors": result.errors, "p99_ms": result.percentile(99)})
+
+
+def measure(server: ServeProcess, duration: float) -> dict[str, Any]:
+    """One load of ``duration`` seconds from a process of its own; the rate and the mean formed batch."""
+    queue: Any = multiprocessing.get_context("spawn").Queue()
+    process = multiprocessing.get_context("spawn").Process(target=_load, args=(server.grpc_target, duration, queue))
+    process.start()
+    result = queue.get(timeout=duration + 120)
+    process.join()
+    with urllib.request.urlopen(f"{server.rest_url}/workbench/v1/stats", timeout=30) as response:
+        stats = json.load(response)
+    entry = stats["models"]["cnn"]["1"]
+    if result["errors"]:
+        raise RuntimeError(f"{result['errors']} requests failed:\n{server.log()[-2000:]}")
+    return {**result, "mean_batch": entry["mean_batch_size"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--duration", type=float, default=6.0, help="seconds per measurement")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        save_small_cnn(root / "cnn" / "1")
+        config = write_config(root / "models.config", {"cnn": root / "cnn"})
+        batching = root / "batching.txt"
+        batching.write_text(BATCHING)
+        limit = in_process_rate(root / "cnn" / "1", 64)
+        servers = {
+            name: ServeProcess(config, "--enable_batching", f"--batching_parameters_file={batching}", *flags)
+            for name, flags in SERVERS.items()
+        }
+        try:
+            for server in servers.values():
+                server.wait_for_answer("cnn", {"instances": [[0.0] * 784]})
+            runs: dict[str, list[dict[str, Any]]] = {name: [] for name in servers}
+            for _ in range(args.rounds):
+                for name, server in servers.items():
+                    runs[name].append(measure(server, args.duration))
+        finally:
+            for server in servers.values():
+                server.stop()
+    rows = []
+    for name, measured in runs.items():
+        rate = statistics.median(m["rate"] for m in measured)
+        rows.append(
+            {
+                "server": name,
+                "images_per_second": round(rate, 1),
+                "over_in_process_batch_64": round(rate / limit, 3),
+                "p99_ms": round(statistics.median(m["p99_ms"] for m in measured), 2),
+                "mean_formed_batch": measured[-1]["mean_batch"],
+            }
+        )
+    payload = {
+        "what": "CNN, 1 image a request, 64 gRPC clients, batching on (max 64), this machine's CPUs",
+        "cores": multiprocessing.cpu_count(),
+        "in_process_batch_64_images_per_second": round(limit, 1),
+        "rows": rows,
+        "command": ".venv/bin/python benchmarks/runners.py",
+    }
+    print(json.dumps(payload, indent=2))
+    print(f"results: {save_results('runners', payload)}")
+
+
+if __name__ == "__main__":
+    main()
