@@ -278,8 +278,8 @@ SERVE_FLAGS: tuple[FlagGroup, ...] = (
             # A number or 'auto': resolved (and checked) by check_serve_flags.
             ServeFlag(
                 "num_workers",
-                "worker processes sharing the ports, each loading the models and batching on its own ('auto': one per "
-                "core); 1 keeps one copy of each model in memory: raise it on a machine given to serving",
+                "frontend processes sharing the ports ('auto': one per core); above 1, they hand requests to model "
+                "runners (--model_runners), which hold one copy of each model and batch what every worker sends",
                 "N",
                 default="1",
                 option=None,

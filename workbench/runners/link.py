@@ -75,6 +75,7 @@ class RunnerLink(asyncio.Protocol):
         self._sent_params: dict[str, BatchingParameters | None] = {}
         self._held: dict[Key, tuple[str, int]] = {}  # key → (platform, holds): loaded again after a restart
         self.ready = False  # connected, and every held version loaded again
+        self._ready = asyncio.Event()
         self._closing = False
         self._reconnecting: asyncio.Future[None] | None = None
 
@@ -109,6 +110,7 @@ class RunnerLink(asyncio.Protocol):
             for _ in range(holds):  # the runner counts holds as this frontend will let go of them
                 await self._request(wire.LOAD, key, platform)
         self.ready = True
+        self._ready.set()
 
     def _greet(self) -> tuple[socket.socket, Arena, Arena]:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -133,6 +135,7 @@ class RunnerLink(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.ready = False
+        self._ready.clear()
         self._transport = None
         pending, self._pending = self._pending, {}
         gone = ServingError(
@@ -186,6 +189,11 @@ class RunnerLink(asyncio.Protocol):
             raise ServingError(Code.DEADLINE_EXCEEDED, f"Model runner {self.index} did not load {key[0]}") from None
 
     async def _load(self, key: Key, platform: str) -> Any:
+        if not self.ready:  # the runner is being restarted: a version that appears meanwhile loads once it is back
+            try:
+                await asyncio.wait_for(self._ready.wait(), CONNECT_TIMEOUT_S)
+            except asyncio.TimeoutError:
+                raise ServingError(Code.UNAVAILABLE, f"Model runner {self.index} is not back") from None
         description = await self._request(wire.LOAD, key, platform)
         if description != LOCAL:
             held = self._held.get(key)
