@@ -29,7 +29,7 @@ from fakes import FakeServable, X, Y
 
 from workbench.batching.interest import Interest, deadline_exceeded
 from workbench.batching.merge import merge, padded_size, split
-from workbench.batching.run_cost import RunCost
+from workbench.batching.run_cost import CostCurve, RunCost
 from workbench.batching.scheduler import BatchRecord, BatchScheduler
 from workbench.config.batching_parameters import BatchingParameters
 from workbench.core.errors import Code, ServingError
@@ -604,3 +604,60 @@ def test_only_a_cheap_call_of_an_inline_platform_moves_onto_the_event_loop(
     assert on_loop == [False] * settle + [may_inline] * (count - settle), servable.threads
     assert all(name.startswith(THREAD_PREFIX) for name, here in zip(servable.threads, on_loop, strict=True) if not here)
     assert b.shapes() == [(1, 1, 1)] * count, "a call on the loop is recorded as one on a thread is"
+
+
+# ====================================================================================== the cost curve
+def test_the_cost_curve_fits_fixed_and_per_row_costs_once_batch_sizes_vary():
+    curve = CostCurve()
+    for _ in range(CostCurve.MIN_BATCHES):
+        curve.record(4, 0.010)
+    assert curve.line() is None, "batches of one size cannot separate the fixed cost from the rows'"
+    for rows in (1, 2, 8, 16, 32, 3, 5, 7):
+        curve.record(rows, 0.004 + 0.0001 * rows)
+    for rows in (1, 2, 8, 16, 32, 3, 5, 7):
+        curve.record(rows, 0.004 + 0.0001 * rows)
+    line = curve.line()
+    assert line is not None
+    fixed, per_row = line
+    assert fixed == pytest.approx(0.004 + 0.006 * 0.5, rel=0.5)  # the equal-size batches pull it up a little
+    assert 0 <= per_row < 0.0005
+    assert curve.fills_first(8) and not curve.fills_first(1000)
+
+
+def test_a_curve_of_rows_alone_never_holds_a_batch_back():
+    curve = CostCurve()
+    for rows in [1, 2, 4, 8, 16, 32, 64, 3, 5, 9] * 2:
+        curve.record(rows, 0.00005 * rows)
+    line = curve.line()
+    assert line is not None and line[0] == pytest.approx(0, abs=1e-6)
+    assert not curve.fills_first(1)
+
+
+def test_a_model_whose_calls_cost_mostly_their_fixed_part_fills_a_batch_instead_of_starting_a_second(
+    bench: Callable[..., Bench], monkeypatch: pytest.MonkeyPatch
+):
+    """Two batch threads; the fake's calls cost 20 ms whatever their rows. Once the curve knows it, requests that
+    arrive one by one while a batch runs wait for it and run together, instead of a second call for each."""
+    monkeypatch.setattr(CostCurve, "MIN_BATCHES", 4)
+    b = bench(params(max_batch_size=16, num_batch_threads=2), Gated(delay=0.02))
+
+    async def main() -> None:
+        for size in (1, 2, 3, 4, 5):  # teach the curve: batches of several sizes, each 20 ms
+            await asyncio.wait_for(b.ask(*range(size)), WAIT)
+        b.servable.calls.clear()
+        b.servable.hold()
+        first = asyncio.ensure_future(b.ask(100))
+        await until(lambda: len(b.servable.calls) == 1, "the first call at the gate")
+        later = []
+        for value in range(6):  # one a loop turn and more: each could start a batch of its own on the free thread
+            later.append(asyncio.ensure_future(b.ask(value)))
+            await asyncio.sleep(0.002)
+        await until(lambda: b.queued_rows() == 6, "6 rows waiting")
+        assert len(b.servable.calls) == 1, "a small second batch started beside the running one"
+        b.servable.gate.set()
+        answers = await asyncio.wait_for(asyncio.gather(first, *later), WAIT)
+        for value, got in zip((100, *range(6)), answers, strict=True):
+            np.testing.assert_array_equal(got, answer(value))
+
+    asyncio.run(main())
+    assert b.servable.calls == [[100], [0, 1, 2, 3, 4, 5]]

@@ -33,3 +33,54 @@ class RunCost:
         elif cheap and self._allowed:
             self._cheap_runs += 1
             self.inline = self._cheap_runs >= self.SETTLE_RUNS
+
+
+class CostCurve:
+    """What one signature's batches cost by their size, fitted as ``fixed + per_row * rows`` from the batches run.
+
+    A least-squares line over the recent batches (each older batch weighs :data:`DECAY` of the next one's), so it
+    follows a model whose speed changes (a warm cache, a busy machine). It knows nothing until batches of
+    different sizes have run: under load they do.
+
+    The scheduler asks :meth:`fills_first` before starting a second concurrent batch of a signature: when a call's
+    fixed cost dominates (a random forest walks every tree whatever the rows; a GPU call pays its launches and
+    copies), a small batch started beside a running one costs almost a full call for a few rows, and on a CPU the two
+    calls only share the cores and the GIL; waiting for the running one to end lets the next batch fill with
+    everything that arrives meanwhile, as many rows for the cost of one call.
+    """
+
+    DECAY = 0.98
+    MIN_BATCHES = 8
+
+    __slots__ = ("_weight", "_rows", "_rows_squared", "_seconds", "_rows_seconds", "_batches")
+
+    def __init__(self) -> None:
+        self._weight = self._rows = self._rows_squared = self._seconds = self._rows_seconds = 0.0
+        self._batches = 0
+
+    def record(self, rows: int, seconds: float) -> None:
+        decay = self.DECAY
+        self._weight = self._weight * decay + 1.0
+        self._rows = self._rows * decay + rows
+        self._rows_squared = self._rows_squared * decay + rows * rows
+        self._seconds = self._seconds * decay + seconds
+        self._rows_seconds = self._rows_seconds * decay + rows * seconds
+        self._batches += 1
+
+    def line(self) -> tuple[float, float] | None:
+        """(fixed seconds, seconds a row), or None while the batches seen cannot tell them apart."""
+        if self._batches < self.MIN_BATCHES:
+            return None
+        weight, rows = self._weight, self._rows
+        spread = weight * self._rows_squared - rows * rows
+        if spread <= 1e-9 * weight * weight:  # every batch the same size: no slope to fit
+            return None
+        per_row = max(0.0, (weight * self._rows_seconds - rows * self._seconds) / spread)
+        fixed = max(0.0, (self._seconds - per_row * rows) / weight)
+        return fixed, per_row
+
+    def fills_first(self, rows: int) -> bool:
+        """Whether a batch of ``rows`` should wait for a running batch to end and grow meanwhile: its call's fixed
+        cost is more than its rows' own."""
+        line = self.line()
+        return line is not None and line[0] > line[1] * rows

@@ -8,6 +8,10 @@ the batch is full or its oldest request has waited that long). An idle model cos
 does: the request goes to a thread from its own handler (no extra turn of the loop), a batch of one is neither
 merged nor split, and the thread hands its outcome straight back to the loop.
 
+Where a model's calls cost mostly a fixed part whatever their rows (:class:`CostCurve`, fitted from the batches
+run), a second batch does not start beside a running one while it would be small: it waits for that one to end
+and grows meanwhile, as Ray Serve's and TorchServe's batches fill, instead of paying a whole call for a few rows.
+
 A call to a cheap model runs on the event loop itself (:class:`RunCost`): for a model answering in tens of
 microseconds, the hop to an inference thread and back (a queue put, a thread wake-up, a GIL hand-over, a
 callback to the loop) costs more than the call, and under load it is paid once per request, since the loop
@@ -48,7 +52,7 @@ import numpy as np
 from workbench import platforms
 from workbench.batching.interest import CURRENT_INTEREST, BatchTask, Interest, deadline_exceeded
 from workbench.batching.merge import Feed, Outputs, batch_key, check_batched_outputs, merge, padded_size, split
-from workbench.batching.run_cost import RunCost
+from workbench.batching.run_cost import CostCurve, RunCost
 from workbench.batching.threads import caller
 from workbench.config.batching_parameters import BatchingParameters
 from workbench.core.errors import Code, ServingError, from_exception
@@ -99,10 +103,11 @@ class _SignatureState:
     """What the scheduler knows of one signature of a servable; it outlives the queues (one is dropped whenever it
     empties), not the servable."""
 
-    __slots__ = ("cost", "last_batch_tasks")
+    __slots__ = ("cost", "curve", "last_batch_tasks")
 
     def __init__(self, cost: RunCost) -> None:
         self.cost = cost
+        self.curve = CostCurve()  # what its batches cost by size: whether a second concurrent batch should wait
         self.last_batch_tasks = 0  # requests the last batch ran together: more than one, the model is under load
 
 
@@ -359,6 +364,12 @@ class BatchScheduler:
                     if queue.timer is None:
                         queue.timer = asyncio.get_running_loop().call_later(remaining, self._on_timer, queue)
                     return
+            if (
+                queue.running
+                and queue.pending_rows < params.execution_batch_size
+                and queue.known.curve.fills_first(queue.pending_rows)
+            ):
+                return  # a call costs mostly its fixed part: the running batch's end starts a fuller one
             if queue.timer is not None:  # this batch starts now: its timer has nothing left to do
                 queue.timer.cancel()
                 queue.timer = None
@@ -515,8 +526,9 @@ class BatchScheduler:
                     task.future.set_exception(error)
                 task.finished()
             return
-        results, _, run_seconds = outcome
+        results, rows, run_seconds = outcome
         queue.cost.record(run_seconds, on_loop)
+        queue.known.curve.record(rows, run_seconds)
         for task, result in zip(batch, results, strict=True):
             if task.future.done():
                 pass
