@@ -4,7 +4,9 @@
 # (no TensorFlow), checks that everything imports and the GPU is seen, then runs benchmarks/gpu.py with its results
 # and full log under $OUT (gpu.json, gpu.log). Arguments go to gpu.py (e.g. --quick).
 #
-#   run(command="bash benchmarks/gpu_device.sh", carry=[".whl"], timeout_s=480)
+#   run(command="bash benchmarks/gpu_device.sh", carry=[".whl"], timeout_s=570)
+#
+# gpu.py starts no server past 480 s (--deadline), and a full run takes about 3-4 minutes on 16 cores.
 #
 # Exit status: gpu.py's; 2 .whl/ missing, 3 the install failed, 4 an import or the GPU check failed.
 set -uo pipefail
