@@ -47,7 +47,7 @@ from workbench.models.warmup import warm_up
 from workbench.platforms.base import LoadPolicy
 from workbench.runners import wire
 from workbench.runners.arena import Arena
-from workbench.runtime.process import parent_gone, write_json_atomically
+from workbench.runtime.process import hand_over_the_gil_quickly, parent_gone, write_json_atomically
 
 log = logging.getLogger("workbench.runner")
 
@@ -56,6 +56,7 @@ LOCAL = "local"  # a LOAD's answer for a version the frontend must load itself
 Key = tuple[str, int, str]  # model, version, version folder
 # An INFER's fields: rid, key, signature name, outputs, timeout, (batching parameters,) or (), feed.
 Request = tuple[Any, ...]
+Arrival = tuple["_Frontend", Request]
 
 
 def socket_path(run_dir: str | Path, index: int) -> Path:
@@ -126,6 +127,7 @@ class ModelRunner:
         self._frontends: set[_Frontend] = set()
         self._reporter: dict[str, _Frontend] = {}  # model → the frontend its batch records go to
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._arrived: list[Arrival] = []  # INFERs read in this turn of the loop, from every frontend
 
     # ------------------------------------------------------------------------------------- serving
     async def serve(self, sock: socket.socket, stopping: asyncio.Event) -> None:
@@ -226,27 +228,37 @@ class ModelRunner:
         version.loading.add_done_callback(close)
 
     # ------------------------------------------------------------------------------------- requests
-    def infer_many(self, frontend: _Frontend, requests: list[Request]) -> None:
-        """The INFERs of one read from ``frontend``. Requests for the same version, signature and outputs whose
-        inputs concatenate go to the batcher together, as one request (:meth:`_run_together`): one task, one
-        interest and one answer to split, instead of one of each per request, which is most of what a request
-        costs the runner's loop; the batcher still merges them with other frontends' requests."""
-        if len(requests) == 1:
-            self.infer(frontend, *requests[0])
+    def arrived(self, frontend: _Frontend, requests: list[Request]) -> None:
+        """The INFERs of one read from ``frontend``, started at the end of this turn of the loop with those every
+        other frontend's reads brought in the same turn (:meth:`_start_arrived`)."""
+        if not self._arrived:
+            asyncio.get_running_loop().call_soon(self._start_arrived)
+        self._arrived.extend((frontend, request) for request in requests)
+
+    def _start_arrived(self) -> None:
+        """Requests for the same version, signature and outputs whose inputs concatenate go to the batcher together,
+        as one request (:meth:`_run_together`), whichever frontends they came from: one task, one interest and one
+        answer to split, instead of one of each per request, which is most of what a request costs the runner's
+        loop; the batcher still merges them with whatever else waits."""
+        arrivals, self._arrived = self._arrived, []
+        if len(arrivals) == 1:
+            frontend, request = arrivals[0]
+            self.infer(frontend, *request)
             return
-        groups: dict[tuple[Key, str, tuple[str, ...]], list[Request]] = {}
-        for request in requests:
-            groups.setdefault((request[1], request[2], request[3]), []).append(request)
+        groups: dict[tuple[Key, str, tuple[str, ...]], list[Arrival]] = {}
+        for arrival in arrivals:
+            request = arrival[1]
+            if request[5]:
+                self._params[request[1][0]] = request[5][0]
+            groups.setdefault((request[1], request[2], request[3]), []).append(arrival)
         for (key, signature_name, outputs), members in groups.items():
-            for params in (member[5] for member in members if member[5]):
-                self._params[key[0]] = params[0]
-            alone = self._together(frontend, key, signature_name, outputs, members) if len(members) > 1 else members
-            for request in alone:
+            alone = self._together(key, signature_name, outputs, members) if len(members) > 1 else members
+            for frontend, request in alone:
                 self.infer(frontend, *request)
 
     def _together(
-        self, frontend: _Frontend, key: Key, signature_name: str, outputs: tuple[str, ...], members: list[Request]
-    ) -> list[Request]:
+        self, key: Key, signature_name: str, outputs: tuple[str, ...], members: list[Arrival]
+    ) -> list[Arrival]:
         """Run ``members`` in groups of at most a batch each; the requests that must run alone."""
         version = self._versions.get(key)
         servable = version.servable if version is not None else None
@@ -256,61 +268,62 @@ class ModelRunner:
         signature = servable.signatures.get(signature_name)
         if signature is None or not signature.batchable:
             return members
-        alone: list[Request] = []
-        by_shape: dict[tuple[Any, ...], list[Request]] = {}
-        for request in members:
-            shape = batch_key(request[6], params.pad_variable_length_inputs)
-            if shape is None or not request[6]:
-                alone.append(request)
+        alone: list[Arrival] = []
+        by_shape: dict[tuple[Any, ...], list[Arrival]] = {}
+        for arrival in members:
+            feed = arrival[1][6]
+            shape = batch_key(feed, params.pad_variable_length_inputs) if feed else None
+            if shape is None:
+                alone.append(arrival)
             else:
-                by_shape.setdefault(shape, []).append(request)
+                by_shape.setdefault(shape, []).append(arrival)
         for similar in by_shape.values():
-            group: list[Request] = []
+            group: list[Arrival] = []
             rows = 0
-            for request in similar:
-                size = next(iter(request[6].values())).shape[0]
+            for arrival in similar:
+                size = next(iter(arrival[1][6].values())).shape[0]
                 if group and rows + size > params.max_batch_size:
-                    self._run_together(frontend, version, servable, signature, outputs, group, params)
+                    self._run_together(version, servable, signature, outputs, group, params)
                     group, rows = [], 0
-                group.append(request)
+                group.append(arrival)
                 rows += size
             if len(group) == 1 or rows > params.max_batch_size:
                 alone += group  # alone, it is refused as too large by the batcher, in its words
             else:
-                self._run_together(frontend, version, servable, signature, outputs, group, params)
+                self._run_together(version, servable, signature, outputs, group, params)
         return alone
 
     def _run_together(
         self,
-        frontend: _Frontend,
         version: _Version,
         servable: Servable,
         signature: Signature,
         outputs: tuple[str, ...],
-        group: list[Request],
+        group: list[Arrival],
         params: BatchingParameters,
     ) -> None:
         """One request made of ``group``; each member gets its own rows of the answer. Its deadline is the
         latest of theirs (an earlier one is answered by its frontend); a member's cancellation does not stop the
-        others (the frontend drops that member's answer)."""
+        others (its frontend drops that member's answer)."""
         if len(group) == 1:
-            self.infer(frontend, *group[0])
+            frontend, request = group[0]
+            self.infer(frontend, *request)
             return
-        sizes = [next(iter(request[6].values())).shape[0] for request in group]
-        feed = merge([request[6] for request in group], params.pad_variable_length_inputs, sum(sizes))
-        timeouts = [request[4] for request in group]
+        feeds = [request[6] for _, request in group]
+        sizes = [next(iter(feed.values())).shape[0] for feed in feeds]
+        feed = merge(feeds, params.pad_variable_length_inputs, sum(sizes))
+        timeouts = [request[4] for _, request in group]
         loop = asyncio.get_running_loop()
         interest = Interest(None if None in timeouts else max(timeouts), loop)
-        self._reporter[servable.name] = frontend
+        self._reporter[servable.name] = group[0][0]
         version.running += 1
         run = loop.create_task(self.scheduler.run(servable, signature, feed, outputs, interest))
-        rids = [request[0] for request in group]
-        run.add_done_callback(lambda done: self._ran_together(frontend, rids, sizes, version, interest, done))
+        askers = [(frontend, request[0]) for frontend, request in group]
+        run.add_done_callback(lambda done: self._ran_together(askers, sizes, version, interest, done))
 
     def _ran_together(
         self,
-        frontend: _Frontend,
-        rids: list[int],
+        askers: list[tuple[_Frontend, int]],
         sizes: list[int],
         version: _Version,
         interest: Interest,
@@ -321,12 +334,12 @@ class ModelRunner:
             parts = split(done.result(), sizes, sum(sizes))
             answers = [(True, part) for part in parts]
         except asyncio.CancelledError:
-            answers = [(False, (Code.CANCELLED.value, "Cancelled"))] * len(rids)
+            answers = [(False, (Code.CANCELLED.value, "Cancelled"))] * len(askers)
         except Exception as exc:  # noqa: BLE001 - every member's answer
-            answers = [(False, wire.error_of(exc))] * len(rids)
+            answers = [(False, wire.error_of(exc))] * len(askers)
 
         def finished() -> None:
-            for rid, answer in zip(rids, answers, strict=True):
+            for (frontend, rid), answer in zip(askers, answers, strict=True):
                 frontend.reply(rid, *answer)
             self._ran_one(version)
 
@@ -482,7 +495,7 @@ class _Frontend(asyncio.Protocol):
             elif kind == wire.UNLOAD:
                 runner.unload(self, message[1])
         if requests:
-            runner.infer_many(self, requests)
+            runner.arrived(self, requests)
 
     async def _load(self, rid: int, key: Key, platform: str) -> None:
         try:
@@ -541,6 +554,7 @@ def run(options: ServerOptions, run_dir: str, index: int) -> int:
 
 
 async def _main(options: ServerOptions, run_dir: str, index: int) -> int:
+    hand_over_the_gil_quickly()
     loop = asyncio.get_running_loop()
     stopping = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

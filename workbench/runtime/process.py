@@ -17,6 +17,21 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
+GIL_SWITCH_SECONDS = 0.0005
+
+
+def hand_over_the_gil_quickly() -> None:
+    """Let a thread waiting for the GIL have it after 0.5 ms instead of Python's 5 ms.
+
+    A serving process hands work between its event loop and its inference threads thousands of times a second. A
+    thread whose call returns from native code (a GPU kernel, a TensorFlow session) needs the GIL back to deliver its
+    batch; while the loop runs Python, it waits for the loop's switch interval, 5 ms by default: a GPU batch of 0.3 ms
+    then takes 5, and the device idles. A shorter interval costs a busy thread a few more switches.
+    """
+    seconds = float(os.environ.get("WORKBENCH_GIL_SWITCH_SECONDS", GIL_SWITCH_SECONDS))
+    sys.setswitchinterval(seconds)
+
+
 def visible_gpus() -> list[str]:
     """The NVIDIA GPUs this process may use, as CUDA_VISIBLE_DEVICES names them (without importing a CUDA library):
     that variable's entries where it is set, else every GPU the driver lists."""

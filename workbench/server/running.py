@@ -14,6 +14,7 @@ from typing import Any
 
 from workbench.config.options import ServerOptions
 from workbench.runtime.loop import new_event_loop
+from workbench.runtime.process import hand_over_the_gil_quickly
 from workbench.server.model_server import ModelServer
 
 log = logging.getLogger("workbench.server")  # the server's log lines, whichever of its modules writes them
@@ -27,6 +28,7 @@ def run(options: ServerOptions) -> int:
     so no load balancer sent anything to finish, and a load in progress cannot be interrupted.
     """
     delay, _ = options.drain_timing()
+    hand_over_the_gil_quickly()  # its own process: the loop and the inference threads hand work back and forth
     loop = new_event_loop()
     asyncio.set_event_loop(loop)
     server = ModelServer(options)
