@@ -47,6 +47,7 @@ from workbench.models.warmup import warm_up
 from workbench.platforms.base import LoadPolicy
 from workbench.runners import wire
 from workbench.runners.arena import Arena
+from workbench.runtime.loop import new_event_loop
 from workbench.runtime.process import hand_over_the_gil_quickly, parent_gone, write_json_atomically
 
 log = logging.getLogger("workbench.runner")
@@ -550,7 +551,11 @@ class _Frontend(asyncio.Protocol):
 # ---------------------------------------------------------------------------------------------- process
 def run(options: ServerOptions, run_dir: str, index: int) -> int:
     """The runner process's life: listen, write the ready file, serve until SIGTERM (or the parent's exit)."""
-    return asyncio.run(_main(options, run_dir, index))
+    loop = new_event_loop()  # uvloop where installed: its transports cost the runner's loop a third of asyncio's
+    try:
+        return loop.run_until_complete(_main(options, run_dir, index))
+    finally:
+        loop.close()
 
 
 async def _main(options: ServerOptions, run_dir: str, index: int) -> int:
