@@ -647,7 +647,8 @@ def rest_path_rows(root: Path, config: Path, plan: Plan, baseline: Path | None, 
 
 
 def rest_only(args: argparse.Namespace) -> None:
-    """``--rest_only``: :func:`rest_path_rows`, printed and written to benchmarks/results/request_path_rest.json."""
+    """``--rest_only``: :func:`rest_path_rows`, printed and written to benchmarks/results/request_path_rest.json
+    (request_path_rest_{N}_clients.json for another --clients)."""
     plan = Plan(args.duration, args.rounds)
     baseline = Path(args.baseline_tree).resolve() if args.baseline_tree else None
     with tempfile.TemporaryDirectory() as tmp:
@@ -659,7 +660,7 @@ def rest_only(args: argparse.Namespace) -> None:
     print(f"REST predict, half_plus_two, {args.clients} clients; vs_bare: requests/s over {REST_BARE}'s:")
     print(format_table(rows, [*columns, "loop_us", "proc_us", "vs_bare", "loop_vs_bare"]))
     path = save_results(
-        "request_path_rest",
+        "request_path_rest" if args.clients == 32 else f"request_path_rest_{args.clients}_clients",
         {
             "duration_s": args.duration,
             "rounds": args.rounds,
