@@ -65,6 +65,13 @@ def loop_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def process_cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) every thread of process ``pid`` has used (its inference threads, an HTTP server's own
+    threads, not only its event loop's). Read from Linux's /proc, to a clock tick (10 ms)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def taking_turns(rounds: int, measures: Sequence[Callable[[], dict[str, Any]]]) -> list[dict[str, Any]]:
     """Rows of servers compared with each other: ``rounds`` rounds in which each measure runs once, the order
     reversed every other round; each row is :func:`median_row` of its rounds. A burst of other work on a shared
@@ -134,10 +141,17 @@ class ServeProcess:
     Its output goes to a log file (a pipe nobody reads would stop a talkative server once full).
     """
 
-    def __init__(self, config: Path, *extra: str) -> None:
+    def __init__(self, config: Path, *extra: str, tree: Path | None = None) -> None:
+        """``tree``: serve the workbench of that checkout (another commit's, for a before and after in one run)
+        rather than the one this process imports."""
+        self._tree = tree
         self._spawn([sys.executable, "-m", "workbench"], f"--model_config_file={config}", *extra)
 
     def _spawn(self, command: list[str], *flags: str) -> None:
+        tree = getattr(self, "_tree", None)
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+        if tree is not None:  # `-m` puts the working directory first on sys.path: the tree's own package wins
+            env["PYTHONPATH"] = str(tree)
         self._folder = Path(tempfile.mkdtemp(prefix="workbench-bench-"))
         self.ready_file, self.log_path = self._folder / "ready.json", self._folder / "server.log"
         self._ports: tuple[int, int] | None = None
@@ -145,8 +159,7 @@ class ServeProcess:
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
                 [*command, "serve", "--port=0", "--rest_api_port=-1", f"--ready_file={self.ready_file}", *flags],
-                env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                env=env, cwd=tree, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             )  # fmt: skip
 
     @property

@@ -25,6 +25,13 @@ where installed); every row is the median of --rounds measurements:
 
 On a 2-core machine the load generator shares the cores with the server: absolute figures are low, and the
 ratios (every server measured the same way, in the same minutes) are the result.
+
+`--rest_only` (a few minutes) measures the REST hot path alone at --clients (32) and writes
+benchmarks/results/request_path_rest.json: the bare apps (Starlette under uvicorn and granian, a bare RSGI app under
+granian), `workbench serve` of this checkout and, with `--baseline_tree DIR`, of another one (before and after in
+one run), and workbench's app under uvicorn, granian and granian's RSGI, all up at once and taking turns round by
+round; each row with the CPU µs a request cost the server (``proc_us``) and its event loop (``loop_us``, where that is
+the process's main thread), steadier than requests/s on a shared machine.
 """
 
 from __future__ import annotations
@@ -60,6 +67,7 @@ from _common import (  # noqa: E402
     load_row,
     loop_cpu_seconds,
     median_row,
+    process_cpu_seconds,
     save_results,
     save_small_cnn,
     stop_process,
@@ -75,6 +83,7 @@ from workbench.demo import save_half_plus_two  # noqa: E402
 HTTP_SERVERS = ("uvicorn", "granian") if importlib.util.find_spec("granian") else ("uvicorn",)
 HP2 = "half_plus_two"
 HOP = "bare grpc.aio + thread hop"  # the bare server, each request handed to a thread and back
+REST_BARE = "bare Starlette/uvicorn"  # the REST ceiling every REST row is a share of
 HP2_INPUTS = {"x": np.array([[2.0]], np.float32)}
 HP2_REST_ANSWER = {"outputs": [[3.0]]}  # half_plus_two's answer to workbench bench's columnar body
 BATCHING = """
@@ -142,6 +151,44 @@ def bare_rest_app() -> Any:
     return Starlette(routes=[Route("/v1/models/{name}:predict", predict, methods=["POST"])])
 
 
+def bare_rsgi_app() -> Any:
+    """The bare app in granian's own interface (RSGI): the body read and parsed, one fixed answer sent."""
+    answer = json.dumps(HP2_REST_ANSWER).encode()
+    headers = [("content-type", "application/json")]
+
+    async def app(scope: Any, proto: Any) -> None:
+        json.loads(await proto())
+        proto.response_bytes(200, headers, answer)
+
+    return app
+
+
+def workbench_rsgi_app(rest_app: Any) -> Any:
+    """workbench's REST inference in RSGI: what `workbench serve` would run were it to switch to granian's interface
+    for its hot path (RestApi.inference, as RestApp answers it in ASGI); anything else is a 404 here."""
+    from workbench.frontends.rest import _PREDICTION_PATH, answered_by
+
+    api = rest_app._api
+
+    async def app(scope: Any, proto: Any) -> None:
+        match = _PREDICTION_PATH.fullmatch(scope.path) if scope.method == "POST" else None
+        if match is None:
+            proto.response_empty(404, [])
+            return
+        status, body, servable = await api.inference(match, proto, scope.path)
+        headers = list(answered_by(*servable).items()) if servable is not None else []
+        proto.response_bytes(status, [*headers, ("content-type", "application/json")], body)
+
+    return app
+
+
+async def serve_rsgi(app: Any, port: int) -> None:
+    from granian.constants import Interfaces
+    from granian.server.embed import Server
+
+    await Server(app, "127.0.0.1", port, interface=Interfaces.RSGI, log_enabled=False).serve()
+
+
 async def serve_asgi(app: Any, port: int, http_server: str) -> None:
     """``app`` on ``port`` under uvicorn (httptools, the running uvloop) or granian, as workbench would embed it."""
     if http_server == "granian":
@@ -160,16 +207,20 @@ async def serve_asgi(app: Any, port: int, http_server: str) -> None:
     await uvicorn.Server(config).serve()
 
 
-def serve_workbench_app_twice(base_path: str, uvicorn_port: int, granian_port: int) -> None:
-    """One workbench server (gRPC, dataplane, REST under uvicorn) whose REST app granian also serves on a port."""
+def serve_workbench_app_thrice(base_path: str, uvicorn_port: int, granian_port: int, rsgi_port: int) -> None:
+    """One workbench server (gRPC, dataplane, REST under uvicorn) whose REST app granian also serves on a port, and
+    whose inference an RSGI app on a third port answers under granian."""
     from workbench.config.options import ServerOptions
+    from workbench.runtime.heap import LongLivedHeap
     from workbench.server import ServerThread
 
     options = ServerOptions(port=0, rest_api_port=uvicorn_port, model_name=HP2, model_base_path=base_path)
     running = ServerThread(options).start()
-    # The app `workbench serve` built for uvicorn (ModelServer keeps its uvicorn.Server): the same routes, dataplane
-    # and loop behind both ports, so the two differ by the HTTP server only.
-    app = running.server._uvicorn.config.app  # type: ignore[union-attr]
+    LongLivedHeap().settle()  # as `workbench serve` does once its models load
+    # The app `workbench serve` built for uvicorn (its Ports keep the uvicorn.Server): the same routes, dataplane
+    # and loop behind every port, so they differ by the HTTP server (and interface) only.
+    app = running.server._ports._uvicorn.config.app  # type: ignore[union-attr]
+    asyncio.run_coroutine_threadsafe(serve_rsgi(workbench_rsgi_app(app), rsgi_port), running._loop)
     served = asyncio.run_coroutine_threadsafe(serve_asgi(app, granian_port, "granian"), running._loop)
     served.result()
 
@@ -178,13 +229,15 @@ def child_main(kind: str, args: list[str]) -> None:
     from workbench.runtime.loop import new_event_loop
 
     if kind == "workbench-app":
-        serve_workbench_app_twice(args[0], int(args[1]), int(args[2]))
+        serve_workbench_app_thrice(args[0], int(args[1]), int(args[2]), int(args[3]))
         return
     loop = new_event_loop()
     asyncio.set_event_loop(loop)
     port = int(args[0])
     if kind in ("bare-grpc", "bare-grpc-hop"):
         loop.run_until_complete(serve_bare_grpc(port, hop=kind == "bare-grpc-hop"))
+    elif kind == "bare-rsgi-granian":
+        loop.run_until_complete(serve_rsgi(bare_rsgi_app(), port))
     else:  # bare-rest-uvicorn, bare-rest-granian
         loop.run_until_complete(serve_asgi(bare_rest_app(), port, kind.removeprefix("bare-rest-")))
 
@@ -498,15 +551,16 @@ def one_request(config: Path, root: Path, plan: Plan) -> dict[str, Any]:
 
 
 def granian_rows(root: Path, plan: Plan) -> list[dict[str, Any]]:
-    """Workbench's REST app under uvicorn and under granian, in one process, on one loop with its gRPC server."""
-    uvicorn_port, granian_port = free_port(), free_port()
-    child = Child("workbench-app", root / HP2, uvicorn_port, granian_port, log=root / "workbench-app.log")
+    """Workbench's REST app under uvicorn and under granian (ASGI, and its inference in RSGI), in one process, on one
+    loop with its gRPC server."""
+    ports = {"uvicorn": free_port(), "granian": free_port(), "granian RSGI": free_port()}
+    child = Child("workbench-app", root / HP2, *ports.values(), log=root / "workbench-app.log")
     rows: list[dict[str, Any]] = []
     try:
-        for port in (uvicorn_port, granian_port):
+        for port in ports.values():
             child.wait(functools.partial(answers_rest, port))
         for clients in (1, 32):
-            for server, port in (("uvicorn", uvicorn_port), ("granian", granian_port)):
+            for server, port in ports.items():
                 rows.append(load(f"workbench app/{server}", f"http://127.0.0.1:{port}", "rest", clients, plan))
                 extra = wrk_row(f"workbench app/{server}", f"http://127.0.0.1:{port}", clients, plan)
                 if extra is not None:
@@ -514,6 +568,110 @@ def granian_rows(root: Path, plan: Plan) -> list[dict[str, Any]]:
     finally:
         child.stop()
     return rows
+
+
+# ==================================================================================== --rest_only: the REST hot path
+@dataclass(frozen=True)
+class RestTarget:
+    """One server of the REST comparison: ``pid`` whose CPU a request costs (None: shared with other targets), and
+    whether its event loop is that process's main thread (then ``loop_us`` is measured too)."""
+
+    name: str
+    url: str
+    pid: int | None
+    loop_is_main: bool
+
+
+def rest_once(target: RestTarget, clients: int, duration: float) -> dict[str, Any]:
+    """One round against ``target`` (wrk where installed, else workbench bench's client), with the CPU µs a request
+    cost the server's process (``proc_us``) and its event loop (``loop_us``) where they can be told apart."""
+    pid = target.pid
+    loop0 = loop_cpu_seconds(pid) if pid is not None and target.loop_is_main else 0.0
+    proc0 = process_cpu_seconds(pid) if pid is not None else 0.0
+    if shutil.which("wrk") is not None:
+        row = _wrk_once(target.name, target.url, clients, duration)
+        seconds = max(1, round(duration))  # what wrk runs for
+    else:
+        row = bench_once(target.name, target.url, "rest", clients, duration)
+        seconds = duration
+    served = (row.get("requests_per_second") or 0.0) * seconds
+    if pid is not None and served:
+        row["proc_us"] = round((process_cpu_seconds(pid) - proc0) / served * 1e6, 1)
+        if target.loop_is_main:
+            row["loop_us"] = round((loop_cpu_seconds(pid) - loop0) / served * 1e6, 1)
+    return row
+
+
+def rest_path_rows(root: Path, config: Path, plan: Plan, baseline: Path | None, clients: int) -> list[dict[str, Any]]:
+    """REST predict on half_plus_two at ``clients`` clients: the bare apps (Starlette under uvicorn and granian, RSGI
+    under granian), `workbench serve` (this checkout, and ``baseline``'s), and workbench's app under uvicorn,
+    granian and granian's RSGI, every server up at once and measured taking turns (:func:`_common.taking_turns`)."""
+    ports = {kind: free_port() for kind in ("bare-rest-uvicorn", "bare-rest-granian", "bare-rsgi-granian")}
+    app_ports = {"uvicorn": free_port(), "granian": free_port(), "granian RSGI": free_port()}
+    children = {kind: Child(kind, port, log=root / f"{kind}.log") for kind, port in ports.items()}
+    app_child = Child("workbench-app", root / HP2, *app_ports.values(), log=root / "workbench-app.log")
+    servers = {"workbench serve": ServeProcess(config)}
+    if baseline is not None:
+        servers["workbench serve (baseline)"] = ServeProcess(config, tree=baseline)
+    names = {"bare-rest-uvicorn": REST_BARE, "bare-rest-granian": "bare Starlette/granian"}
+    names["bare-rsgi-granian"] = "bare RSGI/granian"
+    try:
+        targets = []
+        for kind, child in children.items():
+            child.wait(functools.partial(answers_rest, ports[kind]))
+            url = f"http://127.0.0.1:{ports[kind]}"
+            targets.append(RestTarget(names[kind], url, child.proc.pid, kind == "bare-rest-uvicorn"))
+        for name, server in servers.items():
+            server.wait_for_answer(HP2, {"instances": [[1.0]]})
+            assert rest_answer(server.rest_url) == HP2_REST_ANSWER
+            targets.append(RestTarget(name, server.rest_url, server.proc.pid, True))
+        for server_name, port in app_ports.items():
+            app_child.wait(functools.partial(answers_rest, port))
+            targets.append(RestTarget(f"workbench app/{server_name}", f"http://127.0.0.1:{port}", None, False))
+        for target in targets:  # warm every server and connection pool before the first measured round
+            rest_once(target, clients, 1.0)
+        measures = [functools.partial(rest_once, t, clients, plan.duration) for t in targets]
+        rows = taking_turns(plan.rounds, measures)
+    finally:
+        for process in [*children.values(), app_child]:
+            process.stop()
+        for server in servers.values():
+            server.stop()
+    bare = next(r for r in rows if r["server"] == REST_BARE)
+    for r in rows:
+        if r.get("requests_per_second") and bare.get("requests_per_second"):
+            r["vs_bare"] = round(r["requests_per_second"] / bare["requests_per_second"], 3)
+        if r.get("loop_us") and bare.get("loop_us"):
+            r["loop_vs_bare"] = round(bare["loop_us"] / r["loop_us"], 3)  # the loop's rate bound, over the bare one's
+    return rows
+
+
+def rest_only(args: argparse.Namespace) -> None:
+    """``--rest_only``: :func:`rest_path_rows`, printed and written to benchmarks/results/request_path_rest.json
+    (request_path_rest_{N}_clients.json for another --clients)."""
+    plan = Plan(args.duration, args.rounds)
+    baseline = Path(args.baseline_tree).resolve() if args.baseline_tree else None
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        save_half_plus_two(root / HP2 / "1")
+        config = write_config(root / "hp2.config", {HP2: root / HP2})
+        rows = rest_path_rows(root, config, plan, baseline, args.clients)
+    columns = ["server", "protocol", "clients", "requests_per_second", "p50_ms", "p99_ms", "errors"]
+    print(f"REST predict, half_plus_two, {args.clients} clients; vs_bare: requests/s over {REST_BARE}'s:")
+    print(format_table(rows, [*columns, "loop_us", "proc_us", "vs_bare", "loop_vs_bare"]))
+    path = save_results(
+        "request_path_rest" if args.clients == 32 else f"request_path_rest_{args.clients}_clients",
+        {
+            "duration_s": args.duration,
+            "rounds": args.rounds,
+            "clients": args.clients,
+            "cpus": os.cpu_count(),
+            "baseline_tree": str(baseline) if baseline else None,
+            "generator": "wrk" if shutil.which("wrk") else "workbench bench",
+            "rows": rows,
+        },
+    )
+    print(f"\nwrote {path}")
 
 
 def has_num_workers() -> bool:
@@ -553,7 +711,7 @@ def startup_rows(root: Path, sklearn_config: Path, tf_config: Path, repeats: int
 
 def ratios(rows: list[dict[str, Any]], ceiling_rows: list[dict[str, Any]]) -> None:
     """Each workbench row's requests/s as a share of the bare stack's at the same protocol, generator and clients."""
-    bare = {"grpc": "bare grpc.aio", "rest": "bare Starlette/uvicorn"}
+    bare = {"grpc": "bare grpc.aio", "rest": REST_BARE}
     for r in rows:
         if not r.get("requests_per_second"):
             continue
@@ -587,11 +745,23 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=3.0, help="seconds per measurement")
     parser.add_argument("--rounds", type=int, default=3, help="measurements a row (the median is reported)")
     parser.add_argument("--startup_repeats", type=int, default=3, help="start-ups per case (the median is reported)")
+    parser.add_argument(
+        "--rest_only", action="store_true", help="only the REST hot path at --clients (request_path_rest.json)"
+    )
+    parser.add_argument("--clients", type=int, default=32, help="--rest_only: concurrent clients (wrk connections)")
+    parser.add_argument(
+        "--baseline_tree",
+        help="--rest_only: also serve the workbench of this checkout (before and after in one run), e.g. "
+        "`git worktree add /tmp/base main`",
+    )
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)  # this script as one of the servers
     args = parser.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow's first import, here and in children
     if args.child:
         child_main(args.child[0], args.child[1:])
+        return
+    if args.rest_only:
+        rest_only(args)
         return
     plan = Plan(args.duration, args.rounds)
 

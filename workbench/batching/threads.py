@@ -10,6 +10,7 @@ MultiInference request) at the usual price.
 
 from __future__ import annotations
 
+import collections
 import logging
 import queue
 import threading
@@ -40,7 +41,10 @@ class InferenceThreads(Executor):
         self._count, self._name = threads, name
         self._queue: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
-        self._idle = threading.Semaphore(0)  # threads waiting for a call that no call has claimed yet
+        # One entry per thread waiting for a call that no call has claimed yet. A deque, not a Semaphore: its append
+        # and pop are atomic without a lock (the GIL's), where a Semaphore takes a Condition and its lock on both
+        # sides, on the event loop's thread and the inference thread's, for every call.
+        self._idle: collections.deque[None] = collections.deque()
         self._lock = threading.Lock()
         self._shut_down = False
 
@@ -50,12 +54,23 @@ class InferenceThreads(Executor):
         ``dropped`` is called instead, on the thread shutting down, if the call is still queued when
         :meth:`shutdown` cancels what waits. Raises RuntimeError once shut down, as an Executor does.
         """
-        if not self._idle.acquire(blocking=False) and len(self._threads) < self._count:
+        if not self._claim_idle() and len(self._threads) < self._count:
             self._start_one()  # it takes this call first; at the limit the call waits for a thread to finish one
         with self._lock:  # not after shutdown's end marks, where no thread would ever take it
             if self._shut_down:
                 raise RuntimeError("cannot schedule new calls after shutdown")
             self._queue.put((fn, args, dropped))
+
+    def _claim_idle(self) -> bool:
+        """Claim a thread that waits for a call, if one does (any thread may call this at any time)."""
+        idle = self._idle
+        if idle:  # nearly always empty under load: no exception raised and caught for nothing
+            try:
+                idle.pop()
+            except IndexError:  # another caller claimed it in between
+                return False
+            return True
+        return False
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
         future: Future[T] = Future()
@@ -114,7 +129,7 @@ class InferenceThreads(Executor):
                 fn(*args)
             except BaseException:  # noqa: BLE001 - a call hands its own outcome back; a bug must not end the thread
                 log.exception("An inference thread's call failed")
-            self._idle.release()
+            self._idle.append(None)
 
 
 Caller = Callable[..., None]  # call(fn, *args, dropped=None), as InferenceThreads.call

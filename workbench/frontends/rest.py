@@ -5,6 +5,9 @@ is the same ``Malformed request: <METHOD> <path>`` error TF Serving gives. Every
 ``application/json``; nothing reaching here can produce a 500 with a traceback. Successful ``:predict``,
 ``:classify`` and ``:regress`` answers also say which servable answered, in ``X-Model-Name`` and
 ``X-Model-Version`` headers (a workbench addition; the bodies stay TF Serving's).
+
+Those three are answered before Starlette sees them (:class:`RestApp`, with :mod:`workbench.frontends.rest_asgi`):
+on a busy port they are nearly every request, and Starlette's layers cost more than the rest of the answer.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import logging
 import re
 import urllib.parse
 from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -21,8 +25,10 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from workbench.core.errors import Code, ServingError, from_exception
+from workbench.frontends import rest_asgi
 from workbench.observability.metrics import CONTENT_TYPE as PROMETHEUS_CONTENT_TYPE
 from workbench.planes.dataplane import Dataplane, ModelSpec
 from workbench.protocol import json_tensor
@@ -51,6 +57,9 @@ _STATUS_PATH = re.compile(
 )
 _MAX_INT64 = (1 << 63) - 1
 
+# An inference request's answer: HTTP status, JSON body, and the servable that answered, (name, version), or None.
+Answer = tuple[int, bytes, "tuple[str, int] | None"]
+
 
 def json_response(body: bytes, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
     return Response(body, status_code=status, media_type=JSON, headers=headers)
@@ -68,6 +77,12 @@ def _header_name(name: str) -> str:
 
 # Printable ASCII but "%", which marks an escape: every model name a URL path can carry, as it was written.
 _HEADER_SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) != "%")
+
+
+@functools.lru_cache(maxsize=1024)
+def _raw_answered_by(name: str, version: int) -> tuple[tuple[bytes, bytes], ...]:
+    """:func:`answered_by` as raw ASGI headers (Starlette's lower-case names), once per servable."""
+    return tuple((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in answered_by(name, version).items())
 
 
 def error_response(error: ServingError) -> Response:
@@ -92,36 +107,17 @@ class RestApi:
         self.max_request_bytes = max_request_bytes
 
     async def _body(self, request: Request) -> bytes:
-        declared = request.headers.get("content-length")
-        if declared and declared.isdigit() and int(declared) > self.max_request_bytes:
-            raise self._too_large()
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > self.max_request_bytes:
-                raise self._too_large()
-            chunks.append(chunk)
-        return b"".join(chunks)
-
-    def _too_large(self) -> ServingError:
-        return ServingError(
-            Code.RESOURCE_EXHAUSTED,
-            f"Request body is larger than the server's limit of {self.max_request_bytes} bytes "
-            "(workbench serve --rest_api_max_request_bytes)",
-        )
+        return await rest_asgi.read_body(request.scope, request.receive, self.max_request_bytes)
 
     async def v1(self, request: Request) -> Response:
         # The path as the client sent it (percent-decoded), not request.url.path: building a URL drops tabs and
         # newlines (urllib's rule), which made "hp%0A" name the model hp, and re-escapes "\\", "?" and "#".
         path, method = request.scope["path"], request.method
+        match = _PREDICTION_PATH.fullmatch(path)
+        if method == "POST" and match:
+            status, body, servable = await self.inference(match, functools.partial(self._body, request), path)
+            return json_response(body, status, answered_by(*servable) if servable is not None else None)
         try:
-            match = _PREDICTION_PATH.fullmatch(path)
-            if method == "POST" and match:
-                name, version, label, verb = match.groups()
-                spec = ModelSpec(name=name, version=_version(version), label=label)
-                body = await self._body(request)
-                handler = {"predict": self._predict, "classify": self._classify, "regress": self._regress}
-                return await handler[verb.lower()](spec, body)
             match = _STATUS_PATH.fullmatch(path)
             if method == "GET" and match:
                 name, version, label, metadata = match.groups()
@@ -136,7 +132,25 @@ class RestApi:
             log.exception("REST %s %s failed", method, path)
             return error_response(from_exception(exc))
 
-    async def _predict(self, spec: ModelSpec, body: bytes) -> Response:
+    async def inference(self, match: re.Match[str], body: Callable[[], Awaitable[bytes]], path: str) -> Answer:
+        """A POST that :data:`_PREDICTION_PATH` matched: ``:predict``, ``:classify`` or ``:regress``, errors
+        answered too (nothing raises but a cancellation). ``body()`` reads the request's body."""
+        try:
+            name, version, label, verb = match.groups()
+            spec = ModelSpec(name=name, version=_version(version), label=label)
+            data = await body()
+            verb = verb.lower()
+            if verb == "predict":
+                return await self._predict(spec, data)
+            return await self._examples(verb, spec, data)
+        except ServingError as exc:
+            return exc.http_status, json_tensor.encode_error(exc.message), None
+        except Exception as exc:  # noqa: BLE001 - a bug must still answer JSON, and be logged
+            log.exception("REST %s %s failed", "POST", path)
+            error = from_exception(exc)
+            return error.http_status, json_tensor.encode_error(error.message), None
+
+    async def _predict(self, spec: ModelSpec, body: bytes) -> Answer:
         dataplane = self.dataplane
         with await dataplane.admit(spec, "predict", "rest", self.timeout) as call:
             servable = call.servable
@@ -144,16 +158,9 @@ class RestApi:
                 body, lambda name, sent: dataplane.rest_input_specs(servable, name, sent)
             )
             _, outputs = await dataplane.predict(call, signature_name, inputs, timeout=self.timeout)
-            body = json_tensor.encode_predict_response(outputs, fmt)
-            return json_response(body, headers=answered_by(spec.name, servable.version))
+            return 200, json_tensor.encode_predict_response(outputs, fmt), (spec.name, servable.version)
 
-    async def _classify(self, spec: ModelSpec, body: bytes) -> Response:
-        return await self._examples("classify", spec, body)
-
-    async def _regress(self, spec: ModelSpec, body: bytes) -> Response:
-        return await self._examples("regress", spec, body)
-
-    async def _examples(self, api: str, spec: ModelSpec, body: bytes) -> Response:
+    async def _examples(self, api: str, spec: ModelSpec, body: bytes) -> Answer:
         """``:classify`` and ``:regress``: tf.Examples from JSON in, ``{"results": …}`` out."""
         with await self.dataplane.admit(spec, api, "rest", self.timeout) as call:
             signature_name, request_input = input_from_json(body)
@@ -164,7 +171,7 @@ class RestApi:
             else:
                 _, values = await self.dataplane.regress(call, signature_name, examples, self.timeout)
                 body = json_tensor.encode_regress_response(values)
-            return json_response(body, headers=answered_by(spec.name, call.version))
+            return 200, body, (spec.name, call.version)
 
     async def _status(self, spec: ModelSpec) -> Response:
         await self.dataplane.loaded(spec.name, self.timeout)
@@ -181,6 +188,36 @@ class RestApi:
             return json_response(json_tensor.dumps(body))
 
 
+class RestApp(Starlette):
+    """Starlette, with TF Serving's ``:predict``, ``:classify`` and ``:regress`` answered before it, in raw ASGI.
+
+    Everything else (status, metadata, v2, management, probes, metrics, and every error path of routing) is
+    Starlette's, as before. The answers are the same bytes, headers and statuses the ``/v1`` route gives (it runs
+    the same :meth:`RestApi.inference`), so whether a request took this path shows nowhere but in its cost. With
+    CORS on, every request goes through Starlette's CORS middleware instead.
+    """
+
+    def __init__(self, api: RestApi, *, answer_inference: bool, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._api = api if answer_inference else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        api = self._api
+        # A root_path (a mount, a proxy's prefix) changes what Starlette's router matches: those go to Starlette.
+        if api is not None and scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
+            path = scope["path"]
+            match = _PREDICTION_PATH.fullmatch(path) if path.startswith("/v1/") else None
+            if match is not None:
+                limit = api.max_request_bytes
+                status, body, servable = await api.inference(
+                    match, functools.partial(rest_asgi.read_body, scope, receive, limit), path
+                )
+                headers = _raw_answered_by(*servable) if servable is not None else ()
+                await rest_asgi.send_json(send, status, body, headers)
+                return
+        await super().__call__(scope, receive, send)
+
+
 def create_app(
     dataplane: Dataplane,
     *,
@@ -189,7 +226,7 @@ def create_app(
     enable_cors: bool = False,
     prometheus_path: str | None = None,
     extra_routes: list[Route] | None = None,
-) -> Starlette:
+) -> RestApp:
     api = RestApi(dataplane, timeout_ms, max_request_bytes)
     routes = [Route("/v1/{rest:path}", api.v1, methods=["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD"])]
     routes.append(Route("/v1", api.v1, methods=["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD"]))
@@ -226,7 +263,13 @@ def create_app(
         404: not_found,
         405: method_not_allowed,
     }
-    app = Starlette(routes=routes, middleware=middleware, exception_handlers=handlers)  # type: ignore[arg-type]
+    app = RestApp(
+        api,
+        answer_inference=not enable_cors,
+        routes=routes,
+        middleware=middleware,
+        exception_handlers=handlers,  # type: ignore[arg-type]
+    )
     # A path with a trailing "/" is a path no route has: 404 (400 under /v1), as TF Serving answers, not a redirect
     # to another path built from the request's Host header.
     app.router.redirect_slashes = False

@@ -24,6 +24,7 @@ import orjson
 
 from workbench.core.errors import invalid_argument
 from workbench.core.signatures import TensorSpec, describe_inputs, input_error
+from workbench.protocol import json_numbers
 from workbench.protocol.bytes_codec import from_b64, is_b64, to_b64
 
 BYTES_SUFFIX = "_bytes"
@@ -274,17 +275,24 @@ def _numeric_fast_path(value: Any, dtype: np.dtype) -> np.ndarray | None:
         return None
     kind = raw.dtype.kind
     if dtype.kind == "f":
+        if kind not in "fiu":
+            return None
+        if raw.size == 0:
+            return raw.astype(dtype)
+        # Past the largest exact integer an int token among floats may be lossy: check token by token. The common
+        # case is settled without a temporary (a NaN fails it: then look past the non-finite values), a few values
+        # in Python, which compares them faster than numpy starts a reduction.
+        limit = _MAX_EXACT_INT.get(dtype, 1 << 11)
+        if raw.size <= 16:
+            within = all(-limit <= v <= limit for v in raw.ravel().tolist())
+        else:
+            within = bool(raw.max() <= limit and raw.min() >= -limit)
+        if within:
+            return raw.astype(dtype, copy=False)
         if kind == "f":
             finite = raw[np.isfinite(raw)]
-            # Past the largest exact integer an int token among floats may be lossy: check token by token.
-            if finite.size and np.abs(finite).max() > _MAX_EXACT_INT.get(dtype, 1 << 11):
+            if finite.size and np.abs(finite).max() > limit:
                 return None
-            return raw.astype(dtype)
-        if kind in "iu":
-            if raw.size and np.abs(raw).max() > _MAX_EXACT_INT.get(dtype, 1 << 11):
-                return None
-            return raw.astype(dtype)
-        if raw.size == 0 and kind in "fiu":
             return raw.astype(dtype)
         return None
     if dtype.kind in "iu":
@@ -435,9 +443,21 @@ def encode_predict_response(outputs: Mapping[str, np.ndarray], fmt: Format) -> b
     if not outputs:
         raise invalid_argument("Cannot convert empty tensor map to JSON")
     names = sorted(outputs)
+    if all(json_numbers.fits(outputs[n]) for n in names):
+        fast = _encode_numbers(outputs, names, fmt)
+        if fast is not None:
+            return fast
     values = {n: to_json_value(outputs[n], n.endswith(BYTES_SUFFIX)) for n in names}
     if fmt is Format.COLUMNAR:
         return dumps({"outputs": values[names[0]] if len(names) == 1 else values})
+    batch = _row_batch(outputs, names)
+    if len(names) == 1:
+        return dumps({"predictions": values[names[0]]})
+    return dumps({"predictions": [{n: values[n][i] for n in names} for i in range(batch)]})
+
+
+def _row_batch(outputs: Mapping[str, np.ndarray], names: list[str]) -> int:
+    """The batch size every output of a row-format answer shares (TF Serving's checks, in its order)."""
     batch = None
     for name in names:
         if outputs[name].ndim == 0:
@@ -446,10 +466,25 @@ def encode_predict_response(outputs: Mapping[str, np.ndarray], fmt: Format) -> b
         if batch is not None and size != batch:
             raise invalid_argument(f"Tensor name: {name} has inconsistent batch size: {size} expecting: {batch}")
         batch = size
-    if len(names) == 1:
-        return dumps({"predictions": values[names[0]]})
     assert batch is not None
-    return dumps({"predictions": [{n: values[n][i] for n in names} for i in range(batch)]})
+    return batch
+
+
+def _encode_numbers(outputs: Mapping[str, np.ndarray], names: list[str], fmt: Format) -> bytes | None:
+    """The response written by orjson, for outputs that all :func:`json_numbers.fits`: the bytes :func:`dumps`
+    would write (see :mod:`workbench.protocol.json_numbers`); None where a key needs escaping."""
+    if fmt is Format.COLUMNAR:
+        if len(names) == 1:
+            return json_numbers.dumps({"outputs": outputs[names[0]]})
+        return (
+            json_numbers.dumps({"outputs": {n: outputs[n] for n in names}}) if json_numbers.plain_keys(names) else None
+        )
+    batch = _row_batch(outputs, names)
+    if len(names) == 1:
+        return json_numbers.dumps({"predictions": outputs[names[0]]})
+    if not json_numbers.plain_keys(names):
+        return None
+    return json_numbers.dumps({"predictions": [{n: outputs[n][i] for n in names} for i in range(batch)]})
 
 
 def _score(value: float) -> float:

@@ -13,11 +13,16 @@ import threading
 from typing import Any
 
 from workbench.config.options import ServerOptions
+from workbench.models.manager import VersionState
+from workbench.runtime.heap import LongLivedHeap
 from workbench.runtime.loop import new_event_loop
 from workbench.runtime.process import hand_over_the_gil_quickly
 from workbench.server.model_server import ModelServer
 
 log = logging.getLogger("workbench.server")  # the server's log lines, whichever of its modules writes them
+
+# A version loaded or unloaded: what the server holds for good has changed (see LongLivedHeap).
+_HEAP_CHANGES = frozenset({VersionState.AVAILABLE, VersionState.END})
 
 
 def run(options: ServerOptions) -> int:
@@ -32,6 +37,7 @@ def run(options: ServerOptions) -> int:
     loop = new_event_loop()
     asyncio.set_event_loop(loop)
     server = ModelServer(options)
+    heap = LongLivedHeap()
     signalled: asyncio.Future[signal.Signals] = loop.create_future()
 
     def on_signal(sig: signal.Signals) -> None:
@@ -53,7 +59,14 @@ def run(options: ServerOptions) -> int:
             log.warning("%s while loading models at start-up: exiting now", signalled.result().name)
             _exit_now(0)
         starting.result()  # a start-up failure raises here
+        # This process serves and nothing else: its libraries and models leave the collector's full collections
+        # (not for a server on a thread of someone else's process, whose heap is not the server's to freeze).
+        heap.settle()
+        server.manager.add_listener(
+            lambda model, version, state: heap.settle_soon() if state in _HEAP_CHANGES else None
+        )
         sig = await signalled
+        heap.stop()
         await server.stop(delay=delay, cause=sig.name)
 
     try:
