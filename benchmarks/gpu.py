@@ -48,6 +48,7 @@ import multiprocessing
 import os
 import platform
 import select
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -593,6 +594,25 @@ def stats_mean_batch(rest_url: str, model: str) -> float | None:
 class Bench:
     """The run's shared state: where models live, the client pool, what was measured."""
 
+    def start_profiles(self, name: str, roles: dict[int, str]) -> list[subprocess.Popen[bytes]]:
+        """With ``--profile DIR``: py-spy samples the runner and one frontend of the largest runner setup while it is
+        measured, every thread, into DIR as collapsed stacks (where the processes' time goes, read afterwards)."""
+        folder = self.args.profile
+        if not folder or "16 frontends, runners" not in name or not shutil.which("py-spy"):
+            return []
+        runner = next((pid for pid, role in roles.items() if role == "runner"), None)
+        frontend = next((pid for pid, role in roles.items() if role == "frontend"), None)
+        stem = "".join(c if c.isalnum() else "_" for c in name)
+        started = []
+        for role, pid in (("runner", runner), ("frontend", frontend)):
+            if pid is None:
+                continue
+            command = ["py-spy", "record", "--pid", str(pid), "--duration", str(max(1, int(self.duration) - 1)),
+                       "--rate", "200", "--format", "raw", "--threads", "--nonblocking",
+                       "--output", str(Path(folder) / f"{stem}_{role}.txt")]  # fmt: skip
+            started.append(subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        return started
+
     def __init__(self, args: argparse.Namespace, root: Path, pool: Any, framework: Framework) -> None:
         self.args, self.root, self.pool, self.framework = args, root, pool, framework
         self.duration: float = args.duration
@@ -688,12 +708,15 @@ class Bench:
                 extra: dict[str, Any] = {}
                 if beside:
                     training, trainer_start = self.start_trainer(self.duration + 1.5)
+                profilers = self.start_profiles(setup.name, roles) if not beside else []
                 before = server_counters(server.rest_url, setup.model)
                 cpu_before = cpu_snapshot(roles)
                 # nvidia-smi every 0.2 s costs CPU the rows measure: sampled beside the trainer only.
                 with peak_gpu_memory() if beside else contextlib.nullcontext({}) as peak:
                     measured = load(self.pool, server.grpc_target, setup.model, inputs, CLIENTS, self.duration)
                 cpu = cpu_since(roles, cpu_before)
+                for profiler in profilers:
+                    profiler.wait(timeout=60)
                 examples, batches, failed = counters_since(server.rest_url, setup.model, before)
                 if failed:
                     raise RuntimeError(f"{failed:.0f} requests to {setup.model} failed")
@@ -943,6 +966,7 @@ def main() -> None:
     )
     parser.add_argument("--numpy-stand-in", action="store_true", help=argparse.SUPPRESS)  # no PyTorch: plumbing
     parser.add_argument("--out", default="", help="results file (default: benchmarks/results/gpu.json)")
+    parser.add_argument("--profile", default="", help="py-spy the 16-frontend runner setup into this folder")
     args = parser.parse_args()
     if args.quick:
         args.duration = min(args.duration, 2.0)

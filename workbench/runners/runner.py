@@ -47,6 +47,7 @@ from workbench.models.warmup import warm_up
 from workbench.platforms.base import LoadPolicy
 from workbench.runners import wire
 from workbench.runners.arena import Arena
+from workbench.runtime.heap import LongLivedHeap
 from workbench.runtime.loop import new_event_loop
 from workbench.runtime.process import hand_over_the_gil_quickly, parent_gone, write_json_atomically
 
@@ -129,6 +130,7 @@ class ModelRunner:
         self._reporter: dict[str, _Frontend] = {}  # model → the frontend its batch records go to
         self._loop: asyncio.AbstractEventLoop | None = None
         self._arrived: list[Arrival] = []  # INFERs read in this turn of the loop, from every frontend
+        self.heap = LongLivedHeap()  # frozen after each load and unload (see workbench.runtime.heap)
 
     # ------------------------------------------------------------------------------------- serving
     async def serve(self, sock: socket.socket, stopping: asyncio.Event) -> None:
@@ -159,6 +161,7 @@ class ModelRunner:
 
     def stop(self) -> None:
         """Close every version (the frontends are gone) and the threads."""
+        self.heap.stop()
         for version in list(self._versions.values()):
             self._drop(version)
         self._loads.shutdown(wait=True)
@@ -197,6 +200,7 @@ class ModelRunner:
                 servable.close()
                 raise
         log.info("Loaded %s version %d (%s)", name, number, servable.platform)
+        self.heap.settle_soon()  # the model's objects join the long-lived heap, out of full collections' way
         return servable
 
     def unload(self, frontend: _Frontend, key: Key, all_of_them: bool = False) -> None:
@@ -221,7 +225,7 @@ class ModelRunner:
             if servable is not None:
                 log.info("Unloading %s version %d", servable.name, servable.version)
                 with contextlib.suppress(RuntimeError):  # stopping: close on this thread
-                    self._loads.submit(servable.close)
+                    self._loads.submit(servable.close).add_done_callback(lambda _: self.heap.settle_soon())
                     return
                 servable.close()
 
