@@ -283,7 +283,8 @@ class Setup:
 
     @property
     def name(self) -> str:
-        return f"{self.model}, {self.frontends} frontend{'s' if self.frontends > 1 else ''}, {self.design}"
+        design = f"{self.runners} runners" if self.runners.isdigit() and int(self.runners) > 1 else self.design
+        return f"{self.model}, {self.frontends} frontend{'s' if self.frontends > 1 else ''}, {design}"
 
     def flags(self) -> list[str]:
         flags = [f"--num_workers={self.frontends}"]
@@ -841,6 +842,8 @@ def plan(args: argparse.Namespace, main: str) -> list[Setup]:
     """The servers, in order: issue 30's targets first, comparisons after (a run cut short loses those)."""
     counts = [int(n) for n in args.frontends.split(",")]
     small, middle, large = counts[0], counts[len(counts) // 2], counts[-1]
+    if args.runner_counts:  # the largest frontends' default against several runners (each its own GIL) only
+        return [Setup(main, large, ""), *(Setup(main, large, count) for count in args.runner_counts.split(","))]
     setups = [
         Setup(main, large, ""),  # the default: frontends and a runner
         Setup(main, small, "1"),  # one frontend and a runner
@@ -967,6 +970,7 @@ def main() -> None:
     parser.add_argument("--numpy-stand-in", action="store_true", help=argparse.SUPPRESS)  # no PyTorch: plumbing
     parser.add_argument("--out", default="", help="results file (default: benchmarks/results/gpu.json)")
     parser.add_argument("--profile", default="", help="py-spy the 16-frontend runner setup into this folder")
+    parser.add_argument("--runner-counts", default="", help="only the largest frontends with these runner counts")
     args = parser.parse_args()
     if args.quick:
         args.duration = min(args.duration, 2.0)
