@@ -621,29 +621,71 @@ def test_the_cost_curve_fits_fixed_and_per_row_costs_once_batch_sizes_vary():
     fixed, per_row = line
     assert fixed == pytest.approx(0.004 + 0.006 * 0.5, rel=0.5)  # the equal-size batches pull it up a little
     assert 0 <= per_row < 0.0005
-    assert curve.fills_first(8) and not curve.fills_first(1000)
 
 
 def test_a_curve_of_rows_alone_never_holds_a_batch_back():
     curve = CostCurve()
     for rows in [1, 2, 4, 8, 16, 32, 64, 3, 5, 9] * 2:
         curve.record(rows, 0.00005 * rows)
+        curve.record(rows, 0.0002 * rows, beside=True)
     line = curve.line()
     assert line is not None and line[0] == pytest.approx(0, abs=1e-6)
     assert not curve.fills_first(1)
 
 
-def test_a_model_whose_calls_cost_mostly_their_fixed_part_fills_a_batch_instead_of_starting_a_second(
+def fixed_cost_curve(beside_factor: float | None) -> CostCurve:
+    """Calls of 4 ms whatever their rows alone; beside another batch, ``beside_factor`` times that (None: never)."""
+    curve = CostCurve()
+    for rows in [1, 2, 8, 16, 32, 3, 5, 7] * 2:
+        curve.record(rows, 0.004 + 0.00001 * rows)
+        if beside_factor is not None:
+            curve.record(rows, beside_factor * 0.004 + 0.00001 * rows, beside=True)
+    return curve
+
+
+def test_a_fixed_cost_holds_a_small_batch_back_only_where_overlapping_calls_slow_each_other_down():
+    assert fixed_cost_curve(2.0).fills_first(8)  # a GIL-bound model on shared cores
+    assert not fixed_cost_curve(2.0).fills_first(4096)  # a batch that large pays for its own call
+    assert not fixed_cost_curve(1.05).fills_first(8)  # a GPU's kernels or waits: overlapping is free
+    assert not fixed_cost_curve(None).fills_first(8)  # not learnt yet: batches still overlap, and it is learnt
+
+
+class Contended(Gated):
+    """Calls that cost 20 ms of one shared resource (a lock, as the GIL and the cores are): two at once take turns."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._resource = threading.Lock()
+        self.entered = 0  # calls begun, before they wait for the resource
+
+    def run(
+        self, signature: Signature, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]
+    ) -> dict[str, np.ndarray]:
+        self.entered += 1
+        with self._resource:
+            time.sleep(0.02)
+        return super().run(signature, inputs, outputs)
+
+
+def test_a_model_whose_calls_cost_mostly_their_fixed_part_and_compete_fills_a_batch_instead_of_starting_a_second(
     bench: Callable[..., Bench], monkeypatch: pytest.MonkeyPatch
 ):
-    """Two batch threads; the fake's calls cost 20 ms whatever their rows. Once the curve knows it, requests that
-    arrive one by one while a batch runs wait for it and run together, instead of a second call for each."""
+    """Two batch threads. The curve learns from the batches run that a call costs 20 ms whatever its rows, and more
+    beside another; then requests that arrive one by one while a batch runs wait for it and run together, instead of
+    a second call for each."""
     monkeypatch.setattr(CostCurve, "MIN_BATCHES", 4)
-    b = bench(params(max_batch_size=16, num_batch_threads=2), Gated(delay=0.02))
+    monkeypatch.setattr(CostCurve, "CONTENDED", 1.2)  # pairs take turns: 20 and 40 ms, 1.5 times a call alone
+    model = Contended()
+    b = bench(params(max_batch_size=16, num_batch_threads=2), model)
 
     async def main() -> None:
-        for size in (1, 2, 3, 4, 5):  # teach the curve: batches of several sizes, each 20 ms
+        for size in (1, 2, 3, 4, 5):  # alone, of several sizes
             await asyncio.wait_for(b.ask(*range(size)), WAIT)
+        for size in (1, 2, 3, 4, 5):  # two of the same size side by side, on the two threads
+            entered = model.entered
+            first = asyncio.ensure_future(b.ask(*range(size)))
+            await until(lambda: model.entered > entered, "the first of the pair running")  # noqa: B023
+            await asyncio.wait_for(asyncio.gather(first, b.ask(*range(size))), WAIT)
         b.servable.calls.clear()
         b.servable.hold()
         first = asyncio.ensure_future(b.ask(100))
@@ -661,3 +703,32 @@ def test_a_model_whose_calls_cost_mostly_their_fixed_part_fills_a_batch_instead_
 
     asyncio.run(main())
     assert b.servable.calls == [[100], [0, 1, 2, 3, 4, 5]]
+
+
+def test_a_model_whose_overlapping_calls_cost_what_they_cost_alone_keeps_overlapping(
+    bench: Callable[..., Bench], monkeypatch: pytest.MonkeyPatch
+):
+    """The same fixed cost, but calls that wait without competing (a GPU's kernels, I/O): the free thread starts the
+    next batch at once, as without a cost curve."""
+    monkeypatch.setattr(CostCurve, "MIN_BATCHES", 4)
+    b = bench(params(max_batch_size=16, num_batch_threads=2), Gated(delay=0.02))
+
+    async def main() -> None:
+        for size in (1, 2, 3, 4, 5):
+            await asyncio.wait_for(b.ask(*range(size)), WAIT)
+        for size in (1, 2, 3, 4, 5):
+            calls = len(b.servable.calls)
+            first = asyncio.ensure_future(b.ask(*range(size)))
+            await until(lambda: len(b.servable.calls) > calls, "the first of the pair running")  # noqa: B023
+            await asyncio.wait_for(asyncio.gather(first, b.ask(*range(size))), WAIT)
+        b.servable.calls.clear()
+        b.servable.hold()
+        first = asyncio.ensure_future(b.ask(100))
+        await until(lambda: len(b.servable.calls) == 1, "the first call at the gate")
+        second = asyncio.ensure_future(b.ask(7))
+        await until(lambda: len(b.servable.calls) == 2, "the second call started beside the first")
+        b.servable.gate.set()
+        await asyncio.wait_for(asyncio.gather(first, second), WAIT)
+
+    asyncio.run(main())
+    assert b.servable.calls == [[100], [7]]

@@ -35,41 +35,26 @@ class RunCost:
             self.inline = self._cheap_runs >= self.SETTLE_RUNS
 
 
-class CostCurve:
-    """What one signature's batches cost by their size, fitted as ``fixed + per_row * rows`` from the batches run.
+class _Line:
+    """A least-squares line ``seconds = fixed + per_row * rows`` over recent batches (each older batch weighs
+    :data:`CostCurve.DECAY` of the next one's)."""
 
-    A least-squares line over the recent batches (each older batch weighs :data:`DECAY` of the next one's), so it
-    follows a model whose speed changes (a warm cache, a busy machine). It knows nothing until batches of
-    different sizes have run: under load they do.
-
-    The scheduler asks :meth:`fills_first` before starting a second concurrent batch of a signature: when a call's
-    fixed cost dominates (a random forest walks every tree whatever the rows; a GPU call pays its launches and
-    copies), a small batch started beside a running one costs almost a full call for a few rows, and on a CPU the two
-    calls only share the cores and the GIL; waiting for the running one to end lets the next batch fill with
-    everything that arrives meanwhile, as many rows for the cost of one call.
-    """
-
-    DECAY = 0.98
-    MIN_BATCHES = 8
-
-    __slots__ = ("_weight", "_rows", "_rows_squared", "_seconds", "_rows_seconds", "_batches")
+    __slots__ = ("_weight", "_rows", "_rows_squared", "_seconds", "_rows_seconds", "batches")
 
     def __init__(self) -> None:
         self._weight = self._rows = self._rows_squared = self._seconds = self._rows_seconds = 0.0
-        self._batches = 0
+        self.batches = 0
 
-    def record(self, rows: int, seconds: float) -> None:
-        decay = self.DECAY
+    def record(self, rows: int, seconds: float, decay: float) -> None:
         self._weight = self._weight * decay + 1.0
         self._rows = self._rows * decay + rows
         self._rows_squared = self._rows_squared * decay + rows * rows
         self._seconds = self._seconds * decay + seconds
         self._rows_seconds = self._rows_seconds * decay + rows * seconds
-        self._batches += 1
+        self.batches += 1
 
-    def line(self) -> tuple[float, float] | None:
-        """(fixed seconds, seconds a row), or None while the batches seen cannot tell them apart."""
-        if self._batches < self.MIN_BATCHES:
+    def fit(self, least: int) -> tuple[float, float] | None:
+        if self.batches < least:
             return None
         weight, rows = self._weight, self._rows
         spread = weight * self._rows_squared - rows * rows
@@ -79,8 +64,49 @@ class CostCurve:
         fixed = max(0.0, (self._seconds - per_row * rows) / weight)
         return fixed, per_row
 
+
+class CostCurve:
+    """What one signature's batches cost by their size, fitted as ``fixed + per_row * rows`` from the batches run:
+    those that ran alone, and apart those that ran beside another batch of the same signature.
+
+    It follows a model whose speed changes (a warm cache, a busy machine), and knows nothing until batches of
+    different sizes have run: under load they do.
+
+    The scheduler asks :meth:`fills_first` before starting a second concurrent batch of a signature. When a call's
+    fixed cost dominates and calls slow each other down when they overlap (a random forest walks every tree whatever
+    the rows, under the GIL, on the same cores), a small batch started beside a running one costs almost a full call
+    for a few rows: waiting for the running one to end lets the next batch fill with everything that arrives
+    meanwhile, as many rows for the cost of one call. Where overlapping calls cost what they cost alone (a GPU's
+    kernels, a call that waits on I/O, the hand-offs between the loop and the threads), batches keep overlapping.
+    """
+
+    DECAY = 0.98
+    MIN_BATCHES = 8
+    CONTENDED = 1.5  # beside another batch, a call's fixed cost grows this much or more: the calls compete
+
+    __slots__ = ("_alone", "_beside")
+
+    def __init__(self) -> None:
+        self._alone = _Line()
+        self._beside = _Line()
+
+    def record(self, rows: int, seconds: float, beside: bool = False) -> None:
+        (self._beside if beside else self._alone).record(rows, seconds, self.DECAY)
+
+    def line(self) -> tuple[float, float] | None:
+        """(fixed seconds, seconds a row) of the batches run alone, or None while they cannot tell them apart."""
+        return self._alone.fit(self.MIN_BATCHES)
+
+    def line_beside(self) -> tuple[float, float] | None:
+        """The same, of the batches that ran beside another."""
+        return self._beside.fit(self.MIN_BATCHES)
+
     def fills_first(self, rows: int) -> bool:
         """Whether a batch of ``rows`` should wait for a running batch to end and grow meanwhile: its call's fixed
-        cost is more than its rows' own."""
-        line = self.line()
-        return line is not None and line[0] > line[1] * rows
+        cost is more than its rows' own, and calls run side by side have been seen to slow each other down (before
+        any ran side by side, they may: that is how it is learnt)."""
+        alone = self.line()
+        if alone is None or alone[0] <= alone[1] * rows:
+            return False
+        beside = self.line_beside()
+        return beside is not None and beside[0] >= self.CONTENDED * alone[0]

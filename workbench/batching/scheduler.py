@@ -128,6 +128,7 @@ class _Queue:
         self.running = 0
         self.timer: asyncio.TimerHandle | None = None
         self.dispatch_pending = False
+        self.overlapped = False  # a batch started while another ran: the next batch to end ran beside one
 
 
 class BatchScheduler:
@@ -386,6 +387,8 @@ class BatchScheduler:
                 self._deliver(queue, batch, started, outcome, on_loop=True)
                 continue
             queue.running += 1
+            if queue.running > 1:
+                queue.overlapped = True
             loop = asyncio.get_running_loop()
             try:
                 self._call(
@@ -505,8 +508,12 @@ class BatchScheduler:
         outcome: Ran | BaseException,
     ) -> None:
         """A batch thread is done: answer its callers and start what waited for the thread."""
+        # Whether another batch of the queue ran beside it (started before it ended): the cost curve keeps those
+        # runs apart, to learn whether the model's calls slow each other down.
+        beside = queue.running > 1 or queue.overlapped
         queue.running -= 1
-        self._deliver(queue, batch, started, outcome, on_loop=False)
+        queue.overlapped = queue.running > 0  # those still running ran beside this one
+        self._deliver(queue, batch, started, outcome, on_loop=False, beside=beside)
         self._schedule(queue)
 
     def _deliver(
@@ -516,6 +523,7 @@ class BatchScheduler:
         started: float,
         outcome: Ran | BaseException,
         on_loop: bool,
+        beside: bool = False,
     ) -> None:
         """Answer every caller of ``batch`` with its rows (or the batch's error); a batch run on the loop is recorded
         here too (a thread records its own)."""
@@ -528,7 +536,7 @@ class BatchScheduler:
             return
         results, rows, run_seconds = outcome
         queue.cost.record(run_seconds, on_loop)
-        queue.known.curve.record(rows, run_seconds)
+        queue.known.curve.record(rows, run_seconds, beside)
         for task, result in zip(batch, results, strict=True):
             if task.future.done():
                 pass
