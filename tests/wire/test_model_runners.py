@@ -29,7 +29,7 @@ from waiting import wait_until
 from workbench.protocol.tensor_proto import from_numpy
 
 MODEL = textwrap.dedent(
-    '''
+    """
     import os
     import time
     from pathlib import Path
@@ -58,7 +58,7 @@ MODEL = textwrap.dedent(
                 time.sleep(0.01)
             note("batches", len(x))
             return {"y": x * 2, "pid": np.full(x.shape, os.getpid(), np.int64)}
-    '''
+    """
 )
 BATCHING = "max_batch_size { value: 64 }\nbatch_timeout_micros { value: 0 }\nnum_batch_threads { value: 1 }\n"
 
