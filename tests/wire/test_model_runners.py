@@ -14,11 +14,12 @@ import signal
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+import models
 import numpy as np
 import pytest
 import requests
@@ -99,12 +100,14 @@ class Served:
         return self.stats()["models"].get("m", {}).get("1", {})
 
 
-def serve(tmp_path: Path, *flags: str) -> Iterator[Served]:
+def serve(tmp_path: Path, *flags: str, prepare: Callable[[Path], object] = lambda version: None) -> Iterator[Served]:
+    """The model served with ``flags``; ``prepare`` adds to its version folder first."""
     records = tmp_path / "records"
     records.mkdir()
     version = tmp_path / "repo" / "m" / "1"
     version.mkdir(parents=True)
     (version / "model.py").write_text(MODEL)
+    prepare(version)
     batching = tmp_path / "batching.txt"
     batching.write_text(BATCHING)
     ready = tmp_path / "ready.json"
@@ -173,6 +176,15 @@ def test_in_process_workers_each_load_the_model(tmp_path):
     for served in serve(tmp_path, "--num_workers=2", "--model_runners=in_process"):
         assert "runners" not in served.ready or served.ready["runners"] == []
         assert sorted(map(int, served.lines("loads"))) == sorted(worker_pids(served))
+        assert served.predict(1.0).json()["predictions"][0]["y"] == [2.0]
+
+
+def test_the_runner_warms_a_version_up_once_whatever_the_workers(tmp_path):
+    def warmup_file(version: Path) -> None:
+        models.write_warmup_file(version, [models.predict_log("m", {"x": np.array([[1], [2], [3]], np.float32)})])
+
+    for served in serve(tmp_path, "--num_workers=2", prepare=warmup_file):
+        assert served.lines("batches") == ["3"]  # the warmup request, replayed in the runner before it served
         assert served.predict(1.0).json()["predictions"][0]["y"] == [2.0]
 
 
