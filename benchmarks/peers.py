@@ -79,7 +79,8 @@ PEERS = ("workbench", "mlserver", "kserve", "ray", "starlette")
 BATCH_SIZE = 64
 MLSERVER_BATCH_TIME_S = 0.0001  # MLServer's adaptive batching is off at 0
 RAY_MAX_ONGOING = 256
-READY_TIMEOUT_S = 300.0  # a cold Ray start on a busy 2-core machine
+READY_TIMEOUT_S = {"ray": 300.0}  # a cold Ray start on a busy 2-core machine
+READY_TIMEOUT_DEFAULT_S = 120.0
 
 # Each peer's packages; scikit-learn is pinned to this interpreter's version, so that every server loads the same
 # joblib files. Versions resolved on Python 3.11 (2026-11): MLServer 1.7.1, KServe 0.21.0, Ray 2.60.0.
@@ -317,6 +318,9 @@ def workbench_server(work: Path, models: dict[str, str], batching: bool) -> Serv
     command = [
         sys.executable, "-m", "workbench", "serve", f"--model_repository={repository}", "--allow_pickle",
         f"--rest_api_port={port}", "--port=0", "--file_system_poll_wait_seconds=0", "--drain_seconds=5",
+        # Two load threads unpickling the two models at once can import scikit-learn concurrently, which fails now
+        # and then ("cannot import name 'clone' from partially initialized module 'sklearn.base'"): one thread.
+        "--num_load_threads=1",
     ]  # fmt: skip
     settings: dict[str, Any] = {"processes": "one (--num_workers=1)"}
     if batching:
@@ -428,8 +432,9 @@ class Running:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             return protocol.labels(json.loads(response.read()))
 
-    def wait_ready(self, model: str, rows: list[list[float]], timeout: float = READY_TIMEOUT_S) -> float:
+    def wait_ready(self, model: str, rows: list[list[float]]) -> float:
         """Seconds from spawning to the first answered request (a 503 or a refused connection: not yet)."""
+        timeout = READY_TIMEOUT_S.get(self.server.peer, READY_TIMEOUT_DEFAULT_S)
         deadline = time.perf_counter() + timeout
         last: Exception | None = None
         while time.perf_counter() < deadline:
