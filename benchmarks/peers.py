@@ -1,8 +1,8 @@
 """workbench against its Python peers, side by side in one run: the same scikit-learn models, the same load client.
 
 Run: `.venv/bin/python benchmarks/peers.py [--quick] [--duration S] [--rounds R] [--peers NAME ...] [--venvs DIR]`
-Writes benchmarks/results/peers.json (or ``--out``). Optional: not part of `make test`. About 11 minutes with the
-defaults on 2 cores once the venvs exist (``--rounds 3``: about 33), 5 with ``--quick`` (2 s rows, 32 connections).
+Writes benchmarks/results/peers.json (or ``--out``). Optional: not part of `make test`. About 10 minutes with the
+defaults on 2 cores once the venvs exist (``--rounds 3``: about 30), 5 with ``--quick`` (2 s rows, 32 connections).
 The first run creates a virtual environment per peer (``python -m venv`` and pip from PyPI, a few minutes each) under
 ``--venvs`` (default ``$XDG_CACHE_HOME/workbench-peers`` or ``~/.cache/workbench-peers``); later runs reuse them.
 
