@@ -780,6 +780,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="results file (default benchmarks/results/peers.json)")
     args = parser.parse_args()
 
+    # SIGTERM unwinds like Ctrl-C, through measure_server's finally: the server being measured is stopped too.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     began = time.perf_counter()
     plan = Plan(
         duration=2 if args.quick and args.duration == 10 else args.duration,
@@ -803,76 +805,78 @@ def main() -> None:
     if load == "python":
         log("wrk not found (apt-get install wrk): using this script's asyncio HTTP/1.1 client, which loads less")
     work = Path(tempfile.mkdtemp(prefix="workbench-peers-"))
-    reference = train_models(work / "models", args.check_rows)
-    models = {m: reference["models"][m]["path"] for m in plan.models}
-    for m in plan.models:
-        log(f"model {m}: in-process predict, ms at batch 1 / 32: {reference['models'][m]['in_process_ms']}")
+    try:
+        reference = train_models(work / "models", args.check_rows)
+        models = {m: reference["models"][m]["path"] for m in plan.models}
+        for m in plan.models:
+            log(f"model {m}: in-process predict, ms at batch 1 / 32: {reference['models'][m]['in_process_ms']}")
 
-    peers: dict[str, Any] = {}
-    servers: list[Server] = []
-    for peer in args.peers:
-        entry: dict[str, Any] = {}
-        peers[peer] = entry
-        try:
-            python = Path(sys.executable) if peer == "workbench" else ensure_venv(peer, venvs, log)
-            entry["python"] = str(python)
-            entry["versions"] = versions(python, REPORTED[peer])
-            ours = versions(Path(sys.executable), ("scikit-learn",))["scikit-learn"]
-            if entry["versions"].get("scikit-learn") != ours:
-                raise RuntimeError(f"scikit-learn {entry['versions'].get('scikit-learn')} there, {ours} here")
-            servers += servers_of(peer, work, python, models, plan.batching)
-        except Exception as exc:  # noqa: BLE001 - recorded; the other peers go on
-            entry["error"] = f"{type(exc).__name__}: {exc}"
-            log(f"{peer}: NOT RUN: {entry['error'][-800:]}")
+        peers: dict[str, Any] = {}
+        servers: list[Server] = []
+        for peer in args.peers:
+            entry: dict[str, Any] = {}
+            peers[peer] = entry
+            try:
+                python = Path(sys.executable) if peer == "workbench" else ensure_venv(peer, venvs, log)
+                entry["python"] = str(python)
+                entry["versions"] = versions(python, REPORTED[peer])
+                ours = versions(Path(sys.executable), ("scikit-learn",))["scikit-learn"]
+                if entry["versions"].get("scikit-learn") != ours:
+                    raise RuntimeError(f"scikit-learn {entry['versions'].get('scikit-learn')} there, {ours} here")
+                servers += servers_of(peer, work, python, models, plan.batching)
+            except Exception as exc:  # noqa: BLE001 - recorded; the other peers go on
+                entry["error"] = f"{type(exc).__name__}: {exc}"
+                log(f"{peer}: NOT RUN: {entry['error'][-800:]}")
 
-    records: list[dict[str, Any]] = []
-    measured: dict[tuple, list[dict[str, Any]]] = {}
-    for index in range(plan.rounds):
-        if plan.rounds > 1:
-            log(f"round {index + 1} of {plan.rounds}")
-        for server in servers if index % 2 == 0 else reversed(servers):
-            record, got = measure_server(server, plan, reference, work, cpus, load, log)
-            records.append({"round": index + 1, **record})
-            for row in got:
-                key = (row["server"], row["batching"], row["protocol"], row["model"], row["connections"])
-                measured.setdefault(key, []).append(row)
-    rows = [median_row(found) if len(found) > 1 else found[0] for found in measured.values()]
+        records: list[dict[str, Any]] = []
+        measured: dict[tuple, list[dict[str, Any]]] = {}
+        for index in range(plan.rounds):
+            if plan.rounds > 1:
+                log(f"round {index + 1} of {plan.rounds}")
+            for server in servers if index % 2 == 0 else reversed(servers):
+                record, got = measure_server(server, plan, reference, work, cpus, load, log)
+                records.append({"round": index + 1, **record})
+                for row in got:
+                    key = (row["server"], row["batching"], row["protocol"], row["model"], row["connections"])
+                    measured.setdefault(key, []).append(row)
+        rows = [median_row(found) if len(found) > 1 else found[0] for found in measured.values()]
 
-    found = ratios(rows, plan)
-    tails = tail_ratios(rows, max(plan.connections))
-    print_tables(rows, found, tails)
-    payload = {
-        "benchmark": "workbench against its Python peers: the same scikit-learn models and load client, one run",
-        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
-        "plan": {**plan.__dict__, "load_client": load, "cpus": sorted(cpus) if cpus else "all"},
-        "machine": {
-            "cpus": os.cpu_count(),
-            "affinity": sorted(os.sched_getaffinity(0)),
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-            "wrk": subprocess.run(["wrk", "-v"], capture_output=True, text=True).stdout.split("\n")[0].strip()
-            if load == "wrk"
-            else None,
-        },
-        "models": {m: {k: v for k, v in reference["models"][m].items() if k != "path"} for m in plan.models},
-        "request": "one row of 64 float64 features (a digits image) a request, JSON",
-        "peers": peers,
-        "servers": records,
-        "rows": rows,
-        "ratios": found,
-        "workbench_p99_over_p50": tails,
-        "wall_seconds": round(time.perf_counter() - began, 1),
-        "note": "Server and load client share the machine's cores; figures move with other work on it. Read the "
-        "ratios, measured in the same minutes.",
-    }
-    path = save_results("peers", payload) if args.out is None else args.out
-    if args.out is not None:
-        args.out.write_text(json.dumps(payload, indent=2) + "\n")
-    if args.keep:
-        log(f"models and servers' logs kept in {work}")
-    else:
-        shutil.rmtree(work, ignore_errors=True)
-    log(f"wrote {path}")
+        found = ratios(rows, plan)
+        tails = tail_ratios(rows, max(plan.connections))
+        print_tables(rows, found, tails)
+        payload = {
+            "benchmark": "workbench against its Python peers: the same scikit-learn models and load client, one run",
+            "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+            "plan": {**plan.__dict__, "load_client": load, "cpus": sorted(cpus) if cpus else "all"},
+            "machine": {
+                "cpus": os.cpu_count(),
+                "affinity": sorted(os.sched_getaffinity(0)),
+                "python": platform.python_version(),
+                "platform": platform.platform(),
+                "wrk": subprocess.run(["wrk", "-v"], capture_output=True, text=True).stdout.split("\n")[0].strip()
+                if load == "wrk"
+                else None,
+            },
+            "models": {m: {k: v for k, v in reference["models"][m].items() if k != "path"} for m in plan.models},
+            "request": "one row of 64 float64 features (a digits image) a request, JSON",
+            "peers": peers,
+            "servers": records,
+            "rows": rows,
+            "ratios": found,
+            "workbench_p99_over_p50": tails,
+            "wall_seconds": round(time.perf_counter() - began, 1),
+            "note": "Server and load client share the machine's cores; figures move with other work on it. Read the "
+            "ratios, measured in the same minutes.",
+        }
+        path = save_results("peers", payload) if args.out is None else args.out
+        if args.out is not None:
+            args.out.write_text(json.dumps(payload, indent=2) + "\n")
+        log(f"wrote {path}")
+    finally:
+        if args.keep:
+            log(f"models and servers' logs kept in {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
