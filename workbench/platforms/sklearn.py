@@ -16,6 +16,7 @@ name), and requests may send those columns by name.
 from __future__ import annotations
 
 import sys
+import threading
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -55,9 +56,18 @@ OUTPUTS = {
 OWN_PLATFORMS = ("xgboost", "lightgbm")
 
 
+# One version reads at a time. Unpickling imports scikit-learn's modules as the pickle names them, and two load threads
+# importing its circular modules at once can find one half-initialised ("cannot import name 'clone' from partially
+# initialized module 'sklearn.base'": one start in about eight with two joblib models). Reading is quick beside the
+# rest of a server's start.
+_READING = threading.Lock()
+
+
 def load(name: str, version: int, path: str, policy: LoadPolicy) -> Servable:
-    estimator = read_estimator(model_file(path, "scikit-learn", FILES), policy)
-    return TabularServable(name, version, path, describe(estimator))
+    with _READING:
+        estimator = read_estimator(model_file(path, "scikit-learn", FILES), policy)
+        model = describe(estimator)
+    return TabularServable(name, version, path, model)
 
 
 # --------------------------------------------------------------------------------------------- reading
