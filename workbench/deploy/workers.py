@@ -147,26 +147,27 @@ class Supervisor:
 
     def _command(self, worker: _Worker, run_dir: Path) -> list[str]:
         # argparse keeps a flag's last value: these override whatever the command line said.
+        common = [
+            sys.executable, "-m", "workbench", "serve", *self.serve_args,
+            f"--num_workers={self.num_workers}",
+            f"--parent_pid={os.getpid()}",  # it stops when the supervisor is gone, even killed -9
+        ]  # fmt: skip
         if worker.kind == "runner":
             return [
-                sys.executable, "-m", "workbench", "serve", *self.serve_args,
-                f"--num_workers={self.num_workers}",
+                *common,
                 f"--model_runners={self.model_runners}",
                 f"--runner_of={run_dir}",
                 f"--runner_index={worker.index}",
-                f"--parent_pid={os.getpid()}",
-            ]  # fmt: skip
+            ]
         return [
-            sys.executable, "-m", "workbench", "serve", *self.serve_args,
+            *common,
             f"--port={self.grpc_port}",
             f"--rest_api_port={self.rest_api_port}",
-            f"--num_workers={self.num_workers}",
             f"--model_runners={self.model_runners or 'in_process'}",
             f"--worker_of={run_dir}",
             f"--worker_index={worker.index}",
             f"--ready_file={self._worker_ready_file(run_dir, worker.index)}",
-            f"--parent_pid={os.getpid()}",  # a worker stops when the supervisor is gone, even killed -9
-        ]  # fmt: skip
+        ]
 
     @staticmethod
     def _worker_ready_file(run_dir: Path, index: int) -> Path:
@@ -204,20 +205,16 @@ class Supervisor:
             from workbench.runners.runner import ready_path
 
             ready_path(run_dir, worker.index).unlink(missing_ok=True)
-            worker.process = subprocess.Popen(self._command(worker, run_dir), env=env, stdin=subprocess.DEVNULL,
-                                              process_group=0)  # fmt: skip
-            worker.started = time.monotonic()
-            worker.restart_at = None
-            log.info("Model runner %d started (pid %d)", worker.index, worker.process.pid)
-            return
-        self._worker_ready_file(run_dir, worker.index).unlink(missing_ok=True)
+        else:
+            self._worker_ready_file(run_dir, worker.index).unlink(missing_ok=True)
         # Its own process group: a Ctrl-C at the terminal reaches the supervisor only, which has each worker
         # drain once (the terminal's signal and ours would be two, and a second signal exits at once).
         worker.process = subprocess.Popen(self._command(worker, run_dir), env=env, stdin=subprocess.DEVNULL,
                                           process_group=0)  # fmt: skip
         worker.started = time.monotonic()
         worker.restart_at = None
-        log.info("Worker %d started (pid %d)", worker.index, worker.process.pid)
+        what = "Model runner" if worker.kind == "runner" else "Worker"
+        log.info("%s %d started (pid %d)", what, worker.index, worker.process.pid)
 
     def _supervise(self, run_dir: Path, env: dict[str, str]) -> int:
         ready = False
