@@ -10,9 +10,10 @@ Side by side in one run, taking turns (each configuration measured in every roun
 - 2 workers and 1 runner (the default for ``--num_workers=2``): batches form across both workers;
 - 2 shared-nothing workers (``--model_runners=in_process``), as ``--num_workers`` served before runners.
 
-Load: gRPC, 64 requests in flight from workbench's own generator, in a process of its own on the same cores. For
-each server: images/s over the in-process batch-64 rate, and the mean batch the batcher formed (the whole server's
-stats, which count each of the runner's batches once).
+Load: gRPC, 64 requests in flight from h2load (Debian's nghttp2-client; 4 connections, so both workers get some),
+else from workbench's own generator in a process of its own, which takes more of the same cores. For each server:
+images/s over the in-process batch-64 rate, and the mean batch the batcher formed (the whole server's stats, which
+count each of the runner's batches once). Every request must succeed (the server's own counts say so).
 """
 
 from __future__ import annotations
@@ -20,11 +21,12 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import shutil
 import statistics
+import struct
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +34,18 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _common import BATCHING, ServeProcess, save_results, save_small_cnn, write_config  # noqa: E402
+from _common import (  # noqa: E402
+    BATCHING,
+    ServeProcess,
+    counters_since,
+    save_results,
+    save_small_cnn,
+    server_counters,
+    write_config,
+)
+from batching import h2load  # noqa: E402
+
+from workbench.client.bench import grpc_predict_bytes  # noqa: E402
 
 CLIENTS = 64
 SERVERS: dict[str, tuple[str, ...]] = {
@@ -69,25 +82,32 @@ def _load(target: str, duration: float, out: Any) -> None:
     out.put({"rate": result.requests_per_second, "errors": result.errors, "p99_ms": result.percentile(99)})
 
 
-def measure(server: ServeProcess, duration: float) -> dict[str, Any]:
-    """One load of ``duration`` seconds from a process of its own; the rate and the mean formed batch."""
-    queue: Any = multiprocessing.get_context("spawn").Queue()
-    process = multiprocessing.get_context("spawn").Process(target=_load, args=(server.grpc_target, duration, queue))
-    process.start()
-    result = queue.get(timeout=duration + 120)
-    process.join()
-    with urllib.request.urlopen(f"{server.rest_url}/workbench/v1/stats", timeout=30) as response:
-        stats = json.load(response)
-    entry = stats["models"]["cnn"]["1"]
+def measure(server: ServeProcess, duration: float, body: Path | None) -> dict[str, Any]:
+    """One load of ``duration`` seconds (h2load with ``body``, else a process of its own); the rate and the mean
+    formed batch."""
+    before = server_counters(server.rest_url, "cnn")
+    if body is not None:
+        measured = h2load(server.grpc_target, body, CLIENTS, duration, body.with_suffix(".log"))
+        result = {"rate": measured["requests_per_second"], "errors": 0, "p99_ms": measured["p99_ms"]}
+    else:
+        queue: Any = multiprocessing.get_context("spawn").Queue()
+        process = multiprocessing.get_context("spawn").Process(target=_load, args=(server.grpc_target, duration, queue))
+        process.start()
+        result = queue.get(timeout=duration + 120)
+        process.join()
+    examples, batches, failed = counters_since(server.rest_url, "cnn", before)
+    result["errors"] += failed
+    result["mean_batch"] = round(examples / batches, 2) if batches else None
     if result["errors"]:
         raise RuntimeError(f"{result['errors']} requests failed:\n{server.log()[-2000:]}")
-    return {**result, "mean_batch": entry["mean_batch_size"]}
+    return result
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--duration", type=float, default=6.0, help="seconds per measurement")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--python-load", action="store_true", help="workbench's Python generator, not h2load")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -103,10 +123,16 @@ def main() -> None:
         try:
             for server in servers.values():
                 server.wait_for_answer("cnn", {"instances": [[0.0] * 784]})
+            body = None
+            if shutil.which("h2load") and not args.python_load:
+                body = root / "request.bin"
+                image = {"images": np.random.default_rng(1).random((1, 784), dtype=np.float32)}
+                payload = grpc_predict_bytes("cnn", image)
+                body.write_bytes(b"\x00" + struct.pack(">I", len(payload)) + payload)  # gRPC's message framing
             runs: dict[str, list[dict[str, Any]]] = {name: [] for name in servers}
             for _ in range(args.rounds):
                 for name, server in servers.items():
-                    runs[name].append(measure(server, args.duration))
+                    runs[name].append(measure(server, args.duration, body))
         finally:
             for server in servers.values():
                 server.stop()
@@ -119,13 +145,14 @@ def main() -> None:
                 "images_per_second": round(rate, 1),
                 "over_in_process_batch_64": round(rate / limit, 3),
                 "p99_ms": round(statistics.median(m["p99_ms"] for m in measured), 2),
-                "mean_formed_batch": measured[-1]["mean_batch"],
+                "mean_formed_batch": statistics.median(m["mean_batch"] or 0 for m in measured),
             }
         )
     payload = {
         "what": "CNN, 1 image a request, 64 gRPC clients, batching on (max 64), this machine's CPUs",
         "cores": multiprocessing.cpu_count(),
         "in_process_batch_64_images_per_second": round(limit, 1),
+        "load": "h2load" if body is not None else "workbench bench (Python)",
         "rows": rows,
         "command": ".venv/bin/python benchmarks/runners.py",
     }
