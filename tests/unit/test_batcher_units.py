@@ -29,7 +29,7 @@ from fakes import FakeServable, X, Y
 
 from workbench.batching.interest import Interest, deadline_exceeded
 from workbench.batching.merge import merge, padded_size, split
-from workbench.batching.run_cost import CostCurve, RunCost
+from workbench.batching.run_cost import Contention, CostCurve, RunCost
 from workbench.batching.scheduler import BatchRecord, BatchScheduler
 from workbench.config.batching_parameters import BatchingParameters
 from workbench.core.errors import Code, ServingError
@@ -732,3 +732,119 @@ def test_a_model_whose_overlapping_calls_cost_what_they_cost_alone_keeps_overlap
 
     asyncio.run(main())
     assert b.servable.calls == [[100], [7]]
+
+
+# ====================================================================================== unbatched calls that compete
+def test_unbatched_calls_contend_only_when_overlapping_makes_them_slower_and_they_are_not_cheap():
+    def contention(alone: float, beside: float, calls: int = Contention.MIN_CALLS) -> Contention:
+        seen = Contention()
+        for _ in range(calls):
+            seen.record(alone, beside=False)
+            seen.record(beside, beside=True)
+        return seen
+
+    assert contention(0.004, 0.012).contended()  # three times slower side by side: a GIL-bound model
+    assert not contention(0.004, 0.0044).contended()  # they overlap freely
+    assert not contention(0.0002, 0.002).contended()  # cheap calls: a turn's hand-off costs more than the overlap
+    assert not contention(0.004, 0.012, calls=Contention.MIN_CALLS - 1).contended()  # not seen enough yet
+
+
+class Concurrency(Contended):
+    """:class:`Contended`, counting how many of its calls are inside at once (the most, ever)."""
+
+    def __init__(self, contended: bool = True) -> None:
+        super().__init__()
+        self.contended = contended
+        self.inside = 0
+        self.most = 0
+        self._count = threading.Lock()
+
+    def run(
+        self, signature: Signature, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]
+    ) -> dict[str, np.ndarray]:
+        with self._count:
+            self.inside += 1
+            self.most = max(self.most, self.inside)
+        try:
+            if self.contended:
+                return super().run(signature, inputs, outputs)
+            self.entered += 1
+            time.sleep(0.02)  # waits, taking nothing from the others
+            return Gated.run(self, signature, inputs, outputs)
+        finally:
+            with self._count:
+                self.inside -= 1
+
+
+async def teach(b: Bench, model: Concurrency) -> None:
+    """Unbatched calls alone, then in pairs side by side, until the contention is known."""
+    for value in range(Contention.MIN_CALLS):
+        await asyncio.wait_for(b.ask(value), WAIT)
+    for value in range(Contention.MIN_CALLS):
+        entered = model.entered
+        first = asyncio.ensure_future(b.ask(value))
+        await until(lambda: model.entered > entered, "the first of the pair running")  # noqa: B023
+        await asyncio.wait_for(asyncio.gather(first, b.ask(value)), WAIT)
+    model.most = 0
+
+
+def test_unbatched_calls_that_slow_each_other_down_take_turns_and_every_request_is_answered(
+    bench: Callable[..., Bench], monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setattr(Contention, "MIN_CALLS", 3)
+    monkeypatch.setattr(Contention, "CONTENDED", 1.2)  # pairs take turns: 20 and 40 ms, 1.5 times a call alone
+    model = Concurrency()
+    b = bench(None, model)
+
+    async def main() -> list[np.ndarray]:
+        await teach(b, model)
+        return list(await asyncio.wait_for(asyncio.gather(*(b.ask(v) for v in range(5))), WAIT))
+
+    answers = asyncio.run(main())
+    for value, got in enumerate(answers):
+        np.testing.assert_array_equal(got, answer(value))
+    assert model.most == 1, "contending calls ran side by side"
+
+
+def test_unbatched_calls_that_overlap_freely_keep_running_side_by_side(
+    bench: Callable[..., Bench], monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setattr(Contention, "MIN_CALLS", 3)
+    model = Concurrency(contended=False)
+    b = bench(None, model)
+
+    async def main() -> None:
+        await teach(b, model)
+        await asyncio.wait_for(asyncio.gather(*(b.ask(v) for v in range(4))), WAIT)
+
+    asyncio.run(main())
+    assert model.most >= 2
+
+
+def test_a_request_waiting_its_turn_whose_caller_gives_up_leaves_without_running(
+    bench: Callable[..., Bench], monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setattr(Contention, "MIN_CALLS", 3)
+    monkeypatch.setattr(Contention, "CONTENDED", 1.2)  # pairs take turns: 20 and 40 ms, 1.5 times a call alone
+    model = Concurrency()
+    b = bench(None, model)
+
+    async def main() -> None:
+        await teach(b, model)
+        model.calls.clear()
+        model.hold()
+        running = asyncio.ensure_future(b.ask(1))
+        await until(lambda: model.calls == [[1]], "the first call at the gate")
+        interest = Interest()
+        given_up = asyncio.ensure_future(b.ask(2, interest=interest))
+        third = asyncio.ensure_future(b.ask(3))
+        await asyncio.sleep(0.05)
+        assert model.calls == [[1]], "a call started beside a contending one"
+        interest.give_up(ServingError(Code.CANCELLED, "Cancelled"))
+        with pytest.raises(ServingError, match="Cancelled"):
+            await asyncio.wait_for(given_up, WAIT)
+        model.gate.set()
+        await asyncio.wait_for(asyncio.gather(running, third), WAIT)
+
+    asyncio.run(main())
+    assert model.calls == [[1], [3]], "the request given up ran, or the next did not get its turn"

@@ -110,3 +110,45 @@ class CostCurve:
             return False
         beside = self.line_beside()
         return beside is not None and beside[0] >= self.CONTENDED * alone[0]
+
+
+class Contention:
+    """Whether one signature's unbatched calls slow each other down when they run at once: the mean seconds of the
+    calls that ran alone against those that ran beside another (exponentially weighted, as :class:`CostCurve`).
+
+    Requests with batching off each run their own call, on as many threads as are free. A model whose calls hold
+    the GIL or every core (a random forest in scikit-learn) then runs several calls at once each several times
+    slower, for no more answers a second, and every request waits the longer: once that is seen, its calls take
+    turns instead (:meth:`contended`). Calls under :data:`MIN_SECONDS` never do: for them a turn's hand-off costs
+    more than the overlap.
+    """
+
+    DECAY = 0.95
+    MIN_CALLS = 8
+    MIN_SECONDS = 0.001
+    CONTENDED = 1.5
+
+    __slots__ = ("_alone", "_beside", "_alone_calls", "_beside_calls")
+
+    def __init__(self) -> None:
+        self._alone = self._beside = 0.0
+        self._alone_calls = self._beside_calls = 0
+
+    def record(self, seconds: float, beside: bool) -> None:
+        # The plain mean of the first calls, then the weighted one: a first odd call does not linger.
+        if beside:
+            self._beside_calls += 1
+            share = max(1.0 / self._beside_calls, 1.0 - self.DECAY)
+            self._beside += (seconds - self._beside) * share
+        else:
+            self._alone_calls += 1
+            share = max(1.0 / self._alone_calls, 1.0 - self.DECAY)
+            self._alone += (seconds - self._alone) * share
+
+    def contended(self) -> bool:
+        return (
+            self._alone_calls >= self.MIN_CALLS
+            and self._beside_calls >= self.MIN_CALLS
+            and self._alone >= self.MIN_SECONDS
+            and self._beside >= self.CONTENDED * self._alone
+        )

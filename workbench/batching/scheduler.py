@@ -52,7 +52,7 @@ import numpy as np
 from workbench import platforms
 from workbench.batching.interest import CURRENT_INTEREST, BatchTask, Interest, deadline_exceeded
 from workbench.batching.merge import Feed, Outputs, batch_key, check_batched_outputs, merge, padded_size, split
-from workbench.batching.run_cost import CostCurve, RunCost
+from workbench.batching.run_cost import Contention, CostCurve, RunCost
 from workbench.batching.threads import caller
 from workbench.config.batching_parameters import BatchingParameters
 from workbench.core.errors import Code, ServingError, from_exception
@@ -103,12 +103,17 @@ class _SignatureState:
     """What the scheduler knows of one signature of a servable; it outlives the queues (one is dropped whenever it
     empties), not the servable."""
 
-    __slots__ = ("cost", "curve", "last_batch_tasks")
+    __slots__ = ("cost", "curve", "last_batch_tasks", "contention", "alone_running", "alone_overlapped", "turns")
 
     def __init__(self, cost: RunCost) -> None:
         self.cost = cost
         self.curve = CostCurve()  # what its batches cost by size: whether a second concurrent batch should wait
         self.last_batch_tasks = 0  # requests the last batch ran together: more than one, the model is under load
+        # Unbatched calls: whether they slow each other down, how many run, and those waiting for their turn.
+        self.contention = Contention()
+        self.alone_running = 0
+        self.alone_overlapped = False
+        self.turns: collections.deque[BatchTask] = collections.deque()
 
 
 class _Queue:
@@ -257,13 +262,20 @@ class BatchScheduler:
         A task of its own, never queued, so that its caller's deadline answers it early and its interest knows
         when the thread has returned, exactly as for a batched request.
         """
-        cost = self._know(servable, signature).cost
+        known = self._know(servable, signature)
+        cost = known.cost
         if cost.inline:
             result, seconds = self._run_alone(servable, signature, feed, outputs)
             cost.record(seconds, True)
             return result
         if interest is not None and interest.error is not None:  # its caller already gave up
             raise interest.error
+        if known.alone_running and known.contention.contended():
+            await self._turn(loop, known, interest)  # its calls slow each other down: one at a time
+        else:
+            known.alone_running += 1
+        if known.alone_running > 1:
+            known.alone_overlapped = True
         task = BatchTask(feed, 0, (), loop.create_future(), 0.0, None, interest)
         if interest is not None:
             interest._add(task)  # noqa: SLF001
@@ -271,19 +283,56 @@ class BatchScheduler:
         try:
             self._call(
                 self._alone_on_thread,
-                *(loop, task, cost, servable, signature, feed, outputs),
-                dropped=functools.partial(self._alone_dropped, loop, task),
+                *(loop, task, known, servable, signature, feed, outputs),
+                dropped=functools.partial(self._alone_dropped, loop, task, known),
             )
         except BaseException:  # the executor is shut down
             task.finished()
+            self._alone_ended(known, None)
             raise
         return await task.future
+
+    @staticmethod
+    async def _turn(loop: asyncio.AbstractEventLoop, known: _SignatureState, interest: Interest | None) -> None:
+        """Wait until no other unbatched call of the signature runs (the one ending hands its turn over: the count of
+        running calls is already this one's). A waiter whose caller gives up (deadline, cancellation) leaves."""
+        waiting = BatchTask({}, 0, (), loop.create_future(), 0.0, None, interest)
+        if interest is not None:
+            interest._add(waiting)  # noqa: SLF001 - a deadline or a cancellation withdraws it
+        known.turns.append(waiting)
+        try:
+            await waiting.future
+        except BaseException:
+            waiting.queued = False
+            if waiting.future.done() and not waiting.future.cancelled() and waiting.future.exception() is None:
+                known.alone_running -= 1  # handed the turn just as its caller gave up: pass it on
+                BatchScheduler._next_turn(known)
+            raise
+
+    @staticmethod
+    def _next_turn(known: _SignatureState) -> None:
+        while known.turns:
+            waiting = known.turns.popleft()
+            if waiting.queued and not waiting.future.done():
+                waiting.queued = False
+                known.alone_running += 1
+                waiting.future.set_result({})
+                return
+
+    def _alone_ended(self, known: _SignatureState, seconds: float | None) -> None:
+        """An unbatched call returned (``seconds`` long; None: it never ran): record it, and give the next its turn."""
+        beside = known.alone_running > 1 or known.alone_overlapped
+        known.alone_running -= 1
+        known.alone_overlapped = known.alone_running > 0
+        if seconds is not None:
+            known.contention.record(seconds, beside)
+        self._next_turn(known)
 
     def _alone_on_thread(
         self,
         loop: asyncio.AbstractEventLoop,
         task: BatchTask,
-        cost: RunCost,
+        known: _SignatureState,
         servable: Servable,
         signature: Signature,
         feed: Feed,
@@ -295,11 +344,13 @@ class BatchScheduler:
         except BaseException as exc:  # noqa: BLE001 - the caller's to raise
             outcome = exc
         with contextlib.suppress(RuntimeError):  # the loop is closed (the server stopped): nobody waits any more
-            loop.call_soon_threadsafe(self._alone_done, task, cost, outcome)
+            loop.call_soon_threadsafe(self._alone_done, task, known, outcome)
 
-    @staticmethod
-    def _alone_done(task: BatchTask, cost: RunCost | None, outcome: tuple[Outputs, float] | BaseException) -> None:
+    def _alone_done(
+        self, task: BatchTask, known: _SignatureState, outcome: tuple[Outputs, float] | BaseException
+    ) -> None:
         future = task.future
+        seconds = None
         if isinstance(outcome, asyncio.CancelledError):
             future.cancel()
         elif isinstance(outcome, BaseException):
@@ -307,16 +358,16 @@ class BatchScheduler:
                 future.set_exception(outcome)
         else:
             result, seconds = outcome
-            if cost is not None:
-                cost.record(seconds, False)
+            known.cost.record(seconds, False)
             if not future.done():
                 future.set_result(result)
         task.finished()
+        self._alone_ended(known, seconds)
 
-    def _alone_dropped(self, loop: asyncio.AbstractEventLoop, task: BatchTask) -> None:
+    def _alone_dropped(self, loop: asyncio.AbstractEventLoop, task: BatchTask, known: _SignatureState) -> None:
         """The executor dropped the call unrun (it shut down): its caller gets the cancellation."""
         with contextlib.suppress(RuntimeError):  # the loop is closed too
-            loop.call_soon_threadsafe(self._alone_done, task, None, asyncio.CancelledError())
+            loop.call_soon_threadsafe(self._alone_done, task, known, asyncio.CancelledError())
 
     def _run_alone(
         self, servable: Servable, signature: Signature, feed: Feed, outputs: Sequence[str]
