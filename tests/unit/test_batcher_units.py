@@ -747,6 +747,13 @@ def test_unbatched_calls_contend_only_when_overlapping_makes_them_slower_and_the
     assert not contention(0.004, 0.0044).contended()  # they overlap freely
     assert not contention(0.0002, 0.002).contended()  # cheap calls: a turn's hand-off costs more than the overlap
     assert not contention(0.004, 0.012, calls=Contention.MIN_CALLS - 1).contended()  # not seen enough yet
+    under_load_from_the_start = Contention()
+    for _ in range(Contention.MIN_CALLS):
+        under_load_from_the_start.record(0.012, beside=True)
+    assert under_load_from_the_start.takes_turns() and not under_load_from_the_start.contended()
+    for _ in range(Contention.MIN_CALLS):
+        under_load_from_the_start.record(0.004, beside=False)  # the calls that took turns ran alone
+    assert under_load_from_the_start.contended()
 
 
 class Concurrency(Contended):
@@ -780,7 +787,7 @@ async def teach(b: Bench, model: Concurrency) -> None:
     """Unbatched calls alone, then in pairs side by side, until the contention is known."""
     for value in range(Contention.MIN_CALLS):
         await asyncio.wait_for(b.ask(value), WAIT)
-    for value in range(Contention.MIN_CALLS):
+    for value in range(Contention.MIN_CALLS + 1):
         entered = model.entered
         first = asyncio.ensure_future(b.ask(value))
         await until(lambda: model.entered > entered, "the first of the pair running")  # noqa: B023

@@ -145,6 +145,12 @@ class Contention:
             share = max(1.0 / self._alone_calls, 1.0 - self.DECAY)
             self._alone += (seconds - self._alone) * share
 
+    def takes_turns(self) -> bool:
+        """Whether the next call should wait until no other runs: its calls contend, or they are still to be seen
+        alone (a model under load from its first request has only calls side by side to go by: a few take turns,
+        and it is known)."""
+        return self.contended() or (self._beside_calls >= self.MIN_CALLS and self._alone_calls < self.MIN_CALLS)
+
     def contended(self) -> bool:
         return (
             self._alone_calls >= self.MIN_CALLS

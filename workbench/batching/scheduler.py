@@ -270,7 +270,7 @@ class BatchScheduler:
             return result
         if interest is not None and interest.error is not None:  # its caller already gave up
             raise interest.error
-        if known.alone_running and known.contention.contended():
+        if known.alone_running and known.contention.takes_turns():
             await self._turn(loop, known, interest)  # its calls slow each other down: one at a time
         else:
             known.alone_running += 1
