@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from workbench.config.options import ServerOptions
-from workbench.config.serve_options import FlagError, serve_options
+from workbench.config.serve_options import FlagError, resolve_model_runners, serve_options
 from workbench.config.server_flags import FLAGS, serve_flag_words, serve_parser
 
 # Fields no flag sets by itself: --host binds both ports, the token and the number of workers are resolved.
@@ -79,3 +79,26 @@ def test_a_flag_knows_its_earlier_spellings() -> None:
     assert serve_options(["--repo=models", "--rest_port=8501"]) == serve_options(
         ["--model_repository=models", "--rest_api_port=8501"]
     )
+
+
+@pytest.mark.parametrize(
+    ("value", "workers", "gpus", "runners"),
+    [
+        ("auto", 4, "0,1", 2),  # a runner per GPU
+        ("auto", 4, "", 0),  # no GPU: shared-nothing workers
+        ("auto", 1, "0", 0),  # one worker serves in one process
+        ("in_process", 4, "0", 0),
+        ("3", 1, "", 3),  # asked for: also with one worker, also without GPUs
+    ],
+)
+def test_model_runners_are_one_per_gpu_by_default_and_as_many_as_asked(
+    monkeypatch: pytest.MonkeyPatch, value: str, workers: int, gpus: str, runners: int
+) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", gpus)
+    assert resolve_model_runners(value, workers) == runners
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "many"])
+def test_model_runners_refuses_what_is_not_a_count(value: str) -> None:
+    with pytest.raises(ValueError, match="--model_runners"):
+        resolve_model_runners(value, 2)

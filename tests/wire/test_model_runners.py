@@ -1,4 +1,5 @@
-"""Frontends and model runners as real processes: ``workbench serve --num_workers 2`` with its model runner.
+"""Frontends and model runners as real processes: ``workbench serve --num_workers 2 --model_runners 1`` (the default
+on a machine with a GPU is a runner per GPU; on CPUs alone, none).
 
 The model is a Python model that writes down what happens to it: each load (with its process id), each batch's
 size, and, while the file ``gate`` exists, it holds every call (writing ``holding``), so a test can keep requests
@@ -139,7 +140,7 @@ def serve(tmp_path: Path, *flags: str, prepare: Callable[[Path], object] = lambd
 
 @pytest.fixture
 def with_runner(tmp_path: Path) -> Iterator[Served]:
-    yield from serve(tmp_path, "--num_workers=2")
+    yield from serve(tmp_path, "--num_workers=2", "--model_runners=1")
 
 
 def worker_pids(served: Served) -> set[int]:
@@ -183,7 +184,7 @@ def test_the_runner_warms_a_version_up_once_whatever_the_workers(tmp_path):
     def warmup_file(version: Path) -> None:
         models.write_warmup_file(version, [models.predict_log("m", {"x": np.array([[1], [2], [3]], np.float32)})])
 
-    for served in serve(tmp_path, "--num_workers=2", prepare=warmup_file):
+    for served in serve(tmp_path, "--num_workers=2", "--model_runners=1", prepare=warmup_file):
         assert served.lines("batches") == ["3"]  # the warmup request, replayed in the runner before it served
         assert served.predict(1.0).json()["predictions"][0]["y"] == [2.0]
 

@@ -231,7 +231,8 @@ def test_a_killed_worker_is_restarted(two_workers):
     assert all(grpc_predict(ready)[1] == 3.5 for _ in range(CONNECTIONS))
 
 
-def test_sigterm_under_load_drains_every_worker_and_loses_no_accepted_request(gated, tmp_path):  # noqa: F811
+@pytest.mark.parametrize("runners", ["in_process", "1"])  # workers on their own, and workers feeding a runner
+def test_sigterm_under_load_drains_every_worker_and_loses_no_accepted_request(gated, tmp_path, runners):  # noqa: F811
     base = gated_repo(gated, tmp_path / "gated")
     ports = Ports(free_port(), free_port())
     ready = tmp_path / "ready.json"
@@ -240,6 +241,7 @@ def test_sigterm_under_load_drains_every_worker_and_loses_no_accepted_request(ga
         tmp_path / "cwd",
         *ports.flags(),
         "--num_workers=2",
+        f"--model_runners={runners}",
         "--num_inference_threads=8",  # every client's request runs, held at the gate, whichever worker has it
         "--model_name=gated",
         f"--model_base_path={base}",

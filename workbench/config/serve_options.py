@@ -76,7 +76,10 @@ def resolve_model_runners(value: str, num_workers: int) -> int:
     if word == "in_process":
         return 0
     if word == "auto":
-        return max(1, len(visible_gpus())) if num_workers > 1 else 0
+        # A runner per GPU: one copy of each model on each device, fed by every worker. On CPUs alone the workers
+        # stay shared-nothing: measured there, a runner's extra hop and process cost more than its fuller batches
+        # (benchmarks/runners.py, benchmarks/request_path.py, gpu.py's CPU rows), and each worker's copy uses its cores.
+        return len(visible_gpus()) if num_workers > 1 else 0
     try:
         count = int(word)
     except ValueError:

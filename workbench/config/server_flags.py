@@ -278,8 +278,8 @@ SERVE_FLAGS: tuple[FlagGroup, ...] = (
             # A number or 'auto': resolved (and checked) by check_serve_flags.
             ServeFlag(
                 "num_workers",
-                "frontend processes sharing the ports ('auto': one per core); above 1, they hand requests to model "
-                "runners (--model_runners), which hold one copy of each model and batch what every worker sends",
+                "worker processes sharing the ports ('auto': one per core); with model runners (--model_runners, by "
+                "default one per GPU) they hand requests to them, else each loads the models and batches on its own",
                 "N",
                 default="1",
                 option=None,
@@ -287,9 +287,9 @@ SERVE_FLAGS: tuple[FlagGroup, ...] = (
             # 'auto', 'in_process' or a number: resolved (and checked) by check_serve_flags.
             ServeFlag(
                 "model_runners",
-                "processes that hold the models and run their batches for every worker ('auto': one per GPU, or one "
-                "without GPUs, when --num_workers is above 1; 'in_process': each worker loads and batches on its own, "
-                "as with one process); a number starts that many, each holding every model",
+                "processes that hold the models and run their batches for every worker ('auto': one per GPU when "
+                "--num_workers is above 1, none on a machine without GPUs; 'in_process': none, each worker loads and "
+                "batches on its own); a number starts that many, each holding every model, also without GPUs",
                 "N",
                 default="auto",
                 option=None,

@@ -13,14 +13,14 @@ writes the ready file once every worker is ready, restarts a worker that dies (l
 keeps dying), and on SIGTERM or SIGINT has every worker drain as one process does, then exits 0. A second signal
 is passed on: the workers exit at once, and so does the supervisor (128 + the signal's number).
 
-With model runners (``--model_runners``, by default one per GPU, or one, whenever N is above 1), the workers are
-frontends: they answer the wire and route, and hand each request to a runner, which holds every model version once
+With model runners (``--model_runners``: by default one per GPU when N is above 1, none without GPUs), the workers
+are frontends: they answer the wire and route, and hand each request to a runner, which holds every model version once
 and batches what all workers send it (:mod:`workbench.runners`). The supervisor starts the runners first (each
 ``workbench serve ... --runner_of=RUN_DIR --runner_index=I``, GPU I's only with CUDA_VISIBLE_DEVICES), the workers
 once the runners listen; it restarts a runner that dies as it restarts a worker (the workers fail what was in
 flight on it with UNAVAILABLE and load their versions again once it is back), and stops the runners after the
-workers drained. With ``--model_runners=in_process`` the workers are shared-nothing: each loads the models and
-batches on its own.
+workers drained. Without runners (no GPU, or ``--model_runners=in_process``) the workers are shared-nothing: each
+loads the models and batches on its own.
 
 Each worker's TensorFlow thread pools (and OpenMP's, for the other frameworks) get cores // N threads, so N workers
 do not fight over the cores (with runners, each runner gets cores // runners); variables already set in the
