@@ -845,7 +845,8 @@ def test_a_request_waiting_its_turn_whose_caller_gives_up_leaves_without_running
         interest = Interest()
         given_up = asyncio.ensure_future(b.ask(2, interest=interest))
         third = asyncio.ensure_future(b.ask(3))
-        await asyncio.sleep(0.05)
+        known = next(iter(b.scheduler._known[model].values()))  # noqa: SLF001 - its turns queue
+        await until(lambda: len(known.turns) == 2, "both waiting their turn")
         assert model.calls == [[1]], "a call started beside a contending one"
         interest.give_up(ServingError(Code.CANCELLED, "Cancelled"))
         with pytest.raises(ServingError, match="Cancelled"):

@@ -37,12 +37,6 @@ def test_freed_neighbours_merge_so_a_large_block_fits_again(arena):
     assert arena.allocate(1 << 20) == 0
 
 
-def test_free_all_forgets_every_block(arena):
-    arena.allocate(1000)
-    arena.free_all()
-    assert arena.used_bytes == 0 and arena.allocate(1 << 20) == 0
-
-
 def test_a_peer_maps_the_same_memory_through_the_socket(arena):
     left, right = socket.socketpair()
     with left, right:

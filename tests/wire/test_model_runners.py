@@ -207,8 +207,10 @@ def test_a_deadline_passed_in_the_runners_queue_never_runs(with_runner):
             assert time.monotonic() - started < 10
         served.open_gate()
         assert held.result().status_code == 200
-    time.sleep(0.5)  # had the expired request reached the model, its batch would be written by now
-    assert served.lines("batches") == ["1"]
+    # One batch thread takes the runner's queue in order: had the expired request stayed in it, it would have run
+    # before (or with) the next one, which is answered only after it.
+    assert served.predict(4.0).json()["predictions"][0]["y"] == [8.0]
+    assert served.lines("batches") == ["1", "1"]
 
 
 def test_a_killed_runner_fails_what_was_in_flight_at_once_and_serves_again_once_restarted(with_runner):

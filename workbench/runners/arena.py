@@ -66,10 +66,6 @@ class Arena:
             starts.insert(i, offset)
             sizes[offset] = size
 
-    def free_all(self) -> None:
-        """Every block free again (the peer that read them is gone)."""
-        self._free_starts, self._free_sizes, self._used = [0], {0: self.size}, {}
-
     @property
     def used_bytes(self) -> int:
         return sum(self._used.values())
