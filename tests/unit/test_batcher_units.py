@@ -27,6 +27,7 @@ import numpy as np
 import pytest
 from fakes import FakeServable, X, Y
 
+from workbench.batching import run_cost
 from workbench.batching.interest import Interest, deadline_exceeded
 from workbench.batching.merge import merge, padded_size, split
 from workbench.batching.run_cost import Contention, CostCurve, RunCost
@@ -604,6 +605,72 @@ def test_only_a_cheap_call_of_an_inline_platform_moves_onto_the_event_loop(
     assert on_loop == [False] * settle + [may_inline] * (count - settle), servable.threads
     assert all(name.startswith(THREAD_PREFIX) for name, here in zip(servable.threads, on_loop, strict=True) if not here)
     assert b.shapes() == [(1, 1, 1)] * count, "a call on the loop is recorded as one on a thread is"
+
+
+class FakeClock:
+    """time.monotonic as the test sets it."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    fake = FakeClock()
+    monkeypatch.setattr(run_cost, "time", fake)
+    return fake
+
+
+def test_a_call_cheap_in_cpu_but_slowed_by_the_gil_makes_the_next_call_a_probe_on_the_loop(clock: FakeClock):
+    # Under load from the first request, a thread's wall time is mostly its wait for the GIL: never under budget.
+    budget = RunCost.INLINE_BUDGET_SECONDS
+    cost = RunCost()
+    cost.record(budget * 10, on_loop=False)  # no CPU time measured: nothing to go on
+    assert not cost.runs_on_loop()
+    cost.record(budget * 10, on_loop=False, cpu_seconds=budget / 4)
+    assert cost.runs_on_loop() and not cost.inline, "a probe, not yet the calls"
+    cost.record(budget / 2, on_loop=True)  # the probe, timed on the loop: cheap
+    assert cost.inline and cost.runs_on_loop()
+
+
+def test_a_probe_over_budget_sends_the_calls_back_and_the_next_probe_waits_twice_as_long_each_time(clock: FakeClock):
+    budget, first = RunCost.INLINE_BUDGET_SECONDS, RunCost.FIRST_PROBE_WAIT_SECONDS
+    cost = RunCost()
+    waits = []
+    for _ in range(8):
+        cost.record(budget * 10, on_loop=False, cpu_seconds=budget / 4)  # its work ran on the framework's threads
+        assert cost.runs_on_loop()
+        cost.record(budget * 5, on_loop=True)  # the probe shows the whole call: over budget
+        assert not cost.inline
+        cost.record(budget * 10, on_loop=False, cpu_seconds=budget / 4)
+        started = clock.now
+        while not cost.runs_on_loop():
+            clock.now += first / 4
+        waits.append(clock.now - started)
+    assert waits[:4] == [first, 2 * first, 4 * first, 8 * first]
+    assert waits[-1] == RunCost.LAST_PROBE_WAIT_SECONDS
+    cost.record(budget / 2, on_loop=True)  # cheap at last (a smaller batch, a quieter machine): back on the loop
+    assert cost.inline
+    cost.record(budget * 5, on_loop=True)
+    cost.record(budget * 10, on_loop=False, cpu_seconds=budget / 4)
+    clock.now += first
+    assert cost.runs_on_loop(), "a cheap probe started the waits over"
+
+
+def test_no_probe_for_a_call_that_waited_long_or_used_its_cpu_or_whose_platform_may_wait_on_io(clock: FakeClock):
+    budget = RunCost.INLINE_BUDGET_SECONDS
+    waited = RunCost()  # little CPU, a long wall time: a wait on I/O rather than for the GIL
+    waited.record(RunCost.PROBE_WALL_LIMIT_SECONDS * 2, on_loop=False, cpu_seconds=budget / 10)
+    busy = RunCost()
+    busy.record(budget * 10, on_loop=False, cpu_seconds=budget * 2)
+    user_code = RunCost(allowed=False)
+    user_code.record(budget * 10, on_loop=False, cpu_seconds=budget / 10)
+    for _ in range(RunCost.SETTLE_RUNS):
+        user_code.record(budget / 10, on_loop=False, cpu_seconds=budget / 10)
+    assert not any(cost.runs_on_loop() for cost in (waited, busy, user_code))
 
 
 # ====================================================================================== the cost curve

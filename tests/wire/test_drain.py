@@ -70,6 +70,11 @@ def gated_model(tmp_path_factory: pytest.TempPathFactory) -> Gate:
     return gate
 
 
+# The gated model's calls wait on a file (I/O): a server must keep them on its inference threads, as its
+# --inline_cheap_calls help says, or the first held call would hold the event loop and every request with it.
+ON_THREADS = "--inline_cheap_calls=false"
+
+
 @pytest.fixture
 def gated(gated_model: Gate) -> Iterator[Gate]:
     """The gated model, its gate open again after the test whatever happened."""
@@ -242,6 +247,7 @@ def test_sigterm_under_load_loses_no_accepted_request(gated, run_workbench, tmp_
     wb = run_workbench(
         *ports.flags(),
         "--model_name=gated",
+        ON_THREADS,
         f"--model_base_path={base}",
         "--enable_batching",
         f"--batching_parameters_file={batching}",
@@ -299,6 +305,7 @@ def test_readiness_turns_false_before_the_ports_close_and_a_second_signal_exits(
     wb = run_workbench(
         *ports.flags(),
         "--model_name=gated",
+        ON_THREADS,
         f"--model_base_path={base}",
         "--drain_delay_seconds=500",  # far longer than this test: the second signal must cut it short
         "--drain_seconds=600",
@@ -349,7 +356,9 @@ def test_probes_from_start_up_until_every_model_has_a_version(gated, run_workben
     config.write_text(model_config_text(("gated", gated_base, ""), ("late", late_base, "")))
     ports = Ports(free_port(), free_port())
     gated.close()
-    wb = run_workbench(*ports.flags(), f"--model_config_file={config}", "--file_system_poll_wait_seconds=0.2")
+    wb = run_workbench(
+        *ports.flags(), f"--model_config_file={config}", "--file_system_poll_wait_seconds=0.2", ON_THREADS
+    )
 
     # Loading at start-up (held by the gate): alive, not ready, and the status API says what TF Serving's does.
     wait_until(answering(wb, lambda: gated.held() == 1), START_DEADLINE_S, 0.1, "the warmup request held")
@@ -384,7 +393,7 @@ def test_a_signal_while_models_load_at_start_up_exits_at_once(gated, run_workben
     base = gated_repo(gated, tmp_path / "gated", warmup=True)
     ports = Ports(free_port(), free_port())
     gated.close()
-    wb = run_workbench(*ports.flags(), "--model_name=gated", f"--model_base_path={base}")
+    wb = run_workbench(*ports.flags(), "--model_name=gated", f"--model_base_path={base}", ON_THREADS)
     wait_until(answering(wb, lambda: gated.held() == 1), START_DEADLINE_S, 0.1, "the warmup request held")
     wb.proc.send_signal(signal.SIGINT)
     assert wb.wait(60) == 0, wb.stderr[-3000:]  # the gate stays closed: nothing waited for the load

@@ -22,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 from test_cli import START_DEADLINE_S, Workbench, free_port
 from test_drain import (  # noqa: F401 - gated_model and gated are fixtures
+    ON_THREADS,
     Client,
     GrpcClient,
     Ports,
@@ -244,6 +245,7 @@ def test_sigterm_under_load_drains_every_worker_and_loses_no_accepted_request(ga
         f"--model_runners={runners}",
         "--num_inference_threads=8",  # every client's request runs, held at the gate, whichever worker has it
         "--model_name=gated",
+        ON_THREADS,
         f"--model_base_path={base}",
         "--drain_seconds=300",
         f"--ready_file={ready}",

@@ -135,6 +135,11 @@ class Interest:
             if not task.future.done():
                 task.future.set_exception(error)
 
+    def expire(self) -> None:
+        """:meth:`answer_early` with DEADLINE_EXCEEDED: the deadline timer's callback (the error is built only for a
+        request whose deadline passes, not for every request that sets one)."""
+        self.answer_early(deadline_exceeded())
+
     def when_idle(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` once no run of its tasks is left (at once when none is running)."""
         if self.running == 0:

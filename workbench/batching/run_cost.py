@@ -2,37 +2,68 @@
 
 from __future__ import annotations
 
+import time
+
 
 class RunCost:
     """Whether one signature's calls are cheap enough to run on the event loop rather than on a thread.
 
     Calls start on the inference threads. There a call's wall time also counts its wait for the GIL (long while
     the loop is busy, which is when this matters), so a slow call there proves nothing, and :data:`SETTLE_RUNS`
-    calls under :data:`INLINE_BUDGET_SECONDS` prove the model cheap. On the loop a call's time is its own: one
-    over the budget (a bigger batch, a model grown slow, the machine busy) sends the calls back to the threads
-    until they prove cheap again. Only platforms described ``inline`` qualify at all
+    calls under :data:`INLINE_BUDGET_SECONDS` prove the model cheap. A model under load from its first request
+    may never show such a call; where a call's own CPU time on its thread was within budget while its wall time
+    was not, but stayed under :data:`PROBE_WALL_LIMIT_SECONDS` (what waits for the GIL take, not a wait on I/O),
+    the next call is a *probe*: it runs on the loop and is timed there. On the loop a call's time is its
+    own: one within budget keeps (or puts) the calls there, one over the budget (a bigger batch, a model grown
+    slow, the machine busy, work done on the framework's own threads, which a thread's CPU time does not see)
+    sends them back to the threads until they prove cheap again, and the next probe waits
+    :data:`FIRST_PROBE_WAIT_SECONDS`, twice as long after each probe that failed, up to
+    :data:`LAST_PROBE_WAIT_SECONDS`. Only platforms described ``inline`` qualify at all
     (:data:`workbench.platforms.INLINE_PLATFORMS`).
     """
 
     INLINE_BUDGET_SECONDS = 200e-6  # one call on the loop delays every other request by this much at most
     SETTLE_RUNS = 8
+    FIRST_PROBE_WAIT_SECONDS = 1.0
+    LAST_PROBE_WAIT_SECONDS = 60.0
+    PROBE_WALL_LIMIT_SECONDS = 5e-3
 
-    __slots__ = ("inline", "_cheap_runs", "_allowed")
+    __slots__ = ("inline", "_cheap_runs", "_allowed", "_maybe_cheap", "_next_probe", "_probe_wait")
 
     def __init__(self, allowed: bool = True) -> None:
         self.inline = False
         self._cheap_runs = 0
         self._allowed = allowed
+        self._maybe_cheap = False  # a call on a thread used little CPU: worth timing one on the loop
+        self._next_probe = 0.0  # time.monotonic() from which a probe may run
+        self._probe_wait = self.FIRST_PROBE_WAIT_SECONDS
 
-    def record(self, seconds: float, on_loop: bool) -> None:
-        """One call took ``seconds`` (wall time), on the loop or on a thread."""
+    def record(self, seconds: float, on_loop: bool, cpu_seconds: float | None = None) -> None:
+        """One call took ``seconds`` (wall time), on the loop or on a thread; ``cpu_seconds`` is a thread's own
+        CPU time for the call, where measured."""
         cheap = seconds < self.INLINE_BUDGET_SECONDS
         if on_loop:
-            if not cheap:
-                self.inline, self._cheap_runs = False, 0
-        elif cheap and self._allowed:
-            self._cheap_runs += 1
-            self.inline = self._cheap_runs >= self.SETTLE_RUNS
+            if cheap:
+                self.inline = self._allowed
+                self._probe_wait = self.FIRST_PROBE_WAIT_SECONDS
+            else:
+                self.inline, self._cheap_runs, self._maybe_cheap = False, 0, False
+                self._next_probe = time.monotonic() + self._probe_wait
+                self._probe_wait = min(2 * self._probe_wait, self.LAST_PROBE_WAIT_SECONDS)
+        elif self._allowed:
+            if cheap:
+                self._cheap_runs += 1
+                self.inline = self._cheap_runs >= self.SETTLE_RUNS
+            elif (
+                cpu_seconds is not None
+                and cpu_seconds < self.INLINE_BUDGET_SECONDS
+                and seconds < self.PROBE_WALL_LIMIT_SECONDS
+            ):
+                self._maybe_cheap = True
+
+    def runs_on_loop(self) -> bool:
+        """Whether the next call runs on the loop: the calls are there, or it is a probe that is due."""
+        return self.inline or (self._maybe_cheap and time.monotonic() >= self._next_probe)
 
 
 class _Line:

@@ -147,8 +147,9 @@ class BatchScheduler:
         inline_cheap_models: bool = False,
     ) -> None:
         """``inline_cheap_models`` lets models that proved cheap run on the event loop (:class:`RunCost`). Off by
-        default: a model whose calls are cheap until one is not (a data-dependent loop, a wait on I/O) would hold the
-        loop, and every request and probe with it, for that whole call."""
+        default here (a model whose calls are cheap until one is not holds the loop, and every request and probe
+        with it, for that one call); `workbench serve` turns it on for the native platforms, whose calls never wait
+        on I/O."""
         self._inline_cheap_models = inline_cheap_models
         self._call = caller(executor)
         self._params_for = params_for
@@ -264,7 +265,7 @@ class BatchScheduler:
         """
         known = self._know(servable, signature)
         cost = known.cost
-        if cost.inline:
+        if cost.runs_on_loop():
             result, seconds = self._run_alone(servable, signature, feed, outputs)
             cost.record(seconds, True)
             return result
@@ -339,15 +340,21 @@ class BatchScheduler:
         outputs: Sequence[str],
     ) -> None:
         """On an inference thread: one call, its outcome handed straight to the loop."""
+        cpu_started = time.thread_time()
         try:
             outcome: tuple[Outputs, float] | BaseException = self._run_alone(servable, signature, feed, outputs)
         except BaseException as exc:  # noqa: BLE001 - the caller's to raise
             outcome = exc
+        cpu_seconds = time.thread_time() - cpu_started
         with contextlib.suppress(RuntimeError):  # the loop is closed (the server stopped): nobody waits any more
-            loop.call_soon_threadsafe(self._alone_done, task, known, outcome)
+            loop.call_soon_threadsafe(self._alone_done, task, known, outcome, cpu_seconds)
 
     def _alone_done(
-        self, task: BatchTask, known: _SignatureState, outcome: tuple[Outputs, float] | BaseException
+        self,
+        task: BatchTask,
+        known: _SignatureState,
+        outcome: tuple[Outputs, float] | BaseException,
+        cpu_seconds: float | None = None,
     ) -> None:
         future = task.future
         seconds = None
@@ -358,7 +365,7 @@ class BatchScheduler:
                 future.set_exception(outcome)
         else:
             result, seconds = outcome
-            known.cost.record(seconds, False)
+            known.cost.record(seconds, False, cpu_seconds)
             if not future.done():
                 future.set_result(result)
         task.finished()
@@ -430,7 +437,7 @@ class BatchScheduler:
                 continue
             queue.known.last_batch_tasks = len(batch)
             started = time.perf_counter()
-            if queue.cost.inline:  # a cheap call: here and now (this loop turn goes on with the next batch)
+            if queue.cost.runs_on_loop():  # a cheap call: here and now (this loop turn goes on with the next batch)
                 try:
                     outcome: Ran | BaseException = self._execute(queue, batch)
                 except BaseException as exc:  # noqa: BLE001 - every caller of the batch gets the error
@@ -535,14 +542,16 @@ class BatchScheduler:
         """On an inference thread: run the batch and record it, then hand its outcome straight to the loop (one hop
         back). The record is made here, off the event loop that every request shares."""
         outcome: Ran | BaseException
+        cpu_started = time.thread_time()
         try:
             outcome = ran = self._execute(queue, batch)
         except BaseException as exc:  # noqa: BLE001 - every caller of the batch gets the error
             outcome = exc
         else:
             self._record(queue, batch, started, ran)
+        cpu_seconds = time.thread_time() - cpu_started
         with contextlib.suppress(RuntimeError):  # the loop is closed (the server stopped): nobody waits any more
-            loop.call_soon_threadsafe(self._finish, queue, batch, started, outcome)
+            loop.call_soon_threadsafe(self._finish, queue, batch, started, outcome, cpu_seconds)
 
     def _batch_dropped(
         self, loop: asyncio.AbstractEventLoop, queue: _Queue, batch: list[BatchTask], started: float
@@ -557,6 +566,7 @@ class BatchScheduler:
         batch: list[BatchTask],
         started: float,
         outcome: Ran | BaseException,
+        cpu_seconds: float | None = None,
     ) -> None:
         """A batch thread is done: answer its callers and start what waited for the thread."""
         # Whether another batch of the queue ran beside it (started before it ended): the cost curve keeps those
@@ -564,7 +574,7 @@ class BatchScheduler:
         beside = queue.running > 1 or queue.overlapped
         queue.running -= 1
         queue.overlapped = queue.running > 0  # those still running ran beside this one
-        self._deliver(queue, batch, started, outcome, on_loop=False, beside=beside)
+        self._deliver(queue, batch, started, outcome, on_loop=False, beside=beside, cpu_seconds=cpu_seconds)
         self._schedule(queue)
 
     def _deliver(
@@ -575,6 +585,7 @@ class BatchScheduler:
         outcome: Ran | BaseException,
         on_loop: bool,
         beside: bool = False,
+        cpu_seconds: float | None = None,
     ) -> None:
         """Answer every caller of ``batch`` with its rows (or the batch's error); a batch run on the loop is recorded
         here too (a thread records its own)."""
@@ -586,7 +597,7 @@ class BatchScheduler:
                 task.finished()
             return
         results, rows, run_seconds = outcome
-        queue.cost.record(run_seconds, on_loop)
+        queue.cost.record(run_seconds, on_loop, cpu_seconds)
         queue.known.curve.record(rows, run_seconds, beside)
         for task, result in zip(batch, results, strict=True):
             if task.future.done():

@@ -94,6 +94,9 @@ class ServerOptions:
     monitoring_config_file: str = ""
     allow_version_labels_for_unavailable_models: bool = False
     num_inference_threads: int = 0
+    # A native model's calls that prove cheap run on the event loop, not on a thread (RunCost); off for a model
+    # whose calls may wait on I/O, which would hold the loop meanwhile.
+    inline_cheap_calls: bool = True
     num_load_threads: int = 2
     # How long a request for a model whose first load is under way waits for it (0: answered at once, NOT_FOUND).
     wait_for_model_load_seconds: float = 60.0

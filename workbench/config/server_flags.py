@@ -264,6 +264,12 @@ SERVE_FLAGS: tuple[FlagGroup, ...] = (
             ServeFlag("grpc_max_message_bytes", "largest gRPC message received or sent", "BYTES"),
             ServeFlag("num_inference_threads", "threads running TensorFlow (0: twice the cores, at least 4)", "N"),
             ServeFlag(
+                "inline_cheap_calls",
+                "run a native model's calls (TensorFlow, scikit-learn, XGBoost, LightGBM, ONNX) on the event loop once "
+                "they prove cheap (under 200 us), saving each a hop to an inference thread; false keeps every call on "
+                "the threads, for a model whose calls may wait on I/O",
+            ),
+            ServeFlag(
                 "shared_memory_max_bytes",
                 "Triton's system shared memory: the most bytes the regions clients register may span together (0: "
                 "none)",

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from workbench.batching.interest import Interest, deadline_exceeded
+from workbench.batching.interest import Interest
 from workbench.batching.scheduler import Batcher
 from workbench.config.batching_parameters import BatchingParameters
 from workbench.core import inference
@@ -193,7 +193,7 @@ class Dataplane:
             return await self._run(call, servable.run_with(self._members, signature, feed, outputs), timeout)
         loop = asyncio.get_running_loop()
         interest = call._interest = Interest(timeout, loop)
-        expiry = loop.call_later(timeout, interest.answer_early, deadline_exceeded()) if timeout is not None else None
+        expiry = loop.call_later(timeout, interest.expire) if timeout is not None else None
         return await until_answered(self.scheduler.run(servable, signature, feed, outputs, interest), interest, expiry)
 
     @staticmethod

@@ -131,8 +131,13 @@ class ModelServer:
         # N workers share the cores: each takes its part of the default
         threads = options.num_inference_threads or max(4, 2 * (os.cpu_count() or 1) // max(1, options.num_workers))
         self._executor = InferenceThreads(threads, "workbench-infer")
+        # A native model answering in microseconds runs on the loop: the hop to a thread and back cost more than
+        # the call (REST half_plus_two, 32 clients: 1.3x the requests/s; benchmarks/request_path.py).
         self.scheduler = BatchScheduler(
-            self._executor, lambda servable: self.controlplane.batching_for(servable.name), listener=self._on_batch
+            self._executor,
+            lambda servable: self.controlplane.batching_for(servable.name),
+            listener=self._on_batch,
+            inline_cheap_models=options.inline_cheap_calls,
         )
         self.batcher: Batcher = (
             RunnerDispatch(self.scheduler, self.runners, self.controlplane.batching_for)

@@ -20,6 +20,7 @@ from starlette.applications import Starlette
 from workbench.config.options import ServerOptions
 from workbench.core.errors import Code, ServingError
 from workbench.frontends.grpc import ReadinessHealth, start_grpc_server
+from workbench.server.http_writes import CoalescingHttpProtocol
 
 log = logging.getLogger("workbench.server")  # the server's log lines, whichever of its modules writes them
 
@@ -101,7 +102,7 @@ class Ports:
             lifespan="off",
             log_config=None,
             access_log=False,
-            http="httptools",
+            http=CoalescingHttpProtocol,
             loop="none",
             timeout_keep_alive=30,
             **ssl_options,
