@@ -8,7 +8,9 @@ Side by side in one run, taking turns (each configuration measured in every roun
 - `workbench serve` with 1 worker in one process (``--model_runners=in_process``, the default for 1 worker);
 - 1 worker handing requests to 1 model runner (``--model_runners=1``);
 - 2 workers and 1 runner (the default for ``--num_workers=2``): batches form across both workers;
-- 2 shared-nothing workers (``--model_runners=in_process``), as ``--num_workers`` served before runners.
+- 2 shared-nothing workers (``--model_runners=in_process``), as ``--num_workers`` served before runners;
+- the first server again over REST (wrk, 64 connections, TF Serving's columnar JSON: 784 numbers a request), where
+  wrk is installed: a Python server's REST path costs less a request than its gRPC path.
 
 Load: gRPC, 64 requests in flight from h2load (Debian's nghttp2-client; 4 connections, so both workers get some),
 else from workbench's own generator in a process of its own, which takes more of the same cores. For each server:
@@ -44,6 +46,7 @@ from _common import (  # noqa: E402
     write_config,
 )
 from batching import h2load  # noqa: E402
+from peers import wrk_load  # noqa: E402
 
 from workbench.client.bench import grpc_predict_bytes  # noqa: E402
 
@@ -103,6 +106,23 @@ def measure(server: ServeProcess, duration: float, body: Path | None) -> dict[st
     return result
 
 
+REST_ROW = "1 worker, in process, REST (wrk)"
+
+
+def measure_rest(server: ServeProcess, duration: float, body: bytes, work: Path) -> dict[str, Any]:
+    """One wrk load of ``duration`` seconds over REST; the rate and the mean formed batch."""
+    before = server_counters(server.rest_url, "cnn")
+    url = f"{server.rest_url}/v1/models/cnn:predict"
+    measured = wrk_load(url, body, CLIENTS, max(1, round(duration)), 1, work)
+    result = {"rate": measured["requests_per_second"], "errors": measured["errors"], "p99_ms": measured["p99_ms"]}
+    examples, batches, failed = counters_since(server.rest_url, "cnn", before)
+    result["errors"] += failed
+    result["mean_batch"] = round(examples / batches, 2) if batches else None
+    if result["errors"]:
+        raise RuntimeError(f"{result['errors']} requests failed:\n{server.log()[-2000:]}")
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--duration", type=float, default=6.0, help="seconds per measurement")
@@ -130,9 +150,17 @@ def main() -> None:
                 payload = grpc_predict_bytes("cnn", image)
                 body.write_bytes(b"\x00" + struct.pack(">I", len(payload)) + payload)  # gRPC's message framing
             runs: dict[str, list[dict[str, Any]]] = {name: [] for name in servers}
+            rest_body = None
+            if shutil.which("wrk"):
+                image = np.random.default_rng(1).random((1, 784), dtype=np.float32)
+                rest_body = json.dumps({"inputs": {"images": image.tolist()}}).encode()
+                runs[REST_ROW] = []
             for _ in range(args.rounds):
                 for name, server in servers.items():
                     runs[name].append(measure(server, args.duration, body))
+                if rest_body is not None:
+                    first = servers["1 worker, in process"]
+                    runs[REST_ROW].append(measure_rest(first, args.duration, rest_body, root))
         finally:
             for server in servers.values():
                 server.stop()
@@ -149,7 +177,8 @@ def main() -> None:
             }
         )
     payload = {
-        "what": "CNN, 1 image a request, 64 gRPC clients, batching on (max 64), this machine's CPUs",
+        "what": "CNN, 1 image a request, 64 clients (gRPC, and REST in its own row), batching on (max 64), this "
+        "machine's CPUs",
         "cores": multiprocessing.cpu_count(),
         "in_process_batch_64_images_per_second": round(limit, 1),
         "load": "h2load" if body is not None else "workbench bench (Python)",

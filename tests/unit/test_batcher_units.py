@@ -831,6 +831,7 @@ class Concurrency(Contended):
         self.contended = contended
         self.inside = 0
         self.most = 0
+        self.entries: list[int] = []  # how many were inside as each call entered, itself included
         self._count = threading.Lock()
 
     def run(
@@ -839,6 +840,7 @@ class Concurrency(Contended):
         with self._count:
             self.inside += 1
             self.most = max(self.most, self.inside)
+            self.entries.append(self.inside)
         try:
             if self.contended:
                 return super().run(signature, inputs, outputs)
@@ -878,6 +880,31 @@ def test_unbatched_calls_that_slow_each_other_down_take_turns_and_every_request_
     for value, got in enumerate(answers):
         np.testing.assert_array_equal(got, answer(value))
     assert model.most == 1, "contending calls ran side by side"
+
+
+def test_calls_already_side_by_side_when_turns_begin_finish_and_then_one_runs_at_a_time(
+    bench: Callable[..., Bench], monkeypatch: pytest.MonkeyPatch
+):
+    """A model under load from its first request: four requests always in flight. Once the calls are seen side by
+    side, an ending call must not hand its place to a waiter while others still run: the concurrency falls to one
+    (it used to stay at four, so the calls were never seen alone and never stopped contending)."""
+    monkeypatch.setattr(Contention, "MIN_CALLS", 3)
+    monkeypatch.setattr(Contention, "CONTENDED", 1.2)
+    model = Concurrency()
+    b = bench(None, model)
+
+    async def client(values: range) -> None:
+        for value in values:
+            np.testing.assert_array_equal(await asyncio.wait_for(b.ask(value), WAIT), answer(value))
+
+    async def main() -> None:
+        await asyncio.gather(*(client(range(k * 10, k * 10 + 6)) for k in range(4)))
+
+    asyncio.run(main())
+    assert max(model.entries[:4]) > 1, "the first calls ran side by side"
+    assert model.entries[-10:] == [1] * 10, f"calls still started beside others: {model.entries}"
+    known = next(iter(b.scheduler._known[model].values()))  # noqa: SLF001 - what it learnt
+    assert known.contention.contended(), "the calls that took turns were seen alone"
 
 
 def test_unbatched_calls_that_overlap_freely_keep_running_side_by_side(

@@ -312,13 +312,17 @@ class BatchScheduler:
 
     @staticmethod
     def _next_turn(known: _SignatureState) -> None:
+        """Start what waits for a turn: one call once none runs while the calls take turns (those that ran side by
+        side before turns began finish first), every waiter once they no longer need to."""
+        one_at_a_time = known.contention.takes_turns()
         while known.turns:
+            if one_at_a_time and known.alone_running > 0:
+                return
             waiting = known.turns.popleft()
             if waiting.queued and not waiting.future.done():
                 waiting.queued = False
                 known.alone_running += 1
                 waiting.future.set_result({})
-                return
 
     def _alone_ended(self, known: _SignatureState, seconds: float | None) -> None:
         """An unbatched call returned (``seconds`` long; None: it never ran): record it, and give the next its turn."""

@@ -18,11 +18,15 @@ carry TF Serving's services). Nothing here imports the engine, nor TensorFlow's 
 
 from __future__ import annotations
 
-from workbench.client.facade import Client
-from workbench.client.grpc_channels import GRPC_CHANNELS
-from workbench.client.prediction import Prediction
-from workbench.client.protocols import GRPC_PROTOCOLS, PROTOCOLS, V2_PROTOCOLS, canonical_protocol
-from workbench.client.tls import ClientTLS
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from workbench.client.facade import Client
+    from workbench.client.grpc_channels import GRPC_CHANNELS
+    from workbench.client.prediction import Prediction
+    from workbench.client.protocols import GRPC_PROTOCOLS, PROTOCOLS, V2_PROTOCOLS, canonical_protocol
+    from workbench.client.tls import ClientTLS
 
 __all__ = [
     "GRPC_CHANNELS",
@@ -34,3 +38,27 @@ __all__ = [
     "Prediction",
     "canonical_protocol",
 ]
+
+# Each public name's module, imported on first use. `workbench serve` reads the bench command's options from
+# workbench.client.bench, and importing the package would load the Client and with it requests and urllib3, whose
+# four warning filters scikit-learn's ensembles re-install for every tree of every call (about 1 ms of a 200-tree
+# forest's 7 ms call).
+_HOMES = {
+    "Client": "workbench.client.facade",
+    "GRPC_CHANNELS": "workbench.client.grpc_channels",
+    "Prediction": "workbench.client.prediction",
+    "GRPC_PROTOCOLS": "workbench.client.protocols",
+    "PROTOCOLS": "workbench.client.protocols",
+    "V2_PROTOCOLS": "workbench.client.protocols",
+    "canonical_protocol": "workbench.client.protocols",
+    "ClientTLS": "workbench.client.tls",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
