@@ -772,6 +772,38 @@ def test_a_model_whose_calls_cost_mostly_their_fixed_part_and_compete_fills_a_ba
     assert b.servable.calls == [[100], [0, 1, 2, 3, 4, 5]]
 
 
+def test_the_next_batch_of_a_fixed_cost_model_takes_in_the_requests_its_answers_bring_back_before_it_starts(
+    bench: Callable[..., Bench], monkeypatch: pytest.MonkeyPatch
+):
+    """Four clients in a closed loop on a model whose call costs 20 ms whatever its rows, one batch thread. An
+    answered client's next request reaches the queue a loop turn or two after the batch ended (as a server's
+    sockets are read once its thread lets go of the GIL): the next batch waits those turns and takes it in, so
+    batches settle at every client's row, where they used to alternate between those left waiting and the rest."""
+    monkeypatch.setattr(CostCurve, "MIN_BATCHES", 4)
+    # Waits of 10 and 20 ms rather than 2 and 5: a busy test machine's loop turns stay well inside them.
+    monkeypatch.setattr(CostCurve, "GATHER_QUIET_SHARE", 0.5)
+    monkeypatch.setattr(CostCurve, "GATHER_LONGEST_SHARE", 1.0)
+    model = Contended()
+    b = bench(params(max_batch_size=8), model)
+
+    async def client(values: range) -> None:
+        for value in values:
+            await asyncio.sleep(0)  # a turn to send it: it reaches the queue after the batch that answered it ended
+            np.testing.assert_array_equal(await asyncio.wait_for(b.ask(value), WAIT), answer(value))
+
+    async def main() -> None:
+        for size in (1, 2, 3, 4, 5):  # the curve: 20 ms whatever the rows
+            await asyncio.wait_for(b.ask(*range(size)), WAIT)
+        b.records.clear()
+        await asyncio.gather(*(client(range(k * 10, k * 10 + 6)) for k in range(4)))
+
+    asyncio.run(main())
+    sizes = [record.size for record in b.records]
+    # The first batch is the first client's row alone; after it every batch holds each client's next row (the last
+    # lacks the first client's, done one batch earlier). Without the gathering: 1, 3, 1, 3...
+    assert sizes[1:-1] == [4] * (len(sizes) - 2), f"the batches did not fill with every client's row: {sizes}"
+
+
 def test_a_model_whose_overlapping_calls_cost_what_they_cost_alone_keeps_overlapping(
     bench: Callable[..., Bench], monkeypatch: pytest.MonkeyPatch
 ):

@@ -114,6 +114,9 @@ class CostCurve:
     DECAY = 0.98
     MIN_BATCHES = 8
     CONTENDED = 1.5  # beside another batch, a call's fixed cost grows this much or more: the calls compete
+    GATHER_MIN_SECONDS = 1e-3
+    GATHER_QUIET_SHARE = 0.1
+    GATHER_LONGEST_SHARE = 0.25
 
     __slots__ = ("_alone", "_beside")
 
@@ -131,6 +134,22 @@ class CostCurve:
     def line_beside(self) -> tuple[float, float] | None:
         """The same, of the batches that ran beside another."""
         return self._beside.fit(self.MIN_BATCHES)
+
+    def gathers(self, rows: int) -> bool:
+        """Whether a batch of ``rows`` about to start as the last one ended should first let the event loop take in
+        the requests that arrived meanwhile: its call costs at least :data:`GATHER_MIN_SECONDS`, mostly its fixed part.
+        Two loop turns cost microseconds; each row they add is one more answer from the same call."""
+        alone = self.line()
+        return alone is not None and alone[0] >= self.GATHER_MIN_SECONDS and alone[0] > alone[1] * rows
+
+    def gather_seconds(self) -> tuple[float, float]:
+        """How long a gathering waits for one more request once none came (:data:`GATHER_QUIET_SHARE` of the call's
+        fixed cost: an answer's trip to its client and the client's next request, a few loop turns), and how long
+        it may take in all (:data:`GATHER_LONGEST_SHARE`): a batch that gathers nothing costs its requests that much
+        more latency at most."""
+        alone = self.line()
+        fixed = alone[0] if alone is not None else 0.0
+        return fixed * self.GATHER_QUIET_SHARE, fixed * self.GATHER_LONGEST_SHARE
 
     def fills_first(self, rows: int) -> bool:
         """Whether a batch of ``rows`` should wait for a running batch to end and grow meanwhile: its call's fixed

@@ -579,7 +579,33 @@ class BatchScheduler:
         queue.running -= 1
         queue.overlapped = queue.running > 0  # those still running ran beside this one
         self._deliver(queue, batch, started, outcome, on_loop=False, beside=beside, cpu_seconds=cpu_seconds)
+        if (
+            queue.pending_rows
+            and not queue.dispatch_pending
+            and queue.pending_rows < queue.params.execution_batch_size
+            and queue.known.curve.gathers(queue.pending_rows)
+        ):
+            # A call costs mostly its fixed part: before the next batch starts, the loop takes in what reached its
+            # sockets while this one ran (its thread held the GIL, so much of it is still unread), and the batch
+            # fills with those rows for the same cost. Requests queued meanwhile wait for this dispatch rather than
+            # start one (see _gathered).
+            queue.dispatch_pending = True
+            now = time.perf_counter()
+            quiet, longest = queue.known.curve.gather_seconds()
+            asyncio.get_running_loop().call_soon(self._gathered, queue, queue.pending_rows, now, quiet, now + longest)
+            return
         self._schedule(queue)
+
+    def _gathered(self, queue: _Queue, rows_before: int, grew: float, quiet: float, deadline: float) -> None:
+        """Start the gathered batch once the queue has not grown for ``quiet`` seconds (each loop turn reads the
+        sockets or runs the handlers of what the last one read), once it is full, or at ``deadline``."""
+        rows, now = queue.pending_rows, time.perf_counter()
+        if rows != rows_before:
+            grew = now
+        if now - grew >= quiet or rows >= queue.params.execution_batch_size or now > deadline:
+            self._dispatch(queue)
+            return
+        asyncio.get_running_loop().call_soon(self._gathered, queue, rows, grew, quiet, deadline)
 
     def _deliver(
         self,
