@@ -85,6 +85,17 @@ def _load(target: str, duration: float, out: Any) -> None:
     out.put({"rate": result.requests_per_second, "errors": result.errors, "p99_ms": result.percentile(99)})
 
 
+def with_server_counts(server: ServeProcess, before: tuple[float, float, float], result: dict[str, Any]) -> dict:
+    """``result`` with the failures the server counted since ``before`` and its mean formed batch; raises if any
+    request failed."""
+    examples, batches, failed = counters_since(server.rest_url, "cnn", before)
+    result["errors"] += failed
+    result["mean_batch"] = round(examples / batches, 2) if batches else None
+    if result["errors"]:
+        raise RuntimeError(f"{result['errors']} requests failed:\n{server.log()[-2000:]}")
+    return result
+
+
 def measure(server: ServeProcess, duration: float, body: Path | None) -> dict[str, Any]:
     """One load of ``duration`` seconds (h2load with ``body``, else a process of its own); the rate and the mean
     formed batch."""
@@ -98,12 +109,7 @@ def measure(server: ServeProcess, duration: float, body: Path | None) -> dict[st
         process.start()
         result = queue.get(timeout=duration + 120)
         process.join()
-    examples, batches, failed = counters_since(server.rest_url, "cnn", before)
-    result["errors"] += failed
-    result["mean_batch"] = round(examples / batches, 2) if batches else None
-    if result["errors"]:
-        raise RuntimeError(f"{result['errors']} requests failed:\n{server.log()[-2000:]}")
-    return result
+    return with_server_counts(server, before, result)
 
 
 REST_ROW = "1 worker, in process, REST (wrk)"
@@ -115,12 +121,7 @@ def measure_rest(server: ServeProcess, duration: float, body: bytes, work: Path)
     url = f"{server.rest_url}/v1/models/cnn:predict"
     measured = wrk_load(url, body, CLIENTS, max(1, round(duration)), 1, work)
     result = {"rate": measured["requests_per_second"], "errors": measured["errors"], "p99_ms": measured["p99_ms"]}
-    examples, batches, failed = counters_since(server.rest_url, "cnn", before)
-    result["errors"] += failed
-    result["mean_batch"] = round(examples / batches, 2) if batches else None
-    if result["errors"]:
-        raise RuntimeError(f"{result['errors']} requests failed:\n{server.log()[-2000:]}")
-    return result
+    return with_server_counts(server, before, result)
 
 
 def main() -> None:
