@@ -537,3 +537,51 @@ def test_a_denied_bucket_shows_the_denial_in_status_while_the_other_model_serves
         assert replica.model("closed")["error"] == ""
     finally:
         replica.stop()
+
+
+def test_workers_with_a_model_runner_share_one_download_and_one_copy_of_a_stored_version(
+    s3: Any, tmp_path: Path
+) -> None:
+    """Two workers and a model runner serving a version from S3: the workers name the version by its URL, so the
+    runner downloads it once and loads it once (each worker used to download it into a cache slot of its own and
+    hand the runner its own path: two copies in the runner)."""
+    import signal
+
+    from test_cli import START_DEADLINE_S, Workbench
+    from test_model_runners import MODEL
+
+    s3.put_object(Bucket=BUCKET, Key="runners/m/1/model.py", Body=MODEL.encode())
+    cache = tmp_path / "cache"
+    records = cache / "records"  # the model notes its loads three folders above its file: the cache's root
+    records.mkdir(parents=True)
+    ready = tmp_path / "ready.json"
+    (tmp_path / "cwd").mkdir()
+    wb = Workbench(
+        tmp_path / "cwd",
+        f"--model_base_path=s3://{BUCKET}/runners/m",
+        "--model_name=m",
+        "--allow_python_models",
+        "--num_workers=2",
+        "--model_runners=1",
+        f"--model_cache_dir={cache}",
+        "--rest_api_port=-1",
+        "--port=0",
+        f"--ready_file={ready}",
+    )
+    try:
+        wait_until(lambda: ready.exists() or wb.proc.poll() is not None, START_DEADLINE_S, 0.1, "the ready file")
+        assert wb.proc.poll() is None, wb.stderr[-3000:]
+        started = json.loads(ready.read_text())
+        url = f"http://127.0.0.1:{started['rest_port']}/v1/models/m:predict"
+        for x in range(8):  # new connections: the kernel spreads them over both workers
+            answer = requests.post(url, json={"instances": [[float(x)]]}, timeout=60)
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["predictions"][0]["y"] == [2.0 * x]
+        (runner,) = started["runners"]
+        assert (records / "loads").read_text().split() == [str(runner["pid"])], "loaded more than once"
+        copies = [path for path in cache.rglob("model.py")]
+        assert len(copies) == 1, copies
+    finally:
+        if wb.proc.poll() is None:
+            wb.proc.send_signal(signal.SIGTERM)
+            assert wb.wait(120) == 0, wb.stderr[-3000:]

@@ -50,6 +50,7 @@ from workbench.runners.arena import Arena
 from workbench.runtime.heap import LongLivedHeap
 from workbench.runtime.loop import new_event_loop
 from workbench.runtime.process import hand_over_the_gil_quickly, parent_gone, write_json_atomically
+from workbench.runtime.storage import VersionCache, caching_loader
 
 log = logging.getLogger("workbench.runner")
 
@@ -116,7 +117,12 @@ class ModelRunner:
 
     def __init__(self, options: ServerOptions, index: int = 0) -> None:
         self.index = index
-        self._loader = platforms.Loader(LoadPolicy(options.allow_pickle, options.allow_python_models))
+        # Versions in object stores are downloaded here, once for every worker: the workers name a version by its
+        # source (name, version, URL), so they all hold the same copy.
+        self._cache = VersionCache(options.model_cache_dir)
+        self._loader = caching_loader(
+            platforms.Loader(LoadPolicy(options.allow_pickle, options.allow_python_models)), self._cache
+        )
         self._warm_up = options.enable_model_warmup
         threads = options.num_inference_threads or max(4, 2 * (os.cpu_count() or 1))
         self._executor = InferenceThreads(threads, "workbench-runner")
@@ -159,13 +165,18 @@ class ModelRunner:
             peer.setblocking(False)
             await loop.connect_accepted_socket(functools.partial(_Frontend, self, *arenas), peer)
 
+    def _close(self, servable: Servable) -> None:
+        servable.close()
+        self._cache.release(servable.name, servable.version)  # a downloaded copy goes with it
+
     def stop(self) -> None:
-        """Close every version (the frontends are gone) and the threads."""
+        """Close every version (the frontends are gone), the threads and the download cache."""
         self.heap.stop()
         for version in list(self._versions.values()):
             self._drop(version)
         self._loads.shutdown(wait=True)
         self._executor.shutdown(wait=False, cancel_futures=True)
+        self._cache.close()
 
     # ------------------------------------------------------------------------------------- versions
     async def load(self, frontend: _Frontend, key: Key, platform: str) -> Any:
@@ -192,6 +203,7 @@ class ModelRunner:
         servable = self._loader(name, number, path, platform)
         if not served_remotely(servable):
             servable.close()
+            self._cache.release(name, number)  # the worker loads it itself, from a copy of its own
             return None
         if self._warm_up:
             try:
@@ -225,9 +237,9 @@ class ModelRunner:
             if servable is not None:
                 log.info("Unloading %s version %d", servable.name, servable.version)
                 with contextlib.suppress(RuntimeError):  # stopping: close on this thread
-                    self._loads.submit(servable.close).add_done_callback(lambda _: self.heap.settle_soon())
+                    self._loads.submit(self._close, servable).add_done_callback(lambda _: self.heap.settle_soon())
                     return
-                servable.close()
+                self._close(servable)
 
         self._versions.pop(version.key, None)
         version.loading.add_done_callback(close)

@@ -94,10 +94,13 @@ class ModelServer:
             if options.worker_dir and options.model_runners
             else None
         )
+        loader = caching_loader(loader, self.model_cache)
         if self.runners is not None:
+            # Runners are handed a version's source, so every worker names it alike and a runner downloads and
+            # holds one copy; a version the runner gives back (LOCAL) is downloaded here.
             loader = RunnerLoader(self.runners, loader)
         self.manager = Manager(
-            caching_loader(loader, self.model_cache),
+            loader,
             warmup=_warm_up_here if options.enable_model_warmup else None,
             load_threads=options.num_load_threads,
             allow_labels_for_unavailable=options.allow_version_labels_for_unavailable_models,
