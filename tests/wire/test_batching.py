@@ -468,7 +468,9 @@ def test_run_cost_settles_on_cheap_thread_calls_and_one_slow_call_on_the_loop_se
     cost.record(budget / 10, on_loop=True)
     assert cost.inline
     cost.record(budget * 2, on_loop=True)
-    assert not cost.inline, "one call over budget on the loop is enough to leave it"
+    assert cost.inline, "one call a little over budget among cheap ones is the machine's hiccup"
+    cost.record(budget * 2, on_loop=True)
+    assert not cost.inline, "two in a row over budget on the loop are enough to leave it"
     for _ in range(settle - 1):
         cost.record(budget / 10, on_loop=False)
     assert not cost.inline, "back only once cheap again"

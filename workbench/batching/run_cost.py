@@ -14,10 +14,11 @@ class RunCost:
     may never show such a call; where a call's own CPU time on its thread was within budget while its wall time
     was not, but stayed under :data:`PROBE_WALL_LIMIT_SECONDS` (what waits for the GIL take, not a wait on I/O),
     the next call is a *probe*: it runs on the loop and is timed there. On the loop a call's time is its
-    own: one within budget keeps (or puts) the calls there, one over the budget (a bigger batch, a model grown
-    slow, the machine busy, work done on the framework's own threads, which a thread's CPU time does not see)
-    sends them back to the threads until they prove cheap again, and the next probe waits
-    :data:`FIRST_PROBE_WAIT_SECONDS`, twice as long after each probe that failed, up to
+    own: one within budget keeps (or puts) the calls there; a probe over budget, two settled calls in a row over
+    it, or one over :data:`HICCUP_SECONDS` (a bigger batch, a model grown slow, work done on the framework's own
+    threads, which a thread's CPU time does not see) send them back to the threads until they prove cheap again
+    (a single call a little over budget is the machine's hiccup, a preempted loop, and is let pass), and the next
+    probe waits :data:`FIRST_PROBE_WAIT_SECONDS`, twice as long after each probe that failed, up to
     :data:`LAST_PROBE_WAIT_SECONDS`. Only platforms described ``inline`` qualify at all
     (:data:`workbench.platforms.INLINE_PLATFORMS`).
     """
@@ -27,8 +28,9 @@ class RunCost:
     FIRST_PROBE_WAIT_SECONDS = 1.0
     LAST_PROBE_WAIT_SECONDS = 60.0
     PROBE_WALL_LIMIT_SECONDS = 5e-3
+    HICCUP_SECONDS = 2e-3
 
-    __slots__ = ("inline", "_cheap_runs", "_allowed", "_maybe_cheap", "_next_probe", "_probe_wait")
+    __slots__ = ("inline", "_cheap_runs", "_allowed", "_maybe_cheap", "_next_probe", "_probe_wait", "_slow_on_loop")
 
     def __init__(self, allowed: bool = True) -> None:
         self.inline = False
@@ -37,28 +39,31 @@ class RunCost:
         self._maybe_cheap = False  # a call on a thread used little CPU: worth timing one on the loop
         self._next_probe = 0.0  # time.monotonic() from which a probe may run
         self._probe_wait = self.FIRST_PROBE_WAIT_SECONDS
+        self._slow_on_loop = False  # the last call on the loop, of calls settled there, was over budget
 
     def record(self, seconds: float, on_loop: bool, cpu_seconds: float | None = None) -> None:
         """One call took ``seconds`` (wall time), on the loop or on a thread; ``cpu_seconds`` is a thread's own
         CPU time for the call, where measured."""
-        cheap = seconds < self.INLINE_BUDGET_SECONDS
+        budget = self.INLINE_BUDGET_SECONDS
+        cheap = seconds < budget
         if on_loop:
             if cheap:
                 self.inline = self._allowed
                 self._probe_wait = self.FIRST_PROBE_WAIT_SECONDS
+                self._slow_on_loop = False
+            elif self.inline and not self._slow_on_loop and seconds < self.HICCUP_SECONDS:
+                # One call a little over budget among cheap ones: the machine's hiccup (the loop's thread preempted
+                # by another process), not the model. A second in a row, or one far over, is the model.
+                self._slow_on_loop = True
             else:
-                self.inline, self._cheap_runs, self._maybe_cheap = False, 0, False
+                self.inline, self._cheap_runs, self._maybe_cheap, self._slow_on_loop = False, 0, False, False
                 self._next_probe = time.monotonic() + self._probe_wait
                 self._probe_wait = min(2 * self._probe_wait, self.LAST_PROBE_WAIT_SECONDS)
         elif self._allowed:
             if cheap:
                 self._cheap_runs += 1
                 self.inline = self._cheap_runs >= self.SETTLE_RUNS
-            elif (
-                cpu_seconds is not None
-                and cpu_seconds < self.INLINE_BUDGET_SECONDS
-                and seconds < self.PROBE_WALL_LIMIT_SECONDS
-            ):
+            elif cpu_seconds is not None and cpu_seconds < budget and seconds < self.PROBE_WALL_LIMIT_SECONDS:
                 self._maybe_cheap = True
 
     def runs_on_loop(self) -> bool:
@@ -178,18 +183,22 @@ class Contention:
     MIN_SECONDS = 0.001
     CONTENDED = 1.5
 
-    __slots__ = ("_alone", "_beside", "_alone_calls", "_beside_calls")
+    __slots__ = ("_alone", "_beside", "_beside_cpu", "_alone_calls", "_beside_calls")
 
     def __init__(self) -> None:
-        self._alone = self._beside = 0.0
+        self._alone = self._beside = self._beside_cpu = 0.0
         self._alone_calls = self._beside_calls = 0
 
-    def record(self, seconds: float, beside: bool) -> None:
+    def record(self, seconds: float, beside: bool, cpu_seconds: float | None = None) -> None:
+        """One call of ``seconds`` (wall time), alone or beside another; ``cpu_seconds``: its thread's own CPU time
+        (None: not measured, taken as the wall time)."""
         # The plain mean of the first calls, then the weighted one: a first odd call does not linger.
         if beside:
             self._beside_calls += 1
             share = max(1.0 / self._beside_calls, 1.0 - self.DECAY)
             self._beside += (seconds - self._beside) * share
+            cpu = seconds if cpu_seconds is None else cpu_seconds
+            self._beside_cpu += (cpu - self._beside_cpu) * share
         else:
             self._alone_calls += 1
             share = max(1.0 / self._alone_calls, 1.0 - self.DECAY)
@@ -198,8 +207,14 @@ class Contention:
     def takes_turns(self) -> bool:
         """Whether the next call should wait until no other runs: its calls contend, or they are still to be seen
         alone (a model under load from its first request has only calls side by side to go by: a few take turns,
-        and it is known)."""
-        return self.contended() or (self._beside_calls >= self.MIN_CALLS and self._alone_calls < self.MIN_CALLS)
+        and it is known). Calls that use under :data:`MIN_SECONDS` of their thread's CPU side by side need not be
+        seen alone: cheap ones never contend, and those that mostly wait (on I/O, on a device) overlap freely."""
+        learning = (
+            self._beside_calls >= self.MIN_CALLS
+            and self._alone_calls < self.MIN_CALLS
+            and self._beside_cpu >= self.MIN_SECONDS
+        )
+        return learning or self.contended()
 
     def contended(self) -> bool:
         return (

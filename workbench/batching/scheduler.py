@@ -324,13 +324,13 @@ class BatchScheduler:
                 known.alone_running += 1
                 waiting.future.set_result({})
 
-    def _alone_ended(self, known: _SignatureState, seconds: float | None) -> None:
+    def _alone_ended(self, known: _SignatureState, seconds: float | None, cpu_seconds: float | None = None) -> None:
         """An unbatched call returned (``seconds`` long; None: it never ran): record it, and give the next its turn."""
         beside = known.alone_running > 1 or known.alone_overlapped
         known.alone_running -= 1
         known.alone_overlapped = known.alone_running > 0
         if seconds is not None:
-            known.contention.record(seconds, beside)
+            known.contention.record(seconds, beside, cpu_seconds)
         self._next_turn(known)
 
     def _alone_on_thread(
@@ -373,7 +373,7 @@ class BatchScheduler:
             if not future.done():
                 future.set_result(result)
         task.finished()
-        self._alone_ended(known, seconds)
+        self._alone_ended(known, seconds, cpu_seconds)
 
     def _alone_dropped(self, loop: asyncio.AbstractEventLoop, task: BatchTask, known: _SignatureState) -> None:
         """The executor dropped the call unrun (it shut down): its caller gets the cancellation."""
