@@ -87,12 +87,12 @@ class Gated(FakeServable):
 class Bench:
     """A BatchScheduler on its own thread pool, in front of one :class:`Gated` servable, recording its batches."""
 
-    def __init__(self, servable: Gated, params: BatchingParameters | None, inline_cheap_models: bool) -> None:
+    def __init__(self, servable: Gated, params: BatchingParameters | None, inline_cheap_calls: bool) -> None:
         self.servable = servable
         self.records: list[BatchRecord] = []
         self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix=THREAD_PREFIX)
         self.scheduler = BatchScheduler(
-            self.executor, lambda _: params, listener=self.records.append, inline_cheap_models=inline_cheap_models
+            self.executor, lambda _: params, listener=self.records.append, inline_cheap_calls=inline_cheap_calls
         )
 
     async def ask(
@@ -125,9 +125,9 @@ def bench() -> Iterator[Callable[..., Bench]]:
     def make(
         params: BatchingParameters | None,
         servable: Gated | None = None,
-        inline_cheap_models: bool = False,
+        inline_cheap_calls: bool = False,
     ) -> Bench:
-        made.append(Bench(servable or Gated(), params, inline_cheap_models))
+        made.append(Bench(servable or Gated(), params, inline_cheap_calls))
         return made[-1]
 
     yield make
@@ -590,7 +590,7 @@ def test_only_a_cheap_call_of_an_inline_platform_moves_onto_the_event_loop(
     monkeypatch.setattr(RunCost, "INLINE_BUDGET_SECONDS", 0.5)  # a busy test machine's hiccups stay in budget
     servable = Gated()
     servable.platform = platform
-    b = bench(params(max_batch_size=8), servable, inline_cheap_models=True)
+    b = bench(params(max_batch_size=8), servable, inline_cheap_calls=True)
     count = RunCost.SETTLE_RUNS + 3
 
     async def main() -> list[np.ndarray]:

@@ -497,7 +497,7 @@ def test_a_cheap_model_runs_on_the_event_loop_once_settled_and_a_slow_call_moves
     records: list[BatchRecord] = []
     signature = recorded.signatures["serving_default"]
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="test-infer") as executor:
-        scheduler = BatchScheduler(executor, lambda _: params, listener=records.append, inline_cheap_models=True)
+        scheduler = BatchScheduler(executor, lambda _: params, listener=records.append, inline_cheap_calls=True)
 
         async def ask(v: float) -> np.ndarray:
             return (await asyncio.wait_for(scheduler.run(recorded, signature, {"x": column(v)}, ["y"]), 20))["y"]

@@ -140,21 +140,19 @@ class CostCurve:
         """The same, of the batches that ran beside another."""
         return self._beside.fit(self.MIN_BATCHES)
 
-    def gathers(self, rows: int) -> bool:
+    def gathering(self, rows: int) -> tuple[float, float] | None:
         """Whether a batch of ``rows`` about to start as the last one ended should first let the event loop take in
-        the requests that arrived meanwhile: its call costs at least :data:`GATHER_MIN_SECONDS`, mostly its fixed part.
-        Two loop turns cost microseconds; each row they add is one more answer from the same call."""
-        alone = self.line()
-        return alone is not None and alone[0] >= self.GATHER_MIN_SECONDS and alone[0] > alone[1] * rows
+        the requests that arrived meanwhile, and if so for how long: None, or (quiet, longest) seconds.
 
-    def gather_seconds(self) -> tuple[float, float]:
-        """How long a gathering waits for one more request once none came (:data:`GATHER_QUIET_SHARE` of the call's
-        fixed cost: an answer's trip to its client and the client's next request, a few loop turns), and how long
-        it may take in all (:data:`GATHER_LONGEST_SHARE`): a batch that gathers nothing costs its requests that much
-        more latency at most."""
+        It should where its call costs at least :data:`GATHER_MIN_SECONDS`, mostly its fixed part: each row the
+        wait adds is one more answer from the same call. It waits for one more request until none came for
+        ``quiet`` (:data:`GATHER_QUIET_SHARE` of the fixed cost: an answer's trip to its client and the client's
+        next request, a few loop turns), and ``longest`` in all (:data:`GATHER_LONGEST_SHARE`): a batch that
+        gathers nothing costs its requests that much more latency at most."""
         alone = self.line()
-        fixed = alone[0] if alone is not None else 0.0
-        return fixed * self.GATHER_QUIET_SHARE, fixed * self.GATHER_LONGEST_SHARE
+        if alone is None or alone[0] < self.GATHER_MIN_SECONDS or alone[0] <= alone[1] * rows:
+            return None
+        return alone[0] * self.GATHER_QUIET_SHARE, alone[0] * self.GATHER_LONGEST_SHARE
 
     def fills_first(self, rows: int) -> bool:
         """Whether a batch of ``rows`` should wait for a running batch to end and grow meanwhile: its call's fixed

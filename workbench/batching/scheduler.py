@@ -144,13 +144,13 @@ class BatchScheduler:
         executor: Executor,
         params_for: Callable[[Servable], BatchingParameters | None],
         listener: BatchListener | None = None,
-        inline_cheap_models: bool = False,
+        inline_cheap_calls: bool = False,
     ) -> None:
-        """``inline_cheap_models`` lets models that proved cheap run on the event loop (:class:`RunCost`). Off by
+        """``inline_cheap_calls`` lets models that proved cheap run on the event loop (:class:`RunCost`). Off by
         default here (a model whose calls are cheap until one is not holds the loop, and every request and probe
         with it, for that one call); `workbench serve` turns it on for the native platforms, whose calls never wait
         on I/O."""
-        self._inline_cheap_models = inline_cheap_models
+        self._inline_cheap_calls = inline_cheap_calls
         self._call = caller(executor)
         self._params_for = params_for
         self._listener = listener
@@ -399,7 +399,7 @@ class BatchScheduler:
         known = by_signature.get(signature.name)
         if known is None:
             known = by_signature[signature.name] = _SignatureState(
-                RunCost(allowed=self._inline_cheap_models and servable.platform in platforms.INLINE_PLATFORMS)
+                RunCost(allowed=self._inline_cheap_calls and servable.platform in platforms.INLINE_PLATFORMS)
             )
         return known
 
@@ -579,20 +579,18 @@ class BatchScheduler:
         queue.running -= 1
         queue.overlapped = queue.running > 0  # those still running ran beside this one
         self._deliver(queue, batch, started, outcome, on_loop=False, beside=beside, cpu_seconds=cpu_seconds)
-        if (
-            queue.pending_rows
-            and not queue.dispatch_pending
-            and queue.pending_rows < queue.params.execution_batch_size
-            and queue.known.curve.gathers(queue.pending_rows)
-        ):
+        rows = queue.pending_rows
+        waiting = rows > 0 and not queue.dispatch_pending and rows < queue.params.execution_batch_size
+        gathering = queue.known.curve.gathering(rows) if waiting else None
+        if gathering is not None:
             # A call costs mostly its fixed part: before the next batch starts, the loop takes in what reached its
             # sockets while this one ran (its thread held the GIL, so much of it is still unread), and the batch
             # fills with those rows for the same cost. Requests queued meanwhile wait for this dispatch rather than
             # start one (see _gathered).
             queue.dispatch_pending = True
             now = time.perf_counter()
-            quiet, longest = queue.known.curve.gather_seconds()
-            asyncio.get_running_loop().call_soon(self._gathered, queue, queue.pending_rows, now, quiet, now + longest)
+            quiet, longest = gathering
+            asyncio.get_running_loop().call_soon(self._gathered, queue, rows, now, quiet, now + longest)
             return
         self._schedule(queue)
 

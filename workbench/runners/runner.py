@@ -200,16 +200,19 @@ class ModelRunner:
 
     def _load_blocking(self, key: Key, platform: str) -> Servable | None:
         name, number, path = key
-        servable = self._loader(name, number, path, platform)
+        try:
+            servable = self._loader(name, number, path, platform)
+        except BaseException:
+            self._cache.release(name, number)  # a failed load keeps no downloaded copy
+            raise
         if not served_remotely(servable):
-            servable.close()
-            self._cache.release(name, number)  # the worker loads it itself, from a copy of its own
+            self._close(servable)  # the worker loads it itself, from a copy of its own
             return None
         if self._warm_up:
             try:
                 warm_up(servable)
             except BaseException:
-                servable.close()
+                self._close(servable)
                 raise
         log.info("Loaded %s version %d (%s)", name, number, servable.platform)
         self.heap.settle_soon()  # the model's objects join the long-lived heap, out of full collections' way

@@ -140,7 +140,7 @@ class ModelServer:
             self._executor,
             lambda servable: self.controlplane.batching_for(servable.name),
             listener=self._on_batch,
-            inline_cheap_models=options.inline_cheap_calls,
+            inline_cheap_calls=options.inline_cheap_calls,
         )
         self.batcher: Batcher = (
             RunnerDispatch(self.scheduler, self.runners, self.controlplane.batching_for)
