@@ -272,6 +272,7 @@ class Setup:
     frontends: int
     runners: str  # "in_process", "1", or "" (the default: a runner per GPU, or one, when frontends > 1)
     beside_trainer: bool = False
+    batch_threads: int = 1  # num_batch_threads of the batching parameters
 
     @property
     def uses_runners(self) -> bool:
@@ -284,7 +285,8 @@ class Setup:
     @property
     def name(self) -> str:
         design = f"{self.runners} runners" if self.runners.isdigit() and int(self.runners) > 1 else self.design
-        return f"{self.model}, {self.frontends} frontend{'s' if self.frontends > 1 else ''}, {design}"
+        threads = f", {self.batch_threads} batch threads" if self.batch_threads != 1 else ""
+        return f"{self.model}, {self.frontends} frontend{'s' if self.frontends > 1 else ''}, {design}{threads}"
 
     def flags(self) -> list[str]:
         flags = [f"--num_workers={self.frontends}"]
@@ -659,7 +661,7 @@ class Bench:
             f"--monitoring_config_file={self.root / 'monitoring.txt'}",
             "--file_system_poll_wait_seconds=0",
             "--enable_batching",
-            f"--batching_parameters_file={self.root / 'batching.txt'}",
+            f"--batching_parameters_file={self.root / batching_file(setup.batch_threads)}",
         ]
         (instances,) = inputs.values()
         body = json.dumps({"instances": instances.tolist()}).encode()
@@ -670,6 +672,7 @@ class Bench:
             "model_runners": setup.runners or "default",
             "design": setup.design,
             "batching": "on",
+            "num_batch_threads": setup.batch_threads,
             "clients": CLIENTS,
         }
         memory_before = gpu_memory_used_mib()
@@ -838,12 +841,20 @@ def check_answer(server: ServeProcess, model: str, body: bytes, expected: np.nda
     return round(error, 6)
 
 
+def batching_file(threads: int) -> str:
+    return "batching.txt" if threads == 1 else f"batching-{threads}-threads.txt"
+
+
 def plan(args: argparse.Namespace, main: str) -> list[Setup]:
     """The servers, in order: issue 30's targets first, comparisons after (a run cut short loses those)."""
     counts = [int(n) for n in args.frontends.split(",")]
     small, middle, large = counts[0], counts[len(counts) // 2], counts[-1]
     if args.runner_counts:  # the largest frontends' default against several runners (each its own GIL) only
         return [Setup(main, large, ""), *(Setup(main, large, count) for count in args.runner_counts.split(","))]
+    if args.batch_threads:  # the largest frontends' default with several batch threads in its runner, and the
+        # request path's ceiling beside them (a model that costs nothing, through the same frontends and runner)
+        counts = [int(n) for n in args.batch_threads.split(",")]
+        return [*(Setup(main, large, "1", batch_threads=n) for n in counts), Setup("half_plus_two", large, "1")]
     setups = [
         Setup(main, large, ""),  # the default: frontends and a runner
         Setup(main, small, "1"),  # one frontend and a runner
@@ -971,6 +982,9 @@ def main() -> None:
     parser.add_argument("--out", default="", help="results file (default: benchmarks/results/gpu.json)")
     parser.add_argument("--profile", default="", help="py-spy the 16-frontend runner setup into this folder")
     parser.add_argument("--runner-counts", default="", help="only the largest frontends with these runner counts")
+    parser.add_argument(
+        "--batch-threads", default="", help="only the largest frontends with these num_batch_threads (e.g. 1,2,4)"
+    )
     args = parser.parse_args()
     if args.quick:
         args.duration = min(args.duration, 2.0)
@@ -1010,7 +1024,10 @@ def main() -> None:
     spawn = multiprocessing.get_context("spawn")
     with tempfile.TemporaryDirectory() as tmp, spawn.Pool(CLIENT_PROCESSES) as pool:
         root = Path(tmp)
-        (root / "batching.txt").write_text(BATCHING)
+        for threads in {1, *(int(n) for n in args.batch_threads.split(",") if n)}:
+            (root / batching_file(threads)).write_text(
+                BATCHING.replace("num_batch_threads { value: 1 }", f"num_batch_threads {{ value: {threads} }}")
+            )
         (root / "monitoring.txt").write_text(MONITORING)
         bases = framework.write_repository(root, devices)
         module = network_module(root, framework.source)

@@ -25,6 +25,7 @@ started=$(date +%s)
   || exit 3
 "$PY" -m zipfile -e .whl/tensorflow-protos.zip "$SITE" || exit 3
 export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"  # inherited by every server the benchmark starts
+export PATH="$SITE/bin:$PATH"  # py-spy (--profile)
 export PYTHONUNBUFFERED=1
 echo "installed in $(( $(date +%s) - started )) s"
 
