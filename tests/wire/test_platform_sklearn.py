@@ -254,7 +254,7 @@ def test_untrusted_skops_types_are_refused_by_name(tmp_path):
     with tm.serving(tmp_path / "models") as server:
         status = tm.load_error(server, "custom")
     assert status["error_code"] == "FAILED_PRECONDITION"
-    assert "holds types skops does not trust: tabular_models.Doubler" in status["error_message"]
+    assert "holds types neither skops nor workbench trusts: tabular_models.Doubler" in status["error_message"]
     assert PICKLE_SETTING in status["error_message"]
 
     with tm.serving(tmp_path / "models", allow_pickle=True) as server:  # trusted where code may run

@@ -1,8 +1,9 @@
 """The scikit-learn platform: estimators and pipelines in ``model.skops`` (or, where allowed, a pickle).
 
-``model.skops`` is loaded with skops, which builds only the types it trusts; a file naming other types (a custom
+``model.skops`` is loaded with skops, which builds only the types it trusts, and those of scikit-learn, XGBoost and
+LightGBM that fitted estimators hold (:mod:`workbench.platforms.sklearn_trust`); a file naming other types (a custom
 transformer, a third-party estimator) is refused with those types named, unless the server trusts its repository
-to run code (the pickle setting: a type skops does not trust runs its own code when built, as a pickle does).
+to run code (the pickle setting: an untrusted type runs its own code when built, as a pickle does).
 ``model.joblib`` and ``model.pkl`` load only under that setting.
 
 Signatures (see :mod:`workbench.platforms.tabular`): ``serving_default`` is ``predict`` (``transform`` for an
@@ -28,6 +29,7 @@ from workbench.core.errors import Code, ServingError
 from workbench.core.servable import Servable
 from workbench.core.signatures import DEFAULT_SIGNATURE
 from workbench.platforms.base import PICKLE_SETTING, LoadPolicy
+from workbench.platforms.sklearn_trust import is_trusted
 from workbench.platforms.tabular import (
     Classes,
     Function,
@@ -94,15 +96,16 @@ def _read_skops(file: Path, policy: LoadPolicy) -> Any:
     import skops.io
 
     try:
-        untrusted = skops.io.get_untrusted_types(file=file)
-        if untrusted and not policy.allow_pickle:
+        named = skops.io.get_untrusted_types(file=file)  # those skops does not trust itself
+        refused = [] if policy.allow_pickle else [name for name in named if not is_trusted(name)]
+        if refused:
             raise ServingError(
                 Code.FAILED_PRECONDITION,
-                f"{file} holds types skops does not trust: {', '.join(untrusted)}. Building them runs their code, "
-                f"as loading a pickle does, so they load only when the server allows pickles: {PICKLE_SETTING}. "
-                "Or export a model made of scikit-learn's own types",
+                f"{file} holds types neither skops nor workbench trusts: {', '.join(refused)}. Building them runs "
+                f"their code, as loading a pickle does, so they load only when the server allows pickles: "
+                f"{PICKLE_SETTING}. Or export a model made of the types of scikit-learn, XGBoost and LightGBM",
             )
-        return skops.io.load(file, trusted=untrusted or None)
+        return skops.io.load(file, trusted=named or None)
     except ServingError:
         raise
     except Exception as exc:  # noqa: BLE001 - a truncated zip, a file of another skops version
