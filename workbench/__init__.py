@@ -9,19 +9,20 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
-
 # Every name below is bound on first use (PEP 562): ``import workbench`` imports no other workbench module. Exporting
 # lives in ``workbench.publishing``: a submodule ``workbench.export`` would shadow the function once imported.
 if TYPE_CHECKING:
+    from workbench.batch import BatchSummary, batch_predict
     from workbench.client import Client
     from workbench.notebook.handle import ServerHandle, serve
     from workbench.notebook.widgets import Dashboard
     from workbench.platforms.pipeline import Pipeline, Step
     from workbench.platforms.python import PythonModel
     from workbench.publishing import ExportError, export
+    from workbench.runtime.version import __version__
 
 __all__ = [
+    "BatchSummary",
     "Client",
     "Dashboard",
     "ExportError",
@@ -29,6 +30,7 @@ __all__ = [
     "PythonModel",
     "ServerHandle",
     "__version__",
+    "batch_predict",
     "export",
     "load_ipython_extension",
     "serve",
@@ -37,10 +39,18 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
+    if name == "__version__":  # kept on the ground floor: servers report it without importing this package's face
+        from workbench.runtime.version import __version__
+
+        return __version__
     if name in ("export", "ExportError"):  # a model → the next numbered version (workbench.publishing)
         from workbench import publishing
 
         return getattr(publishing, name)
+    if name in ("batch_predict", "BatchSummary"):  # a data set through a model (workbench.batch)
+        from workbench import batch
+
+        return getattr(batch, name)
     if name == "Client":
         from workbench.client import Client
 

@@ -33,13 +33,27 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("server", ("workbench.server",)),
     (
         "cli and deploy",
-        ("workbench.cli", "workbench.deploy", "workbench.ray", "workbench.publishing", "workbench.demo"),
+        (
+            "workbench.cli",
+            "workbench.deploy",
+            "workbench.ray",
+            "workbench.publishing",
+            "workbench.demo",
+            "workbench.batch",
+        ),
     ),
 ]
 # Beside the floors, for people and their tools: they stand on runtime, core, protocol and config, on each other, and
 # on the public API (PUBLIC), never on the engine's floors, also not through a module they import.
 SIDE = ("workbench.client", "workbench.notebook", "workbench.jupyter", "workbench.request_log")
-PUBLIC = ("workbench.publishing", "workbench.server", "workbench.ray", "workbench.demo", "workbench.deploy.manifests")
+PUBLIC = (
+    "workbench.publishing",
+    "workbench.server",
+    "workbench.ray",
+    "workbench.demo",
+    "workbench.deploy.manifests",
+    "workbench.batch",
+)
 GROUND = ("runtime", "core", "protocol", "config")
 ENTRY = ("workbench", "workbench.__main__")  # the package's face and `python -m workbench`: import anything
 # The top floor (the CLI) may use the side packages too: `workbench bench` runs the load generator.

@@ -1,4 +1,4 @@
-"""``workbench serve | demo | bench | manifests | ray``: the command line, with TF Serving's flag names.
+"""``workbench serve | demo | bench | batch | manifests | ray``: the command line, with TF Serving's flag names.
 
 Flags are parsed with argparse, in the vocabulary of :mod:`workbench.config.vocabulary`: TF Serving's names, with
 earlier spellings (``--rest_port``, ``--repo``, ``--clients`` ...) and dashes for underscores accepted, and a
@@ -6,7 +6,7 @@ mistyped flag answered with the nearest one. Booleans take TF Serving's forms (`
 ``--flag=false``). A TF Serving flag this server does not implement is refused by name, never ignored.
 
 One module per command: ``serve`` (its flags are declared in :mod:`workbench.config.server_flags`), ``demo``,
-``bench``, ``manifests`` and ``ray``; this one puts them under one parser.
+``bench``, ``batch``, ``manifests`` and ``ray``; this one puts them under one parser.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from workbench.cli.batch_command import add_batch_command
 from workbench.cli.bench_command import add_bench_command
 from workbench.cli.demo_command import add_demo_command
 from workbench.cli.manifests_command import _manifests as _manifests  # the command's function, as parsers name it
@@ -32,11 +33,12 @@ examples:
   workbench demo demo-models
   workbench serve --model_config_file=demo-models/models.config --rest_api_port=8501
   workbench bench --target=localhost:8501 --model=half_plus_two --inputs='{"x": [[1.0]]}'
+  workbench batch half_plus_two --model_repository=demo-models --input=rows.csv --output=scored/
 """
 
 
 def build_parser() -> VocabularyParser:
-    from workbench import __version__
+    from workbench.runtime.version import __version__
 
     # prog is fixed: run as `python -m workbench`, argparse would call itself "__main__.py".
     parser = VocabularyParser(
@@ -50,6 +52,7 @@ def build_parser() -> VocabularyParser:
     add_serve_command(sub)
     add_demo_command(sub)
     add_bench_command(sub)
+    add_batch_command(sub)
     add_manifests_command(sub)
     add_ray_command(sub)
     parser.commands = tuple(sub.choices)

@@ -155,7 +155,7 @@ def make_record(
     pid: int | None = None,
 ) -> ServerRecord:
     """The record of a server of this process that answers on these ports."""
-    from workbench import __version__
+    from workbench.runtime.version import __version__
 
     pid = os.getpid() if pid is None else pid
     # Unique on the host: one process may run several servers, but never two on one port.

@@ -46,6 +46,16 @@ def read_records(path: str | os.PathLike[str], partial_tail: Literal["stop", "ra
     """The records of one local TFRecord file, in order, each checked against its checksums."""
     with open(path, "rb") as f:
         data = f.read()
+    yield from records_in(data, path, partial_tail)
+
+
+def records_in(
+    data: bytes, path: str | os.PathLike[str], partial_tail: Literal["stop", "raise"] = "raise"
+) -> Iterator[bytes]:
+    """The records framed in ``data``, the bytes of the TFRecord file ``path`` (named in errors), however read.
+
+    Split from :func:`read_records` so that a file read through fsspec (an object store) is parsed the same way.
+    """
     offset, end = 0, len(data)
     while offset < end:
         if end - offset < 12:

@@ -46,7 +46,7 @@ READY = "READY"
 
 def server_metadata() -> dict[str, Any]:
     """``ServerMetadataResponse``: who answers, and which extensions it speaks."""
-    from workbench import __version__  # the package root, not the engine: it binds everything lazily
+    from workbench.runtime.version import __version__
 
     return {"name": SERVER_NAME, "version": __version__, "extensions": list(EXTENSIONS)}
 

@@ -1,0 +1,114 @@
+"""Batch prediction jobs against a plain in-process loop of ``model.predict`` over the same rows.
+
+Run: `.venv/bin/python benchmarks/batch.py [--rows 200000] [--rounds 3]` (about a minute on 2 cores). Writes
+benchmarks/results/batch.json.
+
+The data: scikit-learn's digits, repeated to ``--rows`` rows, in one Parquet file (64 pixel columns). For each
+model (a LogisticRegression, a call costs ~0.1 ms a row-batch; and a 50-tree random forest, ~10 ms), side by side
+in one run, taking turns (each measured in every round, the median kept):
+
+- the baseline: the rows already in memory as one array, ``model.predict`` called on batches of ``--batch_size``
+  rows in a loop (no reading, no writing);
+- ``workbench.batch_predict`` with ``concurrency=1`` (one batch at a time: one core's worth of model calls), reading
+  the Parquet file, writing Parquet parts with an id column;
+- the same with ``concurrency`` 0 (one batch in flight per core).
+
+Rows/s of each, and each job's over the baseline. Issue 31's targets: ≥ 0.8 with one batch at a time, > 1 with
+every core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from _common import save_results  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=200_000)
+    parser.add_argument("--batch_size", type=int, default=1024)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+
+    import os
+    import warnings
+
+    from sklearn.datasets import load_digits
+    from sklearn.ensemble import RandomForestClassifier
+    from sklearn.linear_model import LogisticRegression
+
+    import workbench
+    from workbench.batch import formats
+
+    warnings.filterwarnings("ignore")
+    x, y = load_digits(return_X_y=True)
+    models = {
+        "logistic_regression": LogisticRegression(max_iter=2000).fit(x, y),
+        "random_forest_50": RandomForestClassifier(n_estimators=50, random_state=0, n_jobs=1).fit(x, y),
+    }
+    data = np.tile(x, (args.rows // len(x) + 1, 1))[: args.rows]
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        formats.write_table({f"p{i}": data[:, i] for i in range(64)}, str(root / "digits.parquet"), "parquet")
+        for name, model in models.items():
+            workbench.export(model, name, root / "models")
+
+        def baseline(model: Any) -> float:
+            started = time.perf_counter()
+            for start in range(0, len(data), args.batch_size):
+                model.predict(data[start : start + args.batch_size])
+            return len(data) / (time.perf_counter() - started)
+
+        def job(name: str, concurrency: int) -> float:
+            out = root / f"out-{name}-{concurrency}"
+            shutil.rmtree(out, ignore_errors=True)
+            summary = workbench.batch_predict(
+                name, root / "digits.parquet", out, model_repository=root / "models", batch_size=args.batch_size,
+                concurrency=concurrency, progress=False,
+            )  # fmt: skip
+            assert summary.rows_out == len(data), summary
+            return len(data) / summary.seconds
+
+        rows: list[dict[str, Any]] = []
+        for name, model in models.items():
+            measured: dict[str, list[float]] = {"baseline": [], "job, 1 batch at a time": [], "job, every core": []}
+            for _ in range(args.rounds):
+                measured["baseline"].append(baseline(model))
+                measured["job, 1 batch at a time"].append(job(name, 1))
+                measured["job, every core"].append(job(name, 0))
+            medians = {k: statistics.median(v) for k, v in measured.items()}
+            row = {
+                "model": name,
+                **{f"{k} rows/s": round(v, 1) for k, v in medians.items()},
+                "job, 1 batch at a time / baseline": round(medians["job, 1 batch at a time"] / medians["baseline"], 3),
+                "job, every core / baseline": round(medians["job, every core"] / medians["baseline"], 3),
+            }
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    results = {
+        "what": "a batch job (Parquet in, Parquet parts out) against model.predict in a loop over the rows in memory",
+        "rows": args.rows,
+        "batch_size": args.batch_size,
+        "cores": os.cpu_count(),
+        "rounds": args.rounds,
+        "results": rows,
+        "command": "python benchmarks/batch.py",
+    }
+    print(f"results: {save_results('batch', results)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,239 @@
+"""Batch prediction jobs: real files in every format, models exported as users export them, the real command line.
+
+The answers are checked against the model in-process, row by row, by the id each output row carries; a job killed
+with SIGKILL mid-shard and run again is shown to lose no row and write none twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+import tabular_models as tm  # noqa: E402  (tests/tabular_models.py)
+from sklearn.linear_model import LogisticRegression
+from waiting import wait_until
+
+import workbench
+from workbench.batch import formats
+from workbench.core.errors import ServingError
+
+PIXELS = [f"p{i}" for i in range(64)]
+
+
+@pytest.fixture(scope="module")
+def digits() -> tuple[np.ndarray, np.ndarray]:
+    return tm.digits()
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory, digits) -> tuple[Path, Any]:
+    x, y = digits
+    root = tmp_path_factory.mktemp("models")
+    model = LogisticRegression(max_iter=2000).fit(x, y)
+    workbench.export(model, "digits", root)
+    return root, model
+
+
+def answers(output: Path, fmt: str, id_column: str = "row") -> dict[Any, Any]:
+    """Every answer in the output folder's parts, by id; an id met twice fails."""
+    found: dict[Any, Any] = {}
+    for name in sorted(os.listdir(output)):
+        if not name.startswith("part-"):
+            continue
+        columns = formats.read_rows(str(output / name), fmt, 0, 1 << 40)
+        predictions = columns["predictions"]
+        for key, value in zip(columns[id_column].tolist(), predictions.tolist(), strict=True):
+            assert key not in found, f"row {key} written twice"
+            found[key] = value
+    return found
+
+
+def summary(output: Path) -> dict[str, Any]:
+    return json.loads((output / "_SUMMARY.json").read_text())
+
+
+def test_a_csv_of_pixel_columns_is_scored_row_for_row_as_predict_answers(tmp_path, repository, digits):
+    root, model = repository
+    x, _ = digits
+    frame = pd.DataFrame(x, columns=PIXELS)
+    frame.to_csv(tmp_path / "digits.csv", index=False)
+    seen = []
+    result = workbench.batch_predict(
+        "digits", tmp_path / "digits.csv", tmp_path / "out", model_repository=root, shard_rows=500, progress=seen.append
+    )
+    expected = model.predict(x)
+    got = answers(tmp_path / "out", "csv")
+    assert sorted(got) == list(range(len(x)))
+    assert [got[i] for i in range(len(x))] == expected.tolist()
+    assert (result.rows_in, result.rows_out, result.rows_failed, result.shards) == (len(x), len(x), 0, 4)
+    assert summary(tmp_path / "out")["rows_out"] == len(x)
+    assert seen[-1].done == seen[-1].rows == len(x)
+    assert sorted(os.listdir(tmp_path / "out")) == ["_JOB.json", "_SUMMARY.json"] + [
+        f"part-0000{i}.csv" for i in range(4)
+    ]
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl", "npy", "npz", "tfrecord"])
+def test_every_input_format_feeds_the_model_and_its_answers_come_back_in_it(tmp_path, repository, digits, fmt):
+    root, model = repository
+    x = digits[0][:300]
+    ids = np.arange(1000, 1300)
+    if fmt == "npy":
+        np.save(tmp_path / "in.npy", x)
+        id_column, columns = None, {"": x}
+    else:
+        id_column, columns = "id", {"id": ids, "x": x}
+        formats.write_table(columns, str(tmp_path / f"in.{fmt}"), fmt)
+    source = next(tmp_path.glob("in.*"))
+    workbench.batch_predict(
+        "digits", source, tmp_path / "out", model_repository=root, id_column=id_column, progress=False
+    )
+    out_format = "npz" if fmt == "npy" else fmt
+    got = answers(tmp_path / "out", out_format, id_column or "row")
+    keys = list(range(300)) if fmt == "npy" else ids.tolist()
+    assert [got[k] for k in keys] == model.predict(x).tolist()
+
+
+def test_rows_that_do_not_cast_fail_alone_with_their_reasons(tmp_path, repository, digits):
+    root, model = repository
+    x = digits[0][:100]
+    frame = pd.DataFrame(x, columns=PIXELS)
+    frame.insert(0, "id", [f"r{i}" for i in range(100)])
+    frame["p3"] = frame["p3"].astype(object)
+    frame.loc[7, "p3"] = "seven"
+    frame.loc[42, "p10"] = np.nan  # a float: NaN is a value LogisticRegression refuses
+    frame.to_csv(tmp_path / "rows.csv", index=False)
+    result = workbench.batch_predict(
+        "digits", tmp_path / "rows.csv", tmp_path / "out", model_repository=root, id_column="id", progress=False
+    )
+    assert (result.rows_out, result.rows_failed) == (98, 2)
+    errors = [json.loads(line) for line in (tmp_path / "out" / "errors-00000.jsonl").read_text().splitlines()]
+    assert [e["id"] for e in errors] == ["r7", "r42"]
+    assert "column p3: 'seven' is not a float64" in errors[0]["error"]
+    assert "NaN" in errors[1]["error"] or "nan" in errors[1]["error"].lower()
+    got = answers(tmp_path / "out", "csv", "id")
+    kept = [i for i in range(100) if i not in (7, 42)]
+    assert [got[f"r{i}"] for i in kept] == model.predict(x[kept]).tolist()
+
+    with pytest.raises(ServingError, match="more than --max_failed_rows=1"):
+        workbench.batch_predict(
+            "digits", tmp_path / "rows.csv", tmp_path / "out2", model_repository=root, id_column="id",
+            max_failed_rows=1, progress=False,
+        )  # fmt: skip
+
+
+def test_a_job_whose_columns_name_no_input_is_refused_before_a_row_runs(tmp_path, repository):
+    root, _ = repository
+    formats.write_table(
+        {"a": np.ones(3), "b": np.array(["x", "y", "z"], dtype=object)}, str(tmp_path / "t.jsonl"), "jsonl"
+    )
+    with pytest.raises(ServingError, match="--columns names nothing, which the input does not have"):
+        workbench.batch_predict(
+            "digits", tmp_path / "t.jsonl", tmp_path / "out", model_repository=root, columns={"nothing": "x"},
+            progress=False,
+        )  # fmt: skip
+    with pytest.raises(ServingError, match=r"The input's columns \(a, b\) make rows of 2 values; x takes 64"):
+        workbench.batch_predict("digits", tmp_path / "t.jsonl", tmp_path / "out", model_repository=root, progress=False)
+    assert not (tmp_path / "out" / "part-00000.jsonl").exists()
+
+
+def test_the_same_output_with_another_plan_is_refused_and_a_finished_job_rerun_writes_nothing(
+    tmp_path, repository, digits
+):
+    root, _ = repository
+    np.save(tmp_path / "in.npy", digits[0][:200])
+    kwargs: dict[str, Any] = {"model_repository": root, "progress": False, "shard_rows": 50}
+    first = workbench.batch_predict("digits", tmp_path / "in.npy", tmp_path / "out", **kwargs)
+    again = workbench.batch_predict("digits", tmp_path / "in.npy", tmp_path / "out", **kwargs)
+    assert (first.shards_resumed, again.shards_resumed, again.rows_out) == (0, 4, 200)
+    with pytest.raises(ServingError, match="holds the output of another job"):
+        workbench.batch_predict("digits", tmp_path / "in.npy", tmp_path / "out", **{**kwargs, "shard_rows": 40})
+
+
+SLOW_MODEL = textwrap.dedent(
+    """
+    import time
+    import workbench
+
+
+    class SlowDouble(workbench.PythonModel):
+        inputs = {"x": ("float64", [-1, 4])}
+        outputs = {"y": ("float64", [-1, 4])}
+
+        def predict(self, inputs):
+            time.sleep(0.03)
+            return {"y": inputs["x"] * 2.0}
+    """
+)
+
+
+def test_a_job_killed_mid_shard_and_run_again_loses_no_row_and_writes_none_twice(tmp_path):
+    version = tmp_path / "models" / "slow" / "1"
+    version.mkdir(parents=True)
+    (version / "model.py").write_text(SLOW_MODEL)
+    x = np.arange(2000 * 4, dtype=np.float64).reshape(2000, 4)
+    formats.write_table({"key": np.arange(2000) * 3, "x": x}, str(tmp_path / "in.parquet"), "parquet")
+    out = tmp_path / "out"
+    command = [
+        sys.executable, "-m", "workbench", "batch", "slow", f"--model_repository={tmp_path / 'models'}",
+        f"--input={tmp_path / 'in.parquet'}", f"--output={out}", "--allow_python_models", "--shard_rows=100",
+        "--batch_size=20", "--concurrency=2", "--id_column=key", "--json",
+    ]  # fmt: skip
+    first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_until(lambda: len([n for n in _names(out) if n.startswith("part-")]) >= 3, timeout=120, what="3 parts")
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait(30)
+    written_before = {n for n in _names(out) if n.startswith("part-")}
+    assert 3 <= len(written_before) < 20  # killed mid-job
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["shards_resumed"] >= len(written_before) and result["rows_out"] == 2000
+    found: dict[int, list[float]] = {}
+    for name in sorted(_names(out)):
+        if name.startswith("part-"):
+            columns = formats.read_rows(str(out / name), "parquet", 0, 1 << 40)
+            for key, y in zip(columns["key"].tolist(), columns["y"].tolist(), strict=True):
+                assert key not in found, f"key {key} written twice"
+                found[key] = y
+    assert sorted(found) == (np.arange(2000) * 3).tolist()
+    assert all(found[3 * i] == (x[i] * 2).tolist() for i in range(2000))
+    assert not [n for n in _names(out) if n.startswith(".tmp-")]  # what the killed run left half-written is gone
+
+
+def _names(folder: Path) -> list[str]:
+    return os.listdir(folder) if folder.exists() else []
+
+
+def test_the_command_line_prints_a_summary_and_refuses_a_bad_column_map(tmp_path, repository, digits):
+    root, _ = repository
+    np.save(tmp_path / "in.npy", digits[0][:10])
+    base = [
+        sys.executable,
+        "-m",
+        "workbench",
+        "batch",
+        "digits",
+        f"--model_repository={root}",
+        f"--input={tmp_path / 'in.npy'}",
+    ]
+    done = subprocess.run([*base, f"--output={tmp_path / 'out'}"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "10 rows scored, 0 failed, by digits version 1" in done.stdout
+    bad = subprocess.run([*base, f"--output={tmp_path / 'o2'}", "--columns=x"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "--columns takes column=input pairs, not 'x'" in bad.stderr
+    missing = subprocess.run(
+        [*base[:4], "nope", *base[5:], f"--output={tmp_path / 'o3'}"], capture_output=True, text=True, timeout=120
+    )
+    assert missing.returncode == 1 and "workbench batch:" in missing.stderr
