@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -237,3 +238,52 @@ def test_the_command_line_prints_a_summary_and_refuses_a_bad_column_map(tmp_path
         [*base[:4], "nope", *base[5:], f"--output={tmp_path / 'o3'}"], capture_output=True, text=True, timeout=120
     )
     assert missing.returncode == 1 and "workbench batch:" in missing.stderr
+
+
+@pytest.fixture()
+def s3_bucket(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A bucket on moto's S3 server (127.0.0.1, a free port); boto3 and s3fs reach it through the AWS variables."""
+    moto_server = pytest.importorskip("moto.server")
+    import boto3
+
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    for key, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": f"http://{host}:{port}",
+    }.items():
+        monkeypatch.setenv(key, value)
+    boto3.client("s3").create_bucket(Bucket="data")
+    try:
+        yield "data"
+    finally:
+        server.stop()
+
+
+def test_input_and_output_in_an_object_store(tmp_path, repository, digits, s3_bucket):
+    import boto3
+
+    root, model = repository
+    x = digits[0][:400]
+    s3 = boto3.client("s3")
+    for part in range(2):  # two files under one prefix: the glob lists them in order
+        frame = pd.DataFrame(x[part * 200 : (part + 1) * 200], columns=PIXELS)
+        frame.insert(0, "id", np.arange(part * 200, (part + 1) * 200))
+        s3.put_object(Bucket=s3_bucket, Key=f"rows/part-{part}.csv", Body=frame.to_csv(index=False).encode())
+    result = workbench.batch_predict(
+        "digits", f"s3://{s3_bucket}/rows/*.csv", f"s3://{s3_bucket}/scored", model_repository=root,
+        id_column="id", output_format="parquet", progress=False,
+    )  # fmt: skip
+    assert (result.rows_out, result.shards) == (400, 2)
+    keys = sorted(o["Key"] for o in s3.list_objects_v2(Bucket=s3_bucket, Prefix="scored/")["Contents"])
+    parts = ["scored/part-00000.parquet", "scored/part-00001.parquet"]
+    assert keys == ["scored/_JOB.json", "scored/_SUMMARY.json", *parts]
+    got: dict[int, int] = {}
+    for key in keys[2:]:
+        (tmp_path / "part.parquet").write_bytes(s3.get_object(Bucket=s3_bucket, Key=key)["Body"].read())
+        columns = formats.read_rows(str(tmp_path / "part.parquet"), "parquet", 0, 1000)
+        got.update(zip(columns["id"].tolist(), columns["predictions"].tolist(), strict=True))
+    assert [got[i] for i in range(400)] == model.predict(x).tolist()

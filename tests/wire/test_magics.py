@@ -29,8 +29,8 @@ from workbench.notebook.handle import ServerHandle, models_table_text, running_s
 from workbench.runtime.loop import new_event_loop
 
 SUBCOMMANDS = [
-    "start", "stop", "restart", "status", "export", "promote", "rollback", "canary", "predict", "bench", "dashboard",
-    "logs", "manifests",
+    "start", "stop", "restart", "status", "export", "promote", "rollback", "canary", "predict", "bench", "batch",
+    "dashboard", "logs", "manifests",
 ]  # fmt: skip
 V1, V2 = 3.0, 10.0  # answers to x=1 of model_v1 (2x + 1) and model_v2 (10x)
 
@@ -233,6 +233,22 @@ def test_bench_a_number_of_requests(
     assert table[0].split() == list(result.summary()) and len(table) == 2
 
 
+def test_batch_scores_a_file_with_the_servers_models_by_version(
+    ip: InteractiveShell, served: SimpleNamespace, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    from workbench.batch import formats
+
+    np.save(tmp_path / "x.npy", np.array([[1.0], [2.0], [3.0]], dtype=np.float32))
+    latest = serve(ip, f"batch lin --input {tmp_path / 'x.npy'} --output {tmp_path / 'latest'}")
+    pinned = serve(ip, f"batch lin --input {tmp_path / 'x.npy'} --output {tmp_path / 'v1'} --model_version 1")
+    assert (latest.version, pinned.version, latest.rows_out) == (2, 1, 3)
+    assert "3 rows scored, 0 failed, by lin version 2" in capsys.readouterr().out
+    for folder, (weight, bias) in (("latest", (10.0, 0.0)), ("v1", (2.0, 1.0))):
+        answers = formats.read_rows(str(tmp_path / folder / "part-00000.npz"), "npz", 0, 3)
+        assert answers["row"].tolist() == [0, 1, 2]
+        assert answers["y"].ravel().tolist() == [weight * x + bias for x in (1.0, 2.0, 3.0)]
+
+
 # ------------------------------------------------------------------------------------------------ bad input
 @pytest.mark.parametrize(
     ("line", "says"),
@@ -258,6 +274,8 @@ def test_bench_a_number_of_requests(
         ("bench lin [[1.0]] --duration 1 --requests 5", "not both"),
         ("bench lin [[1.0]] --clients 0", "at least 1"),
         ("bench lin [[1.0]] --duration 0", "must be positive"),
+        ("batch lin --input /no/such/file.csv --output /tmp/x", "/no/such/file.csv"),
+        ("batch lin --input x.csv --output o --columns x", "--columns takes column=input pairs, not 'x'"),
         ("start --batching-parameters /no/such/file", "no batching parameters file"),
         ("stop nope", "no workbench server named 'nope'"),
     ],

@@ -161,3 +161,14 @@ def _shown(value: object) -> str:
         return "a missing value"
     text = repr(value.tolist() if isinstance(value, np.ndarray) else value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def parse_column_map(text: str) -> dict[str, str]:
+    """``--columns``' text, ``column=input[,column=input...]``, as a mapping; ValueError for anything else."""
+    pairs: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        column, sep, name = item.partition("=")
+        if not sep or not column or not name:
+            raise ValueError(f"--columns takes column=input pairs, not {item!r}")
+        pairs[column] = name
+    return pairs

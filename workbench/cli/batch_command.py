@@ -75,8 +75,10 @@ def add_batch_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[
 
 
 def _batch(args: argparse.Namespace) -> int:
+    from workbench.batch.feeding import parse_column_map
+
     try:
-        columns = _column_map(args.columns)
+        columns = parse_column_map(args.columns)
     except ValueError as exc:
         print(f"workbench batch: {exc}", file=sys.stderr)
         return 2
@@ -126,13 +128,3 @@ def _batch(args: argparse.Namespace) -> int:
             f"{summary.version} in {summary.seconds:.1f} s ({summary.rows_per_second:.0f} rows/s): {summary.output}"
         )
     return 0
-
-
-def _column_map(text: str) -> dict[str, str]:
-    pairs: dict[str, str] = {}
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        column, sep, name = item.partition("=")
-        if not sep or not column or not name:
-            raise ValueError(f"--columns takes column=input pairs, not {item!r}")
-        pairs[column] = name
-    return pairs

@@ -172,6 +172,30 @@ def _bench_parser(line: str) -> None:
     """Closed-loop load on MODEL, as `workbench bench`: shows throughput and latency percentiles, returns them."""
 
 
+@magic_arguments(name="%serve batch")
+@kwds(formatter_class=HelpFormatter, epilog=_OPTIONS_NOTE)
+@argument("model", metavar="MODEL")
+@argument(
+    "--input",
+    required=True,
+    metavar="URI",
+    help="a file, folder or glob of CSV, Parquet, JSON Lines, .npy/.npz or TFRecord files; local, s3:// or gs://",
+)
+@argument("--output", required=True, metavar="URI", help="the folder the answers go to")
+@argument("--model_version", type=int, metavar="N", help="default: the latest")
+@argument("--version_label", metavar="LABEL", help="a version by its label")
+@_SIGNATURE_OPTION
+@argument("--columns", default="", metavar="MAP", help="file columns that feed inputs of other names: column=input,...")
+@argument("--id_column", metavar="NAME", help="copied beside each answer (default: row, the row's number)")
+@argument("--output_format", metavar="FORMAT", help="default: the input's")
+@argument("--shard_rows", type=int, default=100_000, metavar="ROWS", help="rows a written file (default 100000)")
+@argument("--max_failed_rows", type=int, metavar="N", help="stop once more rows than N failed")
+@argument("--allow_python_models", action="store_true", help="load model.py and handler.py (runs their code)")
+@_SERVER_OPTION
+def _batch_parser(line: str) -> None:
+    """Score a data set with MODEL from the server's repository, as `workbench batch`; returns the summary."""
+
+
 @magic_arguments(name="%serve dashboard")
 @kwds(formatter_class=HelpFormatter, epilog=_OPTIONS_NOTE)
 @argument("--window", type=float, default=60.0, metavar="S", help="seconds of history on the live chart")
@@ -220,6 +244,7 @@ PARSERS: dict[str, Callable[..., Any]] = {
     "canary": _canary_parser,
     "predict": _predict_parser,
     "bench": _bench_parser,
+    "batch": _batch_parser,
     "dashboard": _dashboard_parser,
     "logs": _logs_parser,
     "manifests": _manifests_parser,
