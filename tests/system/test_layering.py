@@ -29,7 +29,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("platforms", ("workbench.platforms",)),
     ("engine", ("workbench.batching", "workbench.models", "workbench.observability", "workbench.runners")),
     ("planes", ("workbench.planes",)),
-    ("frontends", ("workbench.frontends",)),
+    ("frontends", ("workbench.frontends", "workbench.asynchronous")),
     ("server", ("workbench.server",)),
     (
         "cli and deploy",

@@ -6,7 +6,8 @@ spelled ``"v2-rest"``, or ``"v2-grpc"``), against workbench, a real TF Serving (
 server such as Triton (v2's). The management methods are workbench's own. Input dtypes come from the model's
 metadata, fetched once per model, so ``client.predict("m", [[1.0]])`` sends float32 when the signature says so.
 Every answer carries its latency; errors are :class:`~workbench.core.errors.ServingError` with the server's
-code and message. :meth:`Client.stream` iterates one request's responses (a decoupled model's 0..n) as they arrive,
+code and message. :meth:`Client.predict_async` queues a request and returns an :class:`AsyncPrediction` (a future:
+``.result(timeout)``). :meth:`Client.stream` iterates one request's responses (a decoupled model's 0..n) as they arrive,
 over v2 gRPC's ``ModelStreamInfer``.
 
 The :class:`Client` (:mod:`~workbench.client.facade`) hands each call to the transport of its protocol:
@@ -22,6 +23,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from workbench.client.async_requests import AsyncPrediction
     from workbench.client.facade import Client
     from workbench.client.grpc_channels import GRPC_CHANNELS
     from workbench.client.prediction import Prediction
@@ -29,6 +31,7 @@ if TYPE_CHECKING:
     from workbench.client.tls import ClientTLS
 
 __all__ = [
+    "AsyncPrediction",
     "GRPC_CHANNELS",
     "GRPC_PROTOCOLS",
     "PROTOCOLS",
@@ -44,6 +47,7 @@ __all__ = [
 # four warning filters scikit-learn's ensembles re-install for every tree of every call (about 1 ms of a 200-tree
 # forest's 7 ms call).
 _HOMES = {
+    "AsyncPrediction": "workbench.client.async_requests",
     "Client": "workbench.client.facade",
     "GRPC_CHANNELS": "workbench.client.grpc_channels",
     "Prediction": "workbench.client.prediction",

@@ -16,13 +16,14 @@ from typing import Any
 import numpy as np
 import requests
 
+from workbench.client.async_requests import AsyncPrediction
 from workbench.client.grpc_channels import GRPC_CHANNELS, GrpcChannels
 from workbench.client.http import HttpConnection
 from workbench.client.management import ManagementAPI
 from workbench.client.prediction import Prediction
 from workbench.client.protocols import GRPC_PROTOCOLS, V2_PROTOCOLS, canonical_protocol
 from workbench.client.tfs_grpc import TfsGrpcTransport
-from workbench.client.tfs_rest import TfsRestTransport
+from workbench.client.tfs_rest import TfsRestTransport, model_path, predict_body
 from workbench.client.tls import ClientTLS
 from workbench.client.transport import Transport
 from workbench.client.v2_grpc import V2GrpcTransport
@@ -221,6 +222,25 @@ class Client:
         return Prediction(
             answer.outputs, model=model, version=answer.version, protocol=chosen, latency_ms=answer.latency_ms
         )
+
+    def predict_async(
+        self,
+        model: str,
+        inputs: Mapping[str, Any] | Any,
+        *,
+        version: int | None = None,
+        label: str | None = None,
+        signature_name: str = "",
+        output_filter: Sequence[str] = (),
+    ) -> AsyncPrediction:
+        """Queue a predict (``:predictAsync``, over REST) and return at once: ``.result(timeout)`` waits for the
+        answer, ``.done()`` and ``.state()`` ask whether it is there (see :class:`AsyncPrediction`)."""
+        if not self.url:
+            raise ValueError("asynchronous requests go over REST: this client has no REST url")
+        signature = self.signature(model, signature_name, version, label, protocol="rest")
+        body = predict_body(self.encode_inputs(signature, inputs), signature_name)
+        ticket, _ = self._http.json_answer("POST", model_path(model, version, label) + ":predictAsync", body, ok=(202,))
+        return AsyncPrediction(self._http, ticket["id"], ticket["url"], model, signature, output_filter)
 
     def stream(
         self,

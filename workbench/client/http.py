@@ -24,6 +24,11 @@ _HTTP_CODES = {
 }
 
 
+def code_of_status(status: int) -> Code:
+    """The canonical code an HTTP error status stands for."""
+    return _HTTP_CODES.get(status, Code.INTERNAL if status >= 500 else Code.UNKNOWN)
+
+
 class HttpConnection:
     """REST calls to ``url`` (None: the client has no REST url, and a call is a programming error)."""
 
@@ -45,15 +50,17 @@ class HttpConnection:
         """The JSON document of a successful answer (a ServingError otherwise)."""
         return self.json_answer(method, path, body)[0]
 
-    def json_answer(self, method: str, path: str, body: Any = None) -> tuple[Any, Mapping[str, str]]:
-        """The JSON document and the headers of a successful answer (a ServingError otherwise)."""
-        response = self.send(method, path, json=body)
+    def json_answer(
+        self, method: str, path: str, body: Any = None, ok: tuple[int, ...] = (200,)
+    ) -> tuple[Any, Mapping[str, str]]:
+        """The JSON document and the headers of a successful answer (``ok``: its statuses; a ServingError else)."""
+        response = self.send(method, path, json=body, ok=ok)
         try:
             return response.json(), response.headers
         except ValueError:
             raise ServingError(Code.DATA_LOSS, f"{method} {path} answered no JSON: {response.text[:200]!r}") from None
 
-    def send(self, method: str, path: str, **kwargs: Any) -> requests.Response:
+    def send(self, method: str, path: str, ok: tuple[int, ...] = (200,), **kwargs: Any) -> requests.Response:
         """A successful answer to ``method path`` (``json=``, or ``data=`` and ``headers=``); a ServingError else."""
         assert self.url is not None
         try:
@@ -62,13 +69,15 @@ class HttpConnection:
             )
         except requests.RequestException as exc:
             raise ServingError(Code.UNAVAILABLE, f"Could not reach {self.url}: {exc}") from None
-        if response.status_code != 200:
+        if response.status_code not in ok:
             try:
                 doc = response.json()
             except ValueError:
                 doc = {"error": response.text[:500]}
-            code = _HTTP_CODES.get(response.status_code, Code.INTERNAL if response.status_code >= 500 else Code.UNKNOWN)
-            raise ServingError(code, doc.get("error", response.reason) if isinstance(doc, dict) else response.reason)
+            raise ServingError(
+                code_of_status(response.status_code),
+                doc.get("error", response.reason) if isinstance(doc, dict) else response.reason,
+            )
         return response
 
     def close(self) -> None:

@@ -32,6 +32,24 @@ def model_path(model: str, version: int | None, label: str | None) -> str:
     return path
 
 
+def predict_body(feeds: Mapping[str, np.ndarray], signature_name: str) -> dict[str, Any]:
+    """A ``:predict`` (or ``:predictAsync``) request's JSON: columnar, every input by name."""
+    body: dict[str, Any] = {"inputs": {k: _to_json(v) for k, v in feeds.items()}}
+    if signature_name:
+        body["signature_name"] = signature_name
+    return body
+
+
+def predict_outputs(doc: Mapping[str, Any], signature: Signature, output_filter: Sequence[str]) -> dict[str, Any]:
+    """The outputs of a columnar ``:predict`` answer, as numpy arrays of the signature's dtypes."""
+    names = list(signature.outputs)
+    # Columnar answers hold the one output's value directly, or an object of several.
+    raw = {names[0]: doc["outputs"]} if len(names) == 1 else doc["outputs"]
+    return {  # REST has no output_filter: filter here, so both protocols answer alike
+        k: _from_json(v, signature.outputs[k].dtype) for k, v in raw.items() if not output_filter or k in output_filter
+    }
+
+
 class TfsRestTransport(Transport):
     name = "rest"
 
@@ -76,19 +94,10 @@ class TfsRestTransport(Transport):
         parameters: Mapping[str, bool | int | str] | None,
     ) -> Answer:
         started = time.perf_counter()
-        body: dict[str, Any] = {"inputs": {k: _to_json(v) for k, v in feeds.items()}}
-        if signature_name:
-            body["signature_name"] = signature_name
+        body = predict_body(feeds, signature_name)
         doc, headers = self._http.json_answer("POST", model_path(model, version, label) + ":predict", body)
         latency = (time.perf_counter() - started) * 1000
-        names = list(signature.outputs)
-        # Columnar answers hold the one output's value directly, or an object of several.
-        raw = {names[0]: doc["outputs"]} if len(names) == 1 else doc["outputs"]
-        outputs = {  # REST has no output_filter: filter here, so both protocols answer alike
-            k: _from_json(v, signature.outputs[k].dtype)
-            for k, v in raw.items()
-            if not output_filter or k in output_filter
-        }
+        outputs = predict_outputs(doc, signature, output_filter)
         # workbench says which version answered (after labels and canaries); TF Serving does not.
         answered = headers.get("X-Model-Version", "")
         return Answer(outputs, int(answered) if answered.isdigit() else version, latency)

@@ -8,6 +8,7 @@ The model config and monitoring config are parsed with TF Serving's own protos (
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -18,7 +19,7 @@ from workbench.config.request_logging import RequestLogConfig, request_log_confi
 from workbench.config.text_config import parse_text_config
 from workbench.config.version_policy import VersionPolicy
 from workbench.core.errors import Code, ServingError
-from workbench.runtime.storage import RemoteFolder, is_remote
+from workbench.runtime.storage import RemoteFolder, is_remote, state_dir
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +134,32 @@ class ServerOptions:
     # clients on other hosts may use it (by default only loopback and Unix-socket clients may).
     shared_memory_max_bytes: int = 4 << 30
     allow_remote_shared_memory: bool = False
+    # Asynchronous inference (:predictAsync): the queue ("": an SQLite file of this server's own, see
+    # async_queue_path), requests answered at once by each process, claims before a request is taken again,
+    # claims before it fails, and how long answers are kept.
+    async_queue: str = ""
+    async_concurrency: int = 4
+    async_visibility_seconds: float = 60.0
+    async_max_attempts: int = 3
+    async_results_seconds: float = 86400.0
+
+    def async_queue_path(self) -> Path:
+        """The SQLite file of asynchronous requests: ``--async_queue`` (``sqlite:///path`` or a path), else one in
+        workbench's state folder named after what this server serves (its repository, config file or base path),
+        so that every process of the server, and the server started again with the same flags, share it."""
+        if self.async_queue:
+            text = self.async_queue.removeprefix("sqlite://")
+            if "://" in text:
+                scheme = text.split("://", 1)[0]
+                raise ServingError(
+                    Code.INVALID_ARGUMENT, f"--async_queue: {scheme}:// queues are not served yet; use sqlite:///PATH"
+                )
+            return Path(text).expanduser().absolute()
+        source = self.model_repository or self.model_config_file or self.model_base_path or f"port {self.port}"
+        if not is_remote(source) and not source.startswith("port "):
+            source = os.path.abspath(source)
+        key = hashlib.sha256(source.encode()).hexdigest()[:16]
+        return state_dir() / "async" / f"{key}.sqlite"
 
     def routing_state_path(self) -> str:
         """An older workbench's routing state file (in a model repository: ``.workbench/routing.json``).

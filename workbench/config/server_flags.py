@@ -193,6 +193,28 @@ SERVE_FLAGS: tuple[FlagGroup, ...] = (
         ),
     ),
     FlagGroup(
+        "asynchronous inference",
+        "POST /v1/models/M:predictAsync answers 202 with an id at once; GET /workbench/v1/async/ID gives the answer",
+        (
+            ServeFlag(
+                "async_queue",
+                "where requests wait: sqlite:///PATH (default: a file in ~/.local/state/workbench/async named after "
+                "what this server serves, shared by its workers and kept across restarts)",
+                "URI",
+            ),
+            ServeFlag("async_concurrency", "asynchronous requests each serving process answers at once", "N"),
+            ServeFlag(
+                "async_visibility_seconds",
+                "a request taken by a process that stops answering is taken again after this long",
+                "S",
+            ),
+            ServeFlag(
+                "async_max_attempts", "times a request is taken (server errors, stopped processes) before it fails", "N"
+            ),
+            ServeFlag("async_results_seconds", "how long answers are kept for GET", "S"),
+        ),
+    ),
+    FlagGroup(
         "network and ports",
         None,
         (

@@ -16,7 +16,7 @@ import functools
 import logging
 import re
 import urllib.parse
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from starlette.applications import Starlette
@@ -57,6 +57,8 @@ _STATUS_PATH = re.compile(
 )
 _MAX_INT64 = (1 << 63) - 1
 
+# A POST under /v1 another module answers (asynchronous inference): the path's match, the path, the body.
+PostHandler = Callable[[re.Match[str], str, bytes], Awaitable[Response]]
 # An inference request's answer: HTTP status, JSON body, and the servable that answered, (name, version), or None.
 Answer = tuple[int, bytes, "tuple[str, int] | None"]
 
@@ -101,10 +103,17 @@ def _version(text: str | None) -> int | None:
 class RestApi:
     """The handlers; :func:`create_app` mounts them."""
 
-    def __init__(self, dataplane: Dataplane, timeout_ms: int, max_request_bytes: int) -> None:
+    def __init__(
+        self,
+        dataplane: Dataplane,
+        timeout_ms: int,
+        max_request_bytes: int,
+        more_posts: Sequence[tuple[re.Pattern[str], PostHandler]] = (),
+    ) -> None:
         self.dataplane = dataplane
         self.timeout = timeout_ms / 1000 if timeout_ms > 0 else None
         self.max_request_bytes = max_request_bytes
+        self.more_posts = tuple(more_posts)
 
     async def _body(self, request: Request) -> bytes:
         return await rest_asgi.read_body(request.scope, request.receive, self.max_request_bytes)
@@ -118,6 +127,10 @@ class RestApi:
             status, body, servable = await self.inference(match, functools.partial(self._body, request), path)
             return json_response(body, status, answered_by(*servable) if servable is not None else None)
         try:
+            if method == "POST":
+                for pattern, handler in self.more_posts:
+                    if more := pattern.fullmatch(path):
+                        return await handler(more, path, await self._body(request))
             match = _STATUS_PATH.fullmatch(path)
             if method == "GET" and match:
                 name, version, label, metadata = match.groups()
@@ -226,8 +239,9 @@ def create_app(
     enable_cors: bool = False,
     prometheus_path: str | None = None,
     extra_routes: list[Route] | None = None,
+    more_posts: Sequence[tuple[re.Pattern[str], PostHandler]] = (),
 ) -> RestApp:
-    api = RestApi(dataplane, timeout_ms, max_request_bytes)
+    api = RestApi(dataplane, timeout_ms, max_request_bytes, more_posts)
     routes = [Route("/v1/{rest:path}", api.v1, methods=["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD"])]
     routes.append(Route("/v1", api.v1, methods=["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD"]))
 

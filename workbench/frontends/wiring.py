@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import grpc
 from starlette.applications import Starlette
@@ -24,6 +25,9 @@ from workbench.frontends.v2_shared_memory import SharedMemoryAccess
 from workbench.planes.controlplane import ControlPlane
 from workbench.planes.dataplane import Dataplane
 
+if TYPE_CHECKING:  # built by the server (workbench.asynchronous stands on this floor's REST API)
+    from workbench.asynchronous.service import AsyncInference
+
 
 @dataclasses.dataclass(frozen=True)
 class FrontendSettings:
@@ -37,6 +41,7 @@ class FrontendSettings:
     management_token: str = ""
     router: SequenceRouter | None = None  # with --num_workers: a sequence's requests go to the worker holding it
     shared_memory: SharedMemoryAccess | None = None  # None: no shared-memory routes or RPCs
+    asynchronous: AsyncInference | None = None  # None: no :predictAsync
 
     @classmethod
     def of(
@@ -44,6 +49,7 @@ class FrontendSettings:
         options: ServerOptions,
         router: SequenceRouter | None = None,
         shared_memory: SharedMemoryAccess | None = None,
+        asynchronous: AsyncInference | None = None,
     ) -> FrontendSettings:
         monitoring = options.monitoring()
         return cls(
@@ -54,6 +60,7 @@ class FrontendSettings:
             management_token=options.management_token,
             router=router,
             shared_memory=shared_memory,
+            asynchronous=asynchronous,
         )
 
 
@@ -81,6 +88,7 @@ class Frontends:
     def rest_app(self) -> Starlette:
         """The REST API as an ASGI app: TF Serving's /v1, v2, management, stats, probes and metrics."""
         dataplane, controlplane, settings = self.dataplane, self.controlplane, self.settings
+        asynchronous = settings.asynchronous
         return create_app(
             dataplane,
             timeout_ms=settings.rest_timeout_ms,
@@ -97,7 +105,9 @@ class Frontends:
                     settings.router,
                     settings.shared_memory,
                 ),
+                *(asynchronous.routes() if asynchronous is not None else []),
             ],
+            more_posts=asynchronous.posts() if asynchronous is not None else (),
         )
 
     def grpc_servicers(self, direct: bool = True) -> GrpcServicers:

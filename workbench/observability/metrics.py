@@ -77,6 +77,26 @@ class _ScrapeTimeGauge:
         yield metric
 
 
+class _AsyncQueueGauges:
+    """The asynchronous queue's depth and the age of its oldest request, read when Prometheus scrapes: what an
+    autoscaler (KEDA, an HPA on an external metric) scales consumers on."""
+
+    def __init__(self, read: Callable[[], tuple[int, float] | None]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[Metric]:
+        waiting = self._read()
+        if waiting is None:
+            return
+        count, oldest = waiting
+        yield GaugeMetricFamily(
+            "workbench_async_requests_waiting", "Asynchronous requests queued or running, not answered yet.", count
+        )
+        yield GaugeMetricFamily(
+            "workbench_async_oldest_waiting_seconds", "Age of the oldest asynchronous request not answered yet.", oldest
+        )
+
+
 class ServingMetrics:
     """The server's metrics; every frontend records through :meth:`observe_request`."""
 
@@ -131,6 +151,8 @@ class ServingMetrics:
         self._batch_children: dict[tuple[str, int], tuple[Any, Any, Any]] = {}
         self._queue_depths: Callable[[], Iterable[tuple[str, int, int]]] = lambda: ()
         self._traffic_shares: Callable[[], Iterable[tuple[str, int, float]]] = lambda: ()
+        self._async_waiting: Callable[[], tuple[int, float] | None] = lambda: None
+        self.registry.register(_AsyncQueueGauges(lambda: self._async_waiting()))
         self.registry.register(
             _ScrapeTimeGauge(
                 "workbench_queue_depth",
@@ -202,6 +224,10 @@ class ServingMetrics:
 
     def report_traffic_shares(self, shares: Callable[[], Iterable[tuple[str, int, float]]]) -> None:
         self._traffic_shares = shares
+
+    def report_async_queue(self, waiting: Callable[[], tuple[int, float] | None]) -> None:
+        """Where the asynchronous queue's gauges read (requests waiting, oldest age; None: no queue) at scrape time."""
+        self._async_waiting = waiting
 
     def set_version_state(self, model: str, version: int, available: bool) -> None:
         self.version_available.labels(model, str(version)).set(1 if available else 0)

@@ -183,6 +183,18 @@ def fingerprint(info: dict[str, Any]) -> tuple[int, ...]:
 
 
 # ------------------------------------------------------------------------------------------------ the cache
+def state_dir() -> Path:
+    """``$XDG_STATE_HOME/workbench`` (``~/.local/state/workbench``): what a server keeps across restarts that is not
+    a model (its asynchronous requests); the system's temp dir when there is no home."""
+    xdg = os.environ.get("XDG_STATE_HOME")
+    if xdg:
+        return Path(xdg) / "workbench"
+    try:
+        return Path.home() / ".local" / "state" / "workbench"
+    except RuntimeError:  # no home directory (some containers' users)
+        return Path(tempfile.gettempdir()) / "workbench-state"
+
+
 def default_cache_dir() -> Path:
     """``$XDG_CACHE_HOME/workbench/models`` (``~/.cache/...``), or the system's temp dir when there is no home."""
     xdg = os.environ.get("XDG_CACHE_HOME")

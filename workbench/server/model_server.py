@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 
 from workbench import platforms
+from workbench.asynchronous.service import AsyncInference
 from workbench.batching.scheduler import Batcher, BatchRecord, BatchScheduler
 from workbench.batching.threads import InferenceThreads
 from workbench.config.options import ServerOptions
@@ -174,10 +175,23 @@ class ModelServer:
         self.shared_memory_access = SharedMemoryAccess(
             self.shared_memory, options.allow_remote_shared_memory, options.management_token
         )
+        # :predictAsync: accepted into a queue every process of the server shares, answered by each one's consumer.
+        self.asynchronous = AsyncInference(
+            self.dataplane,
+            options.async_queue_path(),
+            concurrency=options.async_concurrency,
+            visibility_seconds=options.async_visibility_seconds,
+            results_seconds=options.async_results_seconds,
+            max_attempts=options.async_max_attempts,
+            timeout_ms=options.rest_api_timeout_in_ms,
+            max_request_bytes=options.rest_api_max_request_bytes,
+        )
+        if options.worker_index == 0:  # one queue for every process: counted once
+            self.metrics.report_async_queue(self.asynchronous.waiting)
         self.frontends = Frontends(
             self.dataplane,
             self.controlplane,
-            FrontendSettings.of(options, self.router, self.shared_memory_access),
+            FrontendSettings.of(options, self.router, self.shared_memory_access, self.asynchronous),
         )
         self._ports = Ports(options)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -313,6 +327,8 @@ class ModelServer:
         if not joins_late:  # loading blocks (TensorFlow): off the loop, which meanwhile answers probes
             await self._loop.run_in_executor(None, self.controlplane.apply_models, models)
         self.controlplane.start_polling()
+        if open_ports:  # requests queued before a restart, or by the server's other processes, are answered now
+            self.asynchronous.start()
         if self._config_watcher is not None:
             self._config_watcher.start()
         self.readiness.enter(Phase.SERVING)
@@ -353,6 +369,9 @@ class ModelServer:
         self._stopped.set()
         started = time.monotonic()
         await self._ports.close(grace)
+        # Asynchronous requests running here finish within what is left; the others wait in the queue for the next
+        # consumer (this server started again, or its other processes).
+        await self.asynchronous.stop(max(0.0, deadline - time.monotonic()))
         if time.monotonic() - started < grace:
             log.info("Every accepted request finished (%.1fs)", time.monotonic() - started)
         else:

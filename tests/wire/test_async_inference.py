@@ -1,0 +1,253 @@
+"""Asynchronous inference over REST: accepted at once, answered by the server's consumers, fetched by id.
+
+Real servers on 127.0.0.1 (in-process, and ``workbench serve`` processes killed with SIGKILL mid-request), the
+real ``requests`` client, SQLite queues in the test's folder.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import requests
+import tabular_models as tm  # noqa: E402  (tests/tabular_models.py)
+from sklearn.linear_model import LogisticRegression
+from waiting import wait_until
+
+import workbench
+
+
+@pytest.fixture(scope="module")
+def digits_model(tmp_path_factory) -> tuple[Path, Any]:
+    x, y = tm.digits()
+    root = tmp_path_factory.mktemp("async-models")
+    model = LogisticRegression(max_iter=2000).fit(x, y)
+    workbench.export(model, "digits", root)
+    return root, model
+
+
+@pytest.fixture(scope="module")
+def server(digits_model, tmp_path_factory):
+    root, _ = digits_model
+    queue = tmp_path_factory.mktemp("queue") / "async.sqlite"
+    with tm.serving(root, async_queue=f"sqlite://{queue}") as running:
+        tm.available(running, "digits")
+        yield running
+
+
+def answered(url: str, request_id: str, timeout: float = 60) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+
+    def done() -> bool:
+        found.update(requests.get(f"{url}/workbench/v1/async/{request_id}", timeout=30).json())
+        return found.get("state") in ("done", "failed")
+
+    wait_until(done, timeout=timeout, interval=0.05, what=f"asynchronous request {request_id} answered")
+    return found
+
+
+def test_a_request_is_accepted_at_once_and_its_answer_is_predicts(server, digits_model):
+    _, model = digits_model
+    x = tm.digits()[0][:3]
+    body = {"instances": x.tolist()}
+    accepted = requests.post(f"{server.rest_url}/v1/models/digits:predictAsync", json=body, timeout=30)
+    assert accepted.status_code == 202, accepted.text
+    ticket = accepted.json()
+    assert ticket["state"] == "queued" and ticket["url"] == f"/workbench/v1/async/{ticket['id']}"
+    assert accepted.headers["Location"] == ticket["url"]
+    record = answered(server.rest_url, ticket["id"])
+    synchronous = requests.post(f"{server.rest_url}/v1/models/digits:predict", json=body, timeout=30).json()
+    assert (record["state"], record["status"], record["attempts"], record["model"]) == ("done", 200, 1, "digits")
+    assert record["answer"] == synchronous == {"predictions": model.predict(x).tolist()}
+
+
+def test_the_client_predicts_asynchronously_as_a_future(server, digits_model):
+    from workbench.client import Client
+    from workbench.core.errors import Code, ServingError
+
+    _, model = digits_model
+    x = tm.digits()[0][:5]
+    with Client(server.rest_url) as client:
+        pending = client.predict_async("digits", x, signature_name="predict_proba")
+        answer = pending.result(timeout=60)
+        assert pending.done() and pending.state() == "done"
+        np.testing.assert_allclose(answer["probabilities"], model.predict_proba(x))
+        with pytest.raises(ServingError) as refused:
+            client.predict_async("nosuch", x)
+        assert refused.value.code == Code.NOT_FOUND
+
+
+def test_a_version_or_label_is_kept_and_many_requests_each_get_their_own_answer(server, digits_model):
+    _, model = digits_model
+    x = tm.digits()[0][:40]
+    ids = [
+        requests.post(
+            f"{server.rest_url}/v1/models/digits/versions/1:predictAsync", json={"instances": [row]}, timeout=30
+        ).json()["id"]
+        for row in x.tolist()
+    ]
+    assert len(set(ids)) == 40
+    answers = [answered(server.rest_url, i)["answer"]["predictions"][0] for i in ids]
+    assert answers == model.predict(x).tolist()
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "says"),
+    [
+        ("/v1/models/nosuch:predictAsync", {"instances": [[0.0] * 64]}, 404, "nosuch"),
+        ("/v1/models/digits/versions/9:predictAsync", {"instances": [[0.0] * 64]}, 404, "9"),
+        ("/v1/models/digits:predictAsync", {"instance": [[0.0] * 64]}, 400, "instances"),
+        ("/v1/models/digits:predictAsync", {"instances": [["a"] * 64]}, 400, ""),
+    ],
+)
+def test_what_predict_would_refuse_is_refused_at_once(server, path, body, status, says):
+    response = requests.post(f"{server.rest_url}{path}", json=body, timeout=30)
+    assert response.status_code == status, response.text
+    assert says in response.json()["error"]
+
+
+def test_the_queue_shows_in_prometheus(server):
+    requests.post(f"{server.rest_url}/v1/models/digits:predictAsync", json={"instances": [[0.0] * 64]}, timeout=30)
+    text = requests.get(f"{server.rest_url}/metrics", timeout=30).text
+    samples = dict(line.split() for line in text.splitlines() if line.startswith("workbench_async_"))
+    assert {"workbench_async_requests_waiting", "workbench_async_oldest_waiting_seconds"} <= set(samples)
+    assert float(samples["workbench_async_requests_waiting"]) >= 0
+
+
+def test_the_keda_example_scales_the_deployment_on_a_metric_the_server_exports(server):
+    import yaml
+
+    repo = Path(__file__).resolve().parents[2]
+    scaled = yaml.safe_load((repo / "deploy" / "keda" / "scaledobject.yaml").read_text())
+    deployment = yaml.safe_load((repo / "deploy" / "kubernetes" / "deployment.yaml").read_text())
+    assert (scaled["apiVersion"], scaled["kind"]) == ("keda.sh/v1alpha1", "ScaledObject")
+    assert scaled["spec"]["scaleTargetRef"]["name"] == deployment["metadata"]["name"]
+    (prometheus,) = [t for t in scaled["spec"]["triggers"] if t["type"] == "prometheus"]
+    metric = prometheus["metadata"]["query"].split("(", 1)[1].split("{", 1)[0]
+    exported = requests.get(f"{server.rest_url}/metrics", timeout=30).text
+    assert f"# TYPE {metric} gauge" in exported
+
+
+def test_an_unknown_or_expired_id_is_not_found(server):
+    response = requests.get(f"{server.rest_url}/workbench/v1/async/0123456789abcdef", timeout=30)
+    assert response.status_code == 404 and "No asynchronous request 0123456789abcdef" in response.json()["error"]
+
+
+SLOW_MODEL = textwrap.dedent(
+    """
+    import os, time
+    import workbench
+
+
+    class Slow(workbench.PythonModel):
+        inputs = {"x": ("float32", [-1, 1])}
+        outputs = {"y": ("float32", [-1, 1])}
+
+        def predict(self, inputs):
+            if float(inputs["x"].ravel()[0]) < 0:
+                raise RuntimeError("this model fails on negative numbers")
+            time.sleep(float(os.environ.get("SLOW_SECONDS", "0")))
+            return {"y": inputs["x"] * 2.0}
+    """
+)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Serve:
+    """``workbench serve`` of the slow model, as a process of its own."""
+
+    def __init__(self, repository: Path, queue: Path, slow_seconds: float, *flags: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = dict(os.environ, SLOW_SECONDS=str(slow_seconds), TF_CPP_MIN_LOG_LEVEL="2")
+        env["PYTHONPATH"] = os.pathsep.join(
+            filter(None, (str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH")))
+        )
+        self.proc = subprocess.Popen(
+            [
+                sys.executable, "-m", "workbench", "serve", f"--model_repository={repository}", "--port=0",
+                f"--rest_api_port={self.port}", "--allow_python_models", f"--async_queue=sqlite://{queue}", *flags,
+            ],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        wait_until(self._ready, timeout=120, interval=0.1, what="workbench serve answers")
+
+    def _ready(self) -> bool:
+        assert self.proc.poll() is None, "workbench serve exited"
+        try:
+            return requests.get(f"{self.url}/v1/models/slow", timeout=2).status_code == 200
+        except requests.ConnectionError:
+            return False
+
+    def stop(self, kill: bool = False) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill() if kill else self.proc.terminate()
+        self.proc.wait(60)
+
+
+@pytest.fixture()
+def slow_repository(tmp_path) -> Iterator[Path]:
+    version = tmp_path / "models" / "slow" / "1"
+    version.mkdir(parents=True)
+    (version / "model.py").write_text(SLOW_MODEL)
+    yield tmp_path / "models"
+
+
+def test_requests_accepted_by_a_server_killed_mid_request_are_answered_once_after_it_restarts(
+    tmp_path, slow_repository
+):
+    queue = tmp_path / "queue.sqlite"
+    first = Serve(slow_repository, queue, 0.5, "--async_visibility_seconds=1", "--async_concurrency=1")
+    try:
+        ids = [
+            requests.post(f"{first.url}/v1/models/slow:predictAsync", json={"instances": [[i]]}, timeout=30).json()[
+                "id"
+            ]
+            for i in range(1, 7)
+        ]
+        wait_until(
+            lambda: requests.get(f"{first.url}/workbench/v1/async/{ids[0]}", timeout=30).json()["state"] != "queued",
+            timeout=30,
+            what="the first request taken",
+        )
+    finally:
+        first.stop(kill=True)  # mid-request: its claim expires, nothing answered it
+    second = Serve(slow_repository, queue, 0.0, "--async_visibility_seconds=1")
+    try:
+        records = [answered(second.url, i) for i in ids]
+    finally:
+        second.stop()
+    assert [r["answer"] for r in records] == [{"predictions": [[2.0 * i]]} for i in range(1, 7)]
+    assert all(r["state"] == "done" and r["status"] == 200 for r in records)
+    assert records[0]["attempts"] >= 2  # taken by the killed server, then again
+
+
+def test_a_request_that_keeps_failing_on_the_server_fails_after_its_attempts(tmp_path, slow_repository):
+    server = Serve(slow_repository, tmp_path / "queue.sqlite", 0.0, "--async_max_attempts=2")
+    try:
+        ticket = requests.post(f"{server.url}/v1/models/slow:predictAsync", json={"instances": [[-1.0]]}, timeout=30)
+        record = answered(server.url, ticket.json()["id"])
+    finally:
+        server.stop()
+    assert (record["state"], record["status"], record["attempts"]) == ("failed", 500, 2)
+    assert "this model fails on negative numbers" in record["answer"]["error"]
+
+
+def test_queue_flags_are_checked():
+    from workbench.cli import main
+
+    assert main(["serve", "--model_base_path=/x", "--async_queue=sqs://queue"]) == 2
+    assert main(["serve", "--model_base_path=/x", "--async_concurrency=0"]) == 2

@@ -1,0 +1,212 @@
+"""Asynchronous inference: ``:predictAsync`` answers ``202 Accepted`` at once, a consumer answers the request later.
+
+- ``POST /v1/models/{m}[/versions/{v}|/labels/{l}]:predictAsync`` takes the body ``:predict`` takes. The model
+  must exist and the body must decode against its signature (a mistake is a 4xx now, not a failure found later);
+  the request is then queued (:class:`~workbench.asynchronous.store.SqliteStore`) and answered ``202`` with its id
+  and where its answer will be: ``{"id": ..., "state": "queued", "url": "/workbench/v1/async/<id>"}``.
+- ``GET /workbench/v1/async/{id}``: its state (``queued``, ``running``, ``done``, ``failed``), attempts and times,
+  and once answered the HTTP status and the answer itself, exactly what ``:predict`` would have answered
+  (``{"predictions": ...}`` or ``{"error": ...}``). 404 once its answer's time (``--async_results_seconds``) is over.
+
+Every serving process runs a :class:`Consumer` once it has a queue (a ``:predictAsync`` reached it, or the queue's
+file existed when it started): it claims up to ``--async_concurrency`` requests at a time and runs each through the
+same REST handler a synchronous ``:predict`` takes (:class:`~workbench.frontends.rest.RestApi`), so routing,
+batching, deadlines, metrics and errors are a synchronous request's. An answer with a server-side status (5xx, 429)
+is retried, up to ``--async_max_attempts`` claims, then failed with its last answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import re
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from workbench.asynchronous.store import Claimed, SqliteStore
+from workbench.core.errors import Code, ServingError
+from workbench.frontends.rest import PostHandler, RestApi, error_response, json_response
+from workbench.planes.calls import ModelSpec
+from workbench.planes.dataplane import Dataplane
+from workbench.protocol import json_tensor
+
+log = logging.getLogger(__name__)
+
+ASYNC_PATH = re.compile(r"/v1/models/([^/:]+)(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?:predictAsync", re.IGNORECASE)
+STATUS_PREFIX = "/workbench/v1/async/"
+IDLE_POLL_SECONDS = 0.5  # how often an idle consumer looks for requests other processes queued
+RETRY_SECONDS = 1.0  # before a request whose answer was a server error is tried again
+
+
+class AsyncInference:
+    """One serving process's side of asynchronous inference: accepting, answering status, consuming."""
+
+    def __init__(
+        self,
+        dataplane: Dataplane,
+        queue_path: Path,
+        *,
+        concurrency: int = 4,
+        visibility_seconds: float = 60.0,
+        results_seconds: float = 86400.0,
+        max_attempts: int = 3,
+        timeout_ms: int = 30000,
+        max_request_bytes: int = 256 * 1024 * 1024,
+    ) -> None:
+        self.dataplane = dataplane
+        self.queue_path = queue_path
+        self.concurrency = concurrency
+        self.visibility_seconds = visibility_seconds
+        self.results_seconds = results_seconds
+        self.max_attempts = max_attempts
+        self.max_request_bytes = max_request_bytes
+        self._rest = RestApi(dataplane, timeout_ms, max_request_bytes)  # the synchronous path every answer takes
+        self._store: SqliteStore | None = None
+        self._consumer: asyncio.Task[None] | None = None
+        self._arrived = asyncio.Event()  # a request queued here: no need to wait for the next poll
+        self._running: set[asyncio.Task[None]] = set()
+        self._stopping = False
+
+    # ------------------------------------------------------------------------------------------- lifecycle
+    def start(self) -> None:
+        """Consume at once if the queue exists already (requests queued before a restart, or by other processes)."""
+        if self.queue_path.exists():
+            self._open()
+
+    async def stop(self, timeout: float) -> None:
+        """Take no more requests; let those running finish (those that do not in ``timeout`` are claimed again by
+        whoever consumes next, once their claim expires)."""
+        self._stopping = True
+        if self._consumer is not None:
+            self._consumer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._consumer
+        if self._running:
+            await asyncio.wait(self._running, timeout=timeout)
+        if self._store is not None:
+            store, self._store = self._store, None
+            await asyncio.get_running_loop().run_in_executor(None, store.close)
+
+    def _open(self) -> SqliteStore:
+        if self._store is None:
+            self._store = SqliteStore(self.queue_path, self.results_seconds, self.max_attempts)
+        if self._consumer is None and not self._stopping:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # opened from another thread (a metrics scrape): the loop's next use consumes
+                return self._store
+            self._consumer = loop.create_task(self._consume())
+        return self._store
+
+    # ------------------------------------------------------------------------------------------- the API
+    async def accept(self, match: re.Match[str], path: str, body: bytes) -> Response:
+        """``:predictAsync``: checked as ``:predict`` would check it, queued, answered 202."""
+        try:
+            name, version, label = match.groups()
+            spec = ModelSpec(name=name, version=int(version) if version else None, label=label)
+            await self.dataplane.loaded(name)
+            with self.dataplane.handle(spec) as servable:  # an unknown model or version: 404 now
+                json_tensor.decode_predict_request(
+                    body, lambda signature, sent: self.dataplane.rest_input_specs(servable, signature, sent)
+                )
+            if self._stopping:
+                raise ServingError(Code.UNAVAILABLE, "The server is shutting down: queue the request elsewhere")
+            store = self._open()
+            sync_path = path[: -len("Async")]  # what the consumer runs: the same request, as :predict
+            request_id = await asyncio.get_running_loop().run_in_executor(None, store.put, name, sync_path, body)
+        except ServingError as exc:
+            return error_response(exc)
+        self._arrived.set()
+        answer = {"id": request_id, "state": "queued", "url": STATUS_PREFIX + request_id}
+        return json_response(json.dumps(answer).encode(), 202, {"Location": answer["url"]})
+
+    async def status(self, request: Request) -> Response:
+        request_id = request.path_params["request_id"]
+        store = self._store
+        if store is None and self.queue_path.exists():
+            store = self._open()
+        record = (
+            await asyncio.get_running_loop().run_in_executor(None, store.get, request_id) if store is not None else None
+        )
+        if record is None:
+            return error_response(
+                ServingError(Code.NOT_FOUND, f"No asynchronous request {request_id} (unknown, or its answer expired)")
+            )
+        document: dict[str, object] = {
+            "id": record.id,
+            "model": record.model,
+            "state": record.state,
+            "attempts": record.attempts,
+            "created": record.created,
+            "updated": record.updated,
+        }
+        if record.status is not None and record.answer is not None:
+            document["status"] = record.status
+            document["answer"] = json.loads(record.answer)
+        return json_response(json.dumps(document).encode())
+
+    def waiting(self) -> tuple[int, float]:
+        """Requests not answered yet and the oldest one's age, for the metrics (on the event loop, at scrape time: a
+        queue another process of the server created is opened, and consumed, from then on)."""
+        store = self._store
+        if store is None and self.queue_path.exists():
+            store = self._open()
+        return store.waiting() if store is not None else (0, 0.0)
+
+    def routes(self) -> list[Route]:
+        return [Route(STATUS_PREFIX + "{request_id}", self.status, methods=["GET"])]
+
+    def posts(self) -> list[tuple[re.Pattern[str], PostHandler]]:
+        """What the REST API's /v1 answers here: ``:predictAsync``."""
+        return [(ASYNC_PATH, self.accept)]
+
+    # ------------------------------------------------------------------------------------------- consuming
+    async def _consume(self) -> None:
+        loop = asyncio.get_running_loop()
+        store = self._store
+        assert store is not None
+        while not self._stopping:
+            free = self.concurrency - len(self._running)
+            claimed = await loop.run_in_executor(None, store.claim, free, self.visibility_seconds) if free > 0 else []
+            for item in claimed:
+                task = loop.create_task(self._answer(store, item))
+                self._running.add(task)
+                task.add_done_callback(self._ended)
+            if claimed and len(self._running) < self.concurrency:
+                continue  # there may be more waiting
+            self._arrived.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._arrived.wait(), IDLE_POLL_SECONDS)
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        self._running.discard(task)
+        self._arrived.set()  # a slot is free
+
+    async def _answer(self, store: SqliteStore, item: Claimed) -> None:
+        loop = asyncio.get_running_loop()
+        match = _SYNC_PATH.fullmatch(item.path)
+        assert match is not None  # written by accept()
+        status, body, _ = await self._rest.inference(match, _body_of(item.body), item.path)
+        try:
+            if (status >= 500 or status == 429) and item.attempts < self.max_attempts:
+                await loop.run_in_executor(None, store.retry, item, RETRY_SECONDS)
+            else:
+                await loop.run_in_executor(None, store.finish, item, status, body)
+        except Exception:  # noqa: BLE001 - the claim expires and the request is taken again
+            log.exception("Could not record the answer to asynchronous request %s", item.id)
+
+
+_SYNC_PATH = re.compile(r"/v1/models/([^/:]+)(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?:(predict)", re.IGNORECASE)
+
+
+def _body_of(body: bytes) -> Callable[[], Awaitable[bytes]]:
+    async def read() -> bytes:
+        return body
+
+    return read
