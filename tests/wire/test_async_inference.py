@@ -169,7 +169,7 @@ def free_port() -> int:
 class Serve:
     """``workbench serve`` of the slow model, as a process of its own."""
 
-    def __init__(self, repository: Path, queue: Path, slow_seconds: float, *flags: str) -> None:
+    def __init__(self, repository: Path, queue: str, slow_seconds: float, *flags: str) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = dict(os.environ, SLOW_SECONDS=str(slow_seconds), TF_CPP_MIN_LOG_LEVEL="2")
@@ -179,7 +179,7 @@ class Serve:
         self.proc = subprocess.Popen(
             [
                 sys.executable, "-m", "workbench", "serve", f"--model_repository={repository}", "--port=0",
-                f"--rest_api_port={self.port}", "--allow_python_models", f"--async_queue=sqlite://{queue}", *flags,
+                f"--rest_api_port={self.port}", "--allow_python_models", f"--async_queue={queue}", *flags,
             ],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
@@ -198,6 +198,54 @@ class Serve:
         self.proc.wait(60)
 
 
+class RedisServer:
+    """A real redis-server on 127.0.0.1 (a free port, nothing saved), for the test alone."""
+
+    def __init__(self, folder: Path) -> None:
+        import shutil
+
+        binary = shutil.which("redis-server")
+        if binary is None:
+            pytest.skip("redis-server is not installed (.ci/run installs Debian's)")
+        self.port = free_port()
+        self.proc = subprocess.Popen(
+            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--dir", str(folder)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        import redis
+
+        client = redis.Redis(port=self.port)
+        wait_until(lambda: _pings(client), timeout=30, interval=0.05, what="redis-server answers")
+        client.close()
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(30)
+
+
+def _pings(client: Any) -> bool:
+    import redis
+
+    try:
+        return bool(client.ping())
+    except redis.ConnectionError:
+        return False
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def queue(request, tmp_path) -> Iterator[str]:
+    """Where the requests wait: the embedded SQLite file, or a stream of a real Redis server."""
+    if request.param == "sqlite":
+        yield f"sqlite://{tmp_path / 'queue.sqlite'}"
+        return
+    server = RedisServer(tmp_path)
+    try:
+        yield f"redis://127.0.0.1:{server.port}/0"
+    finally:
+        server.stop()
+
+
 @pytest.fixture()
 def slow_repository(tmp_path) -> Iterator[Path]:
     version = tmp_path / "models" / "slow" / "1"
@@ -206,10 +254,7 @@ def slow_repository(tmp_path) -> Iterator[Path]:
     yield tmp_path / "models"
 
 
-def test_requests_accepted_by_a_server_killed_mid_request_are_answered_once_after_it_restarts(
-    tmp_path, slow_repository
-):
-    queue = tmp_path / "queue.sqlite"
+def test_requests_accepted_by_a_server_killed_mid_request_are_answered_once_after_it_restarts(queue, slow_repository):
     first = Serve(slow_repository, queue, 0.5, "--async_visibility_seconds=1", "--async_concurrency=1")
     try:
         ids = [
@@ -235,8 +280,9 @@ def test_requests_accepted_by_a_server_killed_mid_request_are_answered_once_afte
     assert records[0]["attempts"] >= 2  # taken by the killed server, then again
 
 
-def test_a_request_that_keeps_failing_on_the_server_fails_after_its_attempts(tmp_path, slow_repository):
-    server = Serve(slow_repository, tmp_path / "queue.sqlite", 0.0, "--async_max_attempts=2")
+def test_a_request_that_keeps_failing_on_the_server_fails_after_its_attempts(queue, slow_repository):
+    # A Redis stream has no delayed redelivery: a retried request is taken again once its claim's time is over.
+    server = Serve(slow_repository, queue, 0.0, "--async_max_attempts=2", "--async_visibility_seconds=1")
     try:
         ticket = requests.post(f"{server.url}/v1/models/slow:predictAsync", json={"instances": [[-1.0]]}, timeout=30)
         record = answered(server.url, ticket.json()["id"])

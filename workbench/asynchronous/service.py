@@ -2,7 +2,7 @@
 
 - ``POST /v1/models/{m}[/versions/{v}|/labels/{l}]:predictAsync`` takes the body ``:predict`` takes. The model
   must exist and the body must decode against its signature (a mistake is a 4xx now, not a failure found later);
-  the request is then queued (:class:`~workbench.asynchronous.store.SqliteStore`) and answered ``202`` with its id
+  the request is then queued (:mod:`~workbench.asynchronous.queues`) and answered ``202`` with its id
   and where its answer will be: ``{"id": ..., "state": "queued", "url": "/workbench/v1/async/<id>"}``.
 - ``GET /workbench/v1/async/{id}``: its state (``queued``, ``running``, ``done``, ``failed``), attempts and times,
   and once answered the HTTP status and the answer itself, exactly what ``:predict`` would have answered
@@ -23,13 +23,13 @@ import json
 import logging
 import re
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from workbench.asynchronous.store import Claimed, SqliteStore
+from workbench.asynchronous.queues import AsyncQueue, open_queue, queue_exists
+from workbench.asynchronous.store import Claimed
 from workbench.core.errors import Code, ServingError
 from workbench.frontends.rest import PostHandler, RestApi, error_response, json_response
 from workbench.planes.calls import ModelSpec
@@ -50,7 +50,7 @@ class AsyncInference:
     def __init__(
         self,
         dataplane: Dataplane,
-        queue_path: Path,
+        queue_uri: str,
         *,
         concurrency: int = 4,
         visibility_seconds: float = 60.0,
@@ -60,14 +60,14 @@ class AsyncInference:
         max_request_bytes: int = 256 * 1024 * 1024,
     ) -> None:
         self.dataplane = dataplane
-        self.queue_path = queue_path
+        self.queue_uri = queue_uri
         self.concurrency = concurrency
         self.visibility_seconds = visibility_seconds
         self.results_seconds = results_seconds
         self.max_attempts = max_attempts
         self.max_request_bytes = max_request_bytes
         self._rest = RestApi(dataplane, timeout_ms, max_request_bytes)  # the synchronous path every answer takes
-        self._store: SqliteStore | None = None
+        self._store: AsyncQueue | None = None
         self._consumer: asyncio.Task[None] | None = None
         self._arrived = asyncio.Event()  # a request queued here: no need to wait for the next poll
         self._running: set[asyncio.Task[None]] = set()
@@ -76,7 +76,7 @@ class AsyncInference:
     # ------------------------------------------------------------------------------------------- lifecycle
     def start(self) -> None:
         """Consume at once if the queue exists already (requests queued before a restart, or by other processes)."""
-        if self.queue_path.exists():
+        if queue_exists(self.queue_uri):
             self._open()
 
     async def stop(self, timeout: float) -> None:
@@ -93,9 +93,9 @@ class AsyncInference:
             store, self._store = self._store, None
             await asyncio.get_running_loop().run_in_executor(None, store.close)
 
-    def _open(self) -> SqliteStore:
+    def _open(self) -> AsyncQueue:
         if self._store is None:
-            self._store = SqliteStore(self.queue_path, self.results_seconds, self.max_attempts)
+            self._store = open_queue(self.queue_uri, self.results_seconds, self.max_attempts)
         if self._consumer is None and not self._stopping:
             try:
                 loop = asyncio.get_running_loop()
@@ -129,7 +129,7 @@ class AsyncInference:
     async def status(self, request: Request) -> Response:
         request_id = request.path_params["request_id"]
         store = self._store
-        if store is None and self.queue_path.exists():
+        if store is None and queue_exists(self.queue_uri):
             store = self._open()
         record = (
             await asyncio.get_running_loop().run_in_executor(None, store.get, request_id) if store is not None else None
@@ -155,7 +155,7 @@ class AsyncInference:
         """Requests not answered yet and the oldest one's age, for the metrics (on the event loop, at scrape time: a
         queue another process of the server created is opened, and consumed, from then on)."""
         store = self._store
-        if store is None and self.queue_path.exists():
+        if store is None and queue_exists(self.queue_uri):
             store = self._open()
         return store.waiting() if store is not None else (0, 0.0)
 
@@ -188,7 +188,7 @@ class AsyncInference:
         self._running.discard(task)
         self._arrived.set()  # a slot is free
 
-    async def _answer(self, store: SqliteStore, item: Claimed) -> None:
+    async def _answer(self, store: AsyncQueue, item: Claimed) -> None:
         loop = asyncio.get_running_loop()
         match = _SYNC_PATH.fullmatch(item.path)
         assert match is not None  # written by accept()

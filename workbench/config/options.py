@@ -143,23 +143,18 @@ class ServerOptions:
     async_max_attempts: int = 3
     async_results_seconds: float = 86400.0
 
-    def async_queue_path(self) -> Path:
-        """The SQLite file of asynchronous requests: ``--async_queue`` (``sqlite:///path`` or a path), else one in
-        workbench's state folder named after what this server serves (its repository, config file or base path),
-        so that every process of the server, and the server started again with the same flags, share it."""
+    def async_queue_uri(self) -> str:
+        """Where asynchronous requests wait: ``--async_queue`` (``sqlite:///PATH``, ``redis://HOST:PORT/DB``), else
+        an SQLite file in workbench's state folder named after what this server serves (its repository, config file
+        or base path), so that every process of the server, and the server started again with the same flags,
+        share it."""
         if self.async_queue:
-            text = self.async_queue.removeprefix("sqlite://")
-            if "://" in text:
-                scheme = text.split("://", 1)[0]
-                raise ServingError(
-                    Code.INVALID_ARGUMENT, f"--async_queue: {scheme}:// queues are not served yet; use sqlite:///PATH"
-                )
-            return Path(text).expanduser().absolute()
+            return self.async_queue
         source = self.model_repository or self.model_config_file or self.model_base_path or f"port {self.port}"
         if not is_remote(source) and not source.startswith("port "):
             source = os.path.abspath(source)
         key = hashlib.sha256(source.encode()).hexdigest()[:16]
-        return state_dir() / "async" / f"{key}.sqlite"
+        return f"sqlite://{state_dir() / 'async' / f'{key}.sqlite'}"
 
     def routing_state_path(self) -> str:
         """An older workbench's routing state file (in a model repository: ``.workbench/routing.json``).

@@ -199,7 +199,8 @@ SERVE_FLAGS: tuple[FlagGroup, ...] = (
             ServeFlag(
                 "async_queue",
                 "where requests wait: sqlite:///PATH (default: a file in ~/.local/state/workbench/async named after "
-                "what this server serves, shared by its workers and kept across restarts)",
+                "what this server serves, shared by its workers and kept across restarts), or redis://HOST:PORT/DB "
+                "(a Redis stream many servers share)",
                 "URI",
             ),
             ServeFlag("async_concurrency", "asynchronous requests each serving process answers at once", "N"),

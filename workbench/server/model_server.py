@@ -178,7 +178,7 @@ class ModelServer:
         # :predictAsync: accepted into a queue every process of the server shares, answered by each one's consumer.
         self.asynchronous = AsyncInference(
             self.dataplane,
-            options.async_queue_path(),
+            options.async_queue_uri(),
             concurrency=options.async_concurrency,
             visibility_seconds=options.async_visibility_seconds,
             results_seconds=options.async_results_seconds,
