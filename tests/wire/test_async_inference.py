@@ -233,11 +233,33 @@ def _pings(client: Any) -> bool:
         return False
 
 
-@pytest.fixture(params=["sqlite", "redis"])
-def queue(request, tmp_path) -> Iterator[str]:
-    """Where the requests wait: the embedded SQLite file, or a stream of a real Redis server."""
+@pytest.fixture(params=["sqlite", "redis", "sqs"])
+def queue(request, tmp_path, monkeypatch) -> Iterator[str]:
+    """Where the requests wait: the embedded SQLite file, a stream of a real Redis server, or SQS on moto's server
+    (its answers in moto's S3), reached with boto3 and s3fs as in AWS."""
     if request.param == "sqlite":
         yield f"sqlite://{tmp_path / 'queue.sqlite'}"
+        return
+    if request.param == "sqs":
+        moto_server = pytest.importorskip("moto.server")
+        import boto3
+
+        aws = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        aws.start()
+        host, port = aws.get_host_and_port()
+        for key, value in {
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_ENDPOINT_URL": f"http://{host}:{port}",
+        }.items():
+            monkeypatch.setenv(key, value)  # inherited by the servers the test starts
+        boto3.client("sqs").create_queue(QueueName="requests")
+        boto3.client("s3").create_bucket(Bucket="answers")
+        try:
+            yield "sqs://requests?results=s3://answers/async"
+        finally:
+            aws.stop()
         return
     server = RedisServer(tmp_path)
     try:
@@ -295,5 +317,6 @@ def test_a_request_that_keeps_failing_on_the_server_fails_after_its_attempts(que
 def test_queue_flags_are_checked():
     from workbench.cli import main
 
-    assert main(["serve", "--model_base_path=/x", "--async_queue=sqs://queue"]) == 2
+    assert main(["serve", "--model_base_path=/x", "--async_queue=amqp://queue"]) == 2
+    assert main(["serve", "--model_base_path=/x", "--async_queue=sqs://queue"]) == 2  # no ?results=
     assert main(["serve", "--model_base_path=/x", "--async_concurrency=0"]) == 2

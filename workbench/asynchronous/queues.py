@@ -4,6 +4,8 @@
   process of a server shares; it needs nothing.
 - ``redis://HOST:PORT/DB`` (:class:`~workbench.asynchronous.redis_queue.RedisQueue`): a Redis stream read by a
   consumer group, the answers in Redis too: many servers (replicas, pods) share it.
+- ``sqs://QUEUE?results=s3://BUCKET/PREFIX`` (:class:`~workbench.asynchronous.sqs_queue.SqsQueue`): Amazon SQS,
+  each request's record and answer a JSON object in the object store.
 
 Each keeps the requests and their answers: accepted ones are on disk (or in Redis) before ``202`` answers, a claim
 hides a request from other consumers until it is finished or its visibility timeout passes, a request is answered
@@ -18,7 +20,7 @@ from urllib.parse import urlparse
 
 from workbench.asynchronous.store import Claimed, Record
 
-SCHEMES = ("sqlite", "redis")
+SCHEMES = ("sqlite", "redis", "sqs")
 
 
 class AsyncQueue(Protocol):
@@ -54,11 +56,15 @@ def open_queue(uri: str, results_seconds: float, max_attempts: int) -> AsyncQueu
         from workbench.asynchronous.store import SqliteStore
 
         return SqliteStore(sqlite_path(uri), results_seconds, max_attempts)
-    if scheme == "redis":
+    if scheme in ("redis", "rediss"):
         from workbench.asynchronous.redis_queue import RedisQueue
 
         return RedisQueue(uri, results_seconds, max_attempts)
-    raise ValueError(f"--async_queue={uri}: a queue is sqlite:///PATH or redis://HOST:PORT/DB")
+    if scheme == "sqs":
+        from workbench.asynchronous.sqs_queue import SqsQueue
+
+        return SqsQueue(uri, results_seconds, max_attempts)
+    raise ValueError(f"--async_queue={uri}: a queue is sqlite:///PATH, redis://HOST:PORT/DB or sqs://QUEUE?results=URL")
 
 
 def sqlite_path(uri: str) -> Path:

@@ -126,8 +126,13 @@ def check_serve_flags(args: argparse.Namespace) -> int:
         raise FlagError("--async_concurrency and --async_max_attempts must be at least 1")
     if args.async_visibility_seconds <= 0 or args.async_results_seconds <= 0:
         raise FlagError("--async_visibility_seconds and --async_results_seconds must be positive")
-    if "://" in args.async_queue and args.async_queue.split("://", 1)[0] not in ("sqlite", "redis"):
-        raise FlagError(f"--async_queue={args.async_queue}: a queue is sqlite:///PATH or redis://HOST:PORT/DB")
+    if "://" in args.async_queue and args.async_queue.split("://", 1)[0] not in ("sqlite", "redis", "rediss", "sqs"):
+        raise FlagError(
+            f"--async_queue={args.async_queue}: a queue is sqlite:///PATH, redis://HOST:PORT/DB or "
+            "sqs://QUEUE?results=s3://BUCKET/PREFIX"
+        )
+    if args.async_queue.startswith("sqs://") and "results=" not in args.async_queue:
+        raise FlagError(f"--async_queue={args.async_queue}: SQS keeps no answers: add ?results=s3://BUCKET/PREFIX")
     if args.response_cache_models and not args.response_cache_bytes:
         raise FlagError("--response_cache_models needs --response_cache_bytes: the cache's size")
     if args.shared_memory_max_bytes < 0:

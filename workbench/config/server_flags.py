@@ -199,8 +199,9 @@ SERVE_FLAGS: tuple[FlagGroup, ...] = (
             ServeFlag(
                 "async_queue",
                 "where requests wait: sqlite:///PATH (default: a file in ~/.local/state/workbench/async named after "
-                "what this server serves, shared by its workers and kept across restarts), or redis://HOST:PORT/DB "
-                "(a Redis stream many servers share)",
+                "what this server serves, shared by its workers and kept across restarts), redis://HOST:PORT/DB (a "
+                "Redis stream many servers share), or sqs://QUEUE?results=s3://BUCKET/PREFIX (Amazon SQS, answers "
+                "as JSON objects there)",
                 "URI",
             ),
             ServeFlag("async_concurrency", "asynchronous requests each serving process answers at once", "N"),
