@@ -6,6 +6,7 @@ real ``requests`` client, SQLite queues in the test's folder.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -320,3 +321,30 @@ def test_queue_flags_are_checked():
     assert main(["serve", "--model_base_path=/x", "--async_queue=amqp://queue"]) == 2
     assert main(["serve", "--model_base_path=/x", "--async_queue=sqs://queue"]) == 2  # no ?results=
     assert main(["serve", "--model_base_path=/x", "--async_concurrency=0"]) == 2
+
+
+def test_a_headless_consumer_answers_the_queue_and_writes_each_answer(tmp_path, slow_repository):
+    from workbench.asynchronous.store import SqliteStore
+
+    queue = tmp_path / "queue.sqlite"
+    store = SqliteStore(queue)  # requests queued by a server elsewhere (any process writing this queue)
+    ids = [store.put("slow", "/v1/models/slow:predict", f'{{"instances": [[{i}]]}}'.encode()) for i in range(1, 5)]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH"))))
+    consumer = subprocess.Popen(
+        [sys.executable, "-m", "workbench", "consume", f"--model_repository={slow_repository}",
+         "--allow_python_models", f"--async_queue=sqlite://{queue}", f"--output={tmp_path / 'answers'}"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        wait_until(
+            lambda: all(getattr(store.get(i), "state", None) == "done" for i in ids), timeout=120, what="answered"
+        )
+    finally:
+        consumer.terminate()
+        _, stderr = consumer.communicate(timeout=60)
+    assert consumer.returncode == 0, stderr.decode()[-2000:]
+    for n, request_id in enumerate(ids, start=1):
+        written = json.loads((tmp_path / "answers" / f"{request_id}.json").read_text())
+        assert written == {"id": request_id, "model": "slow", "status": 200, "answer": {"predictions": [[2.0 * n]]}}
+    store.close()

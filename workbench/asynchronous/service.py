@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import re
 from collections.abc import Awaitable, Callable
 
@@ -35,6 +36,8 @@ from workbench.frontends.rest import PostHandler, RestApi, error_response, json_
 from workbench.planes.calls import ModelSpec
 from workbench.planes.dataplane import Dataplane
 from workbench.protocol import json_tensor
+from workbench.runtime.process import write_json_atomically
+from workbench.runtime.storage import is_remote, join, translated
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +61,9 @@ class AsyncInference:
         max_attempts: int = 3,
         timeout_ms: int = 30000,
         max_request_bytes: int = 256 * 1024 * 1024,
+        output: str = "",
     ) -> None:
+        """``output``: a folder (local or fsspec URL) each answer is also written to, as ``<id>.json``."""
         self.dataplane = dataplane
         self.queue_uri = queue_uri
         self.concurrency = concurrency
@@ -66,6 +71,7 @@ class AsyncInference:
         self.results_seconds = results_seconds
         self.max_attempts = max_attempts
         self.max_request_bytes = max_request_bytes
+        self.output = output.rstrip("/")
         self._rest = RestApi(dataplane, timeout_ms, max_request_bytes)  # the synchronous path every answer takes
         self._store: AsyncQueue | None = None
         self._consumer: asyncio.Task[None] | None = None
@@ -74,9 +80,10 @@ class AsyncInference:
         self._stopping = False
 
     # ------------------------------------------------------------------------------------------- lifecycle
-    def start(self) -> None:
-        """Consume at once if the queue exists already (requests queued before a restart, or by other processes)."""
-        if queue_exists(self.queue_uri):
+    def start(self, force: bool = False) -> None:
+        """Consume at once if the queue exists already (requests queued before a restart, or by other processes),
+        or whatever it is (``force``: a consumer alone, ``workbench consume``)."""
+        if force or queue_exists(self.queue_uri):
             self._open()
 
     async def stop(self, timeout: float) -> None:
@@ -196,10 +203,24 @@ class AsyncInference:
         try:
             if (status >= 500 or status == 429) and item.attempts < self.max_attempts:
                 await loop.run_in_executor(None, store.retry, item, RETRY_SECONDS)
-            else:
-                await loop.run_in_executor(None, store.finish, item, status, body)
+            elif await loop.run_in_executor(None, store.finish, item, status, body) and self.output:
+                await loop.run_in_executor(None, self._write_output, item, status, body)
         except Exception:  # noqa: BLE001 - the claim expires and the request is taken again
             log.exception("Could not record the answer to asynchronous request %s", item.id)
+
+    def _write_output(self, item: Claimed, status: int, body: bytes) -> None:
+        """The answer as ``<output>/<id>.json``, written whole (a rename; an object store's one PUT)."""
+        document = {"id": item.id, "model": item.model, "status": status, "answer": json.loads(body)}
+        if is_remote(self.output):
+            url = join(self.output, f"{item.id}.json")
+            from fsspec.core import url_to_fs  # an object store's output: fsspec, as repositories are read
+
+            with translated(url):
+                fs, path = url_to_fs(url)
+                fs.pipe_file(path, json.dumps(document).encode())
+        else:
+            os.makedirs(self.output, exist_ok=True)
+            write_json_atomically(os.path.join(self.output, f"{item.id}.json"), document)
 
 
 _SYNC_PATH = re.compile(r"/v1/models/([^/:]+)(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?:(predict)", re.IGNORECASE)

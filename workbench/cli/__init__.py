@@ -1,4 +1,4 @@
-"""``workbench serve | demo | bench | batch | manifests | ray``: the command line, with TF Serving's flag names.
+"""``workbench serve | demo | bench | batch | consume | manifests | ray``: the command line, in TF Serving's words.
 
 Flags are parsed with argparse, in the vocabulary of :mod:`workbench.config.vocabulary`: TF Serving's names, with
 earlier spellings (``--rest_port``, ``--repo``, ``--clients`` ...) and dashes for underscores accepted, and a
@@ -6,7 +6,7 @@ mistyped flag answered with the nearest one. Booleans take TF Serving's forms (`
 ``--flag=false``). A TF Serving flag this server does not implement is refused by name, never ignored.
 
 One module per command: ``serve`` (its flags are declared in :mod:`workbench.config.server_flags`), ``demo``,
-``bench``, ``batch``, ``manifests`` and ``ray``; this one puts them under one parser.
+``bench``, ``batch``, ``consume``, ``manifests`` and ``ray``; this one puts them under one parser.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 from workbench.cli.batch_command import add_batch_command
 from workbench.cli.bench_command import add_bench_command
+from workbench.cli.consume_command import add_consume_command
 from workbench.cli.demo_command import add_demo_command
 from workbench.cli.manifests_command import _manifests as _manifests  # the command's function, as parsers name it
 from workbench.cli.manifests_command import add_manifests_command
@@ -53,6 +54,7 @@ def build_parser() -> VocabularyParser:
     add_demo_command(sub)
     add_bench_command(sub)
     add_batch_command(sub)
+    add_consume_command(sub)
     add_manifests_command(sub)
     add_ray_command(sub)
     parser.commands = tuple(sub.choices)

@@ -142,6 +142,9 @@ class ServerOptions:
     async_visibility_seconds: float = 60.0
     async_max_attempts: int = 3
     async_results_seconds: float = 86400.0
+    # `workbench consume`: no ports, the asynchronous queue's consumer alone; each answer also written under this URI.
+    consume_only: bool = False
+    async_output: str = ""
 
     def async_queue_uri(self) -> str:
         """Where asynchronous requests wait: ``--async_queue`` (``sqlite:///PATH``, ``redis://HOST:PORT/DB``), else

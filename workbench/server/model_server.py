@@ -185,6 +185,7 @@ class ModelServer:
             max_attempts=options.async_max_attempts,
             timeout_ms=options.rest_api_timeout_in_ms,
             max_request_bytes=options.rest_api_max_request_bytes,
+            output=options.async_output,
         )
         if options.worker_index == 0:  # one queue for every process: counted once
             self.metrics.report_async_queue(self.asynchronous.waiting)
@@ -327,8 +328,8 @@ class ModelServer:
         if not joins_late:  # loading blocks (TensorFlow): off the loop, which meanwhile answers probes
             await self._loop.run_in_executor(None, self.controlplane.apply_models, models)
         self.controlplane.start_polling()
-        if open_ports:  # requests queued before a restart, or by the server's other processes, are answered now
-            self.asynchronous.start()
+        if open_ports or options.consume_only:  # requests queued before a restart, or by other processes
+            self.asynchronous.start(force=options.consume_only)
         if self._config_watcher is not None:
             self._config_watcher.start()
         self.readiness.enter(Phase.SERVING)

@@ -52,7 +52,7 @@ def run(options: ServerOptions) -> int:
         loop.add_signal_handler(sig, on_signal, sig)
 
     async def main() -> None:
-        starting = asyncio.ensure_future(server.start())
+        starting = asyncio.ensure_future(server.start(open_ports=not options.consume_only))
         either: list[asyncio.Future[Any]] = [starting, signalled]
         await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
         if not starting.done():
