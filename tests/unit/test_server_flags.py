@@ -11,8 +11,11 @@ from workbench.config.options import ServerOptions
 from workbench.config.serve_options import FlagError, resolve_model_runners, serve_options
 from workbench.config.server_flags import FLAGS, serve_flag_words, serve_parser
 
-# Fields no flag sets by itself: --host binds both ports, the token and the number of workers are resolved.
-DERIVED = {"rest_api_host", "grpc_host", "management_token", "num_workers", "model_runners"}
+# Fields no flag sets by itself: --host binds both ports, the token and the number of workers are resolved;
+# `workbench consume` sets the last two (its own --output, and no ports).
+DERIVED = {
+    "rest_api_host", "grpc_host", "management_token", "num_workers", "model_runners", "consume_only", "async_output"
+}  # fmt: skip
 
 
 def test_every_option_is_a_flag_or_derived_from_one() -> None:
