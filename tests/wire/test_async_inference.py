@@ -348,3 +348,34 @@ def test_a_headless_consumer_answers_the_queue_and_writes_each_answer(tmp_path, 
         written = json.loads((tmp_path / "answers" / f"{request_id}.json").read_text())
         assert written == {"id": request_id, "model": "slow", "status": 200, "answer": {"predictions": [[2.0 * n]]}}
     store.close()
+
+
+def test_each_answered_request_is_posted_to_the_webhook(digits_model, tmp_path):
+    import http.server
+    import threading
+
+    told: list[dict[str, Any]] = []
+
+    class Receiver(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            told.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:  # quiet
+            pass
+
+    webhook = http.server.HTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=webhook.serve_forever, daemon=True).start()
+    root, _ = digits_model
+    url = f"http://127.0.0.1:{webhook.server_address[1]}/done"
+    try:
+        with tm.serving(root, async_queue=f"sqlite://{tmp_path / 'q.sqlite'}", async_notify_url=url) as running:
+            tm.available(running, "digits")
+            ticket = requests.post(
+                f"{running.rest_url}/v1/models/digits:predictAsync", json={"instances": [[0.0] * 64]}, timeout=30
+            ).json()
+            wait_until(lambda: bool(told), timeout=60, what="the webhook told")
+    finally:
+        webhook.shutdown()
+    assert told == [{"id": ticket["id"], "model": "digits", "state": "done", "status": 200, "url": ticket["url"]}]

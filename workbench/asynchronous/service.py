@@ -45,6 +45,7 @@ ASYNC_PATH = re.compile(r"/v1/models/([^/:]+)(?:(?:/versions/(\d+))|(?:/labels/(
 STATUS_PREFIX = "/workbench/v1/async/"
 IDLE_POLL_SECONDS = 0.5  # how often an idle consumer looks for requests other processes queued
 RETRY_SECONDS = 1.0  # before a request whose answer was a server error is tried again
+NOTIFY_TIMEOUT_SECONDS = 10.0
 
 
 class AsyncInference:
@@ -62,8 +63,10 @@ class AsyncInference:
         timeout_ms: int = 30000,
         max_request_bytes: int = 256 * 1024 * 1024,
         output: str = "",
+        notify_url: str = "",
     ) -> None:
-        """``output``: a folder (local or fsspec URL) each answer is also written to, as ``<id>.json``."""
+        """``output``: a folder (local or fsspec URL) each answer is also written to, as ``<id>.json``;
+        ``notify_url``: where each answered request is told of (a POST of its id, state, status and URL)."""
         self.dataplane = dataplane
         self.queue_uri = queue_uri
         self.concurrency = concurrency
@@ -72,6 +75,7 @@ class AsyncInference:
         self.max_attempts = max_attempts
         self.max_request_bytes = max_request_bytes
         self.output = output.rstrip("/")
+        self.notify_url = notify_url
         self._rest = RestApi(dataplane, timeout_ms, max_request_bytes)  # the synchronous path every answer takes
         self._store: AsyncQueue | None = None
         self._consumer: asyncio.Task[None] | None = None
@@ -203,10 +207,34 @@ class AsyncInference:
         try:
             if (status >= 500 or status == 429) and item.attempts < self.max_attempts:
                 await loop.run_in_executor(None, store.retry, item, RETRY_SECONDS)
-            elif await loop.run_in_executor(None, store.finish, item, status, body) and self.output:
-                await loop.run_in_executor(None, self._write_output, item, status, body)
+            elif await loop.run_in_executor(None, store.finish, item, status, body):
+                if self.output:
+                    await loop.run_in_executor(None, self._write_output, item, status, body)
+                if self.notify_url:
+                    await loop.run_in_executor(None, self._notify, item, status)
         except Exception:  # noqa: BLE001 - the claim expires and the request is taken again
             log.exception("Could not record the answer to asynchronous request %s", item.id)
+
+    def _notify(self, item: Claimed, status: int) -> None:
+        """POST the answered request's id, state, status and URL to ``notify_url`` (a webhook): told once, at
+        most (a receiver that fails is logged, and the answer stays where GET finds it)."""
+        import urllib.request
+
+        document = {
+            "id": item.id,
+            "model": item.model,
+            "state": "done" if 200 <= status < 300 else "failed",
+            "status": status,
+            "url": STATUS_PREFIX + item.id,
+        }
+        request = urllib.request.Request(
+            self.notify_url, json.dumps(document).encode(), {"Content-Type": "application/json"}, method="POST"
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=NOTIFY_TIMEOUT_SECONDS) as answer:  # noqa: S310 - an operator's URL
+                answer.read()
+        except OSError as exc:
+            log.warning("Could not notify %s of asynchronous request %s: %s", self.notify_url, item.id, exc)
 
     def _write_output(self, item: Claimed, status: int, body: bytes) -> None:
         """The answer as ``<output>/<id>.json``, written whole (a rename; an object store's one PUT)."""

@@ -142,6 +142,7 @@ class ServerOptions:
     async_visibility_seconds: float = 60.0
     async_max_attempts: int = 3
     async_results_seconds: float = 86400.0
+    async_notify_url: str = ""  # a webhook told of each answered request
     # `workbench consume`: no ports, the asynchronous queue's consumer alone; each answer also written under this URI.
     consume_only: bool = False
     async_output: str = ""

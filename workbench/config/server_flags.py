@@ -214,6 +214,11 @@ SERVE_FLAGS: tuple[FlagGroup, ...] = (
                 "async_max_attempts", "times a request is taken (server errors, stopped processes) before it fails", "N"
             ),
             ServeFlag("async_results_seconds", "how long answers are kept for GET", "S"),
+            ServeFlag(
+                "async_notify_url",
+                "a webhook: each answered request is POSTed there as {id, model, state, status, url}",
+                "URL",
+            ),
         ),
     ),
     FlagGroup(

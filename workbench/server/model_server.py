@@ -186,6 +186,7 @@ class ModelServer:
             timeout_ms=options.rest_api_timeout_in_ms,
             max_request_bytes=options.rest_api_max_request_bytes,
             output=options.async_output,
+            notify_url=options.async_notify_url,
         )
         if options.worker_index == 0:  # one queue for every process: counted once
             self.metrics.report_async_queue(self.asynchronous.waiting)
