@@ -29,7 +29,18 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("platforms", ("workbench.platforms",)),
     ("engine", ("workbench.batching", "workbench.models", "workbench.observability", "workbench.runners")),
     ("planes", ("workbench.planes",)),
-    ("frontends", ("workbench.frontends", "workbench.asynchronous")),
+    (
+        "frontends",
+        (
+            "workbench.frontends",
+            "workbench.asynchronous",
+            # a batch job runs on a data plane (in a server, as its frontends do); batch.standalone is a floor up
+            "workbench.batch.job",
+            "workbench.batch.feeding",
+            "workbench.batch.formats",
+            "workbench.batch.plan",
+        ),
+    ),
     ("server", ("workbench.server",)),
     (
         "cli and deploy",

@@ -287,3 +287,72 @@ def test_input_and_output_in_an_object_store(tmp_path, repository, digits, s3_bu
         columns = formats.read_rows(str(tmp_path / "part.parquet"), "parquet", 0, 1000)
         got.update(zip(columns["id"].tolist(), columns["predictions"].tolist(), strict=True))
     assert [got[i] for i in range(400)] == model.predict(x).tolist()
+
+
+# ------------------------------------------------------------------------------------------ inside a server
+def run_in_server(url: str, job: dict[str, Any], token: str = "") -> dict[str, Any]:
+    import requests
+
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    started = requests.post(f"{url}/workbench/v1/batch", json=job, headers=headers, timeout=30)
+    assert started.status_code == 202, started.text
+    found: dict[str, Any] = {}
+
+    def finished() -> bool:
+        found.update(requests.get(f"{url}{started.json()['url']}", timeout=30).json())
+        return found["state"] != "running"
+
+    wait_until(finished, timeout=120, interval=0.05, what="the batch job")
+    return found
+
+
+def test_a_job_runs_inside_a_server_on_its_loaded_model_and_is_counted(tmp_path, repository, digits):
+    import requests
+
+    root, model = repository
+    x = digits[0][:600]
+    formats.write_table({"id": np.arange(600), "x": x}, str(tmp_path / "in.parquet"), "parquet")
+    with tm.serving(root) as server:
+        tm.available(server, "digits")
+        job = {"model": "digits", "input": str(tmp_path / "in.parquet"), "output": str(tmp_path / "out"),
+               "id_column": "id", "shard_rows": 250}  # fmt: skip
+        record = run_in_server(server.rest_url, job)
+        assert (record["state"], record["rows"], record["done"], record["failed"]) == ("done", 600, 600, 0)
+        assert record["summary"]["shards"] == 3 and record["summary"]["version"] == 1
+        got = answers(tmp_path / "out", "parquet", "id")
+        assert [got[i] for i in range(600)] == model.predict(x).tolist()
+        metrics = requests.get(f"{server.rest_url}/metrics", timeout=30).text
+        assert 'workbench_batch_rows_total{model="digits",outcome="scored"} 600.0' in metrics
+        assert "workbench_batch_jobs_running 0.0" in metrics
+        requests_counted = [line for line in metrics.splitlines() if 'protocol="batch"' in line and "code=" in line]
+        assert requests_counted  # its batches went through the data plane as requests
+
+        refused = requests.post(f"{server.rest_url}/workbench/v1/batch", json={"model": "digits"}, timeout=30)
+        assert refused.status_code == 400 and "missing: input, output" in refused.json()["error"]
+        typo = requests.post(f"{server.rest_url}/workbench/v1/batch", json={**job, "shards": 3}, timeout=30)
+        assert typo.status_code == 400 and "unknown fields: shards" in typo.json()["error"]
+        unknown = requests.get(f"{server.rest_url}/workbench/v1/batch/nope", timeout=30)
+        assert unknown.status_code == 404
+        failing = run_in_server(server.rest_url, {**job, "input": str(tmp_path / "missing.csv")})
+        assert failing["state"] == "failed" and "missing.csv" in failing["error"]
+
+
+def test_a_server_with_a_management_token_needs_it_for_jobs_and_a_job_can_be_cancelled(tmp_path):
+    import requests
+
+    version = tmp_path / "models" / "slow" / "1"
+    version.mkdir(parents=True)
+    (version / "model.py").write_text(SLOW_MODEL)
+    formats.write_table({"x": np.ones((4000, 4))}, str(tmp_path / "in.npz"), "npz")
+    job = {"model": "slow", "input": str(tmp_path / "in.npz"), "output": str(tmp_path / "out"), "batch_size": 10}
+    with tm.serving(tmp_path / "models", allow_python_models=True, management_token="s3cret") as server:
+        tm.available(server, "slow")
+        denied = requests.post(f"{server.rest_url}/workbench/v1/batch", json=job, timeout=30)
+        assert denied.status_code == 401
+        started = requests.post(
+            f"{server.rest_url}/workbench/v1/batch", json=job, headers={"Authorization": "Bearer s3cret"}, timeout=30
+        ).json()
+        cancelled = requests.delete(
+            f"{server.rest_url}{started['url']}", headers={"Authorization": "Bearer s3cret"}, timeout=30
+        ).json()
+        assert cancelled["state"] == "cancelled" and cancelled["done"] < 4000

@@ -27,6 +27,7 @@ from workbench.planes.dataplane import Dataplane
 
 if TYPE_CHECKING:  # built by the server (workbench.asynchronous stands on this floor's REST API)
     from workbench.asynchronous.service import AsyncInference
+    from workbench.frontends.batch_jobs import BatchJobs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +43,7 @@ class FrontendSettings:
     router: SequenceRouter | None = None  # with --num_workers: a sequence's requests go to the worker holding it
     shared_memory: SharedMemoryAccess | None = None  # None: no shared-memory routes or RPCs
     asynchronous: AsyncInference | None = None  # None: no :predictAsync
+    batch_jobs: BatchJobs | None = None  # None: no /workbench/v1/batch
 
     @classmethod
     def of(
@@ -50,6 +52,7 @@ class FrontendSettings:
         router: SequenceRouter | None = None,
         shared_memory: SharedMemoryAccess | None = None,
         asynchronous: AsyncInference | None = None,
+        batch_jobs: BatchJobs | None = None,
     ) -> FrontendSettings:
         monitoring = options.monitoring()
         return cls(
@@ -61,6 +64,7 @@ class FrontendSettings:
             router=router,
             shared_memory=shared_memory,
             asynchronous=asynchronous,
+            batch_jobs=batch_jobs,
         )
 
 
@@ -106,6 +110,7 @@ class Frontends:
                     settings.shared_memory,
                 ),
                 *(asynchronous.routes() if asynchronous is not None else []),
+                *(settings.batch_jobs.routes() if settings.batch_jobs is not None else []),
             ],
             more_posts=asynchronous.posts() if asynchronous is not None else (),
         )

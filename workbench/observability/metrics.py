@@ -167,6 +167,15 @@ class ServingMetrics:
                 lambda: self._traffic_shares(),
             )
         )
+        self.batch_rows = Counter(
+            "workbench_batch_rows",
+            "Rows of batch prediction jobs run in this server, by model and outcome (scored, failed).",
+            ["model", "outcome"],
+            registry=self.registry,
+        )
+        self.batch_jobs_running = Gauge(
+            "workbench_batch_jobs_running", "Batch prediction jobs running in this server.", registry=self.registry
+        )
         self.version_available = Gauge(
             "workbench_model_version_available",
             "1 while a model version is AVAILABLE, else 0.",
@@ -224,6 +233,12 @@ class ServingMetrics:
 
     def report_traffic_shares(self, shares: Callable[[], Iterable[tuple[str, int, float]]]) -> None:
         self._traffic_shares = shares
+
+    def count_batch_rows(self, model: str, scored: int, failed: int) -> None:
+        if scored:
+            self.batch_rows.labels(model, "scored").inc(scored)
+        if failed:
+            self.batch_rows.labels(model, "failed").inc(failed)
 
     def report_async_queue(self, waiting: Callable[[], tuple[int, float] | None]) -> None:
         """Where the asynchronous queue's gauges read (requests waiting, oldest age; None: no queue) at scrape time."""

@@ -29,6 +29,7 @@ from workbench.batching.threads import InferenceThreads
 from workbench.config.options import ServerOptions
 from workbench.core.errors import Code
 from workbench.core.servable import Loader, Servable
+from workbench.frontends.batch_jobs import BatchJobs
 from workbench.frontends.grpc import ReadinessHealth
 from workbench.frontends.sequence_routing import SequenceRouter, private_socket
 from workbench.frontends.v2_shared_memory import SharedMemoryAccess
@@ -190,10 +191,11 @@ class ModelServer:
         )
         if options.worker_index == 0:  # one queue for every process: counted once
             self.metrics.report_async_queue(self.asynchronous.waiting)
+        self.batch_jobs = BatchJobs(self.dataplane, options.management_token)  # jobs on this server's models
         self.frontends = Frontends(
             self.dataplane,
             self.controlplane,
-            FrontendSettings.of(options, self.router, self.shared_memory_access, self.asynchronous),
+            FrontendSettings.of(options, self.router, self.shared_memory_access, self.asynchronous, self.batch_jobs),
         )
         self._ports = Ports(options)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -374,6 +376,7 @@ class ModelServer:
         # Asynchronous requests running here finish within what is left; the others wait in the queue for the next
         # consumer (this server started again, or its other processes).
         await self.asynchronous.stop(max(0.0, deadline - time.monotonic()))
+        await self.batch_jobs.stop()  # what they wrote stays: the same job started again finishes the rest
         if time.monotonic() - started < grace:
             log.info("Every accepted request finished (%.1fs)", time.monotonic() - started)
         else:
