@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import requests
 import tabular_models as tm  # noqa: E402  (tests/tabular_models.py)
+from moto_aws import moto_aws  # noqa: E402  (tests/moto_aws.py)
 from sklearn.linear_model import LogisticRegression
 from waiting import wait_until
 
@@ -242,25 +243,12 @@ def queue(request, tmp_path, monkeypatch) -> Iterator[str]:
         yield f"sqlite://{tmp_path / 'queue.sqlite'}"
         return
     if request.param == "sqs":
-        moto_server = pytest.importorskip("moto.server")
         import boto3
 
-        aws = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-        aws.start()
-        host, port = aws.get_host_and_port()
-        for key, value in {
-            "AWS_ACCESS_KEY_ID": "testing",
-            "AWS_SECRET_ACCESS_KEY": "testing",
-            "AWS_DEFAULT_REGION": "us-east-1",
-            "AWS_ENDPOINT_URL": f"http://{host}:{port}",
-        }.items():
-            monkeypatch.setenv(key, value)  # inherited by the servers the test starts
-        boto3.client("sqs").create_queue(QueueName="requests")
-        boto3.client("s3").create_bucket(Bucket="answers")
-        try:
+        with moto_aws(monkeypatch):  # inherited by the servers the test starts
+            boto3.client("sqs").create_queue(QueueName="requests")
+            boto3.client("s3").create_bucket(Bucket="answers")
             yield "sqs://requests?results=s3://answers/async"
-        finally:
-            aws.stop()
         return
     server = RedisServer(tmp_path)
     try:

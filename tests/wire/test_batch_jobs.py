@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import tabular_models as tm  # noqa: E402  (tests/tabular_models.py)
+from moto_aws import moto_aws  # noqa: E402  (tests/moto_aws.py)
 from sklearn.linear_model import LogisticRegression
 from waiting import wait_until
 
@@ -242,25 +243,12 @@ def test_the_command_line_prints_a_summary_and_refuses_a_bad_column_map(tmp_path
 
 @pytest.fixture()
 def s3_bucket(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """A bucket on moto's S3 server (127.0.0.1, a free port); boto3 and s3fs reach it through the AWS variables."""
-    moto_server = pytest.importorskip("moto.server")
+    """A bucket on moto's S3 server (127.0.0.1, a free port)."""
     import boto3
 
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    for key, value in {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_ENDPOINT_URL": f"http://{host}:{port}",
-    }.items():
-        monkeypatch.setenv(key, value)
-    boto3.client("s3").create_bucket(Bucket="data")
-    try:
+    with moto_aws(monkeypatch):
+        boto3.client("s3").create_bucket(Bucket="data")
         yield "data"
-    finally:
-        server.stop()
 
 
 def test_input_and_output_in_an_object_store(tmp_path, repository, digits, s3_bucket):

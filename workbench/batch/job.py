@@ -110,7 +110,8 @@ async def run_job(
     runner = _ShardRunner(dataplane, job, plan, ModelSpec(job.model, version), batch_size, concurrency)
     shards = plan.shards()
     skipped = [s for s in shards if s.index in done]
-    runner.done = sum(s.rows for s in skipped)
+    resumed_rows = sum(s.rows for s in skipped)
+    runner.done = resumed_rows
 
     def report() -> None:
         if progress is not None:
@@ -142,12 +143,12 @@ async def run_job(
         signature.name,
         job.output,
         plan.rows,
-        runner.answered + sum(s.rows for s in skipped),
+        runner.answered + resumed_rows,
         runner.failed,
         len(shards),
         len(skipped),
         round(seconds, 3),
-        round((plan.rows - runner.done_before(skipped)) / seconds, 1) if seconds > 0 else 0.0,
+        round((plan.rows - resumed_rows) / seconds, 1) if seconds > 0 else 0.0,  # the rows this run went through
     )
     if skipped:  # rows failed in an earlier run are in its errors files: count them from there
         earlier_failed = await loop.run_in_executor(None, _failed_in, plan, job.output, skipped)
@@ -184,9 +185,6 @@ class _ShardRunner:
         self.feeding: Feeding | None = None
         self.done = self.failed = self.answered = 0
         self.report: Callable[[], None] = lambda: None
-
-    def done_before(self, skipped: Sequence[Shard]) -> int:
-        return sum(s.rows for s in skipped)
 
     def decide(self, columns: Mapping[str, np.ndarray]) -> None:
         """How the files' columns feed the model, from the first shard's."""
