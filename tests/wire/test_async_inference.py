@@ -367,3 +367,25 @@ def test_each_answered_request_is_posted_to_the_webhook(digits_model, tmp_path):
     finally:
         webhook.shutdown()
     assert told == [{"id": ticket["id"], "model": "digits", "state": "done", "status": 200, "url": ticket["url"]}]
+
+
+def test_a_large_input_and_its_answer_by_reference(server, digits_model, tmp_path):
+    _, model = digits_model
+    x = tm.digits()[0][:50]
+    (tmp_path / "request.json").write_text(json.dumps({"instances": x.tolist()}))
+    headers = {
+        "X-Workbench-Input-Location": str(tmp_path / "request.json"),
+        "X-Workbench-Output-Location": str(tmp_path / "out" / "answer.json"),
+    }
+    ticket = requests.post(f"{server.rest_url}/v1/models/digits:predictAsync", headers=headers, timeout=30).json()
+    record = answered(server.rest_url, ticket["id"])
+    assert (record["state"], record["status"]) == ("done", 200)
+    assert record["answer"] == {"output_location": str(tmp_path / "out" / "answer.json")}
+    assert json.loads((tmp_path / "out" / "answer.json").read_text()) == {"predictions": model.predict(x).tolist()}
+
+    missing = requests.post(
+        f"{server.rest_url}/v1/models/digits:predictAsync",
+        headers={"X-Workbench-Input-Location": str(tmp_path / "nope.json")},
+        timeout=30,
+    )
+    assert missing.status_code == 400 and "nope.json does not exist" in missing.json()["error"]

@@ -23,7 +23,9 @@ import json
 import logging
 import os
 import re
-from collections.abc import Awaitable, Callable
+import urllib.parse
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -36,13 +38,16 @@ from workbench.frontends.rest import PostHandler, RestApi, error_response, json_
 from workbench.planes.calls import ModelSpec
 from workbench.planes.dataplane import Dataplane
 from workbench.protocol import json_tensor
-from workbench.runtime.process import write_json_atomically
-from workbench.runtime.storage import is_remote, join, translated
+from workbench.runtime.storage import StorageError, is_remote, join, redact, translated
 
 log = logging.getLogger(__name__)
 
 ASYNC_PATH = re.compile(r"/v1/models/([^/:]+)(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?:predictAsync", re.IGNORECASE)
 STATUS_PREFIX = "/workbench/v1/async/"
+# Large inputs and outputs by reference, as SageMaker's asynchronous endpoints take them: the request's body is read
+# from the input location when it runs, its answer written to the output location (the record then says where).
+INPUT_LOCATION = "X-Workbench-Input-Location"
+OUTPUT_LOCATION = "X-Workbench-Output-Location"
 IDLE_POLL_SECONDS = 0.5  # how often an idle consumer looks for requests other processes queued
 RETRY_SECONDS = 1.0  # before a request whose answer was a server error is tried again
 NOTIFY_TIMEOUT_SECONDS = 10.0
@@ -116,21 +121,33 @@ class AsyncInference:
         return self._store
 
     # ------------------------------------------------------------------------------------------- the API
-    async def accept(self, match: re.Match[str], path: str, body: bytes) -> Response:
+    async def accept(self, match: re.Match[str], path: str, body: bytes, headers: Mapping[str, str]) -> Response:
         """``:predictAsync``: checked as ``:predict`` would check it, queued, answered 202."""
+        loop = asyncio.get_running_loop()
         try:
             name, version, label = match.groups()
             spec = ModelSpec(name=name, version=int(version) if version else None, label=label)
             await self.dataplane.loaded(name)
+            source = headers.get(INPUT_LOCATION, "")
+            target = headers.get(OUTPUT_LOCATION, "")
             with self.dataplane.handle(spec) as servable:  # an unknown model or version: 404 now
-                json_tensor.decode_predict_request(
-                    body, lambda signature, sent: self.dataplane.rest_input_specs(servable, signature, sent)
-                )
+                if not source:
+                    json_tensor.decode_predict_request(
+                        body, lambda signature, sent: self.dataplane.rest_input_specs(servable, signature, sent)
+                    )
+            if source:
+                if body.strip():
+                    raise ServingError(Code.INVALID_ARGUMENT, f"A request with {INPUT_LOCATION} has no body")
+                await loop.run_in_executor(None, _check_readable, source)
             if self._stopping:
                 raise ServingError(Code.UNAVAILABLE, "The server is shutting down: queue the request elsewhere")
             store = self._open()
-            sync_path = path[: -len("Async")]  # what the consumer runs: the same request, as :predict
-            request_id = await asyncio.get_running_loop().run_in_executor(None, store.put, name, sync_path, body)
+            # What the consumer runs: the same request, as :predict (and where its body and answer go, if elsewhere).
+            sync_path = path[: -len("Async")]
+            locations = {key: value for key, value in (("input", source), ("output", target)) if value}
+            if locations:
+                sync_path += "?" + urllib.parse.urlencode(locations)
+            request_id = await loop.run_in_executor(None, store.put, name, sync_path, body)
         except ServingError as exc:
             return error_response(exc)
         self._arrived.set()
@@ -201,10 +218,20 @@ class AsyncInference:
 
     async def _answer(self, store: AsyncQueue, item: Claimed) -> None:
         loop = asyncio.get_running_loop()
-        match = _SYNC_PATH.fullmatch(item.path)
+        path, _, query = item.path.partition("?")
+        locations = dict(urllib.parse.parse_qsl(query))
+        match = _SYNC_PATH.fullmatch(path)
         assert match is not None  # written by accept()
-        status, body, _ = await self._rest.inference(match, _body_of(item.body), item.path)
         try:
+            request = await loop.run_in_executor(None, _read, locations["input"]) if "input" in locations else item.body
+        except StorageError as exc:  # gone since it was accepted, or unreadable: the request's own failure
+            status, body = 400, json_tensor.encode_error(f"Could not read the request's input: {exc}")
+        else:
+            status, body, _ = await self._rest.inference(match, _body_of(request), path)
+        try:
+            if status == 200 and "output" in locations:  # the answer goes there; the record says where
+                await loop.run_in_executor(None, _write, locations["output"], body)
+                body = json.dumps({"output_location": locations["output"]}).encode()
             if (status >= 500 or status == 429) and item.attempts < self.max_attempts:
                 await loop.run_in_executor(None, store.retry, item, RETRY_SECONDS)
             elif await loop.run_in_executor(None, store.finish, item, status, body):
@@ -237,21 +264,53 @@ class AsyncInference:
             log.warning("Could not notify %s of asynchronous request %s: %s", self.notify_url, item.id, exc)
 
     def _write_output(self, item: Claimed, status: int, body: bytes) -> None:
-        """The answer as ``<output>/<id>.json``, written whole (a rename; an object store's one PUT)."""
+        """The answer as ``<output>/<id>.json``, written whole."""
         document = {"id": item.id, "model": item.model, "status": status, "answer": json.loads(body)}
-        if is_remote(self.output):
-            url = join(self.output, f"{item.id}.json")
-            from fsspec.core import url_to_fs  # an object store's output: fsspec, as repositories are read
-
-            with translated(url):
-                fs, path = url_to_fs(url)
-                fs.pipe_file(path, json.dumps(document).encode())
-        else:
-            os.makedirs(self.output, exist_ok=True)
-            write_json_atomically(os.path.join(self.output, f"{item.id}.json"), document)
+        _write(join(self.output, f"{item.id}.json"), json.dumps(document).encode())
 
 
 _SYNC_PATH = re.compile(r"/v1/models/([^/:]+)(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?:(predict)", re.IGNORECASE)
+
+
+def _check_readable(url: str) -> None:
+    """An input location the server can read: a 400 now, rather than a request that fails later."""
+    try:
+        fs, path = _filesystem_of(url)
+        with translated(url):
+            exists = fs.exists(path)
+    except StorageError as exc:
+        raise ServingError(Code.INVALID_ARGUMENT, f"{INPUT_LOCATION}: {exc}") from None
+    if not exists:
+        raise ServingError(Code.INVALID_ARGUMENT, f"{INPUT_LOCATION}: {redact(url)} does not exist")
+
+
+def _read(url: str) -> bytes:
+    fs, path = _filesystem_of(url)
+    with translated(url):
+        return bytes(fs.cat_file(path))
+
+
+def _write(url: str, data: bytes) -> None:
+    """``data`` at ``url``, written whole: an object store's one PUT, a local file's rename."""
+    if not is_remote(url):
+        folder = os.path.dirname(os.path.abspath(url))
+        os.makedirs(folder, exist_ok=True)
+        temporary = os.path.join(folder, f".tmp-{os.getpid()}-{os.path.basename(url)}")
+        with open(temporary, "wb") as f:
+            f.write(data)
+        os.replace(temporary, url)
+        return
+    fs, path = _filesystem_of(url)
+    with translated(url):
+        fs.pipe_file(path, data)
+
+
+def _filesystem_of(url: str) -> tuple[Any, str]:
+    from fsspec.core import url_to_fs  # a location by reference: fsspec, as repositories are read
+
+    with translated(url):
+        fs, path = url_to_fs(url)
+    return fs, path
 
 
 def _body_of(body: bytes) -> Callable[[], Awaitable[bytes]]:

@@ -57,8 +57,8 @@ _STATUS_PATH = re.compile(
 )
 _MAX_INT64 = (1 << 63) - 1
 
-# A POST under /v1 another module answers (asynchronous inference): the path's match, the path, the body.
-PostHandler = Callable[[re.Match[str], str, bytes], Awaitable[Response]]
+# A POST under /v1 another module answers (asynchronous inference): the path's match, the path, the body, the headers.
+PostHandler = Callable[[re.Match[str], str, bytes, Mapping[str, str]], Awaitable[Response]]
 # An inference request's answer: HTTP status, JSON body, and the servable that answered, (name, version), or None.
 Answer = tuple[int, bytes, "tuple[str, int] | None"]
 
@@ -130,7 +130,7 @@ class RestApi:
             if method == "POST":
                 for pattern, handler in self.more_posts:
                     if more := pattern.fullmatch(path):
-                        return await handler(more, path, await self._body(request))
+                        return await handler(more, path, await self._body(request), request.headers)
             match = _STATUS_PATH.fullmatch(path)
             if method == "GET" and match:
                 name, version, label, metadata = match.groups()
