@@ -6,6 +6,7 @@ real ``requests`` client, SQLite queues in the test's folder.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -389,3 +390,42 @@ def test_a_large_input_and_its_answer_by_reference(server, digits_model, tmp_pat
         timeout=30,
     )
     assert missing.status_code == 400 and "nope.json does not exist" in missing.json()["error"]
+
+
+@pytest.mark.parametrize("kind", ["redis", "sqs"])
+def test_a_result_queue_gets_a_notice_of_each_answer(digits_model, tmp_path, monkeypatch, kind):
+    import boto3
+    import redis
+
+    root, _ = digits_model
+    notices: list[dict[str, Any]] = []
+    with contextlib.ExitStack() as stack:
+        if kind == "redis":
+            server = RedisServer(tmp_path)
+            stack.callback(server.stop)
+            notify = f"redis://127.0.0.1:{server.port}/0?key=answered"
+            client = redis.Redis(port=server.port)
+            stack.callback(client.close)
+
+            def arrived() -> bool:
+                notices[:] = [json.loads(fields[b"notice"]) for _, fields in client.xrange("answered")]
+                return bool(notices)
+        else:
+            stack.enter_context(moto_aws(monkeypatch))
+            results = boto3.client("sqs").create_queue(QueueName="answered")["QueueUrl"]
+            notify = "sqs://answered"
+
+            def arrived() -> bool:
+                messages = boto3.client("sqs").receive_message(QueueUrl=results).get("Messages", [])
+                notices.extend(json.loads(m["Body"]) for m in messages)
+                return bool(notices)
+
+        queue = f"sqlite://{tmp_path / 'queue.sqlite'}"
+        with tm.serving(root, async_queue=queue, async_notify_url=notify) as running:
+            tm.available(running, "digits")
+            ticket = requests.post(
+                f"{running.rest_url}/v1/models/digits:predictAsync", json={"instances": [[0.0] * 64]}, timeout=30
+            ).json()
+            answered(running.rest_url, ticket["id"])
+            wait_until(arrived, timeout=30, what=f"the notice on {kind}")
+    assert notices == [{"id": ticket["id"], "model": "digits", "state": "done", "status": 200, "url": ticket["url"]}]

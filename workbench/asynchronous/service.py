@@ -31,6 +31,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from workbench.asynchronous.notify import Notifier
 from workbench.asynchronous.queues import AsyncQueue, open_queue, queue_exists
 from workbench.asynchronous.store import Claimed
 from workbench.core.errors import Code, ServingError
@@ -50,7 +51,6 @@ INPUT_LOCATION = "X-Workbench-Input-Location"
 OUTPUT_LOCATION = "X-Workbench-Output-Location"
 IDLE_POLL_SECONDS = 0.5  # how often an idle consumer looks for requests other processes queued
 RETRY_SECONDS = 1.0  # before a request whose answer was a server error is tried again
-NOTIFY_TIMEOUT_SECONDS = 10.0
 
 
 class AsyncInference:
@@ -71,7 +71,7 @@ class AsyncInference:
         notify_url: str = "",
     ) -> None:
         """``output``: a folder (local or fsspec URL) each answer is also written to, as ``<id>.json``;
-        ``notify_url``: where each answered request is told of (a POST of its id, state, status and URL)."""
+        ``notify_url``: where each answered request is told of (a webhook, or a result queue: :mod:`.notify`)."""
         self.dataplane = dataplane
         self.queue_uri = queue_uri
         self.concurrency = concurrency
@@ -81,6 +81,7 @@ class AsyncInference:
         self.max_request_bytes = max_request_bytes
         self.output = output.rstrip("/")
         self.notify_url = notify_url
+        self._notifier = Notifier(notify_url) if notify_url else None
         self._rest = RestApi(dataplane, timeout_ms, max_request_bytes)  # the synchronous path every answer takes
         self._store: AsyncQueue | None = None
         self._consumer: asyncio.Task[None] | None = None
@@ -243,25 +244,11 @@ class AsyncInference:
             log.exception("Could not record the answer to asynchronous request %s", item.id)
 
     def _notify(self, item: Claimed, status: int) -> None:
-        """POST the answered request's id, state, status and URL to ``notify_url`` (a webhook): told once, at
-        most (a receiver that fails is logged, and the answer stays where GET finds it)."""
-        import urllib.request
-
-        document = {
-            "id": item.id,
-            "model": item.model,
-            "state": "done" if 200 <= status < 300 else "failed",
-            "status": status,
-            "url": STATUS_PREFIX + item.id,
-        }
-        request = urllib.request.Request(
-            self.notify_url, json.dumps(document).encode(), {"Content-Type": "application/json"}, method="POST"
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=NOTIFY_TIMEOUT_SECONDS) as answer:  # noqa: S310 - an operator's URL
-                answer.read()
-        except OSError as exc:
-            log.warning("Could not notify %s of asynchronous request %s: %s", self.notify_url, item.id, exc)
+        """Tell ``notify_url`` the request was answered (a webhook, or a result queue: :mod:`.notify`)."""
+        assert self._notifier is not None
+        state = "done" if 200 <= status < 300 else "failed"
+        url = STATUS_PREFIX + item.id
+        self._notifier.notify({"id": item.id, "model": item.model, "state": state, "status": status, "url": url})
 
     def _write_output(self, item: Claimed, status: int, body: bytes) -> None:
         """The answer as ``<output>/<id>.json``, written whole."""

@@ -131,8 +131,11 @@ def check_serve_flags(args: argparse.Namespace) -> int:
             f"--async_queue={args.async_queue}: a queue is sqlite:///PATH, redis://HOST:PORT/DB or "
             "sqs://QUEUE?results=s3://BUCKET/PREFIX"
         )
-    if args.async_notify_url and not args.async_notify_url.startswith(("http://", "https://")):
-        raise FlagError(f"--async_notify_url={args.async_notify_url}: a webhook is an http:// or https:// URL")
+    if args.async_notify_url and args.async_notify_url.split("://", 1)[0] not in ("http", "https", "sqs", "redis"):
+        raise FlagError(
+            f"--async_notify_url={args.async_notify_url}: a webhook (http:// or https://) or a result queue "
+            "(sqs://QUEUE, redis://HOST:PORT/DB?key=STREAM)"
+        )
     if args.async_queue.startswith("sqs://") and "results=" not in args.async_queue:
         raise FlagError(f"--async_queue={args.async_queue}: SQS keeps no answers: add ?results=s3://BUCKET/PREFIX")
     if args.response_cache_models and not args.response_cache_bytes:

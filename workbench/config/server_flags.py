@@ -216,7 +216,8 @@ SERVE_FLAGS: tuple[FlagGroup, ...] = (
             ServeFlag("async_results_seconds", "how long answers are kept for GET", "S"),
             ServeFlag(
                 "async_notify_url",
-                "a webhook: each answered request is POSTed there as {id, model, state, status, url}",
+                "told of each answered request ({id, model, state, status, url}): a webhook (http:// or https://, "
+                "POSTed) or a result queue (sqs://QUEUE, redis://HOST:PORT/DB?key=STREAM)",
                 "URL",
             ),
         ),
