@@ -152,6 +152,23 @@ def test_live_chart_fills_from_the_stats_stream_and_stops(client):
     assert chart.threads == []
 
 
+def test_live_chart_titles_the_asynchronous_queue_once_the_server_has_one(serve, make_repo, tmp_path):
+    make_repo("hp", {1: "hp2_tf2"})
+    server = serve(model_repository=str(tmp_path / "models"), async_queue=f"sqlite://{tmp_path / 'q.sqlite'}")
+    with Client(server.rest_url) as client:
+        chart = LiveChart(client, window_seconds=5, interval=0.1, min_redraw_seconds=0.1)
+        try:
+            client.predict("hp", [[1.0]])
+            wait_until(lambda: chart.points("hp", 1) >= 1, timeout=30)
+            assert chart.async_queue is None  # no asynchronous request yet: no queue, no title
+            client.predict_async("hp", [[1.0]]).result(timeout=60)
+            wait_until(lambda: chart.async_queue == (0, 0.0), timeout=30)
+            chart.redraw()
+            assert chart.figure.layout.title.text == "asynchronous queue: 0 waiting"
+        finally:
+            chart.close()
+
+
 @pytest.fixture
 def cached_server(serve, tmp_path):
     """A server with the response cache on for "cached" and not for "plain" (two counting Python models)."""

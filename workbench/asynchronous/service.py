@@ -180,6 +180,11 @@ class AsyncInference:
             document["answer"] = json.loads(record.answer)
         return json_response(json.dumps(document).encode())
 
+    @property
+    def in_use(self) -> bool:
+        """Whether this server has an asynchronous queue (it took a request, or found the queue at its start)."""
+        return self._store is not None
+
     def waiting(self) -> tuple[int, float]:
         """Requests not answered yet and the oldest one's age, for the metrics (on the event loop, at scrape time: a
         queue another process of the server created is opened, and consumed, from then on)."""

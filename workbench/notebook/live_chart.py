@@ -34,8 +34,9 @@ def _has_response_cache(client: Client) -> bool:
 
 
 class LiveChart(Part):
-    """p50/p95/p99 latency, requests/s and mean batch size over time, one colour per model version; and, when the
-    server has the response cache on, each version's cache hit rate since the start.
+    """p50/p95/p99 latency, requests/s and mean batch size over time, one colour per model version; when the
+    server has the response cache on, each version's cache hit rate since the start; and, in its title, the
+    asynchronous queue's requests waiting, once the server has one.
 
     Fed by the server's stats stream a few times a second; keeps the last ``window_seconds``; redraws at most
     every ``min_redraw_seconds`` in one ``batch_update``. It keeps updating while the kernel is idle or a cell
@@ -58,6 +59,8 @@ class LiveChart(Part):
         self._lock = threading.Lock()
         self._dirty = False
         self.snapshots = 0
+        #: The server's asynchronous queue, as its last snapshot said: (requests waiting, oldest's age), or None.
+        self.async_queue: tuple[int, float] | None = None
         #: Whether the figure has the cache row: asked once, as the server's cache is set when it starts.
         self.cache_row = _has_response_cache(self.client)
         titles = ["latency (ms): p50 ─  p95 ┄  p99 ·", "requests / s", "mean batch size"]
@@ -106,8 +109,11 @@ class LiveChart(Part):
 
     def _add(self, snapshot: dict[str, Any]) -> None:
         stamp = snapshot["time"]
+        queue = snapshot.get("async")
         with self._lock:
             self.snapshots += 1
+            if queue is not None:
+                self.async_queue = (int(queue["waiting"]), float(queue["oldest_seconds"]))
             for model, versions in snapshot["models"].items():
                 for version, entry in versions.items():
                     if not version:  # requests that never reached a version (unknown model): not a series
@@ -145,7 +151,12 @@ class LiveChart(Part):
                 return
             self._dirty = False
             data = {key: {k: list(v) for k, v in series.items()} for key, series in self._series.items()}
+            queue = self.async_queue
         with self.figure.batch_update():
+            if queue is not None:
+                waiting, oldest = queue
+                title = f"asynchronous queue: {waiting} waiting" + (f", oldest {oldest:.1f} s" if waiting else "")
+                self.figure.layout.title = {"text": title, "font": {"size": 13}}
             for key, series in sorted(data.items()):
                 traces = self._traces.get(key) or self._add_traces(key)
                 x = [time.strftime("%H:%M:%S", time.localtime(t / 1000)) for t in series["t"]]

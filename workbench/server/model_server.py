@@ -250,7 +250,11 @@ class ModelServer:
         return self.peers.stats() if self.peers is not None else self._own_stats_snapshot()
 
     def _own_stats_snapshot(self) -> dict[str, object]:
-        return self.stats.snapshot({(m, v): rows for m, v, rows in self.batcher.queue_depths()})
+        snapshot = self.stats.snapshot({(m, v): rows for m, v, rows in self.batcher.queue_depths()})
+        if self.asynchronous.in_use:  # the dashboard shows the asynchronous queue beside the chart
+            waiting, oldest = self.asynchronous.waiting()
+            snapshot["async"] = {"waiting": waiting, "oldest_seconds": round(oldest, 3)}
+        return snapshot
 
     def health(self) -> dict[str, object]:
         health = self._own_health()
