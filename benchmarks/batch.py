@@ -11,10 +11,12 @@ in one run, taking turns (each measured in every round, the median kept):
   rows in a loop (no reading, no writing);
 - ``workbench.batch_predict`` with ``concurrency=1`` (one batch at a time: one core's worth of model calls), reading
   the Parquet file, writing Parquet parts with an id column;
-- the same with ``concurrency`` 0 (one batch in flight per core).
+- the same with ``concurrency`` 0 (one batch in flight per core);
+- the same with ``num_workers`` set to the cores (a process each, the model loaded in each: several cores for a
+  model whose calls hold the GIL).
 
 Rows/s of each, and each job's over the baseline. Issue 31's targets: ≥ 0.8 with one batch at a time, > 1 with
-every core.
+workers on every core.
 """
 
 from __future__ import annotations
@@ -72,29 +74,38 @@ def main() -> None:
                 model.predict(data[start : start + args.batch_size])
             return len(data) / (time.perf_counter() - started)
 
-        def job(name: str, concurrency: int) -> float:
-            out = root / f"out-{name}-{concurrency}"
+        def job(name: str, concurrency: int, workers: int = 1) -> float:
+            out = root / f"out-{name}-{concurrency}-{workers}"
             shutil.rmtree(out, ignore_errors=True)
+            started = time.perf_counter()  # workers: their start-up counts (each loads the model)
             summary = workbench.batch_predict(
                 name, root / "digits.parquet", out, model_repository=root / "models", batch_size=args.batch_size,
-                concurrency=concurrency, progress=False,
+                concurrency=concurrency, num_workers=workers, progress=False,
             )  # fmt: skip
             assert summary.rows_out == len(data), summary
-            return len(data) / summary.seconds
+            return len(data) / (summary.seconds if workers == 1 else time.perf_counter() - started)
 
         rows: list[dict[str, Any]] = []
         for name, model in models.items():
-            measured: dict[str, list[float]] = {"baseline": [], "job, 1 batch at a time": [], "job, every core": []}
+            cores = os.cpu_count() or 1
+            measured: dict[str, list[float]] = {
+                "baseline": [],
+                "job, 1 batch at a time": [],
+                "job, every core": [],
+                f"job, {cores} workers": [],
+            }
             for _ in range(args.rounds):
                 measured["baseline"].append(baseline(model))
                 measured["job, 1 batch at a time"].append(job(name, 1))
                 measured["job, every core"].append(job(name, 0))
+                measured[f"job, {cores} workers"].append(job(name, 0, cores))
             medians = {k: statistics.median(v) for k, v in measured.items()}
             row = {
                 "model": name,
                 **{f"{k} rows/s": round(v, 1) for k, v in medians.items()},
                 "job, 1 batch at a time / baseline": round(medians["job, 1 batch at a time"] / medians["baseline"], 3),
                 "job, every core / baseline": round(medians["job, every core"] / medians["baseline"], 3),
+                f"job, {cores} workers / baseline": round(medians[f"job, {cores} workers"] / medians["baseline"], 3),
             }
             rows.append(row)
             print(json.dumps(row), flush=True)

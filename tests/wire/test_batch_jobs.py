@@ -344,3 +344,19 @@ def test_a_server_with_a_management_token_needs_it_for_jobs_and_a_job_can_be_can
             f"{server.rest_url}{started['url']}", headers={"Authorization": "Bearer s3cret"}, timeout=30
         ).json()
         assert cancelled["state"] == "cancelled" and cancelled["done"] < 4000
+
+
+def test_workers_score_the_shards_side_by_side_and_one_summary_adds_them_up(tmp_path, repository, digits):
+    root, model = repository
+    x = digits[0][:900]
+    formats.write_table({"id": np.arange(900), "x": x}, str(tmp_path / "in.parquet"), "parquet")
+    seen: list[Any] = []
+    result = workbench.batch_predict(
+        "digits", tmp_path / "in.parquet", tmp_path / "out", model_repository=root, id_column="id", shard_rows=100,
+        num_workers=2, progress=seen.append,
+    )  # fmt: skip
+    assert (result.rows_in, result.rows_out, result.shards, result.shards_resumed) == (900, 900, 9, 0)
+    got = answers(tmp_path / "out", "parquet", "id")
+    assert [got[i] for i in range(900)] == model.predict(x).tolist()
+    assert summary(tmp_path / "out")["rows_out"] == 900
+    assert seen[-1].done == seen[-1].rows == 900

@@ -57,6 +57,9 @@ class BatchJob:
     shard_rows: int = DEFAULT_SHARD_ROWS
     concurrency: int = 0  # batches in flight; 0: one per core
     max_failed_rows: int | None = None  # None: failed rows never fail the job
+    # One of several processes running the job (batch_predict's workers): (i, n) runs the shards whose index is i
+    # modulo n, and leaves the summary to the process that started them. None: the whole job, here.
+    part: tuple[int, int] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,18 +107,22 @@ async def run_job(
         job.output_format,
         job.shard_rows,
     )
-    done = await loop.run_in_executor(None, resume, plan, job.output)
+    # A part leaves the half-written files of a killed run to its coordinator: another part may be writing its own.
+    done = await loop.run_in_executor(None, resume, plan, job.output, job.part is None)
     batch_size = job.batch_size or dataplane.max_batch_size(job.model) or DEFAULT_BATCH_SIZE
     concurrency = job.concurrency or os.cpu_count() or 1
     runner = _ShardRunner(dataplane, job, plan, ModelSpec(job.model, version), batch_size, concurrency)
     shards = plan.shards()
+    if job.part is not None:
+        shards = [s for s in shards if s.index % job.part[1] == job.part[0]]
+    rows = sum(s.rows for s in shards)
     skipped = [s for s in shards if s.index in done]
     resumed_rows = sum(s.rows for s in skipped)
     runner.done = resumed_rows
 
     def report() -> None:
         if progress is not None:
-            progress(Progress(plan.rows, runner.done, runner.failed, time.perf_counter() - started))
+            progress(Progress(rows, runner.done, runner.failed, time.perf_counter() - started))
 
     runner.report = report
     report()
@@ -142,24 +149,28 @@ async def run_job(
         version,
         signature.name,
         job.output,
-        plan.rows,
+        rows,
         runner.answered + resumed_rows,
         runner.failed,
         len(shards),
         len(skipped),
         round(seconds, 3),
-        round((plan.rows - resumed_rows) / seconds, 1) if seconds > 0 else 0.0,  # the rows this run went through
+        round((rows - resumed_rows) / seconds, 1) if seconds > 0 else 0.0,  # the rows this run went through
     )
     if skipped:  # rows failed in an earlier run are in its errors files: count them from there
         earlier_failed = await loop.run_in_executor(None, _failed_in, plan, job.output, skipped)
         summary = dataclasses.replace(
             summary, rows_out=summary.rows_out - earlier_failed, rows_failed=summary.rows_failed + earlier_failed
         )
-    await loop.run_in_executor(
-        None, formats.write_text, formats.child(job.output, SUMMARY_FILE), json.dumps(dataclasses.asdict(summary))
-    )
+    if job.part is None:
+        await loop.run_in_executor(None, write_summary, job.output, summary)
     report()
     return summary
+
+
+def write_summary(output: str, summary: BatchSummary) -> None:
+    """``_SUMMARY.json``: written last, once every shard is."""
+    formats.write_text(formats.child(output, SUMMARY_FILE), json.dumps(dataclasses.asdict(summary)))
 
 
 def _pinned(dataplane: Dataplane, job: BatchJob) -> tuple[int, inference.Signature]:

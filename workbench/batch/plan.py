@@ -117,8 +117,9 @@ def make_plan(
     return Plan(model, version, signature_name, output_format, shard_rows, tuple(files))
 
 
-def resume(plan: Plan, output: str) -> set[int]:
-    """Write ``plan`` to ``output`` or check it against the one there; the shards already done there."""
+def resume(plan: Plan, output: str, tidy: bool = True) -> set[int]:
+    """Write ``plan`` to ``output`` or check it against the one there; the shards already done there. ``tidy``
+    removes what a killed run left half-written (not where other processes of the same job write beside)."""
     plan_path = formats.child(output, PLAN_FILE)
     if formats.exists(plan_path):
         earlier = Plan.from_document(json.loads(formats.read_text(plan_path)))
@@ -131,10 +132,16 @@ def resume(plan: Plan, output: str) -> set[int]:
     else:
         formats.write_text(plan_path, json.dumps(plan.document(), indent=2) + "\n")
     names = set(formats.list_names(output))
-    for name in names:
-        if name.startswith(TEMPORARY_PREFIX):  # half-written by a run that was killed: never a finished shard
-            formats.remove(formats.child(output, name))
+    if tidy:
+        remove_temporaries(output, names)
     return {shard.index for shard in plan.shards() if plan.part_name(shard) in names}
+
+
+def remove_temporaries(output: str, names: set[str] | None = None) -> None:
+    """Delete what a killed run left half-written in ``output``: never a finished shard."""
+    for name in formats.list_names(output) if names is None else names:
+        if name.startswith(TEMPORARY_PREFIX):
+            formats.remove(formats.child(output, name))
 
 
 def _difference(earlier: Plan, now: Plan) -> str:

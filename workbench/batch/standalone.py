@@ -8,12 +8,18 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import logging
+import multiprocessing
 import os
+import queue
+import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
-from workbench.batch.job import DEFAULT_SHARD_ROWS, BatchJob, BatchSummary, Progress, run_job
+from workbench.batch.job import DEFAULT_SHARD_ROWS, BatchJob, BatchSummary, Progress, run_job, write_summary
+from workbench.batch.plan import remove_temporaries
 from workbench.config.options import ServerOptions
 from workbench.runtime.storage import is_remote
 
@@ -41,6 +47,7 @@ def batch_predict(
     shard_rows: int = DEFAULT_SHARD_ROWS,
     concurrency: int = 0,
     max_failed_rows: int | None = None,
+    num_workers: int = 1,
     allow_pickle: bool = False,
     allow_python_models: bool = False,
     progress: bool | Callable[[Progress], None] = True,
@@ -53,9 +60,12 @@ def batch_predict(
     Each shard of ``shard_rows`` rows is written whole as ``part-NNNNN.<format>``, with an id column (``id_column``,
     else ``row``: the row's number in the input), and its failed rows with their reasons in
     ``errors-NNNNN.jsonl``; run the same job again after it was stopped and it finishes the shards left.
-    ``max_failed_rows`` stops the job once more rows than that failed. ``progress``: a tqdm bar (True), nothing
-    (False), or a function told after each batch.
+    ``max_failed_rows`` stops the job once more rows than that failed. ``num_workers`` processes score the
+    shards side by side, each with the model loaded (what a model whose calls hold the GIL needs to use several
+    cores). ``progress``: a tqdm bar (True), nothing (False), or a function told after each batch.
     """
+    if num_workers < 1:
+        raise ValueError(f"num_workers must be at least 1, not {num_workers}")
     job = BatchJob(
         model,
         str(input),
@@ -78,6 +88,8 @@ def batch_predict(
     bar = _ProgressBar(model) if progress is True else None
     told = bar.update if bar is not None else (progress if callable(progress) else None)
     try:
+        if num_workers > 1:
+            return _in_workers(options, job, num_workers, told)
         return _run_to_end(_standalone(options, job, told))
     finally:
         if bar is not None:
@@ -121,6 +133,62 @@ async def _standalone(
         return await run_job(server.dataplane, job, progress)
     finally:
         await server.stop(cause="batch job done")
+
+
+def _in_workers(
+    options: ServerOptions, job: BatchJob, workers: int, progress: Callable[[Progress], None] | None
+) -> BatchSummary:
+    """``job`` in ``workers`` processes of their own (spawned: no state of this one's, a notebook kernel's), each
+    scoring every ``workers``-th shard; their progress gathered here, and the summary written once all are done."""
+    remove_temporaries(job.output)  # before any part writes: a killed run's half-written files
+    started = time.perf_counter()
+    context = multiprocessing.get_context("spawn")
+    concurrency = job.concurrency or max(1, (os.cpu_count() or 1) // workers)
+    with context.Manager() as manager, ProcessPoolExecutor(workers, mp_context=context) as pool:
+        events = manager.Queue()
+        parts = [
+            pool.submit(
+                _run_part, options, dataclasses.replace(job, part=(i, workers), concurrency=concurrency), events
+            )
+            for i in range(workers)
+        ]
+        latest: dict[int, Progress] = {}
+        while not all(part.done() for part in parts):
+            try:
+                index, now = events.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            latest[index] = now
+            if progress is not None:
+                rows, done, failed = (sum(getattr(p, f) for p in latest.values()) for f in ("rows", "done", "failed"))
+                progress(Progress(rows, done, failed, time.perf_counter() - started))
+        summaries = [part.result() for part in parts]  # the first part's error, if one failed
+    seconds = time.perf_counter() - started
+    first = summaries[0]
+    summary = BatchSummary(
+        first.model,
+        first.version,
+        first.signature_name,
+        job.output,
+        sum(s.rows_in for s in summaries),
+        sum(s.rows_out for s in summaries),
+        sum(s.rows_failed for s in summaries),
+        sum(s.shards for s in summaries),
+        sum(s.shards_resumed for s in summaries),
+        round(seconds, 3),
+        round(sum(s.rows_per_second * s.seconds for s in summaries) / seconds, 1) if seconds > 0 else 0.0,
+    )
+    write_summary(job.output, summary)
+    if progress is not None:
+        progress(Progress(summary.rows_in, summary.rows_in, summary.rows_failed, seconds))
+    return summary
+
+
+def _run_part(options: ServerOptions, job: BatchJob, events: Any) -> BatchSummary:
+    """One worker's part of a job (in a process of its own); its progress goes to ``events``."""
+    assert job.part is not None
+    index = job.part[0]
+    return _run_to_end(_standalone(options, job, lambda now: events.put((index, now))))
 
 
 def _run_to_end(work: Any) -> BatchSummary:

@@ -64,6 +64,14 @@ def add_batch_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[
     )
     run.add_argument("--concurrency", type=int, default=0, metavar="N", help="batches in flight (default: cores)")
     run.add_argument(
+        "--num_workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="processes scoring shards side by side, each with the model loaded (several cores for a model whose "
+        "calls hold the GIL)",
+    )
+    run.add_argument(
         "--max_failed_rows",
         type=int,
         default=None,
@@ -111,6 +119,7 @@ def _batch(args: argparse.Namespace) -> int:
             shard_rows=args.shard_rows,
             concurrency=args.concurrency,
             max_failed_rows=args.max_failed_rows,
+            num_workers=args.num_workers,
             allow_pickle=args.allow_pickle,
             allow_python_models=args.allow_python_models,
             progress=sys.stderr.isatty(),
