@@ -17,6 +17,7 @@ def moto_aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     server.start()
     host, port = server.get_host_and_port()
     endpoint = f"http://{host}:{port}"
+    _forget_s3_clients()
     for key, value in {
         "AWS_ACCESS_KEY_ID": "testing",
         "AWS_SECRET_ACCESS_KEY": "testing",
@@ -28,3 +29,13 @@ def moto_aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
         yield endpoint
     finally:
         server.stop()
+        _forget_s3_clients()
+
+
+def _forget_s3_clients() -> None:
+    """fsspec keeps one S3 file system per set of options, and with it the endpoint it was made for: a later test
+    on another moto server would reach this one's, stopped, through it."""
+    with contextlib.suppress(ImportError):
+        import s3fs
+
+        s3fs.S3FileSystem.clear_instance_cache()

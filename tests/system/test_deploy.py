@@ -80,7 +80,65 @@ def load_manifests() -> list[Manifest]:
 MANIFESTS = load_manifests()
 KUSTOMIZATIONS = [m for m in MANIFESTS if m.document["kind"] == "Kustomization"]
 KSERVE = [m for m in MANIFESTS if m.group == KSERVE_GROUP]
-BUILT_IN = [m for m in MANIFESTS if m not in KSERVE and m not in KUSTOMIZATIONS]
+KEDA_GROUP = "keda.sh"
+KEDA = [m for m in MANIFESTS if m.group == KEDA_GROUP]
+BUILT_IN = [m for m in MANIFESTS if m not in KSERVE and m not in KUSTOMIZATIONS and m not in KEDA]
+# KEDA's ScaledObject as keda.sh documents it (v2: spec.scaleTargetRef, replica counts, periods, triggers with
+# their type, metadata and metricType), strict: a field KEDA does not read (a typo) is an error here, as it would
+# be silently ignored in a cluster. No CRD schema of KEDA's is available offline.
+KEDA_SCALED_OBJECT = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "additionalProperties": False,
+    "properties": {
+        "apiVersion": {"const": "keda.sh/v1alpha1"},
+        "kind": {"const": "ScaledObject"},
+        "metadata": {"type": "object", "required": ["name"]},
+        "spec": {
+            "type": "object",
+            "required": ["scaleTargetRef", "triggers"],
+            "additionalProperties": False,
+            "properties": {
+                "scaleTargetRef": {
+                    "type": "object",
+                    "required": ["name"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "name": {"type": "string"},
+                        "kind": {"type": "string"},
+                        "apiVersion": {"type": "string"},
+                        "envSourceContainerName": {"type": "string"},
+                    },
+                },
+                "minReplicaCount": {"type": "integer", "minimum": 0},
+                "maxReplicaCount": {"type": "integer", "minimum": 1},
+                "idleReplicaCount": {"type": "integer", "minimum": 0},
+                "pollingInterval": {"type": "integer", "minimum": 1},
+                "cooldownPeriod": {"type": "integer", "minimum": 0},
+                "initialCooldownPeriod": {"type": "integer", "minimum": 0},
+                "advanced": {"type": "object"},
+                "fallback": {"type": "object"},
+                "triggers": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "required": ["type", "metadata"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "type": {"type": "string"},
+                            "name": {"type": "string"},
+                            "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
+                            "metricType": {"enum": ["AverageValue", "Value", "Utilization"]},
+                            "authenticationRef": {"type": "object"},
+                            "useCachedMetrics": {"type": "boolean"},
+                        },
+                    },
+                },
+            },
+        },
+    },
+}
 
 
 def only(kind: str) -> Manifest:
@@ -109,6 +167,18 @@ def replace_flag(args: list[str], name: str, value: object) -> list[str]:
 def test_built_in_kinds_validate_against_kubernetes_schemas(manifest: Manifest) -> None:
     # strict: a field Kubernetes does not know (a typo such as `readinessprobe`) is an error, not silently dropped.
     kubernetes_validate.validate(manifest.document, KUBERNETES_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("manifest", KEDA, ids=lambda m: m.id)
+def test_keda_kinds_validate_against_kedas_documented_fields(manifest: Manifest) -> None:
+    validator = jsonschema.Draft202012Validator(KEDA_SCALED_OBJECT)
+    errors = [f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(manifest.document)]
+    assert not errors, errors
+    # It scales the Deployment deploy/kubernetes makes.
+    assert manifest.document["spec"]["scaleTargetRef"]["name"] == only("Deployment").document["metadata"]["name"]
+    broken = copy.deepcopy(manifest.document)
+    broken["spec"]["maxReplicas"] = broken["spec"].pop("maxReplicaCount")
+    assert any("maxReplicas" in e.message for e in validator.iter_errors(broken))
 
 
 def test_the_kubernetes_validator_rejects_a_broken_deployment() -> None:

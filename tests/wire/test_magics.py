@@ -239,10 +239,13 @@ def test_batch_scores_a_file_with_the_servers_models_by_version(
     from workbench.batch import formats
 
     np.save(tmp_path / "x.npy", np.array([[1.0], [2.0], [3.0]], dtype=np.float32))
-    latest = serve(ip, f"batch lin --input {tmp_path / 'x.npy'} --output {tmp_path / 'latest'}")
+    latest = serve(ip, f"batch lin --input {tmp_path / 'x.npy'} --output {tmp_path / 'latest'} --model_version 2")
     pinned = serve(ip, f"batch lin --input {tmp_path / 'x.npy'} --output {tmp_path / 'v1'} --model_version 1")
     assert (latest.version, pinned.version, latest.rows_out) == (2, 1, 3)
     assert "3 rows scored, 0 failed, by lin version 2" in capsys.readouterr().out
+    # Without a version: the one the server's routing sends requests naming none to (its promotions hold).
+    default = serve(ip, f"batch lin --input {tmp_path / 'x.npy'} --output {tmp_path / 'default'}")
+    assert default.version == served.handle.client.predict("lin", [[1.0]]).version
     for folder, (weight, bias) in (("latest", (10.0, 0.0)), ("v1", (2.0, 1.0))):
         answers = formats.read_rows(str(tmp_path / folder / "part-00000.npz"), "npz", 0, 3)
         assert answers["row"].tolist() == [0, 1, 2]
