@@ -233,6 +233,13 @@ def test_the_command_line_prints_a_summary_and_refuses_a_bad_column_map(tmp_path
     done = subprocess.run([*base, f"--output={tmp_path / 'out'}"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "10 rows scored, 0 failed, by digits version 1" in done.stdout
+    # Worker processes of their own: nothing of the command (its __main__) runs again in them.
+    two = subprocess.run(
+        [*base, f"--output={tmp_path / 'two'}", "--num_workers=2", "--shard_rows=4"],
+        capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert two.returncode == 0, two.stderr
+    assert "10 rows scored, 0 failed" in two.stdout and len(list((tmp_path / "two").glob("part-*"))) == 3
     bad = subprocess.run([*base, f"--output={tmp_path / 'o2'}", "--columns=x"], capture_output=True, text=True)
     assert bad.returncode == 2 and "--columns takes column=input pairs, not 'x'" in bad.stderr
     missing = subprocess.run(

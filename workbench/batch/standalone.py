@@ -9,18 +9,20 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
+import json
 import logging
-import multiprocessing
 import os
-import queue
+import subprocess
+import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from workbench.batch.job import DEFAULT_SHARD_ROWS, BatchJob, BatchSummary, Progress, run_job, write_summary
 from workbench.batch.plan import remove_temporaries
 from workbench.config.options import ServerOptions
+from workbench.core.errors import Code, ServingError
 from workbench.runtime.storage import is_remote
 
 log = logging.getLogger(__name__)
@@ -90,7 +92,7 @@ def batch_predict(
     try:
         if num_workers > 1:
             return _in_workers(options, job, num_workers, told)
-        return _run_to_end(_standalone(options, job, told))
+        return run_to_end(standalone(options, job, told))
     finally:
         if bar is not None:
             bar.close()
@@ -122,7 +124,7 @@ def job_server_options(
     return ServerOptions(model_name=model, model_base_path=str(model_base_path), **common)
 
 
-async def _standalone(
+async def standalone(
     options: ServerOptions, job: BatchJob, progress: Callable[[Progress], None] | None
 ) -> BatchSummary:
     from workbench.server.model_server import ModelServer  # the engine: imported when a job runs
@@ -138,31 +140,55 @@ async def _standalone(
 def _in_workers(
     options: ServerOptions, job: BatchJob, workers: int, progress: Callable[[Progress], None] | None
 ) -> BatchSummary:
-    """``job`` in ``workers`` processes of their own (spawned: no state of this one's, a notebook kernel's), each
-    scoring every ``workers``-th shard; their progress gathered here, and the summary written once all are done."""
+    """``job`` in ``workers`` processes of their own (:mod:`workbench.batch.part`), each scoring every
+    ``workers``-th shard; their progress gathered here, and the summary written once all are done."""
     remove_temporaries(job.output)  # before any part writes: a killed run's half-written files
     started = time.perf_counter()
-    context = multiprocessing.get_context("spawn")
     concurrency = job.concurrency or max(1, (os.cpu_count() or 1) // workers)
-    with context.Manager() as manager, ProcessPoolExecutor(workers, mp_context=context) as pool:
-        events = manager.Queue()
-        parts = [
-            pool.submit(
-                _run_part, options, dataclasses.replace(job, part=(i, workers), concurrency=concurrency), events
-            )
-            for i in range(workers)
-        ]
-        latest: dict[int, Progress] = {}
-        while not all(part.done() for part in parts):
-            try:
-                index, now = events.get(timeout=0.2)
-            except queue.Empty:
-                continue
-            latest[index] = now
-            if progress is not None:
-                rows, done, failed = (sum(getattr(p, f) for p in latest.values()) for f in ("rows", "done", "failed"))
-                progress(Progress(rows, done, failed, time.perf_counter() - started))
-        summaries = [part.result() for part in parts]  # the first part's error, if one failed
+    latest: dict[int, Progress] = {}
+    outcomes: dict[int, dict[str, Any]] = {}
+    lock = threading.Lock()
+
+    def follow(index: int, process: subprocess.Popen[str]) -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            message = json.loads(line)
+            with lock:
+                if "progress" in message:
+                    latest[index] = Progress(*message["progress"])
+                    if progress is not None:
+                        totals = [sum(getattr(p, f) for p in latest.values()) for f in ("rows", "done", "failed")]
+                        progress(Progress(totals[0], totals[1], totals[2], time.perf_counter() - started))
+                else:
+                    outcomes[index] = message
+
+    processes = []
+    for index in range(workers):
+        part = dataclasses.replace(job, part=(index, workers), concurrency=concurrency)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "workbench.batch.part"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        assert process.stdin is not None
+        process.stdin.write(spec_of(options, part))
+        process.stdin.close()
+        processes.append(process)
+    readers = [threading.Thread(target=follow, args=item, daemon=True) for item in enumerate(processes)]
+    for reader in readers:
+        reader.start()
+    try:
+        for process in processes:
+            process.wait()
+    finally:
+        for process in processes:  # interrupted (a notebook's stop button): the parts stop with it
+            if process.poll() is None:
+                process.kill()
+    for reader in readers:
+        reader.join()
+    errors = [outcomes.get(i, {}).get("error") or f"worker {i} exited with {p.returncode}" for i, p in
+              enumerate(processes) if "summary" not in outcomes.get(i, {})]  # fmt: skip
+    if errors:
+        raise ServingError(Code.INTERNAL, "; ".join(dict.fromkeys(errors)))
+    summaries = [BatchSummary(**outcomes[i]["summary"]) for i in range(workers)]
     seconds = time.perf_counter() - started
     first = summaries[0]
     summary = BatchSummary(
@@ -184,14 +210,19 @@ def _in_workers(
     return summary
 
 
-def _run_part(options: ServerOptions, job: BatchJob, events: Any) -> BatchSummary:
-    """One worker's part of a job (in a process of its own); its progress goes to ``events``."""
-    assert job.part is not None
-    index = job.part[0]
-    return _run_to_end(_standalone(options, job, lambda now: events.put((index, now))))
+def spec_of(options: ServerOptions, job: BatchJob) -> str:
+    """What a worker process of a job reads (:mod:`workbench.batch.part`): the server's options and its part."""
+    return json.dumps({"options": dataclasses.asdict(options), "job": dataclasses.asdict(job)})
 
 
-def _run_to_end(work: Any) -> BatchSummary:
+def options_of(fields: dict[str, Any]) -> ServerOptions:
+    """:func:`spec_of`'s options back (JSON has no tuples: those options come back as lists)."""
+    tuples = {f.name for f in dataclasses.fields(ServerOptions) if str(f.type).startswith("tuple")}
+    values: dict[str, Any] = {k: tuple(v) if k in tuples else v for k, v in fields.items()}
+    return ServerOptions(**values)
+
+
+def run_to_end(work: Any) -> BatchSummary:
     """Run the coroutine ``work`` to its end, also from a notebook cell, where an event loop already runs."""
     try:
         asyncio.get_running_loop()
