@@ -658,39 +658,6 @@ def test_deploy_without_a_cluster_starts_a_local_ray_that_shutdown_stops(
         ray.init(address=ray_cluster.cluster.address, log_to_driver=False)
 
 
-# ------------------------------------------------------------------------------------------- batch jobs on Ray
-@pytest.mark.timeout(300)
-def test_a_batch_job_runs_on_the_clusters_nodes_with_ray_data(ray_cluster: RayCluster, tmp_path: Path) -> None:
-    """Two engines (Ray Data actors, a CPU each: the two worker nodes) score the shards; the output is what a job on
-    one machine writes, every row once, and a second run finds every shard written."""
-    from sklearn.datasets import load_digits
-    from sklearn.linear_model import LogisticRegression
-
-    from workbench.batch import formats
-
-    x, y = load_digits(return_X_y=True)
-    model = LogisticRegression(max_iter=2000).fit(x, y)
-    workbench.export(model, "digits", tmp_path / "models")
-    formats.write_table({"id": np.arange(len(x)), "x": x}, str(tmp_path / "in.parquet"), "parquet")
-    job = {"model_repository": tmp_path / "models", "id_column": "id", "shard_rows": 300, "progress": False}
-    result = workbench.batch_predict(
-        "digits", tmp_path / "in.parquet", tmp_path / "out", num_workers=2, ray_address="auto", **job
-    )
-    assert (result.rows_in, result.rows_out, result.rows_failed, result.shards) == (len(x), len(x), 0, 6)
-    found: dict[int, int] = {}
-    for part in sorted((tmp_path / "out").glob("part-*.parquet")):
-        columns = formats.read_rows(str(part), "parquet", 0, 1 << 40)
-        for key, value in zip(columns["id"].tolist(), columns["predictions"].tolist(), strict=True):
-            assert key not in found
-            found[key] = value
-    assert [found[i] for i in range(len(x))] == model.predict(x).tolist()
-    assert json.loads((tmp_path / "out" / "_SUMMARY.json").read_text())["rows_out"] == len(x)
-    again = workbench.batch_predict(
-        "digits", tmp_path / "in.parquet", tmp_path / "out", num_workers=2, ray_address="auto", **job
-    )
-    assert again.shards_resumed == 6
-
-
 # ------------------------------------------------------------------------------------------- workbench ray (CLI)
 def workbench_ray(*words: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
     """``workbench ray …`` as a user types it, in a process of its own (a driver of its own on the cluster)."""
