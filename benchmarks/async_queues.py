@@ -67,7 +67,16 @@ def main() -> None:
                 ["redis-server", "--port", str(port), "--save", "", "--appendonly", "no", "--dir", tmp],
                 stdout=subprocess.DEVNULL,
             )
-            time.sleep(0.5)
+            import redis
+
+            client = redis.Redis(port=port)
+            for _ in range(200):  # until it answers
+                try:
+                    client.ping()
+                    break
+                except redis.ConnectionError:
+                    time.sleep(0.05)
+            client.close()
             queues["redis"] = f"redis://127.0.0.1:{port}/0"
         aws = None
         try:

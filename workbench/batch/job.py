@@ -215,7 +215,9 @@ class _ShardRunner:
         self, shard: Shard, ids: np.ndarray, feed: dict[str, np.ndarray], bad: RowErrors
     ) -> tuple[dict[str, np.ndarray], list[dict[str, Any]]]:
         """The shard's answers (its id column first) and its failed rows."""
-        good = np.array([row for row in range(shard.rows) if row not in bad], dtype=np.int64)
+        keep = np.ones(shard.rows, dtype=bool)  # the rows that run (the feed holds them alone, in this order)
+        keep[list(bad)] = False
+        good = np.flatnonzero(keep)
         errors: RowErrors = dict(bad)
         self._count_failed(len(bad))
         pieces = [
