@@ -96,6 +96,25 @@ def test_make_test_fast_runs_the_unit_tier_alone_and_passes() -> None:
     assert ran and all(path.startswith("tests/unit/") for path in ran), ran
 
 
+def test_ci_entry_point_parses_and_ends_in_make_test(tmp_path: Path) -> None:
+    """``.ci/run`` as CI runs it, with the system tools it looks for already present (stand-ins on PATH, so
+    nothing is installed) and ``make`` recording its arguments instead of running the whole suite again."""
+    assert subprocess.run(["bash", "-n", str(ROOT / ".ci/run")], capture_output=True, text=True).returncode == 0
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    called = tmp_path / "make-called"
+    for name in ("npm", "chromium", "redis-server", "apt-get"):
+        (tools / name).write_text(f"#!/bin/sh\necho {name} \"$@\" >> {tmp_path}/others\n")
+    (tools / "make").write_text(f'#!/bin/sh\necho "$@" > {called}\n')
+    for tool in tools.iterdir():
+        tool.chmod(0o755)
+    env = {**make_env(), "PATH": f"{tools}:/usr/bin:/bin"}
+    run = subprocess.run(["bash", str(ROOT / ".ci/run")], capture_output=True, text=True, env=env, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert called.read_text().split() == ["test"]
+    assert not (tmp_path / "others").exists()  # present tools are not reinstalled, nor run
+
+
 @pytest.mark.timeout(600)
 def test_make_lab_serves_jupyterlab_on_the_tutorials(tmp_path: Path) -> None:
     port, token = free_port(), secrets.token_hex(16)
