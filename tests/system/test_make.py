@@ -104,7 +104,7 @@ def test_ci_entry_point_parses_and_ends_in_make_test(tmp_path: Path) -> None:
     tools.mkdir()
     called = tmp_path / "make-called"
     for name in ("npm", "chromium", "redis-server", "apt-get"):
-        (tools / name).write_text(f"#!/bin/sh\necho {name} \"$@\" >> {tmp_path}/others\n")
+        (tools / name).write_text(f'#!/bin/sh\necho {name} "$@" >> {tmp_path}/others\n')
     (tools / "make").write_text(f'#!/bin/sh\necho "$@" > {called}\n')
     for tool in tools.iterdir():
         tool.chmod(0o755)

@@ -86,6 +86,74 @@ def test_a_middle_range_and_one_past_the_end(tmp_path, fmt):
     assert_columns(without_records(formats.read_rows(path, fmt, ROWS - 2, ROWS + 5)), sliced(wanted, ROWS - 2, ROWS))
 
 
+@pytest.mark.parametrize("fmt", (*TABULAR, "npy"))
+def test_a_reader_reads_ranges_in_order_out_of_order_and_across_files(tmp_path, fmt):
+    """A RowReader's ranges equal one-shot reads whatever their order: the next one, one further on (rows skipped),
+    an earlier one (the file reopened), another file and back, and one past the end."""
+    columns = {"m": table()["m"]} if fmt == "npy" else table()
+    paths = [str(tmp_path / f"{name}.{fmt}") for name in ("a", "b")]
+    for path in paths:
+        formats.write_table(columns, path, fmt)
+    wanted = {"": columns["m"]} if fmt == "npy" else expected(fmt, columns)
+    a, b = paths
+    ranges = [(a, 0, 3), (a, 3, 6), (a, 8, 9), (a, 1, 4), (b, 2, 5), (a, 4, 8), (a, 8, 14)]
+    with formats.RowReader() as reader:
+        for path, start, stop in ranges:
+            got = without_records(reader.read(path, fmt, start, stop))
+            assert_columns(got, sliced(wanted, start, stop))
+            assert_columns(got, without_records(formats.read_rows(path, fmt, start, stop)))
+
+
+def test_a_reader_reads_a_file_once_when_its_ranges_follow_each_other(tmp_path):
+    """Shards read in order parse the file once: the bytes read from it are about its size, not n(n+1)/2 shards'
+    (what reading each range from the file's start costs, as a CSV file cannot seek to a row)."""
+    io = f"/proc/{os.getpid()}/io"
+    if not os.path.exists(io):
+        pytest.skip("the bytes a process reads are counted in /proc (Linux)")
+    rows, shards = 20_000, 10
+    path = str(tmp_path / "big.csv")
+    values = np.arange(rows * 8, dtype=np.float64).reshape(rows, 8)
+    formats.write_table({f"c{k}": values[:, k] for k in range(8)}, path, "csv")
+
+    def bytes_read() -> int:
+        with open(io) as counters:
+            return int(next(line for line in counters if line.startswith("rchar:")).split()[1])
+
+    before = bytes_read()
+    with formats.RowReader() as reader:
+        step = rows // shards
+        parts = [reader.read(path, "csv", start, start + step) for start in range(0, rows, step)]
+    read = bytes_read() - before
+    np.testing.assert_array_equal(np.concatenate([part["c3"] for part in parts]), values[:, 3])
+    assert read < 1.5 * os.path.getsize(path), (read, os.path.getsize(path))
+
+
+def test_a_parquet_reader_starts_at_the_row_group_of_its_first_row(tmp_path):
+    """A resumed job's first shard is far into a file: the row groups before it are not decoded (a group that
+    cannot be decoded there would fail the read)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "groups.parquet"
+    values = np.arange(40, dtype=np.int64)
+    pq.write_table(pa.table({"v": values}), path, row_group_size=8)
+    with formats.RowReader() as reader:
+        assert_columns(reader.read(str(path), "parquet", 21, 30), {"v": values[21:30]})
+        assert_columns(reader.read(str(path), "parquet", 30, 50), {"v": values[30:]})
+        assert_columns(reader.read(str(path), "parquet", 45, 50), {"v": values[:0]})
+
+
+def test_rows_skipped_are_not_parsed_and_a_failed_read_leaves_the_reader_able_to_read_again(tmp_path):
+    path = tmp_path / "lines.jsonl"
+    path.write_text('{"x": 1}\n{"x": 2}\nnot json\n{"x": 4}\n')
+    with formats.RowReader() as reader:
+        assert_columns(reader.read(str(path), "jsonl", 0, 2), {"x": np.array([1, 2])})
+        assert_columns(reader.read(str(path), "jsonl", 3, 4), {"x": np.array([4])})
+        with pytest.raises(BatchDataError, match="row 2 is not JSON"):
+            reader.read(str(path), "jsonl", 2, 4)
+        assert_columns(reader.read(str(path), "jsonl", 1, 2), {"x": np.array([2])})
+
+
 def test_npy_holds_one_unnamed_array(tmp_path):
     path = str(tmp_path / "x.npy")
     matrix = np.arange(24, dtype=np.float32).reshape(8, 3)

@@ -4,9 +4,10 @@ A job counts the rows of each input file, reads it a range of rows at a time (so
 scored in chunks, and a resumed job starts where it stopped) and writes each chunk's predictions as one file. This
 module is that I/O, the same for local paths and fsspec URLs (``s3://``, ``gs://``, ``memory://``, ``file://``):
 
-- Reading returns columns as numpy arrays, in the file's column order: what a model's inputs are made of. Each
-  format reads a range without parsing what comes before where it can: CSV skips lines in pandas' C tokenizer,
-  Parquet reads only the row groups that hold the range, .npy and .npz read the rows' bytes after the header.
+- Reading returns columns as numpy arrays, in the file's column order: what a model's inputs are made of. A
+  :class:`RowReader` keeps a file open where its last range ended, so a job reading its shards in order reads each
+  file once: CSV, JSON Lines and TFRecord cannot seek to a row, and a Parquet row group is decoded whole. Parquet
+  starts at the row group holding a range's first row; .npy and .npz read the rows' bytes after the header.
 - Writing is atomic: a file is written under a temporary name and renamed (locally), or uploaded whole in one put
   (object stores), so a reader (or a job resuming after a crash) never sees a partial output file.
 - Bad data raises :class:`BatchDataError` naming the file and why; a store that fails raises
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import glob
 import itertools
 import os
@@ -27,7 +29,7 @@ import tempfile
 import uuid
 import zipfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import orjson
@@ -49,6 +51,7 @@ __all__ = [
     "format_of",
     "list_inputs",
     "list_names",
+    "RowReader",
     "read_rows",
     "read_text",
     "remove",
@@ -76,6 +79,7 @@ _EXTENSIONS = {
 }
 _GLOB_CHARACTERS = ("*", "?", "[")
 _CSV_CHUNK_ROWS = 1 << 18  # rows pandas holds at once while counting a CSV file's rows
+_PARQUET_BATCH_ROWS = 1 << 16  # rows pyarrow decodes at a time while reading a Parquet file
 
 Columns = dict[str, np.ndarray]
 Writer = Callable[[IO[bytes]], None]
@@ -184,22 +188,107 @@ def count_rows(path: str, fmt: str) -> int:
 
 
 def read_rows(path: str, fmt: str, start: int, stop: int) -> Columns:
-    """Rows ``[start, stop)`` of the file as columns (fewer rows where the file ends first).
+    """Rows ``[start, stop)`` of the file as columns: one range, by a :class:`RowReader` of its own."""
+    with RowReader() as reader:
+        return reader.read(path, fmt, start, stop)
 
-    csv, jsonl, parquet: numeric and bool columns keep their numpy dtype (per range read: an int column with a
-    missing value in this range reads as float64), text is an object array of str (a missing text value is ``""``
-    in CSV, which cannot tell them apart, else None), and a column of equal-length lists is a 2-D array. A CSV range
-    is found by skipping lines, blank ones included, so a blank line is a row of missing values (as in
-    :func:`count_rows`) rather than shifting every range after it. npy:
-    ``{"": rows}``; npz: each array by its name. tfrecord: each record's tf.Example features by name (sorted: an
-    Example's features have no order), 1-D where every record has one value and 2-D where all have k, and the raw
-    records as :data:`RECORD_COLUMN`.
+
+class RowReader:
+    """Reads ranges of rows of files, keeping the file it last read open where its last range ended.
+
+    A job reads its shards in order, each starting where the one before ended. Read from the file's start each
+    time, a CSV, JSON Lines or TFRecord file of n shards would be parsed n(n+1)/2 shards' worth (none can seek to a
+    row), and a Parquet row group decoded once for every shard in it. Any other range is read right too: a later
+    one reads past the rows between, an earlier one reopens the file. One file is open at a time, and one thread at
+    a time reads.
     """
-    if start < 0:
-        raise _fail(path, f"cannot read rows from {start}")
-    reader = _handler(_READERS, fmt, path)
-    with _reading(path):
-        return reader(path, start, max(start, stop))
+
+    def __init__(self) -> None:
+        self._open: tuple[str, str, _Cursor] | None = None
+
+    def read(self, path: str, fmt: str, start: int, stop: int) -> Columns:
+        """Rows ``[start, stop)`` of the file as columns (fewer rows where the file ends first).
+
+        csv, jsonl, parquet: numeric and bool columns keep their numpy dtype (per range read: an int column with a
+        missing value in this range reads as float64), text is an object array of str (a missing text value is
+        ``""`` in CSV, which cannot tell them apart, else None), and a column of equal-length lists is a 2-D array.
+        A blank line of a CSV file is a row of missing values (as in :func:`count_rows`). npy: ``{"": rows}``; npz:
+        each array by its name. tfrecord: each record's tf.Example features by name (sorted: an Example's features
+        have no order), 1-D where every record has one value and 2-D where all have k, and the raw records as
+        :data:`RECORD_COLUMN`.
+        """
+        if start < 0:
+            raise _fail(path, f"cannot read rows from {start}")
+        opener = _handler(_CURSORS, fmt, path)
+        try:
+            with _reading(path):
+                cursor = self._cursor(path, fmt, start, opener)
+                if cursor.row < start:
+                    cursor.skip(start - cursor.row)
+                return cursor.take(max(start, stop) - start)
+        except BaseException:
+            self.close()  # where a failed read left the file is unknown: the next read opens it again
+            raise
+
+    def _cursor(self, path: str, fmt: str, start: int, opener: Callable[[str, int], _Cursor]) -> _Cursor:
+        if self._open is not None:
+            open_path, open_fmt, cursor = self._open
+            if (open_path, open_fmt) == (path, fmt) and cursor.row <= start:
+                return cursor
+            self.close()
+        cursor = opener(path, start)
+        self._open = (path, fmt, cursor)
+        return cursor
+
+    def close(self) -> None:
+        if self._open is not None:
+            _, _, cursor = self._open
+            self._open = None
+            cursor.close()
+
+    def __enter__(self) -> RowReader:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class _Cursor(Protocol):
+    """A file open for reading in order. Opened for a range's first row, it may start before it (``row``)."""
+
+    row: int  # the row take() reads first
+
+    def take(self, rows: int) -> Columns:
+        """The next ``rows`` rows (fewer at the file's end)."""
+        ...
+
+    def skip(self, rows: int) -> None:
+        """Past the next ``rows`` rows."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class _Reading:
+    """What a cursor that cannot seek does to skip rows: it reads them."""
+
+    def take(self, rows: int) -> Columns:
+        raise NotImplementedError
+
+    def skip(self, rows: int) -> None:
+        self.take(rows)
+
+
+class _OpenFile:
+    """A cursor's file, opened (locally, or through fsspec) when the cursor is, closed with it."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._files = contextlib.ExitStack()
+        self.file = self._files.enter_context(_open_binary(path))
+
+    def close(self) -> None:
+        self._files.close()
 
 
 def _handler(table: Mapping[str, Any], fmt: str, path: str) -> Any:
@@ -258,27 +347,47 @@ def _count_csv(path: str) -> int:
             return 0
 
 
-def _read_csv(path: str, start: int, stop: int) -> Columns:
-    import pandas as pd
+class _CsvCursor(_Reading):
+    """pandas' reader, parsing the next rows when asked (so dtypes are inferred range by range)."""
 
-    with _open_binary(path) as f:
+    def __init__(self, path: str, start: int) -> None:
+        import pandas as pd
+
+        self.row = 0
+        self._file = _OpenFile(path)
+        self._chunks: Any = None
         try:
-            names = list(pd.read_csv(f, nrows=0).columns)
-        except pd.errors.EmptyDataError:
+            f = self._file.file
+            try:
+                self._names = list(pd.read_csv(f, nrows=0).columns)
+            except pd.errors.EmptyDataError:  # not even a header: no columns, no rows
+                self._names = []
+                return
+            f.seek(0)
+            # Blank lines are rows (of missing values) here and in _count_csv alike.
+            self._chunks = pd.read_csv(
+                f, header=None, names=self._names, skiprows=1, index_col=False, skip_blank_lines=False, iterator=True
+            )
+        except BaseException:
+            self._file.close()
+            raise
+
+    def take(self, rows: int) -> Columns:
+        import pandas as pd
+
+        if self._chunks is None:
             return {}
-        f.seek(0)
-        # An int skiprows skips rows in the C tokenizer (quoted newlines included) without converting them. Blank
-        # lines are rows (of missing values) here and in _count_csv: skiprows counts them, so both must.
-        frame = pd.read_csv(
-            f,
-            header=None,
-            names=names,
-            skiprows=start + 1,
-            nrows=stop - start,
-            index_col=False,
-            skip_blank_lines=False,
-        )
-    return _frame_columns(frame, path, missing_text="")
+        frame = pd.DataFrame(columns=self._names)
+        if rows > 0:
+            with contextlib.suppress(StopIteration):  # the file has ended
+                frame = self._chunks.get_chunk(rows)
+        self.row += len(frame)
+        return _frame_columns(frame, self._file.path, missing_text="")
+
+    def close(self) -> None:
+        if self._chunks is not None:
+            self._chunks.close()
+        self._file.close()
 
 
 def _count_jsonl(path: str) -> int:
@@ -286,14 +395,28 @@ def _count_jsonl(path: str) -> int:
         return sum(1 for line in f if line.strip())
 
 
-def _read_jsonl(path: str, start: int, stop: int) -> Columns:
-    import pandas as pd
+class _JsonLinesCursor(_Reading):
+    """The file's non-blank lines, read in order; pandas builds each range's columns."""
 
-    with _open_binary(path) as f:
-        lines = list(itertools.islice((line for line in f if line.strip()), start, stop))
-    records = [_json_object(line, start + offset, path) for offset, line in enumerate(lines)]
-    # pandas builds the columns: keys in first-seen order, a missing key a missing value, dtypes inferred as usual.
-    return _frame_columns(pd.DataFrame(records), path, missing_text=None)
+    def __init__(self, path: str, start: int) -> None:
+        self.row = 0
+        self._file = _OpenFile(path)
+        self._lines = (line for line in self._file.file if line.strip())
+
+    def take(self, rows: int) -> Columns:
+        import pandas as pd
+
+        lines = list(itertools.islice(self._lines, rows))
+        records = [_json_object(line, self.row + offset, self._file.path) for offset, line in enumerate(lines)]
+        self.row += len(lines)
+        # Keys in first-seen order, a missing key a missing value, dtypes inferred as pandas does.
+        return _frame_columns(pd.DataFrame(records), self._file.path, missing_text=None)
+
+    def skip(self, rows: int) -> None:
+        self.row += sum(1 for _ in itertools.islice(self._lines, rows))  # lines skipped are not parsed
+
+    def close(self) -> None:
+        self._file.close()
 
 
 def _json_object(line: bytes, row: int, path: str) -> dict[str, Any]:
@@ -335,29 +458,55 @@ def _count_parquet(path: str) -> int:
         return int(pq.ParquetFile(f).metadata.num_rows)
 
 
-def _read_parquet(path: str, start: int, stop: int) -> Columns:
-    import pyarrow.parquet as pq
+class _ParquetCursor(_Reading):
+    """pyarrow's batches from the row group holding ``start`` on, a batch's rows past a range held for the next."""
 
-    with _open_binary(path) as f:
-        table = _parquet_rows(pq.ParquetFile(f), start, stop)
-    return {name: _arrow_column(table.column(name), name, path) for name in table.column_names}
+    def __init__(self, path: str, start: int) -> None:
+        import pyarrow.parquet as pq
+
+        self._file = _OpenFile(path)
+        try:
+            parquet = pq.ParquetFile(self._file.file)
+            columns = _parquet_data_columns(parquet.schema_arrow)
+            self._empty = parquet.schema_arrow.empty_table().select(columns)
+            first_group, self.row = _row_group_of(parquet.metadata, start)
+            groups = list(range(first_group, parquet.metadata.num_row_groups))
+            self._batches: Iterator[pa.RecordBatch] = iter(())
+            if groups:  # (none: the file ends before start)
+                self._batches = parquet.iter_batches(
+                    batch_size=_PARQUET_BATCH_ROWS, row_groups=groups, columns=columns, use_pandas_metadata=False
+                )
+        except BaseException:
+            self._file.close()
+            raise
+        self._held: pa.Table = self._empty  # decoded, not yet taken
+
+    def take(self, rows: int) -> Columns:
+        import pyarrow as pa
+
+        batches = self._held.to_batches()
+        held = self._held.num_rows
+        while held < rows and (batch := next(self._batches, None)) is not None:
+            batches.append(batch)
+            held += batch.num_rows
+        table = pa.Table.from_batches(batches, schema=self._empty.schema)
+        taken, self._held = table.slice(0, rows), table.slice(rows)
+        self.row += taken.num_rows
+        return {name: _arrow_column(taken.column(name), name, self._file.path) for name in taken.column_names}
+
+    def close(self) -> None:
+        self._file.close()
 
 
-def _parquet_rows(parquet: Any, start: int, stop: int) -> pa.Table:
-    """Rows [start, stop), reading only the row groups that hold them."""
-    columns = _parquet_data_columns(parquet.schema_arrow)
-    groups: list[int] = []
-    first_row = offset = 0
-    for index in range(parquet.metadata.num_row_groups):
-        rows = parquet.metadata.row_group(index).num_rows
-        if offset < stop and offset + rows > start:
-            first_row = first_row if groups else offset
-            groups.append(index)
-        offset += rows
-    if not groups:
-        return parquet.schema_arrow.empty_table().select(columns)
-    table = parquet.read_row_groups(groups, columns=columns, use_pandas_metadata=False)
-    return table.slice(start - first_row, stop - start)
+def _row_group_of(metadata: Any, row: int) -> tuple[int, int]:
+    """The row group holding ``row`` (the count of groups where the file ends first), and its first row."""
+    first = 0
+    for index in range(metadata.num_row_groups):
+        rows = metadata.row_group(index).num_rows
+        if row < first + rows:
+            return index, first
+        first += rows
+    return metadata.num_row_groups, first
 
 
 def _parquet_data_columns(schema: pa.Schema) -> list[str]:
@@ -387,6 +536,24 @@ def _arrow_lists(array: pa.Array, name: str, path: str) -> np.ndarray:
 
 
 # --- .npy and .npz (through numpy's format module)
+class _SeekingCursor:
+    """A format whose ranges are read where they are (each range reopens the file: the header says where)."""
+
+    def __init__(self, read: Callable[[str, int, int], Columns], path: str, start: int) -> None:
+        self._read, self._path, self.row = read, path, start
+
+    def take(self, rows: int) -> Columns:
+        columns = self._read(self._path, self.row, self.row + rows)
+        self.row += len(next(iter(columns.values()), ()))
+        return columns
+
+    def skip(self, rows: int) -> None:
+        self.row += rows
+
+    def close(self) -> None:
+        pass
+
+
 def _count_npy(path: str) -> int:
     with _open_binary(path) as f:
         shape, _, _ = _npy_header(f)
@@ -483,11 +650,26 @@ def _count_tfrecord(path: str) -> int:
     return sum(1 for _ in _records(path))
 
 
-def _read_tfrecord(path: str, start: int, stop: int) -> Columns:
-    records = list(itertools.islice(_records(path), start, stop))
-    columns = _example_columns(records, start, path)
-    columns[RECORD_COLUMN] = _objects(records)
-    return columns
+class _TfRecordCursor(_Reading):
+    """The file's records in order (a remote file downloaded once), each range's parsed as tf.Examples."""
+
+    def __init__(self, path: str, start: int) -> None:
+        self.row = 0
+        self._path = path
+        self._records = _records(path)
+
+    def take(self, rows: int) -> Columns:
+        records = list(itertools.islice(self._records, rows))
+        columns = _example_columns(records, self.row, self._path)
+        columns[RECORD_COLUMN] = _objects(records)
+        self.row += len(records)
+        return columns
+
+    def skip(self, rows: int) -> None:
+        self.row += sum(1 for _ in itertools.islice(self._records, rows))  # records skipped are not parsed
+
+    def close(self) -> None:
+        self._records = iter(())
 
 
 def _example_proto() -> Any:
@@ -813,13 +995,13 @@ _COUNTERS: dict[str, Callable[[str], int]] = {
     "npz": _count_npz,
     "tfrecord": _count_tfrecord,
 }
-_READERS: dict[str, Callable[[str, int, int], Columns]] = {
-    "csv": _read_csv,
-    "parquet": _read_parquet,
-    "jsonl": _read_jsonl,
-    "npy": _read_npy,
-    "npz": _read_npz,
-    "tfrecord": _read_tfrecord,
+_CURSORS: dict[str, Callable[[str, int], _Cursor]] = {
+    "csv": _CsvCursor,
+    "parquet": _ParquetCursor,
+    "jsonl": _JsonLinesCursor,
+    "npy": functools.partial(_SeekingCursor, _read_npy),
+    "npz": functools.partial(_SeekingCursor, _read_npz),
+    "tfrecord": _TfRecordCursor,
 }
 _WRITERS: dict[str, Callable[[Columns, IO[bytes], str], None]] = {
     "csv": _write_csv,

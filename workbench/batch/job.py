@@ -16,6 +16,7 @@ with that error; the shards written so far stay, and running it again finishes t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import os
@@ -127,22 +128,10 @@ async def run_job(
     runner.report = report
     report()
     todo = [s for s in shards if s.index not in done]
-    writing: asyncio.Future[None] | None = None
-    if todo:
-        first = await loop.run_in_executor(None, _read, todo[0])
-        runner.decide(first)
-        preparing = loop.run_in_executor(None, runner.prepare, todo[0], first)
-    for position, shard in enumerate(todo):
-        prepared = await preparing
-        # The next shard is read and cast while this one runs, and this one is written while the next runs.
-        if position + 1 < len(todo):
-            preparing = loop.run_in_executor(None, runner.prepare, todo[position + 1], None)
-        answers, errors = await runner.score(shard, *prepared)
-        if writing is not None:
-            await writing
-        writing = loop.run_in_executor(None, _write_shard, plan, job.output, shard, answers, errors)
-    if writing is not None:
-        await writing
+    try:
+        await _run_shards(runner, todo, plan, job.output)
+    finally:
+        runner.reader.close()
     seconds = time.perf_counter() - started
     summary = BatchSummary(
         job.model,
@@ -168,6 +157,33 @@ async def run_job(
     return summary
 
 
+async def _run_shards(runner: _ShardRunner, todo: Sequence[Shard], plan: Plan, output: str) -> None:
+    """The shards, in order: the next one is read and cast while this one runs, and this one is written while
+    the next one runs."""
+    loop = asyncio.get_running_loop()
+    if not todo:
+        return
+    first = await loop.run_in_executor(None, runner.read, todo[0])
+    runner.decide(first)
+    preparing = loop.run_in_executor(None, runner.prepare, todo[0], first)
+    writing: asyncio.Future[None] | None = None
+    try:
+        for position, shard in enumerate(todo):
+            prepared = await preparing
+            if position + 1 < len(todo):
+                preparing = loop.run_in_executor(None, runner.prepare, todo[position + 1], None)
+            answers, errors = await runner.score(shard, *prepared)
+            if writing is not None:
+                await writing
+            writing = loop.run_in_executor(None, _write_shard, plan, output, shard, answers, errors)
+        if writing is not None:
+            await writing
+    finally:
+        # A failed shard leaves the next one reading: the reader is closed once that read is over.
+        with contextlib.suppress(Exception):
+            await preparing
+
+
 def write_summary(output: str, summary: BatchSummary) -> None:
     """``_SUMMARY.json``: written last, once every shard is."""
     formats.write_text(formats.child(output, SUMMARY_FILE), json.dumps(dataclasses.asdict(summary)))
@@ -178,10 +194,6 @@ def _pinned(dataplane: Dataplane, job: BatchJob) -> tuple[int, inference.Signatu
     its signature."""
     with dataplane.handle(ModelSpec(job.model, job.model_version, job.version_label)) as servable:
         return servable.version, inference.predict_signature(servable, job.signature_name)
-
-
-def _read(shard: Shard) -> dict[str, np.ndarray]:
-    return formats.read_rows(shard.file.path, shard.file.format, shard.start, shard.stop)
 
 
 class _ShardRunner:
@@ -196,6 +208,11 @@ class _ShardRunner:
         self.feeding: Feeding | None = None
         self.done = self.failed = self.answered = 0
         self.report: Callable[[], None] = lambda: None
+        # Shards are read in order, one at a time, each where the one before it ended: a file is read once.
+        self.reader = formats.RowReader()
+
+    def read(self, shard: Shard) -> dict[str, np.ndarray]:
+        return self.reader.read(shard.file.path, shard.file.format, shard.start, shard.stop)
 
     def decide(self, columns: Mapping[str, np.ndarray]) -> None:
         """How the files' columns feed the model, from the first shard's."""
@@ -206,7 +223,7 @@ class _ShardRunner:
     def prepare(self, shard: Shard, columns: Mapping[str, np.ndarray] | None) -> Prepared:
         """On a thread: the shard's ids, and its rows cast to what the model takes (read first unless given)."""
         if columns is None:
-            columns = _read(shard)
+            columns = self.read(shard)
         assert self.feeding is not None
         feed, bad = self.feeding.feed(columns)
         return self._ids(shard, columns), feed, bad
