@@ -129,8 +129,8 @@ def test_a_reader_reads_a_file_once_when_its_ranges_follow_each_other(tmp_path):
 
 
 def test_a_parquet_reader_starts_at_the_row_group_of_its_first_row(tmp_path):
-    """A resumed job's first shard is far into a file: the row groups before it are not decoded (a group that
-    cannot be decoded there would fail the read)."""
+    """A resumed job's first shard is far into a file, and a worker's next shard further on: the reader starts at
+    the row group that holds the range's first row."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -139,7 +139,9 @@ def test_a_parquet_reader_starts_at_the_row_group_of_its_first_row(tmp_path):
     pq.write_table(pa.table({"v": values}), path, row_group_size=8)
     with formats.RowReader() as reader:
         assert_columns(reader.read(str(path), "parquet", 21, 30), {"v": values[21:30]})
-        assert_columns(reader.read(str(path), "parquet", 30, 50), {"v": values[30:]})
+        assert_columns(reader.read(str(path), "parquet", 30, 31), {"v": values[30:31]})
+        assert_columns(reader.read(str(path), "parquet", 35, 37), {"v": values[35:37]})
+        assert_columns(reader.read(str(path), "parquet", 37, 50), {"v": values[37:]})
         assert_columns(reader.read(str(path), "parquet", 45, 50), {"v": values[:0]})
 
 

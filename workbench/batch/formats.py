@@ -458,30 +458,46 @@ def _count_parquet(path: str) -> int:
         return int(pq.ParquetFile(f).metadata.num_rows)
 
 
-class _ParquetCursor(_Reading):
-    """pyarrow's batches from the row group holding ``start`` on, a batch's rows past a range held for the next."""
+class _ParquetCursor:
+    """pyarrow's batches from the row group holding a row on, a batch's rows past a range held for the next. Rows
+    skipped in row groups of their own are not decoded."""
 
     def __init__(self, path: str, start: int) -> None:
         import pyarrow.parquet as pq
 
         self._file = _OpenFile(path)
         try:
-            parquet = pq.ParquetFile(self._file.file)
-            columns = _parquet_data_columns(parquet.schema_arrow)
-            self._empty = parquet.schema_arrow.empty_table().select(columns)
-            first_group, self.row = _row_group_of(parquet.metadata, start)
-            groups = list(range(first_group, parquet.metadata.num_row_groups))
-            self._batches: Iterator[pa.RecordBatch] = iter(())
-            if groups:  # (none: the file ends before start)
-                self._batches = parquet.iter_batches(
-                    batch_size=_PARQUET_BATCH_ROWS, row_groups=groups, columns=columns, use_pandas_metadata=False
-                )
+            self._parquet = pq.ParquetFile(self._file.file)
+            self._columns = _parquet_data_columns(self._parquet.schema_arrow)
+            self._empty = self._parquet.schema_arrow.empty_table().select(self._columns)
+            self._start_at(start)
         except BaseException:
             self._file.close()
             raise
+
+    def _start_at(self, row: int) -> None:
+        metadata = self._parquet.metadata
+        first_group, self.row = _row_group_of(metadata, row)
+        groups = list(range(first_group, metadata.num_row_groups))
+        self._batches: Iterator[pa.RecordBatch] = iter(())
+        if groups:  # (none: the file ends before the row)
+            self._batches = self._parquet.iter_batches(
+                batch_size=_PARQUET_BATCH_ROWS, row_groups=groups, columns=self._columns, use_pandas_metadata=False
+            )
         self._held: pa.Table = self._empty  # decoded, not yet taken
 
     def take(self, rows: int) -> Columns:
+        taken = self._next(rows)
+        return {name: _arrow_column(taken.column(name), name, self._file.path) for name in taken.column_names}
+
+    def skip(self, rows: int) -> None:
+        target = self.row + rows
+        _, group_start = _row_group_of(self._parquet.metadata, target)
+        if group_start > self.row + self._held.num_rows:  # a row group not decoded yet: start there
+            self._start_at(target)
+        self._next(target - self.row)
+
+    def _next(self, rows: int) -> pa.Table:
         import pyarrow as pa
 
         batches = self._held.to_batches()
@@ -492,7 +508,7 @@ class _ParquetCursor(_Reading):
         table = pa.Table.from_batches(batches, schema=self._empty.schema)
         taken, self._held = table.slice(0, rows), table.slice(rows)
         self.row += taken.num_rows
-        return {name: _arrow_column(taken.column(name), name, self._file.path) for name in taken.column_names}
+        return taken
 
     def close(self) -> None:
         self._file.close()

@@ -78,6 +78,13 @@ def add_batch_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[
         metavar="N",
         help="stop once more rows than N failed (default: failed rows never stop the job)",
     )
+    run.add_argument(
+        "--ray",
+        default=None,
+        metavar="ADDRESS",
+        help="run the --num_workers workers on a Ray cluster, with Ray Data: auto (the cluster this machine is in), "
+        "local (a Ray started here) or ray://HOST:PORT",
+    )
     run.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(command=_batch)
 
@@ -120,6 +127,7 @@ def _batch(args: argparse.Namespace) -> int:
             concurrency=args.concurrency,
             max_failed_rows=args.max_failed_rows,
             num_workers=args.num_workers,
+            ray_address=args.ray,
             allow_pickle=args.allow_pickle,
             allow_python_models=args.allow_python_models,
             progress=sys.stderr.isatty(),
