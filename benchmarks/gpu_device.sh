@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Run ON the lent GPU machine, from the repository's root, with .whl/ carried (benchmarks/gpu_device_prepare.sh
 # fills it here first): installs what `workbench serve` and the load generator need beside the image's PyTorch
-# (no TensorFlow), checks that everything imports and the GPU is seen, then runs benchmarks/gpu.py with its results
-# and full log under $OUT (gpu.json, gpu.log). Arguments go to gpu.py (e.g. --quick).
+# (no TensorFlow), checks that everything imports and the GPU is seen, then runs benchmarks/gpu.py (or $BENCH, e.g.
+# benchmarks/batch_gpu.py) with its results and full log under $OUT (gpu.json, gpu.log). Arguments go to it.
 #
 #   run(command="bash benchmarks/gpu_device.sh", carry=[".whl"], timeout_s=570)
 #
@@ -46,7 +46,9 @@ if os.environ["GPU"] == "1":
 EOF
 if [ "$gpu" = 1 ]; then nvidia-smi --query-gpu=name,memory.used,memory.total,driver_version --format=csv || exit 4; fi
 
-"$PY" benchmarks/gpu.py --out "$OUT/gpu.json" "$@" 2>&1 | tee "$OUT/gpu.log"
+BENCH=${BENCH:-benchmarks/gpu.py}  # or benchmarks/batch_gpu.py: the same set-up, another benchmark
+name=$(basename "$BENCH" .py)
+"$PY" "$BENCH" --out "$OUT/$name.json" "$@" 2>&1 | tee "$OUT/$name.log"
 status=${PIPESTATUS[0]}
-echo "gpu_device.sh: gpu.py exited $status after $(( $(date +%s) - started )) s; results in $OUT/gpu.json"
+echo "gpu_device.sh: $name.py exited $status after $(( $(date +%s) - started )) s; results in $OUT/$name.json"
 exit "$status"
