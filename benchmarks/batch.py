@@ -13,7 +13,10 @@ in one run, taking turns (each measured in every round, the median kept):
   the Parquet file, writing Parquet parts with an id column;
 - the same with ``concurrency`` 0 (one batch in flight per core);
 - the same with ``num_workers`` set to the cores (a process each, the model loaded in each: several cores for a
-  model whose calls hold the GIL).
+  model whose calls hold the GIL);
+- and, once per model, what the job does without the model: the file read a shard at a time and cast to the
+  model's input (one thread). A job's rows/s cannot pass it where reading is the larger cost: the light model's
+  ceiling.
 
 Rows/s of each, and each job's over the baseline. Issue 31's targets: ≥ 0.8 with one batch at a time, > 1 with
 workers on every core.
@@ -75,6 +78,24 @@ def main() -> None:
                 model.predict(data[start : start + args.batch_size])
             return len(data) / (time.perf_counter() - started)
 
+        def reading_alone(name: str) -> float:
+            """The file read shard by shard and fed as the job feeds the model, nothing run."""
+            from workbench.batch.feeding import feeding_for
+            from workbench.batch.job import DEFAULT_SHARD_ROWS
+            from workbench.core import inference
+            from workbench.platforms import Loader
+
+            signature = inference.predict_signature(Loader()(name, 1, str(root / "models" / name / "1")), "")
+            path = str(root / "digits.parquet")
+            started = time.perf_counter()
+            with formats.RowReader() as reader:
+                feeding = None
+                for start in range(0, len(data), DEFAULT_SHARD_ROWS):
+                    columns = reader.read(path, "parquet", start, start + DEFAULT_SHARD_ROWS)
+                    feeding = feeding or feeding_for(signature, columns, {}, None)
+                    feeding.feed(columns)
+            return len(data) / (time.perf_counter() - started)
+
         def job(name: str, concurrency: int, workers: int = 1) -> float:
             out = root / f"out-{name}-{concurrency}-{workers}"
             shutil.rmtree(out, ignore_errors=True)
@@ -94,12 +115,14 @@ def main() -> None:
                 "job, 1 batch at a time": [],
                 "job, every core": [],
                 f"job, {cores} workers": [],
+                "reading and casting alone": [],
             }
             for _ in range(args.rounds):
                 measured["baseline"].append(baseline(model))
                 measured["job, 1 batch at a time"].append(job(name, 1))
                 measured["job, every core"].append(job(name, 0))
                 measured[f"job, {cores} workers"].append(job(name, 0, cores))
+                measured["reading and casting alone"].append(reading_alone(name))
             medians = {k: statistics.median(v) for k, v in measured.items()}
             row = {
                 "model": name,
@@ -107,6 +130,9 @@ def main() -> None:
                 "job, 1 batch at a time / baseline": round(medians["job, 1 batch at a time"] / medians["baseline"], 3),
                 "job, every core / baseline": round(medians["job, every core"] / medians["baseline"], 3),
                 f"job, {cores} workers / baseline": round(medians[f"job, {cores} workers"] / medians["baseline"], 3),
+                "reading and casting alone / baseline": round(
+                    medians["reading and casting alone"] / medians["baseline"], 3
+                ),
             }
             rows.append(row)
             print(json.dumps(row), flush=True)
@@ -117,7 +143,7 @@ def main() -> None:
         "cores": os.cpu_count(),
         "rounds": args.rounds,
         "results": rows,
-        "command": "python benchmarks/batch.py",
+        "command": f"python benchmarks/batch.py --rows {args.rows} --rounds {args.rounds}",
     }
     print(f"results: {save_results('batch', results)}")
 
