@@ -117,6 +117,50 @@ def test_what_predict_would_refuse_is_refused_at_once(server, path, body, status
     assert says in response.json()["error"]
 
 
+def v2_body(rows: np.ndarray, **parameters: Any) -> dict[str, Any]:
+    tensor = {"name": "x", "shape": list(rows.shape), "datatype": "FP64", "data": rows.ravel().tolist()}
+    return {"inputs": [tensor], **({"parameters": parameters} if parameters else {})}
+
+
+def test_a_v2_request_with_parameters_async_is_queued_and_answered_as_infer_answers(server, digits_model):
+    _, model = digits_model
+    x = tm.digits()[0][:4]
+    for path in ("/v2/models/digits/infer", "/v2/models/digits/versions/1/infer"):
+        accepted = requests.post(f"{server.rest_url}{path}", json=v2_body(x, **{"async": True}), timeout=30)
+        assert accepted.status_code == 202, accepted.text
+        ticket = accepted.json()
+        assert ticket["state"] == "queued" and accepted.headers["Location"] == ticket["url"]
+        record = answered(server.rest_url, ticket["id"])
+        synchronous = requests.post(f"{server.rest_url}{path}", json=v2_body(x), timeout=30).json()
+        assert (record["state"], record["status"], record["model"]) == ("done", 200, "digits")
+        assert record["answer"] == synchronous
+        (output,) = [o for o in record["answer"]["outputs"] if o["name"] == "predictions"]
+        assert output["data"] == model.predict(x).tolist()
+    # false, or any other value, is an ordinary request
+    plain = requests.post(f"{server.rest_url}/v2/models/digits/infer", json=v2_body(x, **{"async": False}), timeout=30)
+    assert plain.status_code == 200 and "outputs" in plain.json(), plain.text
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "says"),
+    [
+        ("/v2/models/nosuch/infer", v2_body(np.zeros((1, 64)), **{"async": True}), 404, "nosuch"),
+        ("/v2/models/digits/versions/9/infer", v2_body(np.zeros((1, 64)), **{"async": True}), 404, "9"),
+        ("/v2/models/digits/infer", {"parameters": {"async": True}, "inputs": [{"name": "x"}]}, 400, "shape"),
+        (
+            "/v2/models/digits/infer",
+            v2_body(np.zeros((1, 64)), **{"async": True, "binary_data_output": True}),
+            400,
+            "binary_data",
+        ),
+    ],
+)
+def test_what_v2_infer_would_refuse_is_refused_at_once(server, path, body, status, says):
+    response = requests.post(f"{server.rest_url}{path}", json=body, timeout=30)
+    assert response.status_code == status, response.text
+    assert says in response.json()["error"]
+
+
 def test_the_queue_shows_in_prometheus(server):
     requests.post(f"{server.rest_url}/v1/models/digits:predictAsync", json={"instances": [[0.0] * 64]}, timeout=30)
     text = requests.get(f"{server.rest_url}/metrics", timeout=30).text

@@ -4,6 +4,9 @@
   must exist and the body must decode against its signature (a mistake is a 4xx now, not a failure found later);
   the request is then queued (:mod:`~workbench.asynchronous.queues`) and answered ``202`` with its id
   and where its answer will be: ``{"id": ..., "state": "queued", "url": "/workbench/v1/async/<id>"}``.
+- ``POST /v2/models/{m}[/versions/{v}]/infer`` with ``"parameters": {"async": true}`` (a workbench extension of
+  the Open Inference Protocol) is queued the same way, checked as an inference request is; its answer, once done, is
+  the v2 response (JSON: outputs in binary or shared memory are refused, as there is no one to hand them to).
 - ``GET /workbench/v1/async/{id}``: its state (``queued``, ``running``, ``done``, ``failed``), attempts and times,
   and once answered the HTTP status and the answer itself, exactly what ``:predict`` would have answered
   (``{"predictions": ...}`` or ``{"error": ...}``). 404 once its answer's time (``--async_results_seconds``) is over.
@@ -34,11 +37,14 @@ from starlette.routing import Route
 from workbench.asynchronous.notify import Notifier
 from workbench.asynchronous.queues import AsyncQueue, open_queue, queue_exists
 from workbench.asynchronous.store import Claimed
-from workbench.core.errors import Code, ServingError
+from workbench.core.errors import Code, ServingError, from_exception
+from workbench.core.signatures import DEFAULT_SIGNATURE
 from workbench.frontends.rest import PostHandler, RestApi, error_response, json_response
+from workbench.frontends.v2_rest import V2Rest, V2Settings
 from workbench.planes.calls import ModelSpec
+from workbench.planes.controlplane import ControlPlane
 from workbench.planes.dataplane import Dataplane
-from workbench.protocol import json_tensor
+from workbench.protocol import json_tensor, v2_json
 from workbench.runtime.storage import StorageError, is_remote, join, redact, translated
 
 log = logging.getLogger(__name__)
@@ -59,6 +65,7 @@ class AsyncInference:
     def __init__(
         self,
         dataplane: Dataplane,
+        controlplane: ControlPlane,
         queue_uri: str,
         *,
         concurrency: int = 4,
@@ -82,7 +89,9 @@ class AsyncInference:
         self.output = output.rstrip("/")
         self.notify_url = notify_url
         self._notifier = Notifier(notify_url) if notify_url else None
-        self._rest = RestApi(dataplane, timeout_ms, max_request_bytes)  # the synchronous path every answer takes
+        # The synchronous paths every answer takes: TF Serving's REST API, and v2's for requests queued through it.
+        self._rest = RestApi(dataplane, timeout_ms, max_request_bytes)
+        self._v2 = V2Rest(dataplane, controlplane, V2Settings(timeout_ms, max_request_bytes))
         self._store: AsyncQueue | None = None
         self._consumer: asyncio.Task[None] | None = None
         self._arrived = asyncio.Event()  # a request queued here: no need to wait for the next poll
@@ -124,7 +133,6 @@ class AsyncInference:
     # ------------------------------------------------------------------------------------------- the API
     async def accept(self, match: re.Match[str], path: str, body: bytes, headers: Mapping[str, str]) -> Response:
         """``:predictAsync``: checked as ``:predict`` would check it, queued, answered 202."""
-        loop = asyncio.get_running_loop()
         try:
             name, version, label = match.groups()
             spec = ModelSpec(name=name, version=int(version) if version else None, label=label)
@@ -136,21 +144,46 @@ class AsyncInference:
                     json_tensor.decode_predict_request(
                         body, lambda signature, sent: self.dataplane.rest_input_specs(servable, signature, sent)
                     )
-            if source:
-                if body.strip():
-                    raise ServingError(Code.INVALID_ARGUMENT, f"A request with {INPUT_LOCATION} has no body")
-                await loop.run_in_executor(None, _check_readable, source)
-            if self._stopping:
-                raise ServingError(Code.UNAVAILABLE, "The server is shutting down: queue the request elsewhere")
-            store = self._open()
-            # What the consumer runs: the same request, as :predict (and where its body and answer go, if elsewhere).
-            sync_path = path[: -len("Async")]
-            locations = {key: value for key, value in (("input", source), ("output", target)) if value}
-            if locations:
-                sync_path += "?" + urllib.parse.urlencode(locations)
-            request_id = await loop.run_in_executor(None, store.put, name, sync_path, body)
+            # What the consumer runs: the same request, as :predict.
+            return await self._enqueue(name, path[: -len("Async")], body, {"input": source, "output": target})
         except ServingError as exc:
             return error_response(exc)
+
+    async def accept_v2(self, model: str, version: str | None, body: bytes, headers: Mapping[str, str]) -> Response:
+        """A v2 inference request with ``parameters.async`` true: checked as ``…/infer`` would check it (but for
+        outputs in binary or in shared memory, which have no one to go to), queued, answered 202."""
+        try:
+            spec = await self._v2.models.loaded_spec(model, version, None)
+            source = headers.get(INPUT_LOCATION, "")
+            length = headers.get(v2_json.HEADER_LENGTH)
+            with self.dataplane.handle(spec) as servable:  # an unknown version: 404 now
+                if not source:
+                    decoded = v2_json.decode_infer_request(body, v2_json.header_length(length, len(body)))
+                    specs = self.dataplane.rest_input_specs(servable, DEFAULT_SIGNATURE, tuple(decoded.inputs))
+                    v2_json.check_datatypes(decoded, specs)
+                    _refuse_raw_outputs(decoded)
+            path = f"/v2/models/{model}" + (f"/versions/{version}" if version else "") + "/infer"
+            query = {"input": source, "output": headers.get(OUTPUT_LOCATION, ""), "header_length": length or ""}
+            return await self._enqueue(model, path, body, query)
+        except ServingError as exc:
+            return error_response(exc)
+
+    async def _enqueue(self, model: str, path: str, body: bytes, query: Mapping[str, str]) -> Response:
+        """Queue the request the consumer will run as ``path`` (with ``query``: where its body and answer go, if
+        elsewhere, and a v2 body's header length), answered 202 with its id."""
+        loop = asyncio.get_running_loop()
+        source = query.get("input", "")
+        if source:
+            if body.strip():
+                raise ServingError(Code.INVALID_ARGUMENT, f"A request with {INPUT_LOCATION} has no body")
+            await loop.run_in_executor(None, _check_readable, source)
+        if self._stopping:
+            raise ServingError(Code.UNAVAILABLE, "The server is shutting down: queue the request elsewhere")
+        store = self._open()
+        given = {key: value for key, value in query.items() if value}
+        if given:
+            path += "?" + urllib.parse.urlencode(given)
+        request_id = await loop.run_in_executor(None, store.put, model, path, body)
         self._arrived.set()
         answer = {"id": request_id, "state": "queued", "url": STATUS_PREFIX + request_id}
         return json_response(json.dumps(answer).encode(), 202, {"Location": answer["url"]})
@@ -226,14 +259,12 @@ class AsyncInference:
         loop = asyncio.get_running_loop()
         path, _, query = item.path.partition("?")
         locations = dict(urllib.parse.parse_qsl(query))
-        match = _SYNC_PATH.fullmatch(path)
-        assert match is not None  # written by accept()
         try:
             request = await loop.run_in_executor(None, _read, locations["input"]) if "input" in locations else item.body
         except StorageError as exc:  # gone since it was accepted, or unreadable: the request's own failure
             status, body = 400, json_tensor.encode_error(f"Could not read the request's input: {exc}")
         else:
-            status, body, _ = await self._rest.inference(match, _body_of(request), path)
+            status, body = await self._run(path, request, locations.get("header_length"))
         try:
             if status == 200 and "output" in locations:  # the answer goes there; the record says where
                 await loop.run_in_executor(None, _write, locations["output"], body)
@@ -248,6 +279,24 @@ class AsyncInference:
         except Exception:  # noqa: BLE001 - the claim expires and the request is taken again
             log.exception("Could not record the answer to asynchronous request %s", item.id)
 
+    async def _run(self, path: str, request: bytes, header_length: str | None) -> tuple[int, bytes]:
+        """The answer to a queued request, as its synchronous path gives it (a failure its status and error)."""
+        v2 = _V2_PATH.fullmatch(path)
+        if v2 is None:
+            match = _SYNC_PATH.fullmatch(path)
+            assert match is not None  # written by accept()
+            status, body, _ = await self._rest.inference(match, _body_of(request), path)
+            return status, body
+        model, version = v2.groups()
+        try:
+            encoded = await self._v2.run(model, version, request, header_length)
+        except Exception as exc:  # noqa: BLE001 - the request's answer, as v2's REST API would give it
+            if not isinstance(exc, ServingError):
+                log.exception("Asynchronous v2 request failed")
+            failed = error_response(exc if isinstance(exc, ServingError) else from_exception(exc))
+            return failed.status_code, bytes(failed.body)
+        return 200, encoded.body
+
     def _notify(self, item: Claimed, status: int) -> None:
         """Tell ``notify_url`` the request was answered (a webhook, or a result queue: :mod:`.notify`)."""
         assert self._notifier is not None
@@ -261,6 +310,7 @@ class AsyncInference:
         _write(join(self.output, f"{item.id}.json"), json.dumps(document).encode())
 
 
+_V2_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?/infer")
 _SYNC_PATH = re.compile(r"/v1/models/([^/:]+)(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?:(predict)", re.IGNORECASE)
 
 
@@ -303,6 +353,15 @@ def _filesystem_of(url: str) -> tuple[Any, str]:
     with translated(url):
         fs, path = url_to_fs(url)
     return fs, path
+
+
+def _refuse_raw_outputs(decoded: v2_json.InferRequest) -> None:
+    """A queued v2 request's answer is JSON: nobody is there to take raw outputs."""
+    if decoded.binary_outputs or any(output.binary for output in decoded.outputs):
+        raise ServingError(
+            Code.INVALID_ARGUMENT,
+            "An asynchronous request's answer is JSON: ask for its outputs without binary_data",
+        )
 
 
 def _body_of(body: bytes) -> Callable[[], Awaitable[bytes]]:

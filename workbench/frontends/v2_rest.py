@@ -59,6 +59,8 @@ _VERSION = "/v2/models/{model:str}/versions/{version:str}"
 _LOAD_TIMEOUT_S = 300.0
 
 Handler = Callable[[Request], Awaitable[Response]]
+# Queues an inference request asking for it (parameters.async): (model, version, body, headers) → the 202 answer.
+AsyncHandOff = Callable[[str, "str | None", bytes, Mapping[str, str]], Awaitable[Response]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,8 +80,10 @@ class V2Rest:
         settings: V2Settings,
         router: SequenceRouter | None = None,
         shared_memory: SharedMemoryAccess | None = None,
+        hand_off_async: AsyncHandOff | None = None,
     ) -> None:
         self.dataplane = dataplane
+        self.hand_off_async = hand_off_async  # None: parameters.async is an ordinary parameter
         self.settings = settings
         self.models = V2Repository(dataplane, controlplane, settings.management_token)
         self.router = router  # with --num_workers: hands a sequence's requests to the worker that holds it
@@ -156,17 +160,36 @@ class V2Rest:
     # ------------------------------------------------------------------------------------ inference
     async def infer(self, request: Request) -> Response:
         body = await self._body(request)
-        dataplane = self.dataplane
+        params = request.path_params
+        length = request.headers.get(v2_json.HEADER_LENGTH)
+        if self.hand_off_async is not None and v2_json.asks_async(body, length):
+            return await self.hand_off_async(params["model"], params.get("version"), body, request.headers)
+        shared_memory = self._shared_memory(request)
         decoded = None
         if self.router is not None:  # with --num_workers: read the request first, its sequence may live elsewhere
-            decoded = self._decode(request, body)
+            decoded = self._decode(body, length, shared_memory)
             sequence = sequence_request(decoded.parameters)
             owner = self.router.owner(sequence.id) if sequence is not None else None
             if owner is not None:
                 return await self._forward(request, decoded, owner)
-        with await dataplane.admit(await self._infer_spec(request), "predict", PROTOCOL, self.timeout) as call:
+        encoded = await self.run(params["model"], params.get("version"), body, length, shared_memory, decoded)
+        return _response(encoded)
+
+    async def run(
+        self,
+        model: str,
+        version: str | None,
+        body: bytes,
+        length: str | None,
+        shared_memory: SharedMemory | None = None,
+        decoded: v2_json.InferRequest | None = None,
+    ) -> v2_json.EncodedResponse:
+        """One inference request's answer (``length``: its Inference-Header-Content-Length, if any), run here: on
+        the REST port, and for a queued request by its consumer."""
+        dataplane = self.dataplane
+        with await dataplane.admit(await self._infer_spec(model, version), "predict", PROTOCOL, self.timeout) as call:
             servable = call.servable
-            decoded = decoded or self._decode(request, body)
+            decoded = decoded or self._decode(body, length, shared_memory)
             v2_stream.refuse_decoupled(call, "HTTP end point")
             specs = dataplane.rest_input_specs(servable, DEFAULT_SIGNATURE, tuple(decoded.inputs))
             v2_json.check_datatypes(decoded, specs)
@@ -180,16 +203,10 @@ class V2Rest:
                 sequence=sequence_request(decoded.parameters),
             )
             # call.version, not servable's: a sequence runs on the version it started on
-            encoded = v2_json.encode_infer_response(
-                call.model, call.version, decoded, outputs, self._shared_memory(request)
-            )
-        if encoded.json_length is None:
-            return json_response(encoded.body)
-        return Response(encoded.body, media_type=BINARY, headers={v2_json.HEADER_LENGTH: str(encoded.json_length)})
+            return v2_json.encode_infer_response(call.model, call.version, decoded, outputs, shared_memory)
 
-    def _decode(self, request: Request, body: bytes) -> v2_json.InferRequest:
-        json_length = v2_json.header_length(request.headers.get(v2_json.HEADER_LENGTH), len(body))
-        return v2_json.decode_infer_request(body, json_length, self._shared_memory(request))
+    def _decode(self, body: bytes, length: str | None, shared_memory: SharedMemory | None) -> v2_json.InferRequest:
+        return v2_json.decode_infer_request(body, v2_json.header_length(length, len(body)), shared_memory)
 
     def _shared_memory(self, request: Request) -> SharedMemory | None:
         """The regions this request's inputs and outputs may name (refusals, for a client on another host)."""
@@ -212,16 +229,14 @@ class V2Rest:
         encoded = v2_json.encode_infer_response(
             model, answer.model_version or 0, decoded, answer.outputs, self._shared_memory(request)
         )
-        if encoded.json_length is None:
-            return json_response(encoded.body)
-        return Response(encoded.body, media_type=BINARY, headers={v2_json.HEADER_LENGTH: str(encoded.json_length)})
+        return _response(encoded)
 
-    async def _infer_spec(self, request: Request) -> ModelSpec:
+    async def _infer_spec(self, model: str, version: str | None) -> ModelSpec:
         """The servable an inference request names; one it cannot name (an unknown label) is counted as refused."""
         try:
-            return await self._loaded_spec(request)
+            return await self.models.loaded_spec(model, version, self.timeout)
         except ServingError as exc:
-            self.dataplane.refused(request.path_params["model"], "predict", PROTOCOL, exc)
+            self.dataplane.refused(model, "predict", PROTOCOL, exc)
             raise
 
     def _timeout(self, decoded: v2_json.InferRequest) -> float | None:
@@ -270,6 +285,12 @@ class V2Rest:
         how = '{"parameters": {"version": N}}'
         await self.models.unload(request.path_params["model"], version, how, unload_dependents=dependents)
         return Response(status_code=200)
+
+
+def _response(encoded: v2_json.EncodedResponse) -> Response:
+    if encoded.json_length is None:
+        return json_response(encoded.body)
+    return Response(encoded.body, media_type=BINARY, headers={v2_json.HEADER_LENGTH: str(encoded.json_length)})
 
 
 def _default_signature(model: str, signatures: Mapping[str, Signature]) -> Signature:
@@ -333,12 +354,14 @@ def v2_routes(
     settings: V2Settings | None = None,
     router: SequenceRouter | None = None,
     shared_memory: SharedMemoryAccess | None = None,
+    hand_off_async: AsyncHandOff | None = None,
 ) -> list[Route]:
     """The v2 routes for the REST app: reads and inference through ``dataplane``, repository loads and unloads
     through ``controlplane``; ``router`` hands a sequence's requests to the worker that holds it (with
     --num_workers); ``shared_memory``: the server's shared-memory regions (None: no shared-memory routes, and
-    requests naming a region are UNIMPLEMENTED)."""
-    api = V2Rest(dataplane, controlplane, settings or V2Settings(), router, shared_memory)
+    requests naming a region are UNIMPLEMENTED); ``hand_off_async`` queues requests whose ``parameters.async`` is
+    true (None: it is an ordinary parameter)."""
+    api = V2Rest(dataplane, controlplane, settings or V2Settings(), router, shared_memory, hand_off_async)
     generate = v2_stream.Generate(dataplane, api.models, api._body, api.timeout, PROTOCOL)
     table: list[tuple[str, Handler, str]] = [
         ("/v2", api.server_metadata, "GET"),

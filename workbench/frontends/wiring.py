@@ -108,6 +108,7 @@ class Frontends:
                     V2Settings(settings.rest_timeout_ms, settings.rest_max_request_bytes, settings.management_token),
                     settings.router,
                     settings.shared_memory,
+                    asynchronous.accept_v2 if asynchronous is not None else None,
                 ),
                 *(asynchronous.routes() if asynchronous is not None else []),
                 *(settings.batch_jobs.routes() if settings.batch_jobs is not None else []),

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from workbench.core.errors import invalid_argument
+from workbench.core.errors import ServingError, invalid_argument
 from workbench.core.signatures import TensorSpec
 from workbench.protocol import v2_shared_memory
 from workbench.protocol.bytes_codec import TruncatedElement, TruncatedLength, from_b64, is_b64, unpack_bytes
@@ -75,6 +75,27 @@ class InferRequest:
 
 
 # ------------------------------------------------------------------------------------------- requests
+ASYNC = "async"  # workbench's extension: a request with parameters.async true is queued and answered 202
+
+
+def asks_async(body: bytes, header_length_value: str | None) -> bool:
+    """Whether the request's ``parameters.async`` is true. Only a body that holds the word is parsed here (every
+    other request is decoded once, as before); a body that does not parse is left for the decoding to refuse."""
+    try:
+        length = header_length(header_length_value, len(body))
+    except ServingError:
+        return False
+    header = body if length is None else body[:length]
+    if b'"async"' not in header:
+        return False
+    try:
+        doc = orjson.loads(header)
+    except orjson.JSONDecodeError:
+        return False
+    parameters = doc.get("parameters") if isinstance(doc, dict) else None
+    return isinstance(parameters, dict) and parameters.get(ASYNC) is True
+
+
 def header_length(value: str | None, body_size: int) -> int | None:
     """The JSON header's length from the ``Inference-Header-Content-Length`` header (None: all JSON)."""
     if value is None:

@@ -179,6 +179,7 @@ class ModelServer:
         # :predictAsync: accepted into a queue every process of the server shares, answered by each one's consumer.
         self.asynchronous = AsyncInference(
             self.dataplane,
+            self.controlplane,
             options.async_queue_uri(),
             concurrency=options.async_concurrency,
             visibility_seconds=options.async_visibility_seconds,
