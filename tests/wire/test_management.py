@@ -514,3 +514,88 @@ def test_model_folders_come_and_go_without_a_restart(serve, root, model_store, t
         keep_sending([loop])
     assert loop.failures() == []
     assert loop.count(V2) == len(loop.results)
+
+
+# ------------------------------------------------------------------------------------------ sticky canaries
+def test_a_sticky_key_always_lands_on_the_same_version_and_keys_split_by_the_weight(serve, root):
+    """X-Workbench-Key (REST), x-workbench-key metadata (gRPC) and the v2 parameter workbench_key hash into the
+    canary split: one key gets one version every time, on every API, and over many keys the canary's share is
+    its weight."""
+    import grpc
+    import numpy as np
+    import tritonclient.grpc as triton_grpc
+
+    import workbench.runtime.tensorflow_protos  # noqa: F401  # isort: skip
+    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+    from workbench.models.routing.policy import Routing, sticky_pick
+    from workbench.protocol.tensor_proto import from_numpy
+
+    server = serve(model_repository=str(root), file_system_poll_wait_seconds=0)
+    assert manage(server, "m:promote", {"version": 1}).status_code == 200
+    assert manage(server, "m:canary", {"version": 2, "weight": 0.3}).status_code == 200
+    answers = {V1: 1, V2: 2}
+    url = f"{server.rest_url}/v1/models/m:predict"
+
+    with requests.Session() as session:
+
+        def rest_version(key: str) -> int:
+            return answers[session.post(url, json=ONE, headers={"X-Workbench-Key": key}, timeout=30).text]
+
+        keys = [f"user-{n}" for n in range(1000)]
+        first = {key: rest_version(key) for key in keys}
+        # What the key's hash says (the same function in every worker and replica), not the order requests came in.
+        split = Routing(stable=1, canary=2, canary_weight=0.3)
+        assert first == {key: sticky_pick(split, [1, 2], key) for key in keys}
+        share = sum(1 for version in first.values() if version == 2) / len(keys)
+        assert abs(share - 0.3) <= 0.05, share  # 1,000 keys: one standard deviation is 0.0145
+        again = {key: rest_version(key) for key in keys[:100]}
+        assert again == {key: first[key] for key in keys[:100]}
+        # Without a key, requests keep the exact per-request split.
+        unkeyed = Counter(session.post(url, json=ONE, timeout=30).text for _ in range(100))
+        assert unkeyed == Counter({V1: 70, V2: 30})
+        v2_rest = [
+            session.post(
+                f"{server.rest_url}/v2/models/m/infer",
+                json={"inputs": [{"name": "x", "shape": [1, 1], "datatype": "FP32", "data": [1.0]}]},
+                headers={"X-Workbench-Key": key},
+                timeout=30,
+            ).json()["model_version"]
+            for key in keys[:50]
+        ]
+        assert [int(v) for v in v2_rest] == [first[key] for key in keys[:50]]
+
+    with grpc.insecure_channel(server.grpc_target) as channel:
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        request = predict_pb2.PredictRequest()
+        request.model_spec.name = "m"
+        from_numpy(np.array([[1.0]], np.float32), request.inputs["x"])
+        grpc_versions = [
+            stub.Predict(request, metadata=[("x-workbench-key", key)], timeout=30).model_spec.version.value
+            for key in keys[:50]
+        ]
+    assert grpc_versions == [first[key] for key in keys[:50]]
+
+    triton = triton_grpc.InferenceServerClient(server.grpc_target)
+    tensor = triton_grpc.InferInput("x", [1, 1], "FP32")
+    tensor.set_data_from_numpy(np.array([[1.0]], np.float32))
+    by_parameter = [
+        int(triton.infer("m", [tensor], parameters={"workbench_key": key}).get_response().model_version)
+        for key in keys[:50]
+    ]
+    assert by_parameter == [first[key] for key in keys[:50]]
+    triton.close()
+
+    # workbench's Client sends the key on every API.
+    from workbench.client import Client
+
+    with Client(server.rest_url, server.grpc_target) as client:
+        for protocol in ("rest", "grpc", "v2", "v2-grpc"):
+            versions = [client.predict("m", [[1.0]], protocol=protocol, key=key).version for key in keys[:20]]
+            assert versions == [first[key] for key in keys[:20]], protocol
+
+    # Without a canary, every key gets the stable version.
+    assert manage(server, "m:canary", {"version": 2, "weight": 0}).status_code == 200
+    with requests.Session() as session:
+        texts = {session.post(url, json=ONE, headers={"X-Workbench-Key": key}, timeout=30).text for key in keys[:50]}
+    assert texts == {V1}

@@ -1,4 +1,6 @@
-"""``workbench bench``: closed-loop load on a server's predict API, with latency percentiles.
+"""``workbench bench``: load on a server's predict API, with latency percentiles: one fixed measurement (closed loop,
+``--duration`` or ``--requests``), or perf_analyzer's (concurrency or request-rate ranges, windows until stable,
+the server's share from its statistics, perf_analyzer's CSV): :mod:`workbench.client.perf`.
 
 The load's options are declared once in :data:`workbench.client.bench.LOAD_ARGUMENTS`, for ``%serve bench`` too.
 """
@@ -7,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from workbench.client.bench import GRPC_PROTOCOLS, LOAD_ARGUMENTS
 from workbench.config.vocabulary import BoolFlag
@@ -18,17 +21,23 @@ examples:
       --concurrency=8 --duration=10
   workbench bench --target=localhost:8500 --protocol=v2-grpc --model=half_plus_two --inputs='{"x": [[1.0]]}'
   workbench bench --target=https://localhost:8501 --ca_file=ca.pem --model=half_plus_two --inputs='{"x": [[1.0]]}'
+  workbench bench --target=localhost:8501 --model=half_plus_two --inputs='{"x": [[1.0]]}' --concurrency=1:16:4 \
+      --csv=points.csv
+  workbench bench --target=localhost:8500 --protocol=v2-grpc --model=digits --input_data=rows.npz \
+      --request_rate=100:400:100 --request_distribution=poisson
 """
 
 
 def add_bench_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "bench",
-        help="closed-loop load on a server's predict API (TF Serving's or v2, REST or gRPC), with latency percentiles",
+        help="load on a server's predict API (TF Serving's or v2, REST or gRPC), with latency percentiles",
         description="Send predict requests from N concurrent clients, each waiting for its answer before sending "
-        "the next, for a duration or a number of requests; print requests/s and latency percentiles. Works "
-        "against workbench and TF Serving alike. The same load as `%serve bench` in a notebook, with the same "
-        "defaults.",
+        "the next, for a duration or a number of requests; print requests/s and latency percentiles. With a "
+        "range of concurrencies, a request rate (open loop) or --measurement_interval, each point is measured "
+        "as perf_analyzer measures it: windows until three agree, the server's queue and compute time from its "
+        "statistics, perf_analyzer's CSV with --csv. Works against workbench and TF Serving alike. The same load "
+        "as `%serve bench` in a notebook, with the same defaults.",
         epilog=BENCH_EXAMPLES,
     )
     p.add_argument(
@@ -41,13 +50,38 @@ def add_bench_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[
     LOAD_ARGUMENTS["grpc"].add_to(p)
     p.add_argument("--model", required=True, metavar="NAME", help="the model's name")
     LOAD_ARGUMENTS["signature_name"].add_to(p)
-    p.add_argument(
-        "--inputs",
-        required=True,
-        metavar="JSON",
-        help="""one request's inputs, e.g. '{"x": [[1.0]]}' (typed as the signature says)""",
+    data = p.add_mutually_exclusive_group(required=True)
+    data.add_argument(
+        "--inputs", metavar="JSON", help="""one request's inputs, e.g. '{"x": [[1.0]]}' (typed as the signature says)"""
     )
-    for name in ("concurrency", "duration", "requests"):
+    data.add_argument(
+        "--input_data",
+        "--input-data",
+        dest="input_data",
+        metavar="FILE",
+        help='requests sent in turn: a .json file (perf_analyzer\'s {"data": [{input: value}, ...]}), or a .npy '
+        "(one input) or .npz (an array per input) file cut into requests of --batch_size rows",
+    )
+    data.add_argument(
+        "--shape",
+        action="append",
+        metavar="NAME:D1[,D2...]",
+        help="random values of this shape for input NAME (every input needs one), as perf_analyzer's --shape",
+    )
+    p.add_argument(
+        "--batch_size", "-b", type=int, default=1, metavar="ROWS", help="rows a request from a .npy/.npz file"
+    )
+    for name in (
+        "concurrency",
+        "duration",
+        "requests",
+        "request_rate",
+        "request_distribution",
+        "measurement_interval",
+        "stability_percentage",
+        "max_trials",
+        "csv",
+    ):
         LOAD_ARGUMENTS[name].add_to(p)
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     tls = p.add_argument_group("TLS", "an https:// target, or a gRPC server started with --ssl_config_file")
@@ -67,13 +101,17 @@ def add_bench_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[
 def _bench(args: argparse.Namespace) -> int:
     import json
 
-    import numpy as np
-
-    from workbench.client import ClientTLS
+    from workbench.client import ClientTLS, perf
     from workbench.client.bench import format_table, input_dtypes, resolve_load, run_load
 
     try:  # usage mistakes: exit 2, as argparse's own
-        duration, requests = resolve_load(args.concurrency, args.duration, args.requests)
+        windowed = perf.windowed(args)
+        if windowed:
+            stability = perf.stability_of(args)
+            points = perf.points_of(args.concurrency, args.request_rate, args.request_distribution)
+        else:
+            clients = perf.parse_range(args.concurrency)[0]
+            duration, requests = resolve_load(clients, args.duration, args.requests)
         if args.protocol in GRPC_PROTOCOLS and "://" in args.target:
             raise ValueError(f"a gRPC --target is host:port, not a URL ({args.target})")
         files = (args.ca_file or None, args.cert_file or None, args.key_file or None)
@@ -85,20 +123,26 @@ def _bench(args: argparse.Namespace) -> int:
         print(f"workbench bench: {exc}", file=sys.stderr)
         return 2
     try:
-        values = json.loads(args.inputs)
-        if not isinstance(values, dict) or not values:
-            raise ValueError("--inputs must be a JSON object of input name → value")
         dtypes = input_dtypes(args.target, args.protocol, args.model, args.signature_name, tls=tls)
-        unknown = sorted(set(values) - set(dtypes))
-        if unknown:
-            raise ValueError(f"the signature has no input {', '.join(unknown)} (it has {', '.join(sorted(dtypes))})")
-        inputs = {name: np.asarray(value, dtype=dtypes[name]) for name, value in values.items()}
+        sent = _requests(args, dtypes)
+        if windowed:
+            results = perf.run_measurement(
+                args.target, args.protocol, args.model, sent, points, stability,
+                signature_name=args.signature_name, tls=tls,
+                on_point=None if args.json else lambda done: print(_point_line(done), file=sys.stderr, flush=True),
+            )  # fmt: skip
+            rows = perf.perf_rows(results)
+            if args.csv:
+                perf.write_csv(args.csv, rows)
+            first = next(iter(rows[0]))
+            print(json.dumps(rows) if args.json else format_table(rows, [first, *perf.TABLE_COLUMNS]))
+            return 0 if all(row["Errors"] == 0 for row in rows) else 3
         result = run_load(
             args.target,
             args.protocol,
             args.model,
-            inputs,
-            concurrency=args.concurrency,
+            sent[0],
+            concurrency=clients,
             duration=duration,
             requests=requests,
             signature_name=args.signature_name,
@@ -113,3 +157,29 @@ def _bench(args: argparse.Namespace) -> int:
     else:
         print(format_table([summary], list(summary)))
     return 0 if result.errors == 0 else 3
+
+
+def _requests(args: argparse.Namespace, dtypes: dict[str, Any]) -> list[dict[str, Any]]:
+    """The requests the options name: --inputs (one), --input_data (a file's) or --shape (random)."""
+    import json
+
+    from workbench.client import load_inputs
+
+    if args.input_data:
+        return load_inputs.from_file(args.input_data, dtypes, args.batch_size)
+    if args.shape:
+        return [load_inputs.random_inputs(load_inputs.parse_shapes(args.shape), dtypes)]
+    values = json.loads(args.inputs)
+    if not isinstance(values, dict) or not values:
+        raise ValueError("--inputs must be a JSON object of input name → value")
+    return [load_inputs.typed(values, dtypes)]
+
+
+def _point_line(result: Any) -> str:
+    point = result.point
+    at = f"concurrency {point.concurrency}" if point.concurrency is not None else f"{point.request_rate:g} requests/s"
+    stable = "" if result.stable else f" (not stable after {result.windows} windows)"
+    return (
+        f"{at}: {result.inferences_per_second:.1f} inferences/s, p50 {result.latency_us(50) / 1000:.2f} ms, "
+        f"p99 {result.latency_us(99) / 1000:.2f} ms{stable}"
+    )

@@ -11,12 +11,11 @@ built by :mod:`workbench.protocol.v2_client`, as :class:`~workbench.client.Clien
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import dataclasses
 import json
 import ssl
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -49,7 +48,60 @@ LOAD_ARGUMENTS: Mapping[str, Argument] = {
         "--signature_name", default="", metavar="NAME", help="the signature (default: serving_default)"
     ),
     "concurrency": Argument.of(
-        "--concurrency", type=int, default=DEFAULT_CONCURRENCY, metavar="N", help="clients in flight at once"
+        "--concurrency",
+        "--concurrency-range",
+        dest="concurrency",
+        default=str(DEFAULT_CONCURRENCY),
+        metavar="N|START:END[:STEP]",
+        help="clients in flight at once (closed loop); a range measures each, as perf_analyzer's --concurrency-range",
+    ),
+    "request_rate": Argument.of(
+        "--request_rate",
+        "--request-rate-range",
+        dest="request_rate",
+        default=None,
+        metavar="R|START:END[:STEP]",
+        help="requests a second, sent whatever the answers (open loop), instead of --concurrency; a range measures "
+        "each",
+    ),
+    "request_distribution": Argument.of(
+        "--request_distribution",
+        "--request-distribution",
+        dest="request_distribution",
+        choices=("constant", "poisson"),
+        default="constant",
+        help="how --request_rate's requests are spaced (default: constant)",
+    ),
+    "measurement_interval": Argument.of(
+        "--measurement_interval",
+        "--measurement-interval",
+        dest="measurement_interval",
+        type=float,
+        default=None,
+        metavar="MS",
+        help="measure in windows of MS milliseconds until three agree, as perf_analyzer (default 5000 where a "
+        "range, a rate or an export asks for windows)",
+    ),
+    "stability_percentage": Argument.of(
+        "--stability_percentage",
+        "--stability-percentage",
+        dest="stability_percentage",
+        type=float,
+        default=None,
+        metavar="P",
+        help="how close (in %%) the last three windows' throughput and latency must be (default 10)",
+    ),
+    "max_trials": Argument.of(
+        "--max_trials",
+        "--max-trials",
+        dest="max_trials",
+        type=int,
+        default=None,
+        metavar="N",
+        help="windows to try before a point is reported unstable (default 10)",
+    ),
+    "csv": Argument.of(
+        "--csv", "-f", dest="csv", default=None, metavar="FILE", help="write the points as perf_analyzer's CSV"
     ),
     "duration": Argument.of(
         "--duration", type=float, metavar="S", help=f"seconds to run (default: {DEFAULT_DURATION_S:g})"
@@ -218,6 +270,29 @@ def _grpc_request(
     return v2.INFER_METHOD, v2.grpc_infer_request(model, inputs).SerializeToString()
 
 
+def grpc_method(protocol: str) -> str:
+    """The gRPC method a load of ``protocol`` calls."""
+    return PREDICT_METHOD if canonical_protocol(protocol) == "grpc" else v2.INFER_METHOD
+
+
+def encode_requests(
+    target: str,
+    protocol: str,
+    model: str,
+    inputs: Sequence[Mapping[str, np.ndarray]],
+    signature_name: str = "",
+    binary_data: bool | None = None,
+) -> list[bytes]:
+    """Each of ``inputs`` as the load sends it, encoded once: a whole HTTP/1.1 request for REST (to ``target``), a
+    serialized message for gRPC (to :func:`grpc_method`)."""
+    protocol = canonical_protocol(protocol)
+    if protocol in GRPC_PROTOCOLS:
+        return [_grpc_request(protocol, model, one, signature_name)[1] for one in inputs]
+    url = urlsplit(target if "://" in target else f"http://{target}")
+    host, port = url.hostname or "127.0.0.1", url.port or (443 if url.scheme == "https" else 80)
+    return [_http_request(protocol, host, port, model, one, signature_name, binary_data) for one in inputs]
+
+
 @renamed_keywords(clients="concurrency", signature="signature_name")
 async def run_load_async(
     target: str,
@@ -322,26 +397,10 @@ def _blank(result: BenchResult) -> dict[str, Any]:
 
 
 def run_load(target: str, protocol: str, model: str, inputs: Mapping[str, np.ndarray], **kwargs: Any) -> BenchResult:
-    """Synchronous :func:`run_load_async`, on a fresh event loop (uvloop when available).
+    """Synchronous :func:`run_load_async`, on a fresh event loop (a thread of its own inside a notebook's kernel)."""
+    from workbench.runtime.loop import run_to_completion
 
-    A Jupyter kernel already runs an asyncio loop in its main thread, and a thread can run only one loop: there the
-    load runs on a worker thread of its own.
-    """
-    from workbench.runtime.loop import new_event_loop
-
-    def run() -> BenchResult:
-        loop = new_event_loop()
-        try:
-            return loop.run_until_complete(run_load_async(target, protocol, model, inputs, **kwargs))
-        finally:
-            loop.close()
-
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return run()
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="workbench-bench") as pool:
-        return pool.submit(run).result()
+    return run_to_completion(lambda: run_load_async(target, protocol, model, inputs, **kwargs))
 
 
 def format_table(rows: list[dict[str, Any]], columns: list[str]) -> str:

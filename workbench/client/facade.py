@@ -193,12 +193,14 @@ class Client:
         output_filter: Sequence[str] = (),
         protocol: str | None = None,
         parameters: Mapping[str, bool | int | str] | None = None,
+        key: str | None = None,
     ) -> Prediction:
         """Run a predict; ``inputs`` maps input names to arrays (or is one array for a one-input signature).
 
         Over v2, ``output_filter`` names the requested outputs, and there is one signature (``serving_default``);
         ``parameters`` are the request's v2 parameters, e.g. a stateful model's ``{"sequence_id": 7,
-        "sequence_start": True}`` (TF Serving's API has none).
+        "sequence_start": True}`` (TF Serving's API has none). ``key``: a stickiness key (a user's id, a session):
+        under a canary split every request with the same key gets the same version (``X-Workbench-Key``).
         """
         transport = self._transport(protocol)
         chosen = transport.name
@@ -217,6 +219,7 @@ class Client:
             version=version,
             label=label,
             parameters=parameters,
+            key=key,
         )
         self.last_latency_ms = answer.latency_ms
         return Prediction(

@@ -8,6 +8,7 @@ and TF Serving's stubs come from its generated protos, never ``tensorflow/__init
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from typing import Any
 
 from workbench.client.tls import ClientTLS
@@ -70,12 +71,12 @@ class GrpcChannels:
         stubs = self._stubs[service]
         return stubs[next(self._turn) % len(stubs)]
 
-    def call(self, service: str, method: str, request: Any) -> Any:
-        """One unary call; a failed one is a ServingError with the server's code."""
+    def call(self, service: str, method: str, request: Any, metadata: Sequence[tuple[str, str]] = ()) -> Any:
+        """One unary call (with ``metadata``); a failed one is a ServingError with the server's code."""
         import grpc
 
         try:
-            return getattr(self.stub(service), method)(request, timeout=self.timeout)
+            return getattr(self.stub(service), method)(request, timeout=self.timeout, metadata=metadata or None)
         except grpc.RpcError as exc:
             raise serving_error(exc) from None
 

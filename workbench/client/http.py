@@ -51,10 +51,15 @@ class HttpConnection:
         return self.json_answer(method, path, body)[0]
 
     def json_answer(
-        self, method: str, path: str, body: Any = None, ok: tuple[int, ...] = (200,)
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        ok: tuple[int, ...] = (200,),
+        headers: Mapping[str, str] | None = None,
     ) -> tuple[Any, Mapping[str, str]]:
         """The JSON document and the headers of a successful answer (``ok``: its statuses; a ServingError else)."""
-        response = self.send(method, path, json=body, ok=ok)
+        response = self.send(method, path, json=body, ok=ok, **({"headers": headers} if headers else {}))
         try:
             return response.json(), response.headers
         except ValueError:

@@ -16,6 +16,7 @@ from workbench.client.grpc_channels import GrpcChannels
 from workbench.client.transport import Answer, Transport
 from workbench.core.errors import Code, ServingError
 from workbench.core.signatures import Signature
+from workbench.core.sticky import sticky_metadata
 from workbench.protocol.signature_defs import signature_from_proto
 
 
@@ -88,6 +89,7 @@ class TfsGrpcTransport(Transport):
         version: int | None,
         label: str | None,
         parameters: Mapping[str, bool | int | str] | None,
+        key: str | None = None,
     ) -> Answer:
         started = time.perf_counter()
         import workbench.runtime.tensorflow_protos  # noqa: F401  # isort: skip  (no tensorflow/__init__)
@@ -100,7 +102,7 @@ class TfsGrpcTransport(Transport):
         for alias, value in feeds.items():
             from_numpy(value, request.inputs[alias])
         request.output_filter.extend(output_filter)
-        response = self._channels.call("predict", "Predict", request)
+        response = self._channels.call("predict", "Predict", request, sticky_metadata(key))
         latency = (time.perf_counter() - started) * 1000
         outputs = {alias: to_numpy(proto, alias) for alias, proto in response.outputs.items()}
         served_version = response.model_spec.version.value if response.model_spec.HasField("version") else None

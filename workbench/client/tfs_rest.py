@@ -16,6 +16,7 @@ import numpy as np
 from workbench.client.http import HttpConnection
 from workbench.client.transport import Answer, Transport
 from workbench.core.signatures import Signature
+from workbench.core.sticky import STICKY_HEADER
 from workbench.protocol.bytes_codec import B64, from_b64, to_b64
 from workbench.protocol.signature_defs import signatures_from_json
 
@@ -92,10 +93,14 @@ class TfsRestTransport(Transport):
         version: int | None,
         label: str | None,
         parameters: Mapping[str, bool | int | str] | None,
+        key: str | None = None,
     ) -> Answer:
         started = time.perf_counter()
         body = predict_body(feeds, signature_name)
-        doc, headers = self._http.json_answer("POST", model_path(model, version, label) + ":predict", body)
+        sticky = {STICKY_HEADER: key} if key is not None else None
+        doc, headers = self._http.json_answer(
+            "POST", model_path(model, version, label) + ":predict", body, headers=sticky
+        )
         latency = (time.perf_counter() - started) * 1000
         outputs = predict_outputs(doc, signature, output_filter)
         # workbench says which version answered (after labels and canaries); TF Serving does not.

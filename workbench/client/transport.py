@@ -55,9 +55,10 @@ class Transport(abc.ABC):
         version: int | None,
         label: str | None,
         parameters: Mapping[str, bool | int | str] | None,
+        key: str | None = None,
     ) -> Answer:
         """Run a predict of ``feeds`` (arrays of the signature's input dtypes); the latency is from the request's
-        encoding to its answer."""
+        encoding to its answer. ``key``: the request's stickiness key (it keeps one side of a canary split)."""
 
     @abc.abstractmethod
     def examples(

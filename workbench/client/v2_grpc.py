@@ -19,6 +19,7 @@ from workbench.client.transport import Answer
 from workbench.client.v2_transport import V2Transport
 from workbench.core.errors import Code, ServingError
 from workbench.core.signatures import Signature
+from workbench.core.sticky import sticky_metadata
 from workbench.protocol import v2_client as v2
 
 
@@ -67,12 +68,13 @@ class V2GrpcTransport(V2Transport):
         version: int | None,
         label: str | None,
         parameters: Mapping[str, bool | int | str] | None,
+        key: str | None = None,
     ) -> Answer:
         started = time.perf_counter()
         message = v2.grpc_infer_request(
             model, feeds, output_filter, version=v2.version_string(version, label), parameters=parameters
         )
-        answer = v2.grpc_infer_answer(self._channels.call("v2", "ModelInfer", message))
+        answer = v2.grpc_infer_answer(self._channels.call("v2", "ModelInfer", message, sticky_metadata(key)))
         return Answer(answer.outputs, answer.model_version, (time.perf_counter() - started) * 1000)
 
     def stream(

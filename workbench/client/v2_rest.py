@@ -13,6 +13,7 @@ from workbench.client.http import HttpConnection
 from workbench.client.transport import Answer
 from workbench.client.v2_transport import V2Transport
 from workbench.core.signatures import Signature
+from workbench.core.sticky import STICKY_HEADER
 from workbench.protocol import v2_client as v2
 
 
@@ -46,10 +47,12 @@ class V2RestTransport(V2Transport):
         version: int | None,
         label: str | None,
         parameters: Mapping[str, bool | int | str] | None,
+        key: str | None = None,
     ) -> Answer:
         started = time.perf_counter()
         request = v2.rest_infer_request(feeds, output_filter, binary_data=self.binary_data, parameters=parameters)
         path = v2.version_path(model, version, label) + "/infer"
-        response = self._http.send("POST", path, data=request.body, headers=request.headers)
+        headers = {**request.headers, STICKY_HEADER: key} if key is not None else request.headers
+        response = self._http.send("POST", path, data=request.body, headers=headers)
         answer = v2.rest_infer_answer(response.content, response.headers.get(v2.HEADER_LENGTH))
         return Answer(answer.outputs, answer.model_version, (time.perf_counter() - started) * 1000)

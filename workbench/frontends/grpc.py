@@ -36,6 +36,7 @@ from workbench.config.options import GrpcTLS
 from workbench.core import inference
 from workbench.core.errors import Code, ServingError, from_exception
 from workbench.core.signatures import CLASSIFY_METHOD
+from workbench.core.sticky import STICKY_METADATA
 from workbench.frontends.auth import bearer_matches
 from workbench.models.configs import model_configs_from_proto
 from workbench.models.readiness import Readiness
@@ -53,14 +54,23 @@ MODEL_SERVICE = "tensorflow.serving.ModelService"
 INFERENCE_SERVICE = "inference.GRPCInferenceService"  # the Open Inference Protocol's (frontends/v2_grpc.py)
 
 
-def _spec(model_spec: Any) -> ModelSpec:
+def _spec(model_spec: Any, key: str | None = None) -> ModelSpec:
     which = model_spec.WhichOneof("version_choice")
     return ModelSpec(
         name=model_spec.name,
         version=model_spec.version.value if which == "version" else None,
         label=model_spec.version_label if which == "version_label" else None,
         signature_name=model_spec.signature_name,
+        key=key,
     )
+
+
+def sticky_key(context: grpc.aio.ServicerContext) -> str | None:
+    """The call's stickiness key (``x-workbench-key`` metadata), if it has one."""
+    for name, value in context.invocation_metadata() or ():
+        if name == STICKY_METADATA:
+            return str(value)
+    return None
 
 
 def _echo(target: Any, name: str, version: int, signature_name: str | None) -> None:
@@ -192,7 +202,7 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
 
     @answers_errors
     async def Predict(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        spec = _spec(request.model_spec)
+        spec = _spec(request.model_spec, sticky_key(context))
         dataplane = self.dataplane
         with await dataplane.admit(spec, "predict", "grpc", time_remaining(context)) as call:
             specs = dataplane.grpc_input_specs(call.servable, spec.signature_name)
@@ -216,7 +226,7 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
 
     async def _examples(self, api: str, request: Any, context: grpc.aio.ServicerContext) -> Any:
         """Classify and Regress: an ``Input`` of tf.Examples in, a ClassificationResult/RegressionResult out."""
-        spec = _spec(request.model_spec)
+        spec = _spec(request.model_spec, sticky_key(context))
         with await self.dataplane.admit(spec, api, "grpc", time_remaining(context)) as call:
             examples = serialized_examples(request.input)
             timeout = time_remaining(context)

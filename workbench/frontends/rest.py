@@ -28,6 +28,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from workbench.core.errors import Code, ServingError, from_exception
+from workbench.core.sticky import STICKY_HEADER
 from workbench.frontends import rest_asgi
 from workbench.observability.metrics import CONTENT_TYPE as PROMETHEUS_CONTENT_TYPE
 from workbench.planes.dataplane import Dataplane, ModelSpec
@@ -47,6 +48,7 @@ MODEL_VERSION_HEADER = "X-Model-Version"
 
 METRICS_PATH = "/metrics"  # Prometheus metrics, always on
 
+STICKY_HEADER_RAW = STICKY_HEADER.lower().encode()  # as ASGI servers give header names
 _PREDICTION_PATH = re.compile(
     r"/v1/models/([^/:]+)(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?:(classify|regress|predict)",
     re.IGNORECASE,
@@ -124,7 +126,8 @@ class RestApi:
         path, method = request.scope["path"], request.method
         match = _PREDICTION_PATH.fullmatch(path)
         if method == "POST" and match:
-            status, body, servable = await self.inference(match, functools.partial(self._body, request), path)
+            key = request.headers.get(STICKY_HEADER)
+            status, body, servable = await self.inference(match, functools.partial(self._body, request), path, key)
             return json_response(body, status, answered_by(*servable) if servable is not None else None)
         try:
             if method == "POST":
@@ -145,12 +148,15 @@ class RestApi:
             log.exception("REST %s %s failed", method, path)
             return error_response(from_exception(exc))
 
-    async def inference(self, match: re.Match[str], body: Callable[[], Awaitable[bytes]], path: str) -> Answer:
+    async def inference(
+        self, match: re.Match[str], body: Callable[[], Awaitable[bytes]], path: str, key: str | None = None
+    ) -> Answer:
         """A POST that :data:`_PREDICTION_PATH` matched: ``:predict``, ``:classify`` or ``:regress``, errors
-        answered too (nothing raises but a cancellation). ``body()`` reads the request's body."""
+        answered too (nothing raises but a cancellation). ``body()`` reads the request's body; ``key`` is its
+        stickiness key."""
         try:
             name, version, label, verb = match.groups()
-            spec = ModelSpec(name=name, version=_version(version), label=label)
+            spec = ModelSpec(name=name, version=_version(version), label=label, key=key)
             data = await body()
             verb = verb.lower()
             if verb == "predict":
@@ -222,8 +228,9 @@ class RestApp(Starlette):
             match = _PREDICTION_PATH.fullmatch(path) if path.startswith("/v1/") else None
             if match is not None:
                 limit = api.max_request_bytes
+                key = rest_asgi.header(scope["headers"], STICKY_HEADER_RAW)
                 status, body, servable = await api.inference(
-                    match, functools.partial(rest_asgi.read_body, scope, receive, limit), path
+                    match, functools.partial(rest_asgi.read_body, scope, receive, limit), path, key
                 )
                 headers = _raw_answered_by(*servable) if servable is not None else ()
                 await rest_asgi.send_json(send, status, body, headers)

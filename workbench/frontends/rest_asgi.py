@@ -37,6 +37,14 @@ def declared_too_large(headers: RawHeaders, limit: int) -> bool:
     return False
 
 
+def header(headers: RawHeaders, name: bytes) -> str | None:
+    """A request header's value (``name`` in lower case, as ASGI servers give them), None when it has none."""
+    for found, value in headers:
+        if found == name:
+            return value.decode("latin-1")
+    return None
+
+
 async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
     """The whole request body, refused with RESOURCE_EXHAUSTED once over ``limit`` bytes (declared or sent)."""
     if declared_too_large(scope["headers"], limit):

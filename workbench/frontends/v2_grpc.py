@@ -23,6 +23,7 @@ regions, follow :mod:`workbench.frontends.v2_shared_memory` (the same regions as
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -35,8 +36,9 @@ from workbench.config.model_control import load_overrides
 from workbench.core import inference
 from workbench.core.errors import Code, ServingError
 from workbench.core.sequences import sequence_request
+from workbench.core.sticky import STICKY_PARAMETER
 from workbench.frontends import v2_stream
-from workbench.frontends.grpc import answers_errors, authorization, time_remaining
+from workbench.frontends.grpc import answers_errors, authorization, sticky_key, time_remaining
 from workbench.frontends.sequence_routing import SequenceRouter
 from workbench.frontends.v2_repository import V2Repository, unsupported_parameters
 from workbench.frontends.v2_shared_memory import SharedMemoryAccess
@@ -145,6 +147,8 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             if owner is not None:  # another worker holds this sequence: it answers
                 return await self.router.infer(owner, request, time_remaining(context))
         spec = await self._infer_spec(request, time_remaining(context))
+        key = request.parameters[STICKY_PARAMETER].string_param if STICKY_PARAMETER in request.parameters else None
+        spec = dataclasses.replace(spec, key=key or sticky_key(context))
         with await dataplane.admit(spec, "predict", PROTOCOL, time_remaining(context)) as call:
             memory = self._memory(context)
             inputs = v2_grpc.decode_inputs(request, memory)

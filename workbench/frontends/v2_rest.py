@@ -39,6 +39,7 @@ from workbench.config.model_control import load_overrides
 from workbench.core.errors import Code, ServingError, from_exception
 from workbench.core.sequences import sequence_request
 from workbench.core.signatures import DEFAULT_SIGNATURE, Signature
+from workbench.core.sticky import STICKY_HEADER
 from workbench.frontends import v2_stream
 from workbench.frontends.rest import error_response, json_response
 from workbench.frontends.sequence_routing import SequenceRouter
@@ -172,7 +173,8 @@ class V2Rest:
             owner = self.router.owner(sequence.id) if sequence is not None else None
             if owner is not None:
                 return await self._forward(request, decoded, owner)
-        encoded = await self.run(params["model"], params.get("version"), body, length, shared_memory, decoded)
+        key = request.headers.get(STICKY_HEADER)
+        encoded = await self.run(params["model"], params.get("version"), body, length, shared_memory, decoded, key)
         return _response(encoded)
 
     async def run(
@@ -183,11 +185,13 @@ class V2Rest:
         length: str | None,
         shared_memory: SharedMemory | None = None,
         decoded: v2_json.InferRequest | None = None,
+        key: str | None = None,
     ) -> v2_json.EncodedResponse:
-        """One inference request's answer (``length``: its Inference-Header-Content-Length, if any), run here: on
-        the REST port, and for a queued request by its consumer."""
+        """One inference request's answer (``length``: its Inference-Header-Content-Length, if any; ``key``: its
+        stickiness key), run here: on the REST port, and for a queued request by its consumer."""
         dataplane = self.dataplane
-        with await dataplane.admit(await self._infer_spec(model, version), "predict", PROTOCOL, self.timeout) as call:
+        spec = dataclasses.replace(await self._infer_spec(model, version), key=key)
+        with await dataplane.admit(spec, "predict", PROTOCOL, self.timeout) as call:
             servable = call.servable
             decoded = decoded or self._decode(body, length, shared_memory)
             v2_stream.refuse_decoupled(call, "HTTP end point")

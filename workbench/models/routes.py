@@ -36,10 +36,13 @@ class Route:
     # Where a request naming no version goes, when no canary shares the traffic (None: ask the split, or none).
     default: Harness | None
 
-    def pick(self) -> Harness | None:
-        """The version a request that names none runs on (None when nothing serves)."""
+    def pick(self, key: str | None = None) -> Harness | None:
+        """The version a request that names none runs on (None when nothing serves); with a stickiness ``key``,
+        the one that key always gets under this split (see :func:`~workbench.models.routing.policy.sticky_pick`)."""
         if self.default is not None or not self.serving:
             return self.default
+        if key is not None:
+            return self.serving[decisions.sticky_pick(self.routing, self.serving.keys(), key)]
         with self.split_lock:  # the canary's exact share counts every request once
             return self.serving[self.split.pick(self.routing, self.serving.keys())]
 

@@ -125,8 +125,11 @@ class ServedModels:
         """Hold the servable a request runs on until the request is answered (it cannot unload meanwhile)."""
         return ServableHandle(self.resolve(name, version, label))
 
-    def resolve(self, name: str, version: int | None = None, label: str | None = None) -> Harness:
-        """The servable a request for (name, version or label) runs on, already acquired for the caller.
+    def resolve(
+        self, name: str, version: int | None = None, label: str | None = None, key: str | None = None
+    ) -> Harness:
+        """The servable a request for (name, version or label) runs on, already acquired for the caller; ``key``:
+        the request's stickiness key, which keeps it on one side of a canary split.
 
         Lock-free: it reads the model's current :class:`~workbench.models.routes.Route`. A version leaves the route
         (under the lock) before its unload starts, so when the harness refuses (it is unloading), a newer route is
@@ -138,7 +141,7 @@ class ServedModels:
             if version is None:
                 raise ServingError(Code.INVALID_ARGUMENT, f"Unrecognized servable version label: {label}")
         while route is not None:
-            chosen = route.pick() if version is None else route.serving.get(version)
+            chosen = route.pick(key) if version is None else route.serving.get(version)
             if chosen is None:
                 break
             if chosen.acquire():

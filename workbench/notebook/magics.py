@@ -315,23 +315,42 @@ class ServeMagics(Magics):
             label=args.label,
             signature_name=args.signature_name,
             protocol=args.protocol,
+            key=args.key,
         )
 
     def _bench(self, args: Any) -> Any:
+        from workbench.client import perf
         from workbench.client.bench import format_table, run_load
 
-        duration, requests = resolve_load(args.concurrency, args.duration, args.requests)  # ValueError: usage
+        windowed = perf.windowed(args)  # ValueError: usage
+        if windowed:
+            stability = perf.stability_of(args)
+            points = perf.points_of(args.concurrency, args.request_rate, args.request_distribution)
+        else:
+            clients = perf.parse_range(args.concurrency)[0]
+            duration, requests = resolve_load(clients, args.duration, args.requests)
         handle = self._server(args.server_name)
         data = self._data(" ".join(args.data), "DATA")
         client = handle.client
         # Cast once with the model's own dtypes (and check the model exists) before any load is sent.
         inputs = client.encode_inputs(client.signature(args.model, args.signature_name), data)
+        target = handle.grpc_target if args.protocol in GRPC_PROTOCOLS else handle.rest_url
+        if windowed:
+            results = perf.run_measurement(
+                target, args.protocol, args.model, [inputs], points, stability,
+                signature_name=args.signature_name, tls=client.tls,
+            )  # fmt: skip
+            rows = perf.perf_rows(results)
+            if args.csv:
+                perf.write_csv(args.csv, rows)
+            print(format_table(rows, [next(iter(rows[0])), *perf.TABLE_COLUMNS]))
+            return rows
         result = run_load(
-            handle.grpc_target if args.protocol in GRPC_PROTOCOLS else handle.rest_url,
+            target,
             args.protocol,
             args.model,
             inputs,
-            concurrency=args.concurrency,
+            concurrency=clients,
             duration=duration,
             requests=requests,
             signature_name=args.signature_name,

@@ -151,6 +151,7 @@ def _canary_parser(line: str) -> None:
 @_GRPC_OPTION
 @argument("--version", type=int, metavar="N", help="this version")
 @argument("--label", metavar="L", help="the version with this label")
+@argument("--key", metavar="K", help="a stickiness key: under a canary split, the same key gets the same version")
 @_SIGNATURE_OPTION
 @_SERVER_OPTION
 def _predict_parser(line: str) -> None:
@@ -166,10 +167,18 @@ def _predict_parser(line: str) -> None:
 @_declared(LOAD_ARGUMENTS["concurrency"])
 @_declared(LOAD_ARGUMENTS["duration"])
 @_declared(LOAD_ARGUMENTS["requests"])
+@_declared(LOAD_ARGUMENTS["request_rate"])
+@_declared(LOAD_ARGUMENTS["request_distribution"])
+@_declared(LOAD_ARGUMENTS["measurement_interval"])
+@_declared(LOAD_ARGUMENTS["stability_percentage"])
+@_declared(LOAD_ARGUMENTS["max_trials"])
+@_declared(LOAD_ARGUMENTS["csv"])
 @_declared(LOAD_ARGUMENTS["signature_name"])
 @_SERVER_OPTION
 def _bench_parser(line: str) -> None:
-    """Closed-loop load on MODEL, as `workbench bench`: shows throughput and latency percentiles, returns them."""
+    """Load on MODEL, as `workbench bench`: shows throughput and latency percentiles, returns them. A range of
+    concurrencies, a request rate or --measurement_interval measures each point as perf_analyzer does (returns
+    perf_analyzer's rows)."""
 
 
 @magic_arguments(name="%serve batch")

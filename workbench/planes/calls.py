@@ -29,6 +29,8 @@ class ModelSpec:
     version: int | None = None
     label: str | None = None
     signature_name: str = ""
+    # The request's stickiness key (workbench.core.sticky): under a canary split, one key lands on one version.
+    key: str | None = None
 
 
 class CallSite(Protocol):

@@ -147,7 +147,7 @@ class Dataplane:
         """The harness of the servable ``spec`` names, already held for the caller (who releases it)."""
         if spec.version is not None and spec.label is not None:
             raise ServingError(Code.INVALID_ARGUMENT, "A request may name a version or a label, not both")
-        return self._manager.resolve(spec.name, spec.version, spec.label)
+        return self._manager.resolve(spec.name, spec.version, spec.label, spec.key)
 
     @staticmethod
     def rest_input_specs(

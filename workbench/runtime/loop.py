@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
@@ -12,3 +17,25 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
         return uvloop.new_event_loop()
     except ImportError:  # pragma: no cover - uvloop is a dependency on every supported platform
         return asyncio.new_event_loop()
+
+
+def run_to_completion(make: Callable[[], Awaitable[T]]) -> T:
+    """Run the coroutine ``make()`` on a fresh event loop, and return its result.
+
+    A Jupyter kernel already runs an asyncio loop in its main thread, and a thread can run only one loop: there it
+    runs on a worker thread of its own.
+    """
+
+    def run() -> T:
+        loop = new_event_loop()
+        try:
+            return loop.run_until_complete(make())
+        finally:
+            loop.close()
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return run()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="workbench-load") as pool:
+        return pool.submit(run).result()

@@ -13,6 +13,7 @@ Without a promotion nothing changes from TF Serving: the default is the latest a
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Collection, Mapping
 from typing import Any
 
@@ -241,6 +242,24 @@ def drop(name: str, routing: Routing, version: int, available: Collection[int]) 
 
 
 # ------------------------------------------------------------------------------------ per-request choice
+def sticky_pick(routing: Routing, available: Collection[int], key: str) -> int:
+    """The version a request with stickiness ``key`` runs on: the canary when the key's hash, as a fraction in
+    [0, 1), falls below the canary's weight, else the default.
+
+    The hash (BLAKE2b of the key with the split's versions) is the same in every process and on every replica, so a
+    key lands on the same version everywhere for as long as the split stands, and over many keys the canary's share
+    is its weight. The split's versions are hashed in: a new canary deals the keys afresh; a weight raised keeps
+    every key that had the canary on it (its fraction is still below).
+    """
+    default = default_version(routing, available)
+    assert default is not None, "sticky_pick() needs an available version"
+    canary, weight = routing.canary, routing.canary_weight
+    if canary is None or canary == default or canary not in available or weight <= 0:
+        return default
+    digest = hashlib.blake2b(f"{default}/{canary}/{key}".encode(), digest_size=8).digest()
+    return canary if int.from_bytes(digest, "big") / 2**64 < weight else default
+
+
 class CanarySplit:
     """Picks each default request's version: the canary's share exactly, without a random draw's noise.
 
