@@ -528,7 +528,8 @@ def test_unbatched_requests_run_one_call_each_whatever_their_size(bench: Callabl
     np.testing.assert_array_equal(five, answer(4, 5, 6, 7, 8))
     assert sorted(b.servable.calls) == [[1], [2, 3], [4, 5, 6, 7, 8]]
     assert sorted(b.shapes()) == [(1, 1, 1), (2, 2, 1), (5, 5, 1)]
-    assert all(list(r.queue_seconds) == [0.0] for r in b.records)
+    # An unbatched call's queue time is its wait for a thread (and for its turn): one figure, never negative.
+    assert all(len(r.queue_seconds) == 1 and 0.0 <= r.queue_seconds[0] < WAIT for r in b.records)
     assert b.scheduler.queue_depths() == []
 
 

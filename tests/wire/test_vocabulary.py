@@ -25,7 +25,7 @@ from IPython.core.interactiveshell import InteractiveShell
 
 import workbench
 from workbench import cli
-from workbench.client import Client, bench
+from workbench.client import Client, bench, perf
 from workbench.client.bench import DEFAULT_CONCURRENCY, DEFAULT_DURATION_S, DEFAULT_PROTOCOL, resolve_load, run_load
 from workbench.config.vocabulary import SERVER_KEYWORD_ALIASES
 from workbench.notebook.handle import ServerHandle
@@ -323,8 +323,9 @@ def test_bench_defaults_are_the_same_on_the_command_line_and_in_magics() -> None
     in_magic = vars(parse_arguments("bench", ["m", "[[1.0]]"]))
     for options in (on_cli, in_magic):
         assert options["protocol"] == DEFAULT_PROTOCOL == "rest"
-        assert options["concurrency"] == DEFAULT_CONCURRENCY == 1
-        assert resolve_load(options["concurrency"], options["duration"], options["requests"]) == (5.0, None)
+        assert perf.concurrency_levels(options["concurrency"]) == [DEFAULT_CONCURRENCY] == [1]
+        clients = perf.concurrency_levels(options["concurrency"])[0]
+        assert resolve_load(clients, options["duration"], options["requests"]) == (5.0, None)
     parameters = inspect.signature(bench.run_load_async).parameters
     assert parameters["concurrency"].default == DEFAULT_CONCURRENCY
     assert parameters["duration"].default == DEFAULT_DURATION_S

@@ -271,13 +271,14 @@ class BatchScheduler:
             return result
         if interest is not None and interest.error is not None:  # its caller already gave up
             raise interest.error
+        submitted = time.perf_counter()  # its wait for a turn and a thread is its queue time, as Triton's
         if known.alone_running and known.contention.takes_turns():
             await self._turn(loop, known, interest)  # its calls slow each other down: one at a time
         else:
             known.alone_running += 1
         if known.alone_running > 1:
             known.alone_overlapped = True
-        task = BatchTask(feed, 0, (), loop.create_future(), 0.0, None, interest)
+        task = BatchTask(feed, 0, (), loop.create_future(), submitted, None, interest)
         if interest is not None:
             interest._add(task)  # noqa: SLF001
         task.taken()
@@ -345,8 +346,9 @@ class BatchScheduler:
     ) -> None:
         """On an inference thread: one call, its outcome handed straight to the loop."""
         cpu_started = time.thread_time()
+        waited = time.perf_counter() - task.enqueued
         try:
-            outcome: tuple[Outputs, float] | BaseException = self._run_alone(servable, signature, feed, outputs)
+            outcome: tuple[Outputs, float] | BaseException = self._run_alone(servable, signature, feed, outputs, waited)
         except BaseException as exc:  # noqa: BLE001 - the caller's to raise
             outcome = exc
         cpu_seconds = time.thread_time() - cpu_started
@@ -381,15 +383,16 @@ class BatchScheduler:
             loop.call_soon_threadsafe(self._alone_done, task, known, asyncio.CancelledError())
 
     def _run_alone(
-        self, servable: Servable, signature: Signature, feed: Feed, outputs: Sequence[str]
+        self, servable: Servable, signature: Signature, feed: Feed, outputs: Sequence[str], waited: float = 0.0
     ) -> tuple[Outputs, float]:
-        """One unbatched call: its outputs and how long it took."""
+        """One unbatched call: its outputs and how long it took (``waited``: for its turn and a thread)."""
         started = time.perf_counter()
         result = servable.run(signature, feed, outputs)
         seconds = time.perf_counter() - started
         if self._listener is not None:
             rows = next((v.shape[0] for v in feed.values() if v.ndim), 1)
-            self._listener(BatchRecord(servable.name, servable.version, signature.name, rows, rows, 1, [0.0], seconds))
+            record = BatchRecord(servable.name, servable.version, signature.name, rows, rows, 1, [waited], seconds)
+            self._listener(record)
         return result, seconds
 
     def _know(self, servable: Servable, signature: Signature) -> _SignatureState:

@@ -110,7 +110,7 @@ def _bench(args: argparse.Namespace) -> int:
             stability = perf.stability_of(args)
             points = perf.points_of(args.concurrency, args.request_rate, args.request_distribution)
         else:
-            clients = perf.parse_range(args.concurrency)[0]
+            clients = perf.concurrency_levels(args.concurrency)[0]
             duration, requests = resolve_load(clients, args.duration, args.requests)
         if args.protocol in GRPC_PROTOCOLS and "://" in args.target:
             raise ValueError(f"a gRPC --target is host:port, not a URL ({args.target})")

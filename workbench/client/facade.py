@@ -332,9 +332,11 @@ class Client:
     def model(self, name: str) -> dict[str, Any]:
         return self._management.model(name)
 
-    def promote(self, model: str, version: int) -> dict[str, Any]:
-        """Point ``stable`` at ``version`` and make it the default for requests that name no version."""
-        return self._management.promote(model, version)
+    def promote(self, model: str, version: int, condition: str | None = None) -> dict[str, Any]:
+        """Point ``stable`` at ``version`` and make it the default for requests that name no version. With a
+        ``condition`` (``"agreement >= 0.99 and p99_ms <= 20"``), only if ``version``'s record as the model's shadow
+        meets it: else a ServingError (FAILED_PRECONDITION) with the figures, and nothing changes."""
+        return self._management.promote(model, version, condition)
 
     def rollback(self, model: str) -> dict[str, Any]:
         return self._management.rollback(model)
@@ -342,6 +344,54 @@ class Client:
     def canary(self, model: str, version: int, weight: float) -> dict[str, Any]:
         """Send ``weight`` (0–1) of the default traffic to ``version``; 0 ends the canary."""
         return self._management.canary(model, version, weight)
+
+    def shadow(self, model: str, version: int, fraction: float = 1.0) -> dict[str, Any]:
+        """Copy ``fraction`` (0–1) of the default traffic to ``version``, answered to nobody and compared with the
+        answers clients get (:meth:`shadow_record`); 0 ends the shadow."""
+        return self._management.shadow(model, version, fraction)
+
+    def shadow_record(self, model: str) -> dict[str, Any] | None:
+        """How ``model``'s shadow compares with the version that answers (agreement, differences per output, both
+        versions' latencies, the slowest inputs), over its last 1,000 copies; None without a shadow."""
+        record = (self._management.stats().get("shadow") or {}).get(model)
+        return record if isinstance(record, dict) else None
+
+    def diff(
+        self,
+        model: str,
+        a: int | str,
+        b: int | str,
+        inputs: Mapping[str, Any] | Any,
+        *,
+        signature_name: str = "",
+        protocol: str | None = None,
+    ) -> dict[str, Any]:
+        """Versions (or labels) ``a`` and ``b`` of ``model`` on the same ``inputs``, compared as a shadow is: per
+        output, the share of rows whose class (or argmax) agrees and the absolute and relative differences, with
+        both answers' latencies. Inputs may be one request's, or a list of requests."""
+        from workbench.core.answer_diff import compare, output_summary
+
+        requests = inputs if isinstance(inputs, list) and inputs and isinstance(inputs[0], Mapping) else [inputs]
+        diffs: dict[str, list[Any]] = {}
+        latencies: dict[str, list[float]] = {"a": [], "b": []}
+        for request in requests:
+            answers = {}
+            for side, chosen in (("a", a), ("b", b)):
+                by = {"version": chosen} if isinstance(chosen, int) else {"label": chosen}
+                answer = self.predict(model, request, signature_name=signature_name, protocol=protocol, **by)
+                answers[side] = dict(answer)
+                latencies[side].append(answer.latency_ms)
+            for alias, diff in compare(answers["a"], answers["b"]).items():
+                diffs.setdefault(alias, []).append(diff)
+        return {
+            "model": model,
+            "a": a,
+            "b": b,
+            "requests": len(requests),
+            "outputs": {alias: output_summary(found) for alias, found in diffs.items()},
+            "a_mean_ms": round(sum(latencies["a"]) / len(requests), 3),
+            "b_mean_ms": round(sum(latencies["b"]) / len(requests), 3),
+        }
 
     def load(self, model: str, version: int) -> dict[str, Any]:
         return self._management.load(model, version)

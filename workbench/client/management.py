@@ -19,8 +19,11 @@ class ManagementAPI:
     def model(self, name: str) -> dict[str, Any]:
         return self._http.json("GET", f"/workbench/v1/models/{name}")
 
-    def promote(self, model: str, version: int) -> dict[str, Any]:
-        return self._http.json("POST", f"/workbench/v1/models/{model}:promote", {"version": int(version)})
+    def promote(self, model: str, version: int, condition: str | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {"version": int(version)}
+        if condition is not None:
+            body["if"] = condition
+        return self._http.json("POST", f"/workbench/v1/models/{model}:promote", body)
 
     def rollback(self, model: str) -> dict[str, Any]:
         return self._http.json("POST", f"/workbench/v1/models/{model}:rollback", {})
@@ -28,6 +31,10 @@ class ManagementAPI:
     def canary(self, model: str, version: int, weight: float) -> dict[str, Any]:
         body = {"version": int(version), "weight": weight}
         return self._http.json("POST", f"/workbench/v1/models/{model}:canary", body)
+
+    def shadow(self, model: str, version: int, fraction: float) -> dict[str, Any]:
+        body = {"version": int(version), "fraction": fraction}
+        return self._http.json("POST", f"/workbench/v1/models/{model}:shadow", body)
 
     def load(self, model: str, version: int) -> dict[str, Any]:
         return self._http.json("POST", f"/workbench/v1/models/{model}/versions/{int(version)}:load", {})

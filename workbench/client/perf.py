@@ -536,11 +536,22 @@ def write_csv(path: str, rows: Sequence[dict[str, Any]]) -> None:
 
 
 # ----------------------------------------------------------------------------------------------- front ends
+def concurrency_levels(text: str) -> list[int]:
+    """``--concurrency``'s clients: a number, or a range of them."""
+    try:
+        levels = parse_range(text)
+    except ValueError:
+        if text.strip().lstrip("-").isdigit():
+            raise ValueError("--concurrency must be at least 1") from None
+        raise
+    return levels
+
+
 def points_of(concurrency: str | None, request_rate: str | None, distribution: str = "constant") -> list[Point]:
     """The points ``--concurrency`` or ``--request_rate`` name (a value or a range): one or the other."""
     if request_rate:
         return [Point(request_rate=rate, distribution=distribution) for rate in parse_range(request_rate, float)]
-    return [Point(concurrency=clients) for clients in parse_range(concurrency or "1")]
+    return [Point(concurrency=clients) for clients in concurrency_levels(concurrency or "1")]
 
 
 def run_measurement(
@@ -605,7 +616,7 @@ def windowed(args: Any) -> bool:
     """Whether a front end's parsed options ask for windows until stable (else one fixed-length measurement, as
     ``--duration`` and ``--requests`` give)."""
     return bool(
-        len(parse_range(args.concurrency)) > 1
+        len(concurrency_levels(args.concurrency)) > 1
         or args.request_rate
         or args.csv
         or any(

@@ -7,8 +7,11 @@ Reading:
 - ``GET /workbench/v1/models[/{model}]``: versions, states, load errors, labels, traffic shares, routing.
 
 Changing (``POST``, with ``Authorization: Bearer <token>`` when the server was given a management token):
-- ``/workbench/v1/models/{model}:promote`` ``{"version": N}`` · ``:rollback`` · ``:canary`` ``{"version": N,
-  "weight": 0.1}`` (weight 0 ends it) · ``/workbench/v1/models/{model}/versions/{N}:load`` · ``:unload``.
+- ``/workbench/v1/models/{model}:promote`` ``{"version": N}`` (with ``"if": "agreement >= 0.99 and p99_ms <= 20"``:
+  only if N's shadow record meets it, else FAILED_PRECONDITION with its figures) · ``:rollback`` · ``:canary``
+  ``{"version": N, "weight": 0.1}`` (weight 0 ends it) · ``:shadow`` ``{"version": N, "fraction": 0.5}`` (a copy
+  of that share of default traffic, answered to nobody and compared; 0 ends it) ·
+  ``/workbench/v1/models/{model}/versions/{N}:load`` · ``:unload``.
 Each change is atomic, stored in the model's repository (``routing.json`` beside its versions, read by every
 replica) and answered with the model's new description. A body may carry ``"generation": N``, the routing
 generation the caller last saw (``GET`` answers it): the change is then refused with 409 ABORTED if the routing
@@ -31,15 +34,17 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from workbench.core import conditions
 from workbench.core.errors import Code, ServingError
 from workbench.frontends.auth import bearer_matches
 from workbench.frontends.rest import error_response, json_response
+from workbench.planes import shadowing
 from workbench.planes.controlplane import ControlPlane
 from workbench.planes.dataplane import Dataplane
 from workbench.protocol.json_tensor import dumps
 
 PREFIX = "/workbench/v1"
-_MODEL_ACTION = re.compile(r"([^/:]+):(promote|rollback|canary)")
+_MODEL_ACTION = re.compile(r"([^/:]+):(promote|rollback|canary|shadow)")
 _VERSION_ACTION = re.compile(r"([^/:]+)/versions/(\d+):(load|unload)")
 
 
@@ -84,7 +89,7 @@ def management_routes(dataplane: Dataplane, controlplane: ControlPlane, token: s
         try:
             if token and not bearer_matches(request.headers.get("authorization", ""), token):
                 raise ServingError(Code.UNAUTHENTICATED, "This server's management API needs its bearer token")
-            name, action = await _parse_action(request, request.path_params["target"], controlplane)
+            name, action = await _parse_action(request, request.path_params["target"], controlplane, dataplane)
             # A promotion or canary may wait for a version to load: never on the event loop.
             await asyncio.get_running_loop().run_in_executor(None, action)
             return json_response(dumps(dataplane.describe(name)[0]))
@@ -121,28 +126,60 @@ def _int_field(doc: dict[str, Any], key: str) -> int:
     return value
 
 
+def _check_earned(dataplane: Dataplane, name: str, version: int, condition: object) -> None:
+    """A promotion with ``"if"``: refused, with the figures, unless version's shadow record meets the condition."""
+    if not isinstance(condition, str) or not condition.strip():
+        raise ServingError(Code.INVALID_ARGUMENT, '"if" is a condition, e.g. "agreement >= 0.99 and p99_ms <= 20"')
+    shadows = dataplane.stats_snapshot().get("shadow")
+    record = shadows.get(name) if isinstance(shadows, dict) else None
+    if not isinstance(record, dict) or record.get("version") != version:
+        raise ServingError(
+            Code.FAILED_PRECONDITION,
+            f"Version {version} of model {name} has no shadow record to check {condition!r} against: shadow it "
+            "first (:shadow), and let it see traffic",
+        )
+    figures = shadowing.figures(record)
+    try:
+        earned = conditions.check(condition, figures)
+    except conditions.ConditionError as exc:
+        raise ServingError(Code.INVALID_ARGUMENT, str(exc)) from None
+    if not earned:
+        shown = ", ".join(f"{key} {value}" for key, value in figures.items() if value is not None)
+        raise ServingError(
+            Code.FAILED_PRECONDITION,
+            f"Not promoted: version {version} of model {name} does not meet {condition!r} as its shadow ({shown})",
+        )
+
+
 def _generation(doc: dict[str, Any]) -> int | None:
     """The optional ``"generation"`` a change expects the model's routing to be at."""
     return _int_field(doc, "generation") if doc.get("generation") is not None else None
 
 
-async def _parse_action(request: Request, target: str, control: ControlPlane) -> tuple[str, Callable[[], object]]:
+async def _parse_action(
+    request: Request, target: str, control: ControlPlane, dataplane: Dataplane
+) -> tuple[str, Callable[[], object]]:
     """The model a POST changes, and the change itself, ready to run."""
     if match := _MODEL_ACTION.fullmatch(target):
         name, verb = match.groups()
         doc = await _json_object(request)
         generation = _generation(doc)
         if verb == "promote":
-            return name, functools.partial(control.promote, name, _int_field(doc, "version"), generation=generation)
+            version = _int_field(doc, "version")
+            if doc.get("if") is not None:
+                _check_earned(dataplane, name, version, doc["if"])
+            return name, functools.partial(control.promote, name, version, generation=generation)
         if verb == "rollback":
             return name, functools.partial(control.rollback, name, generation=generation)
         version = _int_field(doc, "version")
-        weight = doc.get("weight")
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)):
+        field = "fraction" if verb == "shadow" else "weight"
+        share = doc.get(field)
+        if isinstance(share, bool) or not isinstance(share, (int, float)):
             raise ServingError(
-                Code.INVALID_ARGUMENT, f'"weight" must be a number from 0 to 1, got {json.dumps(weight)}'
+                Code.INVALID_ARGUMENT, f'"{field}" must be a number from 0 to 1, got {json.dumps(share)}'
             )
-        return name, functools.partial(control.set_canary, name, version, float(weight), generation=generation)
+        change = control.set_shadow if verb == "shadow" else control.set_canary
+        return name, functools.partial(change, name, version, float(share), generation=generation)
     if match := _VERSION_ACTION.fullmatch(target):
         name, version_text, verb = match.groups()
         generation = _generation(await _json_object(request))

@@ -450,6 +450,11 @@ class Manager(ServedModels):
     ) -> None:
         self._changes.set_canary(name, version, weight, timeout, generation)
 
+    def set_shadow(
+        self, name: str, version: int, fraction: float, timeout: float = 300.0, generation: int | None = None
+    ) -> None:
+        self._changes.set_shadow(name, version, fraction, timeout, generation)
+
     def load_version(self, name: str, version: int, timeout: float = 300.0, generation: int | None = None) -> None:
         self._changes.load_version(name, version, timeout, generation)
 

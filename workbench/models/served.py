@@ -19,6 +19,7 @@ from workbench.models.first_loads import FirstLoads
 from workbench.models.harness import Harness
 from workbench.models.records import ModelRecord, VersionState, VersionStatus
 from workbench.models.routes import Route, ServableHandle
+from workbench.models.routing import policy as decisions
 from workbench.models.routing.store import RoutingStateStore
 from workbench.models.views import ModelSnapshot, describe_model, snapshot_of
 
@@ -152,6 +153,18 @@ class ServedModels:
         wanted = f"Latest({name})" if version is None else f"Specific({name}, {version})"
         why = self.why_not_serving(name, version)
         raise ServingError(Code.NOT_FOUND, f"Servable not found for request: {wanted}" + (f": {why}" if why else ""))
+
+    def shadow_of(self, name: str) -> tuple[int, float] | None:
+        """The version that gets a copy of ``name``'s default traffic and its share, while it serves (lock-free)."""
+        route = self._routes.get(name)
+        if route is None or route.routing.shadow is None or route.routing.shadow not in route.serving:
+            return None
+        return route.routing.shadow, route.routing.shadow_fraction
+
+    def default_version(self, name: str) -> int | None:
+        """Where ``name``'s requests naming no version go (before a canary's share)."""
+        route = self._routes.get(name)
+        return decisions.default_version(route.routing, route.serving.keys()) if route is not None else None
 
     def version_status(self, name: str, version: int | None = None) -> list[VersionStatus]:
         """Versions of ``name``, newest first, as GetModelStatus reports them."""

@@ -108,6 +108,9 @@ def describe_model(model: ModelSnapshot) -> dict[str, Any]:
         "stable": routing.stable,
         "previous_stable": routing.history[-1] if routing.history else None,
         "canary": {"version": routing.canary, "weight": routing.canary_weight} if routing.canary is not None else None,
+        "shadow": (
+            {"version": routing.shadow, "fraction": routing.shadow_fraction} if routing.shadow is not None else None
+        ),
         "labels": labels,
         "versions": versions,
         # The stored routing this server routes by: a change may name the generation it expects (a stale view's

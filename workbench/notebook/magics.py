@@ -283,8 +283,25 @@ class ServeMagics(Magics):
 
     def _promote(self, args: Any) -> ServingStatus:
         handle = self._server(args.server_name)
-        doc = handle.client.promote(args.model, args.version)
+        try:
+            doc = handle.client.promote(args.model, args.version, args.condition)
+        except ServingError as exc:
+            if args.condition is None:
+                raise
+            raise UsageError(exc.message) from None  # not earned: the figures, said in the cell
         return ServingStatus([doc], handle.server_name, f"promoted {args.model} v{args.version} to stable")
+
+    def _shadow(self, args: Any) -> Any:
+        if not 0.0 <= args.fraction <= 1.0:
+            raise UsageError(f"--fraction must be from 0 to 1, not {args.fraction:g}")
+        handle = self._server(args.server_name)
+        doc = handle.client.shadow(args.model, args.version, args.fraction)
+        note = (
+            f"shadow of {args.model} ended"
+            if args.fraction == 0
+            else f"shadow: {args.fraction:.0%} of {args.model}'s default traffic copied to v{args.version}"
+        )
+        return ServingStatus([doc], handle.server_name, note)
 
     def _rollback(self, args: Any) -> ServingStatus:
         handle = self._server(args.server_name)
@@ -327,7 +344,7 @@ class ServeMagics(Magics):
             stability = perf.stability_of(args)
             points = perf.points_of(args.concurrency, args.request_rate, args.request_distribution)
         else:
-            clients = perf.parse_range(args.concurrency)[0]
+            clients = perf.concurrency_levels(args.concurrency)[0]
             duration, requests = resolve_load(clients, args.duration, args.requests)
         handle = self._server(args.server_name)
         data = self._data(" ".join(args.data), "DATA")

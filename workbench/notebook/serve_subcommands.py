@@ -120,9 +120,15 @@ def _export_parser(line: str) -> None:
 @kwds(formatter_class=HelpFormatter, epilog=_OPTIONS_NOTE)
 @argument("model", metavar="MODEL")
 @argument("version", type=int, metavar="VERSION")
+@argument(
+    "--if",
+    dest="condition",
+    metavar="CONDITION",
+    help='only if VERSION\'s record as the shadow meets it, e.g. "agreement >= 0.99 and p99_ms <= 20"',
+)
 @_SERVER_OPTION
 def _promote_parser(line: str) -> None:
-    """Make VERSION the stable (default) version of MODEL."""
+    """Make VERSION the stable (default) version of MODEL (with --if, only if its shadow record earns it)."""
 
 
 @magic_arguments(name="%serve rollback")
@@ -141,6 +147,19 @@ def _rollback_parser(line: str) -> None:
 @_SERVER_OPTION
 def _canary_parser(line: str) -> None:
     """Send a share (0 to 1) of MODEL's default traffic to VERSION; 0 ends the canary."""
+
+
+@magic_arguments(name="%serve shadow")
+@kwds(formatter_class=HelpFormatter, epilog=_OPTIONS_NOTE)
+@argument("model", metavar="MODEL")
+@argument("version", type=int, metavar="VERSION")
+@argument(
+    "--fraction", type=float, default=1.0, metavar="F", help="share of default traffic copied, 0 to 1 (0 ends it)"
+)
+@_SERVER_OPTION
+def _shadow_parser(line: str) -> None:
+    """Copy a share of MODEL's default traffic to VERSION, answered to nobody and compared with the answers
+    clients get; shows the comparison so far."""
 
 
 @magic_arguments(name="%serve predict")
@@ -251,6 +270,7 @@ PARSERS: dict[str, Callable[..., Any]] = {
     "promote": _promote_parser,
     "rollback": _rollback_parser,
     "canary": _canary_parser,
+    "shadow": _shadow_parser,
     "predict": _predict_parser,
     "bench": _bench_parser,
     "batch": _batch_parser,

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
@@ -42,6 +42,23 @@ _LATENCY_BUCKETS_S = (
     5.0,
     10.0,
 )
+
+
+# How far a shadow's float outputs are from the primary's: from rounding noise to another answer altogether.
+_SHADOW_DIFF_BUCKETS = (1e-9, 1e-7, 1e-5, 1e-4, 1e-3, 1e-2, 0.05, 0.1, 0.5, 1.0, 10.0)
+
+
+class OutputDiffLike(Protocol):
+    """One output of one request compared with the shadow's (workbench.planes.shadowing.OutputDiff)."""
+
+    @property
+    def rows(self) -> int: ...
+
+    @property
+    def agreeing(self) -> int | None: ...
+
+    @property
+    def max_abs(self) -> float | None: ...
 
 
 class _TFServingRequestCount:
@@ -176,6 +193,26 @@ class ServingMetrics:
         self.batch_jobs_running = Gauge(
             "workbench_batch_jobs_running", "Batch prediction jobs running in this server.", registry=self.registry
         )
+        self.shadow_requests = Counter(
+            "workbench_shadow_requests",
+            "Copies of default requests to a model's shadow version, by outcome (compared, failed, dropped).",
+            ["model", "version", "outcome"],
+            registry=self.registry,
+        )
+        self.shadow_rows = Counter(
+            "workbench_shadow_rows",
+            "Rows of a classification output (classes, or the argmax of scores) compared with the shadow's; "
+            "agreeing: the rows whose class was the same (the agreement rate is their ratio).",
+            ["model", "version", "output", "agreeing"],
+            registry=self.registry,
+        )
+        self.shadow_abs_diff = Histogram(
+            "workbench_shadow_abs_diff",
+            "Largest absolute difference between a float output and the shadow's, per compared request.",
+            ["model", "version", "output"],
+            buckets=_SHADOW_DIFF_BUCKETS,
+            registry=self.registry,
+        )
         self.version_available = Gauge(
             "workbench_model_version_available",
             "1 while a model version is AVAILABLE, else 0.",
@@ -233,6 +270,18 @@ class ServingMetrics:
 
     def report_traffic_shares(self, shares: Callable[[], Iterable[tuple[str, int, float]]]) -> None:
         self._traffic_shares = shares
+
+    def observe_shadow(
+        self, model: str, version: int, outcome: str, diffs: Mapping[str, OutputDiffLike] | None = None
+    ) -> None:
+        """A copy to ``model``'s shadow ``version``: compared (with each output's differences), failed or dropped."""
+        self.shadow_requests.labels(model, str(version), outcome).inc()
+        for output, diff in (diffs or {}).items():
+            if diff.agreeing is not None:
+                self.shadow_rows.labels(model, str(version), output, "true").inc(diff.agreeing)
+                self.shadow_rows.labels(model, str(version), output, "false").inc(diff.rows - diff.agreeing)
+            if diff.max_abs is not None:
+                self.shadow_abs_diff.labels(model, str(version), output).observe(diff.max_abs)
 
     def count_batch_rows(self, model: str, scored: int, failed: int) -> None:
         if scored:

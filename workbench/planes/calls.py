@@ -52,11 +52,14 @@ class RequestInFlight:
     ``run()``. A plain ``with``, not ``async with``: nothing here awaits, and this runs on every request.
     """
 
-    __slots__ = ("_dataplane", "_harness", "_started", "_work", "_interest", "servable", "model", "api", "protocol")
+    __slots__ = (
+        "_dataplane", "_harness", "_started", "_work", "_interest", "servable", "model", "api", "protocol", "default"
+    )  # fmt: skip
 
     def __init__(self, dataplane: CallSite, spec: ModelSpec, api: str, protocol: str) -> None:
         self._dataplane = dataplane
         self.model, self.api, self.protocol = spec.name, api, protocol
+        self.default = spec.version is None and spec.label is None  # default traffic (a shadow may copy it)
         self._started = time.perf_counter()
         self._work: asyncio.Future[Any] | None = None  # a composite's run, as a task of its own
         self._interest: Interest | None = None  # a plain servable's run: its batch tasks, awaited by the request
@@ -71,6 +74,10 @@ class RequestInFlight:
     @property
     def version(self) -> int:
         return self.servable.version
+
+    @property
+    def elapsed_seconds(self) -> float:
+        return time.perf_counter() - self._started
 
     def switch(self, spec: ModelSpec) -> None:
         """Run on the servable ``spec`` names instead (the version a sequence started on): held, the other released."""

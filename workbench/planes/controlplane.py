@@ -160,6 +160,11 @@ class ControlPlane:
     ) -> None:
         self._routing.set_canary(name, version, weight, timeout, generation)
 
+    def set_shadow(
+        self, name: str, version: int, fraction: float, timeout: float = 300.0, generation: int | None = None
+    ) -> None:
+        self._routing.set_shadow(name, version, fraction, timeout, generation)
+
     def load_version(self, name: str, version: int, timeout: float = 300.0, generation: int | None = None) -> None:
         self._routing.load_version(name, version, timeout, generation)
 

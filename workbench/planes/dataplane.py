@@ -37,6 +37,7 @@ from workbench.planes.calls import ModelSpec, RequestInFlight, answering, expire
 from workbench.planes.first_load_waits import FirstLoadWaits
 from workbench.planes.response_cache import ResponseCache, request_digest
 from workbench.planes.sequences import Sequences
+from workbench.planes.shadowing import ShadowTraffic
 from workbench.planes.statistics import MetricTotals
 from workbench.protocol.v2_models import ModelStatistics, RepositoryRow
 
@@ -89,6 +90,7 @@ class Dataplane:
         self._executor = executor
         self._batching_for = batching_for
         self._members = _MemberAccess(self)
+        self.shadows = ShadowTraffic(self, manager.shadow_of)  # copies of default traffic to a shadow version
 
     @property
     def first_load_wait(self) -> float:
@@ -249,6 +251,8 @@ class Dataplane:
                 servable.name, servable.version, signature.name, inputs, output_filter, result
             ),
         )
+        if call.default:
+            self.shadows.mirror(call, signature_name, inputs, output_filter, result)
         return signature, result
 
     async def _predict_step(
@@ -271,6 +275,10 @@ class Dataplane:
             ),
         )
         return signature, result
+
+    def default_version(self, model: str) -> int | None:
+        """Where ``model``'s requests naming no version go (before a canary's share)."""
+        return self._manager.default_version(model)
 
     def forget_version(self, model: str, version: int) -> None:
         """``version`` of ``model`` unloaded: its sequences end (from any thread)."""

@@ -255,6 +255,9 @@ class ModelServer:
         if self.asynchronous.in_use:  # the dashboard shows the asynchronous queue beside the chart
             waiting, oldest = self.asynchronous.waiting()
             snapshot["async"] = {"waiting": waiting, "oldest_seconds": round(oldest, 3)}
+        shadows = self.dataplane.shadows.summaries()
+        if shadows:  # each shadowed model's comparison with its primary (the dashboard's "v1 vs v2")
+            snapshot["shadow"] = shadows
         return snapshot
 
     def health(self) -> dict[str, object]:
@@ -382,6 +385,7 @@ class ModelServer:
         # consumer (this server started again, or its other processes).
         await self.asynchronous.stop(max(0.0, deadline - time.monotonic()))
         await self.batch_jobs.stop()  # what they wrote stays: the same job started again finishes the rest
+        await self.dataplane.shadows.stop()  # copies to a shadow version answer nobody: a short wait at most
         if time.monotonic() - started < grace:
             log.info("Every accepted request finished (%.1fs)", time.monotonic() - started)
         else:

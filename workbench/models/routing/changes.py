@@ -94,6 +94,21 @@ class RoutingChanges:
             with self._models.hold_loaded(name, version, timeout):
                 self._commit(name, base, decisions.set_canary(base.routing, version, weight))
 
+    def set_shadow(
+        self, name: str, version: int, fraction: float, timeout: float = 300.0, generation: int | None = None
+    ) -> None:
+        """Copy ``fraction`` (0 to 1) of ``name``'s default traffic to ``version`` (answered to nobody, compared);
+        fraction 0 ends the shadow."""
+        if not 0.0 <= fraction <= 1.0:
+            raise ServingError(Code.INVALID_ARGUMENT, f"Shadow fraction must be between 0 and 1, got {fraction}")
+        with self._changing(name):
+            base = self._begin_change(name, generation)
+            if fraction == 0:
+                self._commit(name, base, decisions.set_shadow(base.routing, version, 0.0))
+                return
+            with self._models.hold_loaded(name, version, timeout):
+                self._commit(name, base, decisions.set_shadow(base.routing, version, fraction))
+
     def load_version(self, name: str, version: int, timeout: float = 300.0, generation: int | None = None) -> None:
         """Load (pin) ``version`` beyond the model's policy, and keep it loaded."""
         with self._changing(name):

@@ -37,10 +37,14 @@ class Routing:
     canary_weight: float = 0.0
     pinned: frozenset[int] = frozenset()
     dropped: frozenset[int] = frozenset()
+    # A version that gets a copy of ``shadow_fraction`` of default traffic, answered to nobody, compared.
+    shadow: int | None = None
+    shadow_fraction: float = 0.0
 
     def required(self) -> frozenset[int]:
-        """Versions that must stay loaded: the stable one, the one a rollback returns to, the canary, pins."""
-        roles = (self.stable, self.history[-1] if self.history else None, self.canary)
+        """Versions that must stay loaded: the stable one, the one a rollback returns to, the canary, the shadow,
+        pins."""
+        roles = (self.stable, self.history[-1] if self.history else None, self.canary, self.shadow)
         return self.pinned | {v for v in roles if v is not None}
 
     def labels(self) -> dict[str, int]:
@@ -62,6 +66,8 @@ class Routing:
             "canary_weight": self.canary_weight,
             "pinned": sorted(self.pinned),
             "dropped": sorted(self.dropped),
+            "shadow": self.shadow,
+            "shadow_fraction": self.shadow_fraction,
         }
 
     @classmethod
@@ -73,6 +79,10 @@ class Routing:
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0.0 <= weight <= 1.0:
             raise ValueError(f"canary_weight must be a number from 0 to 1, not {weight!r}")
         canary = _version(doc.get("canary"))
+        fraction = doc.get("shadow_fraction", 0.0)
+        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0.0 <= fraction <= 1.0:
+            raise ValueError(f"shadow_fraction must be a number from 0 to 1, not {fraction!r}")
+        shadow = _version(doc.get("shadow"))
         return cls(
             stable=_version(doc.get("stable")),
             history=tuple(_versions(doc.get("history"), "history")),
@@ -80,6 +90,8 @@ class Routing:
             canary_weight=float(weight) if canary is not None else 0.0,
             pinned=frozenset(_versions(doc.get("pinned"), "pinned")),
             dropped=frozenset(_versions(doc.get("dropped"), "dropped")),
+            shadow=shadow,
+            shadow_fraction=float(fraction) if shadow is not None else 0.0,
         )
 
 
@@ -215,6 +227,18 @@ def set_canary(routing: Routing, version: int, weight: float) -> Routing:
     return dataclasses.replace(routing, canary=version, canary_weight=weight, dropped=routing.dropped - {version})
 
 
+def set_shadow(routing: Routing, version: int, fraction: float) -> Routing:
+    """Copy ``fraction`` (0 to 1) of default traffic to ``version``, answered to nobody; 0 ends the shadow (if it is
+    that one)."""
+    if not 0.0 <= fraction <= 1.0:
+        raise ServingError(Code.INVALID_ARGUMENT, f"Shadow fraction must be between 0 and 1, got {fraction}")
+    if fraction == 0:
+        if routing.shadow in (version, None):
+            return dataclasses.replace(routing, shadow=None, shadow_fraction=0.0)
+        return routing
+    return dataclasses.replace(routing, shadow=version, shadow_fraction=fraction, dropped=routing.dropped - {version})
+
+
 def pin(routing: Routing, version: int) -> Routing:
     """Keep ``version`` loaded beyond the policy (and undo a drop of it)."""
     return dataclasses.replace(routing, pinned=routing.pinned | {version}, dropped=routing.dropped - {version})
@@ -222,11 +246,11 @@ def pin(routing: Routing, version: int) -> Routing:
 
 def drop(name: str, routing: Routing, version: int, available: Collection[int]) -> Routing:
     """Unload ``version`` even if the policy wants it: never the stable, the canary or the last serving one."""
-    if version in (routing.stable, routing.canary):
-        role = STABLE if version == routing.stable else CANARY
+    if version in (routing.stable, routing.canary, routing.shadow):
+        role = STABLE if version == routing.stable else CANARY if version == routing.canary else "shadow"
         raise ServingError(
             Code.FAILED_PRECONDITION,
-            f"Version {version} of model {name} is its {role} version: promote another or end the canary first",
+            f"Version {version} of model {name} is its {role} version: promote another or end the {role} first",
         )
     if not set(available) - {version}:
         raise ServingError(

@@ -1,0 +1,178 @@
+"""Shadow traffic and promotions that must be earned, on a real server: model ``m`` has version 1 (a logistic
+regression of the digits) and version 2, a deliberately different one (a shallow decision tree), so the agreement
+the server reports can be checked against the two models' own predictions on the rows sent.
+"""
+
+from __future__ import annotations
+
+import textwrap
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import requests
+import tabular_models as tm  # noqa: E402  (tests/tabular_models.py)
+from sklearn.linear_model import LogisticRegression
+from sklearn.tree import DecisionTreeClassifier
+from waiting import wait_until
+
+import workbench
+from workbench.client import Client
+
+MODELS = "/workbench/v1/models"
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any, Any]:
+    x, y = tm.digits()
+    root = tmp_path_factory.mktemp("shadow-models")
+    first = LogisticRegression(max_iter=2000).fit(x, y)
+    second = DecisionTreeClassifier(max_depth=4, random_state=0).fit(x, y)
+    workbench.export(first, "m", root)
+    workbench.export(second, "m", root)
+    return root, first, second
+
+
+def post(server: Any, target: str, body: dict[str, Any]) -> requests.Response:
+    return requests.post(f"{server.rest_url}{MODELS}/{target}", json=body, timeout=120)
+
+
+def record(server: Any) -> dict[str, Any] | None:
+    shadow = requests.get(f"{server.rest_url}/workbench/v1/stats", timeout=30).json().get("shadow") or {}
+    return shadow.get("m")
+
+
+def test_the_shadow_sees_a_copy_clients_never_see_and_its_agreement_is_the_models(models) -> None:
+    root, first, second = models
+    x = tm.digits()[0][:300]
+    with tm.serving(root) as server:
+        tm.available(server, "m")
+        assert post(server, "m:promote", {"version": 1}).status_code == 200
+        answer = post(server, "m:shadow", {"version": 2, "fraction": 1.0})
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["shadow"] == {"version": 2, "fraction": 1.0}
+        url = f"{server.rest_url}/v1/models/m:predict"
+        with requests.Session() as session:
+            got = [session.post(url, json={"instances": x[i : i + 3].tolist()}, timeout=30) for i in range(0, 300, 3)]
+        # Clients get version 1's answers, every one.
+        assert [r.status_code for r in got] == [200] * 100
+        assert np.concatenate([r.json()["predictions"] for r in got]).tolist() == first.predict(x).tolist()
+        expected = float(np.mean(first.predict(x) == second.predict(x)))
+        assert expected < 0.95  # the two really differ
+
+        def all_compared() -> dict[str, Any] | None:
+            found = record(server)
+            return found if found is not None and found["compared"] == 100 else None
+
+        shadow = wait_until(all_compared, timeout=60, interval=0.1, what="100 copies compared")
+        assert (shadow["version"], shadow["primary_version"], shadow["mirrored"]) == (2, 1, 100)
+        assert (shadow["failed"], shadow["dropped"]) == (0, 0)
+        assert shadow["agreement"] == pytest.approx(expected, abs=1e-6)
+        assert shadow["outputs"]["predictions"]["agreement"] == pytest.approx(expected, abs=1e-6)
+        assert shadow["p99_ms"] > 0 and shadow["primary_p99_ms"] > 0
+
+        metrics = requests.get(f"{server.rest_url}/metrics", timeout=30).text
+        assert 'workbench_shadow_requests_total{model="m",outcome="compared",version="2"} 100.0' in metrics
+        agreeing = round(expected * 300)
+        assert (
+            f'workbench_shadow_rows_total{{agreeing="true",model="m",output="predictions",version="2"}} {agreeing}.0'
+            in metrics
+        )
+
+        # A promotion that must be earned: refused with the figures, then made when the bar is the record's.
+        refused = post(server, "m:promote", {"version": 2, "if": "agreement >= 0.99 and p99_ms <= 1000"})
+        assert refused.status_code == 400, refused.text  # FAILED_PRECONDITION, as TF Serving maps it
+        assert "agreement" in refused.json()["error"] and "Not promoted" in refused.json()["error"]
+        assert requests.get(f"{server.rest_url}{MODELS}/m", timeout=30).json()["stable"] == 1
+        bad = post(server, "m:promote", {"version": 2, "if": "__import__('os').system('true')"})
+        assert bad.status_code == 400, bad.text
+        unknown = post(server, "m:promote", {"version": 2, "if": "accuracy > 0.5"})
+        assert unknown.status_code == 400 and "no figure 'accuracy'" in unknown.json()["error"]
+        with Client(server.rest_url) as client:
+            diff = client.diff("m", 1, 2, [{"x": x[i : i + 30]} for i in range(0, 300, 30)])
+            assert diff["outputs"]["predictions"]["agreement"] == pytest.approx(expected, abs=1e-6)
+            earned = client.promote("m", 2, condition=f"agreement >= {expected - 0.01:.4f}")
+        assert earned["stable"] == 2
+
+
+def test_a_share_is_copied_exactly_and_ending_the_shadow_stops_the_copies(models) -> None:
+    root, _, _ = models
+    x = tm.digits()[0][:40]
+    with tm.serving(root) as server:
+        tm.available(server, "m")
+        assert post(server, "m:promote", {"version": 1}).status_code == 200
+        assert post(server, "m:shadow", {"version": 2, "fraction": 0.25}).status_code == 200
+        url = f"{server.rest_url}/v1/models/m:predict"
+        with requests.Session() as session:
+            for row in x:
+                session.post(url, json={"instances": [row.tolist()]}, timeout=30)
+            # Requests naming a version are not default traffic: never copied.
+            for row in x[:8]:
+                session.post(f"{server.rest_url}/v1/models/m/versions/1:predict", json={"instances": [row.tolist()]})
+        wait_until(lambda: (record(server) or {}).get("compared") == 10, timeout=60, what="10 of 40 compared")
+        assert record(server)["mirrored"] == 10
+        ended = post(server, "m:shadow", {"version": 2, "fraction": 0})
+        assert ended.status_code == 200 and ended.json()["shadow"] is None
+        assert record(server) is None
+        assert post(server, "m:shadow", {"version": 9, "fraction": 0.5}).status_code == 404
+        assert post(server, "m:shadow", {"version": 2, "fraction": 1.5}).status_code == 400
+
+
+SLOW = textwrap.dedent(
+    """
+    import time
+
+    import numpy as np
+    import workbench
+
+
+    class Slow(workbench.PythonModel):
+        inputs = {"x": ("float64", [-1, 64])}
+        outputs = {"predictions": ("int64", [-1])}
+
+        def predict(self, inputs):
+            time.sleep(0.3)
+            return {"predictions": np.zeros(len(inputs["x"]), dtype=np.int64)}
+    """
+)
+
+
+def test_a_shadow_that_falls_behind_is_dropped_never_waited_for(models, tmp_path: Path) -> None:
+    root, first, _ = models
+    repository = tmp_path / "repo"
+    (repository / "m" / "1").mkdir(parents=True)
+    for item in (root / "m" / "1").iterdir():
+        (repository / "m" / "1" / item.name).write_bytes(item.read_bytes())
+    (repository / "m" / "2").mkdir()
+    (repository / "m" / "2" / "model.py").write_text(SLOW)
+    x = tm.digits()[0][:1]
+    with tm.serving(repository, allow_python_models=True) as server:
+        tm.available(server, "m")
+        assert post(server, "m:promote", {"version": 1}).status_code == 200
+        assert post(server, "m:shadow", {"version": 2, "fraction": 1.0}).status_code == 200
+        url = f"{server.rest_url}/v1/models/m:predict"
+
+        def send(count: int) -> list[float]:
+            took = []
+            with requests.Session() as session:
+                for _ in range(count):
+                    started = time.perf_counter()
+                    assert session.post(url, json={"instances": x.tolist()}, timeout=30).status_code == 200
+                    took.append(time.perf_counter() - started)
+            return took
+
+        with ThreadPoolExecutor(4) as pool:
+            latencies = [t for part in pool.map(send, [100] * 4) for t in part]
+        # The clients never waited for the 300 ms shadow: their answers came at the logistic regression's pace.
+        assert float(np.median(latencies)) < 0.1
+        shadow = record(server)
+        assert shadow is not None and shadow["mirrored"] == 400
+        assert shadow["dropped"] > 0 and shadow["failed"] == 0
+        wait_until(
+            lambda: (r := record(server)) is not None and r["compared"] + r["dropped"] == 400,
+            timeout=120,
+            what="every copy compared or dropped",
+        )
