@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 # Every name below is bound on first use (PEP 562): ``import workbench`` imports no other workbench module. Exporting
 # lives in ``workbench.publishing``: a submodule ``workbench.export`` would shadow the function once imported.
 if TYPE_CHECKING:
+    from workbench.analyzer import analyze
     from workbench.batch import BatchSummary, batch_predict
     from workbench.client import Client
     from workbench.notebook.handle import ServerHandle, serve
@@ -30,6 +31,7 @@ __all__ = [
     "PythonModel",
     "ServerHandle",
     "__version__",
+    "analyze",
     "batch_predict",
     "export",
     "load_ipython_extension",
@@ -47,6 +49,10 @@ def __getattr__(name: str) -> Any:
         from workbench import publishing
 
         return getattr(publishing, name)
+    if name == "analyze":  # the model analyzer (workbench.analyzer)
+        from workbench.analyzer import analyze
+
+        return analyze
     if name in ("batch_predict", "BatchSummary"):  # a data set through a model (workbench.batch)
         from workbench import batch
 

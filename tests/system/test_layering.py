@@ -56,7 +56,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
 ]
 # Beside the floors, for people and their tools: they stand on runtime, core, protocol and config, on each other, and
 # on the public API (PUBLIC), never on the engine's floors, also not through a module they import.
-SIDE = ("workbench.client", "workbench.notebook", "workbench.jupyter", "workbench.request_log")
+SIDE = ("workbench.client", "workbench.notebook", "workbench.jupyter", "workbench.request_log", "workbench.analyzer")
 PUBLIC = (
     "workbench.publishing",
     "workbench.server",

@@ -30,8 +30,7 @@ from workbench.runtime.loop import new_event_loop
 
 SUBCOMMANDS = [
     "start", "stop", "restart", "status", "export", "promote", "rollback", "canary", "shadow", "predict", "bench",
-    "batch",
-    "dashboard", "logs", "manifests",
+    "batch", "analyze", "dashboard", "logs", "manifests",
 ]  # fmt: skip
 V1, V2 = 3.0, 10.0  # answers to x=1 of model_v1 (2x + 1) and model_v2 (10x)
 
@@ -442,3 +441,25 @@ def test_kernel_answers_every_cell_while_a_full_load_runs(ip: InteractiveShell, 
         f"median {statistics.median(round_trips) * 1000:.2f} ms, max {max(round_trips) * 1000:.2f} ms"
     )
     assert max(round_trips) < CELL_ROUND_TRIP_BOUND_S, f"a cell took {max(round_trips):.2f} s under load"
+
+
+@pytest.mark.timeout(300)
+def test_analyze_measures_the_served_model_and_draws_its_frontier(
+    ip: InteractiveShell, served: SimpleNamespace, tmp_path: Path
+) -> None:
+    """``%serve analyze`` on the running server's model: each candidate served on its own, the chart drawn as the
+    points come, the analysis returned, its files written; the running server is left as it was."""
+    from workbench.analyzer import Analysis
+
+    before = lin(served.handle)
+    analysis = serve(
+        ip,
+        f"analyze lin [[1.0]] --max_batch_size 1,4 --batch_timeout_micros 0 --concurrency 1,4 "
+        f"--measurement_interval 300 --output {tmp_path}",
+    )
+    assert isinstance(analysis, Analysis)
+    assert len(analysis.points) == 4 and analysis.winner is not None
+    assert {(p.candidate.max_batch_size, p.concurrency) for p in analysis.points} == {(1, 1), (1, 4), (4, 1), (4, 4)}
+    assert (tmp_path / "report.html").is_file() and (tmp_path / "results.json").is_file()
+    assert "<table" in analysis._repr_html_()
+    assert lin(served.handle)["versions"] == before["versions"]

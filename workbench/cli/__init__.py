@@ -15,6 +15,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from workbench.cli.analyze_command import add_analyze_command
 from workbench.cli.batch_command import add_batch_command
 from workbench.cli.bench_command import add_bench_command
 from workbench.cli.consume_command import add_consume_command
@@ -54,6 +55,7 @@ def build_parser() -> VocabularyParser:
     add_demo_command(sub)
     add_bench_command(sub)
     add_batch_command(sub)
+    add_analyze_command(sub)
     add_consume_command(sub)
     add_manifests_command(sub)
     add_ray_command(sub)

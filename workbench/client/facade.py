@@ -393,6 +393,11 @@ class Client:
             "b_mean_ms": round(sum(latencies["b"]) / len(requests), 3),
         }
 
+    def set_batching(self, model: str, batching_parameters: str | None) -> dict[str, Any]:
+        """Batch ``model``'s requests with these parameters from now on (TF Serving's batching parameters text,
+        e.g. what ``workbench analyze`` chose; None removes the model's own), kept beside its versions."""
+        return self._management.set_batching(model, batching_parameters)
+
     def load(self, model: str, version: int) -> dict[str, Any]:
         return self._management.load(model, version)
 

@@ -36,6 +36,10 @@ class ManagementAPI:
         body = {"version": int(version), "fraction": fraction}
         return self._http.json("POST", f"/workbench/v1/models/{model}:shadow", body)
 
+    def set_batching(self, model: str, text: str | None) -> dict[str, Any]:
+        body = {"batching_parameters": text}
+        return self._http.json("POST", f"/workbench/v1/models/{model}:batching", body)
+
     def load(self, model: str, version: int) -> dict[str, Any]:
         return self._http.json("POST", f"/workbench/v1/models/{model}/versions/{int(version)}:load", {})
 

@@ -11,7 +11,9 @@ Changing (``POST``, with ``Authorization: Bearer <token>`` when the server was g
   only if N's shadow record meets it, else FAILED_PRECONDITION with its figures) · ``:rollback`` · ``:canary``
   ``{"version": N, "weight": 0.1}`` (weight 0 ends it) · ``:shadow`` ``{"version": N, "fraction": 0.5}`` (a copy
   of that share of default traffic, answered to nobody and compared; 0 ends it) ·
-  ``/workbench/v1/models/{model}/versions/{N}:load`` · ``:unload``.
+  ``/workbench/v1/models/{model}/versions/{N}:load`` · ``:unload`` · ``:batching`` ``{"batching_parameters":
+  "max_batch_size { value: 8 } ..."}`` (the model's own batching parameters, written beside its versions; null
+  removes them).
 Each change is atomic, stored in the model's repository (``routing.json`` beside its versions, read by every
 replica) and answered with the model's new description. A body may carry ``"generation": N``, the routing
 generation the caller last saw (``GET`` answers it): the change is then refused with 409 ABORTED if the routing
@@ -44,7 +46,7 @@ from workbench.planes.dataplane import Dataplane
 from workbench.protocol.json_tensor import dumps
 
 PREFIX = "/workbench/v1"
-_MODEL_ACTION = re.compile(r"([^/:]+):(promote|rollback|canary|shadow)")
+_MODEL_ACTION = re.compile(r"([^/:]+):(promote|rollback|canary|shadow|batching)")
 _VERSION_ACTION = re.compile(r"([^/:]+)/versions/(\d+):(load|unload)")
 
 
@@ -171,6 +173,13 @@ async def _parse_action(
             return name, functools.partial(control.promote, name, version, generation=generation)
         if verb == "rollback":
             return name, functools.partial(control.rollback, name, generation=generation)
+        if verb == "batching":
+            text = doc.get("batching_parameters")
+            if text is not None and not isinstance(text, str):
+                raise ServingError(
+                    Code.INVALID_ARGUMENT, '"batching_parameters" is TF Serving\'s text format, or null to remove'
+                )
+            return name, functools.partial(control.set_batching, name, text)
         version = _int_field(doc, "version")
         field = "fraction" if verb == "shadow" else "weight"
         share = doc.get(field)

@@ -377,6 +377,38 @@ class ServeMagics(Magics):
         print(format_table([summary], list(summary)))
         return result
 
+    def _analyze(self, args: Any) -> Any:
+        from IPython.display import display
+
+        from workbench.analyzer import analyze
+        from workbench.analyzer.report import figure
+        from workbench.analyzer.sweep import Measured
+
+        handle = self._server(args.server_name)
+        if not isinstance(handle.model_repository, Path):
+            raise UsageError(f"the analyzer serves a local model folder; this server's is {handle.model_repository}")
+        data = self._data(" ".join(args.data), "DATA")
+        client = handle.client
+        signature = client.signature(args.model)
+        inputs = client.encode_inputs(signature, data)
+        chart = _LiveFrontier(args.model)
+        display(chart.widget)
+
+        def measured(point: Measured) -> None:
+            chart.add(point)
+
+        analysis = analyze(
+            args.model, handle.model_repository / args.model, inputs=inputs,
+            max_batch_size=args.max_batch_size, batch_timeout_micros=args.batch_timeout_micros,
+            num_batch_threads=args.num_batch_threads, num_workers=args.num_workers, concurrency=args.concurrency,
+            search=args.search, latency_budget_ms=args.latency_budget_ms, min_throughput=args.min_throughput,
+            max_memory_mib=args.max_memory, measurement_interval_ms=args.measurement_interval,
+            serve_flags=["--allow_python_models"] if handle.allow_python_models else [],
+            output=args.output, apply_to=handle.rest_url if args.apply else None, on_point=measured,
+        )  # fmt: skip
+        chart.finish(figure(analysis))
+        return analysis
+
     def _batch(self, args: Any) -> Any:
         from workbench.batch import batch_predict
         from workbench.batch.feeding import parse_column_map
@@ -478,3 +510,38 @@ def load_ipython_extension(ipython: Any) -> None:
     if previous is not None:  # servers outlive a reload of the code: don't lose track of them
         magics.servers = getattr(previous, "servers", {})
     ipython.register_magics(magics)
+
+
+class _LiveFrontier:
+    """The analyzer's frontier drawing itself in the cell: a plotly FigureWidget, a line a candidate, a point each
+    time one is measured; replaced by the finished chart (winner starred) at the end."""
+
+    def __init__(self, model: str) -> None:
+        import plotly.graph_objects as go
+
+        self.widget = go.FigureWidget()
+        self.widget.update_layout(
+            title=f"{model}: measuring (throughput against p99 latency)",
+            xaxis_title="p99 latency (ms)",
+            yaxis_title="inferences/s",
+            template="plotly_white",
+            height=420,
+        )
+        self._traces: dict[str, int] = {}
+
+    def add(self, point: Any) -> None:
+        name = point.candidate.name
+        if name not in self._traces:
+            self.widget.add_scatter(x=[], y=[], mode="lines+markers", name=name)
+            self._traces[name] = len(self.widget.data) - 1
+        trace = self.widget.data[self._traces[name]]
+        with self.widget.batch_update():
+            trace.x = (*trace.x, point.p99_ms)
+            trace.y = (*trace.y, point.inferences_per_second)
+
+    def finish(self, final: Any) -> None:
+        with self.widget.batch_update():
+            self.widget.data = ()
+            for trace in final.data:
+                self.widget.add_trace(trace)
+            self.widget.layout = final.layout

@@ -200,6 +200,35 @@ def _bench_parser(line: str) -> None:
     perf_analyzer's rows)."""
 
 
+def _numbers(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(f"a comma-separated list of whole numbers, not {text!r}") from None
+
+
+@magic_arguments(name="%serve analyze")
+@kwds(formatter_class=HelpFormatter, epilog=_OPTIONS_NOTE)
+@argument("model", metavar="MODEL")
+@argument("data", nargs="+", metavar="DATA", help="one request's inputs: a variable name or a JSON literal")
+@argument("--max_batch_size", type=_numbers, default=[1, 8, 32], metavar="N,N", help="(1: no batching)")
+@argument("--batch_timeout_micros", type=_numbers, default=[0, 2000], metavar="N,N")
+@argument("--num_batch_threads", type=_numbers, default=[1], metavar="N,N")
+@argument("--num_workers", type=_numbers, default=[1], metavar="N,N")
+@argument("--concurrency", type=_numbers, default=[1, 2, 4, 8, 16], metavar="N,N")
+@argument("--search", choices=("brute", "quick"), default="brute")
+@argument("--latency_budget_ms", type=float, metavar="MS", help="on the p99")
+@argument("--min_throughput", type=float, metavar="N", help="inferences a second")
+@argument("--max_memory", type=float, metavar="MIB", help="the server's resident memory")
+@argument("--measurement_interval", type=float, default=2000.0, metavar="MS")
+@argument("--output", metavar="DIR", help="write the winner's files, results.json and report.html here")
+@argument("--apply", action="store_true", help="give the running server's MODEL the winner's batching parameters")
+@_SERVER_OPTION
+def _analyze_parser(line: str) -> None:
+    """Find the batching settings and workers that serve MODEL best: each candidate served on its own and loaded as
+    perf_analyzer does, the frontier drawn as it is measured; returns the analysis (its report in the cell)."""
+
+
 @magic_arguments(name="%serve batch")
 @kwds(formatter_class=HelpFormatter, epilog=_OPTIONS_NOTE)
 @argument("model", metavar="MODEL")
@@ -274,6 +303,7 @@ PARSERS: dict[str, Callable[..., Any]] = {
     "predict": _predict_parser,
     "bench": _bench_parser,
     "batch": _batch_parser,
+    "analyze": _analyze_parser,
     "dashboard": _dashboard_parser,
     "logs": _logs_parser,
     "manifests": _manifests_parser,

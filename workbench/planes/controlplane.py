@@ -19,11 +19,18 @@ event loop.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
 from workbench.config import triton_model_config as triton_config
-from workbench.config.batching_parameters import BatchingParameters, model_batching_parameters
+from workbench.config.batching_parameters import (
+    BATCHING_FILE_NAME,
+    BatchingParameters,
+    model_batching_parameters,
+    parse_batching_parameters,
+)
 from workbench.config.model_control import ControlMode, ModelControl, Overrides
 from workbench.config.options import ModelConfig, ServerOptions, discover_models
 from workbench.core.errors import Code, ServingError
@@ -79,6 +86,31 @@ class ControlPlane:
     def batching_for(self, model: str) -> BatchingParameters | None:
         """``model``'s batching parameters (None: it does not batch), as its config last said."""
         return self._batching.get(model)
+
+    def set_batching(self, name: str, text: str | None) -> None:
+        """Batch ``name``'s requests with these parameters from now on (TF Serving's text format; None: back to
+        what its config says without a file of its own), written as the model's ``batching_parameters.txt`` so that
+        a restart, and every worker at its next config reload, finds them. Its base path must be local."""
+        config = next((m for m in self._manager.configs() if m.name == name), None)
+        if config is None:
+            raise ServingError(Code.NOT_FOUND, f"No model {name} is configured")
+        if "://" in config.base_path:
+            raise ServingError(
+                Code.FAILED_PRECONDITION,
+                f"Model {name} is served from {config.base_path}: put its {BATCHING_FILE_NAME} there",
+            )
+        path = Path(config.base_path, BATCHING_FILE_NAME)
+        if text is None:
+            path.unlink(missing_ok=True)
+            params = triton_config.batching_parameters(config.base_path, self._default_batching)
+        else:
+            params = parse_batching_parameters(text, f"the batching parameters for {name}")
+            temporary = path.with_name(f".{BATCHING_FILE_NAME}.tmp")
+            temporary.write_text(text)
+            os.replace(temporary, path)
+        with self._apply_lock:
+            self._batching[name] = params
+        self._on_models_changed()
 
     def batching_models(self) -> dict[str, bool]:
         """Whether each model configured so far batches (the health view)."""

@@ -1,0 +1,128 @@
+"""The model analyzer on a model of known cost: a Python model whose every call sleeps 10 ms whatever its batch, on
+one inference thread. The arithmetic says what must win: without batching it answers 100 requests a second at any
+concurrency; with batches of 8 and 8 clients, about 800. Every candidate is a real ``workbench serve``."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import requests
+import tabular_models as tm  # noqa: E402  (tests/tabular_models.py)
+
+from workbench.analyzer import Constraints, analyze
+from workbench.analyzer.choice import choose
+from workbench.client import perf
+from workbench.config.batching_parameters import parse_batching_parameters
+
+CALL_S = 0.01
+
+FIXED_COST = textwrap.dedent(
+    """
+    import time
+
+    import workbench
+
+
+    class FixedCost(workbench.PythonModel):
+        inputs = {"x": ("float32", [-1, 4])}
+        outputs = {"y": ("float32", [-1, 4])}
+
+        def predict(self, inputs):
+            time.sleep(0.01)
+            return {"y": inputs["x"] + 1.0}
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("analyzed")
+    (root / "fixed" / "1").mkdir(parents=True)
+    (root / "fixed" / "1" / "model.py").write_text(FIXED_COST)
+    return root
+
+
+@pytest.mark.timeout(600)
+def test_the_winner_is_the_one_the_arithmetic_predicts_and_it_is_written_and_applied(
+    repository: Path, tmp_path: Path
+) -> None:
+    seen = []
+    analysis = analyze(
+        "fixed",
+        repository / "fixed",
+        shape=["x:1,4"],
+        max_batch_size=[1, 8],
+        batch_timeout_micros=[0],
+        concurrency=[1, 8],
+        latency_budget_ms=100,
+        measurement_interval_ms=600,
+        stability_percentage=20,
+        max_trials=6,
+        serve_flags=["--allow_python_models", "--num_inference_threads=1"],
+        output=tmp_path / "out",
+        on_point=seen.append,
+    )
+    assert len(analysis.points) == len(seen) == 4
+    by = {(p.candidate.max_batch_size, p.concurrency): p for p in analysis.points}
+    # Without batching one call at a time: 100 a second, whatever the clients.
+    assert by[(1, 8)].inferences_per_second == pytest.approx(1 / CALL_S, rel=0.25)
+    assert by[(1, 1)].inferences_per_second == pytest.approx(1 / CALL_S, rel=0.25)
+    # Batches of 8 from 8 clients: several times that, and the server says the batches formed.
+    assert analysis.winner is not None
+    assert (analysis.winner.candidate.max_batch_size, analysis.winner.concurrency) == (8, 8)
+    assert analysis.winner.inferences_per_second > 4 * by[(1, 8)].inferences_per_second
+    assert analysis.winner.avg_batch is not None and analysis.winner.avg_batch > 4
+    assert "batch 8" in analysis.why and "wins for fixed" in analysis.why
+    assert analysis.winner.cpu_cores is not None and analysis.winner.memory_mib and analysis.winner.memory_mib > 10
+
+    # A latency budget below one call's cost leaves nothing, and says so.
+    strict = choose("fixed", analysis.points, Constraints(latency_budget_ms=5))
+    assert strict.winner is None and "No configuration of fixed meets the constraints" in strict.why
+
+    out = tmp_path / "out"
+    written = parse_batching_parameters((out / "batching_parameters.txt").read_text())
+    assert written.max_batch_size == 8
+    assert (out / "serve_flags.txt").read_text().split() == ["--enable_batching"]
+    assert json.loads((out / "results.json").read_text())["winner"]["max_batch_size"] == 8
+    report = (out / "report.html").read_text()
+    assert "plotly" in report.lower() and analysis.why.split(":")[0] in report
+
+    # Applied to a running server: its requests batch from then on.
+    with tm.serving(repository, allow_python_models=True, num_inference_threads=1) as server:
+        tm.available(server, "fixed")
+        health = requests.get(f"{server.rest_url}/workbench/v1/health", timeout=30).json()
+        assert health["batching"]["fixed"] is False
+        from workbench.analyzer.api import apply
+
+        apply(server.rest_url, "fixed", analysis)
+        health = requests.get(f"{server.rest_url}/workbench/v1/health", timeout=30).json()
+        assert health["batching"]["fixed"] is True
+        assert (repository / "fixed" / "batching_parameters.txt").read_text() == written_text(analysis)
+        (result,) = perf.run_measurement(
+            server.rest_url, "rest", "fixed", [{"x": np.ones((1, 4), np.float32)}], [perf.Point(concurrency=8)],
+            perf.Stability(interval_s=0.6, percentage=25, max_trials=6, warmup_s=0.3),
+        )  # fmt: skip
+        (row,) = perf.perf_rows([result])
+        assert row["Avg Batch"] > 4
+        (repository / "fixed" / "batching_parameters.txt").unlink()
+
+
+def written_text(analysis) -> str:
+    assert analysis.winner is not None
+    return analysis.winner.candidate.batching_parameters_text()
+
+
+def test_the_command_line_refuses_requests_given_two_ways(repository: Path) -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "workbench", "analyze", "fixed", f"--model_base_path={repository / 'fixed'}",
+         "--shape=x:1,4", '--inputs={"x": [[1, 2, 3, 4]]}'],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2 and "not allowed with" in done.stderr, done.stderr

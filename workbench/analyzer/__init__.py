@@ -1,0 +1,16 @@
+"""The model analyzer: which batching settings and how many workers serve a model best, measured, not guessed.
+
+``workbench analyze MODEL --model_base_path DIR`` (Python: :func:`analyze`; notebook: ``%serve analyze``): every
+candidate configuration is served by a ``workbench serve`` of its own and loaded as perf_analyzer loads a server
+(:mod:`workbench.client.perf`); the winner is the one that serves most within the constraints, written as the files
+the server reads. :mod:`.candidates` says what is swept, :mod:`.sweep` measures, :mod:`.choice` picks and explains,
+:mod:`.report` writes the report.
+"""
+
+from __future__ import annotations
+
+from workbench.analyzer.api import analyze
+from workbench.analyzer.candidates import Candidate
+from workbench.analyzer.choice import Analysis, Constraints
+
+__all__ = ["Analysis", "Candidate", "Constraints", "analyze"]
