@@ -82,6 +82,18 @@ def test_the_shadow_sees_a_copy_clients_never_see_and_its_agreement_is_the_model
             in metrics
         )
 
+        # The dashboard's "v1 vs v2" panel shows the server's record.
+        from workbench.notebook.shadow_panel import ShadowPanel
+
+        panel = ShadowPanel(server.rest_url, interval=0.1)
+        try:
+            wait_until(lambda: "m" in panel.records, timeout=30, what="the panel's first reading")
+            assert panel.records["m"]["agreement"] == pytest.approx(expected, abs=1e-6)
+            assert f"{expected:.2%}" in panel.details.value and "v2 (shadow) vs v1" in panel.details.value
+            assert [trace.type for trace in panel.figure.data] == ["scatter", "histogram"]
+        finally:
+            panel.close()
+
         # A promotion that must be earned: refused with the figures, then made when the bar is the record's.
         refused = post(server, "m:promote", {"version": 2, "if": "agreement >= 0.99 and p99_ms <= 1000"})
         assert refused.status_code == 400, refused.text  # FAILED_PRECONDITION, as TF Serving maps it

@@ -8,6 +8,7 @@ point with the most inferences a second (the lower p99 among equals); its candid
 from __future__ import annotations
 
 import dataclasses
+import html
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -65,6 +66,18 @@ class Analysis:
         from workbench.analyzer.report import html_fragment
 
         return html_fragment(self)
+
+    def _ipython_display_(self) -> None:
+        """In a notebook: why the winner won, the frontier (a plotly widget, drawn by the notebook's own plotly),
+        and the table of every point."""
+        import plotly.graph_objects as go
+        from IPython.display import HTML, display
+
+        from workbench.analyzer.report import figure, table
+
+        display(HTML(f"<p>{html.escape(self.why)}</p>"))
+        display(go.FigureWidget(figure(self)))
+        display(HTML(table(self)))
 
 
 def choose(model: str, points: Sequence[Measured], constraints: Constraints) -> Analysis:

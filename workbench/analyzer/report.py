@@ -23,6 +23,7 @@ class Analysis(Protocol):
 
     def rows(self) -> list[dict[str, Any]]: ...
 
+
 COLUMNS = (
     ("candidate", "configuration"),
     ("concurrency", "concurrency"),
@@ -82,7 +83,8 @@ def figure(analysis: Analysis) -> Any:
     return fig
 
 
-def _table(analysis: Analysis) -> str:
+def table(analysis: Analysis) -> str:
+    """Every point, the winner's row in bold."""
     head = "".join(f"<th>{html.escape(label)}</th>" for _, label in COLUMNS)
     rows = []
     winner = analysis.winner
@@ -107,7 +109,7 @@ def _shown(value: Any) -> str:
 def html_fragment(analysis: Analysis, include_plotlyjs: bool | str = "require") -> str:
     """The report inside a page or a notebook cell."""
     chart = figure(analysis).to_html(full_html=False, include_plotlyjs=include_plotlyjs)
-    return f"<div><p>{html.escape(analysis.why)}</p>{chart}{_table(analysis)}</div>"
+    return f"<div><p>{html.escape(analysis.why)}</p>{chart}{table(analysis)}</div>"
 
 
 def write_report(analysis: Analysis, path: str) -> None:

@@ -27,6 +27,7 @@ from workbench.notebook.part import (
     register,
 )
 from workbench.notebook.query_panel import PROTOCOL_CHOICES, QueryPanel, example_inputs
+from workbench.notebook.shadow_panel import ShadowPanel
 from workbench.notebook.versions_panel import VersionsPanel, routing_summary
 
 __all__ = [
@@ -52,9 +53,10 @@ class Dashboard(Part):
         self.query = QueryPanel(server)
         self.chart = LiveChart(server, window_seconds=window_seconds)
         self.load = LoadPanel(server)
-        self.parts: list[Part] = [self.versions, self.query, self.chart, self.load]
-        tabs = widgets.Tab(children=[self.versions.widget, self.query.widget, self.load.widget])
-        for index, title in enumerate(("Versions", "Query", "Load")):
+        self.shadow = ShadowPanel(server)
+        self.parts: list[Part] = [self.versions, self.query, self.chart, self.load, self.shadow]
+        tabs = widgets.Tab(children=[self.versions.widget, self.query.widget, self.load.widget, self.shadow.widget])
+        for index, title in enumerate(("Versions", "Query", "Load", "v1 vs v2")):
             tabs.set_title(index, title)
         self.widget = widgets.VBox([tabs, self.chart.widget])
         register(server, self)

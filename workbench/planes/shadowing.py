@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
@@ -56,6 +57,7 @@ PROTOCOL = "shadow"  # the protocol label of a copy's request metrics
 DEFAULT_MAX_PENDING = 64
 DEFAULT_WINDOW = 1000
 SLOWEST = 5  # inputs kept as the slowest the shadow answered
+RECENT = 200  # copies whose differences the summary lists
 
 
 @dataclasses.dataclass
@@ -103,7 +105,18 @@ class ShadowRecord:
             "p50_ms": _ms([item.shadow_seconds for item in window], 50),
             "p99_ms": _ms([item.shadow_seconds for item in window], 99),
             "slowest": [{"ms": round(seconds * 1000, 3), "inputs": shown} for seconds, shown in self._slowest],
+            # The latest copies' largest float difference each: the distribution the dashboard draws.
+            "recent_abs_diffs": [
+                round(worst, 9)
+                for item in window[-RECENT:]
+                if (worst := _worst_abs(item.diffs)) is not None and math.isfinite(worst)
+            ],
         }
+
+
+def _worst_abs(diffs: Mapping[str, OutputDiff]) -> float | None:
+    values = [diff.max_abs for diff in diffs.values() if diff.max_abs is not None]
+    return max(values) if values else None
 
 
 def _ms(seconds: Sequence[float], q: float) -> float | None:
