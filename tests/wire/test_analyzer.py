@@ -126,3 +126,15 @@ def test_the_command_line_refuses_requests_given_two_ways(repository: Path) -> N
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert done.returncode == 2 and "not allowed with" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "v2-grpc"])
+def test_the_load_speaks_the_protocol_clients_will(repository: Path, protocol: str) -> None:
+    analysis = analyze(
+        "fixed", repository / "fixed", shape=["x:1,4"], max_batch_size=[1], concurrency=[2], protocol=protocol,
+        measurement_interval_ms=500, stability_percentage=20,
+        serve_flags=["--allow_python_models", "--num_inference_threads=1"],
+    )  # fmt: skip
+    (point,) = analysis.points
+    assert point.errors == 0 and point.inferences_per_second == pytest.approx(1 / CALL_S, rel=0.25)
+    assert point.compute_us == pytest.approx(CALL_S * 1e6, rel=0.25)  # the server's statistics, over gRPC too

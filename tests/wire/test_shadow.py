@@ -126,6 +126,11 @@ def test_a_share_is_copied_exactly_and_ending_the_shadow_stops_the_copies(models
                 session.post(f"{server.rest_url}/v1/models/m/versions/1:predict", json={"instances": [row.tolist()]})
         wait_until(lambda: (record(server) or {}).get("compared") == 10, timeout=60, what="10 of 40 compared")
         assert record(server)["mirrored"] == 10
+        # gRPC's default traffic is mirrored alike (the data plane copies it, whatever the API).
+        with Client(server.rest_url, server.grpc_target) as client:
+            for row in x[:8]:
+                client.predict("m", row[None], protocol="grpc")
+        wait_until(lambda: (record(server) or {}).get("compared") == 12, timeout=60, what="2 more of 8 compared")
         ended = post(server, "m:shadow", {"version": 2, "fraction": 0})
         assert ended.status_code == 200 and ended.json()["shadow"] is None
         assert record(server) is None

@@ -34,6 +34,7 @@ def analyze(
     num_workers: Sequence[int] = (1,),
     concurrency: Sequence[int] = DEFAULT_CONCURRENCY,
     search: str = "brute",
+    protocol: str = "rest",
     latency_budget_ms: float | None = None,
     min_throughput: float | None = None,
     max_memory_mib: float | None = None,
@@ -51,7 +52,8 @@ def analyze(
 
     Requests: ``inputs`` (one request's), ``input_data`` (a .json/.npy/.npz file, :mod:`workbench.client.load_inputs`;
     ``batch_size`` rows a request) or ``shape`` (``"x:1,64"``: random). ``search``: ``brute`` (every candidate at
-    every concurrency) or ``quick`` (each candidate's concurrencies until the frontier flattens). ``serve_flags``
+    every concurrency) or ``quick`` (each candidate's concurrencies until the frontier flattens); ``protocol``: the
+    API the load speaks (``rest``, ``grpc``, ``v2``, ``v2-grpc``), as clients will. ``serve_flags``
     go to every ``workbench serve`` (``--allow_python_models``...). ``output``: a folder for the winner's
     ``batching_parameters.txt`` and ``serve_flags.txt``, ``results.json`` and ``report.html``. ``apply_to``: a
     running server's REST URL whose ``model`` takes the winner's batching parameters at once.
@@ -83,7 +85,7 @@ def analyze(
                     requests = _requests(served.rest_url, model, inputs, input_data, shape, batch_size)
                 points += measure_candidate(
                     served, model, requests, candidate, levels, stability, search == "quick", latency_budget_ms,
-                    on_point,
+                    on_point, protocol,
                 )  # fmt: skip
     analysis = choose(model, points, constraints)
     analysis.seconds = time.perf_counter() - started

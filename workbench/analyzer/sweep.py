@@ -83,7 +83,14 @@ def staged(model: str, base_path: Path, candidate: Candidate, folder: Path) -> P
 @dataclasses.dataclass
 class Served:
     rest_url: str
+    grpc_target: str
     process: subprocess.Popen[bytes]
+
+    def target(self, protocol: str) -> str:
+        """Where a load of ``protocol`` is sent."""
+        from workbench.client.protocols import GRPC_PROTOCOLS, canonical_protocol
+
+        return self.grpc_target if canonical_protocol(protocol) in GRPC_PROTOCOLS else self.rest_url
 
 
 @contextlib.contextmanager
@@ -92,14 +99,14 @@ def serving(
 ) -> Iterator[Served]:
     """``workbench serve`` of ``model`` as ``candidate`` says, ready; stopped (its whole process group) after."""
     path = staged(model, base_path, candidate, folder)
-    rest = free_port()
+    rest, grpc_port = free_port(), free_port()
     log = open(folder / f"serve-{rest}.log", "wb")  # noqa: SIM115 - closed below, after the process
     command = [
         sys.executable, "-m", "workbench", "serve", f"--model_name={model}", f"--model_base_path={path}",
-        f"--port={free_port()}", f"--rest_api_port={rest}", *candidate.serve_flags(), *flags,
+        f"--port={grpc_port}", f"--rest_api_port={rest}", *candidate.serve_flags(), *flags,
     ]  # fmt: skip
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    served = Served(f"http://127.0.0.1:{rest}", process)
+    served = Served(f"http://127.0.0.1:{rest}", f"127.0.0.1:{grpc_port}", process)
     try:
         _wait_ready(served, model, folder / f"serve-{rest}.log")
         yield served
@@ -192,15 +199,17 @@ def measure_candidate(
     quick: bool,
     latency_budget_ms: float | None,
     on_point: Callable[[Measured], None] | None = None,
+    protocol: str = "rest",
 ) -> list[Measured]:
-    """``candidate`` at each concurrency (the quick search stops where the frontier flattens)."""
+    """``candidate`` at each concurrency, loaded over ``protocol`` (the quick search stops where the frontier
+    flattens)."""
     tree = ProcessTree(served.process.pid)
     found: list[Measured] = []
     best = 0.0
     for clients in concurrencies:
         cpu, wall = tree.cpu_seconds(), time.perf_counter()
         (result,) = perf.run_measurement(
-            served.rest_url, "rest", model, inputs, [perf.Point(concurrency=clients)], stability
+            served.target(protocol), protocol, model, inputs, [perf.Point(concurrency=clients)], stability
         )
         cores = (tree.cpu_seconds() - cpu) / (time.perf_counter() - wall)
         (row,) = perf.perf_rows([result])

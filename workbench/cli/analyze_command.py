@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from workbench.client.protocols import PROTOCOLS
 from workbench.config.vocabulary import HelpFormatter
 
 ANALYZE_EXAMPLES = """\
@@ -51,6 +52,9 @@ def add_analyze_command(sub: argparse._SubParsersAction) -> None:  # type: ignor
     sweep.add_argument("--num_workers", type=_numbers, default=[1], help="worker processes (default 1)")
     sweep.add_argument("--concurrency", type=_numbers, default=[1, 2, 4, 8, 16], help="(default 1,2,4,8,16)")
     sweep.add_argument("--search", choices=("brute", "quick"), default="brute", help="every point, or stop early")
+    sweep.add_argument(
+        "--protocol", choices=PROTOCOLS, default="rest", help="the API the load speaks, as clients will (default rest)"
+    )
     goal = p.add_argument_group("constraints")
     goal.add_argument("--latency_budget_ms", type=float, metavar="MS", help="on the p99")
     goal.add_argument("--min_throughput", type=float, metavar="N", help="inferences a second")
@@ -86,7 +90,7 @@ def _analyze(args: argparse.Namespace) -> int:
             shape=args.shape or (), batch_size=args.batch_size,
             max_batch_size=args.max_batch_size, batch_timeout_micros=args.batch_timeout_micros,
             num_batch_threads=args.num_batch_threads, max_enqueued_batches=args.max_enqueued_batches,
-            num_workers=args.num_workers, concurrency=args.concurrency, search=args.search,
+            num_workers=args.num_workers, concurrency=args.concurrency, search=args.search, protocol=args.protocol,
             latency_budget_ms=args.latency_budget_ms, min_throughput=args.min_throughput,
             max_memory_mib=args.max_memory, measurement_interval_ms=args.measurement_interval,
             stability_percentage=args.stability_percentage, max_trials=args.max_trials,
