@@ -102,16 +102,10 @@ def _bench(args: argparse.Namespace) -> int:
     import json
 
     from workbench.client import ClientTLS, perf
-    from workbench.client.bench import format_table, input_dtypes, resolve_load, run_load
+    from workbench.client.bench import format_table, input_dtypes, run_load
 
     try:  # usage mistakes: exit 2, as argparse's own
-        windowed = perf.windowed(args)
-        if windowed:
-            stability = perf.stability_of(args)
-            points = perf.points_of(args.concurrency, args.request_rate, args.request_distribution)
-        else:
-            clients = perf.concurrency_levels(args.concurrency)[0]
-            duration, requests = resolve_load(clients, args.duration, args.requests)
+        plan = perf.plan_of(args)
         if args.protocol in GRPC_PROTOCOLS and "://" in args.target:
             raise ValueError(f"a gRPC --target is host:port, not a URL ({args.target})")
         files = (args.ca_file or None, args.cert_file or None, args.key_file or None)
@@ -125,26 +119,23 @@ def _bench(args: argparse.Namespace) -> int:
     try:
         dtypes = input_dtypes(args.target, args.protocol, args.model, args.signature_name, tls=tls)
         sent = _requests(args, dtypes)
-        if windowed:
+        if plan.points is not None:
             results = perf.run_measurement(
-                args.target, args.protocol, args.model, sent, points, stability,
+                args.target, args.protocol, args.model, sent, plan.points, plan.stability or perf.Stability(),
                 signature_name=args.signature_name, tls=tls,
                 on_point=None if args.json else lambda done: print(_point_line(done), file=sys.stderr, flush=True),
             )  # fmt: skip
-            rows = perf.perf_rows(results)
-            if args.csv:
-                perf.write_csv(args.csv, rows)
-            first = next(iter(rows[0]))
-            print(json.dumps(rows) if args.json else format_table(rows, [first, *perf.TABLE_COLUMNS]))
+            rows, table = perf.report(results, args.csv)
+            print(json.dumps(rows) if args.json else table)
             return 0 if all(row["Errors"] == 0 for row in rows) else 3
         result = run_load(
             args.target,
             args.protocol,
             args.model,
             sent[0],
-            concurrency=clients,
-            duration=duration,
-            requests=requests,
+            concurrency=plan.clients,
+            duration=plan.duration,
+            requests=plan.requests,
             signature_name=args.signature_name,
             tls=tls,
         )

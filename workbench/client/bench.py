@@ -187,6 +187,16 @@ class _Clock:
         return True
 
 
+async def read_answer(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
+    """One HTTP/1.1 answer on a keep-alive connection: its status code (three digits) and its body."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n"):
+        if line[:15].lower() == b"content-length:":
+            length = int(line[15:])
+    return head[9:12], await reader.readexactly(length)
+
+
 async def _rest_client(
     host: str, port: int, request: bytes, clock: _Clock, result: BenchResult, tls: ssl.SSLContext | None
 ) -> None:
@@ -195,15 +205,10 @@ async def _rest_client(
         while clock.take():
             started = time.perf_counter()
             writer.write(request)
-            head = await reader.readuntil(b"\r\n\r\n")
-            length = 0
-            for line in head.split(b"\r\n"):
-                if line[:15].lower() == b"content-length:":
-                    length = int(line[15:])
-            await reader.readexactly(length)
+            status, _ = await read_answer(reader)
             result.latencies_ms.append((time.perf_counter() - started) * 1000)
             result.requests += 1
-            if head[9:12] != b"200":
+            if status != b"200":
                 result.errors += 1
     finally:
         writer.close()

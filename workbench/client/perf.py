@@ -174,23 +174,20 @@ class _Rest:
         self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
 
     async def send(self, request: bytes) -> bool:
+        from workbench.client.bench import read_answer
+
         connection = (
             self._idle.pop() if self._idle else await asyncio.open_connection(self.host, self.port, ssl=self.tls)
         )
         reader, writer = connection
         try:
             writer.write(request)
-            head = await reader.readuntil(b"\r\n\r\n")
-            length = 0
-            for line in head.split(b"\r\n"):
-                if line[:15].lower() == b"content-length:":
-                    length = int(line[15:])
-            await reader.readexactly(length)
+            status, _ = await read_answer(reader)
         except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
             writer.close()
             return False
         self._idle.append(connection)
-        return head[9:12] == b"200"
+        return status == b"200"
 
     async def close(self) -> None:
         for _, writer in self._idle:
@@ -286,20 +283,20 @@ def server_times(doc: dict[str, Any]) -> ServerTimes:
 async def _rest_stats(host: str, port: int, tls: ssl.SSLContext | None, model: str) -> ServerTimes | None:
     import orjson
 
+    from workbench.client.bench import read_answer
+
     try:
         reader, writer = await asyncio.open_connection(host, port, ssl=tls)
     except OSError:
         return None
     try:
         writer.write(f"GET /v2/models/{model}/stats HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode())
-        head = await reader.readuntil(b"\r\n\r\n")
-        length = next((int(line[15:]) for line in head.split(b"\r\n") if line[:15].lower() == b"content-length:"), 0)
-        body = await reader.readexactly(length)
+        status, body = await read_answer(reader)
     except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
         return None
     finally:
         writer.close()
-    if head[9:12] != b"200":
+    if status != b"200":
         return None  # a server without the statistics extension (TF Serving)
     try:
         return server_times(orjson.loads(body))
@@ -431,7 +428,6 @@ async def measure_async(
     ``on_point`` is told each point's result as it is measured."""
     from workbench.client.protocols import GRPC_PROTOCOLS
 
-    results: list[PointResult] = []
     if protocol in GRPC_PROTOCOLS:
         import grpc
 
@@ -450,14 +446,9 @@ async def measure_async(
             return await _grpc_stats(channels[0], model)
 
         try:
-            for point in points:
-                result = await measure_point(transport.send, requests, point, stability, stats, rows_per_request)
-                results.append(result)
-                if on_point is not None:
-                    on_point(result)
+            return await _each_point(transport.send, requests, points, stability, stats, rows_per_request, on_point)
         finally:
             await asyncio.gather(*(channel.close() for channel in channels))
-        return results
     url = urlsplit(target if "://" in target else f"http://{target}")
     host, port = url.hostname or "127.0.0.1", url.port or (443 if url.scheme == "https" else 80)
     rest = _Rest(host, port, tls_context if url.scheme == "https" else None)
@@ -466,13 +457,26 @@ async def measure_async(
         return await _rest_stats(host, port, rest.tls, model)
 
     try:
-        for point in points:
-            result = await measure_point(rest.send, requests, point, stability, rest_stats, rows_per_request)
-            results.append(result)
-            if on_point is not None:
-                on_point(result)
+        return await _each_point(rest.send, requests, points, stability, rest_stats, rows_per_request, on_point)
     finally:
         await rest.close()
+
+
+async def _each_point(
+    send: Send,
+    requests: Sequence[bytes],
+    points: Sequence[Point],
+    stability: Stability,
+    stats: Callable[[], Awaitable[ServerTimes | None]],
+    rows_per_request: int,
+    on_point: Callable[[PointResult], None] | None,
+) -> list[PointResult]:
+    results = []
+    for point in points:
+        result = await measure_point(send, requests, point, stability, stats, rows_per_request)
+        results.append(result)
+        if on_point is not None:
+            on_point(result)
     return results
 
 
@@ -635,3 +639,37 @@ def stability_of(args: Any) -> Stability:
         percentage=args.stability_percentage if args.stability_percentage is not None else DEFAULT_STABILITY_PERCENTAGE,
         max_trials=args.max_trials if args.max_trials is not None else DEFAULT_MAX_TRIALS,
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadPlan:
+    """What a front end's load options ask for: points measured in windows (``points``), or one fixed-length
+    closed-loop measurement of ``clients`` for ``duration`` seconds or ``requests`` requests."""
+
+    points: list[Point] | None
+    stability: Stability | None
+    clients: int = 1
+    duration: float | None = None
+    requests: int | None = None
+
+
+def plan_of(args: Any) -> LoadPlan:
+    """The plan ``workbench bench``'s or ``%serve bench``'s parsed options name (ValueError: a usage mistake)."""
+    from workbench.client.bench import resolve_load
+
+    if windowed(args):
+        points = points_of(args.concurrency, args.request_rate, args.request_distribution)
+        return LoadPlan(points, stability_of(args))
+    clients = concurrency_levels(args.concurrency)[0]
+    duration, requests = resolve_load(clients, args.duration, args.requests)
+    return LoadPlan(None, None, clients, duration, requests)
+
+
+def report(results: Sequence[PointResult], csv_path: str | None = None) -> tuple[list[dict[str, Any]], str]:
+    """The points as perf_analyzer's rows (written to ``csv_path`` when given) and as a table to print."""
+    from workbench.client.bench import format_table
+
+    rows = perf_rows(results)
+    if csv_path:
+        write_csv(csv_path, rows)
+    return rows, format_table(rows, [next(iter(rows[0])), *TABLE_COLUMNS]) if rows else ""

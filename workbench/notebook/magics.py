@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class, no_var_expand
 
-from workbench.client.bench import GRPC_PROTOCOLS, resolve_load
+from workbench.client.bench import GRPC_PROTOCOLS
 from workbench.core.errors import ServingError
 from workbench.notebook.handle import (
     DEFAULT_REPOSITORY,
@@ -339,37 +339,29 @@ class ServeMagics(Magics):
         from workbench.client import perf
         from workbench.client.bench import format_table, run_load
 
-        windowed = perf.windowed(args)  # ValueError: usage
-        if windowed:
-            stability = perf.stability_of(args)
-            points = perf.points_of(args.concurrency, args.request_rate, args.request_distribution)
-        else:
-            clients = perf.concurrency_levels(args.concurrency)[0]
-            duration, requests = resolve_load(clients, args.duration, args.requests)
+        plan = perf.plan_of(args)  # ValueError: usage
         handle = self._server(args.server_name)
         data = self._data(" ".join(args.data), "DATA")
         client = handle.client
         # Cast once with the model's own dtypes (and check the model exists) before any load is sent.
         inputs = client.encode_inputs(client.signature(args.model, args.signature_name), data)
         target = handle.grpc_target if args.protocol in GRPC_PROTOCOLS else handle.rest_url
-        if windowed:
+        if plan.points is not None:
             results = perf.run_measurement(
-                target, args.protocol, args.model, [inputs], points, stability,
+                target, args.protocol, args.model, [inputs], plan.points, plan.stability or perf.Stability(),
                 signature_name=args.signature_name, tls=client.tls,
             )  # fmt: skip
-            rows = perf.perf_rows(results)
-            if args.csv:
-                perf.write_csv(args.csv, rows)
-            print(format_table(rows, [next(iter(rows[0])), *perf.TABLE_COLUMNS]))
+            rows, table = perf.report(results, args.csv)
+            print(table)
             return rows
         result = run_load(
             target,
             args.protocol,
             args.model,
             inputs,
-            concurrency=clients,
-            duration=duration,
-            requests=requests,
+            concurrency=plan.clients,
+            duration=plan.duration,
+            requests=plan.requests,
             signature_name=args.signature_name,
             tls=client.tls,  # a TLS server is loaded as the handle's client reaches it
         )
