@@ -236,7 +236,58 @@ def merge_stats(snapshots: list[dict[str, Any]]) -> dict[str, Any]:
         model: {version: _merge_entry(rows) for version, rows in versions.items()}
         for model, versions in entries.items()
     }
-    return {**snapshots[0], "time": max(s["time"] for s in snapshots), "models": models}
+    merged = {**snapshots[0], "time": max(s["time"] for s in snapshots), "models": models}
+    shadows = [snapshot["shadow"] for snapshot in snapshots if snapshot.get("shadow")]
+    if shadows:
+        merged["shadow"] = merge_shadows(shadows)
+    return merged
+
+
+_SHADOW_COUNTS = ("mirrored", "compared", "failed", "dropped")
+_SHADOW_WEIGHTED = ("agreement", "primary_p50_ms", "primary_p99_ms", "p50_ms", "p99_ms")
+_SHADOW_SLOWEST, _SHADOW_RECENT = 5, 200  # as many as one worker's record lists (workbench.planes.shadowing)
+
+
+def merge_shadows(records: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Several workers' shadow records (each mirrors the requests it answered) as one server's: counts add up; the
+    agreement, mean differences and latency percentiles are weighted by the copies each compared; the largest
+    difference is the largest; the slowest inputs are the slowest of all."""
+    by_model: dict[str, list[dict[str, Any]]] = {}
+    for record in records:
+        for model, summary in record.items():
+            by_model.setdefault(model, []).append(summary)
+    merged = {}
+    for model, rows in by_model.items():
+        row = dict(rows[0])
+        for key in _SHADOW_COUNTS:
+            row[key] = sum(r.get(key) or 0 for r in rows)
+        for key in _SHADOW_WEIGHTED:
+            row[key] = _weighted(rows, key, "compared")
+        outputs: dict[str, list[tuple[dict[str, Any], int]]] = {}
+        for r in rows:
+            for name, output in (r.get("outputs") or {}).items():
+                outputs.setdefault(name, []).append((output, r.get("compared") or 0))
+        row["outputs"] = {name: _merge_output(found) for name, found in outputs.items()}
+        slowest = sorted((s for r in rows for s in r.get("slowest") or []), key=lambda s: s["ms"], reverse=True)
+        row["slowest"] = slowest[:_SHADOW_SLOWEST]
+        row["recent_abs_diffs"] = [d for r in rows for d in r.get("recent_abs_diffs") or []][-_SHADOW_RECENT:]
+        merged[model] = row
+    return merged
+
+
+def _merge_output(found: list[tuple[dict[str, Any], int]]) -> dict[str, Any]:
+    def weighted(key: str) -> float | None:
+        pairs = [(output[key], weight) for output, weight in found if output.get(key) is not None]
+        total = sum(weight for _, weight in pairs)
+        return round(sum(value * weight for value, weight in pairs) / total, 9) if pairs and total else None
+
+    maxima = [output["max_abs_diff"] for output, _ in found if output.get("max_abs_diff") is not None]
+    return {
+        "agreement": weighted("agreement"),
+        "mean_abs_diff": weighted("mean_abs_diff"),
+        "max_abs_diff": max(maxima) if maxima else None,
+        "mean_rel_diff": weighted("mean_rel_diff"),
+    }
 
 
 def _merge_entry(rows: list[dict[str, Any]]) -> dict[str, Any]:
