@@ -5,6 +5,7 @@ the server reports can be checked against the two models' own predictions on the
 
 from __future__ import annotations
 
+import shutil
 import textwrap
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -193,3 +194,29 @@ def test_a_shadow_that_falls_behind_is_dropped_never_waited_for(models, tmp_path
             timeout=120,
             what="every copy compared or dropped",
         )
+
+
+def test_diff_replays_the_requests_a_server_logged(models, tmp_path: Path) -> None:
+    """Two versions compared offline on real traffic: the predict requests v1's server logged, replayed."""
+    from workbench.request_log import read_request_log
+
+    root, first, second = models
+    repository = tmp_path / "repo"
+    shutil.copytree(root, repository)
+    prefix = tmp_path / "logs" / "m"
+    (repository / "m" / "logging_config.txt").write_text(
+        f'log_collector_config {{ filename_prefix: "{prefix}" }} sampling_config {{ sampling_rate: 1.0 }}'
+    )
+    x = tm.digits()[0][:50]
+    with tm.serving(repository) as server:
+        tm.available(server, "m")
+        with Client(server.rest_url) as client:
+            client.promote("m", 1)  # both versions serve: v1 the stable one, v2 the latest
+            for i in range(0, 50, 5):
+                client.predict("m", x[i : i + 5], version=1)
+            wait_until(lambda: len(read_request_log(prefix, model="m")) == 10, timeout=30, what="10 records")
+            logged = read_request_log(prefix, model="m")
+            diff = client.diff("m", 1, 2, logged)
+    assert diff["requests"] == 10
+    expected = float(np.mean(first.predict(x) == second.predict(x)))
+    assert diff["outputs"]["predictions"]["agreement"] == pytest.approx(expected, abs=1e-6)

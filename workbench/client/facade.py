@@ -368,9 +368,12 @@ class Client:
     ) -> dict[str, Any]:
         """Versions (or labels) ``a`` and ``b`` of ``model`` on the same ``inputs``, compared as a shadow is: per
         output, the share of rows whose class (or argmax) agrees and the absolute and relative differences, with
-        both answers' latencies. Inputs may be one request's, or a list of requests."""
+        both answers' latencies. Inputs may be one request's, a list of requests, or logged requests replayed
+        (``workbench.request_log.read_request_log(prefix, model=...)``: its predict records' inputs)."""
         from workbench.core.answer_diff import compare, output_summary
 
+        if isinstance(inputs, list) and inputs and hasattr(inputs[0], "request"):  # logged requests: replayed
+            inputs = [logged.request for logged in inputs if getattr(logged, "method", "") == "predict"]
         requests = inputs if isinstance(inputs, list) and inputs and isinstance(inputs[0], Mapping) else [inputs]
         diffs: dict[str, list[Any]] = {}
         latencies: dict[str, list[float]] = {"a": [], "b": []}
