@@ -32,6 +32,7 @@ def analyze(
     num_batch_threads: Sequence[int] = (1,),
     max_enqueued_batches: Sequence[int] = (100,),
     num_workers: Sequence[int] = (1,),
+    model_runners: Sequence[str] = ("auto",),
     concurrency: Sequence[int] = DEFAULT_CONCURRENCY,
     search: str = "brute",
     protocol: str = "rest",
@@ -71,7 +72,9 @@ def analyze(
     levels = sorted(set(int(c) for c in concurrency))
     if not levels or levels[0] < 1:
         raise ValueError("concurrencies are at least 1")
-    chosen = grids.grid(max_batch_size, batch_timeout_micros, num_batch_threads, max_enqueued_batches, num_workers)
+    chosen = grids.grid(
+        max_batch_size, batch_timeout_micros, num_batch_threads, max_enqueued_batches, num_workers, model_runners
+    )
     stability = perf.Stability(interval_s=measurement_interval_ms / 1000, percentage=stability_percentage,
                                max_trials=max_trials, warmup_s=min(1.0, measurement_interval_ms / 1000))  # fmt: skip
     constraints = Constraints(latency_budget_ms, min_throughput, max_memory_mib)

@@ -1,4 +1,5 @@
-"""What the analyzer sweeps: batching parameters (TF Serving's names) and the number of worker processes.
+"""What the analyzer sweeps: batching parameters (TF Serving's names), the number of worker processes, and the model
+runners they hand their batches to (``--model_runners``: "in_process", each worker on its own; "auto"; or a count).
 
 A candidate with ``max_batch_size`` 1 is a server without batching (each request one call); any other is served
 with those parameters, written as the model's own ``batching_parameters.txt``, which is also what the winner is
@@ -21,6 +22,7 @@ class Candidate:
     num_batch_threads: int = 1
     max_enqueued_batches: int = 100
     num_workers: int = 1
+    model_runners: str = "auto"  # workbench serve's --model_runners: auto, in_process, or a count
 
     @property
     def batching(self) -> bool:
@@ -29,6 +31,8 @@ class Candidate:
     @property
     def name(self) -> str:
         workers = f", {self.num_workers} workers" if self.num_workers > 1 else ""
+        if self.model_runners != "auto":
+            workers += f", runners {self.model_runners}"
         if not self.batching:
             return f"no batching{workers}"
         return (
@@ -48,7 +52,11 @@ class Candidate:
     def serve_flags(self) -> list[str]:
         """The ``workbench serve`` flags this candidate needs beside the model's batching file."""
         flags = ["--enable_batching"] if self.batching else []
-        return [*flags, f"--num_workers={self.num_workers}"] if self.num_workers > 1 else flags
+        if self.num_workers > 1:
+            flags.append(f"--num_workers={self.num_workers}")
+        if self.model_runners != "auto":
+            flags.append(f"--model_runners={self.model_runners}")
+        return flags
 
 
 def grid(
@@ -57,14 +65,17 @@ def grid(
     num_batch_threads: Sequence[int] = (1,),
     max_enqueued_batches: Sequence[int] = (100,),
     num_workers: Sequence[int] = (1,),
+    model_runners: Sequence[str] = ("auto",),
 ) -> list[Candidate]:
     """Every combination (brute force), without repeats: a size of 1 takes no other batching setting."""
     found: dict[Candidate, None] = {}
-    for size, timeout, threads, enqueued, workers in itertools.product(
-        max_batch_size, batch_timeout_micros, num_batch_threads, max_enqueued_batches, num_workers
+    for size, timeout, threads, enqueued, workers, runners in itertools.product(
+        max_batch_size, batch_timeout_micros, num_batch_threads, max_enqueued_batches, num_workers, model_runners
     ):
         if min(size, threads, enqueued, workers) < 1 or timeout < 0:
             raise ValueError("batch sizes, threads, enqueued batches and workers are at least 1; timeouts at least 0")
-        candidate = Candidate(size, timeout, threads, enqueued, workers) if size > 1 else Candidate(num_workers=workers)
-        found[candidate] = None
+        if runners not in ("auto", "in_process") and not (runners.isdigit() and int(runners) >= 1):
+            raise ValueError(f"model runners are auto, in_process or a count, not {runners!r}")
+        batching = (size, timeout, threads, enqueued) if size > 1 else (1, 0, 1, 100)
+        found[Candidate(*batching, workers, runners)] = None
     return list(found)

@@ -50,6 +50,12 @@ def add_analyze_command(sub: argparse._SubParsersAction) -> None:  # type: ignor
     sweep.add_argument("--num_batch_threads", type=_numbers, default=[1], help="(default 1)")
     sweep.add_argument("--max_enqueued_batches", type=_numbers, default=[100], help="(default 100)")
     sweep.add_argument("--num_workers", type=_numbers, default=[1], help="worker processes (default 1)")
+    sweep.add_argument(
+        "--model_runners",
+        type=lambda text: [part.strip() for part in text.split(",") if part.strip()],
+        default=["auto"],
+        help="what the workers hand batches to: auto, in_process, or a count (default auto)",
+    )
     sweep.add_argument("--concurrency", type=_numbers, default=[1, 2, 4, 8, 16], help="(default 1,2,4,8,16)")
     sweep.add_argument("--search", choices=("brute", "quick"), default="brute", help="every point, or stop early")
     sweep.add_argument(
@@ -90,7 +96,8 @@ def _analyze(args: argparse.Namespace) -> int:
             shape=args.shape or (), batch_size=args.batch_size,
             max_batch_size=args.max_batch_size, batch_timeout_micros=args.batch_timeout_micros,
             num_batch_threads=args.num_batch_threads, max_enqueued_batches=args.max_enqueued_batches,
-            num_workers=args.num_workers, concurrency=args.concurrency, search=args.search, protocol=args.protocol,
+            num_workers=args.num_workers, model_runners=args.model_runners, concurrency=args.concurrency,
+            search=args.search, protocol=args.protocol,
             latency_budget_ms=args.latency_budget_ms, min_throughput=args.min_throughput,
             max_memory_mib=args.max_memory, measurement_interval_ms=args.measurement_interval,
             stability_percentage=args.stability_percentage, max_trials=args.max_trials,

@@ -383,21 +383,37 @@ class ServeMagics(Magics):
         client = handle.client
         signature = client.signature(args.model)
         inputs = client.encode_inputs(signature, data)
+        from tqdm.auto import tqdm
+
+        from workbench.analyzer.candidates import grid
+
+        candidates = grid(
+            args.max_batch_size, args.batch_timeout_micros, args.num_batch_threads, (100,), args.num_workers,
+            args.model_runners,
+        )  # fmt: skip
         chart = _LiveFrontier(args.model)
         display(chart.widget)
+        # A bar over the points (a quick search may stop a candidate early: the bar then ends short of its total).
+        bar = tqdm(total=len(candidates) * len(set(args.concurrency)), desc=f"analyzing {args.model}", unit="point")
 
         def measured(point: Measured) -> None:
             chart.add(point)
+            bar.set_postfix_str(f"{point.candidate.name} ×{point.concurrency}", refresh=False)
+            bar.update()
 
-        analysis = analyze(
-            args.model, handle.model_repository / args.model, inputs=inputs,
-            max_batch_size=args.max_batch_size, batch_timeout_micros=args.batch_timeout_micros,
-            num_batch_threads=args.num_batch_threads, num_workers=args.num_workers, concurrency=args.concurrency,
-            search=args.search, latency_budget_ms=args.latency_budget_ms, min_throughput=args.min_throughput,
-            max_memory_mib=args.max_memory, measurement_interval_ms=args.measurement_interval,
-            serve_flags=["--allow_python_models"] if handle.allow_python_models else [],
-            output=args.output, apply_to=handle.rest_url if args.apply else None, on_point=measured,
-        )  # fmt: skip
+        try:  # interrupting the kernel cancels the analysis: its servers stop, the bar closes
+            analysis = analyze(
+                args.model, handle.model_repository / args.model, inputs=inputs,
+                max_batch_size=args.max_batch_size, batch_timeout_micros=args.batch_timeout_micros,
+                num_batch_threads=args.num_batch_threads, num_workers=args.num_workers,
+                model_runners=args.model_runners, concurrency=args.concurrency,
+                search=args.search, latency_budget_ms=args.latency_budget_ms, min_throughput=args.min_throughput,
+                max_memory_mib=args.max_memory, measurement_interval_ms=args.measurement_interval,
+                serve_flags=["--allow_python_models"] if handle.allow_python_models else [],
+                output=args.output, apply_to=handle.rest_url if args.apply else None, on_point=measured,
+            )  # fmt: skip
+        finally:
+            bar.close()
         chart.finish(figure(analysis))
         return analysis
 

@@ -215,6 +215,13 @@ def _numbers(text: str) -> list[int]:
 @argument("--batch_timeout_micros", type=_numbers, default=[0, 2000], metavar="N,N")
 @argument("--num_batch_threads", type=_numbers, default=[1], metavar="N,N")
 @argument("--num_workers", type=_numbers, default=[1], metavar="N,N")
+@argument(
+    "--model_runners",
+    type=lambda text: [part.strip() for part in text.split(",") if part.strip()],
+    default=["auto"],
+    metavar="R,R",
+    help="auto, in_process or a count",
+)
 @argument("--concurrency", type=_numbers, default=[1, 2, 4, 8, 16], metavar="N,N")
 @argument("--search", choices=("brute", "quick"), default="brute")
 @argument("--latency_budget_ms", type=float, metavar="MS", help="on the p99")
