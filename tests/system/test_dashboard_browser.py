@@ -75,7 +75,8 @@ def _drive(page, lab: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-d
     version = panel.locator(".widget-dropdown:has(label:text-is('version')) select").first
     assert version.evaluate("select => select.options[select.selectedIndex].text") == "2"
     # The live chart: plotly drew lines for both versions from the stats stream, under load.
-    page.wait_for_selector(".js-plotly-plot", timeout=120_000)
+    # (the "v1 vs v2" tab holds a chart too, hidden until its tab is picked: the live chart is the visible one)
+    page.wait_for_selector(".js-plotly-plot >> visible=true", timeout=120_000)
     page.wait_for_function(
         "() => [...document.querySelectorAll('.js-plotly-plot .scatterlayer .trace path.js-line')]"
         ".filter(p => (p.getAttribute('d') || '').length > 40).length >= 4",

@@ -143,6 +143,22 @@ def test_every_protocol_is_measured_with_the_servers_split(server: SimpleNamespa
     assert row["Server Compute Infer"] == pytest.approx(SLEEP_S * 1e6, rel=0.15)
 
 
+@pytest.mark.parametrize("protocol", ["v2-rest", "v2-grpc"])
+def test_inputs_in_system_shared_memory(server: SimpleNamespace, protocol: str) -> None:
+    """perf_analyzer's --shared-memory system: the inputs written once into a region the load registers, each
+    request naming its place; the region is unregistered when the load ends."""
+    target = server.grpc if "grpc" in protocol else server.rest
+    rows = [{"x": np.array([[float(i)]], dtype=np.float32)} for i in range(3)]
+    (result,) = perf.run_measurement(
+        target, protocol, "sleepy", rows, [perf.Point(concurrency=2)], QUICK, shared_memory="system"
+    )
+    assert result.errors == 0 and SLEEP_S * 1e6 <= result.mean_latency_us <= (SLEEP_S + SLACK_S) * 1e6, result
+    regions = requests.get(f"{server.rest}/v2/systemsharedmemory/status", timeout=30).json()
+    assert regions == []
+    with pytest.raises(ValueError, match="v2 protocol"):
+        perf.run_measurement(target, "rest", "sleepy", rows, [perf.Point(concurrency=1)], QUICK, shared_memory="system")
+
+
 def test_the_command_line_writes_perf_analyzers_csv(server: SimpleNamespace, tmp_path: Path) -> None:
     data = tmp_path / "rows.npz"
     np.savez(data, x=np.arange(8, dtype=np.float32).reshape(8, 1))

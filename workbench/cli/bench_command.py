@@ -81,6 +81,7 @@ def add_bench_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[
         "stability_percentage",
         "max_trials",
         "csv",
+        "shared_memory",
     ):
         LOAD_ARGUMENTS[name].add_to(p)
     p.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -122,7 +123,7 @@ def _bench(args: argparse.Namespace) -> int:
         if plan.points is not None:
             results = perf.run_measurement(
                 args.target, args.protocol, args.model, sent, plan.points, plan.stability or perf.Stability(),
-                signature_name=args.signature_name, tls=tls,
+                signature_name=args.signature_name, tls=tls, shared_memory=args.shared_memory,
                 on_point=None if args.json else lambda done: print(_point_line(done), file=sys.stderr, flush=True),
             )  # fmt: skip
             rows, table = perf.report(results, args.csv)

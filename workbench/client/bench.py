@@ -100,6 +100,15 @@ LOAD_ARGUMENTS: Mapping[str, Argument] = {
         metavar="N",
         help="windows to try before a point is reported unstable (default 10)",
     ),
+    "shared_memory": Argument.of(
+        "--shared_memory",
+        "--shared-memory",
+        dest="shared_memory",
+        choices=("none", "system"),
+        default="none",
+        help="system: the inputs travel in a shared-memory region (v2 protocols, a server on this host), measured "
+        "in windows",
+    ),
     "csv": Argument.of(
         "--csv", "-f", dest="csv", default=None, metavar="FILE", help="write the points as perf_analyzer's CSV"
     ),
@@ -262,6 +271,11 @@ def _http_request(
     else:
         request = v2.rest_infer_request(inputs, binary_data=binary_data)
         path, body, headers = f"/v2/models/{model}/infer", request.body, request.headers
+    return http_post(host, port, path, body, headers)
+
+
+def http_post(host: str, port: int, path: str, body: bytes, headers: Mapping[str, str]) -> bytes:
+    """A whole HTTP/1.1 POST, head and body, as a load sends it again and again on a keep-alive connection."""
     head = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
     return f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\n{head}Content-Length: {len(body)}\r\n\r\n".encode() + body
 

@@ -569,34 +569,56 @@ def run_measurement(
     signature_name: str = "",
     tls: ClientTLS | None = None,
     on_point: Callable[[PointResult], None] | None = None,
+    shared_memory: str = "none",
 ) -> list[PointResult]:
-    """Measure ``points`` in turn, sending ``inputs`` (one request each) in turn; see :func:`measure_async`."""
+    """Measure ``points`` in turn, sending ``inputs`` (one request each) in turn; see :func:`measure_async`.
+    ``shared_memory="system"``: the inputs travel in a system shared-memory region (the v2 protocol's extension, a
+    server on this host), as perf_analyzer's ``--shared-memory system``."""
     from workbench.client.bench import encode_requests
     from workbench.client.load_inputs import rows_of
-    from workbench.client.protocols import GRPC_PROTOCOLS, canonical_protocol
+    from workbench.client.protocols import GRPC_PROTOCOLS, V2_PROTOCOLS, canonical_protocol
     from workbench.runtime.loop import run_to_completion
 
     if not inputs:
         raise ValueError("no requests to send")
     protocol = canonical_protocol(protocol)
-    requests = encode_requests(target, protocol, model, inputs, signature_name)
     grpc = protocol in GRPC_PROTOCOLS
     context = (tls or ClientTLS()).ssl_context() if not grpc and target.startswith("https://") else None
     credentials = tls.grpc_credentials() if grpc and tls is not None else None
-    return run_to_completion(
-        lambda: measure_async(
-            target,
-            protocol,
-            model,
-            requests,
-            points,
-            stability,
-            rows_per_request=rows_of(dict(inputs[0])),
-            tls_context=context,
-            grpc_credentials=credentials,
-            on_point=on_point,
-        )  # fmt: skip
-    )
+    rows = rows_of(dict(inputs[0]))
+
+    def measure(requests: list[bytes]) -> list[PointResult]:
+        return run_to_completion(
+            lambda: measure_async(
+                target,
+                protocol,
+                model,
+                requests,
+                points,
+                stability,
+                rows_per_request=rows,
+                tls_context=context,
+                grpc_credentials=credentials,
+                on_point=on_point,
+            )  # fmt: skip
+        )
+
+    if shared_memory == "none":
+        return measure(encode_requests(target, protocol, model, inputs, signature_name))
+    if shared_memory != "system":
+        raise ValueError(f"shared memory is none or system (workbench has no CUDA), not {shared_memory!r}")
+    if protocol not in V2_PROTOCOLS:
+        raise ValueError("shared memory is the v2 protocol's extension: --protocol v2 or v2-grpc")
+    from workbench.client import shared_memory_load as shm
+    from workbench.client.bench import http_post
+
+    with shm.shared_inputs(target, protocol, inputs) as (region, placed):
+        if grpc:
+            return measure([shm.grpc_message(model, region, where) for where in placed])
+        url = urlsplit(target if "://" in target else f"http://{target}")
+        host, port, path = url.hostname or "127.0.0.1", url.port or 80, f"/v2/models/{model}/infer"
+        headers = {"Content-Type": "application/json"}
+        return measure([http_post(host, port, path, shm.rest_body(region, where), headers) for where in placed])
 
 
 TABLE_COLUMNS = (
@@ -623,6 +645,7 @@ def windowed(args: Any) -> bool:
         len(concurrency_levels(args.concurrency)) > 1
         or args.request_rate
         or args.csv
+        or getattr(args, "shared_memory", "none") != "none"
         or any(
             getattr(args, name) is not None for name in ("measurement_interval", "stability_percentage", "max_trials")
         )

@@ -349,7 +349,7 @@ class ServeMagics(Magics):
         if plan.points is not None:
             results = perf.run_measurement(
                 target, args.protocol, args.model, [inputs], plan.points, plan.stability or perf.Stability(),
-                signature_name=args.signature_name, tls=client.tls,
+                signature_name=args.signature_name, tls=client.tls, shared_memory=args.shared_memory,
             )  # fmt: skip
             rows, table = perf.report(results, args.csv)
             print(table)

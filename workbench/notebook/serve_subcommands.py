@@ -192,6 +192,7 @@ def _predict_parser(line: str) -> None:
 @_declared(LOAD_ARGUMENTS["stability_percentage"])
 @_declared(LOAD_ARGUMENTS["max_trials"])
 @_declared(LOAD_ARGUMENTS["csv"])
+@_declared(LOAD_ARGUMENTS["shared_memory"])
 @_declared(LOAD_ARGUMENTS["signature_name"])
 @_SERVER_OPTION
 def _bench_parser(line: str) -> None:
