@@ -5,6 +5,7 @@ the server reports can be checked against the two models' own predictions on the
 
 from __future__ import annotations
 
+import json
 import shutil
 import textwrap
 import time
@@ -220,3 +221,34 @@ def test_diff_replays_the_requests_a_server_logged(models, tmp_path: Path) -> No
     assert diff["requests"] == 10
     expected = float(np.mean(first.predict(x) == second.predict(x)))
     assert diff["outputs"]["predictions"]["agreement"] == pytest.approx(expected, abs=1e-6)
+
+
+def test_the_command_line_shadows_records_and_promotes_only_when_earned(models) -> None:
+    import subprocess
+    import sys
+
+    root, first, second = models
+    x = tm.digits()[0][:60]
+
+    def routing(*words: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "workbench", "routing", f"--target={server.rest_url}", *words]
+        return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+    with tm.serving(root) as server:
+        tm.available(server, "m")
+        assert routing("promote", "m", "1").returncode == 0
+        shadowed = routing("shadow", "m", "2", "--fraction=1")
+        assert shadowed.returncode == 0 and json.loads(shadowed.stdout)["shadow"] == {"version": 2, "fraction": 1.0}
+        with Client(server.rest_url) as client:
+            for row in x:
+                client.predict("m", row[None])
+        wait_until(lambda: (record(server) or {}).get("compared") == 60, timeout=60, what="60 compared")
+        shown = routing("record", "m")
+        expected = float(np.mean(first.predict(x) == second.predict(x)))
+        assert json.loads(shown.stdout)["agreement"] == pytest.approx(expected, abs=1e-6)
+        refused = routing("promote", "m", "2", "--if=agreement >= 0.999")
+        assert refused.returncode == 1 and "Not promoted" in refused.stderr and "agreement" in refused.stderr
+        earned = routing("promote", "m", "2", f"--if=agreement >= {expected - 0.01:.4f}")
+        assert earned.returncode == 0 and json.loads(earned.stdout)["stable"] == 2
+        assert routing("rollback", "m").returncode == 0
+        assert routing("record", "nosuch").returncode == 1

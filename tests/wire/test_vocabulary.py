@@ -219,7 +219,7 @@ def example_lines(text: str) -> list[str]:
     return [line.strip() for line in examples.replace("\\\n", " ").splitlines() if line.strip()]
 
 
-@pytest.mark.parametrize("command", [(), ("serve",), ("bench",)])
+@pytest.mark.parametrize("command", [(), ("serve",), ("bench",), ("analyze",), ("routing",)])
 def test_help_examples_are_real_command_lines(command: tuple[str, ...]) -> None:
     lines = example_lines(help_of(*command))
     assert len(lines) >= 2

@@ -1,4 +1,5 @@
-"""``workbench serve | demo | bench | batch | consume | manifests | ray``: the command line, in TF Serving's words.
+"""``workbench serve | demo | bench | batch | analyze | routing | consume | manifests | ray``: the command line, in
+TF Serving's words.
 
 Flags are parsed with argparse, in the vocabulary of :mod:`workbench.config.vocabulary`: TF Serving's names, with
 earlier spellings (``--rest_port``, ``--repo``, ``--clients`` ...) and dashes for underscores accepted, and a
@@ -6,7 +7,8 @@ mistyped flag answered with the nearest one. Booleans take TF Serving's forms (`
 ``--flag=false``). A TF Serving flag this server does not implement is refused by name, never ignored.
 
 One module per command: ``serve`` (its flags are declared in :mod:`workbench.config.server_flags`), ``demo``,
-``bench``, ``batch``, ``consume``, ``manifests`` and ``ray``; this one puts them under one parser.
+``bench``, ``batch``, ``analyze``, ``routing``, ``consume``, ``manifests`` and ``ray``; this one puts them under one
+parser.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from workbench.cli.demo_command import add_demo_command
 from workbench.cli.manifests_command import _manifests as _manifests  # the command's function, as parsers name it
 from workbench.cli.manifests_command import add_manifests_command
 from workbench.cli.ray_command import add_ray_command
+from workbench.cli.routing_command import add_routing_command
 from workbench.cli.serve_command import add_serve_command
 from workbench.config.vocabulary import VocabularyParser
 
@@ -56,6 +59,7 @@ def build_parser() -> VocabularyParser:
     add_bench_command(sub)
     add_batch_command(sub)
     add_analyze_command(sub)
+    add_routing_command(sub)
     add_consume_command(sub)
     add_manifests_command(sub)
     add_ray_command(sub)
