@@ -138,3 +138,20 @@ def test_the_load_speaks_the_protocol_clients_will(repository: Path, protocol: s
     (point,) = analysis.points
     assert point.errors == 0 and point.inferences_per_second == pytest.approx(1 / CALL_S, rel=0.25)
     assert point.compute_us == pytest.approx(CALL_S * 1e6, rel=0.25)  # the server's statistics, over gRPC too
+
+
+@pytest.mark.timeout(300)
+def test_request_rates_are_loads_too_and_overload_shows_in_the_p99(repository: Path) -> None:
+    """Open loop: 300 requests a second is three times what one call at a time serves, so without batching the
+    requests queue (its p99 passes any budget); batches of 8 keep up."""
+    analysis = analyze(
+        "fixed", repository / "fixed", shape=["x:1,4"], max_batch_size=[1, 8], batch_timeout_micros=[2000],
+        request_rate=[300], latency_budget_ms=100, measurement_interval_ms=600, stability_percentage=20,
+        max_trials=4, serve_flags=["--allow_python_models", "--num_inference_threads=1"],
+    )  # fmt: skip
+    by = {p.candidate.max_batch_size: p for p in analysis.points}
+    assert by[1].request_rate == 300 and by[1].concurrency is None
+    assert by[1].inferences_per_second == pytest.approx(1 / CALL_S, rel=0.3)
+    assert by[1].p99_ms > 100
+    assert by[8].inferences_per_second == pytest.approx(300, rel=0.15) and by[8].p99_ms < 100
+    assert analysis.winner is by[8] and "300 requests/s" in analysis.why

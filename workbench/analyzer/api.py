@@ -34,6 +34,7 @@ def analyze(
     num_workers: Sequence[int] = (1,),
     model_runners: Sequence[str] = ("auto",),
     concurrency: Sequence[int] = DEFAULT_CONCURRENCY,
+    request_rate: Sequence[float] = (),
     search: str = "brute",
     protocol: str = "rest",
     latency_budget_ms: float | None = None,
@@ -53,7 +54,8 @@ def analyze(
 
     Requests: ``inputs`` (one request's), ``input_data`` (a .json/.npy/.npz file, :mod:`workbench.client.load_inputs`;
     ``batch_size`` rows a request) or ``shape`` (``"x:1,64"``: random). ``search``: ``brute`` (every candidate at
-    every concurrency) or ``quick`` (each candidate's concurrencies until the frontier flattens); ``protocol``: the
+    every load) or ``quick`` (each candidate's loads until the frontier flattens). ``request_rate``: measure at these
+    rates (open loop, requests sent whatever the answers) instead of the concurrencies. ``protocol``: the
     API the load speaks (``rest``, ``grpc``, ``v2``, ``v2-grpc``), as clients will. ``serve_flags``
     go to every ``workbench serve`` (``--allow_python_models``...). ``output``: a folder for the winner's
     ``batching_parameters.txt`` and ``serve_flags.txt``, ``results.json`` and ``report.html``. ``apply_to``: a
@@ -69,9 +71,16 @@ def analyze(
     base = Path(model_base_path)
     if not base.is_dir():
         raise ValueError(f"{base} is not a folder of model versions")
-    levels = sorted(set(int(c) for c in concurrency))
-    if not levels or levels[0] < 1:
-        raise ValueError("concurrencies are at least 1")
+    if request_rate:
+        rates = sorted(set(float(r) for r in request_rate))
+        if rates[0] <= 0:
+            raise ValueError("request rates are above 0")
+        loads = [perf.Point(request_rate=rate) for rate in rates]
+    else:
+        levels = sorted(set(int(c) for c in concurrency))
+        if not levels or levels[0] < 1:
+            raise ValueError("concurrencies are at least 1")
+        loads = [perf.Point(concurrency=clients) for clients in levels]
     chosen = grids.grid(
         max_batch_size, batch_timeout_micros, num_batch_threads, max_enqueued_batches, num_workers, model_runners
     )
@@ -87,7 +96,7 @@ def analyze(
                 if requests is None:  # typed by the model's signature, read from the first server
                     requests = _requests(served.rest_url, model, inputs, input_data, shape, batch_size)
                 points += measure_candidate(
-                    served, model, requests, candidate, levels, stability, search == "quick", latency_budget_ms,
+                    served, model, requests, candidate, loads, stability, search == "quick", latency_budget_ms,
                     on_point, protocol,
                 )  # fmt: skip
     analysis = choose(model, points, constraints)

@@ -1,8 +1,9 @@
 """The analyzer's answer: the point that serves most within the constraints, and why it won in words.
 
-A point (a candidate at a concurrency) is feasible when its p99 is within the latency budget, it serves at least
-the minimum throughput, its server's memory is within the limit, and no request failed. The winner is the feasible
-point with the most inferences a second (the lower p99 among equals); its candidate is the configuration written.
+A point (a candidate at a load: a concurrency, or a request rate) is feasible when its p99 is within the latency
+budget, it serves at least the minimum throughput, its server's memory is within the limit, and no request failed.
+The winner is the feasible point with the most inferences a second (the lower p99 among equals); its candidate is
+the configuration written.
 """
 
 from __future__ import annotations
@@ -89,14 +90,14 @@ def choose(model: str, points: Sequence[Measured], constraints: Constraints) -> 
         closest = max(points, key=lambda p: p.inferences_per_second)
         why = (
             f"No configuration of {model} meets the constraints: the most that was served, "
-            f"{closest.inferences_per_second:,.0f} inferences/s ({closest.candidate.name}, concurrency "
-            f"{closest.concurrency}), fails them with {'; '.join(constraints.violations(closest))}."
+            f"{closest.inferences_per_second:,.0f} inferences/s ({closest.candidate.name}, {closest.load}), fails "
+            f"them with {'; '.join(constraints.violations(closest))}."
         )
         return Analysis(model, list(points), constraints, None, why)
     winner = max(feasible, key=lambda p: (p.inferences_per_second, -p.p99_ms))
     why = (
         f"{winner.candidate.name} wins for {model}: {winner.inferences_per_second:,.0f} inferences/s at "
-        f"concurrency {winner.concurrency}, p99 {winner.p99_ms:.1f} ms"
+        f"{winner.load}, p99 {winner.p99_ms:.1f} ms"
     )
     if winner.avg_batch is not None:
         why += f", batches of {winner.avg_batch:g} on average"

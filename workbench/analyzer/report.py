@@ -27,8 +27,10 @@ class Analysis(Protocol):
 COLUMNS = (
     ("candidate", "configuration"),
     ("concurrency", "concurrency"),
+    ("request_rate", "requests/s sent"),
     ("inferences_per_second", "inferences/s"),
     ("p50_ms", "p50 ms"),
+    ("p95_ms", "p95 ms"),
     ("p99_ms", "p99 ms"),
     ("queue_us", "queue µs"),
     ("compute_us", "compute µs"),
@@ -55,7 +57,7 @@ def figure(analysis: Analysis) -> Any:
                 y=[p.inferences_per_second for p in points],
                 mode="lines+markers",
                 name=name,
-                text=[f"concurrency {p.concurrency}" for p in points],
+                text=[p.load for p in points],
                 hovertemplate="%{text}<br>p99 %{x:.2f} ms<br>%{y:,.0f} inferences/s",
             )
         )
@@ -88,10 +90,10 @@ def table(analysis: Analysis) -> str:
     head = "".join(f"<th>{html.escape(label)}</th>" for _, label in COLUMNS)
     rows = []
     winner = analysis.winner
-    best = (winner.candidate.name, winner.concurrency) if winner is not None else None
+    best = (winner.candidate.name, winner.concurrency, winner.request_rate) if winner is not None else None
     for row in analysis.rows():
         cells = "".join(f"<td>{html.escape(_shown(row.get(key)))}</td>" for key, _ in COLUMNS)
-        won = (row["candidate"], row["concurrency"]) == best
+        won = (row["candidate"], row["concurrency"], row["request_rate"]) == best
         rows.append(f"<tr{' class=winner style=font-weight:bold' if won else ''}>{cells}</tr>")
     return f"<table class=workbench-analysis><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
 

@@ -34,13 +34,14 @@ READY_SECONDS = 180.0
 
 @dataclasses.dataclass(frozen=True)
 class Measured:
-    """One candidate at one concurrency."""
+    """One candidate at one load: a concurrency (closed loop), or a request rate (open loop)."""
 
     candidate: Candidate
-    concurrency: int
+    concurrency: int | None
     inferences_per_second: float
     p50_ms: float
     p90_ms: float
+    p95_ms: float
     p99_ms: float
     avg_ms: float
     queue_us: int | None  # the server's, per request
@@ -51,6 +52,14 @@ class Measured:
     cpu_cores: float | None  # the server's processes, busy cores while measured
     memory_mib: float | None  # their resident memory after the point
     gpu_memory_mib: float | None  # theirs on the GPU (None without one)
+    request_rate: float | None = None
+
+    @property
+    def load(self) -> str:
+        """The load it was measured at, in words."""
+        return (
+            f"concurrency {self.concurrency}" if self.concurrency is not None else f"{self.request_rate:g} requests/s"
+        )
 
     def row(self) -> dict[str, Any]:
         return {
@@ -194,31 +203,31 @@ def measure_candidate(
     model: str,
     inputs: Sequence[Mapping[str, np.ndarray]],
     candidate: Candidate,
-    concurrencies: Sequence[int],
+    loads: Sequence[perf.Point],
     stability: perf.Stability,
     quick: bool,
     latency_budget_ms: float | None,
     on_point: Callable[[Measured], None] | None = None,
     protocol: str = "rest",
 ) -> list[Measured]:
-    """``candidate`` at each concurrency, loaded over ``protocol`` (the quick search stops where the frontier
-    flattens)."""
+    """``candidate`` at each load (concurrencies, or request rates), loaded over ``protocol`` (the quick search stops
+    where the frontier flattens)."""
     tree = ProcessTree(served.process.pid)
     found: list[Measured] = []
     best = 0.0
-    for clients in concurrencies:
+    for load in loads:
         cpu, wall = tree.cpu_seconds(), time.perf_counter()
-        (result,) = perf.run_measurement(
-            served.target(protocol), protocol, model, inputs, [perf.Point(concurrency=clients)], stability
-        )
+        (result,) = perf.run_measurement(served.target(protocol), protocol, model, inputs, [load], stability)
         cores = (tree.cpu_seconds() - cpu) / (time.perf_counter() - wall)
         (row,) = perf.perf_rows([result])
         measured = Measured(
             candidate=candidate,
-            concurrency=clients,
+            concurrency=load.concurrency,
+            request_rate=load.request_rate,
             inferences_per_second=round(result.inferences_per_second, 2),
             p50_ms=round(result.latency_us(50) / 1000, 3),
             p90_ms=round(result.latency_us(90) / 1000, 3),
+            p95_ms=round(result.latency_us(95) / 1000, 3),
             p99_ms=round(result.latency_us(99) / 1000, 3),
             avg_ms=round(result.mean_latency_us / 1000, 3),
             queue_us=row["Server Queue"],

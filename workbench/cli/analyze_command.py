@@ -57,6 +57,13 @@ def add_analyze_command(sub: argparse._SubParsersAction) -> None:  # type: ignor
         help="what the workers hand batches to: auto, in_process, or a count (default auto)",
     )
     sweep.add_argument("--concurrency", type=_numbers, default=[1, 2, 4, 8, 16], help="(default 1,2,4,8,16)")
+    sweep.add_argument(
+        "--request_rate",
+        type=lambda text: [float(part) for part in text.split(",") if part.strip()],
+        default=[],
+        metavar="R,R",
+        help="measure at these requests a second (open loop) instead of the concurrencies",
+    )
     sweep.add_argument("--search", choices=("brute", "quick"), default="brute", help="every point, or stop early")
     sweep.add_argument(
         "--protocol", choices=PROTOCOLS, default="rest", help="the API the load speaks, as clients will (default rest)"
@@ -83,7 +90,7 @@ def _analyze(args: argparse.Namespace) -> int:
 
     def told(point: Measured) -> None:
         print(
-            f"{point.candidate.name}, concurrency {point.concurrency}: {point.inferences_per_second:,.0f}/s, "
+            f"{point.candidate.name}, {point.load}: {point.inferences_per_second:,.0f}/s, "
             f"p99 {point.p99_ms:.1f} ms" + ("" if point.stable else " (not stable)"),
             file=sys.stderr,
             flush=True,
@@ -97,6 +104,7 @@ def _analyze(args: argparse.Namespace) -> int:
             max_batch_size=args.max_batch_size, batch_timeout_micros=args.batch_timeout_micros,
             num_batch_threads=args.num_batch_threads, max_enqueued_batches=args.max_enqueued_batches,
             num_workers=args.num_workers, model_runners=args.model_runners, concurrency=args.concurrency,
+            request_rate=args.request_rate,
             search=args.search, protocol=args.protocol,
             latency_budget_ms=args.latency_budget_ms, min_throughput=args.min_throughput,
             max_memory_mib=args.max_memory, measurement_interval_ms=args.measurement_interval,

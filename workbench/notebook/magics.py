@@ -394,11 +394,12 @@ class ServeMagics(Magics):
         chart = _LiveFrontier(args.model)
         display(chart.widget)
         # A bar over the points (a quick search may stop a candidate early: the bar then ends short of its total).
-        bar = tqdm(total=len(candidates) * len(set(args.concurrency)), desc=f"analyzing {args.model}", unit="point")
+        loads = len(set(args.request_rate)) or len(set(args.concurrency))
+        bar = tqdm(total=len(candidates) * loads, desc=f"analyzing {args.model}", unit="point")
 
         def measured(point: Measured) -> None:
             chart.add(point)
-            bar.set_postfix_str(f"{point.candidate.name} ×{point.concurrency}", refresh=False)
+            bar.set_postfix_str(f"{point.candidate.name}, {point.load}", refresh=False)
             bar.update()
 
         try:  # interrupting the kernel cancels the analysis: its servers stop, the bar closes
@@ -406,7 +407,7 @@ class ServeMagics(Magics):
                 args.model, handle.model_repository / args.model, inputs=inputs,
                 max_batch_size=args.max_batch_size, batch_timeout_micros=args.batch_timeout_micros,
                 num_batch_threads=args.num_batch_threads, num_workers=args.num_workers,
-                model_runners=args.model_runners, concurrency=args.concurrency,
+                model_runners=args.model_runners, concurrency=args.concurrency, request_rate=args.request_rate,
                 search=args.search, latency_budget_ms=args.latency_budget_ms, min_throughput=args.min_throughput,
                 max_memory_mib=args.max_memory, measurement_interval_ms=args.measurement_interval,
                 serve_flags=["--allow_python_models"] if handle.allow_python_models else [],

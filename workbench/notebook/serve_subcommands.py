@@ -224,6 +224,13 @@ def _numbers(text: str) -> list[int]:
     help="auto, in_process or a count",
 )
 @argument("--concurrency", type=_numbers, default=[1, 2, 4, 8, 16], metavar="N,N")
+@argument(
+    "--request_rate",
+    type=lambda text: [float(part) for part in text.split(",") if part.strip()],
+    default=[],
+    metavar="R,R",
+    help="measure at these requests a second (open loop) instead of the concurrencies",
+)
 @argument("--search", choices=("brute", "quick"), default="brute")
 @argument("--latency_budget_ms", type=float, metavar="MS", help="on the p99")
 @argument("--min_throughput", type=float, metavar="N", help="inferences a second")
