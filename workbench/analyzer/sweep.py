@@ -147,21 +147,33 @@ def _wait_ready(served: Served, model: str, log: Path) -> None:
 
 
 class ProcessTree:
-    """The server's processes (the one started and its children): CPU time, resident and GPU memory."""
+    """The server's processes (the one started and its children): CPU time, resident and GPU memory. Read with
+    psutil where it is installed (Jupyter's installs bring it); without it, those figures are left out."""
 
     def __init__(self, pid: int) -> None:
-        import psutil
-
+        try:
+            import psutil
+        except ImportError:
+            self._root: Any = None
+            return
         self._root = psutil.Process(pid)
 
     def _all(self) -> list[Any]:
+        if self._root is None:
+            return []
         import psutil
 
         with contextlib.suppress(psutil.Error):
             return [self._root, *self._root.children(recursive=True)]
         return []
 
+    @property
+    def readable(self) -> bool:
+        return self._root is not None
+
     def cpu_seconds(self) -> float:
+        if not self.readable:
+            return 0.0
         import psutil
 
         total = 0.0
@@ -172,6 +184,8 @@ class ProcessTree:
         return total
 
     def memory_mib(self) -> float:
+        if not self.readable:
+            return 0.0
         import psutil
 
         total = 0
@@ -235,8 +249,8 @@ def measure_candidate(
             avg_batch=row["Avg Batch"],
             stable=result.stable,
             errors=result.errors,
-            cpu_cores=round(cores, 3),
-            memory_mib=round(tree.memory_mib(), 1),
+            cpu_cores=round(cores, 3) if tree.readable else None,
+            memory_mib=round(tree.memory_mib(), 1) if tree.readable else None,
             gpu_memory_mib=tree.gpu_memory_mib(),
         )
         found.append(measured)
