@@ -230,10 +230,13 @@ def stop_process(proc: subprocess.Popen) -> None:
         proc.kill()
 
 
-def save_results(name: str, payload: dict) -> Path:
-    out = Path(__file__).parent / "results"
-    out.mkdir(exist_ok=True)
-    path = out / f"{name}.json"
+def save_results(name: str, payload: dict, path: str | Path = "") -> Path:
+    """``payload`` as JSON at ``path``, or by default as benchmarks/results/<name>.json."""
+    if not path:
+        out = Path(__file__).parent / "results"
+        out.mkdir(exist_ok=True)
+        path = out / f"{name}.json"
+    path = Path(path)
     path.write_text(json.dumps(payload, indent=2) + "\n")
     return path
 

@@ -13,7 +13,6 @@ a request over gRPC; candidates: no batching, and batches of 16 and 64 (1 ms tim
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -65,11 +64,7 @@ def main() -> None:
         "command": f"python benchmarks/analyze_gpu.py --device {args.device} --max_batch_size {args.max_batch_size} "
         f"--concurrency {args.concurrency} --latency_budget_ms {args.latency_budget_ms:g}",
     }
-    if args.out:
-        Path(args.out).write_text(json.dumps(results, indent=1))
-        print(f"results: {args.out}")
-    else:
-        print(f"results: {save_results('analyze_gpu', results)}")
+    print(f"results: {save_results('analyze_gpu', results, args.out)}")
 
 
 if __name__ == "__main__":

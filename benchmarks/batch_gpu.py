@@ -106,11 +106,7 @@ def main() -> None:
         "results": row,
         "command": f"python benchmarks/batch_gpu.py --rows {args.rows} --rounds {args.rounds} --device {args.device}",
     }
-    if args.out:
-        Path(args.out).write_text(json.dumps(results, indent=1))
-        print(f"results: {args.out}")
-    else:
-        print(f"results: {save_results('batch_gpu', results)}")
+    print(f"results: {save_results('batch_gpu', results, args.out)}")
 
 
 if __name__ == "__main__":

@@ -291,17 +291,9 @@ class ServeMagics(Magics):
             raise UsageError(exc.message) from None  # not earned: the figures, said in the cell
         return ServingStatus([doc], handle.server_name, f"promoted {args.model} v{args.version} to stable")
 
-    def _shadow(self, args: Any) -> Any:
-        if not 0.0 <= args.fraction <= 1.0:
-            raise UsageError(f"--fraction must be from 0 to 1, not {args.fraction:g}")
-        handle = self._server(args.server_name)
-        doc = handle.client.shadow(args.model, args.version, args.fraction)
-        note = (
-            f"shadow of {args.model} ended"
-            if args.fraction == 0
-            else f"shadow: {args.fraction:.0%} of {args.model}'s default traffic copied to v{args.version}"
-        )
-        return ServingStatus([doc], handle.server_name, note)
+    def _shadow(self, args: Any) -> ServingStatus:
+        copied = f"shadow: {args.fraction:.0%} of {args.model}'s default traffic copied to v{args.version}"
+        return self._share(args, "--fraction", args.fraction, "shadow", f"shadow of {args.model} ended", copied)
 
     def _rollback(self, args: Any) -> ServingStatus:
         handle = self._server(args.server_name)
@@ -309,16 +301,16 @@ class ServeMagics(Magics):
         return ServingStatus([doc], handle.server_name, f"rolled {args.model} back to v{doc.get('stable')}")
 
     def _canary(self, args: Any) -> ServingStatus:
-        if not 0.0 <= args.weight <= 1.0:
-            raise UsageError(f"WEIGHT must be from 0 to 1, not {args.weight:g}")
+        sent = f"canary: {args.weight:.0%} of {args.model}'s traffic to v{args.version}"
+        return self._share(args, "WEIGHT", args.weight, "canary", f"canary of {args.model} ended", sent)
+
+    def _share(self, args: Any, name: str, share: float, change: str, ended: str, started: str) -> ServingStatus:
+        """A share (0 to 1) of MODEL's default traffic for VERSION: the client's ``canary`` or ``shadow``."""
+        if not 0.0 <= share <= 1.0:
+            raise UsageError(f"{name} must be from 0 to 1, not {share:g}")
         handle = self._server(args.server_name)
-        doc = handle.client.canary(args.model, args.version, args.weight)
-        note = (
-            f"canary of {args.model} ended"
-            if args.weight == 0
-            else f"canary: {args.weight:.0%} of {args.model}'s traffic to v{args.version}"
-        )
-        return ServingStatus([doc], handle.server_name, note)
+        doc = getattr(handle.client, change)(args.model, args.version, share)
+        return ServingStatus([doc], handle.server_name, ended if share == 0 else started)
 
     def _predict(self, args: Any) -> Any:
         if args.version is not None and args.label is not None:
