@@ -65,6 +65,7 @@ class Gated(FakeServable):
         self.gate = threading.Event()
         self.gate.set()
         self.raising: BaseException | None = None
+        self.held_only: set[float] | None = None  # while held, only calls with one of these x wait (None: every call)
         self._calls_lock = threading.Lock()
 
     def hold(self) -> None:
@@ -74,10 +75,12 @@ class Gated(FakeServable):
     def run(
         self, signature: Signature, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]
     ) -> dict[str, np.ndarray]:
+        values = np.asarray(inputs["x"]).ravel().tolist()
         with self._calls_lock:
-            self.calls.append(np.asarray(inputs["x"]).ravel().tolist())
+            self.calls.append(values)
             self.started_on.append(threading.current_thread().name)
-        if not self.gate.wait(WAIT):
+        waits = self.held_only is None or not self.held_only.isdisjoint(values)
+        if waits and not self.gate.wait(WAIT):
             raise ServingError(Code.DEADLINE_EXCEEDED, "the test never opened the gate")
         if self.raising is not None:
             raise self.raising
@@ -1010,3 +1013,36 @@ def test_a_request_waiting_its_turn_whose_caller_gives_up_leaves_without_running
 
     asyncio.run(main())
     assert model.calls == [[1], [3]], "the request given up ran, or the next did not get its turn"
+
+
+def test_turns_do_not_stall_behind_a_call_that_waits_instead_of_computing(
+    bench: Callable[..., Bench], monkeypatch: pytest.MonkeyPatch
+):
+    """A contending model's call that hangs (on a lock, a file, a remote service) holds the turn: once no call has
+    ended for the calls' patience, the waiters run beside it, one per patience, and are answered while it waits
+    (they used to wait for it however long it took)."""
+    monkeypatch.setattr(Contention, "MIN_CALLS", 3)
+    monkeypatch.setattr(Contention, "CONTENDED", 1.2)
+    monkeypatch.setattr(Contention, "STALL_FACTOR", 1.0)
+    monkeypatch.setattr(Contention, "MIN_STALL_SECONDS", 0.05)
+    model = Concurrency()
+    b = bench(None, model)
+
+    async def main() -> None:
+        await teach(b, model)
+        known = next(iter(b.scheduler._known[model].values()))  # noqa: SLF001 - what it learnt
+        assert known.contention.contended()
+        model.calls.clear()
+        model.hold()
+        hung = asyncio.ensure_future(b.ask(1))
+        await until(lambda: model.calls == [[1]], "the first call at the gate")
+        model.held_only = {1.0}  # the calls after it compute and return
+        waiting = [asyncio.ensure_future(b.ask(v)) for v in (2, 3, 4)]
+        for value, got in zip((2, 3, 4), await asyncio.wait_for(asyncio.gather(*waiting), WAIT), strict=True):
+            np.testing.assert_array_equal(got, answer(value))
+        assert not hung.done(), "the hung call returned: nothing was proved"
+        assert max(model.entries[-3:]) == 2, "each waiter ran beside the hung call alone, not beside each other"
+        model.gate.set()
+        np.testing.assert_array_equal(await asyncio.wait_for(hung, WAIT), answer(1))
+
+    asyncio.run(main())

@@ -173,13 +173,16 @@ class Contention:
     the GIL or every core (a random forest in scikit-learn) then runs several calls at once each several times
     slower, for no more answers a second, and every request waits the longer: once that is seen, its calls take
     turns instead (:meth:`contended`). Calls under :data:`MIN_SECONDS` never do: for them a turn's hand-off costs
-    more than the overlap.
+    more than the overlap. Turns never stall behind a call that waits rather than computes (on a lock, a file, a
+    remote service): where no call has ended for :meth:`patience`, the next is let in beside it.
     """
 
     DECAY = 0.95
     MIN_CALLS = 8
     MIN_SECONDS = 0.001
     CONTENDED = 1.5
+    STALL_FACTOR = 4.0
+    MIN_STALL_SECONDS = 0.1
 
     __slots__ = ("_alone", "_beside", "_beside_cpu", "_alone_calls", "_beside_calls")
 
@@ -213,6 +216,12 @@ class Contention:
             and self._beside_cpu >= self.MIN_SECONDS
         )
         return learning or self.contended()
+
+    def patience(self) -> float:
+        """Seconds calls taking turns may go without one ending before the next waiter runs beside them: several
+        times a call's usual length (a call that long is waiting, not contending), and never under
+        :data:`MIN_STALL_SECONDS`."""
+        return max(self.MIN_STALL_SECONDS, self.STALL_FACTOR * max(self._alone, self._beside))
 
     def contended(self) -> bool:
         return (

@@ -103,7 +103,17 @@ class _SignatureState:
     """What the scheduler knows of one signature of a servable; it outlives the queues (one is dropped whenever it
     empties), not the servable."""
 
-    __slots__ = ("cost", "curve", "last_batch_tasks", "contention", "alone_running", "alone_overlapped", "turns")
+    __slots__ = (
+        "cost",
+        "curve",
+        "last_batch_tasks",
+        "contention",
+        "alone_running",
+        "alone_overlapped",
+        "turns",
+        "last_progress",
+        "stall_check",
+    )
 
     def __init__(self, cost: RunCost) -> None:
         self.cost = cost
@@ -114,6 +124,8 @@ class _SignatureState:
         self.alone_running = 0
         self.alone_overlapped = False
         self.turns: collections.deque[BatchTask] = collections.deque()
+        self.last_progress = 0.0  # time.monotonic() a call last ended, or a waiter last stopped waiting on a stall
+        self.stall_check: asyncio.TimerHandle | None = None  # armed while waiters wait
 
 
 class _Queue:
@@ -302,6 +314,9 @@ class BatchScheduler:
         if interest is not None:
             interest._add(waiting)  # noqa: SLF001 - a deadline or a cancellation withdraws it
         known.turns.append(waiting)
+        if known.stall_check is None:
+            known.last_progress = time.monotonic()
+            BatchScheduler._arm_stall_check(loop, known)
         try:
             await waiting.future
         except BaseException:
@@ -310,6 +325,31 @@ class BatchScheduler:
                 known.alone_running -= 1  # handed the turn just as its caller gave up: pass it on
                 BatchScheduler._next_turn(known)
             raise
+
+    @staticmethod
+    def _arm_stall_check(loop: asyncio.AbstractEventLoop, known: _SignatureState) -> None:
+        delay = known.last_progress + known.contention.patience() - time.monotonic()
+        known.stall_check = loop.call_later(max(0.0, delay), BatchScheduler._stall_check, loop, known)
+
+    @staticmethod
+    def _stall_check(loop: asyncio.AbstractEventLoop, known: _SignatureState) -> None:
+        """Waiters wait, and no call has ended for the calls' patience: the running ones are waiting on something
+        other than the cores (a lock, a file, a remote service), so the next waiter runs beside them."""
+        known.stall_check = None
+        if not any(waiting.queued for waiting in known.turns):
+            known.turns.clear()
+            return
+        if time.monotonic() >= known.last_progress + known.contention.patience():
+            while known.turns:
+                waiting = known.turns.popleft()
+                if waiting.queued and not waiting.future.done():
+                    waiting.queued = False
+                    known.alone_running += 1
+                    waiting.future.set_result({})
+                    break
+            known.last_progress = time.monotonic()
+        if known.turns:
+            BatchScheduler._arm_stall_check(loop, known)
 
     @staticmethod
     def _next_turn(known: _SignatureState) -> None:
@@ -330,6 +370,7 @@ class BatchScheduler:
         beside = known.alone_running > 1 or known.alone_overlapped
         known.alone_running -= 1
         known.alone_overlapped = known.alone_running > 0
+        known.last_progress = time.monotonic()
         if seconds is not None:
             known.contention.record(seconds, beside, cpu_seconds)
         self._next_turn(known)
