@@ -23,6 +23,9 @@ GENERATED = [
     "ray.serve.generated.serve_pb2_grpc",
     # What Ray Serve's proxy process imports to carry workbench's gRPC services.
     "workbench.ray.grpc_methods",
+    # TorchServe's gRPC APIs, generated from its protos in workbench/protocol/torchserve (needs grpcio>=1.72).
+    "workbench.protocol.torchserve.inference_pb2_grpc",
+    "workbench.protocol.torchserve.management_pb2_grpc",
 ]
 
 

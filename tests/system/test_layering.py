@@ -27,7 +27,16 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("protocol", ("workbench.protocol",)),
     ("config", ("workbench.config",)),
     ("platforms", ("workbench.platforms",)),
-    ("engine", ("workbench.batching", "workbench.models", "workbench.observability", "workbench.runners")),
+    (
+        "engine",
+        (
+            "workbench.batching",
+            "workbench.models",
+            "workbench.observability",
+            "workbench.runners",
+            "workbench.explain",
+        ),
+    ),
     ("planes", ("workbench.planes",)),
     (
         "frontends",

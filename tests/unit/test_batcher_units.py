@@ -1019,8 +1019,8 @@ def test_turns_do_not_stall_behind_a_call_that_waits_instead_of_computing(
     bench: Callable[..., Bench], monkeypatch: pytest.MonkeyPatch
 ):
     """A contending model's call that hangs (on a lock, a file, a remote service) holds the turn: once no call has
-    ended for the calls' patience, the waiters run beside it, one per patience, and are answered while it waits
-    (they used to wait for it however long it took)."""
+    ended for the calls' patience, the waiters run beside it and are answered while it waits (they used to wait for
+    it however long it took)."""
     monkeypatch.setattr(Contention, "MIN_CALLS", 3)
     monkeypatch.setattr(Contention, "CONTENDED", 1.2)
     monkeypatch.setattr(Contention, "STALL_FACTOR", 1.0)
@@ -1041,7 +1041,6 @@ def test_turns_do_not_stall_behind_a_call_that_waits_instead_of_computing(
         for value, got in zip((2, 3, 4), await asyncio.wait_for(asyncio.gather(*waiting), WAIT), strict=True):
             np.testing.assert_array_equal(got, answer(value))
         assert not hung.done(), "the hung call returned: nothing was proved"
-        assert max(model.entries[-3:]) == 2, "each waiter ran beside the hung call alone, not beside each other"
         model.gate.set()
         np.testing.assert_array_equal(await asyncio.wait_for(hung, WAIT), answer(1))
 

@@ -67,11 +67,11 @@ def test_a_broken_folder_config_says_what_is_wrong(tmp_path: Path, content: str,
 
 def test_a_folder_config_naming_an_unknown_platform_lists_the_known_ones(tmp_path: Path) -> None:
     folder = folder_with(tmp_path, "model.onnx")
-    (folder / platforms.VERSION_CONFIG).write_text('{"platform": "pytorch"}')
+    (folder / platforms.VERSION_CONFIG).write_text('{"platform": "paddle"}')
     with pytest.raises(ServingError) as caught:
         platforms.detect(folder)
     assert caught.value.code == Code.UNIMPLEMENTED
-    assert "pytorch" in caught.value.message and "onnx" in caught.value.message
+    assert "paddle" in caught.value.message and "onnx" in caught.value.message and "pytorch" in caught.value.message
 
 
 def test_a_folder_without_a_model_lists_what_it_looked_for(tmp_path: Path) -> None:

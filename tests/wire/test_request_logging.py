@@ -236,11 +236,13 @@ def test_a_full_queue_drops_and_counts_instead_of_waiting(tmp_path):
         logger.log("m", lambda: PredictEntry("m", 1, "serving_default", {"x": x}, (), {"y": x}))
     logger.close()
     assert logger.describe()["m"] == {
+        "sink": "tfrecord",
         "filename_prefix": str(tmp_path / "requests"),
         "sampling_rate": 1.0,
         "sampled": 5,
         "logged": 0,
         "dropped": 5,
+        "send_failures": 0,
     }
 
 

@@ -171,7 +171,7 @@ def test_multiple_inputs_columnar(server):
         ),
         ("/v1/models/tf2/versions/1/labels/x:predict", {"instances": [1.0]}, 400, "Malformed request: POST"),
         ("/v1/models/tf2/versions/one:predict", {"instances": [1.0]}, 400, "Malformed request: POST"),
-        ("/v1/models/tf2:explain", {"instances": [1.0]}, 400, "Malformed request: POST"),
+        ("/v1/models/tf2:train", {"instances": [1.0]}, 400, "Malformed request: POST"),  # :explain is served
     ],
 )
 def test_errors_are_json_with_tf_serving_messages(server, path, body, status, message):

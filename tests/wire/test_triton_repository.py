@@ -206,7 +206,7 @@ def test_discovery_takes_the_version_policy_from_the_config(repository):
     ("text", "fragment"),
     [
         ('name: "other"\nbackend: "python"\n', 'does not match the model folder "m"'),
-        ('backend: "pytorch"\n', 'backend "pytorch" is not supported by workbench'),
+        ('backend: "openvino"\n', 'backend "openvino" is not supported by workbench'),
         ("max_batch_size: 1\n", "names no backend"),
         ('backend: "python"\ninput [ { name: "x" data_type: TYPE_BF16 dims: [1] } ]\n', "TYPE_BF16"),
         ('backend: "python"\nmax_batch_size: 2 2\n', "line 2"),

@@ -136,7 +136,7 @@ class AsyncInference:
         try:
             name, version, label = match.groups()
             spec = ModelSpec(name=name, version=int(version) if version else None, label=label)
-            await self.dataplane.loaded(name)
+            await self.dataplane.loaded(name, None, spec)  # (loaded again if a memory budget evicted it)
             source = headers.get(INPUT_LOCATION, "")
             target = headers.get(OUTPUT_LOCATION, "")
             with self.dataplane.handle(spec) as servable:  # an unknown model or version: 404 now

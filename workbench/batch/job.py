@@ -94,7 +94,7 @@ async def run_job(
     """Run ``job`` on ``dataplane``'s loaded models; ``progress`` is told after each batch (on the event loop)."""
     started = time.perf_counter()
     loop = asyncio.get_running_loop()
-    await dataplane.loaded(job.model)
+    await dataplane.loaded(job.model, None, ModelSpec(job.model, job.model_version, job.version_label))
     version, signature = _pinned(dataplane, job)
     inputs = await loop.run_in_executor(None, formats.list_inputs, job.input)
     plan = await loop.run_in_executor(

@@ -89,7 +89,7 @@ class Interest:
     dropped the same way, with DEADLINE_EXCEEDED. A task a batch already took runs to the end.
     """
 
-    __slots__ = ("deadline", "error", "running", "_on_idle", "_tasks", "_work")
+    __slots__ = ("deadline", "error", "running", "trace", "_on_idle", "_tasks", "_work")
 
     def __init__(self, timeout: float | None = None, loop: asyncio.AbstractEventLoop | None = None) -> None:
         if timeout is None:
@@ -98,6 +98,9 @@ class Interest:
             self.deadline = (loop or asyncio.get_running_loop()).time() + timeout
         self.error: ServingError | None = None  # set once given up
         self.running = 0  # its tasks a batch or a thread took and whose run has not returned yet
+        # The request's spans (workbench.observability.tracing.RequestSpan) when it is traced: its batch's spans
+        # link to it. None while tracing is off.
+        self.trace: Any = None
         self._on_idle: Callable[[], None] | None = None
         self._tasks: list[BatchTask] = []
         self._work: asyncio.Future[Any] | None = None

@@ -58,6 +58,7 @@ from workbench.config.batching_parameters import BatchingParameters
 from workbench.core.errors import Code, ServingError, from_exception
 from workbench.core.servable import PerRequestServable, Servable
 from workbench.core.signatures import Signature
+from workbench.observability import tracing as _tracing
 
 log = logging.getLogger(__name__)
 
@@ -280,6 +281,8 @@ class BatchScheduler:
         if cost.runs_on_loop():
             result, seconds = self._run_alone(servable, signature, feed, outputs)
             cost.record(seconds, True)
+            if _tracing.active is not None and interest is not None and interest.trace is not None:
+                _tracing.active.ran_alone(interest.trace, time.perf_counter() - seconds, seconds)
             return result
         if interest is not None and interest.error is not None:  # its caller already gave up
             raise interest.error
@@ -393,6 +396,10 @@ class BatchScheduler:
         except BaseException as exc:  # noqa: BLE001 - the caller's to raise
             outcome = exc
         cpu_seconds = time.thread_time() - cpu_started
+        tracing = _tracing.active
+        if tracing is not None and task.interest is not None and task.interest.trace is not None:
+            run_seconds = None if isinstance(outcome, BaseException) else outcome[1]
+            tracing.ran_alone(task.interest.trace, task.enqueued, run_seconds)
         with contextlib.suppress(RuntimeError):  # the loop is closed (the server stopped): nobody waits any more
             loop.call_soon_threadsafe(self._alone_done, task, known, outcome, cpu_seconds)
 
@@ -662,6 +669,8 @@ class BatchScheduler:
         """Answer every caller of ``batch`` with its rows (or the batch's error); a batch run on the loop is recorded
         here too (a thread records its own)."""
         if isinstance(outcome, BaseException):
+            if _tracing.active is not None:
+                self._trace(queue, batch, started, outcome)
             error = from_exception(outcome)
             for task in batch:
                 if not task.future.done():
@@ -684,6 +693,8 @@ class BatchScheduler:
 
     def _record(self, queue: _Queue, batch: list[BatchTask], started: float, outcome: Ran) -> None:
         """Tell the listener (metrics, stats) what a batch that ran looked like."""
+        if _tracing.active is not None:
+            self._trace(queue, batch, started, outcome)
         if self._listener is not None:
             _, target, run_seconds = outcome
             self._listener(
@@ -698,3 +709,19 @@ class BatchScheduler:
                     run_seconds=run_seconds,
                 )
             )
+
+    @staticmethod
+    def _trace(queue: _Queue, batch: list[BatchTask], started: float, outcome: Ran | BaseException) -> None:
+        """Record a batch's spans (tracing is on): linked to its requests, each of which gets its queue's wait."""
+        tracing = _tracing.active
+        if tracing is None:
+            return
+        servable, rows = queue.servable, sum(task.rows for task in batch)
+        if isinstance(outcome, BaseException):
+            padded, run_seconds, error = rows, None, outcome
+        else:
+            _, padded, run_seconds = outcome
+            error = None
+        tracing.batch_ran(
+            servable.name, servable.version, queue.signature.name, batch, started, rows, padded, run_seconds, error
+        )

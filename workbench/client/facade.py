@@ -10,6 +10,7 @@ of the signature's dtypes.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -23,7 +24,7 @@ from workbench.client.management import ManagementAPI
 from workbench.client.prediction import Prediction
 from workbench.client.protocols import GRPC_PROTOCOLS, V2_PROTOCOLS, canonical_protocol
 from workbench.client.tfs_grpc import TfsGrpcTransport
-from workbench.client.tfs_rest import TfsRestTransport, model_path, predict_body
+from workbench.client.tfs_rest import TfsRestTransport, model_path, predict_body, predict_outputs
 from workbench.client.tls import ClientTLS
 from workbench.client.transport import Transport
 from workbench.client.v2_grpc import V2GrpcTransport
@@ -31,6 +32,7 @@ from workbench.client.v2_rest import V2RestTransport
 from workbench.config.vocabulary import renamed_keywords
 from workbench.core.errors import Code, ServingError
 from workbench.core.signatures import DEFAULT_SIGNATURE, Signature
+from workbench.protocol.explanations import Explanation
 
 
 class Client:
@@ -244,6 +246,35 @@ class Client:
         body = predict_body(self.encode_inputs(signature, inputs), signature_name)
         ticket, _ = self._http.json_answer("POST", model_path(model, version, label) + ":predictAsync", body, ok=(202,))
         return AsyncPrediction(self._http, ticket["id"], ticket["url"], model, signature, output_filter)
+
+    def explain(
+        self,
+        model: str,
+        inputs: Mapping[str, Any] | Any,
+        *,
+        version: int | None = None,
+        label: str | None = None,
+        signature_name: str = "",
+        explainer: str = "auto",
+        target: int | None = None,
+        **parameters: Any,
+    ) -> Explanation:
+        """Explain the model's answers for ``inputs`` (``:explain``, over REST): SHAP values for tabular models,
+        integrated gradients for Keras and PyTorch ones, one row of attributions per input row.
+
+        ``explainer``: "auto", "tree", "linear", "kernel" or "integrated_gradients"; ``target``: the output column
+        to explain (default: each row's predicted one); ``parameters``: the others the server takes (``nsamples``,
+        ``steps``, ``baseline``, ``output``). Plot one row with :func:`workbench.notebook.explanations.plot`.
+        """
+        if not self.url:
+            raise ValueError("explanations go over REST: this client has no REST url")
+        signature = self.signature(model, signature_name, version, label, protocol="rest")
+        body = predict_body(self.encode_inputs(signature, inputs), signature_name)
+        options = {"explainer": explainer, **({"target": target} if target is not None else {}), **parameters}
+        body["parameters"] = options
+        answer, _ = self._http.json_answer("POST", model_path(model, version, label) + ":explain", body)
+        explained = Explanation.from_json(answer)
+        return dataclasses.replace(explained, predictions=predict_outputs(answer, signature, ()))
 
     def stream(
         self,

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from workbench.client.tls import ClientTLS
+from workbench.client.trace_context import with_trace_metadata
 from workbench.core.errors import Code, ServingError
 
 # gRPC connections a Client opens: several, so calls from several threads spread over a multi-worker server.
@@ -76,7 +77,9 @@ class GrpcChannels:
         import grpc
 
         try:
-            return getattr(self.stub(service), method)(request, timeout=self.timeout, metadata=metadata or None)
+            # The notebook's current span, if any, travels with the call (workbench.client.trace_context).
+            traced = with_trace_metadata(metadata)
+            return getattr(self.stub(service), method)(request, timeout=self.timeout, metadata=traced)
         except grpc.RpcError as exc:
             raise serving_error(exc) from None
 

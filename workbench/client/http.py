@@ -8,6 +8,7 @@ from typing import Any
 
 import requests
 
+from workbench.client.trace_context import with_trace_headers
 from workbench.core.errors import Code, ServingError
 
 _HTTP_CODES = {
@@ -68,6 +69,9 @@ class HttpConnection:
     def send(self, method: str, path: str, ok: tuple[int, ...] = (200,), **kwargs: Any) -> requests.Response:
         """A successful answer to ``method path`` (``json=``, or ``data=`` and ``headers=``); a ServingError else."""
         assert self.url is not None
+        headers = with_trace_headers(kwargs.pop("headers", None))  # the notebook's current span, if any
+        if headers:
+            kwargs["headers"] = headers
         try:
             response = self._session.request(
                 method, self.url + path, timeout=self.timeout, **self._tls_options, **kwargs

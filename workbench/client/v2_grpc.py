@@ -15,6 +15,7 @@ import numpy as np
 
 from workbench.client.grpc_channels import GrpcChannels, serving_error
 from workbench.client.prediction import Prediction
+from workbench.client.trace_context import with_trace_metadata
 from workbench.client.transport import Answer
 from workbench.client.v2_transport import V2Transport
 from workbench.core.errors import Code, ServingError
@@ -97,7 +98,9 @@ class V2GrpcTransport(V2Transport):
             version=v2.version_string(version, label),
             parameters={**(parameters or {}), "triton_enable_empty_final_response": True},
         )
-        responses = self._channels.stub("v2").ModelStreamInfer(iter([message]), timeout=self._channels.timeout)
+        responses = self._channels.stub("v2").ModelStreamInfer(
+            iter([message]), timeout=self._channels.timeout, metadata=with_trace_metadata(())
+        )
         started = time.perf_counter()
         try:
             for response in responses:

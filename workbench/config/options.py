@@ -19,6 +19,7 @@ from workbench.config.request_logging import RequestLogConfig, request_log_confi
 from workbench.config.text_config import parse_text_config
 from workbench.config.version_policy import VersionPolicy
 from workbench.core.errors import Code, ServingError
+from workbench.runtime import model_archives
 from workbench.runtime.storage import RemoteFolder, is_remote, state_dir
 
 log = logging.getLogger(__name__)
@@ -99,8 +100,19 @@ class ServerOptions:
     # whose calls may wait on I/O, which would hold the loop meanwhile.
     inline_cheap_calls: bool = True
     num_load_threads: int = 2
+    # PyTorch models (workbench.platforms.pytorch): the device they run on ("auto": the first CUDA GPU PyTorch sees,
+    # else the CPU; "cpu", "cuda", "cuda:N") and the intra-op threads of each call (1, as ONNX Runtime's sessions:
+    # the server already runs --num_inference_threads calls at once; 0: PyTorch's default, one per core).
+    pytorch_device: str = "auto"
+    pytorch_threads: int = 1
     # How long a request for a model whose first load is under way waits for it (0: answered at once, NOT_FOUND).
     wait_for_model_load_seconds: float = 60.0
+    # Many models in bounded memory (docs/memory-budget.md): the budget ("": none; bytes, a share of memory, gpu:...),
+    # versions loaded when first asked for, unloaded after this many idle seconds (0: never), never evicted (--pin).
+    memory_budget: str = ""
+    load_on_demand: bool = False
+    unload_after_idle: float = 0.0
+    pin: tuple[str, ...] = ()
     # Triton's model control: "" (workbench's own: versions), "none", "poll" or "explicit"; --load_model's names.
     model_control_mode: str = ""
     load_model: tuple[str, ...] = ()
@@ -146,6 +158,13 @@ class ServerOptions:
     # `workbench consume`: no ports, the asynchronous queue's consumer alone; each answer also written under this URI.
     consume_only: bool = False
     async_output: str = ""
+    # Request logs (docs/request-logs-and-drift.md): how long Parquet rows wait before their file is written.
+    request_log_flush_seconds: float = 10.0
+    # Drift: the rolling window of served rows per version, a reference of the first N rows served (0: only
+    # references given at export), and when a feature drifts.
+    drift_window: int = 1000
+    drift_reference_rows: int = 0
+    drift_thresholds: str = "psi=0.2,p_value=0.001"
 
     def async_queue_uri(self) -> str:
         """Where asynchronous requests wait: ``--async_queue`` (``sqlite:///PATH``, ``redis://HOST:PORT/DB``), else
@@ -429,11 +448,19 @@ def discover_models(root: str | os.PathLike[str]) -> list[ModelConfig]:
         ]
     base = Path(root).resolve()
     base.mkdir(parents=True, exist_ok=True)
-    return [
+    models = [
         ModelConfig(name=entry.name, base_path=str(entry), policy=_folder_policy(str(entry)))
         for entry in sorted(base.iterdir())
         if entry.is_dir() and is_model_name(entry.name)
     ]
+    # A TorchServe model store: each model of its .mar files serves every version it has, as TorchServe does.
+    folders = {model.name for model in models}
+    for name, folder in model_archives.store_models(base, is_model_name).items():
+        if name in folders:
+            log.error("Model %s is both a folder and .mar archives in %s; the folder is served", name, base)
+            continue
+        models.append(ModelConfig(name=name, base_path=folder, policy=VersionPolicy(kind="all")))
+    return models
 
 
 def is_config_model_name(name: str) -> bool:

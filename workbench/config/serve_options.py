@@ -11,6 +11,7 @@ import contextlib
 import io
 import ipaddress
 import os
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -120,8 +121,20 @@ def check_serve_flags(args: argparse.Namespace) -> int:
         check_load_models(mode, args.load_model)
     except ServingError as exc:
         raise FlagError(exc.message) from None
+    if args.unload_after_idle < 0:
+        raise FlagError("--unload_after_idle cannot be negative (0 never unloads an idle version)")
+    try:  # a malformed budget or pin is refused here, before anything starts
+        from workbench.config.memory_budget import MemoryOptions
+
+        MemoryOptions.of(args.memory_budget, args.load_on_demand, args.unload_after_idle, args.pin)
+    except ServingError as exc:
+        raise FlagError(exc.message) from None
     if args.response_cache_bytes < 0:
         raise FlagError("--response_cache_bytes cannot be negative (0 turns the cache off)")
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", args.pytorch_device):  # checked again, against the GPUs, at load
+        raise FlagError(f"--pytorch_device={args.pytorch_device}: expected auto, cpu, cuda or cuda:N (a GPU's index)")
+    if args.pytorch_threads < 0:
+        raise FlagError("--pytorch_threads cannot be negative (0: PyTorch's default, one per core)")
     if args.async_concurrency < 1 or args.async_max_attempts < 1:
         raise FlagError("--async_concurrency and --async_max_attempts must be at least 1")
     if args.async_visibility_seconds <= 0 or args.async_results_seconds <= 0:

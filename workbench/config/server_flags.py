@@ -161,6 +161,27 @@ SERVE_FLAGS: tuple[FlagGroup, ...] = (
                 "S",
             ),
             ServeFlag(
+                "memory_budget",
+                "keep the loaded versions within this much memory, evicting the least recently used idle ones (which "
+                "load again when asked for): bytes (8Gi, 500M), a share of this machine's memory (0.5: half; a "
+                "container's limit if lower), gpu:AMOUNT for GPU memory, or both (4Gi,gpu:0.8); see "
+                "docs/memory-budget.md",
+                "AMOUNT",
+            ),
+            ServeFlag("load_on_demand", "load each version when a request first asks for it, not at start-up"),
+            ServeFlag(
+                "unload_after_idle",
+                "unload a version no request has used for this many seconds (it loads again when asked for; 0: never)",
+                "S",
+            ),
+            ServeFlag(
+                "pin",
+                "never evict MODEL's versions (or MODEL:VERSION) for the memory budget or idleness; repeat it",
+                "MODEL",
+                repeat=True,
+                convert=tuple,
+            ),
+            ServeFlag(
                 "model_control_mode",
                 "Triton's model control: none (load every model once), poll (and follow the repository), explicit "
                 "(only --load_model models, then clients load and unload whole models); not given: every model, and "
@@ -219,6 +240,25 @@ SERVE_FLAGS: tuple[FlagGroup, ...] = (
                 "told of each answered request ({id, model, state, status, url}): a webhook (http:// or https://, "
                 "POSTed) or a result queue (sqs://QUEUE, redis://HOST:PORT/DB?key=STREAM)",
                 "URL",
+            ),
+        ),
+    ),
+    FlagGroup(
+        "request logs and drift",
+        "logging_config's collectors (tfrecord, parquet, cloudevents) and drift of served inputs from a reference",
+        (
+            ServeFlag("request_log_flush_seconds", "write buffered Parquet request-log rows at least this often", "S"),
+            ServeFlag("drift_window", "rolling window of served rows per model version that drift is tested", "ROWS"),
+            ServeFlag(
+                "drift_reference_rows",
+                "drift reference of a version with none given at export: its first ROWS served rows (0: none)",
+                "ROWS",
+            ),
+            ServeFlag(
+                "drift_thresholds",
+                "when a feature drifts: psi=X (population stability index at least X), p_value=P (KS or chi-squared "
+                "test below P); comma-separated, a rule left out is off",
+                "RULES",
             ),
         ),
     ),
@@ -293,6 +333,18 @@ SERVE_FLAGS: tuple[FlagGroup, ...] = (
             ServeFlag("rest_api_max_request_bytes", "largest REST request body accepted", "BYTES"),
             ServeFlag("grpc_max_message_bytes", "largest gRPC message received or sent", "BYTES"),
             ServeFlag("num_inference_threads", "threads running TensorFlow (0: twice the cores, at least 4)", "N"),
+            ServeFlag(
+                "pytorch_device",
+                "where PyTorch models (model.pt2, model.pt) run: auto (the first CUDA GPU PyTorch sees, else the CPU), "
+                "cpu, cuda or cuda:N",
+                "DEVICE",
+            ),
+            ServeFlag(
+                "pytorch_threads",
+                "PyTorch's intra-op threads per call (0: one per core); the server runs --num_inference_threads calls "
+                "at once",
+                "N",
+            ),
             ServeFlag(
                 "inline_cheap_calls",
                 "run a native model's calls (TensorFlow, scikit-learn, XGBoost, LightGBM, ONNX) on the event loop once "

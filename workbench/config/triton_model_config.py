@@ -6,7 +6,7 @@ is read the same way, and a file that does not parse fails that model's load wit
 server. What workbench takes from it:
 
 - ``name`` (empty, or the folder's name, as Triton requires), ``platform``/``backend`` (ONNX Runtime, Python,
-  TensorFlow SavedModel; any other is a load error saying so), ``default_model_filename``;
+  TensorFlow SavedModel, PyTorch's TorchScript; any other is a load error saying so), ``default_model_filename``;
 - ``max_batch_size``: 0, the dims are whole shapes; above 0, every tensor has a batch dimension (-1) before its
   dims, as clients see it in the metadata;
 - ``input``/``output``: names, ``data_type``, ``dims``, ``reshape`` (the shape the model sees, clients keep the dims),
@@ -49,15 +49,25 @@ CONFIG_FILE = "config.pbtxt"  # beside the version folders: a Triton model (work
 
 # The backends workbench runs, by the workbench platform that loads them, with Triton's names for them (the
 # ``backend`` and the ``platform`` a config may give; either is enough) and the file a version folder holds.
-ONNX, PYTHON, TENSORFLOW = "onnx", "python", "tensorflow"
-BACKENDS: Mapping[str, str] = {"onnxruntime": ONNX, "python": PYTHON, "tensorflow": TENSORFLOW}
-PLATFORMS: Mapping[str, str] = {"onnxruntime_onnx": ONNX, "tensorflow_savedmodel": TENSORFLOW}
+ONNX, PYTHON, TENSORFLOW, PYTORCH = "onnx", "python", "tensorflow", "pytorch"
+BACKENDS: Mapping[str, str] = {"onnxruntime": ONNX, "python": PYTHON, "tensorflow": TENSORFLOW, "pytorch": PYTORCH}
+PLATFORMS: Mapping[str, str] = {
+    "onnxruntime_onnx": ONNX,
+    "tensorflow_savedmodel": TENSORFLOW,
+    "pytorch_libtorch": PYTORCH,
+}
 TRITON_NAMES: Mapping[str, tuple[str, str]] = {  # workbench platform → (backend, platform) the JSON answer gives
     ONNX: ("onnxruntime", "onnxruntime_onnx"),
     PYTHON: ("python", ""),
     TENSORFLOW: ("tensorflow", "tensorflow_savedmodel"),
+    PYTORCH: ("pytorch", "pytorch_libtorch"),
 }
-DEFAULT_FILES: Mapping[str, str] = {ONNX: "model.onnx", PYTHON: "model.py", TENSORFLOW: "model.savedmodel"}
+DEFAULT_FILES: Mapping[str, str] = {
+    ONNX: "model.onnx",
+    PYTHON: "model.py",
+    TENSORFLOW: "model.savedmodel",
+    PYTORCH: "model.pt",  # TorchScript, as Triton's libtorch backend takes it
+}
 
 DATA_TYPES: Mapping[str, np.dtype[Any]] = {
     "TYPE_BOOL": np.dtype(bool),
@@ -167,7 +177,7 @@ class TritonConfig:
 
     file: Path
     name: str
-    platform: str  # the workbench platform that runs it: ONNX, PYTHON or TENSORFLOW
+    platform: str  # the workbench platform that runs it: ONNX, PYTHON, TENSORFLOW or PYTORCH
     max_batch_size: int
     inputs: tuple[TritonTensor, ...]
     outputs: tuple[TritonTensor, ...]
@@ -274,7 +284,7 @@ def describe(proto: Any, file: Path) -> TritonConfig:
 def _platform(proto: Any, fail: Any) -> str:
     backend, platform = proto.backend, proto.platform
     if not backend and not platform:
-        raise fail('names no backend: set backend: "onnxruntime", "python" or "tensorflow" (or a platform)')
+        raise fail('names no backend: set backend: "onnxruntime", "python", "tensorflow" or "pytorch" (or a platform)')
     chosen = {BACKENDS.get(backend, "?") if backend else "", PLATFORMS.get(platform, "?") if platform else ""} - {""}
     if "?" in chosen:
         unknown = ", ".join(

@@ -40,6 +40,7 @@ from workbench.core.sticky import STICKY_METADATA
 from workbench.frontends.auth import bearer_matches
 from workbench.models.configs import model_configs_from_proto
 from workbench.models.readiness import Readiness
+from workbench.observability import tracing
 from workbench.planes.controlplane import ControlPlane
 from workbench.planes.dataplane import Dataplane, ModelSpec
 from workbench.protocol.examples import serialized_examples
@@ -52,6 +53,9 @@ log = logging.getLogger(__name__)
 PREDICTION_SERVICE = "tensorflow.serving.PredictionService"
 MODEL_SERVICE = "tensorflow.serving.ModelService"
 INFERENCE_SERVICE = "inference.GRPCInferenceService"  # the Open Inference Protocol's (frontends/v2_grpc.py)
+# TorchServe's (frontends/torchserve_grpc.py)
+TORCHSERVE_INFERENCE_SERVICE = "org.pytorch.serve.grpc.inference.InferenceAPIsService"
+TORCHSERVE_MANAGEMENT_SERVICE = "org.pytorch.serve.grpc.management.ManagementAPIsService"
 
 
 def _spec(model_spec: Any, key: str | None = None) -> ModelSpec:
@@ -171,12 +175,18 @@ class TolerantRegistration:
         for generic in generic_handlers:
             methods = getattr(generic, "_method_handlers", None)  # grpc.method_handlers_generic_handler's table
             if methods is not None:
-                generic._method_handlers = {name: _tolerant(handler, name) for name, handler in methods.items()}  # type: ignore[attr-defined]
+                generic._method_handlers = {name: _registered(handler, name) for name, handler in methods.items()}  # type: ignore[attr-defined]
         self._server.add_generic_rpc_handlers(generic_handlers)
 
     def add_registered_method_handlers(self, service: str, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
-        tolerant = {name: _tolerant(handler, f"/{service}/{name}") for name, handler in handlers.items()}
+        tolerant = {name: _registered(handler, f"/{service}/{name}") for name, handler in handlers.items()}
         self._server.add_registered_method_handlers(service, tolerant)  # type: ignore[attr-defined]
+
+
+def _registered(handler: Any, method: str) -> Any:
+    """``handler`` as registered: tolerant of garbage, and when tracing is on, noting each call's trace context."""
+    handler = _tolerant(handler, method)
+    return tracing.active.grpc_handler(handler, method) if tracing.active is not None else handler
 
 
 def _tolerant(handler: Any, method: str) -> Any:
@@ -279,7 +289,7 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
             if field != "signature_def":
                 raise ServingError(Code.INVALID_ARGUMENT, f"Metadata field {field} is not supported")
         spec = _spec(request.model_spec)
-        await self.dataplane.loaded(spec.name, time_remaining(context))
+        await self.dataplane.loaded(spec.name, time_remaining(context), spec)
         with self.dataplane.handle(spec) as servable:
             response = get_model_metadata_pb2.GetModelMetadataResponse()
             _echo(response.model_spec, spec.name, servable.version, None)
@@ -337,7 +347,14 @@ class ReadinessHealth(health_pb2_grpc.HealthServicer):
     once the server drains, so a watcher never holds a drain open until its deadline.
     """
 
-    SERVICES = ("", PREDICTION_SERVICE, MODEL_SERVICE, INFERENCE_SERVICE)
+    SERVICES = (
+        "",
+        PREDICTION_SERVICE,
+        MODEL_SERVICE,
+        INFERENCE_SERVICE,
+        TORCHSERVE_INFERENCE_SERVICE,
+        TORCHSERVE_MANAGEMENT_SERVICE,
+    )
 
     def __init__(self, readiness: Callable[[], Readiness]) -> None:
         self._readiness = readiness

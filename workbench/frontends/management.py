@@ -5,6 +5,7 @@ Reading:
 - ``GET /workbench/v1/stats``: a JSON snapshot of rolling windows per model version;
 - ``GET /workbench/v1/stats/stream``: the same snapshot as server-sent events, ``?interval=`` seconds apart;
 - ``GET /workbench/v1/models[/{model}]``: versions, states, load errors, labels, traffic shares, routing.
+- ``GET /workbench/v1/models/{model}/drift``: each monitored version's features against their drift reference.
 
 Changing (``POST``, with ``Authorization: Bearer <token>`` when the server was given a management token):
 - ``/workbench/v1/models/{model}:promote`` ``{"version": N}`` (with ``"if": "agreement >= 0.99 and p99_ms <= 20"``:
@@ -86,6 +87,18 @@ def management_routes(dataplane: Dataplane, controlplane: ControlPlane, token: s
             return error_response(exc)
         return json_response(dumps(described[0] if name else {"models": described}))
 
+    async def drift(request: Request) -> Response:
+        """A model's drift per monitored version (docs/request-logs-and-drift.md); an unknown model is 404."""
+        name = request.path_params["name"]
+        try:
+            dataplane.describe(name)  # NOT_FOUND, in the models endpoint's words
+        except ServingError as exc:
+            return error_response(exc)
+        monitor = dataplane.drift
+        versions = monitor.report(name) if monitor is not None else []
+        thresholds = monitor.thresholds.as_dict() if monitor is not None else {}
+        return json_response(dumps({"model": name, "thresholds": thresholds, "versions": versions}))
+
     async def change(request: Request) -> Response:
         """The POST endpoints: authorize, parse, run the (possibly slow) change off the loop, describe."""
         try:
@@ -104,6 +117,7 @@ def management_routes(dataplane: Dataplane, controlplane: ControlPlane, token: s
         Route(f"{PREFIX}/stats/stream", stats_stream, methods=["GET"]),
         Route(f"{PREFIX}/models", models, methods=["GET"]),
         Route(f"{PREFIX}/models/{{name:str}}", models, methods=["GET"]),
+        Route(f"{PREFIX}/models/{{name:str}}/drift", drift, methods=["GET"]),
         Route(f"{PREFIX}/models/{{target:path}}", change, methods=["POST"]),
     ]
 

@@ -30,6 +30,7 @@ from starlette.types import Receive, Scope, Send
 from workbench.core.errors import Code, ServingError, from_exception
 from workbench.core.sticky import STICKY_HEADER
 from workbench.frontends import rest_asgi
+from workbench.observability import tracing
 from workbench.observability.metrics import CONTENT_TYPE as PROMETHEUS_CONTENT_TYPE
 from workbench.planes.dataplane import Dataplane, ModelSpec
 from workbench.protocol import json_tensor
@@ -198,7 +199,7 @@ class RestApi:
         return json_response(json_tensor.dumps(to_json_dict(model_status_proto(statuses))))
 
     async def _metadata(self, spec: ModelSpec) -> Response:
-        await self.dataplane.loaded(spec.name, self.timeout)
+        await self.dataplane.loaded(spec.name, self.timeout, spec)
         with self.dataplane.handle(spec) as servable:
             body = {
                 "model_spec": to_json_dict(model_spec_proto(spec.name, servable.version, spec.signature_name)),
@@ -221,6 +222,10 @@ class RestApp(Starlette):
         self._api = api if answer_inference else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if tracing.active is not None and scope["type"] == "http":
+            # Its traceparent is read if it reaches the data plane (an inference request), not before. Every HTTP
+            # request sets its own, so none needs resetting.
+            tracing.active.http_arrived(scope)
         api = self._api
         # A root_path (a mount, a proxy's prefix) changes what Starlette's router matches: those go to Starlette.
         if api is not None and scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):

@@ -40,11 +40,13 @@ from workbench.core.sticky import STICKY_PARAMETER
 from workbench.frontends import v2_stream
 from workbench.frontends.grpc import answers_errors, authorization, sticky_key, time_remaining
 from workbench.frontends.sequence_routing import SequenceRouter
+from workbench.frontends.v2_explain import explain_infer
 from workbench.frontends.v2_repository import V2Repository, unsupported_parameters
 from workbench.frontends.v2_shared_memory import SharedMemoryAccess
 from workbench.planes.controlplane import ControlPlane
 from workbench.planes.dataplane import Dataplane, ModelSpec
 from workbench.protocol import v2_grpc, v2_models
+from workbench.protocol.explanations import v2_parameters
 from workbench.protocol.v2_shared_memory import SharedMemory
 
 PROTOCOL = "v2-grpc"  # the protocol label of this frontend's requests in metrics
@@ -149,6 +151,9 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         spec = await self._infer_spec(request, time_remaining(context))
         key = request.parameters[STICKY_PARAMETER].string_param if STICKY_PARAMETER in request.parameters else None
         spec = dataclasses.replace(spec, key=key or sticky_key(context))
+        explaining = v2_parameters(v2_grpc.parameter_values(request.parameters)) if request.parameters else None
+        if explaining is not None:  # "explain": true (see workbench.frontends.v2_explain)
+            return await explain_infer(dataplane, spec, request, explaining, PROTOCOL, time_remaining(context))
         with await dataplane.admit(spec, "predict", PROTOCOL, time_remaining(context)) as call:
             memory = self._memory(context)
             inputs = v2_grpc.decode_inputs(request, memory)

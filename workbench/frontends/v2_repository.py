@@ -53,7 +53,11 @@ class V2Repository:
         """:meth:`spec`, once the model's first load is over (its labels are known only then): see
         :meth:`Dataplane.loaded <workbench.planes.dataplane.Dataplane.loaded>`."""
         await self.dataplane.loaded(model, timeout)
-        return self.spec(model, version)
+        spec = self.spec(model, version)
+        harness = await self.dataplane.hold(spec, timeout)  # a version evicted under a memory budget loads again
+        if harness is not None:
+            harness.release()
+        return spec
 
     def version_of(self, spec: ModelSpec) -> int | None:
         """The version number ``spec`` names (its label's), or None for the default traffic."""

@@ -43,11 +43,13 @@ from workbench.core.sticky import STICKY_HEADER
 from workbench.frontends import v2_stream
 from workbench.frontends.rest import error_response, json_response
 from workbench.frontends.sequence_routing import SequenceRouter
+from workbench.frontends.v2_explain import explained_outputs
 from workbench.frontends.v2_repository import V2Repository, unsupported_parameters
 from workbench.frontends.v2_shared_memory import SharedMemoryAccess, rest_peer, shared_memory_routes
 from workbench.planes.controlplane import ControlPlane
 from workbench.planes.dataplane import Dataplane, ModelSpec
 from workbench.protocol import v2_client, v2_json, v2_models
+from workbench.protocol.explanations import v2_parameters
 from workbench.protocol.json_tensor import dumps, parse_body
 from workbench.protocol.v2_shared_memory import SharedMemory
 
@@ -198,6 +200,14 @@ class V2Rest:
             specs = dataplane.rest_input_specs(servable, DEFAULT_SIGNATURE, tuple(decoded.inputs))
             v2_json.check_datatypes(decoded, specs)
             wanted = [output.name for output in decoded.outputs]
+            explaining = v2_parameters(decoded.parameters)
+            if explaining is not None:  # "explain": true (see workbench.frontends.v2_explain)
+                answer = await dataplane.explain(
+                    call, DEFAULT_SIGNATURE, decoded.inputs, explaining, self._timeout(decoded)
+                )
+                outputs = explained_outputs(call.model, answer, wanted)
+                head = answer.explanation.head()
+                return v2_json.encode_infer_response(call.model, call.version, decoded, outputs, shared_memory, head)
             _, outputs = await dataplane.predict(
                 call,
                 DEFAULT_SIGNATURE,

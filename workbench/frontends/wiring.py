@@ -14,11 +14,15 @@ import grpc
 from starlette.applications import Starlette
 
 from workbench.config.options import ServerOptions
+from workbench.frontends.explain import ExplainApi
 from workbench.frontends.grpc import ModelService, PredictionService
 from workbench.frontends.management import management_routes
 from workbench.frontends.probes import probe_routes
 from workbench.frontends.rest import create_app
 from workbench.frontends.sequence_routing import SequenceRouter
+from workbench.frontends.torchserve_api import TorchServeApi
+from workbench.frontends.torchserve_grpc import TorchServeInference, TorchServeManagement
+from workbench.frontends.torchserve_rest import torchserve_routes
 from workbench.frontends.v2_grpc import InferenceService
 from workbench.frontends.v2_rest import V2Settings, v2_routes
 from workbench.frontends.v2_shared_memory import SharedMemoryAccess
@@ -44,6 +48,7 @@ class FrontendSettings:
     shared_memory: SharedMemoryAccess | None = None  # None: no shared-memory routes or RPCs
     asynchronous: AsyncInference | None = None  # None: no :predictAsync
     batch_jobs: BatchJobs | None = None  # None: no /workbench/v1/batch
+    model_store: str = ""  # the model repository: TorchServe's register-by-URL downloads archives into it
 
     @classmethod
     def of(
@@ -65,6 +70,7 @@ class FrontendSettings:
             shared_memory=shared_memory,
             asynchronous=asynchronous,
             batch_jobs=batch_jobs,
+            model_store=options.model_repository or "",
         )
 
 
@@ -75,10 +81,14 @@ class GrpcServicers:
     prediction: PredictionService
     model: ModelService
     inference: InferenceService
+    # TorchServe's InferenceAPIsService and ManagementAPIsService (frontends/torchserve_grpc.py).
+    torchserve_inference: TorchServeInference | None = None
+    torchserve_management: TorchServeManagement | None = None
 
     def adders(self) -> list[Callable[[grpc.aio.Server], None]]:
         """What adds each to a gRPC server (for :func:`~workbench.frontends.grpc.start_grpc_server`)."""
-        return [self.prediction.add_to, self.model.add_to, self.inference.add_to]
+        torchserve = [s.add_to for s in (self.torchserve_inference, self.torchserve_management) if s is not None]
+        return [self.prediction.add_to, self.model.add_to, self.inference.add_to, *torchserve]
 
 
 class Frontends:
@@ -88,6 +98,8 @@ class Frontends:
         self.dataplane = dataplane
         self.controlplane = controlplane
         self.settings = settings
+        # TorchServe's APIs, one for its REST and gRPC transports (a scale request over one shows over the other).
+        self.torchserve = TorchServeApi(dataplane, controlplane, settings.management_token, settings.model_store)
 
     def rest_app(self) -> Starlette:
         """The REST API as an ASGI app: TF Serving's /v1, v2, management, stats, probes and metrics."""
@@ -112,8 +124,13 @@ class Frontends:
                 ),
                 *(asynchronous.routes() if asynchronous is not None else []),
                 *(settings.batch_jobs.routes() if settings.batch_jobs is not None else []),
+                # TorchServe's inference and management APIs (/ping, /predictions, /models) on the same port.
+                *torchserve_routes(self.torchserve, settings.rest_timeout_ms, settings.rest_max_request_bytes),
             ],
-            more_posts=asynchronous.posts() if asynchronous is not None else (),
+            more_posts=[
+                *ExplainApi(dataplane, settings.rest_timeout_ms).posts(),  # :explain
+                *(asynchronous.posts() if asynchronous is not None else ()),
+            ],
         )
 
     def grpc_servicers(self, direct: bool = True) -> GrpcServicers:
@@ -126,4 +143,6 @@ class Frontends:
             PredictionService(dataplane),
             ModelService(dataplane, controlplane, settings.management_token),
             InferenceService(dataplane, controlplane, settings.management_token, router, shared_memory),
+            TorchServeInference(self.torchserve),
+            TorchServeManagement(self.torchserve),
         )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import threading
+import time
 from collections.abc import Callable
 
 from workbench.core.servable import Servable
@@ -38,15 +39,26 @@ def return_freed_memory() -> None:
 
 
 class Harness:
-    """Counts the requests holding ``servable``; :meth:`unload` refuses new ones, waits, then closes it."""
+    """Counts the requests holding ``servable``; :meth:`unload` refuses new ones, waits, then closes it.
 
-    __slots__ = ("servable", "_holders", "_unloading", "_idle")
+    It also notes when a request last took it (``last_used``, monotonic: the memory budget evicts the least recently
+    used version) and, when ``on_idle`` is set, says when the last request let go (a load waiting for memory may
+    evict it now)."""
+
+    __slots__ = ("servable", "_holders", "_unloading", "_idle", "last_used", "on_idle")
 
     def __init__(self, servable: Servable) -> None:
         self.servable = servable
         self._holders = 0
         self._unloading = False
         self._idle = threading.Condition()
+        self.last_used = time.monotonic()
+        self.on_idle: Callable[[], None] | None = None
+
+    @property
+    def busy(self) -> bool:
+        """Whether a request holds it now."""
+        return self._holders > 0
 
     def acquire(self) -> bool:
         """Hold the servable for one request; False once it is unloading."""
@@ -54,13 +66,18 @@ class Harness:
             if self._unloading:
                 return False
             self._holders += 1
+            self.last_used = time.monotonic()
             return True
 
     def release(self) -> None:
         with self._idle:
             self._holders -= 1
-            if self._holders == 0:
+            self.last_used = time.monotonic()  # a long request keeps its version recent until it ends
+            idle = self._holders == 0
+            if idle:
                 self._idle.notify_all()
+        if idle and self.on_idle is not None:
+            self.on_idle()
 
     def unload(self, drain_timeout: float = 60.0) -> None:
         """Refuse new holders, wait for the current ones (bounded), then close the servable."""

@@ -33,12 +33,16 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
+from workbench.config.memory_budget import MemoryOptions
 from workbench.config.options import ModelConfig
 from workbench.core.errors import Code, ServingError, from_exception
 from workbench.core.servable import Composite, Loader, Servable
 from workbench.models import composites
+from workbench.models import memory_policy as memory
 from workbench.models.harness import Harness
+from workbench.models.on_demand import OnDemandLoads
 from workbench.models.records import DiskVersion, ModelRecord, VersionRecord, VersionState, VersionStatus
+from workbench.models.residency import Residency
 from workbench.models.routes import ServableHandle, check_labels, route_of
 from workbench.models.routing import policy as decisions
 from workbench.models.routing.changes import RoutingChanges
@@ -49,7 +53,6 @@ from workbench.models.routing.store import (
     StoredRouting,
     routing_store_for,
 )
-from workbench.models.served import ServedModels
 
 # Importers name these here: the manager's vocabulary, kept in its records and routes modules.
 __all__ = ["DiskVersion", "Manager", "ServableHandle", "VersionState", "VersionStatus"]
@@ -61,8 +64,9 @@ StateListener = Callable[[str, int, "VersionState"], None]
 RoutingStores = Callable[[str], RoutingStateStore]
 
 
-class Manager(ServedModels):
-    """The models' versions, loaded and routed: the writer of the records :class:`ServedModels` reads."""
+class Manager(OnDemandLoads):
+    """The models' versions, loaded and routed: the writer of the records
+    :class:`~workbench.models.served.ServedModels` reads (its memory budget's part: :class:`OnDemandLoads`)."""
 
     def __init__(
         self,
@@ -73,10 +77,12 @@ class Manager(ServedModels):
         allow_labels_for_unavailable: bool = False,
         routing_stores: RoutingStores = routing_store_for,
         initial_routing: Mapping[str, Routing] | None = None,
+        memory: MemoryOptions | None = None,
     ) -> None:
         """``routing_stores(base_path)`` gives a model's routing store; ``initial_routing`` is each model's routing
-        while its store holds none (an older workbench's state file, migrated on the first change)."""
-        super().__init__()
+        while its store holds none (an older workbench's state file, migrated on the first change); ``memory``: the
+        memory budget, loading on demand, unloading idle versions and pins (see :mod:`workbench.models.residency`)."""
+        super().__init__(Residency(memory or MemoryOptions()))
         self._loader = loader
         self._routing_stores = routing_stores
         self._routing_reader = RoutingReader(initial_routing)
@@ -87,6 +93,7 @@ class Manager(ServedModels):
         self._listeners: list[StateListener] = []
         self._change_locks: dict[str, threading.Lock] = {}  # routing changes: one change of a model at a time
         self._changes = RoutingChanges(self)  # for callers holding a manager alone (tests, in-process use)
+        self._start_memory_watch()
 
     # ----------------------------------------------------------------------------------------- config
     def set_models(self, configs: Iterable[ModelConfig]) -> None:
@@ -211,7 +218,10 @@ class Manager(ServedModels):
         if decision.drops_ignored and not model.drops_ignored:
             log.warning("Model %s: its drops would leave nothing to serve; not dropping", model.config.name)
         model.drops_ignored = decision.drops_ignored
+        aspired_before = set(model.aspired)
         model.aspired = {v: model.on_disk[v] for v in sorted(decision.aspired)}
+        if aspired_before != set(model.aspired):
+            self._publish(model)  # the route's ``wanted`` (a request's default among them) follows them
         self._reconcile(model)
 
     def _reconcile(self, model: ModelRecord) -> None:
@@ -229,6 +239,9 @@ class Manager(ServedModels):
                     or (record.awaiting and not composites.unserved(self._models, record.awaiting))
                 )
             )
+            if self._memory.active:  # versions load when asked for, and within the memory budget
+                self._load_within_budget(model, version, disk, record, bool(retry))
+                continue
             if record is None or retry:
                 record = VersionRecord(version=version, path=disk.path, fingerprint=disk.fingerprint)
                 model.versions[version] = record
@@ -243,6 +256,8 @@ class Manager(ServedModels):
         # way to replace it (a removed model, or versions removed from disk with none left to load).
         may_unload = aspired_available or not (pending or failed)
         for record in list(model.versions.values()):
+            if record.state == VersionState.START and record.version not in model.aspired:
+                self._stop_waiting(model, record)  # waiting for memory, and not wanted any more
             if record.version in model.aspired or record.state != VersionState.AVAILABLE:
                 continue
             if may_unload:
@@ -250,13 +265,23 @@ class Manager(ServedModels):
                 self._executor.submit(self._unload, model, record)
         self._wake_parked()
         self._settle_first_load(model)
+        self._wake_claims()
         self._settled.notify_all()
 
     def _load(self, model: ModelRecord, record: VersionRecord) -> None:
         name = model.config.name
         started = time.perf_counter()
         try:
-            servable = self._loader(name, record.version, record.path, model.config.platform)
+            if self._memory.active:  # what the load adds to the process is what it is charged
+                prepare = getattr(self._loader, "prepare", None)
+                if prepare is not None:  # the framework's import is the process's, not this version's
+                    prepare(name, record.version, record.path, model.config.platform)
+                with self._memory.meter.measure() as measured:
+                    servable = self._loader(name, record.version, record.path, model.config.platform)
+                with self._lock:
+                    self._memory.measurements[id(record)] = measured.footprint
+            else:
+                servable = self._loader(name, record.version, record.path, model.config.platform)
         except BaseException as exc:  # noqa: BLE001 - a load failure must never kill the load thread
             self._finish_load(model, record, None, from_exception(exc))
             return
@@ -268,6 +293,8 @@ class Manager(ServedModels):
         if isinstance(servable, Composite):
             with self._lock:
                 missing = composites.unserved(self._models, servable.members())
+                if self._memory.active:  # members not loaded now load when the composite's requests ask for them
+                    missing = frozenset(m for m in missing if not self.serves_on_demand(m))
                 if missing and any(composites.coming(self._models, m) for m in missing):
                     record.parked, record.awaiting = servable, missing  # _wake_parked admits it again
                     return
@@ -297,6 +324,10 @@ class Manager(ServedModels):
     ) -> None:
         discard = None
         with self._lock:
+            if self._memory.active:
+                error = self._charge_load(model, record, harness, error)
+                if error is not None and harness is not None:
+                    discard, harness = harness, None
             if error is not None:
                 log.error("Failed to load %s version %d: %s", model.config.name, record.version, error.message)
                 record.error = error
@@ -309,10 +340,18 @@ class Manager(ServedModels):
                 self._forget_if_gone(model)
             else:
                 record.harness = harness
+                if self._memory.active and harness is not None:
+                    harness.on_idle = self._memory_freed
                 self._set_state(model, record, VersionState.AVAILABLE)
                 for waiting in composites.waiting_for(self._models, model.config.name):
                     self._reconcile(waiting)
+                if self._memory.active:  # measured larger than its estimate: others make room
+                    tenants = self._memory.tenants(self._models)
+                    for victim in memory.over_budget(self._memory.budget, tenants):
+                        self._evict(victim, f"{model.config.name}:{record.version} took more than estimated", "budget")
             self._reconcile(model)
+            if self._memory.active:
+                self._admit_waiting()
         if discard is not None:
             discard.unload()
 
@@ -322,6 +361,7 @@ class Manager(ServedModels):
         if model.removed and finished and self._models.get(model.config.name) is model:
             del self._models[model.config.name]
             del self._routes[model.config.name]
+            self._memory.forget(model.config.name)
             return True
         return False
 
@@ -336,10 +376,14 @@ class Manager(ServedModels):
             record.harness = None
             self._set_state(model, record, VersionState.END)
             log.info("Unloaded %s version %d", model.config.name, record.version)
+            if self._memory.active:  # its memory is free: the versions waiting for some go first
+                self._memory.released(model.config.name, record.version)
+                self._admit_waiting()
             if not self._forget_if_gone(model) and not model.removed:
                 # Aspired again while it was unloading (a load right after an unload): load it anew. Done under
                 # the same lock as END, so a waiter never mistakes this unload's END for a failed load.
                 self._reconcile(model)
+            self._wake_claims()
             self._settled.notify_all()
 
     def _set_state(self, model: ModelRecord, record: VersionRecord, state: VersionState) -> None:
@@ -462,6 +506,7 @@ class Manager(ServedModels):
         self._changes.unload_version(name, version, generation)
 
     def stop(self) -> None:
+        self._idle_watch.set()
         with self._lock:
             self._closed = True
             harnesses = [r.harness for m in self._models.values() for r in m.versions.values() if r.harness is not None]

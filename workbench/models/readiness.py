@@ -54,7 +54,10 @@ class ServerReadiness:
         return Readiness(True, "ready")
 
     def _unavailable(self, name: str) -> str:
-        """Why model ``name`` cannot answer requests; "" when one of its versions is AVAILABLE."""
+        """Why model ``name`` cannot answer requests; "" when one of its versions is AVAILABLE, or loads when asked
+        for (--load_on_demand, --memory_budget)."""
+        if self._manager.serves_on_demand(name):
+            return ""
         try:
             versions = self._manager.version_status(name)
         except ServingError:  # no version found yet (or the model went away meanwhile)

@@ -35,6 +35,9 @@ class Route:
     split_lock: threading.Lock
     # Where a request naming no version goes, when no canary shares the traffic (None: ask the split, or none).
     default: Harness | None
+    # The version a request naming none wants, among the versions aspired to whether they serve or not (the latest,
+    # or the promoted one): with versions loaded on demand, a request for it waits for it rather than taking another.
+    wanted: int | None = None
 
     def pick(self, key: str | None = None) -> Harness | None:
         """The version a request that names none runs on (None when nothing serves); with a stickiness ``key``,
@@ -66,6 +69,7 @@ def route_of(model: ModelRecord) -> Route:
         split=model.split,
         split_lock=model.split_lock,
         default=serving[default] if default is not None and not canary_shares else None,
+        wanted=decisions.default_version(routing, set(model.aspired) | set(serving)),
     )
 
 

@@ -12,12 +12,14 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from workbench.config.memory_budget import MemoryOptions
 from workbench.config.options import ModelConfig
 from workbench.core.errors import Code, ServingError
 from workbench.models import composites
 from workbench.models.first_loads import FirstLoads
 from workbench.models.harness import Harness
 from workbench.models.records import ModelRecord, VersionState, VersionStatus
+from workbench.models.residency import Residency
 from workbench.models.routes import Route, ServableHandle
 from workbench.models.routing import policy as decisions
 from workbench.models.routing.store import RoutingStateStore
@@ -27,7 +29,9 @@ from workbench.models.views import ModelSnapshot, describe_model, snapshot_of
 class ServedModels:
     """The models' records and routes, and the queries on them (status, views, resolution); read-only."""
 
-    def __init__(self) -> None:
+    def __init__(self, memory: Residency | None = None) -> None:
+        """``memory``: the ledger of the memory budget (its writer, the manager, gives it; none: no budget)."""
+        self._memory = memory or Residency(MemoryOptions())
         self._lock = threading.RLock()
         self._settled = threading.Condition(self._lock)  # notified whenever a version's state may have settled
         self._models: dict[str, ModelRecord] = {}
@@ -115,7 +119,25 @@ class ServedModels:
                 models = [self._live_model(name)]
             else:
                 models = [m for _, m in sorted(self._models.items()) if not m.removed]
-            return [snapshot_of(m) for m in models]
+            return [snapshot_of(m, self._memory_views(m)) for m in models]
+
+    def _memory_views(self, model: ModelRecord) -> dict[int, dict[str, Any]]:
+        """Each version's residency and memory, under a memory budget (lock held; empty without one)."""
+        if not self._memory.active:
+            return {}
+        return {v: self._memory.version_view(model, v) for v in set(model.versions) | set(model.on_disk)}
+
+    def memory_summary(self) -> dict[str, Any] | None:
+        """The memory budget's ledger: budget, charged bytes, each version's figures, loads and evictions (None:
+        no budget, no loading on demand, no idle unloading)."""
+        with self._lock:
+            return self._memory.summary(self._models) if self._memory.active else None
+
+    def serves_on_demand(self, name: str) -> bool:
+        """Whether ``name`` answers requests though none of its versions is loaded: they load when asked for."""
+        with self._lock:
+            model = self._models.get(name)
+            return self._memory.active and model is not None and not model.removed and bool(model.aspired)
 
     def describe(self, name: str | None = None) -> list[dict[str, Any]]:
         """Every model (or one) with its versions, states, labels, traffic shares and routing, JSON-ready."""

@@ -7,6 +7,7 @@ itself (and its routing decision) is computed with no lock held.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 from workbench.models.records import ModelRecord
@@ -39,13 +40,15 @@ class ModelSnapshot:
     generation: int
     routing_state: str  # where the routing is stored (a path or URL)
     error: str = ""  # why the repository could not be listed at the last poll ("" when it could)
+    # Under a memory budget: each version's residency and memory (workbench.models.residency), else empty.
+    memory: Mapping[int, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
 
     def available(self) -> frozenset[int]:
         return frozenset(v.version for v in self.versions if v.state == "AVAILABLE")
 
 
-def snapshot_of(model: ModelRecord) -> ModelSnapshot:
-    """``model`` as plain data (the manager's lock held)."""
+def snapshot_of(model: ModelRecord, memory: Mapping[int, Mapping[str, Any]] | None = None) -> ModelSnapshot:
+    """``model`` as plain data (the manager's lock held); ``memory``: its versions' memory, under a budget."""
     versions = tuple(
         VersionSnapshot(
             r.version,
@@ -69,6 +72,7 @@ def snapshot_of(model: ModelRecord) -> ModelSnapshot:
         generation=model.stored.generation,
         routing_state=model.store.location,
         error=model.source_error,
+        memory=dict(memory or {}),
     )
 
 
@@ -97,6 +101,7 @@ def describe_model(model: ModelSnapshot) -> dict[str, Any]:
                 "pinned": version in routing.pinned,
                 "dropped": version in routing.dropped,
                 "on_disk": version in model.on_disk,
+                **({"memory": dict(model.memory[version])} if version in model.memory else {}),
             }
         )
     return {

@@ -101,6 +101,10 @@ class ServerHandle:
         num_workers: int | str = 1,
         response_cache_bytes: int = 0,
         response_cache_models: Sequence[str] = (),
+        memory_budget: str = "",
+        load_on_demand: bool = False,
+        unload_after_idle: float = 0.0,
+        pin: Sequence[str] = (),
         ssl_config_file: str | os.PathLike[str] | None = None,
         rest_api_ssl_cert_file: str | os.PathLike[str] | None = None,
         rest_api_ssl_key_file: str | os.PathLike[str] | None = None,
@@ -125,6 +129,13 @@ class ServerHandle:
         # Triton's response cache: its size in bytes (0: off) and the models that opt in.
         self.response_cache_bytes = response_cache_bytes
         self.response_cache_models = list(response_cache_models)
+        # Many models in bounded memory (docs/memory-budget.md): the budget, loads on demand, idle unloads, pins.
+        self.memory_flags: dict[str, Any] = {
+            "memory_budget": memory_budget,
+            "load_on_demand": load_on_demand,
+            "unload_after_idle": unload_after_idle,
+            "pin": list(pin),
+        }
         # TLS: the server's flags (files resolved now: the server runs in another folder), and the CA this handle's
         # client checks the server's certificates with (None: the default trust store)
         self.tls_flags = {
@@ -177,6 +188,7 @@ class ServerHandle:
                 "num_workers": str(self.num_workers),
                 "response_cache_bytes": self.response_cache_bytes,
                 "response_cache_models": self.response_cache_models,
+                **self.memory_flags,
                 **self.tls_flags,
             }
         )
@@ -399,22 +411,47 @@ class ServerHandle:
 
 
 def models_table_html(models: list[dict[str, Any]], title: str = "") -> str:
-    """Models and versions as an HTML table (state, labels, traffic share, load error)."""
+    """Models and versions as an HTML table (state, labels, traffic share, load error); under a memory budget also
+    each version's residency, memory and evictions."""
+    budgeted = any("memory" in version for model in models for version in model["versions"])
     rows = []
     for model in models:
         for version in model["versions"]:
             error = html.escape(version["error"]) if version["error"] else ""
+            memory = f"<td>{html.escape(memory_summary(version.get('memory')))}</td>" if budgeted else ""
             rows.append(
                 "<tr>"
                 f"<td>{html.escape(model['name'])}</td><td>{version['version']}</td><td>{version['state']}</td>"
                 f"<td>{html.escape(', '.join(version['labels']))}</td>"
-                f"<td>{version['traffic_share'] * 100:.0f}%</td><td>{error}</td>"
+                f"<td>{version['traffic_share'] * 100:.0f}%</td>{memory}<td>{error}</td>"
                 "</tr>"
             )
+    columns = ["model", "version", "state", "labels", "traffic", *(["memory"] if budgeted else []), "error"]
     if not rows:
-        rows.append('<tr><td colspan="6"><i>no models yet: export one with workbench.export</i></td></tr>')
-    head = "<tr><th>model</th><th>version</th><th>state</th><th>labels</th><th>traffic</th><th>error</th></tr>"
+        empty = "<i>no models yet: export one with workbench.export</i>"
+        rows.append(f'<tr><td colspan="{len(columns)}">{empty}</td></tr>')
+    head = "<tr>" + "".join(f"<th>{column}</th>" for column in columns) + "</tr>"
     return f"<div><b>{title}</b><table>{head}{''.join(rows)}</table></div>"
+
+
+def memory_summary(memory: dict[str, Any] | None) -> str:
+    """A version's memory under a budget, in a few words: ``resident · 32.0 MiB · 2 evictions`` (pinned, GPU
+    memory where it has some); empty without a budget."""
+    if not memory:
+        return ""
+    parts = [str(memory.get("residency", ""))]
+    if memory.get("pinned"):
+        parts.append("pinned")
+    # What it takes in memory: its charge while loaded; once evicted, what it would take again (its measured size,
+    # its files' size as the floor, as the budget charges it).
+    host = memory.get("charged_bytes") or max(memory.get("measured_bytes") or 0, memory.get("disk_bytes") or 0)
+    gpu = memory.get("charged_gpu_bytes") or memory.get("measured_gpu_bytes") or 0
+    for size, unit in ((host, ""), (gpu, " GPU")):
+        if size:
+            parts.append(f"{size / 2**20:.1f} MiB{unit}")
+    if memory.get("evictions"):
+        parts.append(f"{memory['evictions']} eviction{'s' if memory['evictions'] != 1 else ''}")
+    return " · ".join(parts)
 
 
 def models_table_text(models: list[dict[str, Any]]) -> str:
@@ -424,9 +461,10 @@ def models_table_text(models: list[dict[str, Any]]) -> str:
         for version in model["versions"]:
             labels = ",".join(version["labels"]) or "-"
             error = f"  error: {version['error']}" if version["error"] else ""
+            memory = memory_summary(version.get("memory"))
             lines.append(
                 f"{model['name']:<16} v{version['version']:<4} {version['state']:<10} labels={labels:<14} "
-                f"traffic={version['traffic_share'] * 100:.0f}%{error}"
+                f"traffic={version['traffic_share'] * 100:.0f}%{f'  memory: {memory}' if memory else ''}{error}"
             )
     return "\n".join(lines) if lines else "(no models)"
 
@@ -446,6 +484,10 @@ def serve(
     num_workers: int | str = 1,
     response_cache_bytes: int = 0,
     response_cache_models: Sequence[str] = (),
+    memory_budget: str = "",
+    load_on_demand: bool = False,
+    unload_after_idle: float = 0.0,
+    pin: Sequence[str] = (),
     ssl_config_file: str | os.PathLike[str] | None = None,
     rest_api_ssl_cert_file: str | os.PathLike[str] | None = None,
     rest_api_ssl_key_file: str | os.PathLike[str] | None = None,
@@ -464,7 +506,10 @@ def serve(
     (``model.py``, ``handler.py``) let the server run code from the repository, off by default. ``num_workers``
     processes share the ports (``"auto"``: one per core), each with its own copy of the models; 1 by default, as
     a notebook shares its machine with the kernel. ``response_cache_bytes`` sizes Triton's response cache (0: off)
-    for the ``response_cache_models`` that opt in: a repeated request is answered from memory. TLS:
+    for the ``response_cache_models`` that opt in: a repeated request is answered from memory. Many models in
+    bounded memory: ``memory_budget`` (``"4Gi"``, ``"0.5"``, ``"gpu:0.8"``) evicts the least recently used versions,
+    which load again when asked for, as do all of them with ``load_on_demand=True``; ``unload_after_idle`` seconds
+    unloads idle versions; ``pin`` names models (or ``"model:version"``) never evicted. TLS:
     ``ssl_config_file`` (TF Serving's SSLConfig) secures gRPC, ``rest_api_ssl_cert_file`` and
     ``rest_api_ssl_key_file`` make REST https, and the handle's client checks the server's certificate against
     ``ca_file`` (default: the default trust store). The server stops with the kernel.
@@ -484,6 +529,10 @@ def serve(
         num_workers=num_workers,
         response_cache_bytes=response_cache_bytes,
         response_cache_models=response_cache_models,
+        memory_budget=memory_budget,
+        load_on_demand=load_on_demand,
+        unload_after_idle=unload_after_idle,
+        pin=pin,
         ssl_config_file=ssl_config_file,
         rest_api_ssl_cert_file=rest_api_ssl_cert_file,
         rest_api_ssl_key_file=rest_api_ssl_key_file,

@@ -184,6 +184,10 @@ class ServeMagics(Magics):
                 num_workers=args.num_workers,
                 response_cache_bytes=args.response_cache_bytes,
                 response_cache_models=[m.strip() for m in args.response_cache_models.split(",") if m.strip()],
+                memory_budget=args.memory_budget or "",
+                load_on_demand=bool(args.load_on_demand),
+                unload_after_idle=args.unload_after_idle or 0.0,
+                pin=args.pin or (),
                 ssl_config_file=args.ssl_config_file,
                 rest_api_ssl_cert_file=args.rest_api_ssl_cert_file,
                 rest_api_ssl_key_file=args.rest_api_ssl_key_file,
@@ -459,6 +463,14 @@ class ServeMagics(Magics):
                     'log_collector_config { filename_prefix: "logs/requests" } sampling_config { sampling_rate: 1.0 }'
                 )
             prefix = logging["filename_prefix"]
+            sink = logging.get("sink", "tfrecord")
+            if sink == "cloudevents":
+                raise UsageError(f"model {args.model!r} sends its requests as CloudEvents to {prefix}: nothing to read")
+            if sink == "parquet":  # a data set, not TFRecord files: read it as one (docs/request-logs-and-drift.md)
+                import pandas as pd
+
+                frame = pd.read_parquet(prefix, filters=[("model", "=", args.model)])
+                return frame.sort_values("time").tail(args.last) if args.last else frame.sort_values("time")
         try:
             return read_request_log(prefix, model=args.model, last=args.last or None)
         except FileNotFoundError:

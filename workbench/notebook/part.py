@@ -172,3 +172,42 @@ class Part:
         for thread in list(self._threads):
             if thread is not threading.current_thread():
                 thread.join(timeout)
+
+
+class StatsPanel(Part):
+    """A dashboard panel drawn from one kind of record in the server's stats snapshot (:attr:`RECORDS`: the
+    ``"shadow"`` or ``"drift"`` entry), fetched every ``interval`` seconds on a thread of its own and drawn on the
+    kernel's (the newest snapshot only: a slow draw skips the ones it missed). A subclass builds :attr:`widget` and
+    its figure, then calls :meth:`_start`; it draws in :meth:`_draw`."""
+
+    RECORDS = ""
+
+    def __init__(self, server: Server, interval: float = 1.0) -> None:
+        super().__init__()
+        self.client = client_of(server)
+        self.interval = interval
+        self.records: dict[str, dict[str, Any]] = {}
+        self.widget: widgets.Widget
+
+    def _start(self, server: Server) -> None:
+        self._updates: Newest[dict[str, dict[str, Any]]] = Newest(self._draw)
+        self._spawn(self._poll, f"{self.RECORDS}-panel")
+        register(server, self)
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        display(self.widget)
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            try:
+                snapshot = self.client.stats()
+            except (ServingError, requests.RequestException):
+                snapshot = {}
+            records = snapshot.get(self.RECORDS) if isinstance(snapshot, dict) else None
+            self._updates.post(records if isinstance(records, dict) else {})
+            self._stop.wait(self.interval)
+
+    def _draw(self, records: dict[str, dict[str, Any]]) -> None:
+        raise NotImplementedError

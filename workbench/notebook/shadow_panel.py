@@ -14,26 +14,23 @@ import time
 from typing import Any
 
 import ipywidgets as widgets
-import requests
 
-from workbench.core.errors import ServingError
-from workbench.notebook.part import PALETTE, Newest, Part, Server, client_of, register
+from workbench.notebook.part import PALETTE, Server, StatsPanel
 
 POINTS = 300  # agreement readings kept a model (5 minutes at one a second)
 NO_SHADOW = "<i>No model has a shadow: <code>%serve shadow MODEL VERSION</code> starts one.</i>"
 
 
-class ShadowPanel(Part):
+class ShadowPanel(StatsPanel):
     """Agreement over time, the differences' distribution, and the slowest inputs, per shadowed model."""
 
+    RECORDS = "shadow"
+
     def __init__(self, server: Server, interval: float = 1.0) -> None:
-        super().__init__()
+        super().__init__(server, interval)
         import plotly.graph_objects as go
         from plotly.subplots import make_subplots
 
-        self.client = client_of(server)
-        self.interval = interval
-        self.records: dict[str, dict[str, Any]] = {}
         self._agreement: dict[str, collections.deque[tuple[float, float]]] = {}
         self._lock = threading.Lock()
         figure = make_subplots(
@@ -46,24 +43,7 @@ class ShadowPanel(Part):
             "<i>No model has a shadow: <code>%serve shadow MODEL VERSION</code> starts one.</i>"
         )
         self.widget = widgets.VBox([self.figure, self.details])
-        self._updates: Newest[dict[str, dict[str, Any]]] = Newest(self._draw)
-        self._spawn(self._poll, "shadow-panel")
-        register(server, self)
-
-    def _ipython_display_(self) -> None:
-        from IPython.display import display
-
-        display(self.widget)
-
-    def _poll(self) -> None:
-        while not self._stop.is_set():
-            try:
-                snapshot = self.client.stats()
-            except (ServingError, requests.RequestException):
-                snapshot = {}
-            records = snapshot.get("shadow") if isinstance(snapshot, dict) else None
-            self._updates.post(records if isinstance(records, dict) else {})
-            self._stop.wait(self.interval)
+        self._start(server)
 
     def _draw(self, records: dict[str, dict[str, Any]]) -> None:
         now = time.time()

@@ -18,6 +18,7 @@ import threading
 
 import ipywidgets as widgets
 
+from workbench.notebook.drift_panel import DriftPanel
 from workbench.notebook.live_chart import LiveChart
 from workbench.notebook.load_panel import LoadPanel
 from workbench.notebook.part import (
@@ -54,9 +55,12 @@ class Dashboard(Part):
         self.chart = LiveChart(server, window_seconds=window_seconds)
         self.load = LoadPanel(server)
         self.shadow = ShadowPanel(server)
-        self.parts: list[Part] = [self.versions, self.query, self.chart, self.load, self.shadow]
-        tabs = widgets.Tab(children=[self.versions.widget, self.query.widget, self.load.widget, self.shadow.widget])
-        for index, title in enumerate(("Versions", "Query", "Load", "v1 vs v2")):
+        self.drift = DriftPanel(server)
+        self.parts: list[Part] = [self.versions, self.query, self.chart, self.load, self.shadow, self.drift]
+        tabs = widgets.Tab(
+            children=[self.versions.widget, self.query.widget, self.load.widget, self.shadow.widget, self.drift.widget]
+        )
+        for index, title in enumerate(("Versions", "Query", "Load", "v1 vs v2", "Drift")):
             tabs.set_title(index, title)
         self.widget = widgets.VBox([tabs, self.chart.widget])
         register(server, self)

@@ -219,6 +219,13 @@ class ServingMetrics:
             ["model", "version"],
             registry=self.registry,
         )
+        self.trace_context_invalid = Counter(
+            "workbench_trace_context_invalid",
+            "Traced requests whose traceparent was malformed: ignored (a new trace started, as W3C Trace Context "
+            "requires), by protocol.",
+            ["protocol"],
+            registry=self.registry,
+        )
 
     def observe_request(
         self, model: str, version: int | None, api: str, protocol: str, code: str, seconds: float
@@ -292,6 +299,10 @@ class ServingMetrics:
     def report_async_queue(self, waiting: Callable[[], tuple[int, float] | None]) -> None:
         """Where the asynchronous queue's gauges read (requests waiting, oldest age; None: no queue) at scrape time."""
         self._async_waiting = waiting
+
+    def count_invalid_trace_context(self, protocol: str) -> None:
+        """A request's traceparent was malformed (tracing on): it was served in a new trace."""
+        self.trace_context_invalid.labels(protocol).inc()
 
     def set_version_state(self, model: str, version: int, available: bool) -> None:
         self.version_available.labels(model, str(version)).set(1 if available else 0)

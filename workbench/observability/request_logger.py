@@ -13,6 +13,11 @@ Nothing here blocks the event loop: the loop only samples and queues an entry (r
 already has); a background thread builds the protos and writes. The queue is bounded in records and in
 bytes; when the disk falls behind, entries are dropped and counted (``describe()``, the health endpoint),
 never waited for.
+
+A model's collector may instead be ``"parquet"`` (:mod:`workbench.observability.parquet_sink`: Parquet files
+partitioned by model, version and hour) or ``"cloudevents"`` (:mod:`workbench.observability.cloudevents_sink`:
+KServe's logger's events over HTTP). The same sampling, queue and counts apply; ``logged`` counts rows in a
+written file, or requests whose events were delivered.
 """
 
 from __future__ import annotations
@@ -27,16 +32,25 @@ import queue
 import random
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from workbench.config.options import ModelConfig
 from workbench.config.request_logging import (
+    CLOUDEVENTS,
+    PARQUET,
+    TFRECORD,
     RequestLogConfig,
     logging_file,
     read_model_request_log_config,
 )
 from workbench.core.errors import ServingError
+from workbench.observability import log_records
+from workbench.observability.cloudevents_sink import MAX_QUEUED as CLOUDEVENTS_MAX_QUEUED
+from workbench.observability.cloudevents_sink import CloudEventsSink
+from workbench.observability.log_records import LoggedCall
+from workbench.observability.parquet_sink import FLUSH_SECONDS, ROWS_PER_FILE, ParquetSink
 from workbench.observability.prediction_logs import LogEntry
 from workbench.protocol.request_log_files import FILE_SUFFIX, log_file_name, writer_id
 
@@ -59,6 +73,7 @@ class _Pending:
     entry: LogEntry
     timestamp: float
     size: int
+    call: LoggedCall | None = None
 
 
 @dataclasses.dataclass
@@ -66,6 +81,7 @@ class _Counts:
     sampled: int = 0  # answered requests chosen for the log
     logged: int = 0  # records written and flushed
     dropped: int = 0  # sampled, but the queue was full or the write failed
+    send_failures: int = 0  # CloudEvents POSTs that failed (each retry counts; a record may still be logged)
 
 
 @dataclasses.dataclass
@@ -112,8 +128,14 @@ class RequestLogger:
         max_file_bytes: int = MAX_FILE_BYTES,
         max_pending_records: int = MAX_PENDING_RECORDS,
         max_pending_bytes: int = MAX_PENDING_BYTES,
+        parquet_rows_per_file: int = ROWS_PER_FILE,
+        parquet_flush_seconds: float = FLUSH_SECONDS,
+        cloudevents_max_queued: int = CLOUDEVENTS_MAX_QUEUED,
     ) -> None:
         self.max_file_bytes = max_file_bytes
+        self.parquet_rows_per_file = parquet_rows_per_file
+        self.parquet_flush_seconds = parquet_flush_seconds
+        self.cloudevents_max_queued = cloudevents_max_queued
         self.max_pending_bytes = max_pending_bytes
         self.writer = writer_id()
         self._configs: dict[str, RequestLogConfig] = {}  # replaced whole, never mutated: read without a lock
@@ -130,6 +152,8 @@ class RequestLogger:
         self._open: dict[str, _OpenFile] = {}
         self._numbers: dict[str, int] = collections.defaultdict(int)
         self._failing: set[str] = set()
+        self._parquet: dict[str, ParquetSink] = {}  # by folder
+        self._events: dict[str, CloudEventsSink] = {}  # by URL
 
     # ------------------------------------------------------------------------------------- configuration
     def configure(self, models: Iterable[ModelConfig]) -> None:
@@ -149,13 +173,12 @@ class RequestLogger:
     def _reconfigure(self, configs: dict[str, RequestLogConfig]) -> None:
         for name, config in sorted(configs.items()):
             if self._configs.get(name) != config:
-                log.info(
-                    "Logging requests of model %s (sampling rate %g) to %s-*%s",
-                    name,
-                    config.sampling_rate,
-                    config.filename_prefix,
-                    FILE_SUFFIX,
-                )
+                where = {
+                    TFRECORD: f"{config.filename_prefix}-*{FILE_SUFFIX}",
+                    PARQUET: f"Parquet files under {config.filename_prefix}",
+                    CLOUDEVENTS: f"CloudEvents POSTed to {config.filename_prefix}",
+                }[config.sink]
+                log.info("Logging requests of model %s (sampling rate %g) to %s", name, config.sampling_rate, where)
         for name in sorted(set(self._configs) - set(configs)):
             log.info("Request logging of model %s is off", name)
         self._configs = configs
@@ -169,6 +192,7 @@ class RequestLogger:
             counts = {name: dataclasses.replace(c) for name, c in self._counts.items()}
         return {
             name: {
+                "sink": config.sink,
                 "filename_prefix": config.filename_prefix,
                 "sampling_rate": config.sampling_rate,
                 **dataclasses.asdict(counts.get(name, _Counts())),
@@ -177,16 +201,20 @@ class RequestLogger:
         }
 
     # ---------------------------------------------------------------------------------- the serving path
-    def log(self, model: str, entry: Callable[[], LogEntry]) -> None:
+    def log(self, model: str, entry: Callable[[], LogEntry], protocol: str = "", latency_seconds: float = 0.0) -> None:
         """Maybe log one answered request of ``model``: sampled here, written later; never blocks.
 
         ``entry`` is only called for a sampled request, so an unsampled one costs a lookup and a random draw.
+        ``protocol`` and ``latency_seconds`` (the frontend's label, the time to answer) go into Parquet rows and
+        CloudEvents; a sampled request gets its request id here.
         """
         config = self._configs.get(model)
         if config is None or self._random.random() >= config.sampling_rate:
             return
         record = entry()
-        pending = _Pending(config, record, time.time(), record.nbytes)
+        now = time.time()
+        call = LoggedCall(uuid.uuid4().hex, now, protocol, latency_seconds) if config.sink != TFRECORD else None
+        pending = _Pending(config, record, now, record.nbytes, call)
         with self._lock:
             counts = self._counts[model]
             counts.sampled += 1
@@ -217,17 +245,31 @@ class RequestLogger:
         while True:
             batch = self._next_batch()
             entries = [item for item in batch if isinstance(item, _Pending)]
-            if entries:
-                self._write(entries)
+            others = [item for item in entries if item.config.sink != TFRECORD]
+            if others:
+                self._hand_over(others)
+            if len(others) < len(entries):
+                self._write([item for item in entries if item.config.sink == TFRECORD])
+            for sink in self._parquet.values():
+                sink.flush_due()
             self._close_unused()
             if _Signal.STOP in batch:
                 break
         for prefix in list(self._open):
             self._close(prefix)
+        for folder in list(self._parquet):
+            self._parquet.pop(folder).close()
+        for url in list(self._events):
+            self._events.pop(url).close()
 
     def _next_batch(self) -> list[_Pending | _Signal]:
-        """Wait for something to do, then take what else is queued, up to one batch."""
-        batch = [self._queue.get()]
+        """Wait for something to do (or for Parquet rows to come due), then take what else is queued, up to one
+        batch."""
+        dues = [due for due in (sink.next_due() for sink in self._parquet.values()) if due is not None]
+        try:
+            batch: list[_Pending | _Signal] = [self._queue.get(timeout=min(dues) if dues else None)]
+        except queue.Empty:
+            return []
         while len(batch) < _BATCH and batch[-1] is not _Signal.STOP:
             try:
                 batch.append(self._queue.get_nowait())
@@ -274,6 +316,53 @@ class RequestLogger:
             for model, n in failed.items():
                 self._counts[model].dropped += n
 
+    def _hand_over(self, entries: list[_Pending]) -> None:
+        """Parquet rows into their folder's buffers, CloudEvents into their URL's queue."""
+        for pending in entries:
+            config, entry, call = pending.config, pending.entry, pending.call
+            assert call is not None
+            try:
+                if config.sink == PARQUET:
+                    self._parquet_sink(config.filename_prefix).add(
+                        entry.model, entry.version, pending.timestamp, log_records.row(entry, call)
+                    )
+                else:
+                    self._events_sink(config.filename_prefix).offer(entry, call)
+            except Exception as exc:  # noqa: BLE001 - one record that cannot become a row is lost, not the writer
+                log.error("Could not log request %s of %s: %s", call.request_id, entry.model, exc)
+                self._count(entry.model, entry.version, False)
+        with self._lock:
+            self._pending_bytes -= sum(pending.size for pending in entries)
+
+    def _parquet_sink(self, folder: str) -> ParquetSink:
+        sink = self._parquet.get(folder)
+        if sink is None:
+            sink = self._parquet[folder] = ParquetSink(
+                folder, self.writer, self._count, self.parquet_rows_per_file, self.parquet_flush_seconds
+            )
+        return sink
+
+    def _events_sink(self, url: str) -> CloudEventsSink:
+        sink = self._events.get(url)
+        if sink is None:
+            sink = self._events[url] = CloudEventsSink(
+                url, self._count, self._send_failed, max_queued=self.cloudevents_max_queued
+            )
+        return sink
+
+    def _count(self, model: str, version: int, logged: bool) -> None:
+        """A record's fate, from a sink (the writer thread, or a CloudEvents sender)."""
+        with self._lock:
+            counts = self._counts[model]
+            if logged:
+                counts.logged += 1
+            else:
+                counts.dropped += 1
+
+    def _send_failed(self, model: str) -> None:
+        with self._lock:
+            self._counts[model].send_failures += 1
+
     def _file(self, prefix: str) -> _OpenFile:
         target = self._open.get(prefix)
         if target is not None:
@@ -308,10 +397,17 @@ class RequestLogger:
             self._failed(prefix, exc)
 
     def _close_unused(self) -> None:
-        """Close the files of prefixes no model logs to any more, so they are complete for readers."""
-        used = {config.filename_prefix for config in self._configs.values()}
+        """Close the files of prefixes no model logs to any more, so they are complete for readers (and write the
+        Parquet rows, send the events, of collectors no model uses any more)."""
+        used = {config.filename_prefix for config in self._configs.values() if config.sink == TFRECORD}
         for prefix in [p for p in self._open if p not in used]:
             self._close(prefix)
+        used = {config.filename_prefix for config in self._configs.values() if config.sink == PARQUET}
+        for folder in [f for f in self._parquet if f not in used]:
+            self._parquet.pop(folder).close()
+        used = {config.filename_prefix for config in self._configs.values() if config.sink == CLOUDEVENTS}
+        for url in [u for u in self._events if u not in used]:
+            self._events.pop(url).close()
 
     def close(self, timeout: float = 30.0) -> None:
         """Write what is queued, close the files, and stop the writer (blocks: call it off the event loop)."""

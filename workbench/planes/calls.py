@@ -15,6 +15,7 @@ from workbench.batching.interest import Interest, deadline_exceeded
 from workbench.core.errors import Code, ServingError, from_exception
 from workbench.core.servable import Servable
 from workbench.models.harness import Harness
+from workbench.observability import tracing as _tracing
 from workbench.observability.metrics import ServingMetrics
 from workbench.observability.stats import RollingStats
 
@@ -53,23 +54,32 @@ class RequestInFlight:
     """
 
     __slots__ = (
-        "_dataplane", "_harness", "_started", "_work", "_interest", "servable", "model", "api", "protocol", "default"
+        "_dataplane", "_harness", "_started", "_work", "_interest", "servable", "model", "api", "protocol", "default",
+        "trace",
     )  # fmt: skip
 
-    def __init__(self, dataplane: CallSite, spec: ModelSpec, api: str, protocol: str) -> None:
+    def __init__(
+        self, dataplane: CallSite, spec: ModelSpec, api: str, protocol: str, harness: Harness | None = None
+    ) -> None:
+        """``harness``: the servable ``spec`` names, already acquired (a version loaded on demand for the request);
+        None: resolved here."""
         self._dataplane = dataplane
         self.model, self.api, self.protocol = spec.name, api, protocol
         self.default = spec.version is None and spec.label is None  # default traffic (a shadow may copy it)
         self._started = time.perf_counter()
         self._work: asyncio.Future[Any] | None = None  # a composite's run, as a task of its own
         self._interest: Interest | None = None  # a plain servable's run: its batch tasks, awaited by the request
+        tracing = _tracing.active  # None unless OTEL_TRACES_EXPORTER asked for spans: nothing more is done then
+        self.trace = tracing.start_request(spec.name, api, protocol, spec.signature_name) if tracing else None
         try:
             # The harness itself, not a ServableHandle around it: one object less on every request.
-            self._harness = dataplane.resolve(spec)
+            self._harness = harness if harness is not None else dataplane.resolve(spec)
         except BaseException as exc:  # an unknown model or version is a request too: count it
             self._count(exc, None)
             raise
         self.servable: Servable = self._harness.servable
+        if self.trace is not None:
+            self.trace.resolved(self.servable.version)
 
     @property
     def version(self) -> int:
@@ -84,6 +94,8 @@ class RequestInFlight:
         harness = self._dataplane.resolve(spec)
         self._harness.release()
         self._harness, self.servable = harness, harness.servable
+        if self.trace is not None:
+            self.trace.resolved(self.servable.version)
 
     def __enter__(self) -> RequestInFlight:
         return self
@@ -114,6 +126,8 @@ class RequestInFlight:
         seconds = time.perf_counter() - self._started
         self._dataplane.metrics.observe_request(self.model, version, self.api, self.protocol, code, seconds)
         self._dataplane.stats.record_request(self.model, version, seconds, code == "OK")
+        if self.trace is not None:
+            self.trace.end(exc)
 
 
 class Expired(Exception):

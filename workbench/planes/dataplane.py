@@ -13,7 +13,7 @@ import contextlib
 import dataclasses
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import Executor
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -29,12 +29,14 @@ from workbench.models.harness import Harness
 from workbench.models.manager import Manager, ServableHandle, VersionState, VersionStatus
 from workbench.models.readiness import Readiness
 from workbench.observability import prediction_logs
+from workbench.observability.drift_monitor import DriftMonitor
 from workbench.observability.metrics import ServingMetrics
 from workbench.observability.request_logger import RequestLogger
 from workbench.observability.stats import RollingStats
 from workbench.planes import decoupled
 from workbench.planes.calls import ModelSpec, RequestInFlight, answering, expire, until_answered
 from workbench.planes.first_load_waits import FirstLoadWaits
+from workbench.planes.on_demand import hold_on_demand
 from workbench.planes.response_cache import ResponseCache, request_digest
 from workbench.planes.sequences import Sequences
 from workbench.planes.shadowing import ShadowTraffic
@@ -42,6 +44,13 @@ from workbench.planes.statistics import MetricTotals
 from workbench.protocol.v2_models import ModelStatistics, RepositoryRow
 
 __all__ = ["RequestInFlight", "Dataplane", "ModelSpec", "ServerStatus"]
+
+if TYPE_CHECKING:  # imported when an explanation is asked for: a server that explains nothing never loads them
+    from workbench.explain.explaining import Answer as Explained
+    from workbench.protocol.explanations import Parameters
+
+# An explanation's time when its request has no deadline (a gRPC call without one, REST with its timeout off).
+EXPLAIN_SECONDS = 60.0
 
 T = TypeVar("T")
 
@@ -87,6 +96,7 @@ class Dataplane:
         self.stats = stats
         self.scheduler = scheduler
         self.request_log = request_log
+        self.drift: DriftMonitor | None = None  # set by the server: served inputs against a reference
         self._executor = executor
         self._batching_for = batching_for
         self._members = _MemberAccess(self)
@@ -119,19 +129,39 @@ class Dataplane:
             except ServingError as exc:
                 self.refused(spec.name, api, protocol, exc)
                 raise
+        if self._manager.on_demand:  # versions leave memory: one not there now loads for the request, which waits
+            try:
+                harness = await self.hold(spec, timeout)
+            except ServingError as exc:
+                self.refused(spec.name, api, protocol, exc)
+                raise
+            return RequestInFlight(self, spec, api, protocol, harness)
         return RequestInFlight(self, spec, api, protocol)
 
-    async def loaded(self, name: str, timeout: float | None = None) -> None:
+    async def loaded(self, name: str, timeout: float | None = None, spec: ModelSpec | None = None) -> None:
         """Return once ``name``'s first load is over, at once when it is not under way (nearly always).
 
         TF Serving opens its ports only after the initial models load, so scripts written for it send requests the
         moment a port answers; workbench opens them earlier (liveness and readiness answer during a long start-up),
         and a request for a model the config or repository names waits for that model's first load rather than
         being told it does not exist. The wait is bounded by ``timeout`` (the request's deadline) and
-        :attr:`first_load_wait`; a model nobody named is not waited for.
+        :attr:`first_load_wait`; a model nobody named is not waited for. With versions loaded on demand, the version
+        ``spec`` names is loaded too (a metadata request for an evicted version), within the same bounds.
         """
         if self._manager.loading_first(name):
             await self._first_load_waits.wait(name, timeout)
+        if spec is not None:
+            harness = await self.hold(spec, timeout)
+            if harness is not None:
+                harness.release()  # loaded, and the most recently used: the caller's handle() finds it
+
+    async def hold(self, spec: ModelSpec, timeout: float | None = None) -> Harness | None:
+        """With versions loaded on demand: the version ``spec`` names, loaded for the caller if it must be (waiting
+        within ``timeout`` and --wait_for_model_load_seconds) and acquired; None without, or when ``spec`` names
+        nothing that could load (resolution answers then)."""
+        if not self._manager.on_demand:
+            return None
+        return await hold_on_demand(self._manager, spec, timeout, self.first_load_wait)
 
     def refused(self, model: str, api: str, protocol: str, error: ServingError) -> None:
         """Count a request refused before it named a servable (a frontend could not read its model or version)."""
@@ -192,11 +222,17 @@ class Dataplane:
         """
         servable = call.servable
         if isinstance(servable, Composite):
-            return await self._run(call, servable.run_with(self._members, signature, feed, outputs), timeout)
-        loop = asyncio.get_running_loop()
-        interest = call._interest = Interest(timeout, loop)
-        expiry = loop.call_later(timeout, interest.expire) if timeout is not None else None
-        return await until_answered(self.scheduler.run(servable, signature, feed, outputs, interest), interest, expiry)
+            result = await self._run(call, servable.run_with(self._members, signature, feed, outputs), timeout)
+        else:
+            loop = asyncio.get_running_loop()
+            interest = call._interest = Interest(timeout, loop)
+            interest.trace = call.trace
+            expiry = loop.call_later(timeout, interest.expire) if timeout is not None else None
+            waiting = self.scheduler.run(servable, signature, feed, outputs, interest)
+            result = await until_answered(waiting, interest, expiry)
+        if call.trace is not None:
+            call.trace.ran(signature.name)  # the answer's encoding starts
+        return result
 
     @staticmethod
     async def _run(call: RequestInFlight, work: Awaitable[T], timeout: float | None) -> T:
@@ -214,6 +250,7 @@ class Dataplane:
         loop = asyncio.get_running_loop()
         answer: asyncio.Future[T] = loop.create_future()
         interest = Interest(timeout, loop)  # what it still has queued for a batch when the caller gives up never runs
+        interest.trace = call.trace  # member requests' batches link to the request's span
         call._work = interest.start(answering(work, answer))
         expiry = loop.call_later(timeout, expire, answer) if timeout is not None else None
         return await until_answered(answer, interest, expiry)
@@ -246,7 +283,7 @@ class Dataplane:
         if cache is not None and key is not None:
             cache.put(key, result)
         self._log(
-            servable,
+            call,
             lambda: prediction_logs.PredictEntry(
                 servable.name, servable.version, signature.name, inputs, output_filter, result
             ),
@@ -269,7 +306,7 @@ class Dataplane:
         signature, result = await self._sequences.step(call, signature_name, inputs, output_filter, timeout, sequence)
         servable = call.servable
         self._log(
-            servable,
+            call,
             lambda: prediction_logs.PredictEntry(
                 servable.name, servable.version, signature.name, inputs, output_filter, result
             ),
@@ -304,7 +341,7 @@ class Dataplane:
         result = await self._execute_for(call, run.signature, run.feed, run.outputs, timeout)
         name, labelled = run.signature.name, inference.classify_results(run, result)
         self._log(
-            servable,
+            call,
             lambda: prediction_logs.ClassifyEntry(servable.name, servable.version, name, examples, labelled),
         )
         return name, labelled
@@ -316,10 +353,32 @@ class Dataplane:
         run = inference.regress_call(servable, signature_name, examples)
         result = await self._execute_for(call, run.signature, run.feed, run.outputs, timeout)
         name, values = run.signature.name, inference.regress_results(run, result)
-        self._log(
-            servable, lambda: prediction_logs.RegressEntry(servable.name, servable.version, name, examples, values)
-        )
+        self._log(call, lambda: prediction_logs.RegressEntry(servable.name, servable.version, name, examples, values))
         return name, values
+
+    async def explain(
+        self,
+        call: RequestInFlight,
+        signature_name: str,
+        inputs: Mapping[str, np.ndarray],
+        parameters: Parameters,
+        timeout: float | None = None,
+    ) -> Explained:
+        """Explain a predict's rows (:mod:`workbench.explain`) on a worker thread, unbatched: an explanation runs
+        the model many times over. Bounded by ``timeout``, else :data:`EXPLAIN_SECONDS`: its explainer sizes its
+        work to that and stops there; the request is answered DEADLINE_EXCEEDED then in any case."""
+        from workbench.explain import explaining
+        from workbench.protocol.explanations import Budget
+
+        servable = call.servable
+        signature = inference.predict_signature(servable, signature_name)
+        feed, _ = inference.prepare_predict(signature, inputs)
+        seconds = timeout if timeout is not None else EXPLAIN_SECONDS
+        loop = asyncio.get_running_loop()
+        work = loop.run_in_executor(
+            self._executor, explaining.explain, servable, signature, feed, parameters, Budget(seconds)
+        )
+        return await self._run(call, work, seconds)
 
     async def multi_inference(
         self,
@@ -334,15 +393,18 @@ class Dataplane:
         work = loop.run_in_executor(self._executor, inference.multi_inference, servable, tasks, examples)
         results = await self._run(call, work, timeout)
         self._log(
-            servable,
+            call,
             lambda: prediction_logs.MultiInferenceEntry(servable.name, servable.version, tasks, examples, results),
         )
         return results
 
-    def _log(self, servable: Servable, entry: Callable[[], prediction_logs.LogEntry]) -> None:
-        """Offer an answered request to request logging (TF Serving's logging_config); failed ones never get here."""
+    def _log(self, call: RequestInFlight, entry: Callable[[], prediction_logs.LogEntry]) -> None:
+        """Offer an answered request to request logging (TF Serving's logging_config) and to drift monitoring;
+        failed ones never get here."""
         if self.request_log is not None:
-            self.request_log.log(servable.name, entry)
+            self.request_log.log(call.servable.name, entry, call.protocol, call.elapsed_seconds)
+        if self.drift is not None:
+            self.drift.offer(call.servable, entry)
 
     # ------------------------------------------------------------------------------------ queries
     def knows(self, name: str) -> bool:
@@ -434,7 +496,9 @@ class _MemberAccess:
         self, model: str, version: int | None, label: str | None, signature_name: str, inputs: Mapping[str, np.ndarray]
     ) -> dict[str, np.ndarray]:
         dataplane = self._dataplane
-        with dataplane.handle(ModelSpec(model, version, label)) as member:
+        spec = ModelSpec(model, version, label)
+        held = await dataplane.hold(spec)  # a member evicted under a memory budget loads again for the pipeline
+        with ServableHandle(held) if held is not None else dataplane.handle(spec) as member:
             signature = inference.predict_signature(member, signature_name)
             feed, outputs = inference.prepare_predict(signature, inputs)
             try:

@@ -20,6 +20,7 @@ import logging
 from collections.abc import Callable, Mapping
 from importlib.metadata import entry_points
 from pathlib import Path
+from types import ModuleType
 
 from workbench.core.errors import Code, ServingError
 from workbench.core.servable import Servable
@@ -54,17 +55,36 @@ class Platform:
     extra: str = ""
     v2_name: str = ""
     inline: bool = False
+    # The framework's modules, which ``module`` imports only inside its loader: imported first by
+    # :meth:`import_framework` when a load is measured (a memory budget), so the model is charged, not the import.
+    framework: tuple[str, ...] = ()
 
     def load(self, name: str, version: int, path: str, policy: LoadPolicy) -> Servable:
+        load: PlatformLoader = getattr(self.import_module(), self.loader)
+        return load(name, version, path, policy)
+
+    def import_framework(self) -> None:
+        """Import the platform's module and its framework (PyTorch, scikit-learn...) ahead of a load, and run the
+        module's ``warm_up()`` where it has one (what a framework builds once, on its first load, for all)."""
+        module = self.import_module()
+        for name in self.framework:
+            try:
+                importlib.import_module(name)
+            except ImportError:  # the load itself says what is missing, and how to install it
+                return
+        warm_up = getattr(module, "warm_up", None)
+        if callable(warm_up):
+            warm_up()
+
+    def import_module(self) -> ModuleType:
+        """The platform's module, imported on first use."""
         try:
-            module = importlib.import_module(self.module)
+            return importlib.import_module(self.module)
         except ImportError as exc:
             hint = f"; install it with: pip install 'workbench-serving[{self.extra}]'" if self.extra else ""
             raise ServingError(
                 Code.FAILED_PRECONDITION, f"The {self.name} platform needs {exc.name or exc}, which is missing{hint}"
             ) from None
-        load: PlatformLoader = getattr(module, self.loader)
-        return load(name, version, path, policy)
 
 
 BUILTIN: tuple[Platform, ...] = (
@@ -74,6 +94,7 @@ BUILTIN: tuple[Platform, ...] = (
         "workbench.platforms.tensorflow",
         v2_name="tensorflow_savedmodel",
         inline=True,
+        framework=("tensorflow",),
     ),
     Platform(
         "sklearn",
@@ -82,14 +103,53 @@ BUILTIN: tuple[Platform, ...] = (
         "load",
         "sklearn",
         inline=True,
+        framework=("sklearn", "skops.io"),
     ),
-    Platform("xgboost", ("model.ubj", "model.json"), "workbench.platforms.xgboost", extra="xgboost", inline=True),
-    Platform("lightgbm", ("model.txt",), "workbench.platforms.lightgbm", extra="lightgbm", inline=True),
     Platform(
-        "onnx", ("model.onnx",), "workbench.platforms.onnx", extra="onnx", v2_name="onnxruntime_onnx", inline=True
+        "xgboost",
+        ("model.ubj", "model.json"),
+        "workbench.platforms.xgboost",
+        extra="xgboost",
+        inline=True,
+        framework=("xgboost",),
+    ),
+    Platform(
+        "lightgbm",
+        ("model.txt",),
+        "workbench.platforms.lightgbm",
+        extra="lightgbm",
+        inline=True,
+        framework=("lightgbm",),
+    ),
+    Platform(
+        "onnx",
+        ("model.onnx",),
+        "workbench.platforms.onnx",
+        extra="onnx",
+        v2_name="onnxruntime_onnx",
+        inline=True,
+        framework=("onnxruntime", "onnx"),
+    ),
+    # model.pt2 (torch.export) or model.pt (TorchScript); v2 metadata names it as Triton names its libtorch backend.
+    Platform(
+        "pytorch",
+        ("model.pt2", "model.pt"),
+        "workbench.platforms.pytorch",
+        extra="pytorch",
+        v2_name="pytorch_libtorch",
+        inline=True,
+        framework=("torch",),
     ),
     Platform("python", ("model.py",), "workbench.platforms.python"),
     Platform("pipeline", ("pipeline.yaml",), "workbench.platforms.pipeline", v2_name="ensemble"),
+    # An unpacked TorchServe model archive (workbench.runtime.model_archives writes the second file beside it).
+    Platform(
+        "torchserve",
+        ("MAR-INF/MANIFEST.json", "MAR-INF/workbench-source.json"),
+        "workbench.platforms.torchserve",
+        extra="pytorch",
+        framework=("torch",),
+    ),
     # SavedModel signatures answered with zeros: the frontends' ceiling, measured by the benchmarks. Chosen only
     # by name (no files of its own).
     Platform("workbench_null", (), "workbench.platforms.tensorflow", loader="load_null", inline=True),
@@ -191,6 +251,12 @@ class Loader:
     def __init__(self, policy: LoadPolicy = LoadPolicy()) -> None:
         self.policy = policy
 
+    def prepare(self, name: str, version: int, path: str, platform: str = "") -> None:
+        """Import the platform of the version at ``path`` (its framework: PyTorch, scikit-learn...), which a process
+        pays once: a load measured after this is charged the model alone, not the framework's hundreds of MiB."""
+        if not (Path(path).parent / TRITON_CONFIG).is_file():  # a Triton model's config names its backend
+            (get(platform) if platform else detect(path)).import_framework()
+
     def __call__(self, name: str, version: int, path: str, platform: str = "") -> Servable:
         if (Path(path).parent / TRITON_CONFIG).is_file():
             # A Triton model (its folder holds config.pbtxt): the config says how it is served.
@@ -200,7 +266,9 @@ class Loader:
         chosen = get(platform) if platform else detect(path)
         servable = chosen.load(name, version, path, self.policy)
         servable.platform = chosen.name
-        if chosen.name != "workbench_null" and (Path(path) / HANDLER_FILE).is_file():
+        # workbench's own handler.py beside a model; a TorchServe archive's handler.py is the archive's own (its
+        # platform runs it as TorchServe does).
+        if chosen.name not in ("workbench_null", "torchserve") and (Path(path) / HANDLER_FILE).is_file():
             from workbench.platforms.handler import with_handler
 
             try:

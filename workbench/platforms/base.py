@@ -21,10 +21,15 @@ class LoadPolicy:
 
     Pickles (``model.joblib``, ``model.pkl``) and Python files (``model.py``, ``handler.py``) run code when loaded:
     whoever can write the repository can run anything in the server. They load only when allowed.
+
+    Also where the server places what it loads: the device PyTorch models run on (``--pytorch_device``) and
+    PyTorch's threads per call (``--pytorch_threads``; 0, the default outside a server, leaves the process's own).
     """
 
     allow_pickle: bool = False
     allow_python: bool = False
+    pytorch_device: str = "auto"
+    pytorch_threads: int = 0
 
 
 PICKLE_SETTING = "--allow_pickle (Server(allow_pickle=True), %serve start --allow-pickle)"

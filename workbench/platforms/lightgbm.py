@@ -69,7 +69,7 @@ def describe(booster: Any, labels: list[Any] | None = None) -> TabularModel:
     run = functools.partial(booster.predict, num_threads=1)
     if objective(booster) not in CLASSIFIER_OBJECTIVES:
         values = Method(DEFAULT_SIGNATURE, "predictions", np.dtype(np.float64), (-1,), run)
-        return TabularModel(matrix, [values], regress=run)
+        return TabularModel(matrix, [values], regress=run, source=booster)
 
     k = 2 if objective(booster) == "binary" else booster.num_model_per_iteration()
     if labels is None:
@@ -91,7 +91,7 @@ def describe(booster: Any, labels: list[Any] | None = None) -> TabularModel:
         Method(DEFAULT_SIGNATURE, "predictions", label_dtype(table), (-1,), predict),
         Method("predict_proba", "probabilities", np.dtype(np.float64), (-1, k), probabilities),
     ]
-    return TabularModel(matrix, methods, Classes(labels, probabilities, predict))
+    return TabularModel(matrix, methods, Classes(labels, probabilities, predict), source=booster)
 
 
 # --------------------------------------------------------------------------------------------- export

@@ -160,7 +160,7 @@ def describe(estimator: Any) -> TabularModel:
         classes = Classes(list(labels), proba, _calling(estimator.predict, frame))
     elif is_regressor(estimator) and hasattr(estimator, "predict"):
         regress = _calling(estimator.predict, frame)
-    return TabularModel(matrix, methods, classes, regress)
+    return TabularModel(matrix, methods, classes, regress, source=estimator)
 
 
 def _as_frame(names: tuple[str, ...]) -> Callable[[np.ndarray], Any] | None:

@@ -95,6 +95,9 @@ class TabularModel:
     methods: Sequence[Method]
     classes: Classes | None = None  # classifiers
     regress: Function | None = None  # regressors: rows → one number per row
+    # The fitted model object itself (an estimator, an XGBoost wrapper, a LightGBM Booster): what explainers read
+    # the trees or coefficients of (workbench.explain); None where the platform keeps none.
+    source: Any = None
 
 
 # --------------------------------------------------------------------------------------------- signatures

@@ -1,18 +1,22 @@
 """Triton models: a version folder whose model folder holds ``config.pbtxt``, served as that config says.
 
 The config (:mod:`workbench.config.triton_model_config`) names the backend; the version folder holds its file
-(``model.onnx``, ``model.savedmodel/``, ``model.py``, or ``default_model_filename``), loaded by workbench's own
-platform for it. What clients see is the config: the signature's tensors are its inputs and outputs with their
-data types and dims (a batch dimension first when ``max_batch_size`` > 0), each input reshaped to ``reshape``
-before the model sees it and each output reshaped back to its dims, and at most ``instance_group``'s count of runs
-at once. Inputs are checked against their declared shapes before running, as Triton does. A config without
-inputs or outputs is completed from an ONNX or TensorFlow model, as Triton's auto-complete does. Decoupled models and
+(``model.onnx``, ``model.savedmodel/``, ``model.py``, ``model.pt``, or ``default_model_filename``), loaded by
+workbench's own platform for it. What clients see is the config: the signature's tensors are its inputs and
+outputs with their data types and dims (a batch dimension first when ``max_batch_size`` > 0), each input reshaped to
+``reshape`` before the model sees it and each output reshaped back to its dims, and at most ``instance_group``'s
+count of runs at once. Inputs are checked against their declared shapes before running, as Triton does. A config
+without inputs or outputs is completed from an ONNX or TensorFlow model, as Triton's auto-complete does; a PyTorch
+(TorchScript) model's config declares them, paired with forward()'s parameters and results as Triton's libtorch
+backend pairs them (``INPUT__0``, ``OUTPUT__0``: :func:`workbench.platforms.pytorch.triton_declaration`). Decoupled
+models and
 sequence batching are the Python backend's (:mod:`workbench.platforms.triton_python`); the config refuses them for
 the others.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -22,6 +26,7 @@ import numpy as np
 from workbench.config.triton_model_config import (
     ONNX,
     PYTHON,
+    PYTORCH,
     TENSORFLOW,
     TritonConfig,
     TritonTensor,
@@ -71,6 +76,12 @@ def _load_framework(name: str, version: int, path: str, policy: LoadPolicy, conf
         from workbench.platforms import tensorflow
 
         inner = tensorflow.load_saved_model(name, version, str(model_file))
+    elif config.platform == PYTORCH:
+        from workbench.platforms import pytorch
+
+        # TorchScript records no types: the config's tensors declare them (Triton's libtorch backend requires them).
+        declare = functools.partial(pytorch.triton_declaration, config.inputs, config.outputs, config.batched)
+        inner = pytorch.TorchServable(name, version, path, policy, model_file.name, declare=declare)
     else:  # pragma: no cover - triton_config only returns the platforms above
         raise ServingError(Code.UNIMPLEMENTED, f"{config.file}: {config.platform} is not supported by workbench")
     try:

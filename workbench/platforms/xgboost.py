@@ -74,13 +74,13 @@ def describe(model: Any) -> TabularModel:
     matrix = Matrix(np.dtype(np.float32), booster.num_features(), names)
     if not is_classifier(objective(booster)):
         predict = Method(DEFAULT_SIGNATURE, "predictions", np.dtype(np.float32), (-1,), model.predict)
-        return TabularModel(matrix, [predict], regress=model.predict)
+        return TabularModel(matrix, [predict], regress=model.predict, source=model)
     labels = list(range(int(model.n_classes_)))
     methods = [Method(DEFAULT_SIGNATURE, "predictions", np.dtype(np.int64), (-1,), model.predict)]
     proba = model.predict_proba if objective(booster) in PROBABILISTIC else None
     if proba is not None:
         methods.append(Method("predict_proba", "probabilities", np.dtype(np.float32), (-1, len(labels)), proba))
-    return TabularModel(matrix, methods, Classes(labels, proba, model.predict))
+    return TabularModel(matrix, methods, Classes(labels, proba, model.predict), source=model)
 
 
 # --------------------------------------------------------------------------------------------- export

@@ -357,9 +357,11 @@ def encode_infer_response(
     request: InferRequest,
     outputs: Mapping[str, np.ndarray],
     shared_memory: SharedMemory | None = None,
+    parameters: Mapping[str, Any] | None = None,
 ) -> EncodedResponse:
     """The response body: each output as JSON data, or raw after the JSON when the request asked for it so; an output
-    requested in shared memory is written into ``shared_memory`` and answered with its parameters but no data."""
+    requested in shared memory is written into ``shared_memory`` and answered with its parameters but no data.
+    ``parameters``: the response's own (an explanation's), if any."""
     requested = {o.name: o for o in request.outputs}
     entries: list[dict[str, Any]] = []
     raw: list[bytes] = []
@@ -383,6 +385,8 @@ def encode_infer_response(
     doc: dict[str, Any] = {"model_name": model_name, "model_version": str(model_version), "outputs": entries}
     if request.id is not None:
         doc["id"] = request.id
+    if parameters:
+        doc["parameters"] = dict(parameters)
     header = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
     if not raw:
         return EncodedResponse(header, None)

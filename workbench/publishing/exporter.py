@@ -31,9 +31,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from workbench.config.vocabulary import renamed_keywords
+from workbench.explain.background import write_background
 from workbench.publishing.check import write_warmup_and_verify
 from workbench.publishing.disk import bytes_under, examples_bytes, no_space_message, out_of_space, variables_bytes
 from workbench.publishing.errors import ExportError, one_line
+from workbench.publishing.reference import write_reference
 from workbench.publishing.saved_model import save, serving_functions
 from workbench.publishing.store import refuse_existing_in_store, store_of, upload
 from workbench.publishing.versions import check_name, check_version, publish, refuse_existing
@@ -73,6 +75,9 @@ def export(
     examples: Mapping[str, ArrayLike] | Sequence[Mapping[str, ArrayLike]] | ArrayLike | None = None,
     signatures: Mapping[str, Any] | None = None,
     format: str | None = None,  # noqa: A002 - the word users know (skl2onnx, Keras' export use it too)
+    example_inputs: Any = None,
+    background: ArrayLike | None = None,
+    reference: Any = None,
 ) -> ExportResult:
     """Save ``model`` as version ``version`` (default: the next one) of ``<model_repository>/<name>``; check it serves.
 
@@ -82,11 +87,22 @@ def export(
     scikit-learn estimator or pipeline, an XGBoost or LightGBM model, an ONNX model (``onnx.ModelProto``, bytes or
     a path to a ``.onnx`` file), a :class:`workbench.PythonModel` class, or a pipeline description: each is written
     in its platform's format (see :mod:`workbench.platforms`). ``format="onnx"`` converts a scikit-learn model to
-    ONNX with skl2onnx, where the estimator supports it.
+    ONNX with skl2onnx, where the estimator supports it. A ``torch.nn.Module`` is written as a ``torch.export``
+    program (``model.pt2``, with a dynamic batch dimension) or, with ``format="torchscript"``, as TorchScript; it is
+    traced with ``example_inputs`` (a tuple of forward()'s inputs, a dict of them by name, or one batch), else with
+    ``examples`` (see :mod:`workbench.platforms.pytorch`).
 
     ``examples`` — one dict of input alias → batch, a list of such dicts (one warmup request each, at most
     1000), or a bare batch when ``serving_default`` has one input — are cast to the signature's types, written
     as the version's warmup requests and run through the exported model before it is published.
+
+    ``background`` — rows like the training data (``X_train[:100]``) — is stored beside the version as the data set
+    SHAP explanations compare a row with (``:explain``; LinearExplainer and KernelExplainer need one, see
+    :mod:`workbench.explain.background`).
+
+    ``reference`` — the training inputs (a batch for the only input, a DataFrame, or a dict of input name → rows) —
+    is stored beside the version as the data its served inputs are tested for drift against
+    (``GET /workbench/v1/models/{name}/drift``; see :mod:`workbench.publishing.reference`).
     """
     check_name(name)
     store = store_of(str(model_repository), name) if is_remote(model_repository) else None
@@ -109,7 +125,7 @@ def export(
     with quiet_tensorflow():
         try:
             # Understood before mkdir: a model nobody can export makes nothing.
-            write = platform_writer(model, format, signatures, examples)
+            write = platform_writer(model, format, signatures, examples, example_inputs)
             if write is None:
                 functions, trackables = serving_functions(model, signatures)
             try:
@@ -121,6 +137,10 @@ def export(
             else:
                 staging.mkdir()
                 write(staging)
+            if background is not None:
+                write_background(staging, background)
+            if reference is not None:
+                write_reference(staging, reference)
             described, records = write_warmup_and_verify(name, staging, examples)
             if store is not None:
                 final_version = upload(name, store, staging, version)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from workbench.config.batching_parameters import BatchingParameters
 from workbench.core.errors import Code, ServingError
 from workbench.core.servable import Loader, Servable
 from workbench.core.signatures import Signature
+from workbench.observability import tracing
 from workbench.runners.link import RunnerLink
 from workbench.runners.runner import LOCAL, Key, socket_path
 
@@ -155,7 +157,14 @@ class RunnerDispatch:
             interest = CURRENT_INTEREST.get()
         link = self.pool.link_for()
         params = self._batching_for(servable.name)
-        return await link.infer(servable.key, signature.name, feed, outputs, interest, params)
+        traced = tracing.active is not None and interest is not None and interest.trace is not None
+        started = time.perf_counter() if traced else 0.0
+        try:
+            return await link.infer(servable.key, signature.name, feed, outputs, interest, params)
+        finally:
+            # The runner (another process) queued, batched and ran it: one span here for all of that.
+            if traced and tracing.active is not None and interest is not None:
+                tracing.active.ran_remotely(interest.trace, f"runner-{link.index}", started)
 
     def queue_depths(self) -> list[tuple[str, int, int]]:
         """Rows waiting here and in flight to the runners, per model version."""

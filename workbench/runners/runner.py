@@ -121,7 +121,15 @@ class ModelRunner:
         # source (name, version, URL), so they all hold the same copy.
         self._cache = VersionCache(options.model_cache_dir)
         self._loader = caching_loader(
-            platforms.Loader(LoadPolicy(options.allow_pickle, options.allow_python_models)), self._cache
+            platforms.Loader(
+                LoadPolicy(
+                    options.allow_pickle,
+                    options.allow_python_models,
+                    pytorch_device=options.pytorch_device,
+                    pytorch_threads=options.pytorch_threads,
+                )
+            ),
+            self._cache,
         )
         self._warm_up = options.enable_model_warmup
         threads = options.num_inference_threads or max(4, 2 * (os.cpu_count() or 1))

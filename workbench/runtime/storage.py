@@ -296,11 +296,21 @@ L = TypeVar("L", bound=Callable[..., Any])
 
 
 def caching_loader(loader: L, cache: VersionCache) -> L:
-    """``loader`` for local paths; for a remote version, download it into ``cache`` first and load the copy."""
+    """``loader`` for local paths; for a remote version, download it into ``cache`` first and load the copy. The
+    loader's ``prepare(name, version, path, platform)``, where it has one (a framework imported ahead of a measured
+    load), is kept, and sees the copy too."""
+
+    def local(name: str, version: int, path: str) -> str:
+        return str(cache.fetch(name, version, path)) if is_remote(path) else path
 
     def load(name: str, version: int, path: str, *args: Any) -> Any:
-        if not is_remote(path):
-            return loader(name, version, path, *args)
-        return loader(name, version, str(cache.fetch(name, version, path)), *args)
+        return loader(name, version, local(name, version, path), *args)
 
+    prepare = getattr(loader, "prepare", None)
+    if prepare is not None:
+
+        def prepare_copy(name: str, version: int, path: str, *args: Any) -> None:
+            prepare(name, version, local(name, version, path), *args)
+
+        load.prepare = prepare_copy  # type: ignore[attr-defined]
     return cast(L, load)

@@ -26,6 +26,7 @@ from workbench import platforms
 from workbench.asynchronous.service import AsyncInference
 from workbench.batching.scheduler import Batcher, BatchRecord, BatchScheduler
 from workbench.batching.threads import InferenceThreads
+from workbench.config.memory_budget import MemoryOptions
 from workbench.config.options import ServerOptions
 from workbench.core.errors import Code
 from workbench.core.servable import Loader, Servable
@@ -38,7 +39,12 @@ from workbench.models.manager import Manager, VersionState
 from workbench.models.readiness import Phase, ServerReadiness
 from workbench.models.routing.store import read_legacy_state
 from workbench.models.warmup import warm_up
+from workbench.observability import tracing
+from workbench.observability.drift import parse_thresholds
+from workbench.observability.drift_monitor import DriftCollector, DriftMonitor
+from workbench.observability.memory_metrics import MemoryMetrics
 from workbench.observability.metrics import ServingMetrics
+from workbench.observability.request_log_metrics import RequestLogCollector
 from workbench.observability.request_logger import RequestLogger
 from workbench.observability.stats import RollingStats
 from workbench.observability.whole_server import LocalViews, Peers, WholeServerMetrics, WorkerPeers
@@ -89,7 +95,14 @@ class ModelServer:
         self.stats = RollingStats()
         # Versions in object stores load from a local copy, downloaded per load and removed on unload.
         self.model_cache = VersionCache(options.model_cache_dir)
-        loader: Loader = platforms.Loader(LoadPolicy(options.allow_pickle, options.allow_python_models))
+        loader: Loader = platforms.Loader(
+            LoadPolicy(
+                options.allow_pickle,
+                options.allow_python_models,
+                pytorch_device=options.pytorch_device,
+                pytorch_threads=options.pytorch_threads,
+            )
+        )
         # A worker with model runners: the runners load the versions (and warm them up) and run their batches.
         self.runners = (
             RunnerPool(options.worker_dir, options.model_runners, self._on_batch)
@@ -108,10 +121,21 @@ class ModelServer:
             allow_labels_for_unavailable=options.allow_version_labels_for_unavailable_models,
             # Routing lives in each model's base path; an older workbench's state file is where it starts.
             initial_routing=read_legacy_state(options.routing_state_path()),
+            # Many models in bounded memory: evicted versions load again when asked for (docs/memory-budget.md).
+            memory=MemoryOptions.of(
+                options.memory_budget, options.load_on_demand, options.unload_after_idle, options.pin
+            ),
         )
         self.manager.add_listener(self._on_state_change)
         self.readiness = ServerReadiness(self.manager)
-        self.request_log = RequestLogger()  # TF Serving's logging_config: sampled requests to TFRecord files
+        # TF Serving's logging_config: sampled requests to TFRecord files, Parquet files or CloudEvents
+        self.request_log = RequestLogger(parquet_flush_seconds=options.request_log_flush_seconds)
+        self.metrics.registry.register(RequestLogCollector(self.request_log))
+        # Served inputs against each version's reference (docs/request-logs-and-drift.md)
+        self.drift = DriftMonitor(
+            options.drift_window, options.drift_reference_rows, parse_thresholds(options.drift_thresholds)
+        )
+        self.metrics.registry.register(DriftCollector(self.drift))
         self.cache = (
             ResponseCache(
                 options.response_cache_bytes, options.response_cache_models, CacheCounts(self.stats, self.metrics)
@@ -151,6 +175,8 @@ class ModelServer:
         )
         self.metrics.report_queue_depths(self._queue_depths)
         self.metrics.report_traffic_shares(self._traffic_shares)
+        if self.manager.on_demand:  # the budget, each version's memory, loads and evictions
+            self.metrics.registry.register(MemoryMetrics(self.manager.memory_summary))
         self._stopped = asyncio.Event()  # set when the ports close: live stat streams end
         self.dataplane = Dataplane(
             self.manager,
@@ -164,6 +190,7 @@ class ModelServer:
             cache=self.cache,
             status=ServerStatus(self.readiness, self.health, self.stats_snapshot, self._stopped),
         )
+        self.dataplane.drift = self.drift
         self._health = ReadinessHealth(self.dataplane.readiness)  # gRPC's health service: the same answer as /readyz
         # Triton's system shared memory: one set of regions for both v2 frontends, unmapped when the server stops.
         self.shared_memory = SharedMemoryRegistry(options.shared_memory_max_bytes)
@@ -202,6 +229,7 @@ class ModelServer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop_task: asyncio.Future[None] | None = None
         self._stopping = threading.Event()
+        self._traced = False  # this server turned tracing on (OTEL_TRACES_EXPORTER): it turns it off when it stops
         self._config_watcher: ConfigFileWatcher | None = None
         self.started_at: float | None = None
         self._jupyter = JupyterRecord()
@@ -222,6 +250,7 @@ class ModelServer:
                 self.cache.evict(model, version)  # its answers go with it
         if state == VersionState.END and self.manager.version_state(model, version) in (None, VersionState.END):
             self.model_cache.release(model, version)  # unloaded (or failed): its downloaded copy goes too
+            self.drift.forget(model, version)  # and its drift window
         self._readiness_changed()
 
     def _readiness_changed(self) -> None:
@@ -255,9 +284,15 @@ class ModelServer:
         if self.asynchronous.in_use:  # the dashboard shows the asynchronous queue beside the chart
             waiting, oldest = self.asynchronous.waiting()
             snapshot["async"] = {"waiting": waiting, "oldest_seconds": round(oldest, 3)}
+        memory = self.manager.memory_summary()
+        if memory is not None:  # the dashboard's memory panel: the budget, what each version holds, evictions
+            snapshot["memory"] = memory
         shadows = self.dataplane.shadows.summaries()
         if shadows:  # each shadowed model's comparison with its primary (the dashboard's "v1 vs v2")
             snapshot["shadow"] = shadows
+        drift = self.drift.summaries()
+        if drift:  # monitored versions' features against their reference (the dashboard's "Drift")
+            snapshot["drift"] = drift
         return snapshot
 
     def health(self) -> dict[str, object]:
@@ -311,6 +346,9 @@ class ModelServer:
         models = self.controlplane.initial_models(options)  # raises on a malformed config, before anything starts
         options.monitoring()  # raises on a malformed monitoring config, before anything starts
         options.drain_timing()  # raises on impossible drain flags, before anything starts
+        # OTEL_TRACES_EXPORTER turns tracing on (raises on an unknown exporter), in each process of the server
+        # before its frontends are built.
+        self._traced = tracing.start_from_environment(self.metrics.count_invalid_trace_context) is not None
         if options.model_config_file and options.model_config_file_poll_wait_seconds > 0:
             self._config_watcher = ConfigFileWatcher(
                 options.model_config_file,
@@ -393,6 +431,7 @@ class ModelServer:
         self.controlplane.stop_polling()
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self.request_log.close)  # no requests come any more: write what is queued
+        await loop.run_in_executor(None, self.drift.close)
         await loop.run_in_executor(None, self.manager.stop)
         if self.runners is not None:
             await self.runners.close()
@@ -404,4 +443,6 @@ class ModelServer:
         if self.router is not None:
             await self.router.close()
         self._executor.shutdown(wait=False, cancel_futures=True)
+        if self._traced:
+            await loop.run_in_executor(None, tracing.stop)  # every request answered: export the spans still buffered
         log.info("Stopped")

@@ -1,0 +1,310 @@
+"""Many versions in bounded memory, in-process on fakes: the manager under ``--memory_budget``, ``--load_on_demand``,
+``--unload_after_idle`` and ``--pin`` (:mod:`workbench.models.on_demand`), and a request waiting for a version to
+load (:func:`workbench.planes.on_demand.hold_on_demand`).
+
+Each fake version folder holds a sparse 1 MB file, so it is charged 1 MB (the fakes' loads add next to nothing to
+the process, and the files' size is the floor); the budget is a number of those. A state listener checks, at every
+transition, that what is charged stays within the budget.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fakes import FakeRepository
+
+from workbench.config.memory_budget import Budget, MemoryOptions, PinRule
+from workbench.config.version_policy import VersionPolicy
+from workbench.core.errors import Code, ServingError
+from workbench.models.manager import Manager, VersionState
+from workbench.planes.calls import ModelSpec
+from workbench.planes.on_demand import hold_on_demand
+
+MB = 1_000_000
+ALL = VersionPolicy(kind="all")
+WAIT = 5.0
+
+
+class Budgeted:
+    """A fake repository under a budget of ``slots`` versions, with a log of transitions and the budget checked."""
+
+    def __init__(self, root: Path, slots: float, **options: object) -> None:
+        memory = MemoryOptions(Budget(host=int(slots * MB), text=f"{slots}M"), **options)  # type: ignore[arg-type]
+        self.repo = FakeRepository(root, memory=memory)  # type: ignore[arg-type]
+        self.manager: Manager = self.repo.manager
+        self.events: list[tuple[str, int, VersionState]] = []
+        self.overdrawn: list[int] = []
+        self.changed = threading.Condition()
+        self.manager.add_listener(self._on_state)
+
+    def _on_state(self, model: str, version: int, state: VersionState) -> None:
+        summary = self.manager.memory_summary()  # under the manager's lock (reentrant)
+        assert summary is not None
+        if summary["charged_bytes"] > summary["budget_bytes"]:
+            self.overdrawn.append(summary["charged_bytes"])
+        with self.changed:
+            self.events.append((model, version, state))
+            self.changed.notify_all()
+
+    def configure(self, name: str, *versions: int, size: int = MB, **config: object) -> None:
+        self.repo.configure(name, *versions, policy=ALL, **config)  # type: ignore[arg-type]
+        for version in versions:
+            with open(self.repo.root / name / str(version) / "weights.bin", "wb") as weights:
+                weights.truncate(size)
+        self.repo.rescan()
+
+    def ask(self, name: str, version: int | None = None) -> None:
+        """What a request does: claim the version, wait for it, hold it for a moment, let go."""
+        claim = self.manager.claim(name, version, None)
+        assert claim is not None
+        try:
+            assert self.manager.wait_until_settled(WAIT)
+            harness = self.manager.resident(name, version, None)
+            assert harness is not None, (
+                f"{name}:{version} does not serve: {self.manager.why_not_serving(name, version)}"
+            )
+            harness.release()
+        finally:
+            self.manager.release_claim(claim)
+
+    def resident(self, name: str) -> list[int]:
+        summary = self.manager.memory_summary()
+        assert summary is not None
+        return sorted(int(v) for v, figures in summary["versions"].get(name, {}).items() if figures["resident"])
+
+    def evicted(self) -> list[tuple[str, int]]:
+        with self.changed:
+            return [(m, v) for m, v, s in self.events if s == VersionState.UNLOADING]
+
+    def wait_for(self, what: str, predicate: object) -> None:
+        with self.changed:
+            assert self.changed.wait_for(predicate, timeout=WAIT), what  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def budgeted(tmp_path: Path) -> Iterator[list[Budgeted]]:
+    made: list[Budgeted] = []
+    yield made
+    for server in made:
+        server.repo.stop()
+        assert not server.overdrawn, f"the budget was overdrawn: {server.overdrawn}"
+
+
+def make(made: list[Budgeted], root: Path, slots: float, **options: object) -> Budgeted:
+    server = Budgeted(root, slots, **options)
+    made.append(server)
+    return server
+
+
+def test_versions_load_when_asked_for_and_the_least_recently_used_leave(
+    tmp_path: Path, budgeted: list[Budgeted]
+) -> None:
+    server = make(budgeted, tmp_path, 3.5, load_on_demand=True)
+    server.configure("m", *range(1, 7))
+    assert server.resident("m") == [] and server.manager.serves_on_demand("m")
+    for version in (1, 2, 3, 4, 1, 5, 6, 2):
+        server.ask("m", version)
+    # 4 evicts 1 (least recently used); 1 evicts 2; 5 evicts 3; 6 evicts 4; 2 evicts 1.
+    assert server.evicted() == [("m", 1), ("m", 2), ("m", 3), ("m", 4), ("m", 1)]
+    assert server.resident("m") == [2, 5, 6]
+    summary = server.manager.memory_summary()
+    assert summary is not None and summary["loads"] == 8 and summary["evictions"] == 5
+    described = {v["version"]: v["memory"] for v in server.manager.describe("m")[0]["versions"]}
+    assert described[1]["residency"] == "evicted" and described[2]["residency"] == "resident"
+    assert described[2]["charged_bytes"] == MB and described[2]["disk_bytes"] == MB
+
+
+def test_a_request_naming_no_version_waits_for_the_latest(tmp_path: Path, budgeted: list[Budgeted]) -> None:
+    server = make(budgeted, tmp_path, 2.5, load_on_demand=True)
+    server.configure("m", 1, 2, 3)
+    server.ask("m", 1)
+    assert server.manager.resident("m", None, None) is None  # 1 serves, but a request naming none wants 3
+    server.ask("m")
+    harness = server.manager.resident("m", None, None)
+    assert harness is not None and harness.servable.version == 3
+    harness.release()
+
+
+def test_pinned_versions_load_at_start_and_are_never_evicted(tmp_path: Path, budgeted: list[Budgeted]) -> None:
+    server = make(budgeted, tmp_path, 3.5, load_on_demand=True, pins=(PinRule("m", 1),))
+    server.configure("m", *range(1, 6))
+    assert server.resident("m") == [1]
+    for version in (2, 3, 4, 5, 2):
+        server.ask("m", version)
+    assert ("m", 1) not in server.evicted()
+    assert server.resident("m") == [1, 2, 5]
+
+
+def test_a_promoted_version_is_pinned(tmp_path: Path, budgeted: list[Budgeted]) -> None:
+    server = make(budgeted, tmp_path, 2.5, load_on_demand=True)
+    server.configure("m", 1, 2, 3)
+    server.manager.promote("m", 1, timeout=WAIT)
+    for version in (2, 3, 2):
+        server.ask("m", version)
+    assert ("m", 1) not in server.evicted() and 1 in server.resident("m")
+
+
+def test_a_version_in_use_is_not_evicted_and_a_load_waits_for_one_to_be_idle(
+    tmp_path: Path, budgeted: list[Budgeted]
+) -> None:
+    server = make(budgeted, tmp_path, 2.5, load_on_demand=True)
+    server.configure("m", 1, 2, 3)
+    server.ask("m", 1)
+    server.ask("m", 2)
+    first = server.manager.resident("m", 1, None)  # a request running on 1, the least recently used
+    assert first is not None
+    server.ask("m", 3)  # 2 leaves instead
+    assert server.evicted() == [("m", 2)]
+    second = server.manager.resident("m", 3, None)
+    assert second is not None  # now both serving versions are in use
+    claim = server.manager.claim("m", 2, None)
+    assert claim is not None
+    server.wait_for("2 waits for memory", lambda: ("m", 2, VersionState.START) in server.events)
+    assert server.resident("m") == [1, 3]
+    first.release()  # 1 is idle: it makes room
+    server.wait_for("2 loads", lambda: ("m", 2, VersionState.AVAILABLE) in server.events[-3:])
+    assert server.evicted() == [("m", 2), ("m", 1)]
+    second.release()
+    server.manager.release_claim(claim)
+
+
+def test_a_version_bigger_than_the_budget_is_refused_and_the_rest_serve(
+    tmp_path: Path, budgeted: list[Budgeted]
+) -> None:
+    server = make(budgeted, tmp_path, 2.5, load_on_demand=True)
+    server.configure("small", 1)
+    server.configure("big", 1, size=3 * MB)
+    server.ask("small", 1)
+    claim = server.manager.claim("big", 1, None)
+    assert claim is not None
+    error = server.manager.claim_error(claim)
+    server.manager.release_claim(claim)
+    assert error is not None and error.code == Code.RESOURCE_EXHAUSTED
+    assert "Insufficient resources to load servable big:1: it needs 2.9 MiB" in error.message
+    assert server.resident("small") == [1] and server.evicted() == []
+    assert ("big", 1) not in server.repo.loader.loaded  # refused on its files' size, never loaded
+    server.ask("small", 1)
+
+
+def test_idle_versions_are_unloaded(tmp_path: Path, budgeted: list[Budgeted]) -> None:
+    server = make(budgeted, tmp_path, 10, load_on_demand=True, unload_after_idle=0.1, pins=(PinRule("p"),))
+    server.configure("m", 1)
+    server.configure("p", 1)
+    server.ask("m", 1)
+    server.wait_for("m:1 unloads when idle", lambda: ("m", 1, VersionState.END) in server.events)
+    summary = server.manager.memory_summary()
+    assert summary is not None and summary["versions"]["m"]["1"]["evictions"] == {"idle": 1}
+    assert server.resident("p") == [1]  # pinned: never unloaded for idleness either
+    server.ask("m", 1)  # and it comes back when asked for
+
+
+def test_without_load_on_demand_what_fits_loads_at_start_and_nothing_is_evicted_for_it(
+    tmp_path: Path, budgeted: list[Budgeted]
+) -> None:
+    server = make(budgeted, tmp_path, 2.5)
+    server.configure("m", 1, 2, 3, 4)
+    assert len(server.resident("m")) == 2 and server.evicted() == []
+    missing = next(v for v in (1, 2, 3, 4) if v not in server.resident("m"))
+    server.ask("m", missing)  # asked for: it loads, and one of the others leaves
+    assert missing in server.resident("m") and len(server.evicted()) == 1
+
+
+def test_a_request_waits_for_its_version_within_its_deadline(tmp_path: Path, budgeted: list[Budgeted]) -> None:
+    server = make(budgeted, tmp_path, 2.5, load_on_demand=True)
+    server.configure("m", 1, 2)
+    gate = server.repo.hold("m", 2)
+
+    async def scenario() -> None:
+        harness = await hold_on_demand(server.manager, ModelSpec("m", 1), timeout=WAIT, wait_limit=60)
+        assert harness is not None and harness.servable.version == 1
+        harness.release()
+        with pytest.raises(ServingError) as caught:  # 2's load is held: the deadline passes first
+            await hold_on_demand(server.manager, ModelSpec("m", 2), timeout=0.05, wait_limit=60)
+        assert caught.value.code == Code.DEADLINE_EXCEEDED
+        waiting = asyncio.ensure_future(hold_on_demand(server.manager, ModelSpec("m", 2), timeout=WAIT, wait_limit=60))
+        await asyncio.sleep(0)
+        gate.set()
+        harness = await waiting
+        assert harness is not None and harness.servable.version == 2
+        harness.release()
+        assert await hold_on_demand(server.manager, ModelSpec("nothing"), timeout=WAIT, wait_limit=60) is None
+
+    asyncio.run(scenario())
+
+
+def test_an_explicitly_unloaded_version_stays_unloaded_across_polls(tmp_path: Path, budgeted: list[Budgeted]) -> None:
+    server = make(budgeted, tmp_path, 2.5, load_on_demand=True)
+    server.configure("m", 1, 2, 3)
+    server.ask("m", 2)
+    server.ask("m", 3)
+    server.manager.unload_version("m", 2)  # the management API's :unload (v2's unload too): dropped, not evicted
+    server.repo.rescan()
+    server.repo.rescan()
+    assert server.resident("m") == [3]
+    assert server.manager.claim("m", 2, None) is None  # not aspired: nothing to load, resolution says NOT_FOUND
+    with pytest.raises(ServingError) as caught:
+        server.manager.resolve("m", 2)
+    assert caught.value.code == Code.NOT_FOUND
+    summary = server.manager.memory_summary()
+    assert summary is not None and summary["evictions"] == 0  # an unload asked for is no eviction
+
+
+def test_evicted_versions_are_not_reloaded_by_the_poller(tmp_path: Path, budgeted: list[Budgeted]) -> None:
+    server = make(budgeted, tmp_path, 1.5, load_on_demand=True)
+    server.configure("m", 1, 2)
+    server.ask("m", 1)
+    server.ask("m", 2)  # evicts 1
+    loads = len(server.repo.loader.loaded)
+    server.repo.rescan()
+    server.repo.rescan()
+    assert len(server.repo.loader.loaded) == loads and server.resident("m") == [2]
+    described = {v["version"]: v["memory"]["residency"] for v in server.manager.describe("m")[0]["versions"]}
+    assert described == {1: "evicted", 2: "resident"}
+
+
+def test_a_new_latest_version_is_what_a_request_naming_none_waits_for(tmp_path: Path, budgeted: list[Budgeted]) -> None:
+    server = make(budgeted, tmp_path, 3.5, load_on_demand=True)
+    server.configure("m", 1)
+    server.ask("m")
+    server.configure("m", 1, 2)  # a new version arrives beside it (policy: all)
+    assert server.manager.resident("m", None, None) is None  # 1 serves, but 2 is the latest now
+    server.ask("m")
+    harness = server.manager.resident("m", None, None)
+    assert harness is not None and harness.servable.version == 2
+    harness.release()
+
+
+def test_a_remote_versions_framework_is_prepared_from_its_local_copy(tmp_path: Path) -> None:
+    """Under a memory budget the manager imports a version's framework before measuring its load (``prepare``):
+    through the object-store cache, ``prepare`` sees the downloaded copy, as the load does (a URL would not be read)."""
+    from workbench.runtime.storage import VersionCache, caching_loader
+
+    version = tmp_path / "store" / "m" / "1"
+    version.mkdir(parents=True)
+    (version / "model.onnx").write_bytes(b"weights")
+    seen: list[tuple[str, str]] = []
+
+    class Recording:
+        def __call__(self, name: str, number: int, path: str, platform: str = "") -> str:
+            seen.append(("load", path))
+            return path
+
+        def prepare(self, name: str, number: int, path: str, platform: str = "") -> None:
+            seen.append(("prepare", path))
+
+    cache = VersionCache(tmp_path / "cache")
+    try:
+        loader = caching_loader(Recording(), cache)
+        url = f"file://{version}"
+        loader.prepare("m", 1, url, "onnx")  # type: ignore[attr-defined]
+        loader("m", 1, url, "onnx")
+        (step, copy), (load, loaded) = seen
+        assert (step, load) == ("prepare", "load") and copy == loaded
+        assert Path(copy).is_relative_to(tmp_path / "cache") and (Path(copy) / "model.onnx").read_bytes() == b"weights"
+        assert not hasattr(caching_loader(lambda *a: None, cache), "prepare")  # none where the loader has none
+    finally:
+        cache.close()

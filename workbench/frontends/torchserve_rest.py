@@ -1,0 +1,198 @@
+"""TorchServe's REST APIs on workbench's REST port: inference (``/ping``, ``/predictions``), management (``/models``).
+
+- ``GET /ping`` → ``{"status": "Healthy"}`` (500 ``Unhealthy`` while the server is not ready);
+- ``POST|PUT /predictions/{model}[/{version}]``: the body as it is (``curl -T kitten.jpg``), or a multipart form's
+  ``data`` field (``curl -F data=@kitten.jpg``; else its first field); the answer is the handler's, with the status
+  and content type it set (JSON by default). ``{version}`` is TorchServe's version string ("1.0"), or workbench's
+  version number;
+- ``GET /models[?limit=&next_page_token=]`` list · ``GET /models/{m}[/{version}|/all]`` describe ·
+  ``POST /models?url=x.mar`` register (an archive in the model store, or an http(s) URL of one, downloaded into the
+  store: loaded, and kept) · ``DELETE
+  /models/{m}[/{version}]`` unregister (the version is unloaded; the default one is refused, as TorchServe refuses it)
+  · ``PUT /models/{m}[/{version}]?min_worker=N`` scale workers · ``PUT /models/{m}/{version}/set-default``.
+
+Errors are TorchServe's: ``{"code": 404, "type": "ModelNotFoundException", "message": "Model not found: x"}``. What
+each call does is :mod:`workbench.frontends.torchserve_api`'s (shared with the gRPC API). The management routes need
+the management token when the server has one.
+"""
+
+from __future__ import annotations
+
+import email.parser
+import email.policy
+import functools
+import json
+from collections.abc import Callable
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from workbench.core.errors import ServingError
+from workbench.frontends.torchserve_api import DEFAULT_LIMIT, TYPES, TorchServeApi, TorchServeError, http_status
+from workbench.platforms import torchserve as ts_platform
+
+PROTOCOL = "torchserve"
+
+
+def error_response(status: int, message: str, kind: str = "") -> Response:
+    body = {"code": status, "type": kind or TYPES.get(status, "InternalServerException"), "message": message}
+    return Response(json.dumps(body, indent=2), status, media_type="application/json")
+
+
+def _status_response(message: str, status: int = 200) -> Response:
+    return Response(json.dumps({"status": message}, indent=2), status, media_type="application/json")
+
+
+def _json(value: Any) -> Response:
+    return Response(json.dumps(value, indent=2), 200, media_type="application/json")
+
+
+def _answers(handler: Callable[[TorchServeRest, Request], Any]) -> Callable[[TorchServeRest, Request], Any]:
+    """Every error becomes TorchServe's JSON error; a ServingError keeps its code's status."""
+
+    @functools.wraps(handler)
+    async def wrapped(self: TorchServeRest, request: Request) -> Response:
+        try:
+            return await handler(self, request)  # type: ignore[no-any-return]
+        except TorchServeError as exc:
+            return error_response(exc.status, exc.message, exc.kind)
+        except ServingError as exc:
+            return error_response(http_status(exc), exc.message)
+
+    return wrapped
+
+
+class TorchServeRest:
+    """The routes' handlers, on :class:`~workbench.frontends.torchserve_api.TorchServeApi`."""
+
+    def __init__(self, api: TorchServeApi, timeout_ms: int, max_request_bytes: int) -> None:
+        self.api = api
+        self.timeout = timeout_ms / 1000 if timeout_ms > 0 else None
+        self.max_request_bytes = max_request_bytes
+
+    def _authorize(self, request: Request) -> None:
+        self.api.authorize(request.headers.get("authorization", ""))
+
+    # ------------------------------------------------------------------------------------- inference
+    @_answers
+    async def ping(self, request: Request) -> Response:
+        if self.api.healthy():
+            return _status_response("Healthy")
+        return Response(json.dumps({"status": "Unhealthy"}, indent=2), 500, media_type="application/json")
+
+    @_answers
+    async def predict(self, request: Request) -> Response:
+        model = request.path_params["model"]
+        version = request.path_params.get("version")
+        body = await self._body(request)
+        data, meta = _request_input(body, request)
+        answer = await self.api.predict(
+            model, version, data, meta, PROTOCOL, self.timeout, request.headers.get("x-workbench-key")
+        )
+        return Response(answer.body, answer.status, media_type=answer.content_type)
+
+    async def _body(self, request: Request) -> bytes:
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > self.max_request_bytes:
+            raise TorchServeError(413, "BadRequestException", "Request body exceeds the server's limit")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > self.max_request_bytes:
+                raise TorchServeError(413, "BadRequestException", "Request body exceeds the server's limit")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    # ------------------------------------------------------------------------------------- management
+    @_answers
+    async def list_models(self, request: Request) -> Response:
+        self._authorize(request)
+        limit = _int_param(request, "limit", DEFAULT_LIMIT)
+        return _json(self.api.list_models(limit, _int_param(request, "next_page_token", 0)))
+
+    @_answers
+    async def describe(self, request: Request) -> Response:
+        self._authorize(request)
+        model = request.path_params["model"]
+        return _json(await self.api.describe(model, request.path_params.get("version"), self.timeout))
+
+    @_answers
+    async def register(self, request: Request) -> Response:
+        self._authorize(request)
+        url = request.query_params.get("url", "")
+        workers = _int_param(request, "initial_workers", 1)
+        return _status_response(await self.api.register(url, workers, request.query_params.get("model_name", "")))
+
+    @_answers
+    async def unregister(self, request: Request) -> Response:
+        self._authorize(request)
+        model = request.path_params["model"]
+        return _status_response(await self.api.unregister(model, request.path_params.get("version")))
+
+    @_answers
+    async def scale(self, request: Request) -> Response:
+        self._authorize(request)
+        min_workers = _int_param(request, "min_worker", 1)
+        max_workers = _int_param(request, "max_worker", min_workers)
+        synchronous = request.query_params.get("synchronous", "false").lower() == "true"
+        message = self.api.scale(
+            request.path_params["model"], request.path_params.get("version"), min_workers, max_workers, synchronous
+        )
+        return _status_response(message, 200 if synchronous else 202)
+
+    @_answers
+    async def set_default(self, request: Request) -> Response:
+        self._authorize(request)
+        model, version = request.path_params["model"], request.path_params["version"]
+        return _status_response(await self.api.set_default(model, version))
+
+
+def _int_param(request: Request, name: str, default: int) -> int:
+    value = request.query_params.get(name)
+    if value is None or value == "":
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise TorchServeError(400, "BadRequestException", f"Invalid value for {name}: {value}") from None
+
+
+def _request_input(body: bytes, request: Request) -> tuple[bytes, bytes]:
+    """The request's input and its description (``request`` input): a multipart form's ``data`` field (else its
+    first field), or the whole body, named ``body`` as TorchServe names it."""
+    content_type = request.headers.get("content-type", "")
+    headers = {k: v for k, v in request.headers.items()}
+    if content_type.startswith("multipart/form-data"):
+        message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
+            b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n" + body
+        )
+        parts = [p for p in message.iter_parts() if p.get_param("name", header="content-disposition")]
+        if not parts:
+            raise TorchServeError(400, "BadRequestException", "The multipart form holds no field")
+        chosen = next((p for p in parts if p.get_param("name", header="content-disposition") == "data"), parts[0])
+        name = str(chosen.get_param("name", header="content-disposition"))
+        payload = chosen.get_payload(decode=True)
+        part_type = chosen.get_content_type() if chosen.get("content-type") else "text/plain"
+        data = payload if isinstance(payload, bytes) else b""
+        return data, ts_platform.request_meta(name, part_type, headers)
+    return body, ts_platform.request_meta("body", content_type.split(";")[0].strip(), headers)
+
+
+def torchserve_routes(api: TorchServeApi, timeout_ms: int, max_request_bytes: int) -> list[Route]:
+    rest = TorchServeRest(api, timeout_ms, max_request_bytes)
+    return [
+        Route("/ping", rest.ping, methods=["GET", "POST"]),
+        Route("/predictions/{model:str}", rest.predict, methods=["POST", "PUT"]),
+        Route("/predictions/{model:str}/{version:str}", rest.predict, methods=["POST", "PUT"]),
+        Route("/models", rest.list_models, methods=["GET"]),
+        Route("/models", rest.register, methods=["POST"]),
+        Route("/models/{model:str}", rest.describe, methods=["GET"]),
+        Route("/models/{model:str}", rest.scale, methods=["PUT"]),
+        Route("/models/{model:str}", rest.unregister, methods=["DELETE"]),
+        Route("/models/{model:str}/{version:str}/set-default", rest.set_default, methods=["PUT"]),
+        Route("/models/{model:str}/{version:str}", rest.describe, methods=["GET"]),
+        Route("/models/{model:str}/{version:str}", rest.scale, methods=["PUT"]),
+        Route("/models/{model:str}/{version:str}", rest.unregister, methods=["DELETE"]),
+    ]

@@ -1,0 +1,314 @@
+"""Versions that leave memory and come back when asked for: the manager's part for ``--memory_budget``,
+``--load_on_demand``, ``--unload_after_idle`` and ``--pin``.
+
+:class:`OnDemandLoads` sits between :class:`~workbench.models.served.ServedModels` (the records and their reads) and
+:class:`~workbench.models.manager.Manager` (the lifecycle), and runs under the manager's lock like the rest:
+
+- which aspired version loads now (:meth:`_load_within_budget`): a *needed* one (pinned, held by a management
+  change, claimed by a request, or replacing a version that serves) always, evicting the least recently used idle
+  versions to fit, or waiting in START for some to become idle; one nobody asked for only with room to spare and
+  without --load_on_demand; an evicted one only when needed again. A version that cannot fit ends with
+  RESOURCE_EXHAUSTED (TF Serving's "Insufficient resources to load servable");
+- requests for a version that does not serve (:meth:`resident`, :meth:`claim`): the request claims it, which loads
+  it and keeps it from eviction until the request holds it (:meth:`release_claim`); the data plane waits meanwhile
+  (:mod:`workbench.planes.on_demand`);
+- evictions (:meth:`_evict`): only AVAILABLE, unpinned versions no request holds or waits for; the harness drains
+  what reached it anyway, so nothing serving is unloaded under a request;
+- ``--unload_after_idle`` (:meth:`_unload_idle`, a thread of its own).
+
+The decisions are :mod:`workbench.models.memory_policy`'s, the ledger :mod:`workbench.models.residency`'s; the
+manager calls in here from ``_reconcile``, ``_load``, ``_finish_load`` and ``_unload``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from workbench.core.errors import Code, ServingError
+from workbench.models import memory_policy as memory
+from workbench.models.harness import Harness
+from workbench.models.records import DiskVersion, ModelRecord, VersionRecord, VersionState
+from workbench.models.residency import Residency, waiting_order
+from workbench.models.routing import policy as decisions
+from workbench.models.served import ServedModels
+
+log = logging.getLogger("workbench.models.manager")  # the manager's log lines, wherever its parts live
+
+Claim = tuple[str, int]  # (model, version) a request waits for
+
+
+class OnDemandLoads(ServedModels):
+    """The memory budget's side of the manager (see the module's docstring); the manager is the one subclass."""
+
+    # The manager's, used here.
+    _executor: ThreadPoolExecutor
+    _closed: bool
+
+    def __init__(self, memory_ledger: Residency) -> None:
+        super().__init__(memory_ledger)
+        self._on_demand = memory_ledger.active  # asked on every request: fixed for the server's life
+        self._idle_watch = threading.Event()  # set on stop: the idle-unload thread ends
+        # Requests waiting for a version they asked for to serve (or fail): called once it has, under the lock.
+        self._claim_waiters: dict[Claim, list[Callable[[], None]]] = {}
+
+    def _reconcile(self, model: ModelRecord) -> None:
+        raise NotImplementedError  # the manager's
+
+    def _set_state(self, model: ModelRecord, record: VersionRecord, state: VersionState) -> None:
+        raise NotImplementedError  # the manager's
+
+    def _load(self, model: ModelRecord, record: VersionRecord) -> None:
+        raise NotImplementedError  # the manager's
+
+    def _unload(self, model: ModelRecord, record: VersionRecord) -> None:
+        raise NotImplementedError  # the manager's
+
+    def _start_memory_watch(self) -> None:
+        if self._memory.options.unload_after_idle > 0:
+            threading.Thread(target=self._unload_idle, name="workbench-idle-unload", daemon=True).start()
+
+    # ------------------------------------------------------------- requests for versions that are not loaded
+    @property
+    def on_demand(self) -> bool:
+        """Whether versions leave memory and come back when asked for (--memory_budget, --load_on_demand,
+        --unload_after_idle): requests then go through :meth:`resident` and :meth:`claim`."""
+        return self._on_demand
+
+    def resident(self, name: str, version: int | None, label: str | None, key: str | None = None) -> Harness | None:
+        """The serving version a request names, already acquired for it; None when that version does not serve
+        now (evicted, never loaded) or the request names nothing servable (then :meth:`resolve` says why).
+
+        Lock-free, like :meth:`resolve`; a request naming no version wants its model's default among the versions
+        it aspires to, loaded or not (the latest, or the promoted one), not whichever happens to be loaded.
+        """
+        route = self._routes.get(name)
+        if route is None or (version is not None and label is not None):
+            return None
+        if label is not None:
+            version = route.labels.get(label)
+            if version is None:
+                return None
+        if version is None:
+            if route.wanted is None or route.wanted not in route.serving:
+                return None
+            chosen = route.pick(key)
+        else:
+            chosen = route.serving.get(version)
+        return chosen if chosen is not None and chosen.acquire() else None
+
+    def claim(self, name: str, version: int | None, label: str | None) -> Claim | None:
+        """A request waits for the version it names (or its model's default) to serve: load it, evicting others if
+        the budget must, and keep it from eviction until :meth:`release_claim`. None when there is nothing to load
+        (an unknown model, label or version: :meth:`resolve` answers the request)."""
+        with self._lock:
+            model = self._models.get(name)
+            if model is None or model.removed or (version is not None and label is not None):
+                return None
+            if label is not None:
+                version = model.label_map.get(label)
+            elif version is None:
+                version = decisions.default_version(model.routing, set(model.aspired) | model.available())
+            if version is None or version not in model.aspired:
+                return None
+            entry = self._memory.of(name, version)
+            entry.claims += 1
+            entry.asked = True
+            self._reconcile(model)
+            return name, version
+
+    def when_claim_settled(self, claim: Claim, callback: Callable[[], None]) -> bool:
+        """Call ``callback()`` (from any thread, under the lock) once the claimed version serves or will not;
+        False when it already has (``callback`` is never called then)."""
+        with self._lock:
+            if self._claim_settled(claim):
+                return False
+            self._claim_waiters.setdefault(claim, []).append(callback)
+            return True
+
+    def claim_error(self, claim: Claim) -> ServingError | None:
+        """Why the claimed version could not load for lack of memory (RESOURCE_EXHAUSTED), if that is why."""
+        with self._lock:
+            model = self._models.get(claim[0])
+            record = model.versions.get(claim[1]) if model is not None else None
+            if record is None or record.state != VersionState.END or record.error is None:
+                return None
+            return record.error if record.error.code == Code.RESOURCE_EXHAUSTED else None
+
+    def release_claim(self, claim: Claim) -> None:
+        """The request that claimed a version holds it now, or gave up: it may be evicted again."""
+        with self._lock:
+            entry = self._memory.of(*claim)
+            entry.claims = max(0, entry.claims - 1)
+            model = self._models.get(claim[0])
+            if entry.claims == 0 and model is not None and not model.removed:
+                self._reconcile(model)  # a version still waiting for memory for it stops waiting
+                self._admit_waiting()  # and one waiting for others may evict it now
+
+    def _claim_settled(self, claim: Claim) -> bool:
+        """Whether a claimed version serves, or will not: it failed, or is no longer aspired (lock held)."""
+        model = self._models.get(claim[0])
+        if model is None or model.removed or claim[1] not in model.aspired:
+            return True
+        record = model.versions.get(claim[1])
+        if record is None:
+            return True
+        return record.state == VersionState.AVAILABLE or (record.state == VersionState.END and record.error is not None)
+
+    def _wake_claims(self) -> None:
+        """Call what waits for the claimed versions that have settled (lock held)."""
+        if not self._claim_waiters:
+            return
+        for claim in [c for c in self._claim_waiters if self._claim_settled(c)]:
+            for callback in self._claim_waiters.pop(claim):
+                try:
+                    callback()
+                except Exception:  # noqa: BLE001 - a waiter must not break the manager
+                    log.exception("claim callback failed")
+
+    # ------------------------------------------------------------------------------------- the memory budget
+    def _load_within_budget(
+        self, model: ModelRecord, version: int, disk: DiskVersion, record: VersionRecord | None, retry: bool
+    ) -> None:
+        """Load an aspired ``version`` if it is wanted now, within the budget (lock held).
+
+        Wanted now: needed (pinned, held by a management change, asked for by a request), replacing a version that
+        serves, or, without --load_on_demand, never loaded yet and fitting without evicting anything. An evicted
+        version comes back only when needed. A needed one evicts the least recently used idle versions to fit, or
+        waits (START) for some to be idle; one that cannot fit at all ends with RESOURCE_EXHAUSTED.
+        """
+        name = model.config.name
+        entry = self._memory.of(name, version)
+        self._memory.note_files(name, version, disk)  # read here, on the source's thread, not a request's
+        needed = self._memory.needed(model, version) or self._replaces_serving(model, version)
+        if record is not None and record.state == VersionState.START:
+            if not needed:
+                self._stop_waiting(model, record)
+            return
+        if record is not None and record.state == VersionState.END and entry.refused:
+            # Refused for lack of memory: tried again when a request or a change asks for it (pins may have moved).
+            retry = entry.asked or version in model.held
+        entry.asked = False
+        if not (record is None or retry):
+            return
+        if not needed and (self._memory.options.load_on_demand or record is not None):
+            return
+        need = self._memory.estimate(name, version, disk.path)
+        plan = memory.plan_load(self._memory.budget, need, self._memory.tenants(self._models), f"{name}:{version}")
+        if not needed and plan.verdict is not memory.Verdict.LOAD:
+            return  # loads nobody asked for never evict: it loads when asked for
+        record = VersionRecord(version=version, path=disk.path, fingerprint=disk.fingerprint)
+        model.versions[version] = record
+        self._carry_out(model, record, plan, need)
+
+    def _replaces_serving(self, model: ModelRecord, version: int) -> bool:
+        """Whether ``version`` is the model's default-to-be while a version it replaces serves (a new latest
+        version): it loads at once, as without a budget, so the model keeps serving across the swap."""
+        serving_old = any(
+            r.state == VersionState.AVAILABLE and v not in model.aspired for v, r in model.versions.items()
+        )
+        return serving_old and version == decisions.default_version(model.routing, model.aspired)
+
+    def _carry_out(self, model: ModelRecord, record: VersionRecord, plan: memory.Plan, need: memory.Footprint) -> None:
+        """Load ``record`` now, evict what it needs gone and wait, or refuse it, as ``plan`` says (lock held)."""
+        name, version = model.config.name, record.version
+        if plan.verdict is memory.Verdict.LOAD:
+            self._memory.reserve(name, version, need)
+            self._set_state(model, record, VersionState.LOADING)
+            self._executor.submit(self._load, model, record)
+        elif plan.verdict is memory.Verdict.REFUSE:
+            log.error("Not loading %s version %d: %s", name, version, plan.reason)
+            self._memory.of(name, version).refused = True
+            self._memory.released(name, version)
+            record.error = ServingError(Code.RESOURCE_EXHAUSTED, plan.reason)
+            self._set_state(model, record, VersionState.END)
+        else:
+            for victim in plan.victims:
+                self._evict(victim, f"to make room for {name}:{version}", "budget")
+            if (name, version) not in self._memory.waiting:
+                self._memory.of(name, version).waiting_since = self._memory.clock()
+                self._memory.waiting[(name, version)] = (model, record)
+                if not plan.victims:
+                    log.debug("%s", plan.reason)
+                self._set_state(model, record, VersionState.START)  # listeners see it wait
+
+    def _evict(self, victim: memory.Tenant, why: str, reason: str) -> None:
+        """Unload an idle, unpinned version to free memory (lock held); it loads again when asked for."""
+        model = self._models.get(victim.model)
+        record = model.versions.get(victim.version) if model is not None else None
+        if model is None or record is None or record.state != VersionState.AVAILABLE:
+            return
+        log.info("Evicting %s version %d (%s, %s)", victim.model, victim.version, reason, why)
+        self._memory.evicted(victim.model, victim.version, reason)
+        self._set_state(model, record, VersionState.UNLOADING)
+        self._executor.submit(self._unload, model, record)
+
+    def _stop_waiting(self, model: ModelRecord, record: VersionRecord) -> None:
+        """A version waiting for memory is not wanted any more (its requests gave up): it stays unloaded."""
+        self._memory.released(model.config.name, record.version)
+        self._set_state(model, record, VersionState.END)
+
+    def _admit_waiting(self) -> None:
+        """Ask again for the versions waiting for memory, first come first (lock held)."""
+        waiting = self._memory.waiting
+        for key in waiting_order((k, self._memory.of(*k)) for k in list(waiting)):
+            model, record = waiting[key]
+            if model.versions.get(record.version) is not record or record.state != VersionState.START:
+                waiting.pop(key, None)
+                continue
+            if model.removed or not self._memory.needed(model, record.version):
+                waiting.pop(key, None)
+                self._stop_waiting(model, record)
+                continue
+            need = self._memory.estimate(key[0], key[1], record.path)
+            tenants = self._memory.tenants(self._models)
+            self._carry_out(
+                model, record, memory.plan_load(self._memory.budget, need, tenants, f"{key[0]}:{key[1]}"), need
+            )
+
+    def _memory_freed(self) -> None:
+        """A request let go of a version (from any thread): if loads wait for memory, it may be evicted now."""
+        if self._memory.waiting and not self._closed:
+            with contextlib.suppress(RuntimeError):  # the manager has stopped
+                self._executor.submit(self._admit_waiting_locked)
+
+    def _admit_waiting_locked(self) -> None:
+        with self._lock:
+            self._admit_waiting()
+            self._wake_claims()
+            self._settled.notify_all()
+
+    def _unload_idle(self) -> None:
+        """--unload_after_idle: evict the versions no request has taken for that long (its own thread)."""
+        idle = self._memory.options.unload_after_idle
+        while not self._idle_watch.wait(min(1.0, max(0.05, idle / 4))):
+            with self._lock:
+                if self._closed:
+                    return
+                tenants = self._memory.tenants(self._models)
+                for victim in memory.idle_victims(tenants, self._memory.clock(), idle):
+                    self._evict(victim, f"idle for {idle:g}s", "idle")
+
+    def _charge_load(
+        self, model: ModelRecord, record: VersionRecord, harness: Harness | None, error: ServingError | None
+    ) -> ServingError | None:
+        """Charge a load that ended what it was measured to take, or release its reservation; a version that does
+        not fit the whole budget once measured is refused after all (lock held). Returns the load's error."""
+        name, version = model.config.name, record.version
+        measured = self._memory.measurements.pop(id(record), None)
+        if error is not None or harness is None:
+            self._memory.released(name, version)
+            return error
+        charge = self._memory.loaded(name, version, measured)
+        if self._memory.budget.holds(charge):
+            return None
+        self._memory.of(name, version).refused = True
+        self._memory.released(name, version)
+        reason = (
+            f"Insufficient resources to load servable {name}:{version}: it took {charge.describe()} once loaded, more "
+            f"than the whole memory budget, {self._memory.budget.describe()}"
+        )
+        return ServingError(Code.RESOURCE_EXHAUSTED, reason)
