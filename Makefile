@@ -13,6 +13,8 @@ LAB_ARGS ?=
 # machines run it.
 LAB_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 WHEEL_DIR ?= dist
+# The PyTorch the tests run on (the test extra pins its version): its CPU build.
+TORCH_CPU := 2.13.0+cpu
 # The JupyterLab sidebar: TypeScript in extension/, built into the Python package (and shipped in its wheel).
 LABEXT      := workbench/labextension/package.json
 LABEXT_LINK := $(VENV)/share/jupyter/labextensions/workbench-serving-jupyterlab
@@ -31,6 +33,11 @@ $(STAMP): pyproject.toml extension/package.json extension/package-lock.json
 	@# `develop` below links the built extension into the venv; a reinstall would copy the wheel's shared data
 	@# through that link into workbench/labextension (install.json there breaks the next wheel build).
 	test ! -L $(LABEXT_LINK) || rm $(LABEXT_LINK)
+	@# PyTorch's CPU build first (the tests' torch, pinned in the test extra): PyPI's Linux wheel carries 4 GB of CUDA
+	@# libraries, and pip would take it. This project's machines keep the CPU build on disk; elsewhere PyTorch's own
+	@# CPU index serves it. The install below keeps the torch it finds.
+	$(BIN)/python -m pip install --quiet "torch==$(TORCH_CPU)" \
+	  || $(BIN)/python -m pip install --quiet --index-url https://download.pytorch.org/whl/cpu "torch==$(TORCH_CPU)"
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	$(BIN)/jupyter-builder develop --overwrite workbench
 	touch $(STAMP)
