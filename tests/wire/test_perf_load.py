@@ -113,7 +113,9 @@ def test_an_open_loop_below_capacity_sends_at_its_rate(server: SimpleNamespace, 
     point = perf.Point(request_rate=60.0, distribution=distribution)
     stability = perf.Stability(interval_s=2.0, percentage=25.0, max_trials=6, warmup_s=0.5)
     (result,) = perf.run_measurement(server.rest, "rest", "sleepy", ONE_ROW, [point], stability)
-    assert result.errors == 0 and result.delayed == 0, result
+    # A send over 1 ms late counts as delayed: on a loaded 2-core machine a preempted loop makes a few (CI saw 1 of
+    # 324); a generator that cannot keep its schedule is late for most of them, and misses the rate below.
+    assert result.errors == 0 and result.delayed <= 0.02 * result.requests, result
     # Poisson arrivals: the count in 6 s of a 60/s process is 360 ± 19 (one standard deviation).
     assert result.requests_per_second == pytest.approx(60.0, rel=0.05 if distribution == "constant" else 0.2)
     assert SLEEP_S * 1e6 <= result.latency_us(50) <= (SLEEP_S + SLACK_S) * 1e6
