@@ -44,16 +44,6 @@ class LoggedCall:
     status: str = OK
 
 
-def method_of(entry: LogEntry) -> str:
-    if isinstance(entry, PredictEntry):
-        return "predict"
-    if isinstance(entry, ClassifyEntry):
-        return "classify"
-    if isinstance(entry, RegressEntry):
-        return "regress"
-    return "multi_inference"
-
-
 def signature_of(entry: LogEntry) -> str:
     return getattr(entry, "signature_name", "")
 
@@ -65,7 +55,7 @@ def row(entry: LogEntry, call: LoggedCall) -> dict[str, Any]:
         "request_id": call.request_id,
         "time": call.timestamp,
         "signature": signature_of(entry),
-        "method": method_of(entry),
+        "method": entry.METHOD,
         "protocol": call.protocol,
         "latency_seconds": call.latency_seconds,
         "status": call.status,

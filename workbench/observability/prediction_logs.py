@@ -14,7 +14,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -71,6 +71,7 @@ class LogEntry(abc.ABC):
 
     model: str
     version: int
+    METHOD: ClassVar[str]  # the API it ran: "predict", "classify", "regress" or "multi_inference"
 
     @property
     @abc.abstractmethod
@@ -96,6 +97,8 @@ class LogEntry(abc.ABC):
 
 @dataclasses.dataclass(frozen=True)
 class PredictEntry(LogEntry):
+    METHOD = "predict"
+
     signature_name: str
     inputs: Mapping[str, np.ndarray]
     output_filter: Sequence[str]
@@ -119,6 +122,8 @@ class PredictEntry(LogEntry):
 
 @dataclasses.dataclass(frozen=True)
 class ClassifyEntry(LogEntry):
+    METHOD = "classify"
+
     signature_name: str
     examples: Sequence[bytes]
     classifications: Classifications
@@ -138,6 +143,8 @@ class ClassifyEntry(LogEntry):
 
 @dataclasses.dataclass(frozen=True)
 class RegressEntry(LogEntry):
+    METHOD = "regress"
+
     signature_name: str
     examples: Sequence[bytes]
     regressions: Sequence[float]
@@ -157,6 +164,8 @@ class RegressEntry(LogEntry):
 
 @dataclasses.dataclass(frozen=True)
 class MultiInferenceEntry(LogEntry):
+    METHOD = "multi_inference"
+
     tasks: Sequence[InferenceTask]
     examples: Sequence[bytes]
     results: Sequence[tuple[str, Any]]  # (signature name that ran, classifications or regressions), per task

@@ -354,12 +354,15 @@ def load(name: str, version: int, path: str, policy: LoadPolicy) -> TorchServeSe
     uses_python = handler_file is not None or bool(manifest.model_file)
     if uses_python:
         require_python(policy, folder / (handler_file.name if handler_file else manifest.model_file))
-    elif manifest.handler.split(":")[0].removesuffix(".py") not in _default_names():
-        raise ServingError(
-            Code.INVALID_ARGUMENT,
-            f"{archive}: handler {manifest.handler!r} is neither a file of the archive nor one of TorchServe's default "
-            f"handlers ({', '.join(sorted(_default_names()))})",
-        )
+    else:
+        from workbench.platforms.torchserve_handlers import DEFAULT_HANDLERS
+
+        if _default_handler(manifest) not in DEFAULT_HANDLERS:
+            raise ServingError(
+                Code.INVALID_ARGUMENT,
+                f"{archive}: handler {manifest.handler!r} is neither a file of the archive nor one of TorchServe's "
+                f"default handlers ({', '.join(sorted(DEFAULT_HANDLERS))})",
+            )
     config = _model_yaml(manifest, folder)
     batch_size = _batch_size(config, archive)
     import torch
@@ -379,8 +382,9 @@ def load(name: str, version: int, path: str, policy: LoadPolicy) -> TorchServeSe
     return TorchServeServable(name, version, path, manifest, entry, context, batch_size, modules)
 
 
-def _default_names() -> set[str]:
-    return {"image_classifier", "image_segmenter", "object_detector", "text_classifier"}
+def _default_handler(manifest: Manifest) -> str:
+    """The default handler a manifest names ("image_classifier" for "image_classifier.py:handle")."""
+    return manifest.handler.split(":")[0].removesuffix(".py")
 
 
 def _entry_point(
@@ -390,7 +394,7 @@ def _entry_point(
     if file is None:
         from workbench.platforms.torchserve_handlers import DEFAULT_HANDLERS
 
-        handler = DEFAULT_HANDLERS[manifest.handler.split(":")[0].removesuffix(".py")]()
+        handler = DEFAULT_HANDLERS[_default_handler(manifest)]()
         _initialise(lambda: handler.initialize(context), label)
         return handler.handle
     module = _import_handler(modules, file, label)

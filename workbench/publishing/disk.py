@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from workbench.runtime.storage import bytes_under  # what an export had written when it stopped
+
 __all__ = ["bytes_under", "examples_bytes", "no_space_message", "out_of_space", "variables_bytes"]
 
 
@@ -33,16 +35,6 @@ def out_of_space(exc: BaseException) -> bool:
             return True
         current = current.__cause__ or current.__context__
     return False
-
-
-def bytes_under(folder: Path) -> int:
-    """The size of the files under ``folder`` (0 if it is gone): what an export had written when it stopped."""
-    total = 0
-    for root, _dirs, files in os.walk(folder):
-        for file in files:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(root, file)).st_size
-    return total
 
 
 def variables_bytes(functions: Mapping[str, Any]) -> int:

@@ -20,7 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from workbench.runtime.storage import is_remote
+from workbench.runtime.storage import bytes_under, is_remote
 
 log = logging.getLogger(__name__)
 
@@ -59,14 +59,7 @@ def gpu_bytes() -> int:
 
 def folder_bytes(path: str) -> int:
     """The size of a version's files (0 for a folder in an object store: it is downloaded only to load)."""
-    if is_remote(path):
-        return 0
-    size = 0
-    for root, _, files in os.walk(path):
-        for name in files:
-            with contextlib.suppress(OSError):
-                size += os.stat(os.path.join(root, name), follow_symlinks=True).st_size
-    return size
+    return 0 if is_remote(path) else bytes_under(path, follow_symlinks=True)
 
 
 def machine_memory() -> int | None:

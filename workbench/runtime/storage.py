@@ -292,6 +292,16 @@ class VersionCache:
                 self._lock_fd = None
 
 
+def bytes_under(folder: str | os.PathLike[str], follow_symlinks: bool = False) -> int:
+    """The size of the files under ``folder`` (0 if it is gone); ``follow_symlinks``: a link counts as its target."""
+    total = 0
+    for root, _dirs, files in os.walk(folder):
+        for file in files:
+            with contextlib.suppress(OSError):
+                total += os.stat(os.path.join(root, file), follow_symlinks=follow_symlinks).st_size
+    return total
+
+
 L = TypeVar("L", bound=Callable[..., Any])
 
 
