@@ -168,7 +168,9 @@ def test_a_shadow_that_falls_behind_is_dropped_never_waited_for(models, tmp_path
     (repository / "m" / "2").mkdir()
     (repository / "m" / "2" / "model.py").write_text(SLOW)
     x = tm.digits()[0][:1]
-    with tm.serving(repository, allow_python_models=True) as server:
+    # Every call on the 4 inference threads (none inline on the loop), as on a machine slow enough that the logistic
+    # regression costs more than an inline call may: there, copies that held every thread held the clients too.
+    with tm.serving(repository, allow_python_models=True, inline_cheap_calls=False, num_inference_threads=4) as server:
         tm.available(server, "m")
         assert post(server, "m:promote", {"version": 1}).status_code == 200
         assert post(server, "m:shadow", {"version": 2, "fraction": 1.0}).status_code == 200

@@ -48,6 +48,11 @@ class InferenceThreads(Executor):
         self._lock = threading.Lock()
         self._shut_down = False
 
+    @property
+    def threads(self) -> int:
+        """How many calls run at once, at most."""
+        return self._count
+
     def call(self, fn: Callable[..., Any], *args: Any, dropped: Callable[[], object] | None = None) -> None:
         """Run ``fn(*args)`` on a thread; its outcome is its own to hand back (what it raises is only logged).
 

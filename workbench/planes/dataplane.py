@@ -19,6 +19,7 @@ import numpy as np
 
 from workbench.batching.interest import Interest
 from workbench.batching.scheduler import Batcher
+from workbench.batching.threads import InferenceThreads
 from workbench.config.batching_parameters import BatchingParameters
 from workbench.core import inference
 from workbench.core.errors import Code, ServingError
@@ -39,7 +40,7 @@ from workbench.planes.first_load_waits import FirstLoadWaits
 from workbench.planes.on_demand import hold_on_demand
 from workbench.planes.response_cache import ResponseCache, request_digest
 from workbench.planes.sequences import Sequences
-from workbench.planes.shadowing import ShadowTraffic
+from workbench.planes.shadowing import DEFAULT_MAX_PENDING, ShadowTraffic
 from workbench.planes.statistics import MetricTotals
 from workbench.protocol.v2_models import ModelStatistics, RepositoryRow
 
@@ -100,7 +101,11 @@ class Dataplane:
         self._executor = executor
         self._batching_for = batching_for
         self._members = _MemberAccess(self)
-        self.shadows = ShadowTraffic(self, manager.shadow_of)  # copies of default traffic to a shadow version
+        # Copies of default traffic to a shadow version. A copy holds an inference thread for as long as the shadow
+        # takes: copies never hold more than half of them, so the clients' own calls always find one.
+        threads = executor.threads if isinstance(executor, InferenceThreads) else 2 * DEFAULT_MAX_PENDING
+        copies = min(DEFAULT_MAX_PENDING, max(1, threads // 2))
+        self.shadows = ShadowTraffic(self, manager.shadow_of, max_pending=copies)
 
     @property
     def first_load_wait(self) -> float:

@@ -4,9 +4,9 @@ compared; the copy's answer reaches nobody.
 ``:shadow {"version": 2, "fraction": 0.5}`` (the management API, stored in the model's routing like a canary, so
 every replica mirrors alike) makes half of the requests that name no version run again on version 2 once they are
 answered. The copy is a request of its own (counted under the protocol ``shadow``), started after the client has its
-answer, so it never slows that answer; at most ``max_pending`` copies run at once, and one that finds them all
-taken is dropped and counted, so a shadow that falls behind never queues work without bound. Its failures are
-counted, never raised.
+answer, so it never slows that answer; at most ``max_pending`` copies run at once (the data plane allows half its
+inference threads, so the clients' own calls always find one), and one that finds them all taken is dropped and
+counted, so a shadow that falls behind never queues work without bound. Its failures are counted, never raised.
 
 Each copy's answer is compared with the answer the client got, output by output (:func:`compare`): classes and
 labels (integer or text outputs) row by row, scores and probabilities (float outputs of several values a row) by
