@@ -8,7 +8,7 @@
 #
 # gpu.py starts no server past 480 s (--deadline), and a full run takes about 3-4 minutes on 16 cores.
 #
-# Exit status: gpu.py's; 2 .whl/ missing, 3 the install failed, 4 an import or the GPU check failed.
+# Exit status: gpu.py's (else the tests' where PYTEST names some); 2 .whl/ missing, 3 the install failed, 4 an import or the GPU check failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-bench-out}
@@ -46,9 +46,21 @@ if os.environ["GPU"] == "1":
 EOF
 if [ "$gpu" = 1 ]; then nvidia-smi --query-gpu=name,memory.used,memory.total,driver_version --format=csv || exit 4; fi
 
-BENCH=${BENCH:-benchmarks/gpu.py}  # or benchmarks/batch_gpu.py: the same set-up, another benchmark
+# PYTEST=tests/wire/test_pytorch_cuda.py: first the tests that need a GPU and no TensorFlow (the project's addopts
+# name nbval, which is not installed there); their log is $OUT/pytest.log.
+tests=0
+if [ -n "${PYTEST:-}" ]; then
+  # shellcheck disable=SC2086 # PYTEST may name several test files
+  "$PY" -m pytest -o addopts="" -p no:cacheprovider -q -rs $PYTEST 2>&1 | tee "$OUT/pytest.log"
+  tests=${PIPESTATUS[0]}
+  echo "gpu_device.sh: pytest exited $tests after $(( $(date +%s) - started )) s"
+fi
+
+BENCH=${BENCH:-benchmarks/gpu.py}  # or benchmarks/batch_gpu.py: the same set-up, another benchmark; none: tests only
+[ "$BENCH" = none ] && exit "$tests"
 name=$(basename "$BENCH" .py)
 "$PY" "$BENCH" --out "$OUT/$name.json" "$@" 2>&1 | tee "$OUT/$name.log"
 status=${PIPESTATUS[0]}
 echo "gpu_device.sh: $name.py exited $status after $(( $(date +%s) - started )) s; results in $OUT/$name.json"
+[ "$status" = 0 ] && exit "$tests"
 exit "$status"

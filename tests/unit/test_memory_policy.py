@@ -101,6 +101,34 @@ def test_charge_is_the_measurement_with_the_files_as_floor() -> None:
     assert policy.charge_of(Footprint(0, 0), 1000) == Footprint(1000, 0)
     # The weights went to the GPU: only what is not there counts on the host.
     assert policy.charge_of(Footprint(100, 900), 1000) == Footprint(100, 900)
+    # Never loaded, bound for a GPU: its files' size is counted there, so a GPU budget holds from its first load.
+    assert policy.charge_of(None, 1000, on_gpu=True) == Footprint(0, 1000)
+    assert policy.charge_of(Footprint(100, 900), 1000, on_gpu=True) == Footprint(100, 900)
+
+
+@pytest.mark.parametrize(
+    ("device", "gpu_budget", "expected"),
+    [
+        ("cuda", 8 * GiB, Footprint(0, 4096)),  # bound for the GPU, under a GPU budget
+        ("cpu", 8 * GiB, Footprint(4096, 0)),  # --pytorch_device=cpu
+        ("cuda", None, Footprint(4096, 0)),  # no GPU budget: nothing to keep, the platform is not asked
+    ],
+)
+def test_a_first_loads_estimate_is_on_the_device_its_platform_places_it(tmp_path, device, gpu_budget, expected):
+    from workbench.models.residency import Residency
+    from workbench.platforms import Loader
+    from workbench.platforms.base import LoadPolicy
+
+    folder = tmp_path / "m" / "1"
+    folder.mkdir(parents=True)
+    (folder / "model.pt2").write_bytes(b"\0" * 4096)  # its files name the platform; nothing is loaded here
+    loader = Loader(LoadPolicy(pytorch_device=device))
+    ledger = Residency(MemoryOptions(Budget(gpu=gpu_budget)), on_gpu=loader.places_on_gpu)
+    assert ledger.estimate("m", 1, str(folder)) == expected
+    assert ledger.estimate("m", 1, str(folder), "pytorch") == expected
+    # A platform that never places models on a GPU (scikit-learn), and a folder no platform claims.
+    assert not loader.places_on_gpu(str(folder), "sklearn")
+    assert not loader.places_on_gpu(str(tmp_path))
 
 
 def tenant(version: int, used: float, size: int = 100, **flags: bool) -> Tenant:

@@ -82,7 +82,8 @@ class Manager(OnDemandLoads):
         """``routing_stores(base_path)`` gives a model's routing store; ``initial_routing`` is each model's routing
         while its store holds none (an older workbench's state file, migrated on the first change); ``memory``: the
         memory budget, loading on demand, unloading idle versions and pins (see :mod:`workbench.models.residency`)."""
-        super().__init__(Residency(memory or MemoryOptions()))
+        places_on_gpu = getattr(loader, "places_on_gpu", None)  # a plain function loads nothing onto a GPU
+        super().__init__(Residency(memory or MemoryOptions(), on_gpu=places_on_gpu or (lambda path, platform: False)))
         self._loader = loader
         self._routing_stores = routing_stores
         self._routing_reader = RoutingReader(initial_routing)

@@ -8,7 +8,8 @@ gathers the state under its lock (:mod:`workbench.models.residency`) and carries
 Serving's ``AspiredVersionPolicy`` is fed the versions' states.
 
 What is counted: each version holding memory (loading, serving or unloading) is charged a :class:`Footprint`: host
-bytes and GPU bytes. Before its first load, a version's estimate is its files' size on disk; once loaded, it is
+bytes and GPU bytes. Before its first load, a version's estimate is its files' size on disk (on the GPU where its
+platform will place it there, so a GPU budget is kept from its first load on); once loaded, it is
 what its load was seen to add (resident memory and GPU memory, :mod:`workbench.models.memory_use`), with the files'
 size as the floor for the part not on the GPU: allocators keep and reuse freed memory, so the process's growth
 around one load can read low (or 0), while a model's weights take at least their files' size somewhere. The budget
@@ -32,11 +33,12 @@ def total(footprints: Iterable[Footprint]) -> Footprint:
 
 
 # ---------------------------------------------------------------------------------------------- what is charged
-def charge_of(measured: Footprint | None, disk_bytes: int) -> Footprint:
-    """What a version is counted for: its files' size before its first load (``measured`` None); once measured,
-    what its load added, with the files' size not accounted for on the GPU as the floor of its host part."""
+def charge_of(measured: Footprint | None, disk_bytes: int, on_gpu: bool = False) -> Footprint:
+    """What a version is counted for: its files' size before its first load (``measured`` None), in GPU memory
+    where its platform places it on a GPU (``on_gpu``), else in host memory; once measured, what its load added,
+    with the files' size not accounted for on the GPU as the floor of its host part."""
     if measured is None:
-        return Footprint(max(0, disk_bytes), 0)
+        return Footprint(0, max(0, disk_bytes)) if on_gpu else Footprint(max(0, disk_bytes), 0)
     return Footprint(max(measured.host, disk_bytes - measured.gpu, 0), max(0, measured.gpu))
 
 

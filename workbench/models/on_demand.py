@@ -196,7 +196,7 @@ class OnDemandLoads(ServedModels):
             return
         if not needed and (self._memory.options.load_on_demand or record is not None):
             return
-        need = self._memory.estimate(name, version, disk.path)
+        need = self._memory.estimate(name, version, disk.path, model.config.platform)
         plan = memory.plan_load(self._memory.budget, need, self._memory.tenants(self._models), f"{name}:{version}")
         if not needed and plan.verdict is not memory.Verdict.LOAD:
             return  # loads nobody asked for never evict: it loads when asked for
@@ -263,7 +263,7 @@ class OnDemandLoads(ServedModels):
                 waiting.pop(key, None)
                 self._stop_waiting(model, record)
                 continue
-            need = self._memory.estimate(key[0], key[1], record.path)
+            need = self._memory.estimate(key[0], key[1], record.path, model.config.platform)
             tenants = self._memory.tenants(self._models)
             self._carry_out(
                 model, record, memory.plan_load(self._memory.budget, need, tenants, f"{key[0]}:{key[1]}"), need

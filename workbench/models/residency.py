@@ -73,9 +73,16 @@ class VersionMemory:
 class Residency:
     """The ledger (see the module's docstring); every method runs under the manager's lock."""
 
-    def __init__(self, options: MemoryOptions, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        options: MemoryOptions,
+        clock: Callable[[], float] = time.monotonic,
+        on_gpu: Callable[[str, str], bool] = lambda path, platform: False,
+    ) -> None:
+        """``on_gpu(path, platform)``: whether the version at ``path`` will load onto a GPU (the loader knows)."""
         self.options = options
         self.clock = clock
+        self._on_gpu = on_gpu
         self.meter = LoadMeter()
         self.versions: dict[Key, VersionMemory] = {}
         # Versions waiting for memory to load (records in START): asked again whenever memory may have freed.
@@ -117,12 +124,14 @@ class Residency:
         if entry.disk < 0 or entry.fingerprint != disk.fingerprint:
             entry.disk, entry.fingerprint = folder_bytes(disk.path), disk.fingerprint
 
-    def estimate(self, name: str, version: int, path: str) -> Footprint:
-        """What a version will hold once loaded: its last measurement, else its files' size."""
+    def estimate(self, name: str, version: int, path: str, platform: str = "") -> Footprint:
+        """What a version will hold once loaded: its last measurement, else its files' size (on the GPU where it
+        will load onto one, asked only while a GPU budget is set and it was never measured)."""
         entry = self.of(name, version)
         if entry.disk < 0:
             entry.disk = folder_bytes(path)
-        return charge_of(entry.measured, entry.disk)
+        on_gpu = entry.measured is None and self.budget.gpu is not None and self._on_gpu(path, platform)
+        return charge_of(entry.measured, entry.disk, on_gpu)
 
     def charged(self) -> Footprint:
         return total(entry.charge for entry in self.versions.values())

@@ -76,6 +76,12 @@ class Platform:
         if callable(warm_up):
             warm_up()
 
+    def places_on_gpu(self, policy: LoadPolicy) -> bool:
+        """Whether its versions load onto a GPU under ``policy``: its module's ``places_on_gpu(policy)`` says, where
+        it has one (PyTorch's, by --pytorch_device); asked before a first load, so it must not import the framework."""
+        decide = getattr(self.import_module(), "places_on_gpu", None)
+        return bool(decide(policy)) if callable(decide) else False
+
     def import_module(self) -> ModuleType:
         """The platform's module, imported on first use."""
         try:
@@ -256,6 +262,16 @@ class Loader:
         pays once: a load measured after this is charged the model alone, not the framework's hundreds of MiB."""
         if not (Path(path).parent / TRITON_CONFIG).is_file():  # a Triton model's config names its backend
             (get(platform) if platform else detect(path)).import_framework()
+
+    def places_on_gpu(self, path: str, platform: str = "") -> bool:
+        """Whether the version at ``path`` will load onto a GPU (a memory budget's estimate before its first load);
+        a version whose platform cannot be told, or will not import, says no here and fails its own load."""
+        if (Path(path).parent / TRITON_CONFIG).is_file():
+            return False  # Triton's models place themselves by their config's instance groups, read at load
+        try:
+            return (get(platform) if platform else detect(path)).places_on_gpu(self.policy)
+        except (ServingError, ImportError):
+            return False
 
     def __call__(self, name: str, version: int, path: str, platform: str = "") -> Servable:
         if (Path(path).parent / TRITON_CONFIG).is_file():

@@ -130,6 +130,15 @@ def resolve_device(requested: str = AUTO_DEVICE) -> torch.device:
     return device
 
 
+def places_on_gpu(policy: LoadPolicy) -> bool:
+    """Whether ``--pytorch_device`` puts models on a GPU, without importing PyTorch (a memory budget asks before a
+    first load): ``cuda``/``cuda:N``, or ``auto`` on a machine with a GPU."""
+    from workbench.runtime.memory import gpu_seen
+
+    device = policy.pytorch_device
+    return device.startswith("cuda") or (device == AUTO_DEVICE and gpu_seen())
+
+
 _threads_lock = threading.Lock()
 _threads_set: int | None = None
 

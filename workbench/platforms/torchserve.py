@@ -71,6 +71,14 @@ TORCHSERVE_SIGNATURE = "torchserve"
 _import_lock = threading.Lock()
 
 
+def places_on_gpu(policy: LoadPolicy) -> bool:
+    """Whether archives load onto a GPU (a memory budget's estimate before a first load): TorchServe gives a worker
+    GPU 0 wherever there is one, unless the archive's ``model-config.yaml`` says ``deviceType: cpu``."""
+    from workbench.runtime.memory import gpu_seen
+
+    return gpu_seen()
+
+
 def signature(name: str = DEFAULT_SIGNATURE) -> Signature:
     """``serving_default`` takes the requests' inputs alone (what TF Serving's and v2's clients send);
     :data:`TORCHSERVE_SIGNATURE`, which TorchServe's frontend uses, also what it knows of each request."""

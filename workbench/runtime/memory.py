@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import shutil
@@ -79,6 +80,12 @@ def machine_memory() -> int | None:
         with contextlib.suppress(ValueError, OSError):
             total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return total
+
+
+@functools.cache
+def gpu_seen() -> bool:
+    """Whether this machine has a GPU (PyTorch's or nvidia-smi's word, asked once): where ``auto`` places models."""
+    return gpu_memory() is not None
 
 
 def gpu_memory() -> int | None:
