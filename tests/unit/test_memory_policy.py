@@ -122,7 +122,10 @@ def test_a_first_loads_estimate_is_on_the_device_its_platform_places_it(tmp_path
     folder = tmp_path / "m" / "1"
     folder.mkdir(parents=True)
     (folder / "model.pt2").write_bytes(b"\0" * 4096)  # its files name the platform; nothing is loaded here
-    loader = Loader(LoadPolicy(pytorch_device=device))
+    from workbench.runtime.storage import VersionCache, caching_loader
+
+    # The server's loader: the platforms' Loader behind the cache of remote versions, which keeps its answer.
+    loader = caching_loader(Loader(LoadPolicy(pytorch_device=device)), VersionCache(tmp_path / "cache"))
     ledger = Residency(MemoryOptions(Budget(gpu=gpu_budget)), on_gpu=loader.places_on_gpu)
     assert ledger.estimate("m", 1, str(folder)) == expected
     assert ledger.estimate("m", 1, str(folder), "pytorch") == expected

@@ -217,8 +217,10 @@ def test_a_gpu_budget_charges_gpu_bytes_evicts_the_least_recent_and_frees_the_gp
     assert set(r.json()["predictions"][0]) == {3.0}
     assert memory(budgeted, "w0")["residency"] == "evicted"
     assert memory(budgeted, "w1")["residency"] == "resident"
-    # The evicted version's tensors are gone from the GPU, not only from the ledger.
-    wait_until(lambda: torch.cuda.memory_allocated() <= held + 4 * MiB, what="w0's GPU memory freed")
+    # The evicted version's tensors are gone from the GPU, not only from the ledger: w2's weights took w0's place.
+    # (The slack is for what PyTorch allocates beside the models: cuBLAS takes a workspace per thread on its first
+    # product, 64 MiB on an H100, which is the process's, charged to no version.)
+    wait_until(lambda: torch.cuda.memory_allocated() < held + weights // 2, what="w0's GPU memory freed")
     stats = requests.get(f"{budgeted.rest_url}/workbench/v1/stats", timeout=10).json()["memory"]
     assert stats["budget_gpu_bytes"] == GPU_BUDGET
     assert 2 * weights <= stats["charged_gpu_bytes"] <= GPU_BUDGET, stats
@@ -231,9 +233,12 @@ def test_a_gpu_budget_charges_gpu_bytes_evicts_the_least_recent_and_frees_the_gp
 
 
 def test_a_version_bigger_than_the_whole_gpu_budget_is_refused_and_the_rest_keep_serving(budgeted) -> None:
+    before = torch.cuda.memory_allocated()
     r = answer(budgeted, "huge", 2 * WIDE)
     assert r.status_code == 429, r.text
     assert "Insufficient resources" in r.json()["error"]
     r = answer(budgeted, "w2")
     assert r.status_code == 200, r.text
-    assert torch.cuda.memory_allocated() <= GPU_BUDGET + 8 * MiB
+    # Refused before it loaded (its files, counted on the GPU, are more than the budget): nothing went to the GPU.
+    assert memory(budgeted, "huge")["loads"] == 0
+    assert torch.cuda.memory_allocated() < before + 64 * MiB  # its 256 MiB of weights never came

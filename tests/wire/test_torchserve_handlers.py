@@ -252,7 +252,12 @@ def test_image_segmenter_answers_a_class_and_probability_per_pixel(
     assert r.status_code == 200, r.text
     got = np.array(r.json(), dtype=np.float32)
     assert got.shape == (224, 224, 2)  # [H][W][class, probability] per image
-    assert np.array_equal(got[..., 0], want[..., 0]) and np.allclose(got[..., 1], want[..., 1], atol=1e-5)
+    # Served on a GPU where there is one (as TorchServe does), whose sums may round differently: a pixel whose two
+    # best classes are within that rounding may name either; every other pixel names the CPU's class.
+    top_two = torch.topk(torch.softmax(out, dim=1), 2, dim=1).values[0].numpy()
+    clear = top_two[0] - top_two[1] > 1e-4
+    assert np.array_equal(got[..., 0][clear], want[..., 0][clear]) and clear.mean() > 0.9
+    assert np.allclose(got[..., 1], want[..., 1], atol=1e-4)
 
 
 def test_text_classifier_with_a_vocabulary_dict(server: ServerThread, store: tuple[Path, dict]) -> None:

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import gc
 import inspect
 import io
 import json
@@ -590,8 +591,16 @@ class TorchServable(Servable):
         return array
 
     def close(self) -> None:
-        # PyTorch frees the module's memory (and its GPU memory, to its caching allocator) with the last reference.
+        # An exported program's module is a GraphModule, whose graph and nodes refer back to it: a cycle, freed by
+        # the cyclic collector whenever it next runs, not with the last reference. A memory budget that evicted
+        # this version counts its memory free now, and the next load is measured now: collect at once. The GPU's
+        # cached blocks go back to the driver too, for the other processes and frameworks on it.
         self._module = None
+        gc.collect()
+        if self.device.type == "cuda":
+            import torch
+
+            torch.cuda.empty_cache()
 
 
 @functools.cache

@@ -308,7 +308,7 @@ L = TypeVar("L", bound=Callable[..., Any])
 def caching_loader(loader: L, cache: VersionCache) -> L:
     """``loader`` for local paths; for a remote version, download it into ``cache`` first and load the copy. The
     loader's ``prepare(name, version, path, platform)``, where it has one (a framework imported ahead of a measured
-    load), is kept, and sees the copy too."""
+    load), is kept, and sees the copy too; its ``places_on_gpu(path, platform)`` is kept as it is."""
 
     def local(name: str, version: int, path: str) -> str:
         return str(cache.fetch(name, version, path)) if is_remote(path) else path
@@ -323,4 +323,8 @@ def caching_loader(loader: L, cache: VersionCache) -> L:
             prepare(name, version, local(name, version, path), *args)
 
         load.prepare = prepare_copy  # type: ignore[attr-defined]
+    # Asked under the manager's lock, so it never downloads: a remote version's platform is its config's, or none.
+    places_on_gpu = getattr(loader, "places_on_gpu", None)
+    if places_on_gpu is not None:
+        load.places_on_gpu = places_on_gpu  # type: ignore[attr-defined]
     return cast(L, load)
