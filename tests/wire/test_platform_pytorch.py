@@ -24,6 +24,7 @@ from sklearn.datasets import load_digits
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
 import workbench
+from tests.torch_models import DigitsMLP, Pair, pair_inputs
 from tests.waiting import version_states, wait_until
 from workbench.config.options import ServerOptions
 from workbench.core.errors import Code, ServingError
@@ -36,30 +37,6 @@ MODELS = ("mlp", "mlp_ts", "pair", "pair_ts", "triton_ts")
 
 
 # ============================================================================================= models and servers
-class DigitsMLP(torch.nn.Module):
-    """64 pixels → 10 class probabilities."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.hidden = torch.nn.Linear(64, 32)
-        self.out = torch.nn.Linear(32, 10)
-
-    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
-        return torch.softmax(self.out(torch.relu(self.hidden(pixels))), dim=-1)
-
-
-class Pair(torch.nn.Module):
-    """Two named inputs of two dtypes, a dict of outputs of two dtypes."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.linear = torch.nn.Linear(4, 3)
-
-    def forward(self, features: torch.Tensor, counts: torch.Tensor) -> dict[str, torch.Tensor]:
-        scores = self.linear(features) * counts.unsqueeze(-1).to(features.dtype)
-        return {"scores": scores, "best": scores.argmax(dim=-1)}
-
-
 @pytest.fixture(scope="module")
 def digits() -> tuple[np.ndarray, np.ndarray]:
     data = load_digits()
@@ -98,12 +75,6 @@ def assert_served(got: np.ndarray, expected: np.ndarray) -> None:
     on a GPU (--pytorch_device=auto puts the server's models there), may differ in them."""
     assert got.dtype == expected.dtype and got.shape == expected.shape
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
-
-
-def pair_inputs(rows: int, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    features = (np.arange(start * 4, (start + rows) * 4, dtype=np.float32).reshape(rows, 4) % 7) / 3
-    counts = (np.arange(start, start + rows, dtype=np.int64) % 5) + 1
-    return features, counts
 
 
 def triton_folder(root: Path, pair: Pair) -> None:
@@ -289,25 +260,6 @@ def test_a_gpu_the_process_cannot_use_is_refused_by_name():
             pytorch_platform.resolve_device("cuda")
         assert info.value.code is Code.FAILED_PRECONDITION and "sees no CUDA GPU" in info.value.message
         assert pytorch_platform.resolve_device("auto").type == "cpu"
-
-
-@pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="needs a CUDA GPU that PyTorch sees (torch.cuda.is_available)"
-)
-@pytest.mark.parametrize("model", ["mlp", "mlp_ts", "pair", "pair_ts"])
-def test_on_the_gpu_answers_equal_the_cpus(repository, model):
-    path = str(repository / model / "1")
-    on_cpu = pytorch_platform.load(model, 1, path, LoadPolicy(pytorch_device="cpu"))
-    on_gpu = pytorch_platform.load(model, 1, path, LoadPolicy(pytorch_device="cuda"))
-    assert on_gpu.device.type == "cuda"  # type: ignore[attr-defined]
-    assert next(on_gpu._module.parameters()).device.type == "cuda"  # type: ignore[attr-defined]
-    signature = on_cpu.signatures["serving_default"]
-    rows = np.random.default_rng(0).random((17, 64), dtype=np.float32)
-    inputs = {"pixels": rows} if "mlp" in model else dict(zip(["features", "counts"], pair_inputs(17), strict=True))
-    expected = on_cpu.run(signature, inputs, list(signature.outputs))
-    got = on_gpu.run(on_gpu.signatures["serving_default"], inputs, list(signature.outputs))
-    for name, value in expected.items():
-        np.testing.assert_allclose(got[name], value, rtol=1e-4, atol=1e-5)
 
 
 # ==================================================================================================== serving

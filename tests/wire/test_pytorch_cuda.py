@@ -19,6 +19,7 @@ import requests
 import torch
 
 import workbench
+from tests.torch_models import DigitsMLP, Pair, pair_inputs
 from tests.waiting import version_states, wait_until
 from workbench.config.options import ServerOptions
 from workbench.platforms import pytorch as pytorch_platform
@@ -34,28 +35,6 @@ WIDE = 4096  # a Linear(4096, 4096): 64 MiB of float32 weights, one version's GP
 GPU_BUDGET = 160 * MiB  # holds two such versions, not three
 
 
-class DigitsMLP(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.hidden = torch.nn.Linear(64, 32)
-        self.out = torch.nn.Linear(32, 10)
-
-    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
-        return torch.softmax(self.out(torch.relu(self.hidden(pixels))), dim=-1)
-
-
-class Pair(torch.nn.Module):
-    """Two named inputs of two dtypes, a dict of outputs of two dtypes."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.linear = torch.nn.Linear(4, 3)
-
-    def forward(self, features: torch.Tensor, counts: torch.Tensor) -> dict[str, torch.Tensor]:
-        scores = self.linear(features) * counts.unsqueeze(-1).to(features.dtype)
-        return {"scores": scores, "best": scores.argmax(dim=-1)}
-
-
 def constant(value: float, width: int = WIDE) -> torch.nn.Linear:
     """A wide layer that answers ``value`` everywhere (zero weights, a constant bias): its answer names it."""
     layer = torch.nn.Linear(width, width)
@@ -63,11 +42,6 @@ def constant(value: float, width: int = WIDE) -> torch.nn.Linear:
         layer.weight.zero_()
         layer.bias.fill_(value)
     return layer.eval()
-
-
-def pair_inputs(rows: int) -> tuple[np.ndarray, np.ndarray]:
-    features = np.random.default_rng(rows).random((rows, 4), dtype=np.float32)
-    return features, np.arange(1, rows + 1, dtype=np.int64)
 
 
 @pytest.fixture(scope="module")
