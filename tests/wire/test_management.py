@@ -518,9 +518,9 @@ def test_model_folders_come_and_go_without_a_restart(serve, root, model_store, t
 
 # ------------------------------------------------------------------------------------------ sticky canaries
 def test_a_sticky_key_always_lands_on_the_same_version_and_keys_split_by_the_weight(serve, root):
-    """X-Workbench-Key (REST), x-workbench-key metadata (gRPC) and the v2 parameter workbench_key hash into the
-    canary split: one key gets one version every time, on every API, and over many keys the canary's share is
-    its weight."""
+    """X-Workbench-Key (REST), x-workbench-key metadata (gRPC) and the v2 parameter workbench_key (gRPC, and REST's
+    body) hash into the canary split: one key gets one version every time, on every API, and over many keys the
+    canary's share is its weight."""
     import grpc
     import numpy as np
     import tritonclient.grpc as triton_grpc
@@ -564,6 +564,19 @@ def test_a_sticky_key_always_lands_on_the_same_version_and_keys_split_by_the_wei
             for key in keys[:50]
         ]
         assert [int(v) for v in v2_rest] == [first[key] for key in keys[:50]]
+        # The key as the body's parameter, as tritonclient's HTTP client sends parameters (JSON and binary bodies).
+        import tritonclient.http as triton_http
+
+        http = triton_http.InferenceServerClient(server.rest_url.removeprefix("http://"))
+        for binary in (False, True):
+            given = triton_http.InferInput("x", [1, 1], "FP32")
+            given.set_data_from_numpy(np.array([[1.0]], np.float32), binary_data=binary)
+            by_body = [
+                int(http.infer("m", [given], parameters={"workbench_key": key}).get_response()["model_version"])
+                for key in keys[:50]
+            ]
+            assert by_body == [first[key] for key in keys[:50]], binary
+        http.close()
 
     with grpc.insecure_channel(server.grpc_target) as channel:
         stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)

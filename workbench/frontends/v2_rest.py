@@ -39,7 +39,7 @@ from workbench.config.model_control import load_overrides
 from workbench.core.errors import Code, ServingError, from_exception
 from workbench.core.sequences import sequence_request
 from workbench.core.signatures import DEFAULT_SIGNATURE, Signature
-from workbench.core.sticky import STICKY_HEADER
+from workbench.core.sticky import STICKY_HEADER, STICKY_PARAMETER
 from workbench.frontends import v2_stream
 from workbench.frontends.rest import error_response, json_response
 from workbench.frontends.sequence_routing import SequenceRouter
@@ -60,6 +60,7 @@ BINARY = "application/octet-stream"
 _MODEL = "/v2/models/{model:str}"
 _VERSION = "/v2/models/{model:str}/versions/{version:str}"
 _LOAD_TIMEOUT_S = 300.0
+_STICKY_PARAMETER_BYTES = f'"{STICKY_PARAMETER}"'.encode()
 
 Handler = Callable[[Request], Awaitable[Response]]
 # Queues an inference request asking for it (parameters.async): (model, version, body, headers) → the 202 answer.
@@ -190,8 +191,15 @@ class V2Rest:
         key: str | None = None,
     ) -> v2_json.EncodedResponse:
         """One inference request's answer (``length``: its Inference-Header-Content-Length, if any; ``key``: its
-        stickiness key), run here: on the REST port, and for a queued request by its consumer."""
+        stickiness key, else the body's ``parameters.workbench_key``), run here: on the REST port, and for a queued
+        request by its consumer."""
         dataplane = self.dataplane
+        if key is None and _STICKY_PARAMETER_BYTES in body:
+            # The version is picked from the key when the call is admitted, so a body that may name one (as
+            # tritonclient's HTTP client sends parameters) is read first; every other body is decoded after, as before.
+            decoded = decoded or self._decode(body, length, shared_memory)
+            given = decoded.parameters.get(STICKY_PARAMETER)
+            key = given if isinstance(given, str) and given else None
         spec = dataclasses.replace(await self._infer_spec(model, version), key=key)
         with await dataplane.admit(spec, "predict", PROTOCOL, self.timeout) as call:
             servable = call.servable
