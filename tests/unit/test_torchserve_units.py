@@ -238,3 +238,26 @@ def test_downloads_are_size_limited_checked_and_never_half_written(tmp_path: Pat
     finally:
         site.shutdown()
         site.server_close()
+
+
+def test_allowed_urls_are_torchserves_patterns_and_bad_ones_are_refused_at_start() -> None:
+    from workbench.config.serve_options import FlagError, serve_options
+
+    default = archive_download.allowed_urls()
+    for url in ("https://example.com/m.mar", "HTTP://Example.com/m.mar", "file:///models/m.mar"):
+        archive_download.check_allowed(url, default)  # TorchServe's default: any file or web URL, case aside
+    archive_download.check_allowed("s3://bucket/m.mar", default)  # another scheme: the registration refuses it
+    with pytest.raises(archive_download.DownloadError) as refused:
+        archive_download.check_allowed("https://example.com/m.mar", archive_download.allowed_urls("file://.*"))
+    assert (refused.value.status, refused.value.kind) == (404, "ModelNotFoundException")
+    assert refused.value.message == "Given URL https://example.com/m.mar does not match any allowed URL(s)"
+    mine = archive_download.allowed_urls(r"https://models\.example\.com/.*, http://127\.0\.0\.1:\d+/ok/.*")
+    archive_download.check_allowed("https://models.example.com/a/m.mar", mine)
+    archive_download.check_allowed("http://127.0.0.1:8000/ok/m.mar", mine)
+    for url in ("https://models.example.com.evil.net/m.mar", "http://127.0.0.1:8000/other/m.mar"):
+        with pytest.raises(archive_download.DownloadError, match="does not match any allowed URL"):
+            archive_download.check_allowed(url, mine)  # the whole URL must match, not a prefix of it
+    options = serve_options(["--model_repository=m", r"--torchserve_allowed_urls=https://a\.example/.*"])
+    assert options.torchserve_allowed_urls == r"https://a\.example/.*"
+    with pytest.raises(FlagError, match="is not a regular expression"):
+        serve_options(["--model_repository=m", "--torchserve_allowed_urls=https://(unclosed"])

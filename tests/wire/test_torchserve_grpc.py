@@ -228,6 +228,65 @@ def test_register_an_archive_by_url(server: ServerThread, archive_site: str) -> 
     assert relative.status_code == 404 and relative.json()["message"].startswith("Relative path is not allowed")
 
 
+class _Redirects(http.server.SimpleHTTPRequestHandler):
+    """Serves its folder; ``/allowed/elsewhere.mar`` redirects to ``/other/fetched.mar``."""
+
+    def do_GET(self) -> None:
+        if self.path == "/allowed/elsewhere.mar":
+            self.send_response(302)
+            self.send_header("Location", "/other/fetched.mar")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        super().do_GET()
+
+
+def test_registrations_name_only_allowed_urls_and_redirects_stay_within_them(tmp_path: Path) -> None:
+    site_folder = tmp_path / "site"
+    for part in ("allowed", "other"):
+        (site_folder / part).mkdir(parents=True)
+        write_mar(site_folder / part / "fetched.mar", "fetched", "1.0")
+    handler = functools.partial(_Redirects, directory=str(site_folder))
+    site = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=site.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    root = f"http://127.0.0.1:{site.server_address[1]}"
+    store = tmp_path / "store"
+    store.mkdir()
+    write_mar(store / "echo.mar", "echo", "1.0")
+    options = ServerOptions(
+        rest_api_port=-1,
+        port=0,
+        model_repository=str(store),
+        allow_python_models=True,
+        torchserve_allowed_urls=r"http://127\.0\.0\.1:\d+/allowed/.*",
+    )
+    try:
+        with ServerThread(options) as running, grpc.insecure_channel(running.grpc_target) as opened:
+            models = f"{running.rest_url}/models"
+            refused = requests.post(models, params={"url": f"{root}/other/fetched.mar"}, timeout=60)
+            assert refused.status_code == 404, refused.text
+            assert refused.json() == {
+                "code": 404,
+                "type": "ModelNotFoundException",
+                "message": f"Given URL {root}/other/fetched.mar does not match any allowed URL(s)",
+            }
+            # An allowed URL that redirects to one that is not: refused at the hop, nothing written to the store.
+            hop = requests.post(models, params={"url": f"{root}/allowed/elsewhere.mar"}, timeout=60)
+            assert hop.status_code == 404 and hop.json()["message"] == (
+                f"Given URL {root}/other/fetched.mar does not match any allowed URL(s)"
+            )
+            assert sorted(p.name for p in store.glob("*.mar")) == ["echo.mar"]
+            stub = management_pb2_grpc.ManagementAPIsServiceStub(opened)
+            by_grpc = fails(stub.RegisterModel, management_pb2.RegisterModelRequest(url=f"{root}/other/fetched.mar"))
+            assert by_grpc.code() == grpc.StatusCode.NOT_FOUND and "allowed URL" in by_grpc.details()
+            taken = requests.post(models, params={"url": f"{root}/allowed/fetched.mar"}, timeout=60)
+            assert taken.status_code == 200, taken.text
+            assert requests.post(f"{running.rest_url}/predictions/fetched", data=b"x", timeout=60).status_code == 200
+    finally:
+        site.shutdown()
+        site.server_close()
+
+
 def test_management_needs_the_token(tmp_path: Path) -> None:
     write_mar(tmp_path / "echo.mar", "echo", "1.0")
     options = ServerOptions(

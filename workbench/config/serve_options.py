@@ -129,6 +129,12 @@ def check_serve_flags(args: argparse.Namespace) -> int:
         MemoryOptions.of(args.memory_budget, args.load_on_demand, args.unload_after_idle, args.pin)
     except ServingError as exc:
         raise FlagError(exc.message) from None
+    try:
+        from workbench.runtime.archive_download import allowed_urls
+
+        allowed_urls(args.torchserve_allowed_urls)
+    except ValueError as exc:
+        raise FlagError(str(exc)) from None
     if args.response_cache_bytes < 0:
         raise FlagError("--response_cache_bytes cannot be negative (0 turns the cache off)")
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", args.pytorch_device):  # checked again, against the GPUs, at load

@@ -395,6 +395,12 @@ SERVE_FLAGS: tuple[FlagGroup, ...] = (
                 option=None,
             ),
             ServeFlag(
+                "torchserve_allowed_urls",
+                "TorchServe's allowed_urls: comma-separated regular expressions, one of which must match the whole "
+                "URL a model registration names (default: any file:// or http(s):// URL, as TorchServe's)",
+                "REGEX",
+            ),
+            ServeFlag(
                 "drain_seconds",
                 "on SIGTERM or SIGINT: turn /readyz false, refuse new connections, give accepted requests up to this "
                 "long in all to finish, then exit 0 (a second signal exits at once); Kubernetes' "

@@ -106,14 +106,17 @@ class TorchServeApi:
         token: str = "",
         model_store: str = "",
         max_archive_bytes: int = MAX_ARCHIVE_BYTES,
+        allowed_urls: str = "",
     ) -> None:
         """``token``: the management token (management calls need it when set); ``model_store``: the model
-        repository's folder, where register-by-URL downloads archives ("" or a remote one: no downloads)."""
+        repository's folder, where register-by-URL downloads archives ("" or a remote one: no downloads);
+        ``allowed_urls``: TorchServe's allowed_urls, the URLs a registration may name (--torchserve_allowed_urls)."""
         self.dataplane = dataplane
         self.controlplane = controlplane
         self.token = token
         self.model_store = model_store
         self.max_archive_bytes = max_archive_bytes
+        self.allowed_urls = archive_download.allowed_urls(allowed_urls)
         self._workers: dict[str, _Workers] = {}
         self._download_lock = asyncio.Lock()
 
@@ -263,6 +266,11 @@ class TorchServeApi:
         downloaded into the store first. Returns TorchServe's status message."""
         if not url:
             raise TorchServeError(400, "BadRequestException", "Parameter url is required.")
+        if "://" in url:  # TorchServe checks a file or web URL against allowed_urls before anything else
+            try:
+                archive_download.check_allowed(url, self.allowed_urls)
+            except archive_download.DownloadError as exc:
+                raise TorchServeError(exc.status, exc.kind, exc.message) from None
         if archive_download.is_download_url(url):
             file_name = await self._download(url)
         elif "://" in url:
@@ -303,7 +311,9 @@ class TorchServeApi:
                 400, "BadRequestException", "Archives are downloaded into a model store: serve a local folder of them"
             )
         async with self._download_lock:  # one download at a time: the store's file names are checked, then taken
-            download = functools.partial(archive_download.download_archive, url, store, self.max_archive_bytes)
+            download = functools.partial(
+                archive_download.download_archive, url, store, self.max_archive_bytes, self.allowed_urls
+            )
             try:
                 name = str(await self._off_the_loop(download))
             except archive_download.DownloadError as exc:

@@ -49,6 +49,7 @@ class FrontendSettings:
     asynchronous: AsyncInference | None = None  # None: no :predictAsync
     batch_jobs: BatchJobs | None = None  # None: no /workbench/v1/batch
     model_store: str = ""  # the model repository: TorchServe's register-by-URL downloads archives into it
+    torchserve_allowed_urls: str = ""  # the URLs it may download from ("": TorchServe's default, any http(s))
 
     @classmethod
     def of(
@@ -71,6 +72,7 @@ class FrontendSettings:
             asynchronous=asynchronous,
             batch_jobs=batch_jobs,
             model_store=options.model_repository or "",
+            torchserve_allowed_urls=options.torchserve_allowed_urls,
         )
 
 
@@ -99,7 +101,13 @@ class Frontends:
         self.controlplane = controlplane
         self.settings = settings
         # TorchServe's APIs, one for its REST and gRPC transports (a scale request over one shows over the other).
-        self.torchserve = TorchServeApi(dataplane, controlplane, settings.management_token, settings.model_store)
+        self.torchserve = TorchServeApi(
+            dataplane,
+            controlplane,
+            settings.management_token,
+            settings.model_store,
+            allowed_urls=settings.torchserve_allowed_urls,
+        )
 
     def rest_app(self) -> Starlette:
         """The REST API as an ASGI app: TF Serving's /v1, v2, management, stats, probes and metrics."""

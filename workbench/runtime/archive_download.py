@@ -6,6 +6,12 @@ temporary file of the store (``.<name>.<random>.part``, which the store's scan s
 when it is whole, within the limit and a readable archive (its manifest), so the store never shows a half-written
 or foreign file. Other schemes (``s3://``, ``file://``) are refused: the archive belongs in the store, where
 workbench serves it already.
+
+Which URLs may be fetched is TorchServe's ``allowed_urls`` (``--torchserve_allowed_urls``): comma-separated regular
+expressions, one of which must match the whole URL, case aside, or the registration is refused as TorchServe refuses
+it (404, "Given URL … does not match any allowed URL(s)"). TorchServe's default allows every file and http(s) URL.
+Redirects are followed one at a time, at most :data:`MAX_REDIRECTS`, and every URL they lead to must be allowed too:
+an allowed host cannot hand the download on to one that is not.
 """
 
 from __future__ import annotations
@@ -13,15 +19,24 @@ from __future__ import annotations
 import contextlib
 import os
 import posixpath
+import re
 import urllib.parse
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from workbench.runtime.model_archives import ARCHIVE_SUFFIX, ArchiveError, archive_manifest
+
+if TYPE_CHECKING:
+    import requests
 
 CHUNK_BYTES = 1 << 20
 CONNECT_TIMEOUT_S = 10.0
 READ_TIMEOUT_S = 60.0  # between two chunks of the body, not for the whole download
+MAX_REDIRECTS = 5
+DEFAULT_ALLOWED_URLS = r"file://.*|http(s)?://.*"  # TorchServe's default allowed_urls: every file and web URL
+_FILE_OR_WEB = re.compile(r"(file|https?)://.*", re.IGNORECASE)  # the URLs TorchServe holds to allowed_urls
 
 
 class DownloadError(Exception):
@@ -30,6 +45,31 @@ class DownloadError(Exception):
     def __init__(self, status: int, kind: str, message: str) -> None:
         super().__init__(message)
         self.status, self.kind, self.message = status, kind, message
+
+
+def allowed_urls(text: str = "") -> tuple[re.Pattern[str], ...]:
+    """``--torchserve_allowed_urls``: TorchServe's ``allowed_urls``, comma-separated regular expressions ("":
+    its default); ValueError names one that does not compile."""
+    patterns = []
+    for item in (text or DEFAULT_ALLOWED_URLS).split(","):
+        if not item.strip():
+            continue
+        try:
+            patterns.append(re.compile(item.strip(), re.IGNORECASE))
+        except re.error as exc:
+            raise ValueError(
+                f"--torchserve_allowed_urls: {item.strip()!r} is not a regular expression ({exc})"
+            ) from None
+    if not patterns:
+        raise ValueError("--torchserve_allowed_urls names no pattern")
+    return tuple(patterns)
+
+
+def check_allowed(url: str, patterns: Sequence[re.Pattern[str]]) -> None:
+    """Refuse a file or web ``url`` unless one of ``patterns`` matches all of it, with TorchServe's status and
+    words; a URL of another scheme (``s3://``) is left for the registration to refuse as one it cannot fetch."""
+    if _FILE_OR_WEB.fullmatch(url) and not any(pattern.fullmatch(url) for pattern in patterns):
+        raise DownloadError(404, "ModelNotFoundException", f"Given URL {url} does not match any allowed URL(s)")
 
 
 def is_download_url(url: str) -> bool:
@@ -46,21 +86,29 @@ def archive_name(url: str) -> str:
     return name
 
 
-def download_archive(url: str, store: str | os.PathLike[str], max_bytes: int) -> str:
-    """Fetch ``url`` into the model store ``store``; returns the archive's file name there."""
+def download_archive(
+    url: str,
+    store: str | os.PathLike[str],
+    max_bytes: int,
+    allowed: Sequence[re.Pattern[str]] = (),
+) -> str:
+    """Fetch ``url`` into the model store ``store``; returns the archive's file name there. ``allowed``: the
+    patterns every URL on the way must match (none given: TorchServe's default)."""
     # Imported here, on the rare registration by URL: a serving process must not load requests and urllib3 (their
     # warning filters cost every scikit-learn ensemble call; see tests/system/test_layering.py).
     import requests
 
     if ".." in url:
         raise DownloadError(404, "ModelNotFoundException", f"Relative path is not allowed in url: {url}")
+    patterns = allowed or allowed_urls()
+    check_allowed(url, patterns)
     name = archive_name(url)
     target = Path(store) / name
     if target.exists():
         raise DownloadError(409, "ConflictStatusException", f"Model file already exists {name}")
     partial = target.with_name(f".{name}.{uuid.uuid4().hex[:8]}.part")
     try:
-        with requests.get(url, stream=True, timeout=(CONNECT_TIMEOUT_S, READ_TIMEOUT_S)) as response:
+        with requests.Session() as session, _fetch(session, url, patterns) as response:
             if response.status_code != 200:
                 raise DownloadError(
                     400,
@@ -96,6 +144,18 @@ def download_archive(url: str, store: str | os.PathLike[str], max_bytes: int) ->
         with contextlib.suppress(FileNotFoundError):
             partial.unlink()
     return name
+
+
+def _fetch(session: requests.Session, url: str, patterns: Sequence[re.Pattern[str]]) -> requests.Response:
+    """The response at the end of ``url``'s redirects, each of which was allowed before it was followed."""
+    for _ in range(MAX_REDIRECTS + 1):
+        response = session.get(url, stream=True, allow_redirects=False, timeout=(CONNECT_TIMEOUT_S, READ_TIMEOUT_S))
+        if not response.is_redirect:
+            return response
+        response.close()
+        url = urllib.parse.urljoin(url, response.headers["location"])
+        check_allowed(url, patterns)
+    raise DownloadError(400, "DownloadArchiveException", f"Failed to download archive from: {url} (too many redirects)")
 
 
 def _too_large(url: str, max_bytes: int) -> DownloadError:
