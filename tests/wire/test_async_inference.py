@@ -141,6 +141,57 @@ def test_a_v2_request_with_parameters_async_is_queued_and_answered_as_infer_answ
     assert plain.status_code == 200 and "outputs" in plain.json(), plain.text
 
 
+def test_a_queued_request_keeps_its_stickiness_key(tmp_path):
+    """Under a canary, a request queued with a key runs on the version its key picks, as it would have at once:
+    the key travels with it (the X-Workbench-Key header, or v2's parameters.workbench_key in the body)."""
+    from sklearn.dummy import DummyClassifier
+
+    from workbench.models.routing.policy import Routing, sticky_pick
+
+    x, y = tm.digits()
+    workbench.export(LogisticRegression(max_iter=2000).fit(x, y), "m", tmp_path / "models")
+    workbench.export(DummyClassifier(strategy="constant", constant=7).fit(x, y), "m", tmp_path / "models")
+    row = x[y != 7][:1]  # the logistic regression does not answer 7 for it; version 2 always does
+    with tm.serving(tmp_path / "models", async_queue=f"sqlite://{tmp_path / 'queue.sqlite'}") as server:
+        tm.available(server, "m")
+        manage = f"{server.rest_url}/workbench/v1/models/m"
+        assert requests.post(f"{manage}:promote", json={"version": 1}, timeout=60).status_code == 200
+        assert requests.post(f"{manage}:canary", json={"version": 2, "weight": 0.5}, timeout=60).status_code == 200
+        split = Routing(stable=1, canary=2, canary_weight=0.5)
+        keys = [f"user-{n}" for n in range(16)]
+        expected = [sticky_pick(split, [1, 2], key) for key in keys]
+        assert set(expected) == {1, 2}  # both sides are tried
+        tickets = []
+        for key in keys:
+            header = {"X-Workbench-Key": key}
+            tickets.append(
+                (
+                    requests.post(
+                        f"{server.rest_url}/v1/models/m:predictAsync",
+                        json={"instances": row.tolist()},
+                        headers=header,
+                        timeout=30,
+                    ),
+                    requests.post(
+                        f"{server.rest_url}/v2/models/m/infer",
+                        json=v2_body(row, **{"async": True}),
+                        headers=header,
+                        timeout=30,
+                    ),
+                    requests.post(
+                        f"{server.rest_url}/v2/models/m/infer",
+                        json=v2_body(row, **{"async": True, "workbench_key": key}),
+                        timeout=30,
+                    ),
+                )
+            )
+        for version, (rest, v2_header, v2_parameter) in zip(expected, tickets, strict=True):
+            predicted = answered(server.rest_url, rest.json()["id"])["answer"]["predictions"][0]
+            assert (predicted == 7) == (version == 2), (version, predicted)
+            for v2 in (v2_header, v2_parameter):
+                assert answered(server.rest_url, v2.json()["id"])["answer"]["model_version"] == str(version)
+
+
 @pytest.mark.parametrize(
     ("path", "body", "status", "says"),
     [

@@ -39,6 +39,7 @@ from workbench.asynchronous.queues import AsyncQueue, open_queue, queue_exists
 from workbench.asynchronous.store import Claimed
 from workbench.core.errors import Code, ServingError, from_exception
 from workbench.core.signatures import DEFAULT_SIGNATURE
+from workbench.core.sticky import STICKY_HEADER
 from workbench.frontends.rest import PostHandler, RestApi, error_response, json_response
 from workbench.frontends.v2_rest import V2Rest, V2Settings
 from workbench.planes.calls import ModelSpec
@@ -145,7 +146,8 @@ class AsyncInference:
                         body, lambda signature, sent: self.dataplane.rest_input_specs(servable, signature, sent)
                     )
             # What the consumer runs: the same request, as :predict.
-            return await self._enqueue(name, path[: -len("Async")], body, {"input": source, "output": target})
+            query = {"input": source, "output": target, "key": headers.get(STICKY_HEADER, "")}
+            return await self._enqueue(name, path[: -len("Async")], body, query)
         except ServingError as exc:
             return error_response(exc)
 
@@ -163,7 +165,12 @@ class AsyncInference:
                     v2_json.check_datatypes(decoded, specs)
                     _refuse_raw_outputs(decoded)
             path = f"/v2/models/{model}" + (f"/versions/{version}" if version else "") + "/infer"
-            query = {"input": source, "output": headers.get(OUTPUT_LOCATION, ""), "header_length": length or ""}
+            query = {
+                "input": source,
+                "output": headers.get(OUTPUT_LOCATION, ""),
+                "header_length": length or "",
+                "key": headers.get(STICKY_HEADER, ""),  # a canary's stickiness key: the version is picked when it runs
+            }
             return await self._enqueue(model, path, body, query)
         except ServingError as exc:
             return error_response(exc)
@@ -264,7 +271,7 @@ class AsyncInference:
         except StorageError as exc:  # gone since it was accepted, or unreadable: the request's own failure
             status, body = 400, json_tensor.encode_error(f"Could not read the request's input: {exc}")
         else:
-            status, body = await self._run(path, request, locations.get("header_length"))
+            status, body = await self._run(path, request, locations.get("header_length"), locations.get("key"))
         try:
             if status == 200 and "output" in locations:  # the answer goes there; the record says where
                 await loop.run_in_executor(None, _write, locations["output"], body)
@@ -279,17 +286,19 @@ class AsyncInference:
         except Exception:  # noqa: BLE001 - the claim expires and the request is taken again
             log.exception("Could not record the answer to asynchronous request %s", item.id)
 
-    async def _run(self, path: str, request: bytes, header_length: str | None) -> tuple[int, bytes]:
+    async def _run(
+        self, path: str, request: bytes, header_length: str | None, key: str | None = None
+    ) -> tuple[int, bytes]:
         """The answer to a queued request, as its synchronous path gives it (a failure its status and error)."""
         v2 = _V2_PATH.fullmatch(path)
         if v2 is None:
             match = _SYNC_PATH.fullmatch(path)
             assert match is not None  # written by accept()
-            status, body, _ = await self._rest.inference(match, _body_of(request), path)
+            status, body, _ = await self._rest.inference(match, _body_of(request), path, key)
             return status, body
         model, version = v2.groups()
         try:
-            encoded = await self._v2.run(model, version, request, header_length)
+            encoded = await self._v2.run(model, version, request, header_length, key=key)
         except Exception as exc:  # noqa: BLE001 - the request's answer, as v2's REST API would give it
             if not isinstance(exc, ServingError):
                 log.exception("Asynchronous v2 request failed")
