@@ -185,6 +185,12 @@ def test_a_queued_request_keeps_its_stickiness_key(tmp_path):
                     ),
                 )
             )
+        from workbench.client import Client
+
+        with Client(server.rest_url) as client:
+            by_client = [client.predict_async("m", row, key=key).result(timeout=60) for key in keys]
+        for version, answer in zip(expected, by_client, strict=True):
+            assert (int(np.asarray(answer["predictions"])[0]) == 7) == (version == 2)
         for version, (rest, v2_header, v2_parameter) in zip(expected, tickets, strict=True):
             predicted = answered(server.rest_url, rest.json()["id"])["answer"]["predictions"][0]
             assert (predicted == 7) == (version == 2), (version, predicted)

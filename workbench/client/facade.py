@@ -32,6 +32,7 @@ from workbench.client.v2_rest import V2RestTransport
 from workbench.config.vocabulary import renamed_keywords
 from workbench.core.errors import Code, ServingError
 from workbench.core.signatures import DEFAULT_SIGNATURE, Signature
+from workbench.core.sticky import STICKY_HEADER
 from workbench.protocol.explanations import Explanation
 
 
@@ -237,14 +238,18 @@ class Client:
         label: str | None = None,
         signature_name: str = "",
         output_filter: Sequence[str] = (),
+        key: str | None = None,
     ) -> AsyncPrediction:
         """Queue a predict (``:predictAsync``, over REST) and return at once: ``.result(timeout)`` waits for the
-        answer, ``.done()`` and ``.state()`` ask whether it is there (see :class:`AsyncPrediction`)."""
+        answer, ``.done()`` and ``.state()`` ask whether it is there (see :class:`AsyncPrediction`). ``key``: a
+        stickiness key, kept with the queued request (as :meth:`predict`'s)."""
         if not self.url:
             raise ValueError("asynchronous requests go over REST: this client has no REST url")
         signature = self.signature(model, signature_name, version, label, protocol="rest")
         body = predict_body(self.encode_inputs(signature, inputs), signature_name)
-        ticket, _ = self._http.json_answer("POST", model_path(model, version, label) + ":predictAsync", body, ok=(202,))
+        path = model_path(model, version, label) + ":predictAsync"
+        headers = {STICKY_HEADER: key} if key else None
+        ticket, _ = self._http.json_answer("POST", path, body, ok=(202,), headers=headers)
         return AsyncPrediction(self._http, ticket["id"], ticket["url"], model, signature, output_filter)
 
     def explain(
