@@ -143,6 +143,7 @@ class Traced:
 def traced(monkeypatch: pytest.MonkeyPatch) -> Iterator[Traced]:
     on = Traced()
     monkeypatch.setattr(tracing, "active", on.tracing)
+    monkeypatch.setattr(tracing, "batches", on.tracing)  # as start_from_environment sets both
     yield on
     on.tracing.shutdown()
 
@@ -447,3 +448,40 @@ def test_the_client_adds_nothing_in_another_thread_without_a_span() -> None:
         thread.start()
         thread.join()
     assert seen == [{}]
+
+
+def test_a_model_runner_records_its_traced_requests_times_as_plain_tuples() -> None:
+    """In a runner (no tracer), a traced request's Interest.trace is a list: the batch it ran in appends its queue,
+    the batch and the model run, in wall-clock nanoseconds; requests that are not traced get nothing."""
+    from types import SimpleNamespace
+
+    from workbench.runners.timings import RunnerTimings
+
+    recorder = RunnerTimings()
+    traced: list[Any] = []
+    enqueued = time.perf_counter()
+    tasks = [
+        SimpleNamespace(rows=2, enqueued=enqueued, interest=SimpleNamespace(trace=traced)),
+        SimpleNamespace(rows=1, enqueued=enqueued, interest=SimpleNamespace(trace=None)),
+    ]
+    started = time.perf_counter()
+    before = time.time_ns()
+    time.sleep(0.002)  # the batch ran longer than its model call
+    recorder.batch_ran("m", 3, "serving_default", tasks, started, 3, 4, 0.001)
+    names = [record[0] for record in traced]
+    assert names == ["queue", "batch", "model run"]
+    (_, q_start, q_end, _), (_, b_start, b_end, batch), (_, r_start, r_end, _) = traced
+    assert q_start <= q_end == b_start <= r_start <= r_end == b_end
+    assert abs(b_start - before) < 50_000_000  # the perf_counter times land on the wall clock
+    assert batch == {
+        "workbench.model.name": "m",
+        "workbench.model.version": 3,
+        "workbench.model.signature": "serving_default",
+        "workbench.batch.requests": 2,
+        "workbench.batch.rows": 3,
+        "workbench.batch.padded_rows": 4,
+    }
+    alone: list[Any] = []
+    recorder.ran_alone(alone, time.perf_counter(), None)  # failed before its call: its wait alone
+    assert [record[0] for record in alone] == ["queue"]
+    recorder.ran_alone(None, time.perf_counter(), 0.001)  # not traced: nothing, and no error

@@ -505,8 +505,10 @@ def test_unknown_exporter_refuses_to_start(tmp_path: Path) -> None:
     assert "OTEL_TRACES_EXPORTER names zipkin" in done.stderr, done.stderr[-2000:]
 
 
-def test_model_runners_batches_are_one_span_of_the_frontend(tmp_path: Path) -> None:
-    """With model runners, the frontend that sent a request records the runner's part; the runner exports nothing."""
+def test_model_runners_record_their_part_and_the_frontend_exports_it_in_the_trace(tmp_path: Path) -> None:
+    """With model runners, the frontend that sent a request has a ``model runner`` span, and under it what the runner
+    (another process, which exports nothing itself) recorded of the request: its ``queue``, the ``batch`` it ran in
+    and the batch's ``model run``, within the frontend's span and in the same trace."""
     receiver = OtlpHttpReceiver()
     try:
         server = start_server(tmp_path, otel_environment(receiver.endpoint), "--num_workers=1", "--model_runners=1")
@@ -515,12 +517,21 @@ def test_model_runners_batches_are_one_span_of_the_frontend(tmp_path: Path) -> N
             with concurrent.futures.ThreadPoolExecutor(len(parents)) as pool:
                 list(pool.map(lambda parent: v2_rest(server, parent[0]), parents))
             for _, trace_id, parent_span_id in parents:
-                spans = spans_of(receiver, trace_id, {"POST /v2/models/{model}/infer", "model runner", "answer"})
+                names = {"POST /v2/models/{model}/infer", "model runner", "answer", "queue", "batch", "model run"}
+                spans = spans_of(receiver, trace_id, names)
                 (root,) = spans["POST /v2/models/{model}/infer"]
                 (runner,) = spans["model runner"]
                 assert root.parent_span_id == parent_span_id and runner.parent_span_id == root.span_id
                 assert attributes(runner)["workbench.runner"] == "runner-0"
-            assert receiver.spans.named("batch") == []  # the runner process has no tracer
+                (queue,), (batch,), (run,) = spans["queue"], spans["batch"], spans["model run"]
+                assert queue.parent_span_id == batch.parent_span_id == run.parent_span_id == runner.span_id
+                assert attributes(batch)["workbench.model.name"] == "m"
+                assert attributes(batch)["workbench.batch.rows"] >= 1
+                # In the runner, in order, within the frontend's span (one clock: the same machine).
+                assert runner.start_time_unix_nano <= queue.start_time_unix_nano <= queue.end_time_unix_nano
+                assert queue.end_time_unix_nano == batch.start_time_unix_nano
+                assert batch.start_time_unix_nano <= run.start_time_unix_nano <= run.end_time_unix_nano
+                assert run.end_time_unix_nano == batch.end_time_unix_nano <= runner.end_time_unix_nano
         finally:
             assert server.stop() == 0
     finally:

@@ -281,8 +281,9 @@ class BatchScheduler:
         if cost.runs_on_loop():
             result, seconds = self._run_alone(servable, signature, feed, outputs)
             cost.record(seconds, True)
-            if _tracing.active is not None and interest is not None and interest.trace is not None:
-                _tracing.active.ran_alone(interest.trace, time.perf_counter() - seconds, seconds)
+            spans = _tracing.batches
+            if spans is not None and interest is not None and interest.trace is not None:
+                spans.ran_alone(interest.trace, time.perf_counter() - seconds, seconds)
             return result
         if interest is not None and interest.error is not None:  # its caller already gave up
             raise interest.error
@@ -396,7 +397,7 @@ class BatchScheduler:
         except BaseException as exc:  # noqa: BLE001 - the caller's to raise
             outcome = exc
         cpu_seconds = time.thread_time() - cpu_started
-        tracing = _tracing.active
+        tracing = _tracing.batches
         if tracing is not None and task.interest is not None and task.interest.trace is not None:
             run_seconds = None if isinstance(outcome, BaseException) else outcome[1]
             tracing.ran_alone(task.interest.trace, task.enqueued, run_seconds)
@@ -669,7 +670,7 @@ class BatchScheduler:
         """Answer every caller of ``batch`` with its rows (or the batch's error); a batch run on the loop is recorded
         here too (a thread records its own)."""
         if isinstance(outcome, BaseException):
-            if _tracing.active is not None:
+            if _tracing.batches is not None:
                 self._trace(queue, batch, started, outcome)
             error = from_exception(outcome)
             for task in batch:
@@ -693,7 +694,7 @@ class BatchScheduler:
 
     def _record(self, queue: _Queue, batch: list[BatchTask], started: float, outcome: Ran) -> None:
         """Tell the listener (metrics, stats) what a batch that ran looked like."""
-        if _tracing.active is not None:
+        if _tracing.batches is not None:
             self._trace(queue, batch, started, outcome)
         if self._listener is not None:
             _, target, run_seconds = outcome
@@ -713,7 +714,7 @@ class BatchScheduler:
     @staticmethod
     def _trace(queue: _Queue, batch: list[BatchTask], started: float, outcome: Ran | BaseException) -> None:
         """Record a batch's spans (tracing is on): linked to its requests, each of which gets its queue's wait."""
-        tracing = _tracing.active
+        tracing = _tracing.batches
         if tracing is None:
             return
         servable, rows = queue.servable, sum(task.rows for task in batch)

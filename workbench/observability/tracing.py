@@ -21,9 +21,11 @@ What a traced request records (see docs/tracing.md for the picture):
 A malformed ``traceparent`` is ignored, as W3C Trace Context requires of a receiver: the request is served and its
 span starts a new trace. It is counted (``workbench_trace_context_invalid_total``) and logged at debug level.
 
-Each process exports its own spans (a worker of ``--num_workers`` sets tracing up when its server starts; spans of
-batches run by model runners are recorded by the frontend that sent them), through a batch span processor whose
-export runs on its own thread; :func:`stop` flushes it when the server stops.
+Each process exports its own spans (a worker of ``--num_workers`` sets tracing up when its server starts), through a
+batch span processor whose export runs on its own thread; :func:`stop` flushes it when the server stops. A model
+runner exports nothing: it records a traced request's ``queue``, ``batch`` and ``model run`` as plain times
+(:mod:`workbench.runners.timings`) and sends them back with the answer, and the frontend that sent the request makes
+them spans under its ``model runner`` span, in the request's trace.
 """
 
 from __future__ import annotations
@@ -65,6 +67,25 @@ class TracedTask(Protocol):
 
     @property
     def interest(self) -> Any: ...  # its Interest, whose ``trace`` is the request's RequestSpan (or None)
+
+
+class BatchSpans(Protocol):
+    """What the batcher reports its runs to (:data:`batches`): :class:`Tracing`, or a model runner's recorder."""
+
+    def batch_ran(
+        self,
+        model: str,
+        version: int,
+        signature: str,
+        tasks: Sequence[TracedTask],
+        started: float,
+        rows: int,
+        padded_rows: int,
+        run_seconds: float | None,
+        error: BaseException | None = None,
+    ) -> None: ...
+
+    def ran_alone(self, request: Any, enqueued: float, run_seconds: float | None) -> None: ...
 
 
 # ------------------------------------------------------------------------------------------------ incoming context
@@ -356,8 +377,17 @@ class Tracing:
         if run_seconds is not None:
             self.child(request, "model run", run_ns, end_ns)
 
-    def ran_remotely(self, request: RequestSpan, runner: str, started: float) -> None:
-        """A model runner (another process) batched and ran ``request``'s rows: one ``model runner`` span."""
+    @staticmethod
+    def recording(request: RequestSpan | None) -> bool:
+        """Whether ``request`` is traced and its spans are recorded (sampled): only then is anything made for it."""
+        return request is not None and request.span.is_recording()
+
+    def ran_remotely(
+        self, request: RequestSpan, runner: str, started: float, records: Sequence[tuple[str, int, int, Any]] = ()
+    ) -> None:
+        """A model runner (another process) batched and ran ``request``'s rows: a ``model runner`` span, from the
+        call to the answer, and under it what the runner recorded (``records``: its ``queue``, ``batch`` and ``model
+        run``, as :mod:`workbench.runners.timings` makes them)."""
         if not request.span.is_recording():
             return
         from opentelemetry.trace import SpanKind, set_span_in_context
@@ -369,6 +399,9 @@ class Tracing:
             {"workbench.runner": runner},
             start_time=self._ns(started),
         )
+        within = set_span_in_context(span)
+        for name, start_ns, end_ns, attributes in records:
+            self.tracer.start_span(name, within, SpanKind.INTERNAL, attributes, start_time=start_ns).end(end_ns)
         span.end()
 
     def shutdown(self) -> None:
@@ -402,6 +435,9 @@ def _noting_call(behavior: Callable[..., Any], method: str, streaming: bool) -> 
 
 # ------------------------------------------------------------------------------------------------ set-up
 active: Tracing | None = None
+# What the batcher reports batches to: ``active`` while tracing is on; in a model runner, its recorder
+# (workbench.runners.timings); None otherwise, which costs the batcher one attribute check.
+batches: BatchSpans | None = None
 _servers = 0  # the servers of this process that started tracing (a process may run several: tests, notebooks)
 
 
@@ -470,7 +506,7 @@ def start_from_environment(on_invalid: Callable[[str], None] | None = None) -> T
     this server does not know, FAILED_PRECONDITION when the OpenTelemetry packages are missing. Once on, it stays on
     for the process (a second server of it shares the tracer) until :func:`stop`.
     """
-    global active, _servers
+    global active, batches, _servers
     names = configured()
     if not names:
         return None
@@ -498,6 +534,7 @@ def start_from_environment(on_invalid: Callable[[str], None] | None = None) -> T
     for exporter in exporters:
         provider.add_span_processor(BatchSpanProcessor(exporter))  # OTEL_BSP_*: export off the request path
     active, _servers = Tracing(provider, on_invalid), 1
+    batches = active
     log.info(
         "Tracing on: spans exported with %s (sampler %s)",
         ", ".join(names if names != ["otlp"] else [f"otlp ({otlp_protocol()})"]),
@@ -509,10 +546,10 @@ def start_from_environment(on_invalid: Callable[[str], None] | None = None) -> T
 def stop() -> None:
     """A server that started tracing stopped: once no other server of the process uses it, export what is buffered
     and turn tracing off."""
-    global active, _servers
+    global active, batches, _servers
     _servers = max(0, _servers - 1)
     if _servers:
         return
-    tracing, active = active, None
+    tracing, active, batches = active, None, None
     if tracing is not None:
         tracing.shutdown()

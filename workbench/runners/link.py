@@ -72,6 +72,7 @@ class RunnerLink(asyncio.Protocol):
         self._freed: list[int] = []  # blocks of the runner's arena read and copied: given back with the next write
         self._ids = itertools.count(1)
         self._pending: dict[int, tuple[asyncio.Future[Any], wire.Spans, _RemoteTask | None, str, int, int]] = {}
+        self._records: dict[int, list[Any]] = {}  # traced requests in flight: where the runner's timings go
         self._sent_params: dict[str, BatchingParameters | None] = {}
         self._held: dict[Key, tuple[str, int]] = {}  # key → (platform, holds): loaded again after a restart
         self.ready = False  # connected, and every held version loaded again
@@ -138,6 +139,7 @@ class RunnerLink(asyncio.Protocol):
         self._ready.clear()
         self._transport = None
         pending, self._pending = self._pending, {}
+        self._records.clear()
         gone = ServingError(
             Code.UNAVAILABLE, f"Model runner {self.index} exited while running this request; it is being restarted"
         )
@@ -235,7 +237,10 @@ class RunnerLink(asyncio.Protocol):
         outputs: Sequence[str],
         interest: Interest | None,
         params: BatchingParameters | None,
+        records: list[Any] | None = None,
     ) -> dict[str, np.ndarray]:
+        """Run a request in the runner; ``records`` (a traced request's): filled with what the runner recorded of
+        it (:mod:`workbench.runners.timings`) before the answer comes back."""
         if not self.ready or self._transport is None:
             raise ServingError(Code.UNAVAILABLE, f"Model runner {self.index} is restarting: try again shortly")
         loop = self._loop
@@ -255,9 +260,11 @@ class RunnerLink(asyncio.Protocol):
         model = key[0]
         sent = () if self._sent_params.get(model, _UNSENT) is params else (params,)
         self._sent_params[model] = params
-        frame, spans = wire.encode((wire.INFER, rid, key, signature_name, tuple(outputs), timeout, sent, feed),
-                                   self._requests)  # fmt: skip
+        message = (wire.INFER, rid, key, signature_name, tuple(outputs), timeout, sent, feed, records is not None)
+        frame, spans = wire.encode(message, self._requests)
         self._pending[rid] = (future, spans, task, model, key[1], rows)
+        if records is not None:
+            self._records[rid] = records
         self._write(frame)
         try:
             return await future
@@ -308,8 +315,13 @@ class RunnerLink(asyncio.Protocol):
                     self._answered(rid, ok, payload)
             elif kind == wire.BATCH:
                 self._on_batch(message[1])
+            elif kind == wire.TIMINGS:
+                records = self._records.get(message[1])
+                if records is not None:
+                    records.extend(message[2])
 
     def _answered(self, rid: int, ok: bool, payload: Any) -> None:
+        self._records.pop(rid, None)
         entry = self._pending.pop(rid, None)
         if entry is None:
             return

@@ -157,14 +157,15 @@ class RunnerDispatch:
             interest = CURRENT_INTEREST.get()
         link = self.pool.link_for()
         params = self._batching_for(servable.name)
-        traced = tracing.active is not None and interest is not None and interest.trace is not None
+        traced = tracing.active is not None and interest is not None and tracing.active.recording(interest.trace)
         started = time.perf_counter() if traced else 0.0
+        records: list[Any] | None = [] if traced else None  # the runner's queue, batch and model run, as it saw them
         try:
-            return await link.infer(servable.key, signature.name, feed, outputs, interest, params)
+            return await link.infer(servable.key, signature.name, feed, outputs, interest, params, records)
         finally:
-            # The runner (another process) queued, batched and ran it: one span here for all of that.
+            # The runner (another process) queued, batched and ran it: a span here, with what it recorded under it.
             if traced and tracing.active is not None and interest is not None:
-                tracing.active.ran_remotely(interest.trace, f"runner-{link.index}", started)
+                tracing.active.ran_remotely(interest.trace, f"runner-{link.index}", started, records or ())
 
     def queue_depths(self) -> list[tuple[str, int, int]]:
         """Rows waiting here and in flight to the runners, per model version."""

@@ -44,9 +44,11 @@ from workbench.core.errors import Code, ServingError, from_exception
 from workbench.core.servable import Composite, Servable
 from workbench.core.signatures import Signature
 from workbench.models.warmup import warm_up
+from workbench.observability import tracing
 from workbench.platforms.base import LoadPolicy
 from workbench.runners import wire
 from workbench.runners.arena import Arena
+from workbench.runners.timings import RunnerTimings
 from workbench.runtime.heap import LongLivedHeap
 from workbench.runtime.loop import new_event_loop
 from workbench.runtime.process import hand_over_the_gil_quickly, parent_gone, write_json_atomically
@@ -57,7 +59,7 @@ log = logging.getLogger("workbench.runner")
 ANSWER_ARENA_BYTES = 1 << 30  # virtual: pages are backed only while answers occupy them
 LOCAL = "local"  # a LOAD's answer for a version the frontend must load itself
 Key = tuple[str, int, str]  # model, version, version folder
-# An INFER's fields: rid, key, signature name, outputs, timeout, (batching parameters,) or (), feed.
+# An INFER's fields: rid, key, signature name, outputs, timeout, (batching parameters,) or (), feed, traced.
 Request = tuple[Any, ...]
 Arrival = tuple["_Frontend", Request]
 
@@ -343,11 +345,14 @@ class ModelRunner:
         timeouts = [request[4] for _, request in group]
         loop = asyncio.get_running_loop()
         interest = Interest(None if None in timeouts else max(timeouts), loop)
+        traced = [(frontend, request[0]) for frontend, request in group if len(request) > 7 and request[7]]
+        if traced and tracing.batches is not None:
+            interest.trace = []  # one run for the group: each traced member gets its records
         self._reporter[servable.name] = group[0][0]
         version.running += 1
         run = loop.create_task(self.scheduler.run(servable, signature, feed, outputs, interest))
         askers = [(frontend, request[0]) for frontend, request in group]
-        run.add_done_callback(lambda done: self._ran_together(askers, sizes, version, interest, done))
+        run.add_done_callback(lambda done: self._ran_together(askers, sizes, version, interest, done, traced))
 
     def _ran_together(
         self,
@@ -356,6 +361,7 @@ class ModelRunner:
         version: _Version,
         interest: Interest,
         done: asyncio.Task[dict[str, np.ndarray]],
+        traced: list[tuple[_Frontend, int]],
     ) -> None:
         answers: list[tuple[bool, Any]]
         try:
@@ -367,6 +373,9 @@ class ModelRunner:
             answers = [(False, wire.error_of(exc))] * len(askers)
 
         def finished() -> None:
+            if interest.trace:
+                for frontend, rid in traced:
+                    frontend.send((wire.TIMINGS, rid, interest.trace))
             for (frontend, rid), answer in zip(askers, answers, strict=True):
                 frontend.reply(rid, *answer)
             self._ran_one(version)
@@ -388,6 +397,7 @@ class ModelRunner:
         timeout: float | None,
         params: tuple[BatchingParameters | None, ...],
         feed: Mapping[str, np.ndarray],
+        traced: bool = False,
     ) -> None:
         if params:
             self._params[key[0]] = params[0]
@@ -404,6 +414,8 @@ class ModelRunner:
         self._reporter[servable.name] = frontend
         loop = asyncio.get_running_loop()
         interest = Interest(timeout, loop)
+        if traced and tracing.batches is not None:
+            interest.trace = []  # what the batcher records of it (workbench.runners.timings), sent back with it
         frontend.calls[rid] = interest
         version.running += 1
         run = loop.create_task(self.scheduler.run(servable, signature, feed, outputs, interest))
@@ -426,6 +438,8 @@ class ModelRunner:
 
         def finished() -> None:  # no thread reads its tensors any more: answer, and the frontend frees them
             frontend.calls.pop(rid, None)
+            if interest.trace:
+                frontend.send((wire.TIMINGS, rid, interest.trace))  # ahead of the answer, which leaves at the flush
             frontend.reply(rid, *answer)
             self._ran_one(version)
 
@@ -597,6 +611,9 @@ async def _main(options: ServerOptions, run_dir: str, index: int) -> int:
     sock.bind(str(path))
     sock.listen(256)
     runner = ModelRunner(options, index)
+    with contextlib.suppress(ServingError):  # the frontends refuse a bad tracing set-up, and say why
+        if tracing.configured():  # its frontends trace: record their traced requests' times for them
+            tracing.batches = RunnerTimings()
     watching = asyncio.ensure_future(_watch_parent(options.parent_pid, stopping)) if options.parent_pid else None
     write_json_atomically(ready_path(run_dir, index), {"pid": os.getpid(), "socket": str(path)})
     log.info("Model runner %d listening (pid %d)", index, os.getpid())

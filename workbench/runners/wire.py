@@ -9,8 +9,9 @@ cheaper than a block's bookkeeping.
 
 Messages are tuples whose first item is their kind. Frontend → runner: :data:`LOAD`, :data:`UNLOAD`, :data:`INFER`,
 :data:`CANCEL`, :data:`FREE` (blocks of the runner's arena the frontend has read). Runner → frontend: :data:`REPLIES`
-(the answers to LOADs and INFERs of one turn of the runner's loop, together) and :data:`BATCH` (a batch record, for
-the frontend's metrics).
+(the answers to LOADs and INFERs of one turn of the runner's loop, together), :data:`BATCH` (a batch record, for
+the frontend's metrics) and :data:`TIMINGS` (what happened to a traced INFER in the runner, sent just before its
+answer: :mod:`workbench.runners.timings`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any
 from workbench.core.errors import Code, ServingError
 from workbench.runners.arena import Arena
 
-LOAD, UNLOAD, INFER, CANCEL, FREE, REPLIES, BATCH = range(7)
+LOAD, UNLOAD, INFER, CANCEL, FREE, REPLIES, BATCH, TIMINGS = range(8)
 
 INLINE_BYTES = 16 << 10
 _HEADER = struct.Struct("<II")
