@@ -69,6 +69,20 @@ class TracedTask(Protocol):
     def interest(self) -> Any: ...  # its Interest, whose ``trace`` is the request's RequestSpan (or None)
 
 
+def batch_attributes(
+    model: str, version: int, signature: str, requests: int, rows: int, padded_rows: int
+) -> dict[str, Any]:
+    """A ``batch`` span's attributes (made here, or in a model runner: workbench.runners.timings)."""
+    return {
+        "workbench.model.name": model,
+        "workbench.model.version": version,
+        "workbench.model.signature": signature,
+        "workbench.batch.requests": requests,
+        "workbench.batch.rows": rows,
+        "workbench.batch.padded_rows": padded_rows,
+    }
+
+
 class BatchSpans(Protocol):
     """What the batcher reports its runs to (:data:`batches`): :class:`Tracing`, or a model runner's recorder."""
 
@@ -344,14 +358,7 @@ class Tracing:
         start_ns = self._ns(started)
         owner = traced[0][1]  # in the trace of the first recorded request: a batch is sampled when one of its is
         links = [Link(request.span.get_span_context()) for _, request in traced]
-        attributes: dict[str, Any] = {
-            "workbench.model.name": model,
-            "workbench.model.version": version,
-            "workbench.model.signature": signature,
-            "workbench.batch.requests": len(tasks),
-            "workbench.batch.rows": rows,
-            "workbench.batch.padded_rows": padded_rows,
-        }
+        attributes = batch_attributes(model, version, signature, len(tasks), rows, padded_rows)
         batch = self.tracer.start_span(
             "batch", set_span_in_context(owner.span), SpanKind.INTERNAL, attributes, links, start_time=start_ns
         )

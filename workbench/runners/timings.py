@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from workbench.observability.tracing import TracedTask
+from workbench.observability.tracing import TracedTask, batch_attributes
 
 # One thing that happened to a request in the runner: its span's name, start and end (ns since the epoch), attributes.
 Record = tuple[str, int, int, dict[str, Any]]
@@ -53,20 +53,10 @@ class RunnerTimings:
         # Every time from the batcher's clock, converted once: the spans nest exactly as the batch ran.
         ended = time.perf_counter()
         end_ns, start_ns = self._ns(ended), self._ns(started)
-        batch: Record = (
-            "batch",
-            start_ns,
-            end_ns,
-            {
-                "workbench.model.name": model,
-                "workbench.model.version": version,
-                "workbench.model.signature": signature,
-                "workbench.batch.requests": len(tasks),
-                "workbench.batch.rows": rows,
-                "workbench.batch.padded_rows": padded_rows,
-                **({"workbench.error": type(error).__name__} if error is not None else {}),
-            },
-        )
+        attributes = batch_attributes(model, version, signature, len(tasks), rows, padded_rows)
+        if error is not None:
+            attributes["workbench.error"] = type(error).__name__
+        batch: Record = ("batch", start_ns, end_ns, attributes)
         run: Record | None = None
         if run_seconds is not None:
             run = ("model run", self._ns(ended - run_seconds), end_ns, {})
