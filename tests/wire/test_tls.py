@@ -274,6 +274,26 @@ def test_mutual_tls_on_rest_needs_a_client_certificate(mtls_server: ServerThread
     assert record.tls_client_auth is True
 
 
+def test_an_https_drain_lets_idle_keep_alive_clients_go_at_once(
+    serve: Callable[..., ServerThread], pki: Pki, repository: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A client's idle keep-alive connection (a requests Session, a load balancer's pool) never sends TLS's
+    close_notify by itself: a drain that closed it gracefully waited for one until its budget ran out, every time."""
+    server = serve(
+        model_repository=str(repository),
+        rest_api_ssl_cert_file=str(pki.server_cert),
+        rest_api_ssl_key_file=str(pki.server_key),
+        drain_seconds=20,
+    )
+    with requests.Session() as session:
+        answer = session.get(f"{server.rest_url}/v1/models/hp", verify=str(pki.ca), timeout=20)
+        assert answer.status_code == 200  # the session keeps its connection open, idle
+        with caplog.at_level(logging.INFO, logger="workbench.server"):
+            server.stop()
+    said = caplog.text
+    assert "Every accepted request finished" in said and "Drain budget" not in said, said
+
+
 @pytest.mark.parametrize("protocol", ["rest", "grpc", "v2-grpc"])
 def test_workbench_client_with_a_client_certificate(mtls_server: ServerThread, pki: Pki, protocol: str) -> None:
     files = {"ca_file": str(pki.ca), "cert_file": str(pki.client_cert), "key_file": str(pki.client_key)}
