@@ -400,3 +400,21 @@ def test_export_leaves_the_notebooks_module_in_its_mode_and_writes_warmup(tmp_pa
     assert module.training
     assert result.warmup_records == 1
     assert result.signatures == {"serving_default": "(pixels: float32[?, 64]) -> (output_0: float32[?, 10])"}
+
+
+@pytest.mark.parametrize("model", ["mlp", "mlp_ts"])
+def test_an_unloaded_version_lets_go_of_its_tensors_at_once(repository, model):
+    """An exported program's module is a reference cycle (a GraphModule and its graph): closing the servable frees
+    its weights at once, not at the next run of the cyclic collector (a memory budget counts them free then)."""
+    import gc
+    import weakref
+
+    servable = pytorch_platform.load(model, 1, str(repository / model / "1"), LoadPolicy(pytorch_device="cpu"))
+    weights = [weakref.ref(p) for p in servable._module.parameters()]  # type: ignore[attr-defined]
+    assert weights and all(ref() is not None for ref in weights)
+    gc.disable()
+    try:
+        servable.close()
+        assert all(ref() is None for ref in weights)
+    finally:
+        gc.enable()
