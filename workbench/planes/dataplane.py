@@ -102,10 +102,9 @@ class Dataplane:
         self._batching_for = batching_for
         self._members = _MemberAccess(self)
         # Copies of default traffic to a shadow version. A copy holds an inference thread for as long as the shadow
-        # takes: copies never hold more than half of them, so the clients' own calls always find one.
+        # takes: copies never run more than half of them at once, so the clients' own calls always find one.
         threads = executor.threads if isinstance(executor, InferenceThreads) else 2 * DEFAULT_MAX_PENDING
-        copies = min(DEFAULT_MAX_PENDING, max(1, threads // 2))
-        self.shadows = ShadowTraffic(self, manager.shadow_of, max_pending=copies)
+        self.shadows = ShadowTraffic(self, manager.shadow_of, max_running=max(1, threads // 2))
 
     @property
     def first_load_wait(self) -> float:

@@ -4,9 +4,10 @@ compared; the copy's answer reaches nobody.
 ``:shadow {"version": 2, "fraction": 0.5}`` (the management API, stored in the model's routing like a canary, so
 every replica mirrors alike) makes half of the requests that name no version run again on version 2 once they are
 answered. The copy is a request of its own (counted under the protocol ``shadow``), started after the client has its
-answer, so it never slows that answer; at most ``max_pending`` copies run at once (the data plane allows half its
-inference threads, so the clients' own calls always find one), and one that finds them all taken is dropped and
-counted, so a shadow that falls behind never queues work without bound. Its failures are counted, never raised.
+answer, so it never slows that answer: at most ``max_running`` copies run at once (the data plane allows half its
+inference threads, so the clients' own calls always find one) and at most ``max_pending`` wait or run; one that
+finds them all taken is dropped and counted, so a shadow that falls behind never queues work without bound. Its
+failures are counted, never raised.
 
 Each copy's answer is compared with the answer the client got, output by output (:func:`compare`): classes and
 labels (integer or text outputs) row by row, scores and probabilities (float outputs of several values a row) by
@@ -136,11 +137,14 @@ class ShadowTraffic:
         dataplane: _Plane,
         shadow_of: Callable[[str], tuple[int, float] | None],
         max_pending: int = DEFAULT_MAX_PENDING,
+        max_running: int = DEFAULT_MAX_PENDING,
         window: int = DEFAULT_WINDOW,
     ) -> None:
         self._dataplane = dataplane
         self._shadow_of = shadow_of  # the model's shadow version and share, from its route (lock-free)
         self.max_pending = max_pending
+        self.max_running = max_running
+        self._running: asyncio.Semaphore | None = None  # made on the loop, by the first copy
         self.window = window
         self._pending = 0
         self._records: dict[str, ShadowRecord] = {}
@@ -200,11 +204,15 @@ class ShadowTraffic:
         primary_seconds: float,
     ) -> None:
         dataplane = self._dataplane
+        if self._running is None:
+            self._running = asyncio.Semaphore(self.max_running)
         started = time.perf_counter()
         try:
-            spec = ModelSpec(record.model, version=record.version, signature_name=signature_name)
-            with await dataplane.admit(spec, "predict", PROTOCOL) as call:
-                _, outputs = await dataplane.predict(call, signature_name, inputs, output_filter)
+            async with self._running:  # its turn among the copies: the shadow's latency is counted from here
+                started = time.perf_counter()
+                spec = ModelSpec(record.model, version=record.version, signature_name=signature_name)
+                with await dataplane.admit(spec, "predict", PROTOCOL) as call:
+                    _, outputs = await dataplane.predict(call, signature_name, inputs, output_filter)
         except Exception:  # noqa: BLE001 - a shadow's failure is counted (its request metrics say why), never raised
             record.failed += 1
             dataplane.metrics.observe_shadow(record.model, record.version, "failed")
