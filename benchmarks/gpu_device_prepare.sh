@@ -22,7 +22,7 @@ rm -rf .whl && mkdir -p .whl
 # Installed by the device's `pip install --no-deps`: everything workbench serve and the client import, beyond the
 # image's own packages. Versions: those of this venv.
 PACKAGES="grpcio protobuf grpcio-health-checking starlette anyio uvicorn h11 httptools orjson google-crc32c
-  tensorflow-serving-api tritonclient python-rapidjson"
+  tensorflow-serving-api tritonclient python-rapidjson googleapis-common-protos"
 pins=$("$PY" - $PACKAGES <<'EOF'
 import importlib.metadata as md, sys
 print(" ".join(f"{name}=={md.version(name)}" for name in sys.argv[1:]))

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,17 +23,11 @@ from workbench.jupyter import server_records as registry  # noqa: E402
 from workbench.server import ServerThread  # noqa: E402
 
 
-@pytest.fixture(scope="session", autouse=True)
-def private_runtime_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """Servers started by tests register in a folder of the test session's, not the user's Jupyter runtime."""
-    folder = tmp_path_factory.mktemp("jupyter-runtime")
-    previous = os.environ.get("WORKBENCH_RUNTIME_DIR")
-    os.environ["WORKBENCH_RUNTIME_DIR"] = str(folder)  # inherited by the server processes tests start
-    yield folder
-    if previous is None:
-        os.environ.pop("WORKBENCH_RUNTIME_DIR", None)
-    else:
-        os.environ["WORKBENCH_RUNTIME_DIR"] = previous
+@pytest.fixture(scope="session")
+def private_runtime_dir() -> Path:
+    """Servers started by tests register in a folder of this test process's, not the user's Jupyter runtime
+    (``pytest_configure`` below sets ``WORKBENCH_RUNTIME_DIR`` before anything runs, notebooks' kernels included)."""
+    return Path(os.environ["WORKBENCH_RUNTIME_DIR"])
 
 
 @pytest.fixture(scope="session")
@@ -115,10 +111,130 @@ def jp_server_config() -> dict[str, Any]:
     return {"ServerApp": {"jpserver_extensions": {"workbench.jupyter": True}}}
 
 
-# ------------------------------------------------------------------------------------------------ exit
+# ------------------------------------------------------------------------------------------------ the run
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("workbench")
+    group.addoption(
+        "--busy", action="store_true", default=False,
+        help="run on a busy machine: CPU-burning processes at normal priority (one a core, or --busy-processes) "
+        "for the whole run, as a shared CI machine's other work; `make test-busy`",
+    )  # fmt: skip
+    group.addoption("--busy-processes", type=int, default=None, metavar="N", help="how many burners --busy starts")
+
+
+_RUNTIME_DIRS: list[tuple[str, str | None]] = []  # (this process's folder, the variable's value before it)
+_BURNERS: list[subprocess.Popen[bytes]] = []
+# A burner spins at normal priority until stopped, or until the run that started it is gone (its parent changes).
+BURNER = "import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n    for _ in range(200_000):\n        pass\n"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Servers started by tests register in a folder of this process's, not the user's Jupyter runtime: set before
+    # anything runs (a notebook's kernel, started by nbval, inherits it), and one for each pytest-xdist worker.
+    folder = tempfile.mkdtemp(prefix="workbench-test-runtime-")
+    _RUNTIME_DIRS.append((folder, os.environ.get(registry.RUNTIME_DIR_ENV)))
+    os.environ[registry.RUNTIME_DIR_ENV] = folder  # inherited by the server processes tests start
+    if config.getoption("busy") and not hasattr(config, "workerinput"):  # the run's own process, once
+        count = config.getoption("busy_processes") or len(os.sched_getaffinity(0))
+        quiet = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+        _BURNERS.extend(subprocess.Popen([sys.executable, "-c", BURNER], **quiet) for _ in range(count))
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    if not _BURNERS:
+        return None
+    pids = ", ".join(str(burner.pid) for burner in _BURNERS)
+    return f"busy: {len(_BURNERS)} CPU-burning processes at normal priority (pids {pids})"
+
+
+def _stop_burners() -> None:
+    for burner in _BURNERS:
+        burner.kill()
+    for burner in _BURNERS:
+        burner.wait(30)
+    _BURNERS.clear()
+
+
+def _remove_runtime_dir() -> None:
+    while _RUNTIME_DIRS:
+        folder, previous = _RUNTIME_DIRS.pop()
+        shutil.rmtree(folder, ignore_errors=True)
+        if previous is None:
+            os.environ.pop(registry.RUNTIME_DIR_ENV, None)
+        else:
+            os.environ[registry.RUNTIME_DIR_ENV] = previous
+
+
+# `make test` runs the suite on pytest-xdist's workers (`-n`, `--dist loadfile`): each test file on one worker, so
+# that a module's server is started once. These files share one worker as well, as they share something outside
+# the test's own folders and ports: the first three build or serve workbench/labextension (`make wheel` rebuilds it
+# in place, with the whole checkout's make state), the Ray tests start clusters that share /tmp/ray.
+SHARED_WORKER = {
+    "tests/system/test_make.py": "checkout",
+    "tests/system/test_labextension.py": "checkout",
+    "tests/system/test_dashboard_browser.py": "checkout",
+    "tests/system/test_deciding_browser.py": "checkout",
+    "tests/system/test_sidebar_browser.py": "checkout",
+    "tests/system/test_ray.py": "ray",
+    "tests/system/test_ray_batch.py": "ray",
+}
+# The longest files and groups first (seconds of a `make test` on 2 cores, slowest first), so that no long one starts
+# last while the other workers idle; the rest follow in the order collected.
+LONGEST_FIRST = [
+    "checkout",  # 800: the wheel installed into a fresh virtualenv (400), the browsers, make lab/serve/test-fast
+    "ray",  # 230
+    "tests/wire/test_sklearn_estimators.py",
+    "tests/wire/test_async_inference.py",
+    "tests/system/test_readme.py",
+    "tests/wire/test_overload.py",
+    "notebooks/03-batching-and-latency.ipynb",
+    "tests/wire/test_startup.py",
+    "tests/wire/test_object_store.py",
+    "notebooks/09-deciding.ipynb",
+    "tests/wire/test_drain_connections.py",
+    "tests/wire/test_perf_load.py",
+    "notebooks/10-production-models.ipynb",
+    "tests/wire/test_analyzer.py",
+    "tests/wire/test_workers.py",
+    "tests/wire/test_demo.py",
+    "notebooks/02-versions.ipynb",
+    "notebooks/06-beyond-tensorflow.ipynb",
+    "notebooks/04-end-to-end.ipynb",
+]
+
+
+def _scope(nodeid: str) -> str:
+    path = nodeid.split("::", 1)[0]
+    return SHARED_WORKER.get(path, path)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadfile``, with the files of ``SHARED_WORKER`` kept together."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FilesAndGroups(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return _scope(nodeid)
+
+    config.option.loadscopereorder = False  # the order below, not the number of tests
+    return FilesAndGroups(config, log)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not hasattr(config, "workerinput"):
+        return  # a plain run keeps the order of the files
+    rank = {scope: i for i, scope in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(_scope(item.nodeid), len(rank)))  # stable: a file's tests keep their order
+
+
 # TensorFlow, PyTorch and numba (shap's) in one process can crash in their native destructors at interpreter exit,
 # after every test has passed and been reported (a segmentation fault turned a green suite red once). The run's own
-# outcome is decided by then: leave with it, skipping the native teardown.
+# outcome is decided by then: leave with it, skipping the native teardown. A pytest-xdist worker does the same: it
+# has sent its results (the `workerfinished` event, at the end of pytest_sessionfinish) by the time this runs, and
+# the run's status is the controller's, which ends the same way.
 _EXIT_STATUS: list[int] = []
 
 
@@ -128,7 +244,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 @pytest.hookimpl(trylast=True)
 def pytest_unconfigure(config: pytest.Config) -> None:
-    if _EXIT_STATUS and not hasattr(config, "workerinput"):
+    _stop_burners()
+    _remove_runtime_dir()
+    if _EXIT_STATUS:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(_EXIT_STATUS[-1])

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
 import threading
 import time
 import uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -145,6 +146,33 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
         except OSError:
             return False
     return True
+
+
+@contextlib.contextmanager
+def patient_ray_nodes(seconds: float = 180.0) -> Iterator[None]:
+    """While inside, a Ray node started in this process (``ray.cluster_utils.Cluster``'s head and workers) may take
+    ``seconds`` to register with its GCS, instead of the 30 s that ``ray._private.node.Node`` waits (a constant there):
+    on a busy machine a new node's processes take longer to start, and the cluster failed to come up at all. Ray's
+    loop asks ``ray._private.services.get_node`` until it answers; this one asks again inside each of those asks."""
+    import ray._private.services as services
+
+    original = services.get_node
+
+    def get_node(*args: Any, **kwargs: Any) -> Any:
+        deadline = time.monotonic() + seconds
+        while True:
+            try:
+                return original(*args, **kwargs)
+            except RuntimeError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+
+    services.get_node = get_node
+    try:
+        yield
+    finally:
+        services.get_node = original
 
 
 class JumpingClockLoop(asyncio.SelectorEventLoop):

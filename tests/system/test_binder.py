@@ -32,6 +32,10 @@ def test_requirements_install_the_project_with_its_notebook_extras() -> None:
     project = [line for line in lines if re.fullmatch(r"(-e\s+)?\.(\[[\w,\s-]+\])?", line)]
     assert project, f"binder/requirements.txt does not install the project itself: {lines}"
     assert "notebook" in project[0], "the tutorials need the project's [notebook] extras"
+    # Tutorial 10 needs PyTorch, which the notebook extra leaves out: the pytorch extra, and PyTorch's CPU build
+    # from PyTorch's own index (PyPI's Linux wheel is the CUDA build, whose triton must not meet TensorFlow).
+    assert "pytorch" in project[0], "tutorial 10 needs the project's [pytorch] extra"
+    assert "--extra-index-url https://download.pytorch.org/whl/cpu" in lines
     assert any(line.startswith("jupyter-server-proxy") for line in lines)
 
 
@@ -51,7 +55,7 @@ def test_requirements_resolve_with_pip(tmp_path: Path) -> None:
     assert "workbench-serving" in installs, f"pip would not install the project: {sorted(installs)}"
     project = installs["workbench-serving"]
     assert project["download_info"]["url"] == ROOT.as_uri()
-    assert project.get("requested_extras") == ["notebook"]
+    assert project.get("requested_extras") == ["notebook", "pytorch"]
     # Installed already here, or to be installed: either way resolvable.
     assert "jupyter-server-proxy" in installs or _installed("jupyter_server_proxy")
 

@@ -115,6 +115,87 @@ def test_ci_entry_point_parses_and_ends_in_make_test(tmp_path: Path) -> None:
     assert not (tmp_path / "others").exists()  # present tools are not reinstalled, nor run
 
 
+def test_ci_entry_point_fails_a_run_that_changes_the_checkout(tmp_path: Path) -> None:
+    """``.ci/run`` compares ``git status`` before and after ``make test``: a tracked file rewritten or a file left in
+    the tree (as ``npm install`` once rewrote extension/package-lock.json) fails CI; what .gitignore covers does not."""
+    checkout = tmp_path / "checkout"
+    (checkout / ".ci").mkdir(parents=True)
+    shutil.copy(ROOT / ".ci" / "run", checkout / ".ci" / "run")
+    (checkout / ".gitignore").write_text(".venv/\n")
+    (checkout / "tracked.txt").write_text("as committed\n")
+    git = ["git", "-c", "user.name=test", "-c", "user.email=test@example.com", "-c", "init.defaultBranch=main"]
+    for command in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "checkout"]):
+        subprocess.run([*git, *command], cwd=checkout, check=True, capture_output=True, timeout=60)
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for name in ("npm", "chromium", "redis-server"):
+        (tools / name).write_text("#!/bin/sh\n")
+    make = tools / "make"
+    for tool in tools.iterdir():
+        tool.chmod(0o755)
+    env = {**make_env(), "PATH": f"{tools}:/usr/bin:/bin"}
+
+    def ci_with(make_does: str) -> subprocess.CompletedProcess[str]:
+        make.write_text(f"#!/bin/sh\n{make_does}\n")
+        make.chmod(0o755)
+        return subprocess.run(
+            ["bash", str(checkout / ".ci" / "run")], capture_output=True, text=True, env=env, timeout=60
+        )
+
+    ignored = ci_with("mkdir -p .venv && touch .venv/installed")
+    assert ignored.returncode == 0, ignored.stderr
+    rewritten = ci_with("echo rewritten > tracked.txt")
+    assert rewritten.returncode != 0 and "M tracked.txt" in rewritten.stderr, rewritten.stderr
+    subprocess.run([*git, "checkout", "-q", "tracked.txt"], cwd=checkout, check=True, timeout=60)
+    left = ci_with("touch left-behind.json")
+    assert left.returncode != 0 and "?? left-behind.json" in left.stderr, left.stderr
+
+
+NPM = shutil.which("npm")
+
+
+@pytest.mark.skipif(NPM is None, reason="npm is not installed")
+@pytest.mark.timeout(600)
+def test_the_extensions_node_modules_install_from_the_lock_file_as_committed(tmp_path: Path) -> None:
+    """What ``make install`` runs in extension/: the Makefile's ``npm ci`` (only when package.json or the lock file
+    changed), then hatch-jupyter-builder's ``npm install`` as pyproject.toml configures it. Neither rewrites
+    extension/package-lock.json: ``npm ci`` refuses a lock file that package.json has outgrown, where ``npm install``
+    rewrote it (473 lines more) and left every ``make test`` with a changed checkout."""
+    import tomllib
+
+    extension = tmp_path / "extension"
+    extension.mkdir()
+    for name in ("package.json", "package-lock.json", ".npmrc"):
+        shutil.copy(ROOT / "extension" / name, extension / name)
+    committed = (extension / "package-lock.json").read_bytes()
+    stamp = "extension/node_modules/.installed-from-lock"
+    installed = subprocess.run(
+        [MAKE, "-f", str(ROOT / "Makefile"), stamp], cwd=tmp_path, env=make_env(), capture_output=True, text=True,
+        timeout=540,
+    )  # fmt: skip
+    assert installed.returncode == 0, installed.stdout[-3000:] + installed.stderr[-3000:]
+    assert "npm ci" in installed.stdout and "npm install" not in installed.stdout, installed.stdout
+    assert (tmp_path / stamp).is_file() and (extension / "node_modules" / "typescript").is_dir()
+    assert (extension / "package-lock.json").read_bytes() == committed
+    # Up to date: a second make installs nothing (npm ci empties node_modules first, so it must not run each time).
+    again = subprocess.run(
+        [MAKE, "-f", str(ROOT / "Makefile"), stamp], cwd=tmp_path, env=make_env(), capture_output=True, text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert again.returncode == 0 and "npm" not in again.stdout, again.stdout
+
+    # The editable install's build hook runs `<npm> install` before building (hatch_jupyter_builder.npm_builder).
+    hook = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["hatch"]["build"]["hooks"]["jupyter-builder"]
+    for kwargs in ("build-kwargs", "editable-build-kwargs"):
+        npm = hook[kwargs]["npm"]
+        done = subprocess.run(
+            [*npm, "install", "--no-audit", "--no-fund", "--loglevel=error"], cwd=extension, capture_output=True,
+            text=True, timeout=300,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert (extension / "package-lock.json").read_bytes() == committed, f"{kwargs}: {npm} install rewrote it"
+
+
 @pytest.mark.timeout(600)
 def test_make_lab_serves_jupyterlab_on_the_tutorials(tmp_path: Path) -> None:
     port, token = free_port(), secrets.token_hex(16)

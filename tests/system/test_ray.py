@@ -62,7 +62,7 @@ from tensorflow_serving.apis import (
 from tritonclient.utils import InferenceServerException
 
 import workbench.ray
-from tests.waiting import process_gone, wait_until
+from tests.waiting import patient_ray_nodes, process_gone, wait_until
 from workbench import demo
 from workbench.jupyter import server_records as registry
 from workbench.notebook.widgets import LiveChart
@@ -106,6 +106,11 @@ class RayCluster:
 
 @pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[RayCluster]:
+    with patient_ray_nodes():  # the module's nodes, the ones tests add included, on a busy machine too
+        yield from _ray_cluster()
+
+
+def _ray_cluster() -> Iterator[RayCluster]:
     head_metrics_port = free_port()
     cluster = Cluster(
         initialize_head=True,

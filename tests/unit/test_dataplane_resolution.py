@@ -461,6 +461,98 @@ def test_a_model_whose_first_load_fails_answers_the_waiting_request_with_its_loa
     )
 
 
+def start_with_a_slow_version(engine: Engine, slow: int = 123, fast: int = 124) -> threading.Event:
+    """Model ``m`` with versions ``slow`` and ``fast`` (both served), listed once: ``fast`` serves, so the model's
+    first load is over, while ``slow`` is still in its first load until the returned gate is set."""
+    gate = engine.hold("m", slow)
+    engine.configure("m", slow, fast, policy=ALL)
+    engine.source.poll_once()
+    until(lambda: engine.state("m", fast) == VersionState.AVAILABLE, f"version {fast} serving")
+    assert not engine.manager.loading_first("m") and engine.state("m", slow) == VersionState.LOADING
+    return gate
+
+
+def test_a_request_for_a_version_still_in_its_first_load_waits_for_it_and_is_answered_by_it(
+    engine: Engine,
+) -> None:
+    """TF Serving opens its ports once every initial version has loaded: its clients never see one missing."""
+    (engine.root / "m").mkdir(parents=True)
+    (engine.root / "m" / "routing.json").write_text('{"canary": 123, "canary_weight": 0.0}')  # a label naming it
+    gate = start_with_a_slow_version(engine)
+
+    async def main() -> tuple[tuple[int, float], tuple[int, float], int, ServingError]:
+        by_version = asyncio.ensure_future(engine.predict(ModelSpec("m", version=123), x=1.0))
+        by_label = asyncio.ensure_future(engine.predict(ModelSpec("m", label="canary"), x=1.0))
+        metadata = asyncio.ensure_future(engine.dataplane.loaded("m", WAIT, ModelSpec("m", version=123)))
+        early = await outcome_within(asyncio.gather(by_version, by_label, metadata), 0.05)
+        assert early is None, f"answered while version 123 was still loading: {early}"
+        latest = (await engine.predict(ModelSpec("m")))[0]  # the model serves meanwhile
+        missing = await engine.refusal(ModelSpec("m", version=125))  # nothing to wait for: at once
+        gate.set()
+        await metadata
+        return await by_version, await by_label, latest, missing
+
+    by_version, by_label, latest, missing = asyncio.run(main())
+    assert by_version == by_label == (123, 124.0)
+    assert latest == 124
+    assert (missing.code, missing.message) == (Code.NOT_FOUND, "Servable not found for request: Specific(m, 125)")
+    assert engine.manager.version_loading_first("m", 123) is None  # from now on resolved at once, as before
+
+
+def test_the_wait_for_a_version_is_bounded_by_the_deadline_then_by_the_flag(engine: Engine) -> None:
+    start_with_a_slow_version(engine)
+
+    async def main() -> tuple[ServingError, ServingError]:
+        with pytest.raises(ServingError) as deadline:
+            await engine.dataplane.admit(ModelSpec("m", version=123), API, PROTOCOL, timeout=0.05)
+        engine.dataplane.first_load_wait = 0.05  # --wait_for_model_load_seconds, shorter than the deadline
+        with pytest.raises(ServingError) as flag:
+            await engine.dataplane.admit(ModelSpec("m", version=123), API, PROTOCOL, timeout=WAIT)
+        return deadline.value, flag.value
+
+    deadline, flag = asyncio.run(main())
+    assert (deadline.code, deadline.message) == (
+        Code.DEADLINE_EXCEEDED,
+        "Version 123 of model m is still loading: the request's deadline passed first",
+    )
+    assert (flag.code, flag.message) == (
+        Code.UNAVAILABLE,
+        "Version 123 of model m is still loading after 0.05s (--wait_for_model_load_seconds)",
+    )
+    assert engine.count("DEADLINE_EXCEEDED", None) == 1 and engine.count("UNAVAILABLE", None) == 1
+
+
+def test_a_version_whose_first_load_fails_answers_its_waiting_request_with_the_load_error(engine: Engine) -> None:
+    engine.loader.fail("m", 123, "the weights are truncated")
+    gate = start_with_a_slow_version(engine)
+
+    async def main() -> ServingError:
+        waiting = asyncio.ensure_future(engine.refusal(ModelSpec("m", version=123)))
+        early = await outcome_within(waiting, 0.05)
+        assert early is None, f"refused before version 123's load was over: {early}"
+        gate.set()
+        return await waiting
+
+    failed = asyncio.run(main())
+    assert (failed.code, failed.message) == (
+        Code.NOT_FOUND,
+        "Servable not found for request: Specific(m, 123): version 123 failed to load: the weights are truncated",
+    )
+
+
+def test_a_version_a_later_listing_found_is_not_found_while_it_loads_as_in_tf_serving(engine: Engine) -> None:
+    engine.serve("m", 1, policy=ALL)
+    gate = engine.hold("m", 2)
+    engine.add_version("m", 2)
+    until(lambda: engine.state("m", 2) == VersionState.LOADING, "version 2 loading")
+
+    # Still loading when answered: a wait would have ended in DEADLINE_EXCEEDED, not in NOT_FOUND.
+    refused = asyncio.run(engine.refusal(ModelSpec("m", version=2)))
+    assert engine.state("m", 2) == VersionState.LOADING
+    gate.set()
+    assert (refused.code, refused.message) == (Code.NOT_FOUND, "Servable not found for request: Specific(m, 2)")
+
+
 def test_a_new_version_that_fails_to_load_leaves_the_old_one_answering(engine: Engine) -> None:
     engine.serve("m", 1)
     engine.loader.fail("m", 2, "bad graph")

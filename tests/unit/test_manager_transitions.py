@@ -25,6 +25,7 @@ from fakes import FakeRepository, FakeServable, version_folders
 from workbench.config.version_policy import VersionPolicy
 from workbench.core.errors import Code, ServingError
 from workbench.models.manager import VersionState
+from workbench.models.readiness import Phase, ServerReadiness
 from workbench.models.routing.policy import Routing
 
 LATEST = VersionPolicy()  # TF Serving's default policy: latest(1)
@@ -478,6 +479,33 @@ def test_a_pinned_version_stays_loaded_until_unloaded_and_the_last_serving_versi
     assert message == "Version 2 is the only version of model m serving; load another one first"
     assert refused(Code.NOT_FOUND, bench.manager.unload_version, "m", 9) == "Model m has no version 9"
     assert bench.answer("m") == 2
+
+
+def test_removing_the_last_version_on_request_empties_the_model_until_a_version_is_loaded_again(
+    bench: Bench,
+) -> None:
+    """TorchServe's unregister and Triton's unload ask for ``keep_last=False``: the last serving version goes, with
+    its role, and stays gone across rescans (its drop is meant, not ignored) until it is loaded again."""
+    bench.serve("m", 1)
+    bench.manager.promote("m", 1, timeout=WAIT)  # the stable one: TorchServe's set-default of its only version
+
+    bench.manager.unload_version("m", 1, keep_last=False)
+    assert bench.manager.wait_until_settled(WAIT)
+
+    assert bench.serving("m") == {1: END} and bench.servable("m", 1).closed
+    assert bench.routing("m") == Routing(dropped=frozenset({1}), emptied=True)
+    assert bench.manager.emptied("m")
+    readiness = ServerReadiness(bench.manager)
+    readiness.enter(Phase.SERVING)
+    assert readiness().ready  # removed on purpose: no reason to take the server out of traffic
+    assert refused(Code.NOT_FOUND, bench.answer, "m") == "Servable not found for request: Latest(m)"
+    bench.rescan()  # the repository still holds version 1: it stays unloaded
+    assert bench.serving("m") == {1: END} and bench.manager.emptied("m")
+
+    bench.manager.load_version("m", 1, timeout=WAIT)
+    assert bench.answer("m") == 1
+    assert bench.routing("m") == Routing(pinned=frozenset({1}))
+    assert not bench.manager.emptied("m")
 
 
 def test_stop_closes_every_loaded_servable(bench: Bench) -> None:

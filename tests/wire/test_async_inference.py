@@ -368,7 +368,9 @@ def slow_repository(tmp_path) -> Iterator[Path]:
 
 
 def test_requests_accepted_by_a_server_killed_mid_request_are_answered_once_after_it_restarts(queue, slow_repository):
-    first = Serve(slow_repository, queue, 0.5, "--async_visibility_seconds=1", "--async_concurrency=1")
+    # A call of a minute: whenever the test sees the first request taken, the server is killed under that call (with
+    # half a second, a busy machine once let it finish the call before the kill).
+    first = Serve(slow_repository, queue, 60.0, "--async_visibility_seconds=1", "--async_concurrency=1")
     try:
         ids = [
             requests.post(f"{first.url}/v1/models/slow:predictAsync", json={"instances": [[i]]}, timeout=30).json()[

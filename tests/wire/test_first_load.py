@@ -18,7 +18,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -303,14 +303,15 @@ def port_open(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
-def start_and_knock(workdir: Path, repository: Path, *flags: str) -> tuple[Replica, int, int]:
-    """``workbench serve`` on two ports picked here; returns once both accept connections (before it is ready)."""
+def start_and_knock(workdir: Path, repository: Path | None, *flags: str) -> tuple[Replica, int, int]:
+    """``workbench serve`` on two ports picked here (on ``repository``, or what ``flags`` name); returns once both
+    accept connections (before it is ready)."""
     grpc_port, rest_port = free_port(), free_port()
     replica = Replica(
         workdir,
         f"--port={grpc_port}",
         f"--rest_api_port={rest_port}",
-        f"--model_repository={repository}",
+        *([f"--model_repository={repository}"] if repository is not None else []),
         "--allow_python_models",
         *flags,
     )
@@ -324,11 +325,13 @@ def start_and_knock(workdir: Path, repository: Path, *flags: str) -> tuple[Repli
     return replica, grpc_port, rest_port
 
 
-def tfs_predict(target: str, model: str, timeout: float = 60) -> np.ndarray:
+def tfs_predict(target: str, model: str, timeout: float = 60, version: int | None = None) -> np.ndarray:
     import tensorflow as tf
 
     request = predict_pb2.PredictRequest()
     request.model_spec.name = model
+    if version is not None:
+        request.model_spec.version.value = version
     request.inputs["x"].CopyFrom(tf.make_tensor_proto(np.array([[1.5]], np.float32)))
     with grpc.insecure_channel(target) as channel:
         response = tfs_grpc.PredictionServiceStub(channel).Predict(request, timeout=timeout)
@@ -349,24 +352,25 @@ def v2_inputs(module: Any) -> list[Any]:
     return [x]
 
 
-def v2_grpc_infer(target: str, model: str) -> np.ndarray:
+def v2_grpc_infer(target: str, model: str, version: str = "") -> np.ndarray:
     client = triton_grpc.InferenceServerClient(target)
     try:
-        return client.infer(model, v2_inputs(triton_grpc), client_timeout=60).as_numpy("y")
+        return client.infer(model, v2_inputs(triton_grpc), model_version=version, client_timeout=60).as_numpy("y")
     finally:
         client.close()
 
 
-def v2_rest_infer(url: str, model: str) -> np.ndarray:
+def v2_rest_infer(url: str, model: str, version: str = "") -> np.ndarray:
     client = triton_http.InferenceServerClient(url, network_timeout=60)
     try:
-        return client.infer(model, v2_inputs(triton_http)).as_numpy("y")
+        return client.infer(model, v2_inputs(triton_http), model_version=version).as_numpy("y")
     finally:
         client.close()
 
 
-def rest_predict(url: str, model: str) -> requests.Response:
-    return requests.post(f"http://{url}/v1/models/{model}:predict", json={"instances": [[1.5]]}, timeout=60)
+def rest_predict(url: str, model: str, version: int | None = None) -> requests.Response:
+    path = f"{model}/versions/{version}" if version is not None else model
+    return requests.post(f"http://{url}/v1/models/{path}:predict", json={"instances": [[1.5]]}, timeout=60)
 
 
 def grpc_error(call: Callable[[], object]) -> tuple[str, str]:
@@ -455,4 +459,79 @@ def test_the_flag_bounds_the_wait(tmp_path: Path, repository: Path) -> None:
             {"error": "Model slow is still loading after 0.5s (--wait_for_model_load_seconds)"},
         )
     finally:
+        replica.stop()
+
+
+# ------------------------------------------------- a version still in its first load once another one serves
+
+GATED_VERSION = """
+import pathlib
+import time
+import workbench
+
+class Gated(workbench.PythonModel):
+    inputs = {{"x": ("float32", [-1, 1])}}
+    outputs = {{"y": ("float32", [-1, 1])}}
+
+    def load(self, path):
+        # A big version: its first load lasts until the test says (a file), long after the other version serves.
+        deadline = time.monotonic() + 300
+        while not pathlib.Path({gate!r}).exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def predict(self, inputs):
+        return {{"y": inputs["x"] + {version}.0}}
+"""
+
+
+def test_a_request_for_a_version_still_in_its_first_load_waits_for_it(tmp_path: Path) -> None:
+    """Versions 123 and 124 of one model; 124 serves at once, 123's first load lasts until the test releases it.
+    TF Serving opens its ports only once both have loaded, so its clients never see 123 missing: requests for 123
+    over TF Serving's REST and gRPC and v2's REST and gRPC wait for it, while one for a version that does not exist
+    is answered NOT_FOUND at once."""
+    gate = tmp_path / "release-123"
+    base = tmp_path / "repo" / "two"
+    for version in (123, 124):
+        (base / str(version)).mkdir(parents=True)
+        source = GATED_VERSION.format(gate=str(gate) if version == 123 else str(tmp_path), version=version)
+        (base / str(version) / "model.py").write_text(source)
+    config = tmp_path / "models.config"
+    config.write_text(
+        f'model_config_list {{ config {{ name: "two" base_path: "{base}" model_platform: "python" '
+        "model_version_policy { all {} } } }"
+    )
+    replica, grpc_port, rest_port = start_and_knock(tmp_path / "one", None, f"--model_config_file={config}")
+    target, url = f"127.0.0.1:{grpc_port}", f"127.0.0.1:{rest_port}"
+    try:
+        # The model's own first load is over (124 serves, as a request for the model finds): 123 still loads.
+        assert rest_predict(url, "two").json() == {"predictions": [[125.5]]}
+        states = requests.get(f"http://{url}/v1/models/two", timeout=60).json()["model_version_status"]
+        assert {s["version"]: s["state"] for s in states} == {"123": "LOADING", "124": "AVAILABLE"}
+
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            asked = {
+                "rest": pool.submit(rest_predict, url, "two", 123),
+                "rest metadata": pool.submit(
+                    requests.get, f"http://{url}/v1/models/two/versions/123/metadata", timeout=60
+                ),
+                "grpc": pool.submit(tfs_predict, target, "two", 60, 123),
+                "v2 rest": pool.submit(v2_rest_infer, url, "two", "123"),
+                "v2 grpc": pool.submit(v2_grpc_infer, target, "two", "123"),
+            }
+            missing = rest_predict(url, "two", 125)  # nothing loads as 125: answered now, while 123 still loads
+            assert (missing.status_code, missing.json()) == (
+                404,
+                {"error": "Servable not found for request: Specific(two, 125)"},
+            )
+            done, _ = wait(asked.values(), timeout=1.0)
+            assert not done, {what: f.result() for what, f in asked.items() if f in done}  # answered while loading
+            gate.touch()
+            answers = {what: future.result(timeout=120) for what, future in asked.items()}
+        assert answers["rest"].status_code == 200, answers["rest"].text
+        assert answers["rest"].json() == {"predictions": [[124.5]]}
+        assert answers["rest metadata"].json()["model_spec"]["version"] == "123"
+        for what in ("grpc", "v2 rest", "v2 grpc"):
+            np.testing.assert_array_equal(answers[what], [[124.5]])
+    finally:
+        gate.touch()
         replica.stop()

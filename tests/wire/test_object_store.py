@@ -1,13 +1,14 @@
 """Models in object stores: a real S3 protocol server (moto's server mode) on 127.0.0.1 holds the repository.
 
 Two ``workbench serve`` processes serve ``s3://repo``: versions uploaded (``saved_model.pb`` last) and deleted are
-loaded and unloaded by both, and each one's cache holds exactly the versions it has loaded; a promotion and a
-canary made through one replica reach the other while 4 clients keep both busy with no failed request; a routing
-write racing a newer state is refused by the store's conditional PUT; a model whose bucket is missing shows why in
-its status while the others serve, and loads once the bucket appears; a model whose bucket the server's
-credentials may not read (a store enforcing IAM answers 403) shows the denial while the others serve, and loads
-once access is granted; ``workbench.export`` writes to ``s3://``, and a notebook server started on ``s3://`` serves
-what ``%serve export`` uploads there.
+loaded and unloaded by both, and each one's cache holds exactly the versions it has loaded; a version copied file by
+file (the model file first, in the middle or last) after a copy cut off half-way, which both tried, failed and
+described in their status, is served by both; a promotion and a canary made through one replica reach the other
+while 4 clients keep both busy with no failed request; a routing write racing a newer state is refused by the
+store's conditional PUT; a model whose bucket is missing shows why in its status while the others serve, and loads
+once the bucket appears; a model whose bucket the server's credentials may not read (a store enforcing IAM answers
+403) shows the denial while the others serve, and loads once access is granted; ``workbench.export`` writes to
+``s3://``, and a notebook server started on ``s3://`` serves what ``%serve export`` uploads there.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 import pytest
 import requests
 from replica import MODELS, ONE, REACH_TIMEOUT_S, Replica
+from upload_orders import CUT_OFF, ORDERS, PACE_S, in_order, tried_files
 from waiting import RequestLoop, model_config_text, version_states, wait_until
 
 boto3 = pytest.importorskip("boto3")
@@ -193,6 +195,40 @@ def test_a_half_uploaded_version_is_not_loaded_until_its_saved_model_arrives(
     both(replicas, lambda r: r.states("versions").get("7") == "AVAILABLE", "version 7 once complete")
     delete_version(s3, BUCKET, "versions/7")
     both(replicas, lambda r: r.states("versions").get("7") == "END", "version 7 unloaded")
+
+
+def version_error(replica: Replica, name: str, version: int) -> str:
+    """The version's ``status.error_message`` in TF Serving's GetModelStatus (``/v1/models/{name}``)."""
+    statuses = requests.get(f"{replica.rest_url}/v1/models/{name}", timeout=30).json()["model_version_status"]
+    return next(s["status"]["error_message"] for s in statuses if s["version"] == str(version))
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_a_version_copied_file_by_file_is_served_by_both_replicas_whatever_the_order(
+    pair: tuple[Path, list[Replica]], s3: Any, model_store: Path, order: str
+) -> None:
+    """A copy cut off after the model file (both replicas try it and fail, and say what they tried), then the whole
+    version copied again with the model file first, in the middle or last, a poll between two files: both end up
+    serving it. Each used to stay failed: the fingerprint was the model file's, unchanged by the variables."""
+    _, replicas = pair
+    name, local = f"copied-{order}", model_store / "hp3_tf2"
+    upload_version(s3, model_store / "hp2_tf2", BUCKET, f"{name}/1")
+    both(replicas, lambda r: r.states(name) == {"1": "AVAILABLE"}, "version 1 served by both")
+
+    for file in CUT_OFF:
+        s3.upload_file(str(local / file), BUCKET, f"{name}/2/{file}")
+    both(replicas, lambda r: r.states(name).get("2") == "END", "the cut-off copy tried by both")
+    for replica in replicas:
+        assert tried_files(version_error(replica, name, 2)), version_error(replica, name, 2)
+        assert f"Failed to load {name} version 2" in replica.log()
+        assert replica.predict(name) == V1  # version 1 serves on
+
+    for file in in_order(local, order):
+        s3.upload_file(str(local / file), BUCKET, f"{name}/2/{file}")
+        time.sleep(PACE_S)  # each replica polls the copy half done
+    both(replicas, lambda r: r.states(name) == {"2": "AVAILABLE", "1": "END"}, "version 2 served by both")
+    assert [r.predict(name) for r in replicas] == [V2, V2]
+    assert all(version_error(r, name, 2) == "" for r in replicas)
 
 
 def test_a_promotion_and_a_canary_through_one_replica_reach_the_other_under_load(

@@ -6,10 +6,12 @@ gcp-storage-emulator, the pure-Python one, stores such a write anyway, so it cou
 Versions are uploaded with google-cloud-storage, as a user would; the replicas read them with gcsfs.
 
 Two ``workbench serve`` processes serve ``gs://repo``: a version uploaded (``saved_model.pb`` last) is loaded by
-both, and unloaded by both once deleted; a promotion made through one replica is answered by the other within a
-poll; a change based on an older routing generation is refused (409) and leaves the object as it was; a routing
-write racing a newer state is refused by the store's precondition, the object unchanged; a model whose bucket is
-missing shows why in its status while another model serves, and loads once the bucket appears.
+both, and unloaded by both once deleted; a version copied file by file (the model file first, in the middle or last)
+after a copy cut off half-way, which both tried, failed and described in their status, is served by both; a
+promotion made through one replica is answered by the other within a poll; a change based on an older routing
+generation is refused (409) and leaves the object as it was; a routing write racing a newer state is refused by the
+store's precondition, the object unchanged; a model whose bucket is missing shows why in its status while another
+model serves, and loads once the bucket appears.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any
 import pytest
 import requests
 from replica import MODELS, REACH_TIMEOUT_S, Replica
+from upload_orders import CUT_OFF, ORDERS, PACE_S, in_order, tried_files
 from waiting import model_config_text, wait_until
 
 if importlib.util.find_spec("gcsfs") is None:  # found, not imported: gcsfs reads its settings on import
@@ -182,6 +185,41 @@ def test_a_version_uploaded_is_loaded_by_both_replicas_and_unloaded_once_deleted
     both(pair, lambda r: r.states("versions").get("1") == "AVAILABLE", "version 1 again once 2 is deleted")
     both(pair, lambda r: r.states("versions").get("2") == "END", "version 2 unloaded")
     assert [r.predict("versions") for r in pair] == [V1, V1]
+
+
+def version_error(replica: Replica, name: str, version: int) -> str:
+    """The version's ``status.error_message`` in TF Serving's GetModelStatus (``/v1/models/{name}``)."""
+    statuses = requests.get(f"{replica.rest_url}/v1/models/{name}", timeout=30).json()["model_version_status"]
+    return next(s["status"]["error_message"] for s in statuses if s["version"] == str(version))
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_a_version_copied_file_by_file_is_served_by_both_replicas_whatever_the_order(
+    pair: list[Replica], gcs: Any, model_store: Path, order: str
+) -> None:
+    """A copy cut off after the model file (both replicas try it and fail, and say what they tried), then the whole
+    version copied again with the model file first, in the middle or last, a poll between two files: both end up
+    serving it. Each used to stay failed: the fingerprint was the model file's alone, so the variables arriving after
+    it changed nothing (and its etag, which fake-gcs-server makes the content's MD5, did not change either)."""
+    name, local = f"copied-{order}", model_store / "hp3_tf2"
+    target = gcs.bucket(BUCKET)
+    upload_version(gcs, model_store / "hp2_tf2", BUCKET, f"{name}/1")
+    both(pair, lambda r: r.states(name) == {"1": "AVAILABLE"}, "version 1 served by both")
+
+    for file in CUT_OFF:
+        target.blob(f"{name}/2/{file}").upload_from_filename(str(local / file))
+    both(pair, lambda r: r.states(name).get("2") == "END", "the cut-off copy tried by both")
+    for replica in pair:
+        assert tried_files(version_error(replica, name, 2)), version_error(replica, name, 2)
+        assert f"Failed to load {name} version 2" in replica.log()
+        assert replica.predict(name) == V1  # version 1 serves on
+
+    for file in in_order(local, order):
+        target.blob(f"{name}/2/{file}").upload_from_filename(str(local / file))
+        time.sleep(PACE_S)  # each replica polls the copy half done
+    both(pair, lambda r: r.states(name) == {"2": "AVAILABLE", "1": "END"}, "version 2 served by both")
+    assert [r.predict(name) for r in pair] == [V2, V2]
+    assert all(version_error(r, name, 2) == "" for r in pair)
 
 
 def test_a_promotion_through_one_replica_is_answered_by_the_other_within_a_poll(pair: list[Replica], gcs: Any) -> None:

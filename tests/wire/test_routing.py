@@ -115,6 +115,23 @@ def test_pin_and_drop():
         r.drop("m", Routing(canary=1, canary_weight=0.5), 1, available={1, 2})
 
 
+def test_removing_the_last_version_empties_the_model_on_purpose():
+    """TorchServe's unregister and Triton's unload (``keep_last=False``): the last serving version goes with its
+    roles, and the drop that leaves nothing to load is then applied, not ignored; a pin serves the model again."""
+    promoted = Routing(stable=1, history=(1,), shadow=1, shadow_fraction=0.5)
+    emptied = r.drop("m", promoted, 1, available={1}, keep_last=False)
+    assert emptied == Routing(dropped=frozenset({1}), emptied=True)
+    assert decision(emptied, available={1}, on_disk={1}, policy={1}).aspired == frozenset()
+    assert not decision(emptied, available={1}, on_disk={1}, policy={1}).drops_ignored
+    # a hand-written or raced drop of everything is still ignored
+    assert decision(Routing(dropped=frozenset({1})), on_disk={1}, policy={1}).drops_ignored
+    with pytest.raises(ServingError, match="is its stable version"):  # roles still hold while another serves
+        r.drop("m", Routing(stable=1), 1, available={1, 2}, keep_last=False)
+    assert r.pin(emptied, 1) == Routing(pinned=frozenset({1}))
+    assert decode(encode(emptied, 3), "routing.json").routing == emptied
+    assert "emptied" not in json.loads(encode(Routing(stable=1), 3))  # files of routings that never emptied stay
+
+
 # ------------------------------------------------------------------------------------------- the split
 def test_canary_split_is_exact_and_restarts_with_a_new_canary():
     split = CanarySplit()

@@ -89,7 +89,12 @@ def test_the_shadow_sees_a_copy_clients_never_see_and_its_agreement_is_the_model
 
         panel = ShadowPanel(server.rest_url, interval=0.1)
         try:
-            wait_until(lambda: "m" in panel.records, timeout=30, what="the panel's first reading")
+            # Drawn once its records, details and chart are all there (the panel's thread sets them one after another).
+            wait_until(
+                lambda: "m" in panel.records and "v2 (shadow) vs v1" in panel.details.value and panel.figure.data,
+                timeout=30,
+                what="the panel's first reading, drawn",
+            )
             assert panel.records["m"]["agreement"] == pytest.approx(expected, abs=1e-6)
             assert f"{expected:.2%}" in panel.details.value and "v2 (shadow) vs v1" in panel.details.value
             assert [trace.type for trace in panel.figure.data] == ["scatter", "histogram"]
@@ -187,8 +192,10 @@ def test_a_shadow_that_falls_behind_is_dropped_never_waited_for(models, tmp_path
 
         with ThreadPoolExecutor(4) as pool:
             latencies = [t for part in pool.map(send, [100] * 4) for t in part]
-        # The clients never waited for the 300 ms shadow: their answers came at the logistic regression's pace.
-        assert float(np.median(latencies)) < 0.1
+        # The clients never waited for the 300 ms shadow: most answers came sooner than one shadow call takes
+        # (at the logistic regression's pace: milliseconds, more on a busy machine; a client held for its copy would
+        # wait 300 ms or more every time).
+        assert float(np.median(latencies)) < 0.3
         shadow = record(server)
         assert shadow is not None and shadow["mirrored"] == 400
         assert shadow["dropped"] > 0 and shadow["failed"] == 0

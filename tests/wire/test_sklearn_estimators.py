@@ -120,6 +120,7 @@ def served_answer(path: Path, name: str, x: np.ndarray) -> np.ndarray:
         servable.close()
 
 
+@pytest.mark.timeout(900)  # 150 estimators fitted, exported and loaded: about a minute alone, 5 on a busy machine
 def test_every_estimator_that_fits_on_the_digits_exports_and_serves_safely(tmp_path, digits):
     x, y = digits
     asked = x[:ASKED]

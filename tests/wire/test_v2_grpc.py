@@ -496,6 +496,29 @@ def version_parameter(**value: Any) -> dict[str, service_pb2.ModelRepositoryPara
     return {"version": service_pb2.ModelRepositoryParameter(**value)}
 
 
+def test_repository_unload_removes_a_models_only_version(serve, make_repo):
+    """Triton's unload means "remove it": a model's only version goes (workbench's own :unload keeps it); the
+    model then answers NOT_FOUND, the server stays ready (gRPC health too), and a load brings the version back."""
+    server = serve(model_repository=str(make_repo("hp", {1: "hp2_tf2"}).parent))
+    x = [tensor("x", np.array([[2.0]], np.float32), "FP32")]
+    with triton.InferenceServerClient(server.grpc_target) as client, grpc.insecure_channel(server.grpc_target) as ch:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(ch)
+        unload = service_pb2.RepositoryModelUnloadRequest(
+            model_name="hp", parameters=version_parameter(string_param="1")
+        )
+        stub.RepositoryModelUnload(unload, timeout=120)
+        assert not client.is_model_ready("hp", "1") and not client.is_model_ready("hp")
+        code, message = grpc_code(lambda: client.infer("hp", x))
+        assert (code, message) == ("NOT_FOUND", "Servable not found for request: Latest(hp)")
+        assert client.is_server_ready()
+        health = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=30)
+        assert health.status == health_pb2.HealthCheckResponse.SERVING
+
+        load = service_pb2.RepositoryModelLoadRequest(model_name="hp", parameters=version_parameter(int64_param=1))
+        stub.RepositoryModelLoad(load, timeout=120)
+        assert client.infer("hp", x).get_response().model_version == "1"
+
+
 def test_repository_index_load_and_unload_act_on_versions(serve, make_repo, model_store: Path):
     base = make_repo("hp", {1: "hp2_tf2", 2: "hp3_tf2"})
     server = serve(model_repository=str(base.parent), management_token="s3cret", file_system_poll_wait_seconds=0)

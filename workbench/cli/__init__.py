@@ -13,21 +13,37 @@ parser.
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from workbench.cli.analyze_command import add_analyze_command
-from workbench.cli.batch_command import add_batch_command
-from workbench.cli.bench_command import add_bench_command
-from workbench.cli.consume_command import add_consume_command
-from workbench.cli.demo_command import add_demo_command
-from workbench.cli.manifests_command import _manifests as _manifests  # the command's function, as parsers name it
-from workbench.cli.manifests_command import add_manifests_command
-from workbench.cli.ray_command import add_ray_command
-from workbench.cli.routing_command import add_routing_command
-from workbench.cli.serve_command import add_serve_command
 from workbench.config.vocabulary import VocabularyParser
+
+# Each command's module and the function adding its parser, in the order --help lists them. A command line names
+# one command, and only that one's module is imported: `workbench serve` used to import every command's (the load
+# generator's among them), half a second of a notebook's first answer on 2 cores.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "serve": ("workbench.cli.serve_command", "add_serve_command"),
+    "demo": ("workbench.cli.demo_command", "add_demo_command"),
+    "bench": ("workbench.cli.bench_command", "add_bench_command"),
+    "batch": ("workbench.cli.batch_command", "add_batch_command"),
+    "analyze": ("workbench.cli.analyze_command", "add_analyze_command"),
+    "routing": ("workbench.cli.routing_command", "add_routing_command"),
+    "consume": ("workbench.cli.consume_command", "add_consume_command"),
+    "manifests": ("workbench.cli.manifests_command", "add_manifests_command"),
+    "ray": ("workbench.cli.ray_command", "add_ray_command"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name == "_manifests":  # the manifests command's function, as its parser names it
+        from workbench.cli.manifests_command import _manifests
+
+        return _manifests
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 # TensorFlow's C++ INFO lines are noise for a server operator; warnings and errors still show.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
@@ -42,7 +58,9 @@ examples:
 """
 
 
-def build_parser() -> VocabularyParser:
+def build_parser(command: str | None = None) -> VocabularyParser:
+    """The whole command line's parser; with ``command`` (one of :data:`COMMANDS`), a parser that reads only that
+    command's flags (the same parser, the others left out), importing only that command's module."""
     from workbench.runtime.version import __version__
 
     # prog is fixed: run as `python -m workbench`, argparse would call itself "__main__.py".
@@ -54,22 +72,18 @@ def build_parser() -> VocabularyParser:
     )
     parser.add_argument("--version", action="version", version=f"workbench {__version__}")
     sub = parser.add_subparsers(title="commands", metavar="COMMAND", required=True, parser_class=VocabularyParser)
-    add_serve_command(sub)
-    add_demo_command(sub)
-    add_bench_command(sub)
-    add_batch_command(sub)
-    add_analyze_command(sub)
-    add_routing_command(sub)
-    add_consume_command(sub)
-    add_manifests_command(sub)
-    add_ray_command(sub)
-    parser.commands = tuple(sub.choices)
+    for name, (module, adder) in COMMANDS.items():
+        if command is None or name == command:
+            add: Callable[[Any], None] = getattr(importlib.import_module(module), adder)
+            add(sub)
+    parser.commands = tuple(COMMANDS)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(words)
+    command = words[0] if words and words[0] in COMMANDS else None
+    args = build_parser(command).parse_args(words)
     args.words = words  # as typed: the supervisor of --num_workers hands them on to its workers
     return int(args.command(args))
 

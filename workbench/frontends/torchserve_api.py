@@ -122,7 +122,8 @@ class TorchServeApi:
 
     # ------------------------------------------------------------------------------------- versions
     def known(self, model: str) -> None:
-        if not self.dataplane.knows(model):
+        # An unregistered model (its last version removed) is gone to TorchServe, though workbench keeps its config.
+        if not self.dataplane.knows(model) or self.dataplane.emptied(model):
             raise TorchServeError(404, "ModelNotFoundException", f"Model not found: {model}")
 
     def version_number(self, model: str, version: str) -> int:
@@ -332,13 +333,15 @@ class TorchServeApi:
             return name
 
     async def unregister(self, model: str, version: str | None) -> str:
+        """Remove a version (the default one without ``version``). As in TorchServe, the default version goes only
+        when it is the model's last, and then the model goes with it."""
         self.known(model)
         number = self.version_number(model, version) if version else self.default_version(model)
         if len(self.dataplane.available_versions(model)) > 1 and number == self.dataplane.default_version(model):
             raise TorchServeError(
                 403, "InvalidModelVersionException", f"Cannot remove default version for model {model}"
             )
-        await self._off_the_loop(functools.partial(self.controlplane.unload_version, model, number))
+        await self._off_the_loop(functools.partial(self.controlplane.remove_version, model, number))
         return f'Model "{model}" unregistered'
 
     def scale(self, model: str, version: str | None, min_workers: int, max_workers: int, synchronous: bool) -> str:

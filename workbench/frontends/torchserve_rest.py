@@ -8,8 +8,9 @@
 - ``GET /models[?limit=&next_page_token=]`` list · ``GET /models/{m}[/{version}|/all]`` describe ·
   ``POST /models?url=x.mar`` register (an archive in the model store, or an http(s) URL of one, downloaded into the
   store: loaded, and kept) · ``DELETE
-  /models/{m}[/{version}]`` unregister (the version is unloaded; the default one is refused, as TorchServe refuses it)
-  · ``PUT /models/{m}[/{version}]?min_worker=N`` scale workers · ``PUT /models/{m}/{version}/set-default``.
+  /models/{m}[/{version}]`` unregister (the version is unloaded; the default one only when it is the last, and the
+  model goes with it, as in TorchServe) · ``PUT /models/{m}[/{version}]?min_worker=N`` scale workers ·
+  ``PUT /models/{m}/{version}/set-default``.
 
 Errors are TorchServe's: ``{"code": 404, "type": "ModelNotFoundException", "message": "Model not found: x"}``. What
 each call does is :mod:`workbench.frontends.torchserve_api`'s (shared with the gRPC API). The management routes need

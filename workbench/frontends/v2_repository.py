@@ -50,13 +50,15 @@ class V2Repository:
         return ModelSpec(model, version=number, label=label)
 
     async def loaded_spec(self, model: str, version: str | None, timeout: float | None) -> ModelSpec:
-        """:meth:`spec`, once the model's first load is over (its labels are known only then): see
+        """:meth:`spec`, once the model's first load is over (its labels are known only then), and the first load
+        of the version it names (or a version evicted under a memory budget loaded again): see
         :meth:`Dataplane.loaded <workbench.planes.dataplane.Dataplane.loaded>`."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
         await self.dataplane.loaded(model, timeout)
         spec = self.spec(model, version)
-        harness = await self.dataplane.hold(spec, timeout)  # a version evicted under a memory budget loads again
-        if harness is not None:
-            harness.release()
+        left = None if timeout is None else max(0.0, timeout - (loop.time() - started))
+        await self.dataplane.loaded(model, left, spec)
         return spec
 
     def version_of(self, spec: ModelSpec) -> int | None:
@@ -99,8 +101,8 @@ class V2Repository:
     async def unload(
         self, model: str, version: int | None, how_to_name_it: str, unload_dependents: bool = False
     ) -> None:
-        """Unload ``version`` (not the one serving the default traffic, nor the last that serves); in explicit
-        mode, without a version, the whole model (and, with ``unload_dependents``, the models that run on it)."""
+        """Remove ``version`` (its model's last serving one too); in explicit mode, without a version, the whole
+        model (and, with ``unload_dependents``, the models that run on it)."""
         unload = self.controlplane.repository_unload
         await _off_the_loop(functools.partial(unload, model, version, how_to_name_it, unload_dependents))
 

@@ -159,8 +159,10 @@ class Manager(OnDemandLoads):
                 return
             model.on_disk = dict(on_disk if on_disk is not None else versions)
             model.policy_versions = set(versions)
-            model.scanned = True
+            first_listing, model.scanned = not model.scanned, True
             self._update_aspired(model)
+            if first_listing:  # the versions it starts loading are initial ones: a request for one waits for it
+                self._first_loads.expect_versions(model)
 
     def set_source_error(self, name: str, problem: str | None) -> bool:
         """The source could (None) or could not list ``name``'s repository; True when ``problem`` is news."""
@@ -244,7 +246,10 @@ class Manager(OnDemandLoads):
                 self._load_within_budget(model, version, disk, record, bool(retry))
                 continue
             if record is None or retry:
-                record = VersionRecord(version=version, path=disk.path, fingerprint=disk.fingerprint)
+                if record is not None and record.error is not None and record.fingerprint != disk.fingerprint:
+                    name = model.config.name
+                    log.info("Retrying %s version %d: its files changed since it failed to load", name, version)
+                record = VersionRecord.of(version, disk)
                 model.versions[version] = record
                 self._set_state(model, record, VersionState.LOADING)
                 self._executor.submit(self._load, model, record)
@@ -284,7 +289,7 @@ class Manager(OnDemandLoads):
             else:
                 servable = self._loader(name, record.version, record.path, model.config.platform)
         except BaseException as exc:  # noqa: BLE001 - a load failure must never kill the load thread
-            self._finish_load(model, record, None, from_exception(exc))
+            self._finish_load(model, record, None, record.failed(from_exception(exc)))
             return
         self._admit(model, record, servable, started)
 
@@ -310,7 +315,7 @@ class Manager(OnDemandLoads):
                 self._warmup(servable)
             except BaseException as exc:  # noqa: BLE001
                 servable.close()
-                self._finish_load(model, record, None, from_exception(exc))
+                self._finish_load(model, record, None, record.failed(from_exception(exc)))
                 return
         log.info("Loaded %s version %d in %.2fs", name, record.version, time.perf_counter() - started)
         self._finish_load(model, record, Harness(servable), None)
@@ -503,8 +508,8 @@ class Manager(OnDemandLoads):
     def load_version(self, name: str, version: int, timeout: float = 300.0, generation: int | None = None) -> None:
         self._changes.load_version(name, version, timeout, generation)
 
-    def unload_version(self, name: str, version: int, generation: int | None = None) -> None:
-        self._changes.unload_version(name, version, generation)
+    def unload_version(self, name: str, version: int, generation: int | None = None, *, keep_last: bool = True) -> None:
+        self._changes.unload_version(name, version, generation, keep_last=keep_last)
 
     def stop(self) -> None:
         self._idle_watch.set()

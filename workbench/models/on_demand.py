@@ -200,7 +200,7 @@ class OnDemandLoads(ServedModels):
         plan = memory.plan_load(self._memory.budget, need, self._memory.tenants(self._models), f"{name}:{version}")
         if not needed and plan.verdict is not memory.Verdict.LOAD:
             return  # loads nobody asked for never evict: it loads when asked for
-        record = VersionRecord(version=version, path=disk.path, fingerprint=disk.fingerprint)
+        record = VersionRecord.of(version, disk)
         model.versions[version] = record
         self._carry_out(model, record, plan, need)
 

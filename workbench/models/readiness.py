@@ -55,8 +55,9 @@ class ServerReadiness:
 
     def _unavailable(self, name: str) -> str:
         """Why model ``name`` cannot answer requests; "" when one of its versions is AVAILABLE, or loads when asked
-        for (--load_on_demand, --memory_budget)."""
-        if self._manager.serves_on_demand(name):
+        for (--load_on_demand, --memory_budget), or when it was emptied on request (TorchServe's unregister, Triton's
+        unload): a model removed on purpose is no reason to take the server out of traffic."""
+        if self._manager.serves_on_demand(name) or self._manager.emptied(name):
             return ""
         try:
             versions = self._manager.version_status(name)

@@ -19,6 +19,7 @@ from workbench.core.servable import Servable
 from workbench.models.harness import Harness
 from workbench.models.routing.policy import CanarySplit, Routing
 from workbench.models.routing.store import RoutingStateStore, StoredRouting
+from workbench.runtime.storage import redact
 
 
 class VersionState(enum.IntEnum):
@@ -37,6 +38,9 @@ class DiskVersion:
 
     path: str
     fingerprint: tuple[int, ...] = ()
+    # What it held, in a few words ("2 files (saved_model.pb, variables/variables.index; 24,191 bytes)"), for the
+    # status of a load that fails: a version copied half-way shows what it lacked. Not part of its identity.
+    contents: str = dataclasses.field(default="", compare=False)
 
 
 @dataclasses.dataclass
@@ -44,6 +48,7 @@ class VersionRecord:
     version: int
     path: str
     fingerprint: tuple[int, ...]
+    contents: str = ""  # what its folder held when it was listed for this load (DiskVersion.contents)
     state: VersionState = VersionState.START
     error: ServingError | None = None
     harness: Harness | None = None
@@ -53,6 +58,20 @@ class VersionRecord:
     awaiting: frozenset[str] = frozenset()
     parked: Servable | None = None
     since: float = dataclasses.field(default_factory=time.time)
+
+    @classmethod
+    def of(cls, version: int, disk: DiskVersion) -> VersionRecord:
+        """A load of ``version`` as the source listed it."""
+        return cls(version=version, path=disk.path, fingerprint=disk.fingerprint, contents=disk.contents)
+
+    def failed(self, error: ServingError) -> ServingError:
+        """The load's ``error``, saying what was tried: TF Serving's ``status.error_message`` is all a client sees,
+        and a version loaded while it was being copied shows there which files it held (an empty folder has
+        nothing to add)."""
+        if not self.contents:
+            return error
+        tried = f"loaded from {redact(self.path)}, which held {self.contents}; retried when any of its files changes"
+        return ServingError(error.code, f"{error.message} [{tried}]")
 
 
 @dataclasses.dataclass(frozen=True)

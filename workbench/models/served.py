@@ -87,6 +87,29 @@ class ServedModels:
         """
         return self._first_loads.loading(name)
 
+    def version_loading_first(self, name: str, version: int | None, label: str | None = None) -> int | None:
+        """The version a request naming ``version`` (or ``label``) of ``name`` names, when that version is one of the
+        model's first listing and still in its first load; None otherwise (lock-free: asked on every request that
+        names a version, and nearly always answered by one dictionary lookup).
+
+        TF Serving opens its ports only once every initial version has loaded, so a request for one of them waits
+        (:meth:`when_version_loaded`) rather than being told it does not exist; a version that does not exist, or one
+        a later listing found, is answered as it stands.
+        """
+        loading = self._first_loads.versions_loading(name)
+        if not loading:
+            return None
+        if label is not None:
+            route = self._routes.get(name)
+            version = route.labels.get(label) if route is not None else None
+        return version if version in loading else None
+
+    def when_version_loaded(self, name: str, version: int, callback: Callable[[], None]) -> bool:
+        """Call ``callback()`` (from any thread, under the lock) once ``version``'s first load is over; False when it
+        already is, or it never had one (then ``callback`` is never called)."""
+        with self._lock:
+            return self._first_loads.when_version_over(name, version, callback)
+
     def when_first_loaded(self, name: str, callback: Callable[[], None]) -> bool:
         """Call ``callback()`` (from any thread, under the lock) once ``name``'s first load is over; False when it
         already is (then ``callback`` is never called)."""
@@ -132,6 +155,13 @@ class ServedModels:
         no budget, no loading on demand, no idle unloading)."""
         with self._lock:
             return self._memory.summary(self._models) if self._memory.active else None
+
+    def emptied(self, name: str) -> bool:
+        """Whether ``name`` serves no version because its last one was removed on request (TorchServe's unregister,
+        Triton's unload) and none is wanted since: it is meant to serve nothing."""
+        with self._lock:
+            model = self._models.get(name)
+            return model is not None and not model.removed and model.routing.emptied and not model.aspired
 
     def serves_on_demand(self, name: str) -> bool:
         """Whether ``name`` answers requests though none of its versions is loaded: they load when asked for."""

@@ -29,11 +29,13 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from workbench.client import Client
 from workbench.config.server_flags import serve_flag_words
 from workbench.config.vocabulary import SERVER_KEYWORD_ALIASES, Alias, renamed_keywords
+
+if TYPE_CHECKING:  # imported by start(), while the server process starts beside it (see there)
+    from workbench.client import Client
 
 DEFAULT_REPOSITORY = "workbench-models"
 _handles: list[ServerHandle] = []
@@ -218,6 +220,10 @@ class ServerHandle:
         with _handles_lock:
             if self not in _handles:
                 _handles.append(self)
+        # The client (requests, the transports: about 0.1 s) is imported now, on the kernel's core, while the server
+        # process starts on another, rather than before it starts: the first request after start finds it imported.
+        import workbench.client.facade  # noqa: F401
+
         deadline = time.perf_counter() + timeout
         while not self._ready_path.exists():
             if self._process.poll() is not None:
@@ -343,6 +349,8 @@ class ServerHandle:
         """A :class:`~workbench.client.Client` for this server (REST by default, gRPC with ``protocol="grpc"``)."""
         self.check()
         if self._client is None:
+            from workbench.client import Client
+
             self._client = Client(self.rest_url, self.grpc_target, tls=self._grpc_tls, ca_file=self.ca_file)
         return self._client
 

@@ -201,7 +201,13 @@ class ControlPlane:
         self._routing.load_version(name, version, timeout, generation)
 
     def unload_version(self, name: str, version: int, generation: int | None = None) -> None:
+        """workbench's own unload: tunes which versions serve, so the last serving version is refused."""
         self._routing.unload_version(name, version, generation)
+
+    def remove_version(self, name: str, version: int, generation: int | None = None) -> None:
+        """TorchServe's unregister and Triton's unload, whose meaning is "remove it": the last serving version goes
+        too, and the model then serves nothing (and keeps the server ready) until a version is loaded again."""
+        self._routing.unload_version(name, version, generation, keep_last=False)
 
     # ----------------------------------------------------------------------- the v2 repository extension
     def repository_load(self, model: str, version: int | None, overrides: Overrides | None = None) -> None:
@@ -238,7 +244,7 @@ class ControlPlane:
     def repository_unload(
         self, model: str, version: int | None, how_to_name_it: str, unload_dependents: bool = False
     ) -> None:
-        """Unload ``version`` (not the one serving the default traffic, nor the last that serves); in explicit
+        """Remove ``version`` (its last serving version too: Triton's unload removes what it names); in explicit
         mode, without a version, the whole model (and, with ``unload_dependents``, the models that run on it).
         ``how_to_name_it``: how a request names a version, for the error that asks for one."""
         control = self.model_control
@@ -255,7 +261,7 @@ class ControlPlane:
                 f"Name the version of {model} to unload: {how_to_name_it}. workbench serves every model of its "
                 "model config; remove a model from the config to stop serving it",
             )
-        self.unload_version(model, version)
+        self.remove_version(model, version)
 
     def not_loaded_rows(self) -> list[RepositoryRow]:
         """In explicit mode, the repository's models that do not serve, as rows of the repository index (unloaded

@@ -127,9 +127,9 @@ class Dataplane:
     async def admit(self, spec: ModelSpec, api: str, protocol: str, timeout: float | None = None) -> RequestInFlight:
         """:meth:`request`, once the model's first load is over (see :meth:`loaded`); what waits longer than
         ``timeout`` seconds is answered DEADLINE_EXCEEDED and counted as refused."""
-        if self._manager.loading_first(spec.name):
+        if self._manager.loading_first(spec.name) or self._version_loading_first(spec) is not None:
             try:
-                await self._first_load_waits.wait(spec.name, timeout)
+                await self._first_loads(spec.name, spec, timeout)
             except ServingError as exc:
                 self.refused(spec.name, api, protocol, exc)
                 raise
@@ -149,15 +149,36 @@ class Dataplane:
         moment a port answers; workbench opens them earlier (liveness and readiness answer during a long start-up),
         and a request for a model the config or repository names waits for that model's first load rather than
         being told it does not exist. The wait is bounded by ``timeout`` (the request's deadline) and
-        :attr:`first_load_wait`; a model nobody named is not waited for. With versions loaded on demand, the version
-        ``spec`` names is loaded too (a metadata request for an evicted version), within the same bounds.
+        :attr:`first_load_wait`; a model nobody named is not waited for. So does a request whose ``spec`` names a
+        version (or a label of one) of the model's first listing still in its first load, once another version
+        serves. With versions loaded on demand, the version ``spec`` names is loaded too (a metadata request for an
+        evicted version), within the same bounds.
         """
-        if self._manager.loading_first(name):
-            await self._first_load_waits.wait(name, timeout)
+        await self._first_loads(name, spec, timeout)
         if spec is not None:
             harness = await self.hold(spec, timeout)
             if harness is not None:
                 harness.release()  # loaded, and the most recently used: the caller's handle() finds it
+
+    def _version_loading_first(self, spec: ModelSpec) -> int | None:
+        """The version ``spec`` names when it is still in its first load (see :meth:`Manager.version_loading_first
+        <workbench.models.served.ServedModels.version_loading_first>`); a request naming none never waits for one."""
+        if spec.version is None and spec.label is None:
+            return None
+        return self._manager.version_loading_first(spec.name, spec.version, spec.label)
+
+    async def _first_loads(self, name: str, spec: ModelSpec | None, timeout: float | None) -> None:
+        """Wait for ``name``'s first load, then for the version ``spec`` names if that one's is not over, the two
+        within ``timeout`` together."""
+        if self._manager.loading_first(name):
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            await self._first_load_waits.wait(name, timeout)
+            if timeout is not None:
+                timeout = max(0.0, timeout - (loop.time() - started))
+        version = self._version_loading_first(spec) if spec is not None else None
+        if version is not None:
+            await self._first_load_waits.wait(name, timeout, version)
 
     async def hold(self, spec: ModelSpec, timeout: float | None = None) -> Harness | None:
         """With versions loaded on demand: the version ``spec`` names, loaded for the caller if it must be (waiting
@@ -417,6 +438,11 @@ class Dataplane:
 
     def model_names(self) -> list[str]:
         return self._manager.model_names()
+
+    def emptied(self, name: str) -> bool:
+        """Whether ``name`` serves nothing because its last version was removed on request (TorchServe's
+        unregister, Triton's unload): to those APIs the model is gone."""
+        return self._manager.emptied(name)
 
     def labels(self, name: str) -> dict[str, int]:
         """Every version label of ``name`` (the config's and the routing's)."""

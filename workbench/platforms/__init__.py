@@ -109,7 +109,7 @@ BUILTIN: tuple[Platform, ...] = (
         "load",
         "sklearn",
         inline=True,
-        framework=("sklearn", "skops.io"),
+        framework=("sklearn",),  # and skops, by the module's warm_up(): imported without PyTorch
     ),
     Platform(
         "xgboost",

@@ -21,6 +21,7 @@ import threading
 import warnings
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -65,6 +66,45 @@ OWN_PLATFORMS = ("xgboost", "lightgbm")
 _READING = threading.Lock()
 
 
+# scikit-learn's copies of the array-API namespaces of other frameworks. Each imports its framework (PyTorch: seconds),
+# and scikit-learn uses one only when array-API dispatch is on and it is given that framework's arrays.
+ARRAY_API_FRAMEWORKS = tuple(
+    f"sklearn.externals.array_api_compat.{framework}" for framework in ("torch", "cupy", "dask")
+)
+_IMPORTING = threading.Lock()
+
+
+def import_skops() -> ModuleType:
+    """``skops.io``, imported without importing PyTorch (or CuPy, or Dask) on the way.
+
+    Importing ``skops.io`` builds its table of trusted types, which lists every scikit-learn estimator
+    (``sklearn.utils.all_estimators``): that walks scikit-learn's packages with :func:`pkgutil.walk_packages`, which
+    imports each package it goes into, ``sklearn.externals.array_api_compat.torch`` among them, and that one imports
+    PyTorch wherever PyTorch is installed. The estimators are not there (``all_estimators`` skips
+    ``sklearn.externals``), so those packages are marked unimportable (None in ``sys.modules``, which the walk
+    passes over) while skops is imported, and unmarked after it (an import of one of them elsewhere in the process
+    fails in that moment only, as one of a framework not installed would). The table skops builds is the one it
+    always builds; once skops is imported, this is ``import skops.io``.
+    """
+    with _IMPORTING:
+        first = "skops.io" not in sys.modules
+        blocked = [name for name in ARRAY_API_FRAMEWORKS if first and name not in sys.modules]
+        for name in blocked:
+            sys.modules[name] = None  # type: ignore[assignment]
+        try:
+            import skops.io
+        finally:
+            for name in blocked:
+                if name in sys.modules and sys.modules[name] is None:
+                    del sys.modules[name]
+    return skops.io
+
+
+def warm_up() -> None:
+    """Import skops ahead of a measured load (:meth:`workbench.platforms.Platform.import_framework`)."""
+    import_skops()
+
+
 def load(name: str, version: int, path: str, policy: LoadPolicy) -> Servable:
     with _READING:
         estimator = read_estimator(model_file(path, "scikit-learn", FILES), policy)
@@ -93,10 +133,9 @@ def read_estimator(file: Path, policy: LoadPolicy) -> Any:
 
 
 def _read_skops(file: Path, policy: LoadPolicy) -> Any:
-    import skops.io
-
+    skops_io = import_skops()
     try:
-        named = skops.io.get_untrusted_types(file=file)  # those skops does not trust itself
+        named = skops_io.get_untrusted_types(file=file)  # those skops does not trust itself
         refused = [] if policy.allow_pickle else [name for name in named if not is_trusted(name)]
         if refused:
             raise ServingError(
@@ -105,7 +144,7 @@ def _read_skops(file: Path, policy: LoadPolicy) -> Any:
                 f"their code, as loading a pickle does, so they load only when the server allows pickles: "
                 f"{PICKLE_SETTING}. Or export a model made of the types of scikit-learn, XGBoost and LightGBM",
             )
-        return skops.io.load(file, trusted=named or None)
+        return skops_io.load(file, trusted=named or None)
     except ServingError:
         raise
     except Exception as exc:  # noqa: BLE001 - a truncated zip, a file of another skops version
@@ -222,6 +261,4 @@ def exports(obj: Any) -> bool:
 def write(obj: Any, folder: Path, **options: Any) -> None:
     """``model.skops``, written with skops (a fitted estimator; it loads back without pickle)."""
     refuse_options("scikit-learn", options)
-    import skops.io
-
-    skops.io.dump(obj, Path(folder) / SKOPS_FILE)
+    import_skops().dump(obj, Path(folder) / SKOPS_FILE)

@@ -5,9 +5,11 @@ A base path with a scheme (``s3://bucket/models/m``) is read through fsspec; s3f
 places (environment, config files, instance roles; ``AWS_ENDPOINT_URL`` for S3-compatible stores), never from
 workbench, and URLs are redacted before they are logged or shown.
 
-- Polling lists folders by prefix and asks for one small object per version: a version is there once its
-  ``saved_model.pb`` is. Object stores have no rename, so an uploader writes ``saved_model.pb`` last (``export``
-  does); until then the version does not exist for the server.
+- Polling lists every object under a model's folder by prefix, in one paginated listing (:meth:`RemoteFolder.tree`),
+  not a request per version: a version is there once its model file is (object stores have no rename, so an
+  uploader should write ``saved_model.pb`` last, as ``export`` does), and its :func:`fingerprint` covers each of its
+  files (name, size, ETag or generation), so a version still being copied, or fixed after a failed load, is seen to
+  change.
 - A version the manager loads is downloaded once into a :class:`VersionCache` folder: into a hidden temporary
   folder first, renamed when complete, so a half-downloaded version is never loaded. Unloading removes it.
 - Plain paths keep the local code paths (served in place, renamed into place): nothing here is used for them.
@@ -26,7 +28,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -137,16 +139,23 @@ class RemoteFolder:
                 return None
         return info if info.get("type") != "directory" else None
 
-    def files(self, folder: str) -> dict[str, dict[str, Any]]:
-        """The objects directly under ``<url>/<folder>/`` by name, with their metadata (one listing call)."""
-        path = f"{self.path}/{folder}"
-        with translated(join(self.url, folder)):
-            self.fs.invalidate_cache(path)
+    def tree(self) -> dict[str, dict[str, Any]]:
+        """Every object under the folder, at any depth, by its path relative to it, with its metadata (size, ETag or
+        generation): one listing by prefix (paginated, a request per thousand objects), not a request per folder."""
+        with translated(self.url):
+            self.fs.invalidate_cache(self.path)  # listings are cached by fsspec: every poll must see the store
             try:
-                entries = self.fs.ls(path, detail=True)
+                found: dict[str, dict[str, Any]] = self.fs.find(self.path, detail=True)
             except FileNotFoundError:
-                return {}
-        return {e["name"].rstrip("/").rsplit("/", 1)[-1]: e for e in entries if e.get("type") != "directory"}
+                found = {}
+            if not found:
+                self._check_root()
+        prefix = self.path.rstrip("/") + "/"
+        return {
+            name[len(prefix) :]: info
+            for name, info in found.items()
+            if name.startswith(prefix) and not name.endswith("/") and info.get("type") != "directory"
+        }
 
     def download(self, folder: str, destination: Path) -> None:
         """Copy everything under ``<url>/<folder>/`` into ``destination`` (which must not exist)."""
@@ -174,12 +183,23 @@ class RemoteFolder:
                 self.fs.put_file(str(path), f"{self.path}/{folder}/{path.relative_to(local).as_posix()}")
 
 
-def fingerprint(info: dict[str, Any]) -> tuple[int, ...]:
-    """Numbers that change when the object is replaced (size and the store's ETag, generation or mtime)."""
-    keys = ("ETag", "etag", "generation", "md5Hash", "LastModified", "mtime", "updated")
-    stamp = str(next((info[key] for key in keys if info.get(key)), ""))
-    digest = int.from_bytes(hashlib.sha256(stamp.encode()).digest()[:7], "big")
-    return (int(info.get("size") or 0), digest)
+# What changes when an object is written again, best first: S3's ETag (the content's MD5, so the same bytes written
+# again are no change), GCS's generation, else a modification time (a local file's, or a store's without either).
+_STAMPS = ("ETag", "generation", "etag", "md5Hash", "LastModified", "mtime", "updated", "created")
+
+
+def fingerprint(files: Mapping[str, Mapping[str, Any]]) -> tuple[int, ...]:
+    """Numbers that change when any of ``files`` (name → metadata: size and a stamp) is added, removed, renamed or
+    written again: how many there are, their total size, and a digest of each one's name, size and stamp."""
+    digest = hashlib.sha256()
+    total = 0
+    for name in sorted(files):
+        info = files[name]
+        size = int(info.get("size") or 0)
+        stamp = next((info[key] for key in _STAMPS if info.get(key)), "")
+        digest.update(f"{name}\0{size}\0{stamp}\n".encode())
+        total += size
+    return (len(files), total, int.from_bytes(digest.digest()[:7], "big"))
 
 
 # ------------------------------------------------------------------------------------------------ the cache

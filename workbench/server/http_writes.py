@@ -10,7 +10,7 @@ and sends it at the start of the loop's next step (``call_soon``): the start and
 responses of other requests finished in the same step on the same connection, leave together. Nothing waits for
 more data than the step already produced, so no answer is delayed by more than the rest of that step. Large writes
 (a body of 64 KiB or more) go out at once, after what is gathered, without a copy. Closing sends what is gathered
-first.
+first. Draining is :mod:`workbench.server.http_drain`'s.
 """
 
 from __future__ import annotations
@@ -77,17 +77,3 @@ class CoalescingHttpProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(GatheringTransport(transport, self.loop))  # type: ignore[arg-type]
-
-    def shutdown(self) -> None:
-        """The server is stopping. An idle connection over TLS is aborted, where uvicorn closes it: closing starts
-        TLS's closing handshake, which waits for the client's close_notify, and an idle keep-alive client (Python's
-        requests, a load balancer's pool) sends none until it next uses the connection, so every drain of an HTTPS
-        server lasted its whole budget (--drain_seconds, 30 s). A connection still answering a request finishes it
-        first, as uvicorn lets it."""
-        transport = self.transport
-        idle = self.cycle is None or self.cycle.response_complete
-        if idle and isinstance(transport, GatheringTransport) and transport.get_extra_info("sslcontext") is not None:
-            transport.flush()
-            transport.abort()
-            return
-        super().shutdown()

@@ -20,7 +20,7 @@ from starlette.applications import Starlette
 from workbench.config.options import ServerOptions
 from workbench.core.errors import Code, ServingError
 from workbench.frontends.grpc import ReadinessHealth, start_grpc_server
-from workbench.server.http_writes import CoalescingHttpProtocol
+from workbench.server.http_drain import DrainingHttpProtocol, drain
 
 log = logging.getLogger("workbench.server")  # the server's log lines, whichever of its modules writes them
 
@@ -102,7 +102,7 @@ class Ports:
             lifespan="off",
             log_config=None,
             access_log=False,
-            http=CoalescingHttpProtocol,
+            http=DrainingHttpProtocol,
             loop="none",
             timeout_keep_alive=30,
             **ssl_options,
@@ -122,18 +122,16 @@ class Ports:
     async def close(self, grace: float) -> None:
         """Stop accepting on both ports at once; wait up to ``grace`` seconds for accepted requests to finish.
 
-        gRPC's ``stop(grace)`` refuses new RPCs and cancels what still runs at the end of the grace. uvicorn closes
-        its listening sockets and idle keep-alive connections, answers what it accepted with ``Connection:
-        close``, and cancels what still runs at its graceful-shutdown timeout.
+        gRPC's ``stop(grace)`` refuses new RPCs and cancels what still runs at the end of the grace. REST takes in
+        the connections waiting to be accepted, closes its listening socket and the keep-alive connections that
+        are idle, answers every other accepted connection's request with ``Connection: close``, and cancels what
+        still runs at the end of the grace (:func:`workbench.server.http_drain.drain`).
         """
         closing = []
         if self._grpc is not None:
             closing.append(self._grpc.stop(grace=grace))
             self._grpc = None
         if self._uvicorn is not None:
-            # uvicorn hands this to asyncio.wait_for, which takes fractions of seconds too.
-            self._uvicorn.config.timeout_graceful_shutdown = grace  # type: ignore[assignment]
-            self._uvicorn.should_exit = True
-            closing.append(self._uvicorn.shutdown(sockets=self._sockets))
+            closing.append(drain(self._uvicorn, self._sockets, grace))
             self._uvicorn = None
         await asyncio.gather(*closing)

@@ -116,14 +116,15 @@ class RoutingChanges:
             with self._models.hold_loaded(name, version, timeout):
                 self._commit(name, base, decisions.pin(base.routing, version))
 
-    def unload_version(self, name: str, version: int, generation: int | None = None) -> None:
-        """Unload ``version`` (even if the policy wants it) — never the stable, canary or last serving one."""
+    def unload_version(self, name: str, version: int, generation: int | None = None, *, keep_last: bool = True) -> None:
+        """Unload ``version`` (even if the policy wants it) — never the stable, canary or shadow one while another
+        serves, and with ``keep_last`` never the last serving one (:func:`~workbench.models.routing.policy.drop`)."""
         with self._changing(name):
             base = self._begin_change(name, generation)
             if not self._models.has_version(name, version):
                 raise ServingError(Code.NOT_FOUND, f"Model {name} has no version {version}")
             available = self._models.available_versions(name)
-            self._commit(name, base, decisions.drop(name, base.routing, version, available))
+            self._commit(name, base, decisions.drop(name, base.routing, version, available, keep_last=keep_last))
 
     @contextlib.contextmanager
     def _changing(self, name: str) -> Iterator[None]:

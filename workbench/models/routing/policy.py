@@ -40,6 +40,9 @@ class Routing:
     # A version that gets a copy of ``shadow_fraction`` of default traffic, answered to nobody, compared.
     shadow: int | None = None
     shadow_fraction: float = 0.0
+    # The last serving version was dropped on request (TorchServe's unregister, Triton's unload: "remove it"), so
+    # drops that leave nothing to serve are meant, not a mistake to ignore (see :func:`decide`).
+    emptied: bool = False
 
     def required(self) -> frozenset[int]:
         """Versions that must stay loaded: the stable one, the one a rollback returns to, the canary, the shadow,
@@ -68,6 +71,8 @@ class Routing:
             "dropped": sorted(self.dropped),
             "shadow": self.shadow,
             "shadow_fraction": self.shadow_fraction,
+            # Written only when set: the files of every routing that never emptied its model stay as they were.
+            **({"emptied": True} if self.emptied else {}),
         }
 
     @classmethod
@@ -92,6 +97,7 @@ class Routing:
             dropped=frozenset(_versions(doc.get("dropped"), "dropped")),
             shadow=shadow,
             shadow_fraction=float(fraction) if shadow is not None else 0.0,
+            emptied=_flag(doc.get("emptied", False), "emptied"),
         )
 
 
@@ -100,6 +106,12 @@ def _version(value: Any) -> int | None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise TypeError(f"a version must be a non-negative integer, not {value!r}")
+    return value
+
+
+def _flag(value: Any, key: str) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{key} must be true or false, not {value!r}")
     return value
 
 
@@ -135,11 +147,12 @@ def decide(
     ``available``: versions loaded and serving; ``on_disk``: versions in the repository; ``policy_versions``: the
     ones the model's version policy picks; ``held``: versions a management change in progress is loading.
     Drops never take a model out of service: if they would leave nothing to load, they are ignored (a
-    hand-edited file or two replicas' drops must not stop a model).
+    hand-edited file or two replicas' drops must not stop a model), unless the routing says its model was emptied
+    on request (:func:`drop` without ``keep_last``).
     """
     wanted = (frozenset(policy_versions) | routing.required() | frozenset(held)) & frozenset(on_disk)
     aspired = wanted - (routing.dropped - frozenset(held))
-    drops_ignored = bool(wanted) and not aspired
+    drops_ignored = bool(wanted) and not aspired and not routing.emptied
     if drops_ignored:
         aspired = wanted
     return Decision(
@@ -240,19 +253,30 @@ def set_shadow(routing: Routing, version: int, fraction: float) -> Routing:
 
 
 def pin(routing: Routing, version: int) -> Routing:
-    """Keep ``version`` loaded beyond the policy (and undo a drop of it)."""
-    return dataclasses.replace(routing, pinned=routing.pinned | {version}, dropped=routing.dropped - {version})
+    """Keep ``version`` loaded beyond the policy (and undo a drop of it; an emptied model serves again)."""
+    return dataclasses.replace(
+        routing, pinned=routing.pinned | {version}, dropped=routing.dropped - {version}, emptied=False
+    )
 
 
-def drop(name: str, routing: Routing, version: int, available: Collection[int]) -> Routing:
-    """Unload ``version`` even if the policy wants it: never the stable, the canary or the last serving one."""
+def drop(name: str, routing: Routing, version: int, available: Collection[int], *, keep_last: bool = True) -> Routing:
+    """Unload ``version`` even if the policy wants it: never the stable, the canary or the shadow while another
+    version serves.
+
+    ``keep_last`` (workbench's own management API) refuses the last serving version too: there, an unload tunes
+    which versions serve. Without it (TorchServe's unregister, Triton's unload, whose meaning is "remove it") the last
+    one goes with whatever role it had, and the routing records that its model was emptied on purpose.
+    """
+    last = not set(available) - {version}
+    if last and not keep_last:
+        return _emptied(routing, version)
     if version in (routing.stable, routing.canary, routing.shadow):
         role = STABLE if version == routing.stable else CANARY if version == routing.canary else "shadow"
         raise ServingError(
             Code.FAILED_PRECONDITION,
             f"Version {version} of model {name} is its {role} version: promote another or end the {role} first",
         )
-    if not set(available) - {version}:
+    if last:
         raise ServingError(
             Code.FAILED_PRECONDITION,
             f"Version {version} is the only version of model {name} serving; load another one first",
@@ -262,6 +286,24 @@ def drop(name: str, routing: Routing, version: int, available: Collection[int]) 
         history = history[:-1]  # a rollback target that is gone is no target
     return dataclasses.replace(
         routing, pinned=routing.pinned - {version}, dropped=routing.dropped | {version}, history=history
+    )
+
+
+def _emptied(routing: Routing, version: int) -> Routing:
+    """``routing`` with its last serving ``version`` dropped: no role may name a version that is gone."""
+    canary = routing.canary if routing.canary != version else None
+    shadow = routing.shadow if routing.shadow != version else None
+    return dataclasses.replace(
+        routing,
+        stable=routing.stable if routing.stable != version else None,
+        history=tuple(v for v in routing.history if v != version),
+        canary=canary,
+        canary_weight=routing.canary_weight if canary is not None else 0.0,
+        shadow=shadow,
+        shadow_fraction=routing.shadow_fraction if shadow is not None else 0.0,
+        pinned=routing.pinned - {version},
+        dropped=routing.dropped | {version},
+        emptied=True,
     )
 
 

@@ -1,0 +1,210 @@
+"""Closing the REST port without losing a request already on its way.
+
+A drain must refuse new connections and answer every request of the connections accepted before it (TF Serving's
+and Kubernetes' contract for a rolling update). Three kinds of connection look idle to uvicorn's own shutdown, which
+closes them, and each can carry a request the client has already sent:
+
+- **waiting in the kernel's accept queue**: the client's handshake is done and its request sent, but the event loop
+  has not called ``accept`` yet. Closing the listening socket resets them. :func:`drain` accepts them first.
+- **accepted, request not read yet**: a client on a new connection per request sends it right after connecting;
+  closing the connection before its bytes are read drops it (the client sees a reset). Such a connection is kept
+  until its request is answered, with ``Connection: close`` (or, if it stays silent, :data:`FRESH_WAIT_SECONDS`).
+- **between two requests on a keep-alive connection, the next one in the socket's receive buffer**: the same. A
+  keep-alive connection is closed only when nothing has arrived on it (the kernel's count of unread bytes is zero);
+  over TLS it is aborted, since a graceful close waits for the client's close_notify, which an idle client never
+  sends (every HTTPS drain used to last its whole budget).
+
+Connections accepted during the drain (from the accept queue, or by the loop just before the port closed) are
+*born draining*: they answer one request and close.
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import fcntl
+import functools
+import socket
+import termios
+import time
+import weakref
+from typing import Any
+
+import uvicorn
+
+from workbench.server.http_writes import CoalescingHttpProtocol, GatheringTransport
+
+# How long a connection accepted before the drain may stay silent: its client connected to send a request, and
+# sends it within milliseconds on any network; a pre-opened connection of a pool that never sends is then closed
+# (Go's http.Server.Shutdown gives new connections 5 s too).
+FRESH_WAIT_SECONDS = 5.0
+# A TLS handshake in progress when the drain starts is waited for this long at most (its protocol exists before its
+# connection is made; a failed handshake's lingers until collected).
+HANDSHAKE_WAIT_SECONDS = 5.0
+
+
+class DrainState:
+    """One uvicorn server's drain: whether it has begun, and the connections still in their TLS handshake."""
+
+    def __init__(self) -> None:
+        self.draining = False
+        self.opening: weakref.WeakSet[DrainingHttpProtocol] = weakref.WeakSet()
+
+    def handshakes_pending(self) -> bool:
+        now = time.monotonic()
+        return any(now - protocol.born < HANDSHAKE_WAIT_SECONDS for protocol in list(self.opening))
+
+
+def drain_state(server_state: Any) -> DrainState:
+    """The drain state kept beside uvicorn's ``ServerState`` (one per server, shared by its connections)."""
+    state: DrainState | None = getattr(server_state, "workbench_drain", None)
+    if state is None:
+        state = DrainState()
+        server_state.workbench_drain = state
+    return state
+
+
+def unread_bytes(transport: asyncio.BaseTransport) -> int:
+    """Bytes the client sent that the kernel holds unread for this connection (0 where that cannot be told)."""
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return 0
+    count = array.array("i", [0])
+    try:
+        fcntl.ioctl(sock.fileno(), termios.FIONREAD, count)
+    except (OSError, ValueError):  # closed meanwhile, or not a socket the call applies to
+        return 0
+    return count[0]
+
+
+class DrainingHttpProtocol(CoalescingHttpProtocol):
+    """uvicorn's HTTP/1.1 protocol (writing as :class:`CoalescingHttpProtocol`) that drains without losing requests."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._drain = drain_state(self.server_state)
+        self.born = time.monotonic()
+        self._drain.opening.add(self)
+        self._reading = False  # a request has begun arriving and its headers are not complete yet
+        self._closing = False  # answer what is in progress or on its way with Connection: close, then close
+        self._silence: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self._drain.opening.discard(self)
+        super().connection_made(transport)
+        if self._drain.draining:  # accepted as the port closed: its request is coming
+            self._close_after_answer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._drain.opening.discard(self)
+        if self._silence is not None:
+            self._silence.cancel()
+            self._silence = None
+        super().connection_lost(exc)
+
+    def on_message_begin(self) -> None:
+        self._reading = True
+        if self._silence is not None:
+            self._silence.cancel()
+            self._silence = None
+        super().on_message_begin()
+
+    def on_headers_complete(self) -> None:
+        self._reading = False
+        super().on_headers_complete()
+        if self._closing and self.cycle is not None:
+            self.cycle.keep_alive = False  # answered with Connection: close, and the connection closes after it
+
+    def _idle(self) -> bool:
+        return not self._reading and (self.cycle is None or self.cycle.response_complete)
+
+    def shutdown(self) -> None:
+        """The server drains: close this connection now if no request is in it or on its way, else after the
+        answer to that request."""
+        if self._closing or self.transport is None:
+            return
+        if self.cycle is not None and self._idle() and unread_bytes(self.transport) == 0:
+            self._close_idle()  # between requests, nothing sent: safe to close now
+        else:
+            self._close_after_answer()
+
+    def _close_after_answer(self) -> None:
+        self._closing = True
+        if self.cycle is not None and not self.cycle.response_complete:
+            self.cycle.keep_alive = False  # uvicorn's own shutdown for a connection answering
+        elif self._idle():  # fresh, or its next request is in the receive buffer: wait for it, a while
+            self._silence = self.loop.call_later(FRESH_WAIT_SECONDS, self._silent)
+
+    def _silent(self) -> None:
+        self._silence = None
+        if self._idle() and not self.transport.is_closing():
+            self._close_idle()
+
+    def _close_idle(self) -> None:
+        transport = self.transport
+        if isinstance(transport, GatheringTransport) and transport.get_extra_info("sslcontext") is not None:
+            # TLS's graceful close would wait for the idle client's close_notify until the drain's budget ran out.
+            transport.flush()
+            transport.abort()
+        else:
+            transport.close()
+
+
+def accept_waiting(listeners: list[socket.socket]) -> list[socket.socket]:
+    """Every connection in the listening sockets' accept queues, accepted now (non-blocking)."""
+    accepted: list[socket.socket] = []
+    for listener in listeners:
+        while True:
+            try:
+                connection, _ = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:  # the socket is closed already
+                break
+            connection.setblocking(False)
+            accepted.append(connection)
+    return accepted
+
+
+async def drain(server: uvicorn.Server, listeners: list[socket.socket], grace: float) -> None:
+    """Close ``server``'s port and drain its connections within ``grace`` seconds (see the module's docstring)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + grace
+    state = drain_state(server.server_state)
+    state.draining = True
+    # The accept queues are taken in, then the port closed, in one step of the loop: nothing is left in a queue.
+    waiting = accept_waiting(listeners)
+    for listener in server.servers:
+        listener.close()
+    for sock in listeners:
+        sock.close()
+    config = server.config
+    factory = functools.partial(
+        config.http_protocol_class,  # type: ignore[call-arg]
+        config=config,
+        server_state=server.server_state,
+        app_state=server.lifespan.state,
+    )
+    opened = [
+        loop.create_task(loop.connect_accepted_socket(factory, connection, ssl=config.ssl))  # type: ignore[arg-type]
+        for connection in waiting
+    ]
+    for task in opened:
+        task.add_done_callback(_settled)
+    config.timeout_graceful_shutdown = grace  # type: ignore[assignment]  # asyncio.wait_for takes fractions
+    server.should_exit = True
+    # uvicorn's shutdown: every connection told (idle ones close, the others after their answer), then waited for.
+    await server.shutdown()
+    # Connections made after uvicorn began waiting (TLS handshakes finishing) are born draining: wait for them too.
+    left = server.server_state
+    while (state.handshakes_pending() or left.connections or left.tasks) and loop.time() < deadline:
+        await asyncio.sleep(0.05)
+    for task in opened:
+        task.cancel()  # a no-op for those done
+
+
+def _settled(task: asyncio.Task[Any]) -> None:
+    """A connection taken from the accept queue was set up, or was not (a failed handshake, a client gone): nothing
+    of its is left to answer then. Its exception is read so that asyncio does not log it as never retrieved."""
+    if not task.cancelled():
+        task.exception()
