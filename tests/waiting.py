@@ -153,9 +153,16 @@ def patient_ray_nodes(seconds: float = 180.0) -> Iterator[None]:
     """While inside, a Ray node started in this process (``ray.cluster_utils.Cluster``'s head and workers) may take
     ``seconds`` to register with its GCS, instead of the 30 s that ``ray._private.node.Node`` waits (a constant there):
     on a busy machine a new node's processes take longer to start, and the cluster failed to come up at all. Ray's
-    loop asks ``ray._private.services.get_node`` until it answers; this one asks again inside each of those asks."""
+    loop asks ``ray._private.services.get_node`` until it answers; this one asks again inside each of those asks. The
+    processes Ray starts meanwhile (raylets, their agents) get the same patience through Ray's own settings."""
     import ray._private.services as services
 
+    settings = {
+        "RAY_raylet_start_wait_time_s": str(int(seconds)),
+        "RAY_agent_register_timeout_ms": str(int(seconds * 1000)),
+    }
+    previous = {name: os.environ.get(name) for name in settings}
+    os.environ.update(settings)
     original = services.get_node
 
     def get_node(*args: Any, **kwargs: Any) -> Any:
@@ -173,6 +180,11 @@ def patient_ray_nodes(seconds: float = 180.0) -> Iterator[None]:
         yield
     finally:
         services.get_node = original
+        for name, value in previous.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 class JumpingClockLoop(asyncio.SelectorEventLoop):

@@ -46,7 +46,7 @@ def cluster_address() -> Iterator[str]:
             cluster.shutdown()
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(900)  # two jobs of a minute or two each; several times that on a busy machine
 def test_a_batch_job_runs_on_the_clusters_nodes_with_ray_data(cluster_address: str, tmp_path: Path) -> None:
     """``workbench batch --ray ADDRESS`` as a user types it (a driver of its own): two engines score the shards;
     the output is what a job on one machine writes, every row once, and a second run finds every shard written."""
@@ -67,7 +67,7 @@ def test_a_batch_job_runs_on_the_clusters_nodes_with_ray_data(cluster_address: s
     ]  # fmt: skip
 
     def run() -> dict[str, Any]:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=240)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=420)
         assert done.returncode == 0, done.stderr[-4000:]
         return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 

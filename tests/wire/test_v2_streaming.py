@@ -365,10 +365,7 @@ def test_a_slow_reader_holds_the_model_back_and_leaving_closes_its_generator(
             request.inputs.add(name="size", datatype="INT32", shape=[1]).contents.int_contents.append(1 << 20)
             call = stub.ModelStreamInfer(iter([request]))
             await call.read()  # it started
-            await asyncio.sleep(0.6)
-            settled = count(folder, "produced")
-            await asyncio.sleep(0.4)
-            assert count(folder, "produced") == settled  # nobody reads: nothing more is produced
+            settled = await until_steady(folder)  # nobody reads: production stops (a count unchanged for 0.5 s)
             for _ in range(3):
                 await call.read()
             call.cancel()
@@ -380,6 +377,20 @@ def test_a_slow_reader_holds_the_model_back_and_leaving_closes_its_generator(
     assert settled <= v2_stream.MAX_QUEUED + 32, settled
     assert after <= settled + 3 + 2
     all_closed(folder)
+
+
+async def until_steady(folder: Path, quiet: float = 0.5, timeout: float = 20.0) -> int:
+    """The endless model's count of responses produced, once it has not grown for ``quiet`` seconds (a busy machine
+    takes longer to fill the windows and queues, never forever: failing after ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    produced = count(folder, "produced")
+    while time.monotonic() < deadline:
+        await asyncio.sleep(quiet)
+        now = count(folder, "produced")
+        if now == produced:
+            return produced
+        produced = now
+    raise AssertionError(f"the model kept producing for {timeout:g}s with nobody reading ({produced} responses)")
 
 
 def all_closed(folder: Path) -> None:

@@ -11,8 +11,8 @@ closes them, and each can carry a request the client has already sent:
   until its request is answered, with ``Connection: close`` (or, if it stays silent, :data:`FRESH_WAIT_SECONDS`).
 - **between two requests on a keep-alive connection, the next one in the socket's receive buffer**: the same. A
   keep-alive connection is closed only when nothing has arrived on it (the kernel's count of unread bytes is zero);
-  over TLS it is aborted, since a graceful close waits for the client's close_notify, which an idle client never
-  sends (every HTTPS drain used to last its whole budget).
+  over TLS the close waits :data:`TLS_CLOSE_SECONDS` at most for the client's close_notify, which an idle client
+  never sends (every HTTPS drain used to last its whole budget), then aborts.
 
 Connections accepted during the drain (from the accept queue, or by the loop just before the port closed) are
 *born draining*: they answer one request and close.
@@ -35,9 +35,13 @@ import uvicorn
 from workbench.server.http_writes import CoalescingHttpProtocol, GatheringTransport
 
 # How long a connection accepted before the drain may stay silent: its client connected to send a request, and
-# sends it within milliseconds on any network; a pre-opened connection of a pool that never sends is then closed
-# (Go's http.Server.Shutdown gives new connections 5 s too).
-FRESH_WAIT_SECONDS = 5.0
+# sends it within milliseconds on any network, seconds on a machine with every core busy; a pre-opened connection of
+# a pool that never sends is then closed (Go's http.Server.Shutdown gives new connections 5 s).
+FRESH_WAIT_SECONDS = 10.0
+# An idle TLS connection is closed with TLS's close_notify, then aborted this long after if the client has not
+# answered with its own (an idle keep-alive client never does): aborting at once sends a reset, and a reset makes
+# the client's kernel drop an answer the client had not read yet.
+TLS_CLOSE_SECONDS = 2.0
 # A TLS handshake in progress when the drain starts is waited for this long at most (its protocol exists before its
 # connection is made; a failed handshake's lingers until collected).
 HANDSHAKE_WAIT_SECONDS = 5.0
@@ -142,12 +146,15 @@ class DrainingHttpProtocol(CoalescingHttpProtocol):
 
     def _close_idle(self) -> None:
         transport = self.transport
+        transport.close()
         if isinstance(transport, GatheringTransport) and transport.get_extra_info("sslcontext") is not None:
-            # TLS's graceful close would wait for the idle client's close_notify until the drain's budget ran out.
-            transport.flush()
-            transport.abort()
-        else:
-            transport.close()
+            # TLS's graceful close waits for the client's close_notify, which an idle client never sends, until the
+            # drain's budget runs out: the connection is aborted once the client had time to read its last answer.
+            self.loop.call_later(TLS_CLOSE_SECONDS, self._abort_unless_closed)
+
+    def _abort_unless_closed(self) -> None:
+        if self.parser is not None:  # uvicorn drops the parser when the connection is lost
+            self.transport.abort()
 
 
 def accept_waiting(listeners: list[socket.socket]) -> list[socket.socket]:
