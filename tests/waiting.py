@@ -160,6 +160,9 @@ def patient_ray_nodes(seconds: float = 180.0) -> Iterator[None]:
     settings = {
         "RAY_raylet_start_wait_time_s": str(int(seconds)),
         "RAY_agent_register_timeout_ms": str(int(seconds * 1000)),
+        # Ray Serve's controller kills an HTTP/gRPC proxy not ready in 5 s, or not answering its health check in 10.
+        "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": str(seconds / 3),
+        "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": str(seconds / 3),
     }
     previous = {name: os.environ.get(name) for name in settings}
     os.environ.update(settings)

@@ -39,9 +39,9 @@ from workbench.server.http_writes import CoalescingHttpProtocol, GatheringTransp
 # a pool that never sends is then closed (Go's http.Server.Shutdown gives new connections 5 s).
 FRESH_WAIT_SECONDS = 10.0
 # An idle TLS connection is closed with TLS's close_notify, then aborted this long after if the client has not
-# answered with its own (an idle keep-alive client never does): aborting at once sends a reset, and a reset makes
-# the client's kernel drop an answer the client had not read yet.
-TLS_CLOSE_SECONDS = 2.0
+# answered with its own (an idle keep-alive client never does). Aborting at once lost answers on a loaded machine
+# (3 in one drain of 8 clients), and so did 2 s with every core busy; uvicorn's own wait is 30 s.
+TLS_CLOSE_SECONDS = 5.0
 # A TLS handshake in progress when the drain starts is waited for this long at most (its protocol exists before its
 # connection is made; a failed handshake's lingers until collected).
 HANDSHAKE_WAIT_SECONDS = 5.0
