@@ -211,6 +211,13 @@ def assert_nothing_lost(clients: list, what: str) -> None:
     assert all(not client.is_alive() for client in clients), f"{what}: a client still waits for an answer"
 
 
+def drain_options(repository: Path, **tls: str) -> ServerOptions:
+    """The repository served on free ports, with a drain long enough that only a lost request can end one early."""
+    return ServerOptions(
+        model_repository=str(repository), allow_python_models=True, rest_api_port=-1, port=0, drain_seconds=60, **tls
+    )
+
+
 @pytest.mark.parametrize("tls", [False, True], ids=["http", "https"])
 def test_drains_at_random_moments_lose_no_request_on_new_connections(repository, certificate, tls):
     ca, cert, key = certificate
@@ -218,15 +225,7 @@ def test_drains_at_random_moments_lose_no_request_on_new_connections(repository,
     pace = random.Random(41)  # the moments vary from drain to drain, the same in every run
     answered = 0
     for drain in range(DRAINS):
-        options = ServerOptions(
-            model_repository=str(repository),
-            allow_python_models=True,
-            rest_api_port=-1,
-            port=0,
-            drain_seconds=60,
-            **tls_fields,
-        )
-        server = ServerThread(options).start()
+        server = ServerThread(drain_options(repository, **tls_fields)).start()
         # gRPC's own clients on every other drain of plain HTTP (the gRPC port has no TLS here).
         grpc_target = server.grpc_target if not tls and drain % 2 else None
         with clients_of(server.rest_url, grpc_target, str(ca) if tls else False) as clients:
@@ -246,15 +245,7 @@ def test_an_https_drain_answers_a_connection_that_has_not_sent_its_request_yet(r
     already on its way. Here the client connects (TLS handshake done), the drain starts, then the request leaves:
     it is answered, with ``Connection: close``."""
     ca, cert, key = certificate
-    options = ServerOptions(
-        model_repository=str(repository),
-        allow_python_models=True,
-        rest_api_port=-1,
-        port=0,
-        drain_seconds=60,
-        rest_api_ssl_cert_file=str(cert),
-        rest_api_ssl_key_file=str(key),
-    )
+    options = drain_options(repository, rest_api_ssl_cert_file=str(cert), rest_api_ssl_key_file=str(key))
     server = ServerThread(options).start()
     context = ssl.create_default_context(cafile=str(ca))
     connection = http.client.HTTPSConnection("127.0.0.1", server.server.rest_port, context=context, timeout=60)
