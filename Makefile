@@ -79,7 +79,7 @@ wheel: install
 	$(BIN)/python -m pip wheel --quiet --no-deps --no-build-isolation --wheel-dir $(WHEEL_DIR) .
 
 test: install test-extension
-	$(BIN)/python -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) --durations=20 $(PYTEST_ARGS)
 
 # The same on a busy machine: the run starts one CPU-burning process a core at normal priority (tests/conftest.py's
 # --busy), as a shared CI machine's other work, and stops them at its end. Every test passes so too.
