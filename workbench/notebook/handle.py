@@ -21,6 +21,7 @@ import contextlib
 import html
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -40,6 +41,9 @@ if TYPE_CHECKING:  # imported by start(), while the server process starts beside
 DEFAULT_REPOSITORY = "workbench-models"
 _handles: list[ServerHandle] = []
 _handles_lock = threading.Lock()
+# Each handle's folder (its server's log and ready file): kept after stop() so that logs() still reads, and removed
+# when the process that made it exits, after its servers stopped.
+_folders: list[Path] = []
 
 
 def repository_location(model_repository: str | os.PathLike[str]) -> Path | str:
@@ -155,6 +159,7 @@ class ServerHandle:
         self.extra_args = list(extra_args)
         readable = "".join(c if c.isalnum() or c in "-_." else "_" for c in server_name)  # any name, a safe folder
         self._dir = Path(tempfile.mkdtemp(prefix=f"workbench-{readable}-"))
+        _folders.append(self._dir)
         self.log_path = self._dir / "server.log"
         self._ready_path = self._dir / "ready.json"
         self._process: subprocess.Popen[bytes] | None = None
@@ -599,3 +604,5 @@ def _stop_all() -> None:  # kernel shutdown and restart end the kernel process: 
     for handle in running_servers():
         with contextlib.suppress(Exception):  # best effort at interpreter exit
             handle.stop(timeout=10)
+    for folder in _folders:
+        shutil.rmtree(folder, ignore_errors=True)
