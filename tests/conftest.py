@@ -181,9 +181,8 @@ SHARED_WORKER = {
 # The longest files and groups first (seconds of a `make test` on 2 cores, slowest first), so that no long one starts
 # last while the other workers idle; the rest follow in the order collected.
 LONGEST_FIRST = [
-    "checkout",  # 800: the wheel installed into a fresh virtualenv (400), the browsers, make lab/serve/test-fast
-    "ray",  # 230
-    "tests/wire/test_sklearn_estimators.py",
+    "ray",  # 650: a local cluster, Serve's deployments, the command line's own Ray, a batch job on Ray Data
+    "checkout",  # 500: the wheel built and installed, the browsers, make lab/serve/test-fast, npm ci
     "tests/wire/test_async_inference.py",
     "tests/system/test_readme.py",
     "tests/wire/test_overload.py",
@@ -197,6 +196,7 @@ LONGEST_FIRST = [
     "tests/wire/test_analyzer.py",
     "tests/wire/test_workers.py",
     "tests/wire/test_demo.py",
+    "tests/wire/test_sklearn_estimators.py",
     "notebooks/02-versions.ipynb",
     "notebooks/06-beyond-tensorflow.ipynb",
     "notebooks/04-end-to-end.ipynb",

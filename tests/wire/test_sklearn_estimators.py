@@ -45,6 +45,7 @@ from workbench.publishing.errors import ExportError
 
 ROWS, ASKED = 300, 40
 ITERATIONS = 20
+ENSEMBLE_SIZE = 10
 # Estimators skops itself cannot write (its UnsupportedTypeException): no safe format holds them.
 SKOPS_CANNOT_WRITE = {"Birch"}
 
@@ -84,9 +85,10 @@ def meta_estimators() -> dict[str, Any]:
 
 
 def plain_estimators() -> dict[str, Any]:
-    """Every estimator scikit-learn lists that builds without arguments, its iterations capped at
-    :data:`ITERATIONS` (DictionaryLearning's default fit takes minutes: this is about what a fit leaves, not how well
-    it fits)."""
+    """Every estimator scikit-learn lists that builds without arguments, its work capped: iterations at
+    :data:`ITERATIONS`, ensembles at :data:`ENSEMBLE_SIZE` members, dictionaries learnt by coordinate descent (LARS
+    took 13 s each for DictionaryLearning and its mini-batch form). This is about what a fit leaves, the types and
+    arrays a file holds, not how well it fits."""
     built = {}
     for name, cls in all_estimators():
         try:
@@ -98,6 +100,11 @@ def plain_estimators() -> dict[str, Any]:
             estimator.set_params(max_iter=ITERATIONS)
         if "max_subpopulation" in estimator.get_params():  # TheilSenRegressor: its subsets, not iterations
             estimator.set_params(max_subpopulation=1000)
+        members = estimator.get_params().get("n_estimators")
+        if isinstance(members, int) and members > ENSEMBLE_SIZE:
+            estimator.set_params(n_estimators=ENSEMBLE_SIZE)
+        if estimator.get_params().get("fit_algorithm") == "lars":
+            estimator.set_params(fit_algorithm="cd")
         built[name] = estimator
     return built
 
