@@ -277,8 +277,8 @@ def test_the_wheel_make_builds_installs_with_pip_into_a_new_virtualenv_and_serve
     assert re.search(rf"{re.escape(str(fresh))}/share/jupyter/labextensions\s", text), text
     assert re.search(r"workbench-serving-jupyterlab v[\w.]+ enabled OK \(python, workbench-serving\)", text), text
     servers = subprocess.run(
-        [bin_dir / "python", "-m", "jupyter_server.extension.serverextension", "list"], capture_output=True, text=True, env=env,
-        timeout=120,
+        [bin_dir / "python", "-m", "jupyter_server.extension.serverextension", "list"], capture_output=True,
+        text=True, env=env, timeout=120,
     )  # fmt: skip
     text = re.sub(r"\x1b\[[0-9;]*m", "", servers.stderr + servers.stdout)
     assert re.search(rf"Config dir: {re.escape(str(fresh))}/etc/jupyter\n\s+workbench\.jupyter enabled", text), text

@@ -20,7 +20,9 @@ import json
 import random
 import shutil
 import signal
+import socket
 import ssl
+import sys
 import threading
 import zipfile
 from collections.abc import Callable, Iterator
@@ -37,7 +39,7 @@ from test_cli import START_DEADLINE_S, Workbench
 from waiting import wait_until
 
 from workbench.config.options import ServerOptions
-from workbench.server import ServerThread
+from workbench.server import ServerThread, http_drain
 
 DRAINS = 10  # per transport: 20 drains in all, plain and TLS
 # Each REST API's inference route, its body for x = 1, and what hp2 (y = x / 2 + 2) answers there.
@@ -238,6 +240,31 @@ def test_drains_at_random_moments_lose_no_request_on_new_connections(repository,
             assert_every_counted_request_answered(server, clients, f"drain {drain}")
         answered += sum(client.tally.answered for client in clients)
     assert answered >= DRAINS * 8  # every client was answered before each drain
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a socket filter on the listening socket: Linux's")
+def test_a_draining_port_drops_new_connections_and_keeps_the_ones_it_has():
+    """The first step of a REST drain: the listening socket drops new connections' SYNs (their clients are refused
+    once the port closes), while a connection already made (in the accept queue, its request sent) stays whole."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        listener.setblocking(False)  # as a server's: accept_waiting takes what is queued and stops
+        port = listener.getsockname()[1]
+        made = socket.create_connection(("127.0.0.1", port), timeout=30)
+        made.sendall(b"GET / HTTP/1.1\r\n")
+        assert http_drain.refuse_new_connections([listener])
+        with socket.socket() as late:
+            late.settimeout(1.5)  # a dropped SYN is sent again after 1 s, dropped again
+            with pytest.raises(TimeoutError):
+                late.connect(("127.0.0.1", port))
+        assert http_drain.handshakes_in_progress({port}) == 0
+        (accepted,) = http_drain.accept_waiting([listener])
+        with accepted, made:
+            accepted.setblocking(True)
+            assert accepted.recv(64) == b"GET / HTTP/1.1\r\n"  # the segments after the handshake pass the filter
+    with socket.socket() as after, pytest.raises(ConnectionRefusedError):
+        after.connect(("127.0.0.1", port))
 
 
 def test_an_https_drain_answers_a_connection_that_has_not_sent_its_request_yet(repository, certificate):
