@@ -24,7 +24,6 @@ import socket
 import ssl
 import sys
 import threading
-import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -34,6 +33,7 @@ import pytest
 import requests
 import tensorflow as tf
 import trustme
+from model_archives import write_mar
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 from test_cli import START_DEADLINE_S, Workbench
 from waiting import wait_until
@@ -153,10 +153,11 @@ def repository(model_store: Path, tmp_path_factory: pytest.TempPathFactory) -> P
     """hp (a SavedModel) and halfplus (a TorchServe model archive), both y = x / 2 + 2."""
     root = tmp_path_factory.mktemp("drain-connections")
     shutil.copytree(model_store / "hp2_tf2", root / "hp" / "1")
-    manifest = {"runtime": "python", "model": {"modelName": "halfplus", "modelVersion": "1.0", "handler": "handler.py"}}
-    with zipfile.ZipFile(root / "halfplus.mar", "w") as archive:
-        archive.writestr("MAR-INF/MANIFEST.json", json.dumps(manifest))
-        archive.writestr("handler.py", HANDLER)
+    write_mar(
+        root / "halfplus.mar",
+        {"modelName": "halfplus", "modelVersion": "1.0", "handler": "handler.py"},
+        {"handler.py": HANDLER},
+    )
     return root
 
 

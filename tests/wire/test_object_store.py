@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 import requests
 from replica import MODELS, ONE, REACH_TIMEOUT_S, Replica
-from upload_orders import CUT_OFF, ORDERS, PACE_S, in_order, tried_files
+from upload_orders import ORDERS, copy_cut_off_then_whole
 from waiting import RequestLoop, model_config_text, version_states, wait_until
 
 boto3 = pytest.importorskip("boto3")
@@ -197,12 +197,6 @@ def test_a_half_uploaded_version_is_not_loaded_until_its_saved_model_arrives(
     both(replicas, lambda r: r.states("versions").get("7") == "END", "version 7 unloaded")
 
 
-def version_error(replica: Replica, name: str, version: int) -> str:
-    """The version's ``status.error_message`` in TF Serving's GetModelStatus (``/v1/models/{name}``)."""
-    statuses = requests.get(f"{replica.rest_url}/v1/models/{name}", timeout=30).json()["model_version_status"]
-    return next(s["status"]["error_message"] for s in statuses if s["version"] == str(version))
-
-
 @pytest.mark.parametrize("order", ORDERS)
 def test_a_version_copied_file_by_file_is_served_by_both_replicas_whatever_the_order(
     pair: tuple[Path, list[Replica]], s3: Any, model_store: Path, order: str
@@ -215,20 +209,10 @@ def test_a_version_copied_file_by_file_is_served_by_both_replicas_whatever_the_o
     upload_version(s3, model_store / "hp2_tf2", BUCKET, f"{name}/1")
     both(replicas, lambda r: r.states(name) == {"1": "AVAILABLE"}, "version 1 served by both")
 
-    for file in CUT_OFF:
+    def put(file: str) -> None:
         s3.upload_file(str(local / file), BUCKET, f"{name}/2/{file}")
-    both(replicas, lambda r: r.states(name).get("2") == "END", "the cut-off copy tried by both")
-    for replica in replicas:
-        assert tried_files(version_error(replica, name, 2)), version_error(replica, name, 2)
-        assert f"Failed to load {name} version 2" in replica.log()
-        assert replica.predict(name) == V1  # version 1 serves on
 
-    for file in in_order(local, order):
-        s3.upload_file(str(local / file), BUCKET, f"{name}/2/{file}")
-        time.sleep(PACE_S)  # each replica polls the copy half done
-    both(replicas, lambda r: r.states(name) == {"2": "AVAILABLE", "1": "END"}, "version 2 served by both")
-    assert [r.predict(name) for r in replicas] == [V2, V2]
-    assert all(version_error(r, name, 2) == "" for r in replicas)
+    copy_cut_off_then_whole(replicas, name, local, order, put, both, (V1, V2))
 
 
 def test_a_promotion_and_a_canary_through_one_replica_reach_the_other_under_load(

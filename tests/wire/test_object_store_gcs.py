@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 import requests
 from replica import MODELS, REACH_TIMEOUT_S, Replica
-from upload_orders import CUT_OFF, ORDERS, PACE_S, in_order, tried_files
+from upload_orders import ORDERS, copy_cut_off_then_whole
 from waiting import model_config_text, wait_until
 
 if importlib.util.find_spec("gcsfs") is None:  # found, not imported: gcsfs reads its settings on import
@@ -187,12 +187,6 @@ def test_a_version_uploaded_is_loaded_by_both_replicas_and_unloaded_once_deleted
     assert [r.predict("versions") for r in pair] == [V1, V1]
 
 
-def version_error(replica: Replica, name: str, version: int) -> str:
-    """The version's ``status.error_message`` in TF Serving's GetModelStatus (``/v1/models/{name}``)."""
-    statuses = requests.get(f"{replica.rest_url}/v1/models/{name}", timeout=30).json()["model_version_status"]
-    return next(s["status"]["error_message"] for s in statuses if s["version"] == str(version))
-
-
 @pytest.mark.parametrize("order", ORDERS)
 def test_a_version_copied_file_by_file_is_served_by_both_replicas_whatever_the_order(
     pair: list[Replica], gcs: Any, model_store: Path, order: str
@@ -206,20 +200,10 @@ def test_a_version_copied_file_by_file_is_served_by_both_replicas_whatever_the_o
     upload_version(gcs, model_store / "hp2_tf2", BUCKET, f"{name}/1")
     both(pair, lambda r: r.states(name) == {"1": "AVAILABLE"}, "version 1 served by both")
 
-    for file in CUT_OFF:
+    def put(file: str) -> None:
         target.blob(f"{name}/2/{file}").upload_from_filename(str(local / file))
-    both(pair, lambda r: r.states(name).get("2") == "END", "the cut-off copy tried by both")
-    for replica in pair:
-        assert tried_files(version_error(replica, name, 2)), version_error(replica, name, 2)
-        assert f"Failed to load {name} version 2" in replica.log()
-        assert replica.predict(name) == V1  # version 1 serves on
 
-    for file in in_order(local, order):
-        target.blob(f"{name}/2/{file}").upload_from_filename(str(local / file))
-        time.sleep(PACE_S)  # each replica polls the copy half done
-    both(pair, lambda r: r.states(name) == {"2": "AVAILABLE", "1": "END"}, "version 2 served by both")
-    assert [r.predict(name) for r in pair] == [V2, V2]
-    assert all(version_error(r, name, 2) == "" for r in pair)
+    copy_cut_off_then_whole(pair, name, local, order, put, both, (V1, V2))
 
 
 def test_a_promotion_through_one_replica_is_answered_by_the_other_within_a_poll(pair: list[Replica], gcs: Any) -> None:

@@ -9,7 +9,6 @@ import functools
 import http.server
 import json
 import threading
-import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ import pytest
 import requests
 from google.protobuf import empty_pb2
 from google.rpc import error_details_pb2
+from model_archives import write_mar
 
 pytest.importorskip("torch")
 
@@ -49,18 +49,15 @@ def handle(data, context):
 """
 
 
-def write_mar(path: Path, name: str, version: str) -> None:
-    manifest = {"runtime": "python", "model": {"modelName": name, "modelVersion": version, "handler": "echo.py"}}
-    with zipfile.ZipFile(path, "w") as archive:
-        archive.writestr("MAR-INF/MANIFEST.json", json.dumps(manifest))
-        archive.writestr("echo.py", ECHO_HANDLER)
+def write_echo_mar(path: Path, name: str, version: str) -> None:
+    write_mar(path, {"modelName": name, "modelVersion": version, "handler": "echo.py"}, {"echo.py": ECHO_HANDLER})
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
     root = tmp_path_factory.mktemp("grpc-store")
-    write_mar(root / "echo_v1.mar", "echo", "1.0")
-    write_mar(root / "echo_v2.mar", "echo", "2.0")
+    write_echo_mar(root / "echo_v1.mar", "echo", "1.0")
+    write_echo_mar(root / "echo_v2.mar", "echo", "2.0")
     options = ServerOptions(rest_api_port=-1, port=0, model_repository=str(root), allow_python_models=True)
     with ServerThread(options) as running:
         yield running
@@ -189,8 +186,8 @@ def test_management_service(server: ServerThread, channel: grpc.Channel) -> None
 def archive_site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """An HTTP server of archives on 127.0.0.1 (where TorchServe's users keep theirs: S3 over https, a web server)."""
     folder = tmp_path_factory.mktemp("archive-site")
-    write_mar(folder / "fetched.mar", "fetched", "1.0")
-    write_mar(folder / "echo_copy.mar", "echo", "1.0")  # a version the store serves already
+    write_echo_mar(folder / "fetched.mar", "fetched", "1.0")
+    write_echo_mar(folder / "echo_copy.mar", "echo", "1.0")  # a version the store serves already
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(folder))
     site = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=site.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
@@ -245,14 +242,14 @@ def test_registrations_name_only_allowed_urls_and_redirects_stay_within_them(tmp
     site_folder = tmp_path / "site"
     for part in ("allowed", "other"):
         (site_folder / part).mkdir(parents=True)
-        write_mar(site_folder / part / "fetched.mar", "fetched", "1.0")
+        write_echo_mar(site_folder / part / "fetched.mar", "fetched", "1.0")
     handler = functools.partial(_Redirects, directory=str(site_folder))
     site = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=site.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     root = f"http://127.0.0.1:{site.server_address[1]}"
     store = tmp_path / "store"
     store.mkdir()
-    write_mar(store / "echo.mar", "echo", "1.0")
+    write_echo_mar(store / "echo.mar", "echo", "1.0")
     options = ServerOptions(
         rest_api_port=-1,
         port=0,
@@ -288,7 +285,7 @@ def test_registrations_name_only_allowed_urls_and_redirects_stay_within_them(tmp
 
 
 def test_management_needs_the_token(tmp_path: Path) -> None:
-    write_mar(tmp_path / "echo.mar", "echo", "1.0")
+    write_echo_mar(tmp_path / "echo.mar", "echo", "1.0")
     options = ServerOptions(
         rest_api_port=-1, port=0, model_repository=str(tmp_path), allow_python_models=True, management_token="s3cret"
     )

@@ -14,7 +14,6 @@ import importlib.util
 import io
 import json
 import sys
-import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -23,6 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 import requests
+from model_archives import write_mar
 
 torch = pytest.importorskip("torch")
 Image = pytest.importorskip("PIL.Image")
@@ -104,13 +104,6 @@ TOKENS = ["the", "movie", "was", "great", "really", "great", "cafe"]
 GRAMS = [*TOKENS, "the movie", "movie was", "was great", "great really", "really great", "great cafe"]
 DETECTION_LABELS = {"1": "cat", "2": "dog", "3": "bird"}
 SENTIMENT_LABELS = {"0": "negative", "1": "positive"}
-
-
-def write_mar(path: Path, model: dict[str, object], files: dict[str, bytes]) -> None:
-    with zipfile.ZipFile(path, "w") as archive:
-        archive.writestr("MAR-INF/MANIFEST.json", json.dumps({"runtime": "python", "model": model}))
-        for name, data in files.items():
-            archive.writestr(name, data)
 
 
 def png(seed: int, size: tuple[int, int]) -> bytes:

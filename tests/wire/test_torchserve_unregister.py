@@ -11,13 +11,13 @@ REST and over gRPC (TorchServe's own protos), and the server stays ready through
 from __future__ import annotations
 
 import json
-import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
 import requests
+from model_archives import write_mar
 
 pytest.importorskip("torch")
 
@@ -39,11 +39,8 @@ def handle(data, context):
 MODELS = ("rest_model", "rest_version", "grpc_model", "grpc_version")
 
 
-def write_mar(path: Path, name: str, version: str) -> None:
-    manifest = {"runtime": "python", "model": {"modelName": name, "modelVersion": version, "handler": "noop.py"}}
-    with zipfile.ZipFile(path, "w") as archive:
-        archive.writestr("MAR-INF/MANIFEST.json", json.dumps(manifest))
-        archive.writestr("noop.py", NOOP_HANDLER)
+def write_noop_mar(path: Path, name: str, version: str) -> None:
+    write_mar(path, {"modelName": name, "modelVersion": version, "handler": "noop.py"}, {"noop.py": NOOP_HANDLER})
 
 
 @pytest.fixture(scope="module")
@@ -51,9 +48,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
     """A model store of single-version archives, one per way of unregistering, beside a two-version one."""
     root = tmp_path_factory.mktemp("unregister-store")
     for name in MODELS:
-        write_mar(root / f"{name}.mar", name, "1.0")
-    write_mar(root / "two_v1.mar", "two", "1.0")
-    write_mar(root / "two_v2.mar", "two", "2.0")
+        write_noop_mar(root / f"{name}.mar", name, "1.0")
+    write_noop_mar(root / "two_v1.mar", "two", "1.0")
+    write_noop_mar(root / "two_v2.mar", "two", "2.0")
     options = ServerOptions(rest_api_port=-1, port=0, model_repository=str(root), allow_python_models=True)
     with ServerThread(options) as running:
         yield running
