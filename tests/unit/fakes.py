@@ -3,12 +3,14 @@
 ``FakeServable`` answers ``y = x * factor + version`` (so an answer says which version ran it), records every call
 (the rows of each batch, the thread), may take ``delay`` seconds, and may be told to fail. ``FakeLoader`` is what a
 :class:`~workbench.models.manager.Manager` loads with: it makes a ``FakeServable`` per version folder, and a test
-may make a version fail to load, or hold its load until the test lets it go. ``FakeRepository`` puts them together
-as a server does: version folders, the real repository source, a manager on the fake loader.
+may make a version fail to load, hold its load until the test lets it go, or hold memory once loaded.
+``FakeRepository`` puts them together as a server does: version folders, the real repository source, a manager on
+the fake loader.
 """
 
 from __future__ import annotations
 
+import mmap
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -55,6 +57,7 @@ class FakeServable(Servable):
         self.batches: list[int] = []  # the rows of each call, in the order they started
         self.threads: list[str] = []
         self.closed = False
+        self.held: mmap.mmap | None = None  # memory it holds, as a model holds its weights (FakeLoader.holding)
         self._lock = threading.Lock()
 
     def run(
@@ -71,8 +74,17 @@ class FakeServable(Servable):
         answer = {"y": x * self.factor + self.version}
         return {name: answer[name] for name in (outputs or answer)}
 
+    def hold(self, size: int) -> None:
+        """Hold ``size`` bytes of memory of its own: pages mapped for it and written, so resident. Not from malloc,
+        whose free lists may already hold resident pages a load would reuse without the process growing."""
+        self.held = mmap.mmap(-1, size)
+        for offset in range(0, size, mmap.PAGESIZE):
+            self.held[offset] = 1
+
     def close(self) -> None:
         self.closed = True
+        if self.held is not None:
+            self.held.close()
 
 
 class FakeLoader:
@@ -83,6 +95,7 @@ class FakeLoader:
         self.loaded: list[tuple[str, int]] = []  # in the order the loads finished
         self.servables: dict[tuple[str, int], FakeServable] = {}
         self.failing: dict[tuple[str, int], str] = {}  # (model, version) → the load error's message
+        self.holding: dict[tuple[str, int], int] = {}  # (model, version) → bytes its servable holds once loaded
         self._gates: dict[tuple[str, int], threading.Event] = {}
         self._lock = threading.Lock()
 
@@ -101,6 +114,8 @@ class FakeLoader:
         if (name, version) in self.failing:
             raise ServingError(Code.INVALID_ARGUMENT, self.failing[(name, version)])
         servable = FakeServable(name, version, path, **self.options)  # type: ignore[arg-type]
+        if (name, version) in self.holding:
+            servable.hold(self.holding[(name, version)])
         with self._lock:
             self.loaded.append((name, version))
             self.servables[(name, version)] = servable

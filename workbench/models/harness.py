@@ -6,36 +6,12 @@ version just before it went away, and a model's resources are freed only once no
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import threading
 import time
 from collections.abc import Callable
 
 from workbench.core.servable import Servable
-
-
-@functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
-    """glibc's ``malloc_trim``, or None where the C library has none (macOS, musl)."""
-    return getattr(ctypes.CDLL(None), "malloc_trim", None)
-
-
-def return_freed_memory() -> None:
-    """Hand the memory malloc keeps after a servable closes back to the system (``malloc_trim(0)``).
-
-    A closed model's tensors go back to malloc, which keeps them in its arenas; later loads allocate beside them
-    rather than in them, so a server that reloads grows (TF Serving's users report it: tensorflow/serving#1664,
-    #1346). Measured on 100 load/unload cycles of a TensorFlow model with 16 MiB of weights, with TensorFlow's
-    plain CPU allocator (``TF_ENABLE_ONEDNN_OPTS=0``): without this, resident memory ended 90 to 140 MB above where
-    it started (up to eight versions' weights kept) and peaked up to 180 MB above; with it, within one or two
-    versions' weights. oneDNN's allocator, TensorFlow's default on x86, keeps a freed version's memory in its own
-    pool for the next load to reuse: no growth, and nothing here to return. A call takes well under a millisecond,
-    once per unload.
-    """
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
+from workbench.runtime.memory import return_freed_memory
 
 
 class Harness:

@@ -38,7 +38,6 @@ from workbench.config.options import ModelConfig
 from workbench.core.errors import Code, ServingError, from_exception
 from workbench.core.servable import Composite, Loader, Servable
 from workbench.models import composites
-from workbench.models import memory_policy as memory
 from workbench.models.harness import Harness
 from workbench.models.on_demand import OnDemandLoads
 from workbench.models.records import DiskVersion, ModelRecord, VersionRecord, VersionState, VersionStatus
@@ -352,9 +351,7 @@ class Manager(OnDemandLoads):
                 for waiting in composites.waiting_for(self._models, model.config.name):
                     self._reconcile(waiting)
                 if self._memory.active:  # measured larger than its estimate: others make room
-                    tenants = self._memory.tenants(self._models)
-                    for victim in memory.over_budget(self._memory.budget, tenants):
-                        self._evict(victim, f"{model.config.name}:{record.version} took more than estimated", "budget")
+                    self._restore_budget(f"{model.config.name}:{record.version} took more than estimated")
             self._reconcile(model)
             if self._memory.active:
                 self._admit_waiting()
@@ -383,8 +380,7 @@ class Manager(OnDemandLoads):
             self._set_state(model, record, VersionState.END)
             log.info("Unloaded %s version %d", model.config.name, record.version)
             if self._memory.active:  # its memory is free: the versions waiting for some go first
-                self._memory.released(model.config.name, record.version)
-                self._admit_waiting()
+                self._left(model.config.name, record.version)
             if not self._forget_if_gone(model) and not model.removed:
                 # Aspired again while it was unloading (a load right after an unload): load it anew. Done under
                 # the same lock as END, so a waiter never mistakes this unload's END for a failed load.

@@ -54,6 +54,11 @@ class OnDemandLoads(ServedModels):
         self._idle_watch = threading.Event()  # set on stop: the idle-unload thread ends
         # Requests waiting for a version they asked for to serve (or fail): called once it has, under the lock.
         self._claim_waiters: dict[Claim, list[Callable[[], None]]] = {}
+        # A load measured larger than its estimate put the server over its budget: the versions evicted to bring it
+        # back, until they have left (a request that loaded a version is answered once the budget holds again),
+        # and whether it is still over with those gone (the rest were in use: evicted once idle).
+        self._making_room: set[Claim] = set()
+        self._over_budget = False
 
     def _reconcile(self, model: ModelRecord) -> None:
         raise NotImplementedError  # the manager's
@@ -156,7 +161,9 @@ class OnDemandLoads(ServedModels):
         record = model.versions.get(claim[1])
         if record is None:
             return True
-        return record.state == VersionState.AVAILABLE or (record.state == VersionState.END and record.error is not None)
+        if record.state == VersionState.AVAILABLE:
+            return not self._making_room
+        return record.state == VersionState.END and record.error is not None
 
     def _wake_claims(self) -> None:
         """Call what waits for the claimed versions that have settled (lock held)."""
@@ -235,16 +242,36 @@ class OnDemandLoads(ServedModels):
                     log.debug("%s", plan.reason)
                 self._set_state(model, record, VersionState.START)  # listeners see it wait
 
-    def _evict(self, victim: memory.Tenant, why: str, reason: str) -> None:
-        """Unload an idle, unpinned version to free memory (lock held); it loads again when asked for."""
+    def _evict(self, victim: memory.Tenant, why: str, reason: str) -> bool:
+        """Unload an idle, unpinned version to free memory (lock held); it loads again when asked for. Returns
+        whether it was evicted (it may have stopped serving since the tenants were read)."""
         model = self._models.get(victim.model)
         record = model.versions.get(victim.version) if model is not None else None
         if model is None or record is None or record.state != VersionState.AVAILABLE:
-            return
+            return False
         log.info("Evicting %s version %d (%s, %s)", victim.model, victim.version, reason, why)
         self._memory.evicted(victim.model, victim.version, reason)
         self._set_state(model, record, VersionState.UNLOADING)
         self._executor.submit(self._unload, model, record)
+        return True
+
+    def _restore_budget(self, why: str) -> None:
+        """Back within the budget after a load measured larger than its estimate (lock held): the least recently
+        used idle versions leave, and the requests waiting for a load are answered once they have
+        (:meth:`_claim_settled`). Versions in use are not evicted under their requests: the server stays over
+        until they are idle, and tries again then (:meth:`_memory_freed`)."""
+        tenants = self._memory.tenants(self._models)
+        for victim in memory.over_budget(self._memory.budget, tenants):
+            if self._evict(victim, why, "budget"):
+                self._making_room.add(victim.key)
+        staying = memory.total(t.charge for t in self._memory.tenants(self._models) if not t.leaving)
+        self._over_budget = not self._memory.budget.holds(staying)
+
+    def _left(self, name: str, version: int) -> None:
+        """A version stopped holding memory (lock held): what waits for memory goes first."""
+        self._memory.released(name, version)
+        self._making_room.discard((name, version))
+        self._admit_waiting()
 
     def _stop_waiting(self, model: ModelRecord, record: VersionRecord) -> None:
         """A version waiting for memory is not wanted any more (its requests gave up): it stays unloaded."""
@@ -252,7 +279,10 @@ class OnDemandLoads(ServedModels):
         self._set_state(model, record, VersionState.END)
 
     def _admit_waiting(self) -> None:
-        """Ask again for the versions waiting for memory, first come first (lock held)."""
+        """Ask again for the versions waiting for memory, first come first (lock held); first, if a load left the
+        server over its budget, evict what has become idle since."""
+        if self._over_budget:
+            self._restore_budget("the budget was overdrawn by a load measured larger than its estimate")
         waiting = self._memory.waiting
         for key in waiting_order((k, self._memory.of(*k)) for k in list(waiting)):
             model, record = waiting[key]
@@ -270,8 +300,9 @@ class OnDemandLoads(ServedModels):
             )
 
     def _memory_freed(self) -> None:
-        """A request let go of a version (from any thread): if loads wait for memory, it may be evicted now."""
-        if self._memory.waiting and not self._closed:
+        """A request let go of a version (from any thread): if loads wait for memory, or the server is over its
+        budget, it may be evicted now."""
+        if (self._memory.waiting or self._over_budget) and not self._closed:
             with contextlib.suppress(RuntimeError):  # the manager has stopped
                 self._executor.submit(self._admit_waiting_locked)
 
