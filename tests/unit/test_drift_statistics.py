@@ -155,12 +155,25 @@ def test_an_exported_reference_flags_only_the_shifted_feature(tmp_path, caplog):
     steady = report(monitor, 300)
     assert steady["reference"] == {"source": "export", "rows": 2000} and not steady["alert"], steady
     assert [f["name"] for f in steady["features"]] == ["x[0]", "x[1]", "x[2]"]
-    with caplog.at_level(logging.WARNING, logger="workbench.observability.drift_monitor"):
-        serve_rows(monitor, target, shifted(300))
-        drifted = wait_until(lambda: (r := monitor.report("m")[0])["rows_tested"] == 600 and r, what="all tested")
+    tested_when_said: list[int] = []  # what the report showed as the alert was logged
+
+    class Reading(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "drifted from its reference" in record.getMessage():
+                tested_when_said.append(monitor.report("m")[0]["rows_tested"])
+
+    reading = Reading()
+    logging.getLogger("workbench.observability.drift_monitor").addHandler(reading)
+    try:
+        with caplog.at_level(logging.WARNING, logger="workbench.observability.drift_monitor"):
+            serve_rows(monitor, target, shifted(300))
+            drifted = wait_until(lambda: (r := monitor.report("m")[0])["rows_tested"] == 600 and r, what="all tested")
+    finally:
+        logging.getLogger("workbench.observability.drift_monitor").removeHandler(reading)
     assert drifted["drifted_features"] == ["x[1]"], drifted
     alerts = [r.getMessage() for r in caplog.records if "drifted from its reference" in r.getMessage()]
     assert len(alerts) == 1 and "feature x[1]" in alerts[0]  # said once, on crossing
+    assert tested_when_said == [300]  # said before the report showed it: a reader of the alert finds the line
     samples = {
         (s.name, s.labels.get("feature"), s.labels.get("test")): s.value
         for family in DriftCollector(monitor).collect()

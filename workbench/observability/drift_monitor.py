@@ -307,9 +307,16 @@ class DriftMonitor:
                 log.warning("Drift of %s version %d feature %s cannot be tested: %s", key[0], key[1], name, exc)
         with self._lock:
             before = state.results
+        # Said before the report shows it: whoever reads a report that drifted finds its line in the log already.
+        self._say_crossings(key, before, results)
+        with self._lock:
             state.results = results
             state.new_rows = 0
             state.rows_tested = state.rows_seen
+
+    @staticmethod
+    def _say_crossings(key: _Key, before: dict[str, FeatureDrift], results: dict[str, FeatureDrift]) -> None:
+        """Log the features that crossed their thresholds since the last evaluation, either way."""
         for name, result in sorted(results.items()):
             was = before.get(name)
             if result.drifted and (was is None or not was.drifted):
