@@ -62,13 +62,14 @@ def _drive(page, lab: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-d
     # The panel: the server's agreement, in words and drawn.
     page.wait_for_selector(".jp-OutputArea-output h4:has-text('digits: v2 (shadow) vs v1')", timeout=180_000)
     page.wait_for_selector(".jp-OutputArea-output b:has-text('%')", timeout=60_000)
+    # The analyzer's answer in its cell: why, the frontier, the table. Its cell holds the kernel, so the panel's
+    # draws wait for it (its readings do not: the agreement's line is drawn whole once the kernel is free).
+    page.wait_for_selector(".jp-OutputArea-output p:has-text('wins for digits')", timeout=300_000)
+    page.wait_for_selector(".jp-OutputArea-output table.workbench-analysis", timeout=60_000)
     page.wait_for_function(
         "() => document.querySelectorAll('.js-plotly-plot .scatterlayer .trace path.js-line').length >= 1",
         timeout=60_000,
     )
-    # The analyzer's answer in its cell: why, the frontier, the table.
-    page.wait_for_selector(".jp-OutputArea-output p:has-text('wins for digits')", timeout=300_000)
-    page.wait_for_selector(".jp-OutputArea-output table.workbench-analysis", timeout=60_000)
     shot = tmp_path / "shadow-panel.png"
     page.screenshot(path=str(shot), full_page=True)
     assert shot.stat().st_size > 20_000

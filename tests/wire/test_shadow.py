@@ -98,6 +98,14 @@ def test_the_shadow_sees_a_copy_clients_never_see_and_its_agreement_is_the_model
             assert panel.records["m"]["agreement"] == pytest.approx(expected, abs=1e-6)
             assert f"{expected:.2%}" in panel.details.value and "v2 (shadow) vs v1" in panel.details.value
             assert [trace.type for trace in panel.figure.data] == ["scatter", "histogram"]
+            # Readings that arrive while the kernel runs a long cell (its draws wait, and only the newest is made)
+            # all join the agreement's series: three readings, one draw, three more points.
+            panel.close()  # its polling stops: the readings below are the test's
+            drawn = len(panel.figure.data[0].x)
+            for _ in range(3):
+                panel._received(panel.records)
+            panel._draw(panel.records)
+            assert len(panel.figure.data[0].x) == drawn + 3
         finally:
             panel.close()
 

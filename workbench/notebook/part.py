@@ -178,7 +178,8 @@ class StatsPanel(Part):
     """A dashboard panel drawn from one kind of record in the server's stats snapshot (:attr:`RECORDS`: the
     ``"shadow"`` or ``"drift"`` entry), fetched every ``interval`` seconds on a thread of its own and drawn on the
     kernel's (the newest snapshot only: a slow draw skips the ones it missed). A subclass builds :attr:`widget` and
-    its figure, then calls :meth:`_start`; it draws in :meth:`_draw`."""
+    its figure, then calls :meth:`_start`; it draws in :meth:`_draw`, and keeps what must not be skipped (a series
+    over time) in :meth:`_received`, on the polling thread, so a kernel busy with a long cell loses no reading."""
 
     RECORDS = ""
 
@@ -206,8 +207,13 @@ class StatsPanel(Part):
             except (ServingError, requests.RequestException):
                 snapshot = {}
             records = snapshot.get(self.RECORDS) if isinstance(snapshot, dict) else None
-            self._updates.post(records if isinstance(records, dict) else {})
+            records = records if isinstance(records, dict) else {}
+            self._received(records)
+            self._updates.post(records)
             self._stop.wait(self.interval)
+
+    def _received(self, records: dict[str, dict[str, Any]]) -> None:
+        """Each snapshot's records as they arrive (the polling thread's): nothing to keep by default."""
 
     def _draw(self, records: dict[str, dict[str, Any]]) -> None:
         raise NotImplementedError

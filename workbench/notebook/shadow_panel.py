@@ -45,21 +45,26 @@ class ShadowPanel(StatsPanel):
         self.widget = widgets.VBox([self.figure, self.details])
         self._start(server)
 
-    def _draw(self, records: dict[str, dict[str, Any]]) -> None:
+    def _received(self, records: dict[str, dict[str, Any]]) -> None:
+        """Each reading of the agreement joins its series as it arrives: drawn later if the kernel is busy."""
         now = time.time()
         with self._lock:
-            self.records = records
             for model, record in records.items():
                 if record.get("agreement") is not None:
                     self._agreement.setdefault(model, collections.deque(maxlen=POINTS)).append(
                         (now, record["agreement"])
                     )
+
+    def _draw(self, records: dict[str, dict[str, Any]]) -> None:
+        with self._lock:
+            self.records = records
+            agreement = {model: list(series) for model, series in self._agreement.items()}
         traces = []
         import plotly.graph_objects as go
 
         for index, model in enumerate(sorted(records)):
             color = PALETTE[index % len(PALETTE)]
-            series = list(self._agreement.get(model, ()))
+            series = agreement.get(model, [])
             name = f"{model}: v{records[model].get('version')} vs v{records[model].get('primary_version')}"
             traces.append(
                 go.Scatter(
