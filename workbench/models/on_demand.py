@@ -264,7 +264,7 @@ class OnDemandLoads(ServedModels):
         for victim in memory.over_budget(self._memory.budget, tenants):
             if self._evict(victim, why, "budget"):
                 self._making_room.add(victim.key)
-        staying = memory.total(t.charge for t in self._memory.tenants(self._models) if not t.leaving)
+        staying = memory.total(t.charge for t in tenants if not t.leaving and t.key not in self._making_room)
         self._over_budget = not self._memory.budget.holds(staying)
 
     def _left(self, name: str, version: int) -> None:
