@@ -97,6 +97,68 @@ def test_make_test_fast_runs_the_unit_tier_alone_and_passes() -> None:
     assert ran and all(path.startswith("tests/unit/") for path in ran), ran
 
 
+def _probe_wheel(folder: Path) -> str:
+    """A wheel of one module and no requirements, ``wbprobe`` 1.0, written into ``folder``: an install from it needs
+    no index (nor a network)."""
+    import base64
+    import hashlib
+    import zipfile
+
+    files = {
+        "wbprobe.py": "ANSWER = 42\n",
+        "wbprobe-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: wbprobe\nVersion: 1.0\n",
+        "wbprobe-1.0.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: workbench-tests\nRoot-Is-Purelib: true\n"
+        "Tag: py3-none-any\n",
+    }
+    record = [
+        f"{name},sha256={base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b'=').decode()},"
+        f"{len(text.encode())}"
+        for name, text in files.items()
+    ]
+    files["wbprobe-1.0.dist-info/RECORD"] = "\n".join([*record, "wbprobe-1.0.dist-info/RECORD,,"]) + "\n"
+    folder.mkdir()
+    with zipfile.ZipFile(folder / "wbprobe-1.0-py3-none-any.whl", "w") as wheel:
+        for name, text in files.items():
+            wheel.writestr(name, text)
+    return "wbprobe==1.0"
+
+
+@pytest.mark.timeout(300)
+def test_make_install_installs_with_uv_where_it_is_there_and_with_pip_elsewhere(tmp_path: Path) -> None:
+    """``make install``'s installs go through the Makefile's ``venv_install``: uv (four times faster) when the venv
+    has it, pip otherwise; uv reads no pip.conf, so pip's find-links (where this machine keeps PyTorch's CPU build)
+    are handed to it. Installed here from a find-links folder alone (no index), by each in turn."""
+    requirement = _probe_wheel(tmp_path / "wheels")
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=True).create(env_dir)
+    (tmp_path / "Makefile").write_text(f"include {ROOT / 'Makefile'}\nprobe:\n\t$(call venv_install,{requirement})\n")
+    env = {**make_env(), "PIP_FIND_LINKS": str(tmp_path / "wheels"), "PIP_NO_INDEX": "1", "UV_OFFLINE": "1"}
+    env.pop("UV_FIND_LINKS", None)
+    site = Path(
+        subprocess.run(
+            [env_dir / "bin" / "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True, text=True, check=True,
+        ).stdout.strip()
+    )  # fmt: skip
+
+    def install() -> str:
+        """Installs the probe with the Makefile's venv_install; which installer did (its dist-info's INSTALLER)."""
+        run = subprocess.run(
+            [MAKE, "-f", str(tmp_path / "Makefile"), f"VENV={env_dir}", "probe"], cwd=tmp_path, env=env,
+            capture_output=True, text=True, timeout=240,
+        )  # fmt: skip
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+        return (site / "wbprobe-1.0.dist-info" / "INSTALLER").read_text().strip()
+
+    assert install() == "pip"
+    uv = ROOT / ".venv" / "bin" / "uv"
+    assert uv.is_file(), f"{uv} missing: make install puts uv into the venv"
+    shutil.rmtree(site / "wbprobe-1.0.dist-info")
+    (site / "wbprobe.py").unlink()
+    shutil.copy(uv, env_dir / "bin" / "uv")
+    assert install() == "uv"
+
+
 def test_ci_entry_point_parses_and_ends_in_make_test(tmp_path: Path) -> None:
     """``.ci/run`` as CI runs it, with the system tools it looks for already present (stand-ins on PATH, so
     nothing is installed) and ``make`` recording its arguments instead of running the whole suite again."""

@@ -324,10 +324,20 @@ class ClientLoad:
 
 
 # --------------------------------------------------------------------------------------------------------- tests
-@pytest.mark.timeout(240)
-def test_rest_grpc_and_v2_through_rays_proxies_from_two_replicas(deploy: Callable[..., RayDeployment]) -> None:
+@pytest.mark.timeout(360)
+def test_two_replicas_answer_every_protocol_export_their_series_and_shut_down_clean(
+    ray_cluster: RayCluster, deploy: Callable[..., RayDeployment], runtime_dir: Path
+) -> None:
+    """One deployment, three looks at it in turn (a deployment takes ~20 s to start, more on a busy machine)."""
     deployment = deploy(num_replicas=2)
     assert len(set(replica_nodes().values())) == 2, "one replica on each worker node"
+    _answers_every_protocol_through_rays_proxies(deployment)
+    _exports_the_per_version_series_on_each_replicas_node(ray_cluster, deployment)
+    _is_listed_for_jupyter_and_shuts_down_leaving_no_actor_or_process(deployment)
+
+
+def _answers_every_protocol_through_rays_proxies(deployment: RayDeployment) -> None:
+    """TF Serving's REST and gRPC APIs and v2 (Triton's clients), from both replicas, with precise error codes."""
 
     # TF Serving's REST API through Ray's HTTP proxy: the latest version (2: 0.5x + 3) answers, and says so.
     rest_replicas: set[str] = set()
@@ -569,15 +579,14 @@ def _series(text: str, name: str) -> list[dict[str, str]]:
     return found
 
 
-@pytest.mark.timeout(240)
-def test_rays_metrics_agent_exports_the_per_version_series(
-    ray_cluster: RayCluster, deploy: Callable[..., RayDeployment]
-) -> None:
-    deployment = deploy(num_replicas=2)
+def _exports_the_per_version_series_on_each_replicas_node(ray_cluster: RayCluster, deployment: RayDeployment) -> None:
+    """Ray's metrics agent on each replica's node exports workbench's per-version request series: the answers of
+    version 2 given so far, by protocol, labelled with the replica and the application."""
     worker_ports = [ray_cluster.metrics_ports[node] for node in set(replica_nodes().values())]
     replicas = wait_until(
         lambda: found if len(found := answering_replicas(deployment)) == 2 else None, 60, 0.1, "both replicas"
     )
+    protocols = {"rest", "grpc", "v2-rest", "v2-grpc"}  # what _answers_every_protocol_through_rays_proxies sent
 
     def exported_on_every_replica_node() -> list[dict[str, str]] | None:
         series = []
@@ -594,18 +603,15 @@ def test_rays_metrics_agent_exports_the_per_version_series(
             if not found:
                 return None
             series.extend(found)
-        return series
+        return series if {labels["protocol"] for labels in series} == protocols else None
 
     series = wait_until(exported_on_every_replica_node, 60, 0.5, "ray_workbench_requests on each replica's node")
     assert {labels["replica"] for labels in series} == replicas
     assert {labels["api"] for labels in series} == {"predict"}
-    assert {labels["protocol"] for labels in series} == {"rest"}
     assert {labels["application"] for labels in series} == {deployment.name}
 
 
-@pytest.mark.timeout(240)
-def test_shutdown_leaves_no_ray_actor_or_process(deploy: Callable[..., RayDeployment], runtime_dir: Path) -> None:
-    deployment = deploy(num_replicas=2)
+def _is_listed_for_jupyter_and_shuts_down_leaving_no_actor_or_process(deployment: RayDeployment) -> None:
     # Listed where JupyterLab's sidebar finds servers, at the application's REST address (this machine's proxy).
     (record,) = registry.list_servers()
     assert (record.rest_port, record.grpc_port, record.name) == (
