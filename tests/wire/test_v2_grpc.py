@@ -338,16 +338,42 @@ def test_malformed_raw_and_typed_data_is_invalid_argument_naming_the_input(
     cases.append((two_raw, "raw_input_contents holds 2 buffers for 1 inputs"))
     both = hp_request(b"\x00" * 4, [1, 1])
     both.inputs[0].contents.fp32_contents.append(1.0)
-    cases.append((both, 'Input "x" is sent both in contents and in raw_input_contents'))
+    cases.append((both, "contents field must not be specified when using raw_input_contents for 'x' for model 'hp'"))
+    nothing = service_pb2.ModelInferRequest(model_name="hp")
+    nothing.inputs.add(name="x", datatype="FP32", shape=[1, 1])
+    cases.append((nothing, "unable to find data for input tensor 'x' for model 'hp' in request."))
+    shared_and_typed = service_pb2.ModelInferRequest(model_name="hp")
+    shared_input = shared_and_typed.inputs.add(name="x", datatype="FP32", shape=[1, 1])
+    shared_input.parameters["shared_memory_region"].string_param = "region"
+    shared_input.parameters["shared_memory_byte_size"].int64_param = 4
+    shared_input.contents.fp32_contents.append(1.0)
+    cases.append(
+        (shared_and_typed, "unexpected 'content' provided when using shared memory for input tensor 'x' for model 'hp'")
+    )
     short = service_pb2.ModelInferRequest(model_name="hp")
     short.inputs.add(name="x", datatype="FP32", shape=[2, 1]).contents.fp32_contents.append(1.0)
     cases.append((short, 'Input "x": shape [2,1] holds 2 elements but 1 were sent'))
     misplaced = service_pb2.ModelInferRequest(model_name="hp")
     misplaced.inputs.add(name="x", datatype="FP32", shape=[1, 1]).contents.fp64_contents.append(1.0)
-    cases.append((misplaced, 'Input "x" is FP32, whose values go in fp32_contents, not fp64_contents'))
+    cases.append(
+        (
+            misplaced,
+            "unexpected explicit tensor data for input tensor 'x' for model 'hp' of type 'FP64', expected datatype "
+            "'FP32'",
+        )
+    )
     half_typed = service_pb2.ModelInferRequest(model_name="half")
     half_typed.inputs.add(name="x", datatype="FP16", shape=[1, 2]).contents.fp32_contents.extend([1.0, 2.0])
-    cases.append((half_typed, 'Input "x": FP16 tensors have no typed contents; send them raw'))
+    cases.append(
+        (
+            half_typed,
+            "unexpected explicit tensor data for input tensor 'x' for model 'half' of type 'FP32', expected datatype "
+            "'FP16'",
+        )
+    )
+    half_empty = service_pb2.ModelInferRequest(model_name="half")
+    half_empty.inputs.add(name="x", datatype="FP16", shape=[1, 2]).contents.SetInParent()
+    cases.append((half_empty, 'Input "x": FP16 tensors have no typed contents; send them raw'))
     twice = hp_request(b"\x00" * 4, [1, 1])
     twice.inputs.add(name="x", datatype="FP32", shape=[1, 1])
     twice.raw_input_contents.append(b"\x00" * 4)
@@ -363,6 +389,17 @@ def test_malformed_raw_and_typed_data_is_invalid_argument_naming_the_input(
         return request
 
     cases.append((multi(struct.pack("<I", 5) + b"abc", 1), 'Input "text": a raw BYTES element says it has 5 bytes'))
+    # Triton's own example (grpc_explicit_int_content_client.py): typed contents on the first input beside one raw
+    # buffer. Triton reads the inputs in order and names the first that carries contents.
+    mixed = service_pb2.ModelInferRequest(model_name="multi_io")
+    mixed.inputs.add(name="a", datatype="FP32", shape=[1, 2]).contents.fp32_contents.extend([1.0, 2.0])
+    mixed.inputs.add(name="b", datatype="INT64", shape=[1]).contents.int64_contents.append(1)
+    mixed.inputs.add(name="text", datatype="BYTES", shape=[1]).contents.bytes_contents.append(b"ab")
+    mixed.raw_input_contents.append(np.ones((1, 2), np.float32).tobytes())
+    cases.append((mixed, "contents field must not be specified when using raw_input_contents for 'a' for model"))
+    too_few = multi(struct.pack("<I", 2) + b"ab", 1)
+    del too_few.raw_input_contents[2]
+    cases.append((too_few, "unable to find data for input tensor 'text' for model 'multi_io' in request."))
     cases.append((multi(b"\x01\x00", 1), 'Input "text": its raw BYTES data ends inside an element'))
     cases.append((multi(struct.pack("<I", 1) + b"a", 2), 'Input "text": shape [2] holds 2 elements but 1 were sent'))
 

@@ -43,20 +43,53 @@ _CONTENTS: dict[str, tuple[str, np.dtype[Any]]] = {
     v2_types.BYTES: ("bytes_contents", np.dtype(object)),
 }
 _CONTENTS_FIELDS = tuple(dict.fromkeys(field for field, _ in _CONTENTS.values()))
+# The datatype Triton names for values in a field meant for another datatype: a shared field's widest type.
+_FIELD_TYPES = {
+    "bool_contents": "BOOL",
+    "int_contents": "INT32",
+    "int64_contents": "INT64",
+    "uint_contents": "UINT32",
+    "uint64_contents": "UINT64",
+    "fp32_contents": "FP32",
+    "fp64_contents": "FP64",
+    "bytes_contents": "BYTES",
+}
 # Triton's extension that post-processes outputs, which workbench does not implement.
 _UNSUPPORTED_PARAMETERS = {"classification": "the classification extension"}
 
 
 def decode_inputs(request: Any, shared_memory: SharedMemory | None = None) -> dict[str, np.ndarray]:
-    """The tensors of a ModelInferRequest by name; a malformed one is INVALID_ARGUMENT naming the input. Inputs in
-    shared memory are copied out of ``shared_memory`` (without it they are UNIMPLEMENTED)."""
+    """The tensors of a ModelInferRequest by name; a malformed one is INVALID_ARGUMENT naming the input (in Triton's
+    words where Triton refuses it too). Inputs in shared memory are copied out of ``shared_memory`` (without it they
+    are UNIMPLEMENTED)."""
+    model = request.model_name
     places = [_place(tensor.parameters, f'Input "{tensor.name}"') for tensor in request.inputs]
     raw = request.raw_input_contents
-    unshared = sum(place is None for place in places)
-    if raw and len(raw) != unshared:
+    # Triton reads the inputs in order, and refuses the first that carries contents beside raw buffers or shared
+    # memory (the message's presence counts, as protobuf's has_contents() tells it, even with no values in it).
+    for tensor, place in zip(request.inputs, places, strict=True):
+        if not tensor.HasField("contents"):
+            continue
+        if place is not None:
+            raise invalid_argument(
+                f"unexpected 'content' provided when using shared memory for input tensor '{tensor.name}' for "
+                f"model '{model}'"
+            )
+        if raw:
+            raise invalid_argument(
+                f"contents field must not be specified when using raw_input_contents for '{tensor.name}' for "
+                f"model '{model}'"
+            )
+    unshared = [tensor for tensor, place in zip(request.inputs, places, strict=True) if place is None]
+    if (raw and len(raw) < len(unshared)) or (not raw and any(not tensor.HasField("contents") for tensor in unshared)):
+        lacking = next(
+            tensor for index, tensor in enumerate(unshared) if index >= len(raw) and not tensor.HasField("contents")
+        )
+        raise invalid_argument(f"unable to find data for input tensor '{lacking.name}' for model '{model}' in request.")
+    if len(raw) > len(unshared):
         raise invalid_argument(
-            f"raw_input_contents holds {len(raw)} buffers for {unshared} inputs"
-            f"{' not in shared memory' if unshared < len(places) else ''}: "
+            f"raw_input_contents holds {len(raw)} buffers for {len(unshared)} inputs"
+            f"{' not in shared memory' if len(unshared) < len(places) else ''}: "
             "send every input raw (in the order of inputs) or none"
         )
     buffers = iter(raw)
@@ -66,13 +99,11 @@ def decode_inputs(request: Any, shared_memory: SharedMemory | None = None) -> di
             raise invalid_argument(f'Input "{tensor.name}" is sent more than once')
         _refuse_unsupported(tensor.parameters, f'input "{tensor.name}"')
         if place is None:
-            tensors[tensor.name] = _decode(tensor, next(buffers) if raw else None)
+            tensors[tensor.name] = _decode(tensor, next(buffers) if raw else None, model)
             continue
-        if any(len(getattr(tensor.contents, field)) for field in _CONTENTS_FIELDS):
-            raise invalid_argument(f'Input "{tensor.name}" is sent both in contents and in shared memory')
         _, shape = _header(tensor)
         data = v2_shared_memory.read_input(shared_memory, place, tensor.name, shape, tensor.datatype)
-        tensors[tensor.name] = _decode(tensor, data)
+        tensors[tensor.name] = _decode(tensor, data, model)
     return tensors
 
 
@@ -167,14 +198,11 @@ def _header(tensor: Any) -> tuple[np.dtype[Any], tuple[int, ...]]:
     return dtype, shape
 
 
-def _decode(tensor: Any, raw: bytes | None) -> np.ndarray:
+def _decode(tensor: Any, raw: bytes | None, model: str) -> np.ndarray:
     name, datatype = tensor.name, tensor.datatype
     dtype, shape = _header(tensor)
     count = math.prod(shape)
-    sent_contents = [field for field in _CONTENTS_FIELDS if len(getattr(tensor.contents, field))]
     if raw is not None:
-        if sent_contents:
-            raise invalid_argument(f'Input "{name}" is sent both in contents and in raw_input_contents')
         if datatype == v2_types.BYTES:
             return _bytes_input(raw, shape, name)
         if len(raw) != count * dtype.itemsize:
@@ -183,19 +211,22 @@ def _decode(tensor: Any, raw: bytes | None) -> np.ndarray:
                 f"but raw_input_contents holds {len(raw)}"
             )
         return np.frombuffer(raw, dtype=dtype.newbyteorder("<")).reshape(shape)
-    return _from_contents(tensor, dtype, shape, count, sent_contents)
+    return _from_contents(tensor, dtype, shape, count, model)
 
 
-def _from_contents(
-    tensor: Any, dtype: np.dtype[Any], shape: tuple[int, ...], count: int, sent: list[str]
-) -> np.ndarray:
+def _from_contents(tensor: Any, dtype: np.dtype[Any], shape: tuple[int, ...], count: int, model: str) -> np.ndarray:
     name, datatype = tensor.name, tensor.datatype
+    sent = [field for field in _CONTENTS_FIELDS if len(getattr(tensor.contents, field))]
     typed = _CONTENTS.get(datatype)
+    for other in sent:
+        if typed is None or other != typed[0]:  # Triton's text: the type the field carries, the one expected
+            raise invalid_argument(
+                f"unexpected explicit tensor data for input tensor '{name}' for model '{model}' of type "
+                f"'{_FIELD_TYPES[other]}', expected datatype '{datatype}'"
+            )
     if typed is None:
         raise invalid_argument(f'Input "{name}": {datatype} tensors have no typed contents; send them raw')
     field, carrier = typed
-    if any(other != field for other in sent):
-        raise invalid_argument(f'Input "{name}" is {datatype}, whose values go in {field}, not {", ".join(sent)}')
     values = getattr(tensor.contents, field)
     if len(values) != count:
         raise _count_mismatch(name, shape, len(values))
