@@ -208,9 +208,11 @@ def assert_every_counted_request_answered(server: ServerThread, clients: list, w
     assert requests_counted(server, "hp") == answered, f"{what}: hp ran requests its clients never got answers to"
 
 
-def assert_nothing_lost(clients: list, what: str) -> None:
+def assert_nothing_lost(clients: list, what: str, server_log: str = "") -> None:
     lost = [loss for client in clients for loss in client.tally.lost]
-    assert not lost, f"{what}: {len(lost)} accepted requests lost: {lost[:5]}"
+    assert not lost, f"{what}: {len(lost)} accepted requests lost: {lost[:5]}" + (
+        f"; the server's log:\n{server_log[-6000:]}" if server_log else ""
+    )
     assert all(not client.is_alive() for client in clients), f"{what}: a client still waits for an answer"
 
 
@@ -325,7 +327,8 @@ def sigterm_workers_under_clients(repository: Path, folder: Path, runners: str, 
             wb.proc.send_signal(signal.SIGTERM)
             for client in clients:
                 client.join(timeout=120)
-            assert_nothing_lost(clients, what)
-        assert wb.wait(120) == 0, wb.stderr[-3000:]
+            code = wb.wait(120)  # first: a loss is told with the whole drain's log (which worker, which phase)
+            assert_nothing_lost(clients, what, wb.stderr)
+        assert code == 0, wb.stderr[-3000:]
     finally:
         wb.kill()
