@@ -148,6 +148,27 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
     return True
 
 
+def agent_ports() -> dict[str, int]:
+    """Fixed ports for a Ray node's agents (``Cluster.add_node(**agent_ports())``, or a head's node arguments).
+
+    Given port 0, each agent picks one and writes it to a file in the session folder, and the node's raylet waits for
+    those files about 15 s (no setting of Ray's that we found changes it), then crashes: "Timed out waiting for file
+    .../metrics_agent_port_<node>". On two cores busy with other tests an agent's Python start took longer, and the
+    cluster never came up. With its ports given, nothing waits for the files."""
+    import socket
+
+    def free_port() -> int:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            return int(sock.getsockname()[1])
+
+    return {
+        "metrics_agent_port": free_port(),
+        "dashboard_agent_listen_port": free_port(),
+        "runtime_env_agent_port": free_port(),
+    }
+
+
 @contextlib.contextmanager
 def patient_ray_nodes(seconds: float = 180.0) -> Iterator[None]:
     """While inside, a Ray node started in this process (``ray.cluster_utils.Cluster``'s head and workers) may take

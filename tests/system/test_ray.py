@@ -62,7 +62,7 @@ from tensorflow_serving.apis import (
 from tritonclient.utils import InferenceServerException
 
 import workbench.ray
-from tests.waiting import patient_ray_nodes, process_gone, wait_until
+from tests.waiting import agent_ports, patient_ray_nodes, process_gone, wait_until
 from workbench import demo
 from workbench.jupyter import server_records as registry
 from workbench.notebook.widgets import LiveChart
@@ -96,7 +96,9 @@ class RayCluster:
 
     def add_worker(self) -> Any:
         port = free_port()
-        node = self.cluster.add_node(num_cpus=1, object_store_memory=OBJECT_STORE_BYTES, metrics_export_port=port)
+        node = self.cluster.add_node(
+            num_cpus=1, object_store_memory=OBJECT_STORE_BYTES, metrics_export_port=port, **agent_ports()
+        )
         self.metrics_ports[node.node_id] = port
         return node
 
@@ -119,6 +121,7 @@ def _ray_cluster() -> Iterator[RayCluster]:
             "object_store_memory": OBJECT_STORE_BYTES,
             "include_dashboard": False,
             "metrics_export_port": head_metrics_port,
+            **agent_ports(),
             "_system_config": {
                 # Ray metrics reach the agents' /metrics every second instead of every 10 s.
                 "metrics_report_interval_ms": 1000,
