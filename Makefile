@@ -34,8 +34,7 @@ PYTEST_ARGS  ?=
 # $(call venv_install,ARGS): `pip install ARGS` into the venv, by uv where it is there. uv reads no pip.conf: pip's
 # find-links (where a machine keeps wheels of its own, such as PyTorch's CPU build; whitespace-separated, where uv
 # separates them with commas) are passed on. Modules are compiled to bytecode at install, as pip does: uncompiled,
-# the first test run's processes (a Ray cluster's dozen starting at once) each compile what they import, and Ray's
-# node start outlasted its fixed timeout so on 2 cores.
+# every process of the first run (the test workers, a Ray cluster's dozen, starting at once) compiles what it imports.
 venv_install = if [ -x $(BIN)/uv ]; then \
 	  links="$${PIP_FIND_LINKS:-$$($(BIN)/python -m pip config get global.find-links 2>/dev/null)}"; \
 	  UV_FIND_LINKS="$${UV_FIND_LINKS:-$$(echo $$links | tr ' ' ',')}" \
