@@ -148,6 +148,15 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
     return True
 
 
+def free_port() -> int:
+    """A port no one listens on now, from the kernel (for a server that cannot be given port 0)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def agent_ports() -> dict[str, int]:
     """Fixed ports for a Ray node's agents (``Cluster.add_node(**agent_ports())``, or a head's node arguments).
 
@@ -155,13 +164,6 @@ def agent_ports() -> dict[str, int]:
     those files about 15 s (no setting of Ray's that we found changes it), then crashes: "Timed out waiting for file
     .../metrics_agent_port_<node>". On two cores busy with other tests an agent's Python start took longer, and the
     cluster never came up. With its ports given, nothing waits for the files."""
-    import socket
-
-    def free_port() -> int:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            return int(sock.getsockname()[1])
-
     return {
         "metrics_agent_port": free_port(),
         "dashboard_agent_listen_port": free_port(),

@@ -30,7 +30,6 @@ import dataclasses
 import json
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -62,7 +61,7 @@ from tensorflow_serving.apis import (
 from tritonclient.utils import InferenceServerException
 
 import workbench.ray
-from tests.waiting import agent_ports, patient_ray_nodes, process_gone, wait_until
+from tests.waiting import agent_ports, free_port, patient_ray_nodes, process_gone, wait_until
 from workbench import demo
 from workbench.jupyter import server_records as registry
 from workbench.notebook.widgets import LiveChart
@@ -78,12 +77,6 @@ REPLICA_METADATA = "workbench-replica"
 # One replica per worker node: the workers have one CPU each and the head none.
 ONE_PER_WORKER = {"num_cpus": 1}
 SERVE_ACTOR_PREFIXES = ("ServeReplica", "ServeController", "ProxyActor")
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 # ------------------------------------------------------------------------------------------------------ fixtures

@@ -65,31 +65,35 @@ def decode_inputs(request: Any, shared_memory: SharedMemory | None = None) -> di
     model = request.model_name
     places = [_place(tensor.parameters, f'Input "{tensor.name}"') for tensor in request.inputs]
     raw = request.raw_input_contents
-    # Triton reads the inputs in order, and refuses the first that carries contents beside raw buffers or shared
-    # memory (the message's presence counts, as protobuf's has_contents() tells it, even with no values in it).
+    # One pass in the order of the inputs, as Triton's InferGRPCToInput reads them, refusing the first that carries
+    # contents beside raw buffers or shared memory (the message's presence counts, as protobuf's has_contents() tells
+    # it, even with no values in it) or has no data at all.
+    buffered = 0  # the inputs that take a raw buffer
     for tensor, place in zip(request.inputs, places, strict=True):
-        if not tensor.HasField("contents"):
-            continue
-        if place is not None:
+        typed = tensor.HasField("contents")
+        if place is not None and typed:
             raise invalid_argument(
                 f"unexpected 'content' provided when using shared memory for input tensor '{tensor.name}' for "
                 f"model '{model}'"
             )
-        if raw:
+        if place is not None:
+            continue
+        if typed and raw:
             raise invalid_argument(
                 f"contents field must not be specified when using raw_input_contents for '{tensor.name}' for "
                 f"model '{model}'"
             )
-    unshared = [tensor for tensor, place in zip(request.inputs, places, strict=True) if place is None]
-    if (raw and len(raw) < len(unshared)) or (not raw and any(not tensor.HasField("contents") for tensor in unshared)):
-        lacking = next(
-            tensor for index, tensor in enumerate(unshared) if index >= len(raw) and not tensor.HasField("contents")
-        )
-        raise invalid_argument(f"unable to find data for input tensor '{lacking.name}' for model '{model}' in request.")
-    if len(raw) > len(unshared):
+        if typed:
+            continue
+        if buffered >= len(raw):
+            raise invalid_argument(
+                f"unable to find data for input tensor '{tensor.name}' for model '{model}' in request."
+            )
+        buffered += 1
+    if len(raw) > buffered:
         raise invalid_argument(
-            f"raw_input_contents holds {len(raw)} buffers for {len(unshared)} inputs"
-            f"{' not in shared memory' if len(unshared) < len(places) else ''}: "
+            f"raw_input_contents holds {len(raw)} buffers for {buffered} inputs"
+            f"{' not in shared memory' if any(place is not None for place in places) else ''}: "
             "send every input raw (in the order of inputs) or none"
         )
     buffers = iter(raw)
