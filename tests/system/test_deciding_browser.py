@@ -46,9 +46,12 @@ def test_the_shadow_panel_and_the_analyzers_answer_render(tmp_path: Path) -> Non
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1600})
+            console: list[str] = []
+            page.on("console", lambda message: console.append(f"{message.type}: {message.text}"))
             try:
                 _drive(page, lab, tmp_path)
             except Exception:
+                print("the browser's console:", *console[-60:], sep="\n")
                 page.screenshot(path=str(tmp_path / "failure.png"), full_page=True)
                 shutil.copy(tmp_path / "failure.png", Path(os.environ.get("TMPDIR", "/tmp")) / "workbench-deciding.png")
                 raise

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import http.server
+import itertools
 import json
 import sys
 import threading
+import types
 import zipfile
 from pathlib import Path
 
@@ -162,6 +164,41 @@ def test_archives_import_their_own_same_named_modules_lazily(tmp_path: Path) -> 
         for servable in loaded.values():
             servable.close()
     assert not [m for m in sys.modules if m.partition(".")[0] in packages]  # unloaded: the archives' modules go
+
+
+def test_an_archive_unloads_while_other_threads_import(tmp_path: Path) -> None:
+    """Unloading walks ``sys.modules`` and ``sys.path_importer_cache`` while other load threads import (another
+    archive's handler, a framework): the walk must not fail when they add to them."""
+    from workbench.platforms.torchserve_imports import ArchiveModules
+
+    stop = threading.Event()
+    names = [f"_workbench_test_import_{index}" for index in range(200)]
+    rounds = itertools.count()
+
+    def importing() -> None:  # what imports do to both dicts, as often as the thread can (and then undone)
+        while not stop.is_set():
+            for name in names:
+                sys.modules[name] = types.ModuleType(name)
+                sys.path_importer_cache[str(tmp_path / name)] = None
+            for name in names:
+                sys.modules.pop(name, None)
+                sys.path_importer_cache.pop(str(tmp_path / name), None)
+            next(rounds)
+
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # a thread switch inside nearly every walk
+    thread = threading.Thread(target=importing, daemon=True)
+    thread.start()
+    try:
+        for index in range(200):
+            folder = tmp_path / f"archive{index}"
+            folder.mkdir()
+            ArchiveModules(folder).close()
+    finally:
+        stop.set()
+        thread.join()
+        sys.setswitchinterval(previous)
+    assert next(rounds) > 1  # the other thread did import meanwhile
 
 
 def test_an_archives_model_file_wins_over_a_same_named_module_the_process_imported(

@@ -6,7 +6,9 @@ is installed (seconds, and most of a first load). workbench imports skops withou
 (:func:`workbench.platforms.sklearn.import_skops`). These tests check what a fresh process imported after loading a
 ``model.skops``, and after a whole ``workbench serve`` answered one; that skops's table of trusted types is the one
 it builds when imported plainly (the trust checks are the same; tests/wire/test_platform_sklearn.py and
-tests/unit/test_sklearn_trust.py hold what is refused); and that nothing stays blocked. How long it takes is
+tests/unit/test_sklearn_trust.py hold what is refused); and that nothing stays blocked. A process that only serves
+builds no table at all (no load there consults it: tests/unit/test_sklearn_trust.py checks that workbench trusts
+every type in it), so it imports none of scikit-learn's modules that its models do not need. How long it takes is
 benchmarks/first_answer.py's business.
 """
 
@@ -41,15 +43,21 @@ LOAD = textwrap.dedent(
     from workbench.platforms import sklearn
     from workbench.platforms.base import LoadPolicy
 
+    if sys.argv[2:] == ["serving"]:  # as `workbench serve`, its workers and runners say
+        sklearn.serving_process()
     servable = sklearn.load("digits", 1, sys.argv[1], LoadPolicy())
     after_load = sorted(sys.modules)
     from skops.io._trusted_types import SKLEARN_ESTIMATOR_TYPE_NAMES, SKLEARN_INTERNAL_TYPE_NAMES
+    import sklearn.utils, sklearn.utils.discovery
     blocked = [name for name, module in sys.modules.items() if module is None and "array_api_compat" in name]
     # Nothing stays blocked: scikit-learn's PyTorch namespace imports as it would have (and PyTorch with it).
     from sklearn.externals.array_api_compat import torch as torch_namespace
     print(json.dumps({
         "modules": after_load,
         "trusted": sorted(SKLEARN_ESTIMATOR_TYPE_NAMES + SKLEARN_INTERNAL_TYPE_NAMES),
+        "estimators_trusted": len(SKLEARN_ESTIMATOR_TYPE_NAMES),
+        # scikit-learn's own function again, once skops is imported
+        "walk_restored": sklearn.utils.all_estimators is sklearn.utils.discovery.all_estimators,
         "blocked": blocked,
         "torch_after": "torch" in sys.modules and torch_namespace.__name__,
         "signatures": sorted(servable.signatures),
@@ -114,6 +122,22 @@ def test_loading_a_skops_model_imports_no_pytorch_and_skops_trusts_what_it_alway
     assert loaded["torch_after"] == "sklearn.externals.array_api_compat.torch"
 
 
+# Packages of scikit-learn that only the walk for skops's table imports, for a LogisticRegression's load.
+ONLY_THE_TABLE_IMPORTS = ("sklearn.semi_supervised", "sklearn.cross_decomposition", "sklearn.gaussian_process")
+
+
+def test_a_serving_process_builds_no_table_of_estimators_and_loads_the_same(digits_version):
+    version, _ = digits_version
+    plain = json.loads(_run(LOAD, str(version)))
+    serving = json.loads(_run(LOAD, str(version), "serving"))
+    assert plain["estimators_trusted"] > 100 and set(ONLY_THE_TABLE_IMPORTS) <= set(plain["modules"])
+    assert serving["estimators_trusted"] == 0
+    assert not set(ONLY_THE_TABLE_IMPORTS) & set(serving["modules"]), "the serving process walked scikit-learn"
+    assert serving["walk_restored"] and plain["walk_restored"]
+    assert serving["signatures"] == plain["signatures"]
+    assert "torch" not in serving["modules"] and serving["blocked"] == []
+
+
 def test_a_server_of_one_scikit_learn_model_answers_without_importing_pytorch(tmp_path, digits_version):
     version, classifier = digits_version
     ready, report, log_path = tmp_path / "ready.json", tmp_path / "modules.json", tmp_path / "server.log"
@@ -147,5 +171,6 @@ def test_a_server_of_one_scikit_learn_model_answers_without_importing_pytorch(tm
         # (TF Serving's protos come in without tensorflow/__init__: tests/wire/test_startup.py)
         assert "tensorflow" not in imported, "a server of one scikit-learn model imported TensorFlow"
         assert {"sklearn", "skops.io"} <= imported
+        assert not set(ONLY_THE_TABLE_IMPORTS) & imported, "workbench serve built skops's table of estimators"
     finally:
         stop_process(proc)

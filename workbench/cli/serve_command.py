@@ -41,6 +41,7 @@ def _serve(args: argparse.Namespace) -> int:
             return 1
         return _supervise(args, num_workers, options.model_runners)
     configure_logging(f"[worker {args.worker_index}] " if args.worker_of else "")
+    _serving_process()
     from workbench.core.errors import ServingError
     from workbench.server import run
 
@@ -58,9 +59,18 @@ def _run_model_runner(args: argparse.Namespace, num_workers: int) -> int:
     """A model runner of a supervised server (``--runner_of``): it holds the models, the workers send it requests."""
     options = options_from_flags(args, num_workers)
     configure_logging(f"[runner {args.runner_index}] ")
+    _serving_process()
     from workbench.runners.runner import run
 
     return run(options, args.runner_of, args.runner_index)
+
+
+def _serving_process() -> None:
+    """This process serves models (a server, a worker or a runner), and nothing else: the platforms may leave out
+    what only a notebook's kernel uses."""
+    from workbench.platforms import sklearn as sklearn_platform
+
+    sklearn_platform.serving_process()
 
 
 def _supervise(args: argparse.Namespace, num_workers: int, model_runners: int) -> int:

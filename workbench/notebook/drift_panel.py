@@ -54,7 +54,6 @@ class DriftPanel(StatsPanel):
     def _draw(self, records: dict[str, dict[str, Any]]) -> None:
         import plotly.graph_objects as go
 
-        self.records = records
         names, values, colours = [], [], []
         for model, versions in sorted(records.items()):
             for version, record in sorted(versions.items(), key=lambda item: int(item[0])):
@@ -67,6 +66,7 @@ class DriftPanel(StatsPanel):
             if names:
                 self.figure.add_trace(go.Bar(x=names, y=values, marker={"color": colours}))
         self.details.value = _details(records) if records else NO_DRIFT
+        self.records = records  # last: what the panel shows, figure and words
 
 
 def _details(records: dict[str, dict[str, Any]]) -> str:

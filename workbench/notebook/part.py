@@ -187,6 +187,7 @@ class StatsPanel(Part):
         super().__init__()
         self.client = client_of(server)
         self.interval = interval
+        # The records the panel shows: set by :meth:`_draw` once its figure and words show them.
         self.records: dict[str, dict[str, Any]] = {}
         self.widget: widgets.Widget
 

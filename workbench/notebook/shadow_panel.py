@@ -57,7 +57,6 @@ class ShadowPanel(StatsPanel):
 
     def _draw(self, records: dict[str, dict[str, Any]]) -> None:
         with self._lock:
-            self.records = records
             agreement = {model: list(series) for model, series in self._agreement.items()}
         traces = []
         import plotly.graph_objects as go
@@ -93,6 +92,7 @@ class ShadowPanel(StatsPanel):
                     xref="x2 domain", yref="y2 domain", x=0.5, y=0.5, showarrow=False,
                 )  # fmt: skip
         self.details.value = _details(records) if records else NO_SHADOW
+        self.records = records  # last: what the panel shows, figure and words
 
 
 def _details(records: dict[str, dict[str, Any]]) -> str:

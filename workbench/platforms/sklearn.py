@@ -73,6 +73,26 @@ ARRAY_API_FRAMEWORKS = tuple(
 )
 _IMPORTING = threading.Lock()
 
+# skops consults its table of trusted scikit-learn estimators only in a load given no list of trusted types, and
+# workbench's loads always give one: every type skops does not trust itself, each checked against workbench's own
+# policy (:func:`is_trusted`), which trusts every estimator of that table (a unit test checks it). Building the table
+# imports every module of scikit-learn (``all_estimators`` walks them): over half of a first load of a small model.
+# A process that only serves (:func:`serving_process`) imports skops without it; a notebook's kernel builds it, as
+# importing skops always does, since the user's own ``skops.io.load`` may rely on it.
+_BUILD_SKOPS_TABLE = True
+
+
+def serving_process() -> None:
+    """Say that this process only serves (``workbench serve``, its workers and runners): skops, when it is imported,
+    builds no table of the scikit-learn estimators it trusts, which no load here consults."""
+    global _BUILD_SKOPS_TABLE
+    _BUILD_SKOPS_TABLE = False
+
+
+def _no_estimators(type_filter: Any = None) -> list[tuple[str, type]]:
+    """``sklearn.utils.all_estimators`` while skops is imported in a serving process: it lists none."""
+    return []
+
 
 def import_skops() -> ModuleType:
     """``skops.io``, imported without importing PyTorch (or CuPy, or Dask) on the way.
@@ -91,9 +111,16 @@ def import_skops() -> ModuleType:
         blocked = [name for name in ARRAY_API_FRAMEWORKS if first and name not in sys.modules]
         for name in blocked:
             sys.modules[name] = None  # type: ignore[assignment]
+        walk: Callable[..., Any] | None = None
+        if first and not _BUILD_SKOPS_TABLE:
+            import sklearn.utils
+
+            walk, sklearn.utils.all_estimators = sklearn.utils.all_estimators, _no_estimators
         try:
             import skops.io
         finally:
+            if walk is not None:
+                sklearn.utils.all_estimators = walk
             for name in blocked:
                 if name in sys.modules and sys.modules[name] is None:
                     del sys.modules[name]

@@ -123,9 +123,14 @@ class ArchiveModules:
         self._drop_aliases()
         with _registry_lock:
             _archives.pop(self.package, None)
-            for name in [n for n in sys.modules if n == self.package or n.startswith(self.package + ".")]:
+            # Snapshots first (list() of a dict is one step under the GIL): other threads import meanwhile, and a
+            # comprehension over the dict itself fails when they add to it ("dictionary changed size during
+            # iteration", seen as a broken archive's error while another archive loaded).
+            for name in [n for n in list(sys.modules) if n == self.package or n.startswith(self.package + ".")]:
                 sys.modules.pop(name, None)
-            for path in [p for p in sys.path_importer_cache if p == self.folder or p.startswith(self.folder + os.sep)]:
+            for path in [
+                p for p in list(sys.path_importer_cache) if p == self.folder or p.startswith(self.folder + os.sep)
+            ]:
                 sys.path_importer_cache.pop(path, None)  # the finders the archive's lookups left behind
 
 
