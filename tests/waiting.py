@@ -177,8 +177,12 @@ def patient_ray_nodes(seconds: float = 180.0) -> Iterator[None]:
     ``seconds`` to register with its GCS, instead of the 30 s that ``ray._private.node.Node`` waits (a constant there):
     on a busy machine a new node's processes take longer to start, and the cluster failed to come up at all. Ray's
     loop asks ``ray._private.services.get_node`` until it answers; this one asks again inside each of those asks. The
-    processes Ray starts meanwhile (raylets, their agents) get the same patience through Ray's own settings."""
+    processes Ray starts meanwhile (raylets, their agents) get the same patience through Ray's own settings, and a
+    node started without its agents' ports (``ray.init(address="local")``, which takes none) gets them from
+    :func:`agent_ports`, so that its raylet does not wait for their port files either."""
+    import ray._private.parameter as parameter
     import ray._private.services as services
+    import ray.serve._private.api as serve_api
 
     settings = {
         "RAY_raylet_start_wait_time_s": str(int(seconds)),
@@ -201,11 +205,25 @@ def patient_ray_nodes(seconds: float = 180.0) -> Iterator[None]:
                     raise
                 time.sleep(0.5)
 
+    make_params = parameter.RayParams.__init__
+
+    def with_agent_ports(params: Any, *args: Any, **kwargs: Any) -> None:
+        make_params(params, *args, **kwargs)
+        for name, port in agent_ports().items():
+            if not getattr(params, name, None):
+                setattr(params, name, port)
+
+    # serve.start gives up on proxies not ready in 60 s (HTTP_PROXY_TIMEOUT, a constant, which api.py imports).
+    proxy_timeout = serve_api.HTTP_PROXY_TIMEOUT
     services.get_node = get_node
+    parameter.RayParams.__init__ = with_agent_ports  # type: ignore[method-assign]
+    serve_api.HTTP_PROXY_TIMEOUT = seconds
     try:
         yield
     finally:
         services.get_node = original
+        parameter.RayParams.__init__ = make_params  # type: ignore[method-assign]
+        serve_api.HTTP_PROXY_TIMEOUT = proxy_timeout
         for name, value in previous.items():
             if value is None:
                 os.environ.pop(name, None)

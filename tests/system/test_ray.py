@@ -662,6 +662,8 @@ def test_deploy_without_a_cluster_starts_a_local_ray_that_shutdown_stops(
         for pid in pids:
             wait_until(lambda pid=pid: process_gone(pid), 30, 0.1, f"local Ray process {pid} gone")
     finally:
+        if ray.is_initialized():  # deploy() failed half-way: the local Ray it started stops
+            ray.shutdown()
         ray.init(address=ray_cluster.cluster.address, log_to_driver=False)
 
 
