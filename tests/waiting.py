@@ -171,6 +171,37 @@ def agent_ports() -> dict[str, int]:
     }
 
 
+def _raylet_alive(node_id: str) -> bool:
+    """Whether the raylet of the node ``node_id`` (hex) still runs."""
+    import psutil
+
+    for process in psutil.process_iter(["name", "cmdline", "status"]):
+        info = process.info
+        if (
+            "raylet" in (info["name"] or "")
+            and info["status"] != psutil.STATUS_ZOMBIE
+            and any(node_id in word for word in info["cmdline"] or ())
+        ):
+            return True
+    return False
+
+
+def start_ray_node(start: Callable[[], T], attempts: int = 3) -> T:
+    """``start()``, a Ray node's start (``cluster.add_node(...)``), again if the node failed to start.
+
+    A node's raylet waits about 15 s for its dashboard agent to write its port files (metrics, listen port) and
+    aborts when they are late, whatever ports the agent was given (Ray's constant: nothing we found sets it). On a
+    machine starting three test workers at once, the agent's Python start took longer, and the module's cluster
+    never came up. The next start finds the agent's modules read and compiled, and the machine past its rush."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return start()
+        except Exception as exc:  # Ray says it with a bare Exception
+            if "timed out during startup" not in str(exc) or attempt == attempts:
+                raise
+    raise AssertionError("unreachable")
+
+
 @contextlib.contextmanager
 def patient_ray_nodes(seconds: float = 180.0) -> Iterator[None]:
     """While inside, a Ray node started in this process (``ray.cluster_utils.Cluster``'s head and workers) may take
@@ -195,13 +226,14 @@ def patient_ray_nodes(seconds: float = 180.0) -> Iterator[None]:
     os.environ.update(settings)
     original = services.get_node
 
-    def get_node(*args: Any, **kwargs: Any) -> Any:
+    def get_node(gcs_address: str, node_id: str, *args: Any, **kwargs: Any) -> Any:
         deadline = time.monotonic() + seconds
         while True:
             try:
-                return original(*args, **kwargs)
+                return original(gcs_address, node_id, *args, **kwargs)
             except RuntimeError:
-                if time.monotonic() > deadline:
+                # A raylet that aborted (its agents' port files, below) never registers: no more patience.
+                if time.monotonic() > deadline or not _raylet_alive(node_id):
                     raise
                 time.sleep(0.5)
 

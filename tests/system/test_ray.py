@@ -61,7 +61,7 @@ from tensorflow_serving.apis import (
 from tritonclient.utils import InferenceServerException
 
 import workbench.ray
-from tests.waiting import agent_ports, free_port, patient_ray_nodes, process_gone, wait_until
+from tests.waiting import agent_ports, free_port, patient_ray_nodes, process_gone, start_ray_node, wait_until
 from workbench import demo
 from workbench.jupyter import server_records as registry
 from workbench.notebook.widgets import LiveChart
@@ -89,8 +89,10 @@ class RayCluster:
 
     def add_worker(self) -> Any:
         port = free_port()
-        node = self.cluster.add_node(
-            num_cpus=1, object_store_memory=OBJECT_STORE_BYTES, metrics_export_port=port, **agent_ports()
+        node = start_ray_node(
+            lambda: self.cluster.add_node(
+                num_cpus=1, object_store_memory=OBJECT_STORE_BYTES, metrics_export_port=port, **agent_ports()
+            )
         )
         self.metrics_ports[node.node_id] = port
         return node
@@ -107,15 +109,15 @@ def ray_cluster() -> Iterator[RayCluster]:
 
 def _ray_cluster() -> Iterator[RayCluster]:
     head_metrics_port = free_port()
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={
-            "num_cpus": 0,
-            "object_store_memory": OBJECT_STORE_BYTES,
-            "include_dashboard": False,
-            "metrics_export_port": head_metrics_port,
+    cluster = Cluster()  # its head is its first node
+    start_ray_node(
+        lambda: cluster.add_node(
+            num_cpus=0,
+            object_store_memory=OBJECT_STORE_BYTES,
+            include_dashboard=False,
+            metrics_export_port=head_metrics_port,
             **agent_ports(),
-            "_system_config": {
+            _system_config={
                 # Ray metrics reach the agents' /metrics every second instead of every 10 s.
                 "metrics_report_interval_ms": 1000,
                 # A node killed without a word is declared dead after ~3 s instead of ~15 s (the abrupt-removal
@@ -123,7 +125,7 @@ def _ray_cluster() -> Iterator[RayCluster]:
                 "health_check_period_ms": 1000,
                 "health_check_failure_threshold": 3,
             },
-        },
+        )
     )
     nodes = RayCluster(cluster, {cluster.head_node.node_id: head_metrics_port})
     try:

@@ -30,21 +30,20 @@ OBJECT_STORE_BYTES = 80 * 1024**2  # Ray's floor is 75 MiB; the job passes file 
 @pytest.fixture(scope="module")
 def cluster_address() -> Iterator[str]:
     from ray.cluster_utils import Cluster
-    from waiting import agent_ports, patient_ray_nodes  # tests/waiting.py
+    from waiting import agent_ports, patient_ray_nodes, start_ray_node  # tests/waiting.py
 
     with patient_ray_nodes():  # a busy machine starts the nodes slower than Ray's own 30 s wait
-        cluster = Cluster(
-            initialize_head=True,
-            head_node_args={
-                "num_cpus": 0,
-                "object_store_memory": OBJECT_STORE_BYTES,
-                "include_dashboard": False,
-                **agent_ports(),
-            },
+        cluster = Cluster()  # its head is its first node
+        start_ray_node(
+            lambda: cluster.add_node(
+                num_cpus=0, object_store_memory=OBJECT_STORE_BYTES, include_dashboard=False, **agent_ports()
+            )
         )
         try:
             for _ in range(2):
-                cluster.add_node(num_cpus=1, object_store_memory=OBJECT_STORE_BYTES, **agent_ports())
+                start_ray_node(
+                    lambda: cluster.add_node(num_cpus=1, object_store_memory=OBJECT_STORE_BYTES, **agent_ports())
+                )
             cluster.wait_for_nodes()
             yield str(cluster.address)
         finally:
