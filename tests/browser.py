@@ -10,7 +10,6 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from waiting import free_port
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMIUM_ARGS = [
@@ -35,12 +35,6 @@ def require_browser() -> None:
         import playwright.sync_api  # noqa: F401
     except ImportError:
         pytest.skip("playwright is not installed (pip install -e '.[test]')")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def notebook(cells: list[str]) -> dict:

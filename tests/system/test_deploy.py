@@ -15,7 +15,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -31,7 +30,7 @@ import requests
 import yaml
 from google.protobuf import text_format
 from tensorflow_serving.config import model_server_config_pb2
-from waiting import wait_until
+from waiting import free_port, wait_until
 
 from workbench.cli import build_parser
 from workbench.deploy.entrypoint import DEFAULT_MODEL_BASE_PATH, DEFAULT_MODEL_NAME, IMAGE_DEFAULTS, serve_arguments
@@ -452,10 +451,6 @@ def test_the_build_context_holds_what_the_wheel_is_built_from() -> None:
 
 
 # ------------------------------------------------------------------------------------------- real processes
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class Process:

@@ -14,7 +14,6 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sysconfig
 import venv
@@ -23,18 +22,12 @@ from pathlib import Path
 
 import pytest
 import requests
-from waiting import wait_until
+from waiting import free_port, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 MAKE = shutil.which("make")
 
 pytestmark = pytest.mark.skipif(MAKE is None, reason="GNU make is not installed")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.contextmanager

@@ -14,7 +14,6 @@ import os
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -25,7 +24,7 @@ import nbformat
 import pytest
 import requests
 from nbclient import NotebookClient
-from waiting import wait_until
+from waiting import free_port, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -206,10 +205,6 @@ def _environment(env: dict[str, str]) -> Iterator[None]:
 
 
 # -------------------------------------------------------------------------------------------- headless
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.mark.timeout(600)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -23,7 +22,7 @@ import requests
 import tabular_models as tm  # noqa: E402  (tests/tabular_models.py)
 from moto_aws import moto_aws  # noqa: E402  (tests/moto_aws.py)
 from sklearn.linear_model import LogisticRegression
-from waiting import wait_until
+from waiting import free_port, wait_until
 
 import workbench
 
@@ -262,12 +261,6 @@ SLOW_MODEL = textwrap.dedent(
             return {"y": inputs["x"] * 2.0}
     """
 )
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class Serve:

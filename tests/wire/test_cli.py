@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import requests
+from waiting import free_port
 
 from workbench.cli import build_parser, main
 from workbench.config.server_flags import UNSUPPORTED_TF_SERVING_FLAGS
@@ -176,10 +177,6 @@ def test_nothing_to_serve_is_refused(capsys):
 
 
 # -------------------------------------------------------------------------------------- a real process
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def port_is_free(port: int) -> bool:

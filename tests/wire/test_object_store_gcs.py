@@ -19,7 +19,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -30,7 +29,7 @@ import pytest
 import requests
 from replica import MODELS, REACH_TIMEOUT_S, Replica
 from upload_orders import ORDERS, copy_cut_off_then_whole
-from waiting import model_config_text, wait_until
+from waiting import free_port, model_config_text, wait_until
 
 if importlib.util.find_spec("gcsfs") is None:  # found, not imported: gcsfs reads its settings on import
     pytest.skip("gs:// needs gcsfs: pip install 'workbench-serving[gcs]'", allow_module_level=True)
@@ -52,11 +51,6 @@ START_TIMEOUT_S = 60  # a Go binary on a loaded 2-core machine
 
 
 # ----------------------------------------------------------------------------------------------- the store
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @pytest.fixture(scope="module")

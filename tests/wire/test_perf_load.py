@@ -19,7 +19,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -30,7 +29,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import requests
-from waiting import wait_until
+from waiting import free_port, wait_until
 
 from workbench.client import load_inputs, perf
 
@@ -54,12 +53,6 @@ SLEEPY = textwrap.dedent(
             return {"y": inputs["x"] * 2.0}
     """
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")

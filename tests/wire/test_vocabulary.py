@@ -10,7 +10,6 @@ import json
 import os
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -22,6 +21,7 @@ import pytest
 import requests
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
+from waiting import free_port
 
 import workbench
 from workbench import cli
@@ -44,12 +44,6 @@ def cli_fails(capsys: pytest.CaptureFixture[str], *words: str) -> str:
         cli.main(list(words))
     assert info.value.code == 2
     return capsys.readouterr().err
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 # ------------------------------------------------------------------------------------------ command line
