@@ -158,7 +158,7 @@ def free_port() -> int:
 
 
 def agent_ports() -> dict[str, int]:
-    """Fixed ports for a Ray node's agents (``Cluster.add_node(**agent_ports())``, or a head's node arguments).
+    """Fixed ports for a Ray node's agents, which :func:`patient_ray_nodes` gives every node started without them.
 
     Given port 0, each agent picks one and writes it to a file in the session folder, and the node's raylet waits for
     those files about 15 s (no setting of Ray's that we found changes it), then crashes: "Timed out waiting for file
@@ -193,13 +193,13 @@ def start_ray_node(start: Callable[[], T], attempts: int = 3) -> T:
     aborts when they are late, whatever ports the agent was given (Ray's constant: nothing we found sets it). On a
     machine starting three test workers at once, the agent's Python start took longer, and the module's cluster
     never came up. The next start finds the agent's modules read and compiled, and the machine past its rush."""
-    for attempt in range(1, attempts + 1):
+    for _ in range(attempts - 1):
         try:
             return start()
         except Exception as exc:  # Ray says it with a bare Exception
-            if "timed out during startup" not in str(exc) or attempt == attempts:
+            if "timed out during startup" not in str(exc):
                 raise
-    raise AssertionError("unreachable")
+    return start()
 
 
 @contextlib.contextmanager
@@ -208,9 +208,9 @@ def patient_ray_nodes(seconds: float = 180.0) -> Iterator[None]:
     ``seconds`` to register with its GCS, instead of the 30 s that ``ray._private.node.Node`` waits (a constant there):
     on a busy machine a new node's processes take longer to start, and the cluster failed to come up at all. Ray's
     loop asks ``ray._private.services.get_node`` until it answers; this one asks again inside each of those asks. The
-    processes Ray starts meanwhile (raylets, their agents) get the same patience through Ray's own settings, and a
-    node started without its agents' ports (``ray.init(address="local")``, which takes none) gets them from
-    :func:`agent_ports`, so that its raylet does not wait for their port files either."""
+    processes Ray starts meanwhile (raylets, their agents) get the same patience through Ray's own settings, and
+    every node started without its agents' ports (``Cluster.add_node``, ``ray.init(address="local")``, which takes
+    none) gets them from :func:`agent_ports`."""
     import ray._private.parameter as parameter
     import ray._private.services as services
     import ray.serve._private.api as serve_api

@@ -61,7 +61,7 @@ from tensorflow_serving.apis import (
 from tritonclient.utils import InferenceServerException
 
 import workbench.ray
-from tests.waiting import agent_ports, free_port, patient_ray_nodes, process_gone, start_ray_node, wait_until
+from tests.waiting import free_port, patient_ray_nodes, process_gone, start_ray_node, wait_until
 from workbench import demo
 from workbench.jupyter import server_records as registry
 from workbench.notebook.widgets import LiveChart
@@ -90,9 +90,7 @@ class RayCluster:
     def add_worker(self) -> Any:
         port = free_port()
         node = start_ray_node(
-            lambda: self.cluster.add_node(
-                num_cpus=1, object_store_memory=OBJECT_STORE_BYTES, metrics_export_port=port, **agent_ports()
-            )
+            lambda: self.cluster.add_node(num_cpus=1, object_store_memory=OBJECT_STORE_BYTES, metrics_export_port=port)
         )
         self.metrics_ports[node.node_id] = port
         return node
@@ -116,7 +114,6 @@ def _ray_cluster() -> Iterator[RayCluster]:
             object_store_memory=OBJECT_STORE_BYTES,
             include_dashboard=False,
             metrics_export_port=head_metrics_port,
-            **agent_ports(),
             _system_config={
                 # Ray metrics reach the agents' /metrics every second instead of every 10 s.
                 "metrics_report_interval_ms": 1000,

@@ -30,20 +30,16 @@ OBJECT_STORE_BYTES = 80 * 1024**2  # Ray's floor is 75 MiB; the job passes file 
 @pytest.fixture(scope="module")
 def cluster_address() -> Iterator[str]:
     from ray.cluster_utils import Cluster
-    from waiting import agent_ports, patient_ray_nodes, start_ray_node  # tests/waiting.py
+    from waiting import patient_ray_nodes, start_ray_node  # tests/waiting.py
 
     with patient_ray_nodes():  # a busy machine starts the nodes slower than Ray's own 30 s wait
         cluster = Cluster()  # its head is its first node
         start_ray_node(
-            lambda: cluster.add_node(
-                num_cpus=0, object_store_memory=OBJECT_STORE_BYTES, include_dashboard=False, **agent_ports()
-            )
+            lambda: cluster.add_node(num_cpus=0, object_store_memory=OBJECT_STORE_BYTES, include_dashboard=False)
         )
         try:
             for _ in range(2):
-                start_ray_node(
-                    lambda: cluster.add_node(num_cpus=1, object_store_memory=OBJECT_STORE_BYTES, **agent_ports())
-                )
+                start_ray_node(lambda: cluster.add_node(num_cpus=1, object_store_memory=OBJECT_STORE_BYTES))
             cluster.wait_for_nodes()
             yield str(cluster.address)
         finally:
