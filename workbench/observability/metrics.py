@@ -164,6 +164,10 @@ class ServingMetrics:
             buckets=_LATENCY_BUCKETS_S,
             registry=self.registry,
         )
+        # A statistics answer reads the batch series under this lock and a batch is recorded under it, so a
+        # snapshot counts a batch's rows and its run together (prometheus_client adds a histogram's sum before its
+        # bucket): perf_analyzer's mean batch between two snapshots is exact.
+        self._statistics_lock = threading.Lock()
         self._request_children: dict[tuple[object, ...], tuple[Any, Any, Any]] = {}
         self._batch_children: dict[tuple[str, int], tuple[Any, Any, Any]] = {}
         self._queue_depths: Callable[[], Iterable[tuple[str, int, int]]] = lambda: ()
@@ -259,11 +263,12 @@ class ServingMetrics:
                 self.queue_seconds.labels(record.model, version),
             )
         batch_size, inference_seconds, queue_seconds = children
-        batch_size.observe(record.size)
-        inference_seconds.observe(record.run_seconds)
-        for seconds in record.queue_seconds:
-            queue_seconds.observe(seconds)
-        self.triton.batch(record)
+        with self._statistics_lock:
+            batch_size.observe(record.size)
+            inference_seconds.observe(record.run_seconds)
+            for seconds in record.queue_seconds:
+                queue_seconds.observe(seconds)
+            self.triton.batch(record)
 
     def observe_cache_lookup(self, model: str, version: int, hit: bool, seconds: float) -> None:
         self.triton.cache_lookup(model, version, hit, seconds)
@@ -313,4 +318,5 @@ class ServingMetrics:
     def statistics_families(self) -> list[Metric]:
         """What Triton's statistics extension is read from: requests, latencies, queueing, runs, batch sizes."""
         families = (self.requests, self.latency, self.queue_seconds, self.inference_seconds, self.batch_size)
-        return [metric for family in (*families, self.triton) for metric in family.collect()]
+        with self._statistics_lock:
+            return [metric for family in (*families, self.triton) for metric in family.collect()]
