@@ -232,8 +232,9 @@ def accept_waiting(listeners: list[socket.socket]) -> list[socket.socket]:
     return accepted
 
 
-async def drain(server: uvicorn.Server, listeners: list[socket.socket], grace: float) -> None:
-    """Close ``server``'s port and drain its connections within ``grace`` seconds (see the module's docstring)."""
+async def drain(server: uvicorn.Server, listeners: list[socket.socket], grace: float) -> bool:
+    """Close ``server``'s port and drain its connections within ``grace`` seconds (see the module's docstring);
+    True when every request finished, False when uvicorn cancelled what still ran at the end of the grace."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + grace
     state = drain_state(server.server_state)
@@ -272,8 +273,10 @@ async def drain(server: uvicorn.Server, listeners: list[socket.socket], grace: f
     left = server.server_state
     while (state.handshakes_pending() or left.connections or left.tasks) and loop.time() < deadline:
         await asyncio.sleep(0.05)
+    finished = not (left.connections or left.tasks) and loop.time() < deadline
     for task in opened:
         task.cancel()  # a no-op for those done
+    return finished
 
 
 def _settled(task: asyncio.Task[Any]) -> None:

@@ -418,13 +418,13 @@ class ModelServer:
         log.info("Refusing new connections; accepted requests have %.1fs to finish", grace)
         self._stopped.set()
         started = time.monotonic()
-        await self._ports.close(grace)
+        finished = await self._ports.close(grace)
         # Asynchronous requests running here finish within what is left; the others wait in the queue for the next
         # consumer (this server started again, or its other processes).
         await self.asynchronous.stop(max(0.0, deadline - time.monotonic()))
         await self.batch_jobs.stop()  # what they wrote stays: the same job started again finishes the rest
         await self.dataplane.shadows.stop()  # copies to a shadow version answer nobody: a short wait at most
-        if time.monotonic() - started < grace:
+        if finished and time.monotonic() - started < grace:
             log.info("Every accepted request finished (%.1fs)", time.monotonic() - started)
         else:
             log.warning("Drain budget (--drain_seconds=%g) spent: requests still running were cancelled", budget)

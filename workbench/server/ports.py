@@ -20,6 +20,7 @@ from starlette.applications import Starlette
 from workbench.config.options import ServerOptions
 from workbench.core.errors import Code, ServingError
 from workbench.frontends.grpc import ReadinessHealth, start_grpc_server
+from workbench.server import grpc_drain
 from workbench.server.http_drain import DrainingHttpProtocol, drain
 
 log = logging.getLogger("workbench.server")  # the server's log lines, whichever of its modules writes them
@@ -119,19 +120,21 @@ class Ports:
         scheme = "HTTPS" if tls is not None else "HTTP"
         log.info("Exporting %s/REST API at %s:%d", scheme, options.rest_api_host, self.rest_port)
 
-    async def close(self, grace: float) -> None:
-        """Stop accepting on both ports at once; wait up to ``grace`` seconds for accepted requests to finish.
+    async def close(self, grace: float) -> bool:
+        """Stop accepting on both ports at once; wait up to ``grace`` seconds for accepted requests to finish. True
+        when every one finished; False when some were cancelled.
 
-        gRPC's ``stop(grace)`` refuses new RPCs and cancels what still runs at the end of the grace. REST takes in
+        gRPC refuses new RPCs, and cancels what still runs at the end of the grace
+        (:func:`workbench.server.grpc_drain.stop`). REST takes in
         the connections waiting to be accepted, closes its listening socket and the keep-alive connections that
         are idle, answers every other accepted connection's request with ``Connection: close``, and cancels what
         still runs at the end of the grace (:func:`workbench.server.http_drain.drain`).
         """
         closing = []
         if self._grpc is not None:
-            closing.append(self._grpc.stop(grace=grace))
+            closing.append(grpc_drain.stop(self._grpc, grace))
             self._grpc = None
         if self._uvicorn is not None:
             closing.append(drain(self._uvicorn, self._sockets, grace))
             self._uvicorn = None
-        await asyncio.gather(*closing)
+        return all(await asyncio.gather(*closing))
