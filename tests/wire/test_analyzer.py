@@ -78,7 +78,7 @@ def test_the_winner_is_the_one_the_arithmetic_predicts_and_it_is_written_and_app
         assert point.compute_us is not None and point.compute_us >= 0.95 * CALL_S * 1e6, point
     # Batches from 8 clients win: more inferences a second than one at a time, and the server says batches formed.
     assert analysis.winner is not None
-    assert (analysis.winner.candidate.max_batch_size, analysis.winner.concurrency) == (8, 8)
+    assert (analysis.winner.candidate.max_batch_size, analysis.winner.concurrency) == (8, 8), analysis.points
     assert analysis.winner.inferences_per_second > by[(1, 8)].inferences_per_second
     assert analysis.winner.avg_batch is not None and analysis.winner.avg_batch > 1
     assert "batch 8" in analysis.why and "wins for fixed" in analysis.why
