@@ -24,7 +24,7 @@ log = logging.getLogger("workbench.server")
 
 # grpc.aio's coroutines, by name: the loop asking core for calls, and the task each handed-over call runs in.
 _ASKING_FOR_CALLS = frozenset({"_server_main_loop", "_request_call", "_request_registered_call"})
-_RUNNING_A_CALL = frozenset({"_schedule_rpc_coro", "_handle_rpc"})
+_RUNNING_A_CALL = frozenset({"_schedule_rpc_coro"})
 POLL_SECONDS = 0.05
 # How long nothing must be handed over or running before what core still holds is cancelled: loop turns between a
 # call's hand-over and its task, on a busy machine.
