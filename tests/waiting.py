@@ -10,7 +10,7 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Collection, Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -157,18 +157,36 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def agent_ports() -> dict[str, int]:
+def agent_ports(taken: Collection[int] = ()) -> dict[str, int]:
     """Fixed ports for a Ray node's agents, which :func:`patient_ray_nodes` gives every node started without them.
 
     Given port 0, each agent picks one and writes it to a file in the session folder, and the node's raylet waits for
     those files about 15 s (no setting of Ray's that we found changes it), then crashes: "Timed out waiting for file
     .../metrics_agent_port_<node>". On two cores busy with other tests an agent's Python start took longer, and the
-    cluster never came up. With its ports given, nothing waits for the files."""
-    return {
-        "metrics_agent_port": free_port(),
-        "dashboard_agent_listen_port": free_port(),
-        "runtime_env_agent_port": free_port(),
-    }
+    cluster never came up. With its ports given, nothing waits for the files.
+
+    The three differ from each other and from ``taken`` (the node's other given ports): the kernel may hand a port
+    just closed out again, and Ray refuses a node two of whose components share one (CI saw the runtime-env agent
+    given the metrics-export port picked a moment before)."""
+    names = ("metrics_agent_port", "dashboard_agent_listen_port", "runtime_env_agent_port")
+    return dict(zip(names, free_ports(len(names), taken), strict=True))
+
+
+def free_ports(count: int, taken: Collection[int] = ()) -> list[int]:
+    """``count`` different ports no one listens on now, none of them in ``taken``.
+
+    Each socket stays bound until all are picked, so the kernel cannot hand the same port out twice."""
+    import socket
+
+    with contextlib.ExitStack() as held:
+        ports: list[int] = []
+        while len(ports) < count:
+            sock = held.enter_context(socket.socket())
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+            if port not in taken:
+                ports.append(port)
+        return ports
 
 
 def _raylet_alive(node_id: str) -> bool:
@@ -241,7 +259,8 @@ def patient_ray_nodes(seconds: float = 180.0) -> Iterator[None]:
 
     def with_agent_ports(params: Any, *args: Any, **kwargs: Any) -> None:
         make_params(params, *args, **kwargs)
-        for name, port in agent_ports().items():
+        given = {value for name, value in vars(params).items() if name.endswith("_port") and isinstance(value, int)}
+        for name, port in agent_ports(taken=given).items():
             if not getattr(params, name, None):
                 setattr(params, name, port)
 
