@@ -69,15 +69,15 @@ class Analysis:
         return html_fragment(self)
 
     def _ipython_display_(self) -> None:
-        """In a notebook: why the winner won, the frontier (a plotly widget, drawn by the notebook's own plotly),
-        and the table of every point."""
-        import plotly.graph_objects as go
+        """In a notebook: why the winner won, the frontier (a plotly widget, drawn by the notebook's own plotly,
+        whole however late the browser loads it), and the table of every point."""
         from IPython.display import HTML, display
 
         from workbench.analyzer.report import figure, table
+        from workbench.notebook.live_figure import figure_widget
 
         display(HTML(f"<p>{html.escape(self.why)}</p>"))
-        display(go.FigureWidget(figure(self)))
+        display(figure_widget(figure(self)))
         display(HTML(table(self)))
 
 

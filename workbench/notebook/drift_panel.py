@@ -13,6 +13,7 @@ from typing import Any
 
 import ipywidgets as widgets
 
+from workbench.notebook.live_figure import LiveFigure
 from workbench.notebook.part import Server, StatsPanel
 
 NO_DRIFT = (
@@ -30,25 +31,23 @@ class DriftPanel(StatsPanel):
 
     def __init__(self, server: Server, interval: float = 1.0) -> None:
         super().__init__(server, interval)
-        import plotly.graph_objects as go
-
-        self.figure = go.FigureWidget()
-        self.figure.update_layout(
-            height=300,
-            margin={"l": 50, "r": 20, "t": 40, "b": 60},
-            title={"text": "population stability index per feature", "font": {"size": 13}},
-            yaxis={"title": "PSI", "rangemode": "tozero"},
-            showlegend=False,
+        layout = {
+            "height": 300,
+            "margin": {"l": 50, "r": 20, "t": 40, "b": 60},
+            "title": {"text": "population stability index per feature", "font": {"size": 13}},
+            "yaxis": {"title": "PSI", "rangemode": "tozero"},
+            "showlegend": False,
             # The usual "significant shift" PSI, across the chart.
-            shapes=[
+            "shapes": [
                 {
                     "type": "line", "xref": "paper", "x0": 0, "x1": 1, "yref": "y", "y0": PSI_THRESHOLD,
                     "y1": PSI_THRESHOLD, "line": {"dash": "dot", "color": "#888"},
                 }
             ],
-        )  # fmt: skip
+        }  # fmt: skip
+        self._live = LiveFigure({"layout": layout})
         self.details = widgets.HTML(NO_DRIFT)
-        self.widget = widgets.VBox([self.figure, self.details])
+        self.widget = widgets.VBox([self._live.widget, self.details])
         self._start(server)
 
     def _draw(self, records: dict[str, dict[str, Any]]) -> None:
@@ -65,6 +64,7 @@ class DriftPanel(StatsPanel):
             self.figure.data = ()
             if names:
                 self.figure.add_trace(go.Bar(x=names, y=values, marker={"color": colours}))
+        self._live.drawn()
         self.details.value = _details(records) if records else NO_DRIFT
         self.records = records  # last: what the panel shows, figure and words
 

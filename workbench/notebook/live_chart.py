@@ -12,6 +12,7 @@ import requests
 
 from workbench.client import Client
 from workbench.core.errors import ServingError
+from workbench.notebook.live_figure import LiveFigure
 from workbench.notebook.part import (
     PALETTE,
     Newest,
@@ -69,27 +70,30 @@ class LiveChart(Part):
         figure = make_subplots(
             rows=len(titles), cols=1, shared_xaxes=True, vertical_spacing=0.06, subplot_titles=titles
         )
-        import plotly.graph_objects as go
-
-        self.figure = go.FigureWidget(figure)
-        self.figure.update_layout(
+        figure.update_layout(
             height=520 + 160 * (len(titles) - 3),  # a row more, not the same height shared by more rows
             margin={"l": 50, "r": 20, "t": 40, "b": 30},
             legend={"orientation": "h"},
         )
         if self.cache_row:
-            self.figure.update_yaxes(range=[0, 100], row=4, col=1)  # a share: a fixed scale reads at a glance
+            figure.update_yaxes(range=[0, 100], row=4, col=1)  # a share: a fixed scale reads at a glance
+        self._live = LiveFigure(figure)  # whole, so a browser slow to load plotly.js still draws it
         self._traces: dict[tuple[str, str], dict[str, int]] = {}
         self._redraws: Newest[None] = Newest(lambda _: self._draw())
-        self.widget = self.figure
+        self.widget = self._live.widget
         register(server, self)
         self._spawn(self._read_stream, "chart-stream")
         self._spawn(self._redraw_loop, "chart-draw")
 
+    @property
+    def figure(self) -> Any:
+        """The chart's plotly ``FigureWidget`` (read it anew: one the browser stopped drawing is replaced)."""
+        return self._live.figure
+
     def _ipython_display_(self) -> None:
         from IPython.display import display
 
-        display(self.figure)
+        display(self.widget)
 
     def _read_stream(self) -> None:
         """Follow the server-sent events; reconnect if the stream drops, until closed."""
@@ -163,6 +167,7 @@ class LiveChart(Part):
                 for name, index in traces.items():
                     self.figure.data[index].x = x
                     self.figure.data[index].y = series[name]
+        self._live.drawn()
 
     def _add_traces(self, key: tuple[str, str]) -> dict[str, int]:
         colour = PALETTE[len(self._traces) % len(PALETTE)]

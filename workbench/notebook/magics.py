@@ -527,34 +527,41 @@ def load_ipython_extension(ipython: Any) -> None:
 
 class _LiveFrontier:
     """The analyzer's frontier drawing itself in the cell: a plotly FigureWidget, a line a candidate, a point each
-    time one is measured; replaced by the finished chart (winner starred) at the end."""
+    time one is measured; replaced by the finished chart (winner starred) at the end.
+
+    The points arrive while the analysis holds the kernel, so the browser's acknowledgements of them wait too, and
+    :class:`~workbench.notebook.live_figure.LiveFigure` could not tell a slow browser from a deaf one: the finished
+    chart is a new figure instead, whole from its creation, so it draws even where the live one never did."""
 
     def __init__(self, model: str) -> None:
-        import plotly.graph_objects as go
+        import ipywidgets as widgets
 
-        self.widget = go.FigureWidget()
-        self.widget.update_layout(
-            title=f"{model}: measuring (throughput against p99 latency)",
-            xaxis_title="p99 latency (ms)",
-            yaxis_title="inferences/s",
-            template="plotly_white",
-            height=420,
-        )
+        from workbench.notebook.live_figure import figure_widget
+
+        layout = {
+            "title": f"{model}: measuring (throughput against p99 latency)",
+            "xaxis_title": "p99 latency (ms)",
+            "yaxis_title": "inferences/s",
+            "template": "plotly_white",
+            "height": 420,
+        }
+        self.figure = figure_widget({"layout": layout})
+        self.widget = widgets.VBox([self.figure])
         self._traces: dict[str, int] = {}
 
     def add(self, point: Any) -> None:
         name = point.candidate.name
         if name not in self._traces:
-            self.widget.add_scatter(x=[], y=[], mode="lines+markers", name=name)
-            self._traces[name] = len(self.widget.data) - 1
-        trace = self.widget.data[self._traces[name]]
-        with self.widget.batch_update():
+            self.figure.add_scatter(x=[], y=[], mode="lines+markers", name=name)
+            self._traces[name] = len(self.figure.data) - 1
+        trace = self.figure.data[self._traces[name]]
+        with self.figure.batch_update():
             trace.x = (*trace.x, point.p99_ms)
             trace.y = (*trace.y, point.inferences_per_second)
 
     def finish(self, final: Any) -> None:
-        with self.widget.batch_update():
-            self.widget.data = ()
-            for trace in final.data:
-                self.widget.add_trace(trace)
-            self.widget.layout = final.layout
+        from workbench.notebook.live_figure import figure_widget
+
+        measuring, self.figure = self.figure, figure_widget(final)
+        self.widget.children = (self.figure,)
+        measuring.close()

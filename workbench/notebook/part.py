@@ -18,6 +18,7 @@ import requests
 
 from workbench.client import Client
 from workbench.core.errors import ServingError
+from workbench.notebook.live_figure import LiveFigure
 
 Server = Any  # a ServerHandle, a Client, or a REST base URL
 
@@ -178,8 +179,9 @@ class StatsPanel(Part):
     """A dashboard panel drawn from one kind of record in the server's stats snapshot (:attr:`RECORDS`: the
     ``"shadow"`` or ``"drift"`` entry), fetched every ``interval`` seconds on a thread of its own and drawn on the
     kernel's (the newest snapshot only: a slow draw skips the ones it missed). A subclass builds :attr:`widget` and
-    its figure, then calls :meth:`_start`; it draws in :meth:`_draw`, and keeps what must not be skipped (a series
-    over time) in :meth:`_received`, on the polling thread, so a kernel busy with a long cell loses no reading."""
+    its figure (a :class:`~workbench.notebook.live_figure.LiveFigure`, ``_live``), then calls :meth:`_start`; it
+    draws in :meth:`_draw`, and keeps what must not be skipped (a series over time) in :meth:`_received`, on the
+    polling thread, so a kernel busy with a long cell loses no reading."""
 
     RECORDS = ""
 
@@ -190,6 +192,12 @@ class StatsPanel(Part):
         # The records the panel shows: set by :meth:`_draw` once its figure and words show them.
         self.records: dict[str, dict[str, Any]] = {}
         self.widget: widgets.Widget
+        self._live: LiveFigure
+
+    @property
+    def figure(self) -> Any:
+        """The panel's plotly ``FigureWidget`` (read it anew: one the browser stopped drawing is replaced)."""
+        return self._live.figure
 
     def _start(self, server: Server) -> None:
         self._updates: Newest[dict[str, dict[str, Any]]] = Newest(self._draw)

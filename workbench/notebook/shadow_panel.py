@@ -15,6 +15,7 @@ from typing import Any
 
 import ipywidgets as widgets
 
+from workbench.notebook.live_figure import LiveFigure
 from workbench.notebook.part import PALETTE, Server, StatsPanel
 
 POINTS = 300  # agreement readings kept a model (5 minutes at one a second)
@@ -28,7 +29,6 @@ class ShadowPanel(StatsPanel):
 
     def __init__(self, server: Server, interval: float = 1.0) -> None:
         super().__init__(server, interval)
-        import plotly.graph_objects as go
         from plotly.subplots import make_subplots
 
         self._agreement: dict[str, collections.deque[tuple[float, float]]] = {}
@@ -36,13 +36,13 @@ class ShadowPanel(StatsPanel):
         figure = make_subplots(
             rows=1, cols=2, subplot_titles=["agreement with the answering version", "|difference| of recent copies"]
         )
-        self.figure = go.FigureWidget(figure)
-        self.figure.update_layout(height=320, margin={"l": 50, "r": 20, "t": 40, "b": 30}, legend={"orientation": "h"})
-        self.figure.update_yaxes(range=[0, 1.02], row=1, col=1)
+        figure.update_layout(height=320, margin={"l": 50, "r": 20, "t": 40, "b": 30}, legend={"orientation": "h"})
+        figure.update_yaxes(range=[0, 1.02], row=1, col=1)
+        self._live = LiveFigure(figure)
         self.details = widgets.HTML(
             "<i>No model has a shadow: <code>%serve shadow MODEL VERSION</code> starts one.</i>"
         )
-        self.widget = widgets.VBox([self.figure, self.details])
+        self.widget = widgets.VBox([self._live.widget, self.details])
         self._start(server)
 
     def _received(self, records: dict[str, dict[str, Any]]) -> None:
@@ -91,6 +91,7 @@ class ShadowPanel(StatsPanel):
                     text="no float outputs:<br>classes are compared by agreement",
                     xref="x2 domain", yref="y2 domain", x=0.5, y=0.5, showarrow=False,
                 )  # fmt: skip
+        self._live.drawn()
         self.details.value = _details(records) if records else NO_SHADOW
         self.records = records  # last: what the panel shows, figure and words
 
