@@ -767,7 +767,10 @@ def test_a_model_whose_calls_cost_mostly_their_fixed_part_and_compete_fills_a_ba
     beside another; then requests that arrive one by one while a batch runs wait for it and run together, instead of
     a second call for each."""
     monkeypatch.setattr(CostCurve, "MIN_BATCHES", 4)
-    monkeypatch.setattr(CostCurve, "CONTENDED", 1.2)  # pairs take turns: 20 and 40 ms, 1.5 times a call alone
+    # Pairs take turns: 20 and 40 ms, 1.5 times a call alone, on a quiet machine. A busy one adds its wake-up delay
+    # to every call alike, which shrinks the ratio (a whole-suite run with both cores burning never saw 1.2 in 200
+    # rounds); a model whose calls overlap freely stays at 1.0.
+    monkeypatch.setattr(CostCurve, "CONTENDED", 1.1)
     model = Contended()
     b = bench(params(max_batch_size=16, num_batch_threads=2), model)
 

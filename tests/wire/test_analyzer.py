@@ -61,7 +61,10 @@ def test_the_winner_is_the_one_the_arithmetic_predicts_and_it_is_written_and_app
         max_batch_size=[1, 8],
         batch_timeout_micros=[0],
         concurrency=[1, 8],
-        latency_budget_ms=2000,  # every point within it, even on a busy machine: the most inferences a second wins
+        # Every point within it, even on a busy machine, so the most inferences a second wins. A whole-suite run
+        # with both cores burning once chose batch 8 at 1 client under a 2 s budget; batch 8 at 8 clients serves
+        # several times more, so the likely cause is its p99 past 2 s there, which made it ineligible.
+        latency_budget_ms=30_000,
         measurement_interval_ms=600,
         stability_percentage=20,
         max_trials=6,

@@ -9,6 +9,7 @@ single source of truth: a folder every node sees, or an object-store URL, whose 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -17,6 +18,7 @@ from typing import Any
 
 import ray
 from ray import serve
+from ray.serve.schema import ProxyStatus
 
 from workbench.config.options import ServerOptions
 from workbench.config.serve_options import serve_options
@@ -28,6 +30,9 @@ from workbench.ray.replica import WorkbenchReplica
 from workbench.runtime.storage import is_remote
 
 DEFAULT_NAME = "workbench"
+# How long Serve's proxies may take to start in all (Ray's own wait is a minute; see _start_serve).
+PROXY_START_SECONDS = 300.0
+log = logging.getLogger(__name__)
 # Ray's default (5) suits a model called once per request; workbench queues and batches many requests a replica.
 DEFAULT_MAX_ONGOING_REQUESTS = 256
 
@@ -132,6 +137,31 @@ def _list_for_jupyter(options: ServerOptions, name: str, host: str, http_port: i
     return server_records.register_server(listed, http_port, grpc_port)
 
 
+def _start_serve(**options: Any) -> None:
+    """``serve.start(**options)``, patient with proxies slower to start than Ray's minute.
+
+    Ray waits 60 s for its proxies to be ready (``HTTP_PROXY_TIMEOUT``, a constant), then raises, with its
+    controller and proxies left running; on a busy machine the proxies took longer, and the deployment failed for
+    nothing. Here they get :data:`PROXY_START_SECONDS` in all: ``serve.start`` again connects to the running
+    controller at once, and the proxies it reports are waited for until every one is healthy."""
+    started = time.monotonic()
+    try:
+        serve.start(**options)
+        return
+    except TimeoutError as exc:
+        if "proxies not available" not in str(exc):
+            raise
+        log.warning("%s Waiting for them up to %.0f s in all.", exc, PROXY_START_SECONDS)
+    serve.start(**options)
+    while True:
+        proxies = serve.status().proxies
+        if proxies and all(state == ProxyStatus.HEALTHY for state in proxies.values()):
+            return
+        if time.monotonic() - started > PROXY_START_SECONDS:
+            raise TimeoutError(f"Ray Serve's proxies not ready after {PROXY_START_SECONDS:.0f}s: {proxies}")
+        time.sleep(0.5)
+
+
 def deploy(
     repository: str | os.PathLike[str] | None = None,
     *,
@@ -171,7 +201,7 @@ def deploy(
         # None may still join a running local cluster (Ray reads /tmp/ray/ray_current_cluster): then shutting
         # down only disconnects. "local" always starts a new local Ray, which is ours to stop.
         owns_ray = address in (None, "local")
-    serve.start(
+    _start_serve(
         proxy_location=proxy_location,
         http_options={"host": http_host, "port": http_port},
         grpc_options={"port": grpc_port, "grpc_servicer_functions": SERVICER_FUNCTIONS},
