@@ -17,6 +17,7 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from waiting import free_port
@@ -94,6 +95,38 @@ def jupyterlab(root: Path) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             process.kill()
         log.close()
+
+
+@contextmanager
+def lab_page(
+    root: Path, notebooks: dict[str, list[str]], size: tuple[int, int], name: str
+) -> Iterator[tuple[Any, str]]:
+    """A Chromium page (``size``: width, height) beside JupyterLab serving ``root``, where ``notebooks`` (file name
+    to cells) are written first; yields the page and JupyterLab's URL. When what runs inside raises, the browser's
+    last console lines are printed and the whole page is kept as ``$TMPDIR/workbench-<name>-failure.png``."""
+    require_browser()
+    from playwright.sync_api import sync_playwright
+
+    for file, cells in notebooks.items():
+        (root / file).write_text(json.dumps(notebook(cells)))
+    with jupyterlab(root) as lab, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": size[0], "height": size[1]})
+            console: list[str] = []
+            page.on("console", lambda message: console.append(f"{message.type}: {message.text}"))
+            try:
+                yield page, lab
+            except Exception:
+                print("the browser's console:", *console[-60:], sep="\n")
+                page.screenshot(path=str(failure_screenshot(name)), full_page=True)
+                raise
+        finally:
+            browser.close()
+
+
+def failure_screenshot(name: str) -> Path:
+    return Path(os.environ.get("TMPDIR", "/tmp")) / f"workbench-{name}-failure.png"
 
 
 def open_notebook(page, lab_url: str, name: str) -> None:  # type: ignore[no-untyped-def]

@@ -10,16 +10,7 @@ import os
 import shutil
 from pathlib import Path
 
-from browser import (
-    CHROMIUM,
-    CHROMIUM_ARGS,
-    jupyterlab,
-    notebook,
-    open_notebook,
-    require_browser,
-    run_all_cells,
-    stderr_outputs,
-)
+from browser import lab_page, open_notebook, run_all_cells, stderr_outputs
 
 SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "dashboard.png"
 
@@ -41,24 +32,9 @@ CELLS = [
 ]
 
 
-def test_dashboard_renders_in_jupyterlab(tmp_path):
-    require_browser()
-    from playwright.sync_api import sync_playwright
-
-    (tmp_path / "dashboard.ipynb").write_text(json.dumps(notebook(CELLS)))
-    with jupyterlab(tmp_path) as lab, sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1500})
-            failure_shot = tmp_path / "failure.png"
-            try:
-                _drive(page, lab, tmp_path)
-            except Exception:
-                page.screenshot(path=str(failure_shot), full_page=True)
-                shutil.copy(failure_shot, Path(os.environ.get("TMPDIR", "/tmp")) / "workbench-dashboard-failure.png")
-                raise
-        finally:
-            browser.close()
+def test_dashboard_renders_in_jupyterlab(tmp_path: Path) -> None:
+    with lab_page(tmp_path, {"dashboard.ipynb": CELLS}, (1400, 1500), "dashboard") as (page, lab):
+        _drive(page, lab, tmp_path)
 
 
 def _drive(page, lab: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

@@ -5,12 +5,11 @@ Screenshots: docs/shadow-panel.png and docs/analyzer-report.png (kept with WORKB
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from pathlib import Path
 
-from browser import CHROMIUM, CHROMIUM_ARGS, jupyterlab, notebook, open_notebook, require_browser, run_all_cells
+from browser import lab_page, open_notebook, run_all_cells
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
@@ -38,25 +37,8 @@ CELLS = [
 
 
 def test_the_shadow_panel_and_the_analyzers_answer_render(tmp_path: Path) -> None:
-    require_browser()
-    from playwright.sync_api import sync_playwright
-
-    (tmp_path / "deciding.ipynb").write_text(json.dumps(notebook(CELLS)))
-    with jupyterlab(tmp_path) as lab, sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1600})
-            console: list[str] = []
-            page.on("console", lambda message: console.append(f"{message.type}: {message.text}"))
-            try:
-                _drive(page, lab, tmp_path)
-            except Exception:
-                print("the browser's console:", *console[-60:], sep="\n")
-                page.screenshot(path=str(tmp_path / "failure.png"), full_page=True)
-                shutil.copy(tmp_path / "failure.png", Path(os.environ.get("TMPDIR", "/tmp")) / "workbench-deciding.png")
-                raise
-        finally:
-            browser.close()
+    with lab_page(tmp_path, {"deciding.ipynb": CELLS}, (1400, 1600), "deciding") as (page, lab):
+        _drive(page, lab, tmp_path)
 
 
 def _drive(page, lab: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

@@ -7,13 +7,10 @@ and the analyzer's static figure draws whole since its data travel in the messag
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
 import time
 from pathlib import Path
 
-from browser import CHROMIUM, CHROMIUM_ARGS, jupyterlab, notebook, open_notebook, require_browser, run_all_cells
+from browser import lab_page, open_notebook, run_all_cells
 
 # While the chart's cell runs, every module the page loads from a large script blob (anywidget loads each figure's
 # plotly.js so) finishes loading 3 s late, as on a busy machine (a CPU slowed 60 times did it too, but not always).
@@ -52,22 +49,8 @@ CELLS = [
 
 
 def test_the_live_chart_draws_in_a_browser_that_loaded_plotly_too_late(tmp_path: Path) -> None:
-    require_browser()
-    from playwright.sync_api import sync_playwright
-
-    (tmp_path / "slow.ipynb").write_text(json.dumps(notebook(CELLS)))
-    with jupyterlab(tmp_path) as lab, sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1200, "height": 1400})
-            try:
-                _drive(page, lab)
-            except Exception:
-                page.screenshot(path=str(tmp_path / "failure.png"), full_page=True)
-                shutil.copy(tmp_path / "failure.png", Path(os.environ.get("TMPDIR", "/tmp")) / "workbench-slow.png")
-                raise
-        finally:
-            browser.close()
+    with lab_page(tmp_path, {"slow.ipynb": CELLS}, (1200, 1400), "live-figure") as (page, lab):
+        _drive(page, lab)
 
 
 def _drive(page, lab: str) -> None:  # type: ignore[no-untyped-def]

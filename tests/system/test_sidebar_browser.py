@@ -5,23 +5,13 @@ entry open a notebook ready to serve."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
 from pathlib import Path
 
 import requests
-from browser import (
-    CHROMIUM,
-    CHROMIUM_ARGS,
-    jupyterlab,
-    notebook,
-    open_notebook,
-    require_browser,
-    run_all_cells,
-    stderr_outputs,
-)
+from browser import lab_page, open_notebook, run_all_cells, stderr_outputs
 from waiting import wait_until
 
 from workbench.jupyter.server_records import list_servers
@@ -48,22 +38,9 @@ CELLS = [
 
 
 def test_sidebar_lists_a_notebook_server_and_promotes(tmp_path: Path) -> None:
-    require_browser()
-    from playwright.sync_api import sync_playwright
-
-    (tmp_path / "serving.ipynb").write_text(json.dumps(notebook(CELLS)))
-    with jupyterlab(tmp_path) as lab, sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        try:
-            _promote_from_the_sidebar(page, lab, tmp_path)
-            _open_a_serving_notebook(page)
-        except Exception:
-            failure = Path(os.environ.get("TMPDIR", "/tmp")) / "workbench-sidebar-failure.png"
-            page.screenshot(path=str(failure))
-            raise
-        finally:
-            browser.close()
+    with lab_page(tmp_path, {"serving.ipynb": CELLS}, (1400, 1000), "sidebar") as (page, lab):
+        _promote_from_the_sidebar(page, lab, tmp_path)
+        _open_a_serving_notebook(page)
 
 
 def _promote_from_the_sidebar(page, lab: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
