@@ -150,11 +150,7 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
 
 def free_port() -> int:
     """A port no one listens on now, from the kernel (for a server that cannot be given port 0)."""
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return free_ports(1)[0]
 
 
 def agent_ports(taken: Collection[int] = ()) -> dict[str, int]:
