@@ -231,17 +231,6 @@ sequence_batching {
     + SEQUENCE_TENSORS
 )
 
-STATE_CONFIG = """
-backend: "python"
-max_batch_size: 0
-sequence_batching {
-  state [ { input_name: "INPUT_STATE" output_name: "OUTPUT_STATE" data_type: TYPE_INT32 dims: [ 1 ] } ]
-}
-input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
-output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
-"""
-
-ONNX_SEQUENCE_CONFIG = 'backend: "onnxruntime"\nmax_batch_size: 4\nsequence_batching { }\n'
 ONNX_DECOUPLED_CONFIG = 'backend: "onnxruntime"\nmodel_transaction_policy { decoupled: true }\n'
 
 
@@ -263,8 +252,6 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ("acc_one", ACC_ONE_CONFIG),
     ]:
         write(root / name, {"config.pbtxt": config, "1/model.py": ACCUMULATE_PY})
-    write(root / "with_state", {"config.pbtxt": STATE_CONFIG, "1/model.py": ACCUMULATE_PY})
-    write(root / "onnx_sequence", {"config.pbtxt": ONNX_SEQUENCE_CONFIG, "1/model.onnx": "never read"})
     write(root / "onnx_decoupled", {"config.pbtxt": ONNX_DECOUPLED_CONFIG, "1/model.onnx": "never read"})
     return root
 
@@ -298,7 +285,9 @@ def read(tmp_path: Path, text: str) -> triton_config.TritonConfig:
 def test_sequence_batching_is_read_into_settings_and_controls(tmp_path: Path) -> None:
     direct = read(tmp_path, ACC_DIRECT_CONFIG).sequence_batching
     assert direct is not None
-    assert direct.settings == SequenceSettings(Strategy.DIRECT, max_idle_seconds=5.0, max_batch_size=4)
+    assert direct.settings == SequenceSettings(
+        Strategy.DIRECT, max_idle_seconds=5.0, max_batch_size=4, run_batch_size=4
+    )
     assert [(c.name, c.kind, c.data_type, c.false_true) for c in direct.controls] == [
         ("START", "START", "TYPE_INT32", (0, 1)),
         ("READY", "READY", "TYPE_FP32", (0.0, 1.0)),
@@ -352,8 +341,6 @@ def control(body: str) -> str:
 @pytest.mark.parametrize(
     ("text", "code", "words"),
     [
-        (STATE_CONFIG, "UNIMPLEMENTED", 'state [ "INPUT_STATE" ] (implicit state the server keeps)'),
-        (ONNX_SEQUENCE_CONFIG, "UNIMPLEMENTED", 'served for Python backend models only (backend: "python")'),
         (ONNX_DECOUPLED_CONFIG, "UNIMPLEMENTED", "Triton runs decoupled models only in its Python backend"),
         (
             'platform: "tensorflow_savedmodel"\nmodel_transaction_policy { decoupled: true }\n',
@@ -713,8 +700,6 @@ def test_sequence_metadata_and_config_answers(http_client: Any, grpc_client: Any
 
 def test_configs_workbench_cannot_serve_are_unavailable_with_their_reason(http_client: Any) -> None:
     index = {m["name"]: m for m in http_client.get_model_repository_index()}
-    assert index["with_state"]["state"] == "UNAVAILABLE" and "implicit state" in index["with_state"]["reason"]
-    assert "Python backend models only" in index["onnx_sequence"]["reason"]
     assert "Triton runs decoupled models only in its Python backend" in index["onnx_decoupled"]["reason"]
     for model in ("countdown", "acc_direct", "acc_oldest", "acc_one"):
         assert index[model]["state"] == "READY", index[model]

@@ -170,7 +170,7 @@ def test_health_readiness_and_metadata(client: triton.InferenceServerClient, ser
     assert not client.is_model_ready("nope")
 
     metadata = client.get_server_metadata(as_json=True)
-    assert metadata["name"] == "workbench"
+    assert metadata["name"] == "triton"  # as Triton's clients check
     assert {"model_repository", "statistics", "model_configuration"} <= set(metadata["extensions"])
 
     model = client.get_model_metadata("multi_io", as_json=True)

@@ -126,7 +126,7 @@ def test_health_and_server_metadata(client: httpclient.InferenceServerClient) ->
     assert client.is_server_live()
     assert client.is_server_ready()
     metadata = client.get_server_metadata()
-    assert metadata["name"] == "workbench"
+    assert metadata["name"] == "triton"  # as Triton's clients check
     assert {"binary_tensor_data", "model_repository", "statistics", "model_configuration"} <= set(
         metadata["extensions"]
     )

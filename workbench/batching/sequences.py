@@ -5,10 +5,11 @@ its first request and ``sequence_end`` on its last. The batcher keeps, per seque
 model returned last (Triton's implicit state), and runs each request of a sequence only after the one before it:
 
 - **Oldest** (the default): every step a batch takes the oldest waiting request of each sequence not running now,
-  up to ``max_batch_size`` of them, waiting up to ``max_queue_delay`` for more: batches form across sequences, never
-  two requests of one sequence in a batch.
+  up to ``max_batch_size`` of them, waiting up to ``max_queue_delay`` for more (not at a preferred batch size):
+  batches form across sequences, never two requests of one sequence in a batch.
 - **Direct**: each sequence holds one of ``max_batch_size`` slots from its start to its end (or until it idles
-  out); a new sequence waits for a free slot, and a batch runs the waiting requests in slot order.
+  out); a new sequence waits for a free slot, and a batch runs the waiting requests in slot order, at most
+  ``run_batch_size`` a run (a model instance's slots), waiting up to the delay for ``min_ready`` of them.
 
 ``max_sequences`` bounds the sequences Oldest holds at once (Triton's ``max_candidate_sequences``): a sequence that
 starts beyond it waits for one to end or idle out, as Triton keeps it in its backlog (0: no bound).
@@ -19,8 +20,9 @@ released) is refused in Triton's words, which its clients match on. A ``sequence
 held starts it afresh, as Triton does.
 
 What runs a step is the servable's ``run_step(signature, inputs, outputs, state, controls)``, which answers the
-outputs and the new state; the control inputs (START, END, READY, CORRID) are given as Triton gives them to a model
-that asks for them.
+outputs and the new state, or its ``run_steps(steps)``, which runs a whole batch of steps at once (one run of the
+model, as Triton's sequence batcher gives its backends); the control inputs (START, END, READY, CORRID) are given as
+Triton gives them to a model that asks for them.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ from workbench.core.sequences import (
     SequenceRequest,
     SequenceSettings,
     StatefulServable,
+    Step,
+    StepResult,
     Strategy,
 )
 from workbench.core.signatures import Signature
@@ -98,6 +102,7 @@ class SequenceBatcher:
         self._sequences: dict[SequenceId, _Sequence] = {}
         self._slot_waiters: collections.deque[tuple[SequenceId, asyncio.Future[None]]] = collections.deque()
         self._scheduled: asyncio.TimerHandle | asyncio.Handle | None = None
+        self._delayed = False  # whether the scheduled dispatch waits for the queue delay (uvloop has its own handles)
         self._reaper: asyncio.TimerHandle | None = None
         self._closed = False
 
@@ -189,20 +194,33 @@ class SequenceBatcher:
 
     # -------------------------------------------------------------------------------------- batches
     def _schedule(self) -> None:
-        if self._scheduled is not None:
-            return
+        """Run the next batch now when it is full enough, else when the strategy's queue delay has passed."""
         loop = asyncio.get_running_loop()
-        delay = self.settings.max_queue_delay_seconds if self.settings.strategy is Strategy.OLDEST else 0.0
-        if delay > 0 and len(self._ready()) < self.settings.max_batch_size:
-            self._scheduled = loop.call_later(delay, self._dispatch)
+        if self._scheduled is not None:
+            if self._delayed and self._full():
+                self._scheduled.cancel()  # the batch filled while it waited: it runs now
+                self._scheduled, self._delayed = loop.call_soon(self._dispatch), False
+            return
+        self._delayed = self.settings.max_queue_delay_seconds > 0 and not self._full()
+        if self._delayed:
+            self._scheduled = loop.call_later(self.settings.max_queue_delay_seconds, self._dispatch)
         else:
             self._scheduled = loop.call_soon(self._dispatch)
+
+    def _full(self) -> bool:
+        """Whether the waiting requests make a batch that need not wait for more: Oldest's at the batch limit or a
+        preferred size, Direct's at its minimum slot utilization."""
+        ready = len(self._ready())
+        if self.settings.strategy is Strategy.DIRECT:
+            return ready >= max(1, self.settings.min_ready)
+        preferred = self.settings.preferred_batch_sizes
+        return ready >= self.settings.batch_limit or ready in preferred or bool(preferred and ready >= preferred[-1])
 
     def _ready(self) -> list[_Sequence]:
         return [s for s in self._sequences.values() if s.waiting and not s.running]
 
     def _dispatch(self) -> None:
-        self._scheduled = None
+        self._scheduled, self._delayed = None, False
         ready = self._ready()
         if not ready:
             return
@@ -210,7 +228,7 @@ class SequenceBatcher:
             ready.sort(key=lambda s: s.slot if s.slot is not None else 0)
         else:
             ready.sort(key=lambda s: s.waiting[0].queued)
-        chosen = ready[: self.settings.max_batch_size]
+        chosen = ready[: self.settings.batch_limit]
         steps = []
         for sequence in chosen:
             sequence.running = True
@@ -221,18 +239,36 @@ class SequenceBatcher:
             self._schedule()
 
     def _run_batch(self, steps: list[tuple[_Sequence, _Step]]) -> list[tuple[Any, BaseException | None]]:
-        """On an inference thread: each step with its sequence's state, in the batch's order."""
+        """On an inference thread: the batch's steps, each with its sequence's state; one run of the model for the
+        whole batch when the servable has ``run_steps``, else one ``run_step`` each, in the batch's order."""
+        batch = [
+            Step(
+                step.signature,
+                step.inputs,
+                step.outputs,
+                sequence.state,
+                Controls(step.request.start, step.request.end, True, sequence.id),
+            )
+            for sequence, step in steps
+        ]
+        run_steps = getattr(self.servable, "run_steps", None)
+        if run_steps is not None:
+            answers: list[StepResult | BaseException] = run_steps(batch)
+        else:
+            answers = []
+            for item in batch:
+                try:
+                    answers.append(
+                        self.servable.run_step(item.signature, item.inputs, item.outputs, item.state, item.controls)
+                    )
+                except BaseException as exc:  # noqa: BLE001 - the request's error, not the batch's
+                    answers.append(exc)
         results: list[tuple[Any, BaseException | None]] = []
-        for sequence, step in steps:
-            controls = Controls(step.request.start, step.request.end, True, sequence.id)
-            try:
-                outputs, state = self.servable.run_step(
-                    step.signature, step.inputs, step.outputs, sequence.state, controls
-                )
-            except BaseException as exc:  # noqa: BLE001 - the request's error, not the batch's
-                results.append((None, exc))
+        for (sequence, _), answer in zip(steps, answers, strict=True):
+            if isinstance(answer, BaseException):
+                results.append((None, answer))
             else:
-                sequence.state = state
+                outputs, sequence.state = answer
                 results.append((outputs, None))
         return results
 

@@ -34,6 +34,7 @@ from workbench.core.errors import Code, ServingError
 
 ALL_MODELS = "*"
 FILE_PREFIX = "file:"  # Triton's file override parameters: "file:<version>/<path>" → the file's bytes
+_NAME_MAX = 255  # the longest file name (bytes) of Linux's file systems
 
 
 class ControlMode(enum.Enum):
@@ -89,6 +90,14 @@ def _override_path(path: str) -> str:
     """``<version>/<path inside it>``, refused unless it stays inside a version folder."""
     posix = PurePosixPath(path)
     parts = posix.parts
+    if any(len(part.encode()) > _NAME_MAX for part in parts):
+        # Triton fails such a load while writing the file, as a failed poll with INTERNAL, and its own model-control
+        # example checks exactly that; the file system's limit is the server's, so the code is kept.
+        raise ServingError(
+            Code.INTERNAL,
+            f"failed to poll from model repository: file override {path[:40]!r}… has a name longer than {_NAME_MAX} "
+            "bytes, which no file system here can hold",
+        )
     inside = len(parts) >= 2 and parts[0].isascii() and parts[0].isdigit() and not posix.is_absolute()
     if not inside or any(p in ("..", ".") or "\\" in p or "\0" in p for p in parts):
         raise ServingError(

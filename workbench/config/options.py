@@ -143,6 +143,8 @@ class ServerOptions:
     # Model files that run code when loaded (pickles; model.py and handler.py) load only when allowed.
     allow_pickle: bool = False
     allow_python_models: bool = False
+    # Triton's configs are completed from their model files unless set (Triton's --disable-auto-complete-config).
+    disable_auto_complete_config: bool = False
     # Triton's system shared memory: the most bytes all registered regions may span (4 GiB; 0: none), and whether
     # clients on other hosts may use it (by default only loopback and Unix-socket clients may).
     shared_memory_max_bytes: int = 4 << 30

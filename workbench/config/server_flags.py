@@ -211,6 +211,11 @@ SERVE_FLAGS: tuple[FlagGroup, ...] = (
             # Both run code from the repository when a version loads: whoever can write it can run anything here.
             ServeFlag("allow_pickle", "load scikit-learn models from model.joblib / model.pkl (pickles run code)"),
             ServeFlag("allow_python_models", "load model.py, handler.py and their Python code from the repository"),
+            ServeFlag(
+                "disable_auto_complete_config",
+                "Triton's: take each config.pbtxt as written: it must name its backend and declare its inputs and "
+                "outputs (by default they are completed from the model files, as Triton does)",
+            ),
         ),
     ),
     FlagGroup(

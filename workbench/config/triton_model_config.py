@@ -16,13 +16,10 @@ server. What workbench takes from it:
 - ``parameters`` (handed to Python models, as Triton does) and ``response_cache { enable }``;
 - ``model_transaction_policy { decoupled }``: 0..n responses per request, for Python backend models (Triton runs
   decoupled models only in its Python backend and custom backends);
-- ``sequence_batching``, for Python backend models: the strategy (``direct``, Triton's default, or ``oldest``),
-  ``max_sequence_idle_microseconds`` and ``control_input``, mapped onto workbench's sequence batcher
-  (:class:`SequenceBatching`: its :class:`SequenceSettings` and the control tensors the model gets).
+- ``sequence_batching``, for every backend: read by :mod:`workbench.config.triton_sequence_config` (strategy, idle
+  time, control tensors, implicit state) into :class:`SequenceBatching`, which workbench's sequence batcher runs.
 
-Ensembles, implicit sequence state (``sequence_batching { state }``) and sequence batching for ONNX and TensorFlow
-models are refused (UNIMPLEMENTED, saying which); the rest of the file (optimization, warmup, rate limiters) is not
-acted on.
+Ensembles are refused (UNIMPLEMENTED); the rest of the file (optimization, warmup, rate limiters) is not acted on.
 
 Why one module of this size: it mirrors one file format. Reading ``config.pbtxt`` into :class:`TritonConfig` (with
 every check Triton makes, in Triton's words) and writing the JSON answers back are kept beside the message they
@@ -41,9 +38,14 @@ import numpy as np
 from google.protobuf import descriptor, json_format, text_format
 
 from workbench.config.batching_parameters import BatchingParameters
+from workbench.config.triton_data_types import DATA_TYPES, data_type_name
+from workbench.config.triton_sequence_config import (
+    SEQUENCE_IDLE_DEFAULT_MICROSECONDS,
+    SequenceBatching,
+    read_sequence_batching,
+)
 from workbench.config.version_policy import VersionPolicy
 from workbench.core.errors import Code, ServingError
-from workbench.core.sequences import Controls, SequenceSettings, Strategy
 
 CONFIG_FILE = "config.pbtxt"  # beside the version folders: a Triton model (workbench.platforms.triton)
 
@@ -69,39 +71,10 @@ DEFAULT_FILES: Mapping[str, str] = {
     PYTORCH: "model.pt",  # TorchScript, as Triton's libtorch backend takes it
 }
 
-DATA_TYPES: Mapping[str, np.dtype[Any]] = {
-    "TYPE_BOOL": np.dtype(bool),
-    "TYPE_UINT8": np.dtype(np.uint8),
-    "TYPE_UINT16": np.dtype(np.uint16),
-    "TYPE_UINT32": np.dtype(np.uint32),
-    "TYPE_UINT64": np.dtype(np.uint64),
-    "TYPE_INT8": np.dtype(np.int8),
-    "TYPE_INT16": np.dtype(np.int16),
-    "TYPE_INT32": np.dtype(np.int32),
-    "TYPE_INT64": np.dtype(np.int64),
-    "TYPE_FP16": np.dtype(np.float16),
-    "TYPE_FP32": np.dtype(np.float32),
-    "TYPE_FP64": np.dtype(np.float64),
-    "TYPE_STRING": np.dtype(object),  # numpy object arrays of bytes, as everywhere in workbench
-}
 
 # Triton's queue is unbounded by default (default_queue_policy.max_queue_size 0); workbench's batcher bounds its
 # queue by batches. This many batches is "unbounded" for any real load, while a runaway client still hits a wall.
 _TRITON_QUEUE_BATCHES = 10_000
-
-# Triton's default max_sequence_idle_microseconds (SEQUENCE_IDLE_DEFAULT_MICROSECONDS): one second.
-SEQUENCE_IDLE_DEFAULT_MICROSECONDS = 1_000_000
-
-# Control kinds by Triton's enum name, as workbench names them (``Controls``' fields); START, END and READY are
-# flags given as the config's false/true values, CORRID is the sequence's id in the config's data type.
-CONTROL_KINDS: Mapping[str, str] = {
-    "CONTROL_SEQUENCE_START": "START",
-    "CONTROL_SEQUENCE_END": "END",
-    "CONTROL_SEQUENCE_READY": "READY",
-    "CONTROL_SEQUENCE_CORRID": "CORRID",
-}
-CORRID_TYPES = ("TYPE_UINT64", "TYPE_INT64", "TYPE_UINT32", "TYPE_INT32", "TYPE_STRING")
-_FLAG_TYPES = {"int32_false_true": "TYPE_INT32", "fp32_false_true": "TYPE_FP32", "bool_false_true": "TYPE_BOOL"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,51 +97,6 @@ class TritonTensor:
 class DynamicBatching:
     preferred_batch_sizes: tuple[int, ...]
     max_queue_delay_microseconds: int
-
-
-@dataclasses.dataclass(frozen=True)
-class SequenceControl:
-    """One ``control_input``: the tensor the sequence batcher gives the model with each request of a sequence."""
-
-    name: str
-    kind: str  # START, END, READY or CORRID (CONTROL_KINDS)
-    data_type: str  # Triton's name: TYPE_INT32, TYPE_FP32, TYPE_BOOL for flags; CORRID's is the config's
-    false_true: tuple[Any, Any] = (0, 1)  # a flag's values for false and true
-
-    @property
-    def dtype(self) -> np.dtype[Any]:
-        return DATA_TYPES[self.data_type]
-
-    def value(self, controls: Controls) -> np.ndarray:
-        """This control's one value for a request, as a 1-element array of its data type."""
-        if self.kind != "CORRID":
-            flag = {"START": controls.start, "END": controls.end, "READY": controls.ready}[self.kind]
-            return np.array([self.false_true[int(flag)]], self.dtype)
-        corrid = controls.correlation_id
-        if self.data_type == "TYPE_STRING":
-            return np.array([str(corrid).encode()], object)
-        if isinstance(corrid, str):
-            raise ServingError(
-                Code.INVALID_ARGUMENT,
-                f'sequence id "{corrid}" is a string, but the model\'s CONTROL_SEQUENCE_CORRID input "{self.name}" '
-                f"is {self.data_type}: send a number",
-            )
-        limits = np.iinfo(self.dtype)
-        if not limits.min <= corrid <= limits.max:
-            raise ServingError(
-                Code.INVALID_ARGUMENT,
-                f'sequence id {corrid} does not fit the model\'s CONTROL_SEQUENCE_CORRID input "{self.name}" '
-                f"({self.data_type})",
-            )
-        return np.array([corrid], self.dtype)
-
-
-@dataclasses.dataclass(frozen=True)
-class SequenceBatching:
-    """``sequence_batching``: how workbench's sequence batcher runs the model, and the control tensors it gives."""
-
-    settings: SequenceSettings
-    controls: tuple[SequenceControl, ...]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,8 +133,14 @@ def has_config(base_path: str | Path) -> bool:
     return "://" not in str(base_path) and (Path(base_path) / CONFIG_FILE).is_file()
 
 
-def read_config(model_folder: str | Path) -> TritonConfig:
-    """``<model_folder>/config.pbtxt``, parsed and checked; every problem is a ServingError naming the file."""
+def read_config(model_folder: str | Path, auto_complete: bool = True) -> TritonConfig:
+    """``<model_folder>/config.pbtxt``, parsed and checked; every problem is a ServingError naming the file.
+
+    ``auto_complete`` (Triton's default; ``--disable_auto_complete_config`` turns it off) completes what the file
+    leaves out as Triton does: the backend from the model file the version folders hold, and (when the model is
+    loaded, :mod:`workbench.platforms.triton`) the inputs and outputs from the model itself. Without it a config
+    must name its backend or platform, and declare its inputs and outputs.
+    """
     from tritonclient.grpc import model_config_pb2
 
     file = Path(model_folder) / CONFIG_FILE
@@ -225,10 +159,10 @@ def read_config(model_folder: str | Path) -> TritonConfig:
         raise ServingError(
             Code.INVALID_ARGUMENT, f"{file} is not a valid Triton model config ({where}): {detail}"
         ) from None
-    return describe(proto, file)
+    return describe(proto, file, auto_complete)
 
 
-def describe(proto: Any, file: Path) -> TritonConfig:
+def describe(proto: Any, file: Path, auto_complete: bool = True) -> TritonConfig:
     """The checked description of a parsed ``ModelConfig`` read from ``file`` (in ``<model>/config.pbtxt``)."""
 
     def fail(detail: str, code: Code = Code.INVALID_ARGUMENT) -> ServingError:
@@ -241,7 +175,12 @@ def describe(proto: Any, file: Path) -> TritonConfig:
         raise fail(f"max_batch_size must not be negative, got {proto.max_batch_size}")
     if proto.HasField("ensemble_scheduling"):
         raise fail("ensemble_scheduling (an ensemble of models) is not supported by workbench", Code.UNIMPLEMENTED)
-    platform = _platform(proto, fail)
+    platform = _platform(proto, fail, file.parent if auto_complete else None)
+    if not auto_complete and (not proto.input or not proto.output):
+        raise fail(
+            "declares no inputs or no outputs, and auto-complete is off (--disable_auto_complete_config): declare "
+            "every input and output"
+        )
     decoupled = proto.model_transaction_policy.decoupled
     if decoupled and platform != PYTHON:
         raise fail(
@@ -253,7 +192,8 @@ def describe(proto: Any, file: Path) -> TritonConfig:
     instance_count = _instance_count(proto)
     sequence = None
     if proto.HasField("sequence_batching"):
-        sequence = _sequence_batching(proto, platform, inputs, instance_count, fail)
+        declared = frozenset(tensor.name for tensor in inputs)
+        sequence = read_sequence_batching(proto, declared, instance_count, file.parent, fail)
     dynamic = None
     if proto.HasField("dynamic_batching"):
         batching = proto.dynamic_batching
@@ -281,10 +221,22 @@ def describe(proto: Any, file: Path) -> TritonConfig:
     )
 
 
-def _platform(proto: Any, fail: Any) -> str:
+def _platform(proto: Any, fail: Any, completing: Path | None) -> str:
+    """The workbench platform that serves the config: its backend or platform, or (``completing``: the model folder,
+    when auto-complete is on) the one whose model file the version folders hold."""
     backend, platform = proto.backend, proto.platform
     if not backend and not platform:
-        raise fail('names no backend: set backend: "onnxruntime", "python", "tensorflow" or "pytorch" (or a platform)')
+        found = detect_platform(completing, proto.default_model_filename) if completing is not None else None
+        if found is not None:
+            return found
+        how = (
+            "and no version folder holds a model file that tells it (model.onnx, model.savedmodel, model.pt, model.py)"
+            if completing is not None
+            else "(auto-complete is off: --disable_auto_complete_config)"
+        )
+        raise fail(
+            f'names no backend {how}: set backend: "onnxruntime", "python", "tensorflow" or "pytorch" (or a platform)'
+        )
     chosen = {BACKENDS.get(backend, "?") if backend else "", PLATFORMS.get(platform, "?") if platform else ""} - {""}
     if "?" in chosen:
         unknown = ", ".join(
@@ -299,8 +251,44 @@ def _platform(proto: Any, fail: Any) -> str:
     return chosen.pop()
 
 
+# What a model file's name says of its framework, for a default_model_filename that is not a platform's default.
+_SUFFIXES: Mapping[str, str] = {
+    ".onnx": ONNX,
+    ".py": PYTHON,
+    ".savedmodel": TENSORFLOW,
+    ".pt": PYTORCH,
+    ".pth": PYTORCH,
+}
+
+
+def detect_platform(model_folder: Path, default_model_filename: str = "") -> str | None:
+    """Triton's auto-complete of a config naming no backend: the platform whose model file a version folder holds
+    (the newest version first), by ``default_model_filename`` when given, else by each platform's default file."""
+    try:
+        versions = sorted(
+            (entry for entry in model_folder.iterdir() if entry.is_dir() and entry.name.isdigit()),
+            key=lambda entry: int(entry.name),
+            reverse=True,
+        )
+    except OSError:
+        return None
+    for version in versions:
+        if default_model_filename:
+            if (version / default_model_filename).exists():
+                suffix = Path(default_model_filename).suffix
+                if suffix in _SUFFIXES:
+                    return _SUFFIXES[suffix]
+                if (version / default_model_filename / "saved_model.pb").exists():
+                    return TENSORFLOW
+            continue
+        for platform, filename in DEFAULT_FILES.items():
+            if (version / filename).exists():
+                return platform
+    return None
+
+
 def _tensor(proto: Any, kind: str, fail: Any) -> TritonTensor:
-    data_type = _data_type_name(proto)
+    data_type = data_type_name(proto.data_type)
     if not proto.name:
         raise fail(f"every {kind} needs a name")
     if data_type not in DATA_TYPES:
@@ -317,12 +305,6 @@ def _tensor(proto: Any, kind: str, fail: Any) -> TritonTensor:
     return TritonTensor(proto.name, DATA_TYPES[data_type], data_type, dims, reshape, kind == "input" and proto.optional)
 
 
-def _data_type_name(proto: Any) -> str:
-    from tritonclient.grpc import model_config_pb2
-
-    return str(model_config_pb2.DataType.Name(proto.data_type))
-
-
 def _instance_count(proto: Any) -> int:
     """Triton runs one request (or batch) at a time per instance: the instances are the model's concurrency.
 
@@ -332,111 +314,6 @@ def _instance_count(proto: Any) -> int:
     if not proto.instance_group:
         return 1
     return sum(max(group.count, 1) * max(len(group.gpus), 1) for group in proto.instance_group)
-
-
-def _sequence_batching(
-    proto: Any, platform: str, inputs: tuple[TritonTensor, ...], instance_count: int, fail: Any
-) -> SequenceBatching:
-    """``sequence_batching`` as workbench's sequence batcher runs it, checked as Triton checks it.
-
-    Slots and candidates are Triton's: each instance holds ``max(1, max_batch_size)`` sequences (Direct's slots), or
-    ``max_candidate_sequences`` of them when Oldest gives it, so the model holds that many per instance at once.
-    Oldest's ``max_queue_delay_microseconds`` is how long a batch waits for more sequences' requests. Not acted on:
-    Direct's ``max_queue_delay_microseconds`` and ``minimum_slot_utilization`` (a Direct batch runs at once), Oldest's
-    ``preferred_batch_size`` and ``preserve_ordering`` (each request is its own ``execute``, answered in order).
-    """
-    batching = proto.sequence_batching
-    if platform != PYTHON:
-        raise fail(
-            f'sequence_batching is served for Python backend models only (backend: "python"), not for '
-            f'"{TRITON_NAMES[platform][0]}" models, whose state Triton keeps in implicit state or control tensors '
-            "workbench does not implement",
-            Code.UNIMPLEMENTED,
-        )
-    if batching.state:
-        names = ", ".join(f'"{state.input_name}"' for state in batching.state)
-        raise fail(
-            f"sequence_batching's state [ {names} ] (implicit state the server keeps) is not supported by workbench: "
-            "a Python model keeps its sequences' state itself, keyed by request.correlation_id()",
-            Code.UNIMPLEMENTED,
-        )
-    if batching.iterative_sequence:
-        raise fail("sequence_batching's iterative_sequence is not supported by workbench", Code.UNIMPLEMENTED)
-    if proto.model_transaction_policy.decoupled:
-        raise fail("sequence_batching with a decoupled model is not supported by workbench", Code.UNIMPLEMENTED)
-    idle = batching.max_sequence_idle_microseconds or SEQUENCE_IDLE_DEFAULT_MICROSECONDS
-    per_instance = max(1, proto.max_batch_size)
-    if batching.WhichOneof("strategy_choice") == "oldest":
-        oldest = batching.oldest
-        settings = SequenceSettings(
-            strategy=Strategy.OLDEST,
-            max_idle_seconds=idle / 1e6,
-            max_batch_size=per_instance,
-            max_queue_delay_seconds=oldest.max_queue_delay_microseconds / 1e6,
-            max_sequences=(oldest.max_candidate_sequences or per_instance) * instance_count,
-        )
-    else:  # direct {}, or no strategy: Triton's default is Direct
-        settings = SequenceSettings(
-            strategy=Strategy.DIRECT, max_idle_seconds=idle / 1e6, max_batch_size=per_instance * instance_count
-        )
-    controls = tuple(_control(entry, fail) for entry in batching.control_input)
-    _check_controls(controls, inputs, fail)
-    return SequenceBatching(settings, controls)
-
-
-def _control(entry: Any, fail: Any) -> SequenceControl:
-    """One ``control_input``: a tensor name and the one control it carries."""
-    from tritonclient.grpc import model_config_pb2
-
-    if not entry.name:
-        raise fail("every sequence_batching control_input needs a name")
-    if len(entry.control) != 1:
-        raise fail(
-            f'sequence_batching control_input "{entry.name}" must give exactly one control (it gives '
-            f"{len(entry.control)}): a tensor carries one control value"
-        )
-    (control,) = entry.control
-    kind_name = model_config_pb2.ModelSequenceBatching.Control.Kind.Name(control.kind)
-    kind = CONTROL_KINDS[kind_name]
-    given = {
-        field: list(getattr(control, field))
-        for field in ("int32_false_true", "fp32_false_true", "bool_false_true")
-        if len(getattr(control, field))
-    }
-    where = f'sequence_batching control_input "{entry.name}" ({kind_name})'
-    if kind == "CORRID":
-        if given:
-            raise fail(f"{where} takes data_type, not {' or '.join(given)}")
-        data_type = str(model_config_pb2.DataType.Name(control.data_type))
-        if data_type not in CORRID_TYPES:
-            raise fail(f"{where}: data_type must be one of {', '.join(CORRID_TYPES)}, not {data_type}")
-        return SequenceControl(entry.name, kind, data_type)
-    if len(given) != 1:
-        raise fail(f"{where} must give exactly one of int32_false_true, fp32_false_true and bool_false_true")
-    ((field, values),) = given.items()
-    if len(values) != 2:
-        raise fail(f"{where}: {field} must have exactly 2 entries (the false value, then the true one)")
-    return SequenceControl(entry.name, kind, _FLAG_TYPES[field], (values[0], values[1]))
-
-
-def _check_controls(controls: tuple[SequenceControl, ...], inputs: tuple[TritonTensor, ...], fail: Any) -> None:
-    """Each control once, each on a tensor of its own that the config does not also declare as an input (the
-    batcher gives the model control tensors; clients never send them)."""
-    names: set[str] = set()
-    kinds: set[str] = set()
-    declared = {tensor.name for tensor in inputs}
-    for control in controls:
-        if control.name in names:
-            raise fail(f'sequence batching control tensor "{control.name}" is given for several controls')
-        if control.kind in kinds:
-            raise fail(f"sequence batching gives several CONTROL_SEQUENCE_{control.kind} tensors")
-        if control.name in declared:
-            raise fail(
-                f'"{control.name}" is both an input and a sequence_batching control_input: leave it out of input '
-                "[...] (the sequence batcher gives it; clients do not send it)"
-            )
-        names.add(control.name)
-        kinds.add(control.kind)
 
 
 def _version_policy(proto: Any, fail: Any) -> VersionPolicy:

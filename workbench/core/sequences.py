@@ -33,8 +33,15 @@ class SequenceSettings:
     strategy: Strategy = Strategy.OLDEST
     max_idle_seconds: float = 1.0  # Triton's default max_sequence_idle_microseconds: one second
     max_batch_size: int = 8  # Oldest: requests in one batch; Direct: sequences held at once (slots)
-    max_queue_delay_seconds: float = 0.0  # Oldest: how long a batch waits for more requests
+    max_queue_delay_seconds: float = 0.0  # how long a batch waits for more requests (Direct: see min_ready)
     max_sequences: int = 0  # Oldest: sequences held at once (Triton's max_candidate_sequences); 0: no bound
+    preferred_batch_sizes: tuple[int, ...] = ()  # Oldest: a batch this size runs at once, without the delay
+    run_batch_size: int = 0  # the most requests one run of the model takes (0: max_batch_size)
+    min_ready: int = 0  # Direct: a batch waits (up to the delay) until this many slots have a request
+
+    @property
+    def batch_limit(self) -> int:
+        return self.run_batch_size or self.max_batch_size
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,7 +64,12 @@ class Controls:
 
 
 class StatefulServable(Protocol):
-    """What the sequence batcher runs: one step of one sequence, with its state (None at its start)."""
+    """What the sequence batcher runs: one step of one sequence, with its state (None at its start).
+
+    A servable that can run the steps of several sequences in one run of its model also implements
+    ``run_steps(steps)`` (:class:`Step` in, one :class:`StepResult` or exception out per step, in order); the batcher
+    then hands it each batch whole.
+    """
 
     name: str
     version: int
@@ -70,6 +82,20 @@ class StatefulServable(Protocol):
         state: Any,
         controls: Controls,
     ) -> tuple[dict[str, np.ndarray], Any]: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One request of one sequence, as a batch of steps hands it to ``run_steps``."""
+
+    signature: Signature
+    inputs: Mapping[str, np.ndarray]
+    outputs: Sequence[str]
+    state: Any
+    controls: Controls
+
+
+StepResult = tuple[dict[str, np.ndarray], Any]  # the outputs asked for, and the sequence's next state
 
 
 def sequence_request(parameters: Mapping[str, Any]) -> SequenceRequest | None:

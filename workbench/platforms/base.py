@@ -30,6 +30,7 @@ class LoadPolicy:
     allow_python: bool = False
     pytorch_device: str = "auto"
     pytorch_threads: int = 0
+    auto_complete_config: bool = True  # Triton's config auto-complete (--disable_auto_complete_config turns it off)
 
 
 PICKLE_SETTING = "--allow_pickle (Server(allow_pickle=True), %serve start --allow-pickle)"

@@ -9,9 +9,12 @@ count of runs at once. Inputs are checked against their declared shapes before r
 without inputs or outputs is completed from an ONNX or TensorFlow model, as Triton's auto-complete does; a PyTorch
 (TorchScript) model's config declares them, paired with forward()'s parameters and results as Triton's libtorch
 backend pairs them (``INPUT__0``, ``OUTPUT__0``: :func:`workbench.platforms.pytorch.triton_declaration`). Decoupled
-models and
-sequence batching are the Python backend's (:mod:`workbench.platforms.triton_python`); the config refuses them for
-the others.
+models are the Python backend's (:mod:`workbench.platforms.triton_python`); the config refuses them for the others.
+
+A model with ``sequence_batching`` is stateful: its requests run through the server's sequence batcher, which hands
+this servable whole batches of steps (:meth:`TritonServable.run_steps`): each step's row with its control tensors
+and implicit states (:mod:`workbench.platforms.triton_sequences`), the rows of a batch concatenated into one run of
+the model, as Triton's sequence batcher does for its backends.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from workbench.config.triton_model_config import (
     read_config,
 )
 from workbench.core.errors import Code, ServingError
+from workbench.core.sequences import Controls, Step, StepResult
 from workbench.core.servable import Servable
 from workbench.core.signatures import (
     DEFAULT_SIGNATURE,
@@ -41,12 +45,13 @@ from workbench.core.signatures import (
     TensorSpec,
 )
 from workbench.platforms.base import LoadPolicy
+from workbench.platforms.triton_sequences import States, check_one_row, next_states, server_tensors
 from workbench.platforms.triton_tensors import batch_rows, fits, model_inputs, model_shape, signature_of, wire_output
 
 
 def load(name: str, version: int, path: str, policy: LoadPolicy, platform: str = "") -> Servable:
     """Load version folder ``path`` of the Triton model whose ``config.pbtxt`` is in the folder above it."""
-    config = read_config(Path(path).parent)
+    config = read_config(Path(path).parent, policy.auto_complete_config)
     if platform and platform != config.platform:
         raise ServingError(
             Code.INVALID_ARGUMENT,
@@ -92,12 +97,17 @@ def _load_framework(name: str, version: int, path: str, policy: LoadPolicy, conf
 
 
 # ------------------------------------------------------------------------------------------- shapes
-def _completed(config: TritonConfig, specs: Mapping[str, TensorSpec], kind: str) -> tuple[TritonTensor, ...]:
-    """Tensors the config does not declare, taken from the model (Triton's auto-complete)."""
+def _completed(
+    config: TritonConfig, specs: Mapping[str, TensorSpec], kind: str, server_given: frozenset[str] = frozenset()
+) -> tuple[TritonTensor, ...]:
+    """Tensors the config does not declare, taken from the model (Triton's auto-complete); ``server_given``, the
+    sequence batcher's control and state tensors, are not the clients'."""
     from workbench.protocol.v2_types import to_datatype
 
     tensors = []
     for spec in specs.values():
+        if spec.alias in server_given:
+            continue
         shape = spec.shape if spec.shape is not None else (-1,)
         if config.batched:
             if not shape or shape[0] != -1:
@@ -140,8 +150,37 @@ def _check_against(
             )
 
 
+def _check_sequence_tensors(config: TritonConfig, own: Signature) -> None:
+    """The sequence batcher's control and state tensors must be the model's, of the types the config gives them."""
+    sequence = config.sequence_batching
+    assert sequence is not None
+    given = [(c.name, c.dtype, "control_input") for c in sequence.controls]
+    given += [(s.input_name, s.dtype, "state input_name") for s in sequence.states]
+    for name, dtype, what in given:
+        spec = own.inputs.get(name)
+        if spec is None:
+            raise ServingError(
+                Code.INVALID_ARGUMENT,
+                f'{config.file}: sequence_batching {what} "{name}" is not one of the model\'s inputs '
+                f"({', '.join(own.inputs) or 'none'})",
+            )
+        if spec.dtype != dtype:
+            raise ServingError(
+                Code.INVALID_ARGUMENT,
+                f'{config.file}: sequence_batching {what} "{name}" gives {dtype} but the model\'s input is '
+                f"{spec.dtype_name}",
+            )
+    for state in sequence.states:
+        if state.output_name not in own.outputs:
+            raise ServingError(
+                Code.INVALID_ARGUMENT,
+                f'{config.file}: sequence_batching state output_name "{state.output_name}" is not one of the '
+                f"model's outputs ({', '.join(own.outputs) or 'none'})",
+            )
+
+
 class TritonServable(Servable):
-    """An ONNX or TensorFlow model served as its config.pbtxt describes it."""
+    """An ONNX, TensorFlow or TorchScript model served as its config.pbtxt describes it."""
 
     def __init__(self, inner: Servable, config: TritonConfig) -> None:
         self.name, self.version, self.path = inner.name, inner.version, inner.path
@@ -151,9 +190,15 @@ class TritonServable(Servable):
         if own is None:
             raise ServingError(Code.FAILED_PRECONDITION, f"{inner.path} has no {DEFAULT_SIGNATURE} signature to serve")
         self._own = own
-        inputs = config.inputs or _completed(config, own.inputs, "input")
-        outputs = config.outputs or _completed(config, own.outputs, "output")
+        sequence = config.sequence_batching
+        given = sequence.given_inputs if sequence is not None else frozenset()
+        kept = sequence.state_outputs if sequence is not None else frozenset()
+        inputs = config.inputs or _completed(config, own.inputs, "input", given)
+        outputs = config.outputs or _completed(config, own.outputs, "output", kept)
         _check_against(config, inputs, own.inputs, "input")
+        if sequence is not None:
+            _check_sequence_tensors(config, own)
+            self.sequence = sequence.settings
         _check_against(config, outputs, own.outputs, "output")
         self._inputs = {t.name: t for t in inputs}
         self._outputs = {t.name: t for t in outputs}
@@ -170,6 +215,81 @@ class TritonServable(Servable):
         with self._instances:
             result = self._inner.run(self._own, feed, outputs)
         return {alias: wire_output(result[alias], self._outputs[alias], self._config, rows) for alias in outputs}
+
+    # -------------------------------------------------------------------------------------- sequences
+    def run_step(
+        self,
+        signature: Signature,
+        inputs: Mapping[str, np.ndarray],
+        outputs: Sequence[str],
+        state: States | None,
+        controls: Controls,
+    ) -> StepResult:
+        (answer,) = self.run_steps([Step(signature, inputs, outputs, state, controls)])
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+    def run_steps(self, steps: Sequence[Step]) -> list[StepResult | BaseException]:
+        """A batch of the sequence batcher: each step's row with its controls and states, rows whose tensors have
+        the same shapes concatenated into one run of the model (a model without a batch dimension runs each alone),
+        then each row's outputs and next states. A step whose inputs are wrong fails alone."""
+        sequence = self._config.sequence_batching
+        assert sequence is not None
+        answers: list[StepResult | BaseException | None] = [None] * len(steps)
+        feeds: list[tuple[int, dict[str, np.ndarray]]] = []
+        for index, step in enumerate(steps):
+            try:
+                check_one_row(step.inputs, self._config, self.name)
+                feed = model_inputs(self._config, step.signature, self._inputs, step.inputs)
+                feed.update(server_tensors(sequence, self._config, step.controls, step.state))
+            except ServingError as exc:
+                answers[index] = exc
+                continue
+            feeds.append((index, feed))
+        wanted = sorted({*sequence.state_outputs, *(alias for step in steps for alias in step.outputs)})
+        for group in self._groups(feeds):
+            try:
+                rows = self._run_rows([feed for _, feed in group], wanted)
+            except BaseException as exc:  # noqa: BLE001 - the group's error, each of its steps answers it
+                for index, _ in group:
+                    answers[index] = exc
+                continue
+            for (index, _), produced in zip(group, rows, strict=True):
+                step = steps[index]
+                try:
+                    answer = {
+                        alias: wire_output(
+                            produced[alias], self._outputs[alias], self._config, 1 if self._config.batched else None
+                        )
+                        for alias in step.outputs
+                    }
+                    answers[index] = (answer, next_states(sequence, self._config, produced, step.state))
+                except ServingError as exc:
+                    answers[index] = exc
+        return [answer for answer in answers if answer is not None]
+
+    def _groups(self, feeds: list[tuple[int, dict[str, np.ndarray]]]) -> list[list[tuple[int, dict[str, np.ndarray]]]]:
+        """Steps that can share a run: with a batch dimension, those whose tensors have the same shapes."""
+        if not self._config.batched:
+            return [[item] for item in feeds]
+        groups: dict[tuple[object, ...], list[tuple[int, dict[str, np.ndarray]]]] = {}
+        for item in feeds:
+            key = tuple(sorted((name, value.shape[1:], value.dtype.str) for name, value in item[1].items()))
+            groups.setdefault(key, []).append(item)
+        return list(groups.values())
+
+    def _run_rows(self, feeds: list[dict[str, np.ndarray]], wanted: Sequence[str]) -> list[dict[str, np.ndarray]]:
+        """One run of the model for ``feeds`` (one row each); each row's outputs."""
+        if len(feeds) == 1:
+            merged = feeds[0]
+        else:
+            merged = {name: np.concatenate([feed[name] for feed in feeds]) for name in feeds[0]}
+        with self._instances:
+            result = self._inner.run(self._own, merged, wanted)
+        if not self._config.batched:
+            return [result]
+        return [{alias: value[row : row + 1] for alias, value in result.items()} for row in range(len(feeds))]
 
     def close(self) -> None:
         self._inner.close()

@@ -22,7 +22,9 @@ streams only (gRPC ``ModelStreamInfer``, REST ``/generate_stream``), as workbenc
 A model with **sequence_batching** runs through workbench's sequence batcher (:mod:`workbench.batching.sequences`)
 with the config's strategy and idle time: each request of a sequence is one ``execute([request])`` with the config's
 control tensors among its inputs (``[1, 1]`` with a batch dimension, ``[1]`` without) and ``request.correlation_id()``
-its sequence's id; the model keeps each sequence's state itself, keyed by that id, as Triton's Python examples do.
+its sequence's id. The model keeps each sequence's state itself, keyed by that id, as Triton's Python examples do,
+or leaves it to the server: with ``state [...]`` (implicit state) each state is among the request's inputs and the
+response's tensor of its ``output_name`` is the sequence's next state (:mod:`workbench.platforms.triton_sequences`).
 
 ``model.py`` is repository code: it loads only when the server allows Python models (``--allow_python_models``),
 imported under a module name of its own per load; ``import triton_python_backend_utils as pb_utils`` finds
@@ -54,6 +56,7 @@ from workbench.core.signatures import Signature
 from workbench.platforms import triton_pb_utils
 from workbench.platforms._user_code import call_user, conform, forget_module, import_file, require_python
 from workbench.platforms.base import LoadPolicy
+from workbench.platforms.triton_sequences import States, check_one_row, next_states, server_tensors
 from workbench.platforms.triton_tensors import batch_rows, model_inputs, signature_of, wire_output
 
 log = logging.getLogger(__name__)
@@ -187,17 +190,17 @@ class TritonPythonServable(PerRequestServable):
         outputs: Sequence[str],
         controls: Controls | None = None,
         sender: triton_pb_utils.InferenceResponseSender | None = None,
+        states: States | None = None,
     ) -> triton_pb_utils.InferenceRequest:
-        """The request ``execute`` gets: the feed as the model takes it, a sequence's control tensors, a sender."""
+        """The request ``execute`` gets: the feed as the model takes it, a sequence's control tensors and implicit
+        states, a sender."""
         inputs = model_inputs(self._config, signature, self._inputs, feed)
-        tensors = [triton_pb_utils.Tensor(alias, value) for alias, value in inputs.items()]
         correlation_id: int | str = 0
         if controls is not None and self._config.sequence_batching is not None:
-            shape = (batch_rows(feed, self._config) or 1, 1) if self._config.batched else (1,)
-            for control in self._config.sequence_batching.controls:
-                value = control.value(controls)
-                tensors.append(triton_pb_utils.Tensor(control.name, np.broadcast_to(value, shape).copy()))
+            check_one_row(feed, self._config, self.name)
+            inputs.update(server_tensors(self._config.sequence_batching, self._config, controls, states))
             correlation_id = controls.correlation_id
+        tensors = [triton_pb_utils.Tensor(alias, value) for alias, value in inputs.items()]
         return triton_pb_utils.InferenceRequest(
             tensors, outputs, self.name, self.version, correlation_id=correlation_id, response_sender=sender
         )
@@ -249,13 +252,21 @@ class TritonPythonServable(PerRequestServable):
         state: Any,
         controls: Controls,
     ) -> tuple[dict[str, np.ndarray], Any]:
-        """One request of a sequence: ``execute([request])`` with the control tensors and the sequence's id. The model
-        keeps the sequence's state itself (keyed by ``correlation_id()``), so the batcher keeps none."""
-        (response,) = self._execute([self._request(signature, inputs, outputs, controls)])
+        """One request of a sequence: ``execute([request])`` with the control tensors, the implicit states and the
+        sequence's id; the response's state outputs are the sequence's next states (None: the model keeps its
+        sequences' state itself, keyed by ``correlation_id()``)."""
+        sequence = self._config.sequence_batching
+        assert sequence is not None
+        (response,) = self._execute([self._request(signature, inputs, outputs, controls, states=state)])
         answer = self._answer(response, inputs, outputs, f"{self._label}.execute")
         if isinstance(answer, ServingError):
             raise answer
-        return answer, None
+        produced = {
+            name: tensor.as_numpy()
+            for name in sequence.state_outputs
+            if (tensor := triton_pb_utils.get_output_tensor_by_name(response, name)) is not None
+        }
+        return answer, next_states(sequence, self._config, produced, state)
 
     def run_decoupled(
         self, signature: Signature, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]

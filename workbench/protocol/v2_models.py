@@ -20,7 +20,9 @@ from typing import Any
 from workbench.core.signatures import Signature, TensorSpec
 from workbench.protocol.v2_types import BYTES, to_datatype
 
-SERVER_NAME = "workbench"
+# GET /v2's name. Triton's clients identify the server by it (its own examples check name == "triton"), so
+# workbench answers as the server whose protocol it speaks; its own version stays in "version".
+SERVER_NAME = "triton"
 
 # Triton's names for the extensions workbench implements (GET /v2 lists them; clients and tools check them).
 EXTENSIONS = (

@@ -129,6 +129,7 @@ class ModelRunner:
                     options.allow_python_models,
                     pytorch_device=options.pytorch_device,
                     pytorch_threads=options.pytorch_threads,
+                    auto_complete_config=not options.disable_auto_complete_config,
                 )
             ),
             self._cache,

@@ -101,6 +101,7 @@ class ModelServer:
                 options.allow_python_models,
                 pytorch_device=options.pytorch_device,
                 pytorch_threads=options.pytorch_threads,
+                auto_complete_config=not options.disable_auto_complete_config,
             )
         )
         # A worker with model runners: the runners load the versions (and warm them up) and run their batches.
