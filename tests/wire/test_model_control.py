@@ -327,3 +327,128 @@ def test_bad_overrides_are_refused_and_the_model_keeps_serving(
         assert scale(http, triton_http, 1.5) == 3.0
     finally:
         http.close()
+
+
+# ============================================================================ configs completed as Triton does
+def adder_model() -> Any:
+    """Triton's example "simple" in shape: INPUT0 + INPUT1 and INPUT0 - INPUT1, INT32 [batch, 16]."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    tensors = [helper.make_tensor_value_info(name, TensorProto.INT32, ["batch", 16]) for name in ("INPUT0", "INPUT1")]
+    outputs = [helper.make_tensor_value_info(name, TensorProto.INT32, ["batch", 16]) for name in ("OUTPUT0", "OUTPUT1")]
+    graph = helper.make_graph(
+        [
+            helper.make_node("Add", ["INPUT0", "INPUT1"], ["OUTPUT0"]),
+            helper.make_node("Sub", ["INPUT0", "INPUT1"], ["OUTPUT1"]),
+        ],
+        "simple",
+        tensors,
+        outputs,
+    )
+    return onnx.helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+SIMPLE_CONFIG = """
+name: "simple"
+platform: "onnxruntime_onnx"
+max_batch_size: 8
+input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 16 ] }, { name: "INPUT1" data_type: TYPE_INT32 dims: [ 16 ] } ]
+output [
+  { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 16 ] }, { name: "OUTPUT1" data_type: TYPE_INT32 dims: [ 16 ] }
+]
+"""
+
+
+@pytest.fixture
+def onnx_repository(repository: Path) -> Path:
+    import onnx
+
+    for name, config in (("simple", SIMPLE_CONFIG), ("bare", "max_batch_size: 8\n")):
+        (repository / name / "1").mkdir(parents=True)
+        onnx.save_model(adder_model(), str(repository / name / "1" / "model.onnx"))
+        (repository / name / "config.pbtxt").write_text(textwrap.dedent(config))
+    return repository
+
+
+def add(client: Any, module: Any, rows: int) -> np.ndarray:
+    tensors = []
+    for name in ("INPUT0", "INPUT1"):
+        tensor = module.InferInput(name, [rows, 16], "INT32")
+        tensor.set_data_from_numpy(np.ones((rows, 16), np.int32))
+        tensors.append(tensor)
+    return client.infer("simple", tensors).as_numpy("OUTPUT0")
+
+
+def test_a_partial_override_config_is_completed_from_the_models_files(
+    serve: Callable[..., ServerThread], onnx_repository: Path
+) -> None:
+    """Triton's simple_*_model_control examples: a config of only max_batch_size is completed (the platform from
+    model.onnx, the tensors from the model) and get_model_config shows the completed config."""
+    server = serve(model_repository=str(onnx_repository), model_control_mode="explicit", load_model=("simple",))
+    http = triton_http.InferenceServerClient(server.rest_url.removeprefix("http://"))
+    grpc = triton_grpc.InferenceServerClient(server.grpc_target)
+    try:
+        with pytest.raises(InferenceServerException) as refused:
+            http.load_model("simple", config='"parameters": {"config": {{"max_batch_size": "16"}}}')
+        assert "failed to load" in refused.value.message()
+        grpc.load_model("simple", config='{"max_batch_size":"16"}')
+        config = grpc.get_model_config("simple").config
+        assert (config.max_batch_size, config.platform, config.backend) == (16, "onnxruntime_onnx", "onnxruntime")
+        assert [(t.name, list(t.dims)) for t in config.input] == [("INPUT0", [16]), ("INPUT1", [16])]
+        assert http.get_model_config("simple")["max_batch_size"] == 16
+        assert add(http, triton_http, 12).tolist() == np.full((12, 16), 2).tolist()  # beyond the file's 8
+        http.load_model("simple")
+        assert http.get_model_config("simple")["max_batch_size"] == 8
+    finally:
+        http.close()
+        grpc.close()
+
+
+def test_a_config_naming_no_backend_serves_by_its_model_file_unless_auto_complete_is_off(
+    serve: Callable[..., ServerThread], onnx_repository: Path
+) -> None:
+    completing = serve(model_repository=str(onnx_repository), allow_python_models=True)
+    http = triton_http.InferenceServerClient(completing.rest_url.removeprefix("http://"))
+    try:
+        assert http.get_model_config("bare")["platform"] == "onnxruntime_onnx"
+        assert [t["name"] for t in http.get_model_metadata("bare")["outputs"]] == ["OUTPUT0", "OUTPUT1"]
+    finally:
+        http.close()
+    strict = serve(model_repository=str(onnx_repository), allow_python_models=True, disable_auto_complete_config=True)
+    http = triton_http.InferenceServerClient(strict.rest_url.removeprefix("http://"))
+    try:
+        _, state, reason = index(http)["bare"]
+        assert state == "UNAVAILABLE" and "auto-complete is off: --disable_auto_complete_config" in reason
+        assert http.is_model_ready("simple")  # a config that says everything serves either way
+    finally:
+        http.close()
+
+
+def test_an_override_file_name_longer_than_a_file_system_takes_fails_as_tritons_poll(
+    serve: Callable[..., ServerThread], onnx_repository: Path
+) -> None:
+    """Triton's simple_grpc_model_control example checks INTERNAL and "failed to poll from model repository"."""
+    server = serve(model_repository=str(onnx_repository), model_control_mode="explicit", load_model=("simple",))
+    with triton_grpc.InferenceServerClient(server.grpc_target) as grpc:
+        with pytest.raises(InferenceServerException) as refused:
+            grpc.load_model("simple", config="{}", files={"file:" + "A" * 256: b"a"})
+        assert refused.value.status() == "StatusCode.INTERNAL"
+        assert "failed to poll from model repository" in refused.value.message()
+        assert grpc.is_server_live() and grpc.is_model_ready("simple")
+
+
+def test_auto_complete_finds_each_platforms_model_file(tmp_path: Path) -> None:
+    from workbench.config.triton_model_config import detect_platform
+
+    cases = {"model.onnx": "onnx", "model.py": "python", "model.pt": "pytorch", "model.savedmodel/": "tensorflow"}
+    for file, platform in cases.items():
+        folder = tmp_path / platform
+        (folder / "3").mkdir(parents=True)
+        target = folder / "3" / file.rstrip("/")
+        target.mkdir() if file.endswith("/") else target.write_bytes(b"")
+        assert detect_platform(folder) == platform
+    (tmp_path / "named" / "1").mkdir(parents=True)
+    (tmp_path / "named" / "1" / "net.onnx").write_bytes(b"")
+    assert detect_platform(tmp_path / "named", "net.onnx") == "onnx"
+    assert detect_platform(tmp_path / "named") is None
