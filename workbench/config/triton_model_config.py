@@ -52,7 +52,18 @@ CONFIG_FILE = "config.pbtxt"  # beside the version folders: a Triton model (work
 # The backends workbench runs, by the workbench platform that loads them, with Triton's names for them (the
 # ``backend`` and the ``platform`` a config may give; either is enough) and the file a version folder holds.
 ONNX, PYTHON, TENSORFLOW, PYTORCH = "onnx", "python", "tensorflow", "pytorch"
-BACKENDS: Mapping[str, str] = {"onnxruntime": ONNX, "python": PYTHON, "tensorflow": TENSORFLOW, "pytorch": PYTORCH}
+# Triton's test backends (src/test/*, the identity and repeat backends), which its QA and example clients use, served
+# by stand-ins that do what those backends are documented to do (workbench.platforms.triton_stand_ins). Their
+# version folders hold the backend's shared library or nothing; workbench loads no library.
+IDENTITY, REPEAT, DYNA_SEQUENCE = "identity", "repeat", "dyna_sequence"
+STAND_INS = frozenset({IDENTITY, REPEAT, DYNA_SEQUENCE})
+BACKENDS: Mapping[str, str] = {
+    "onnxruntime": ONNX,
+    "python": PYTHON,
+    "tensorflow": TENSORFLOW,
+    "pytorch": PYTORCH,
+    **{name: name for name in sorted(STAND_INS)},
+}
 PLATFORMS: Mapping[str, str] = {
     "onnxruntime_onnx": ONNX,
     "tensorflow_savedmodel": TENSORFLOW,
@@ -63,6 +74,7 @@ TRITON_NAMES: Mapping[str, tuple[str, str]] = {  # workbench platform → (backe
     PYTHON: ("python", ""),
     TENSORFLOW: ("tensorflow", "tensorflow_savedmodel"),
     PYTORCH: ("pytorch", "pytorch_libtorch"),
+    **{name: (name, "") for name in sorted(STAND_INS)},
 }
 DEFAULT_FILES: Mapping[str, str] = {
     ONNX: "model.onnx",
@@ -182,7 +194,7 @@ def describe(proto: Any, file: Path, auto_complete: bool = True) -> TritonConfig
             "every input and output"
         )
     decoupled = proto.model_transaction_policy.decoupled
-    if decoupled and platform != PYTHON:
+    if decoupled and platform not in (PYTHON, REPEAT):
         raise fail(
             f"model_transaction_policy {{ decoupled: true }} is served for Python backend models only: Triton runs "
             f'decoupled models only in its Python backend and custom backends, not in "{TRITON_NAMES[platform][0]}"',
@@ -415,7 +427,7 @@ def config_json(
         proto.instance_group.add(name=served_name, kind=model_config_pb2.ModelInstanceGroup.KIND_CPU, count=1)
     for group in proto.instance_group:
         group.count = group.count or 1
-    if not proto.default_model_filename:
+    if not proto.default_model_filename and config.platform in DEFAULT_FILES:
         proto.default_model_filename = DEFAULT_FILES[config.platform]
     if proto.HasField("sequence_batching"):  # Triton's normalized config: the idle time it applies
         batching = proto.sequence_batching

@@ -30,6 +30,7 @@ from workbench.config.triton_model_config import (
     ONNX,
     PYTHON,
     PYTORCH,
+    STAND_INS,
     TENSORFLOW,
     TritonConfig,
     TritonTensor,
@@ -62,6 +63,10 @@ def load(name: str, version: int, path: str, policy: LoadPolicy, platform: str =
         from workbench.platforms import triton_python
 
         servable: Servable = triton_python.load(name, version, path, policy, config)
+    elif config.platform in STAND_INS:
+        from workbench.platforms import triton_stand_ins
+
+        servable = triton_stand_ins.load(name, version, path, config)
     else:
         servable = _load_framework(name, version, path, policy, config)
     servable.platform = config.platform
