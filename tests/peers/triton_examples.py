@@ -14,8 +14,9 @@ As in Triton's qa/L0_grpc and qa/L0_http:
   (made from ``simple_dyna_sequence`` as qa/L0_grpc makes it: the ``dyna_sequence`` test backend, a STRING
   CORRID), ``repeat_int32`` (src/test/models, the ``repeat`` backend) and ``custom_identity_int32``
   (qa/L0_client_memory_growth, the ``identity`` backend). ``densenet_onnx``'s weights are a download (Triton's
-  ``fetch_models.sh``): a stand-in of its signature is built here for ``grpc_client.py``; ``inception_onnx`` is
-  left out, and the image clients, which need the real weights and an image, are not run;
+  ``fetch_models.sh``): a stand-in of its signature with made-up weights is built here, for ``grpc_client.py`` and
+  the image clients (run as QA runs them, on qa/images/vulture.jpeg, through the classification extension; QA also
+  checks that the answer is VULTURE, which only the real weights give); ``inception_onnx`` is left out;
 - the sequence clients again with ``-d`` (the dynamic sequence models), as qa/L0_grpc's second server runs them;
 - the model-control examples each on a server of their own in explicit mode, with the example repository at the
   size the example checks in the index (the gRPC example counts 8 models, the HTTP one 7: without
@@ -40,9 +41,12 @@ from pathlib import Path
 
 HTTP_PORT, GRPC_PORT = 8000, 8001  # the examples' defaults
 NOT_RUN = {  # client → why it is not run here
-    "image_client.py": "needs densenet_onnx / inception_onnx weights (Triton's fetch_models.sh downloads them)",
-    "grpc_image_client.py": "needs densenet_onnx / inception_onnx weights (Triton's fetch_models.sh downloads them)",
     "ensemble_image_client.py": "needs a DALI ensemble; Triton's own QA leaves it out (commented out in L0_grpc)",
+}
+# The image clients as qa/L0_grpc runs them (QA also greps VULTURE, which needs densenet's real weights).
+IMAGE_RUNS = {
+    "image_client.py": ("-i", "grpc", "-u", f"localhost:{GRPC_PORT}"),
+    "grpc_image_client.py": (),
 }
 MODEL_CONTROL = {"simple_grpc_model_control.py": (), "simple_http_model_control.py": ("inception_onnx",)}
 DYNA = ("simple_grpc_sequence_stream_infer_client.py", "simple_grpc_sequence_sync_infer_client.py")
@@ -72,6 +76,12 @@ def main() -> int:
             for client in clients:
                 if client.name in NOT_RUN:
                     results[client.name] = {"passed": None, "why": NOT_RUN[client.name]}
+                elif client.name in IMAGE_RUNS:
+                    image = str(args.server / "qa" / "images" / "vulture.jpeg")
+                    for mode in ((), ("-a",), ("--streaming",)):
+                        flags = ("-m", "densenet_onnx", "-s", "INCEPTION", *mode, "-c", "1", "-b", "1")
+                        key = " ".join([client.name, *mode])
+                        results[key] = _run(client, args.timeout, *flags, *IMAGE_RUNS[client.name], image)
                 elif client.name not in MODEL_CONTROL:
                     results[client.name] = _run(client, args.timeout)
             for name in DYNA:

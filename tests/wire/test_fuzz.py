@@ -775,11 +775,11 @@ def infer_outputs_and_parameters(rng: random.Random) -> Case:
         request.outputs.add(name=rng.choice(["z", "Y", odd_name(rng)]))
         return Case("outputs/parameters", "ModelInfer", request, Code.INVALID_ARGUMENT, "unknown output")
     key = rng.choice(["shared_memory_region", "classification"])
-    target = request.inputs[0] if rng.random() < 0.5 else request.outputs.add(name="y")
+    on_input = key == "shared_memory_region" and rng.random() < 0.5
+    target = request.inputs[0] if on_input else request.outputs.add(name="y")
     target.parameters[key].string_param = "region"
-    # A region without its shared_memory_byte_size is malformed; the classification extension is not implemented.
-    expected = Code.INVALID_ARGUMENT if key == "shared_memory_region" else Code.UNIMPLEMENTED
-    return Case("outputs/parameters", "ModelInfer", request, expected, key)
+    # A region without its shared_memory_byte_size is malformed; a class count must be a number.
+    return Case("outputs/parameters", "ModelInfer", request, Code.INVALID_ARGUMENT, key)
 
 
 INFER_CATEGORIES: list[tuple[Callable[[random.Random], Case], int]] = [

@@ -99,6 +99,7 @@ class TritonTensor:
     dims: tuple[int, ...]
     reshape: tuple[int, ...] | None = None  # None: the model sees the dims
     optional: bool = False
+    label_filename: str = ""  # an output's class labels, one per line, in the model folder (classification)
 
     @property
     def model_dims(self) -> tuple[int, ...]:
@@ -314,7 +315,15 @@ def _tensor(proto: Any, kind: str, fail: Any) -> TritonTensor:
             f'{kind} "{proto.name}": reshape {list(reshape)} does not hold the {int(np.prod(dims))} elements of '
             f"dims {list(dims)}"
         )
-    return TritonTensor(proto.name, DATA_TYPES[data_type], data_type, dims, reshape, kind == "input" and proto.optional)
+    return TritonTensor(
+        proto.name,
+        DATA_TYPES[data_type],
+        data_type,
+        dims,
+        reshape,
+        optional=kind == "input" and proto.optional,
+        label_filename=proto.label_filename if kind == "output" else "",
+    )
 
 
 def _instance_count(proto: Any) -> int:

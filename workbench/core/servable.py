@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
@@ -41,6 +42,8 @@ class Servable(abc.ABC):
     # A decoupled model (Triton's decoupled transaction policy) answers a request with 0..n responses: it implements
     # run_decoupled, is never batched across requests, and is served over streams only (ModelStreamInfer, generate).
     decoupled: bool = False
+    # Class labels of outputs (output alias → one label per index), for Triton's classification extension.
+    labels: Mapping[str, Sequence[str]] = MappingProxyType({})
 
     @abc.abstractmethod
     def run(

@@ -34,6 +34,7 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 from workbench import platforms
 from workbench.config.model_control import load_overrides
 from workbench.core import inference
+from workbench.core.classification import classify
 from workbench.core.errors import Code, ServingError
 from workbench.core.sequences import sequence_request
 from workbench.core.sticky import STICKY_PARAMETER
@@ -161,6 +162,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             timeout = time_remaining(context)
             v2_stream.refuse_decoupled(call, "ModelInfer RPC")
             _, outputs = await dataplane.predict(call, "", inputs, requested, timeout=timeout, sequence=sequence)
+            outputs = classify(outputs, v2_grpc.classification_counts(request), call.servable)
             order = requested or list(outputs)
             shared = v2_grpc.output_regions(request)
             return v2_grpc.infer_response(call.model, str(call.version), request.id, outputs, order, shared, memory)

@@ -36,6 +36,7 @@ from starlette.routing import Route
 
 from workbench import platforms
 from workbench.config.model_control import load_overrides
+from workbench.core.classification import classify
 from workbench.core.errors import Code, ServingError, from_exception
 from workbench.core.sequences import sequence_request
 from workbench.core.signatures import DEFAULT_SIGNATURE, Signature
@@ -224,6 +225,8 @@ class V2Rest:
                 timeout=self._timeout(decoded),
                 sequence=sequence_request(decoded.parameters),
             )
+            counts = {output.name: output.classification for output in decoded.outputs if output.classification}
+            outputs = classify(outputs, counts, servable)
             # call.version, not servable's: a sequence runs on the version it started on
             return v2_json.encode_infer_response(call.model, call.version, decoded, outputs, shared_memory)
 

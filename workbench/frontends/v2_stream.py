@@ -50,6 +50,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from tritonclient.grpc import service_pb2
 
+from workbench.core.classification import classify
 from workbench.core.errors import Code, ServingError, from_exception
 from workbench.core.sequences import SequenceId, sequence_request
 from workbench.core.servable import FinalResponse
@@ -219,16 +220,18 @@ class StreamInfer:
             inputs = v2_grpc.decode_inputs(request, memory)
             requested = v2_grpc.requested_outputs(request, memory)
             shared = v2_grpc.output_regions(request)
+            counts = v2_grpc.classification_counts(request)
             version = str(call.version)
             answers = run_request(dataplane, call, inputs, requested, time_remaining(context), parameters)
             ended = False  # a decoupled model's last response came with the final flag
             async with contextlib.aclosing(answers) as outputs_of:
-                async for outputs in outputs_of:
+                async for answer in outputs_of:
+                    outputs = classify(answer, counts, call.servable)
                     response = v2_grpc.infer_response(
                         call.model, version, request.id, outputs, requested or list(outputs), shared, memory
                     )
                     # A model that is not decoupled answers once: that answer is its request's last.
-                    ended = isinstance(outputs, FinalResponse)
+                    ended = isinstance(answer, FinalResponse)
                     response.parameters[FINAL].bool_param = ended or not call.servable.decoupled
                     yield response
             if call.servable.decoupled and not ended and parameters.get(EMPTY_FINAL) is True:

@@ -47,7 +47,15 @@ from workbench.core.signatures import (
 )
 from workbench.platforms.base import LoadPolicy
 from workbench.platforms.triton_sequences import States, check_one_row, next_states, server_tensors
-from workbench.platforms.triton_tensors import batch_rows, fits, model_inputs, model_shape, signature_of, wire_output
+from workbench.platforms.triton_tensors import (
+    batch_rows,
+    fits,
+    model_inputs,
+    model_shape,
+    output_labels,
+    signature_of,
+    wire_output,
+)
 
 
 def load(name: str, version: int, path: str, policy: LoadPolicy, platform: str = "") -> Servable:
@@ -209,6 +217,7 @@ class TritonServable(Servable):
         self._outputs = {t.name: t for t in outputs}
         self.signatures = {DEFAULT_SIGNATURE: signature_of(config, inputs, outputs)}
         self.model_config = config_json(config, inner.name, inputs, outputs)
+        self.labels = output_labels(config, outputs)
         # Triton's instances: at most this many runs at once (each instance runs one request or batch at a time).
         self._instances = threading.BoundedSemaphore(config.instance_count)
 

@@ -57,7 +57,7 @@ from workbench.platforms import triton_pb_utils
 from workbench.platforms._user_code import call_user, conform, forget_module, import_file, require_python
 from workbench.platforms.base import LoadPolicy
 from workbench.platforms.triton_sequences import States, check_one_row, next_states, server_tensors
-from workbench.platforms.triton_tensors import batch_rows, model_inputs, signature_of, wire_output
+from workbench.platforms.triton_tensors import batch_rows, model_inputs, output_labels, signature_of, wire_output
 
 log = logging.getLogger(__name__)
 
@@ -168,6 +168,7 @@ class TritonPythonServable(PerRequestServable):
         if config.sequence_batching is not None:
             self.sequence = config.sequence_batching.settings
         self.model_config = config_json(config, name)
+        self.labels = output_labels(config, config.outputs)
         self._all = list(instances)
         # Free instances: a run takes one (waiting while all are busy) and gives it back.
         self._free: queue.SimpleQueue[Any] = queue.SimpleQueue()

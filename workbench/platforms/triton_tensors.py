@@ -100,6 +100,24 @@ def _reshaped(value: np.ndarray, tensor: TritonTensor, config: TritonConfig) -> 
         ) from None
 
 
+def output_labels(config: TritonConfig, outputs: Sequence[TritonTensor]) -> dict[str, list[str]]:
+    """Each output's class labels from its ``label_filename`` (one per line, beside config.pbtxt), for Triton's
+    classification extension; a label file that cannot be read fails the load naming it."""
+    labels: dict[str, list[str]] = {}
+    for tensor in outputs:
+        if not tensor.label_filename:
+            continue
+        file = config.file.parent / tensor.label_filename
+        try:
+            labels[tensor.name] = file.read_text().splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) else "not a text file"
+            raise ServingError(
+                Code.NOT_FOUND, f'{config.file}: label_filename of output "{tensor.name}": cannot read {file}: {reason}'
+            ) from None
+    return labels
+
+
 def batch_rows(feed: Mapping[str, np.ndarray], config: TritonConfig) -> int | None:
     """The request's batch size (None: the model has no batch dimension, or only absent inputs were given)."""
     if not config.batched:

@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc import service_pb2
 
-from workbench.core.errors import Code, ServingError, invalid_argument
+from workbench.core.classification import requested_count
+from workbench.core.errors import ServingError, invalid_argument
 from workbench.core.signatures import shape_text
 from workbench.protocol import v2_shared_memory, v2_types
 from workbench.protocol.bytes_codec import TruncatedElement, TruncatedLength, unpack_bytes
@@ -54,8 +55,6 @@ _FIELD_TYPES = {
     "fp64_contents": "FP64",
     "bytes_contents": "BYTES",
 }
-# Triton's extension that post-processes outputs, which workbench does not implement.
-_UNSUPPORTED_PARAMETERS = {"classification": "the classification extension"}
 
 
 def decode_inputs(request: Any, shared_memory: SharedMemory | None = None) -> dict[str, np.ndarray]:
@@ -101,7 +100,6 @@ def decode_inputs(request: Any, shared_memory: SharedMemory | None = None) -> di
     for tensor, place in zip(request.inputs, places, strict=True):
         if tensor.name in tensors:
             raise invalid_argument(f'Input "{tensor.name}" is sent more than once')
-        _refuse_unsupported(tensor.parameters, f'input "{tensor.name}"')
         if place is None:
             tensors[tensor.name] = _decode(tensor, next(buffers) if raw else None, model)
             continue
@@ -124,12 +122,22 @@ def parameter_values(parameters: Mapping[str, Any]) -> dict[str, Any]:
 def requested_outputs(request: Any, shared_memory: SharedMemory | None = None) -> list[str]:
     """The outputs a request asks for, in its order; empty means every output of the model. Those to be written to
     shared memory are checked against ``shared_memory`` now, before the model runs (without it: UNIMPLEMENTED)."""
+    classification_counts(request)  # a bad classification parameter is refused before the model runs
     for output in request.outputs:
-        _refuse_unsupported(output.parameters, f'output "{output.name}"')
         place = _place(output.parameters, f'Output "{output.name}"')
         if place is not None:
             v2_shared_memory.check_output(shared_memory, place, output.name)
     return [output.name for output in request.outputs]
+
+
+def classification_counts(request: Any) -> dict[str, int]:
+    """The outputs a request asks to be answered as their top classes (Triton's classification extension)."""
+    counts = {}
+    for output in request.outputs:
+        if "classification" in output.parameters:
+            value = parameter_values({"c": output.parameters["classification"]}).get("c")
+            counts[output.name] = requested_count(value, output.name)
+    return counts
 
 
 def output_regions(request: Any) -> dict[str, SharedTensor]:
@@ -256,9 +264,3 @@ def _dtype(datatype: str, name: str) -> np.dtype[Any]:
         return v2_types.to_numpy_dtype(datatype)
     except ServingError as exc:
         raise ServingError(exc.code, f'Input "{name}": {exc.message}') from None
-
-
-def _refuse_unsupported(parameters: Mapping[str, Any], what: str) -> None:
-    for key, feature in _UNSUPPORTED_PARAMETERS.items():
-        if key in parameters:
-            raise ServingError(Code.UNIMPLEMENTED, f"The {what} asks for {feature}, which workbench does not implement")

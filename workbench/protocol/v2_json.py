@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from workbench.core.classification import requested_count
 from workbench.core.errors import ServingError, invalid_argument
 from workbench.core.signatures import TensorSpec
 from workbench.protocol import v2_shared_memory
@@ -36,6 +37,7 @@ HEADER_LENGTH = "Inference-Header-Content-Length"
 BINARY_DATA_SIZE = "binary_data_size"
 BINARY_DATA = "binary_data"
 BINARY_DATA_OUTPUT = "binary_data_output"
+CLASSIFICATION = "classification"  # an output's parameter: Triton's classification extension
 
 # JSON arrays orjson writes straight from numpy (OPT_SERIALIZE_NUMPY); others go through tolist().
 _ORJSON_NUMPY_KINDS = frozenset("biuf")
@@ -46,6 +48,7 @@ class RequestedOutput:
     name: str
     binary: bool | None = None  # None: as the request's binary_data_output says
     shared: SharedTensor | None = None  # where in shared memory to write it (then the answer carries no data)
+    classification: int = 0  # Triton's classification extension: answer the top N classes (0: the values)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,8 +216,6 @@ def _requested_outputs(entries: Any) -> tuple[RequestedOutput, ...]:
         if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
             raise invalid_argument(f'Each requested output needs a "name" string; got {_short(entry)}')
         parameters = _object(entry.get("parameters"), f'parameters of output "{entry["name"]}"')
-        if "classification" in parameters:
-            raise invalid_argument("The classification extension is not supported: request the raw outputs")
         binary = parameters.get(BINARY_DATA)
         if binary is not None and not isinstance(binary, bool):
             raise invalid_argument(f'{BINARY_DATA} of output "{entry["name"]}" must be true or false')
@@ -223,7 +224,9 @@ def _requested_outputs(entries: Any) -> tuple[RequestedOutput, ...]:
             raise invalid_argument(
                 f'Output "{entry["name"]}" asks for both {v2_shared_memory.REGION} and {BINARY_DATA}: give one'
             )
-        requested.append(RequestedOutput(entry["name"], binary, shared))
+        classes = parameters.get(CLASSIFICATION)
+        count = requested_count(classes, entry["name"]) if classes is not None else 0
+        requested.append(RequestedOutput(entry["name"], binary, shared, count))
     return tuple(requested)
 
 

@@ -27,6 +27,7 @@ SERVER_NAME = "triton"
 # Triton's names for the extensions workbench implements (GET /v2 lists them; clients and tools check them).
 EXTENSIONS = (
     "binary_tensor_data",
+    "classification",
     "model_configuration",
     "model_repository",
     "model_repository(unload_dependents)",
