@@ -145,6 +145,9 @@ class ServerOptions:
     allow_python_models: bool = False
     # Triton's configs are completed from their model files unless set (Triton's --disable-auto-complete-config).
     disable_auto_complete_config: bool = False
+    # TF Serving's: serve a version folder's model.tflite (LiteRT) instead of its SavedModel; interpreters per version.
+    prefer_tflite_model: bool = False
+    tflite_interpreters: int = 1
     # Triton's system shared memory: the most bytes all registered regions may span (4 GiB; 0: none), and whether
     # clients on other hosts may use it (by default only loopback and Unix-socket clients may).
     shared_memory_max_bytes: int = 4 << 30

@@ -212,6 +212,12 @@ SERVE_FLAGS: tuple[FlagGroup, ...] = (
             ServeFlag("allow_pickle", "load scikit-learn models from model.joblib / model.pkl (pickles run code)"),
             ServeFlag("allow_python_models", "load model.py, handler.py and their Python code from the repository"),
             ServeFlag(
+                "prefer_tflite_model",
+                "serve a version folder's model.tflite with LiteRT instead of its SavedModel (a folder holding only "
+                "model.tflite is served by LiteRT either way)",
+            ),
+            ServeFlag("tflite_interpreters", "TF Lite interpreters per version: calls that run at once", "N"),
+            ServeFlag(
                 "disable_auto_complete_config",
                 "Triton's: take each config.pbtxt as written: it must name its backend and declare its inputs and "
                 "outputs (by default they are completed from the model files, as Triton does)",

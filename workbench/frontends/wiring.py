@@ -20,6 +20,7 @@ from workbench.frontends.management import management_routes
 from workbench.frontends.probes import probe_routes
 from workbench.frontends.rest import create_app
 from workbench.frontends.sequence_routing import SequenceRouter
+from workbench.frontends.tf_profiler import TfProfiler
 from workbench.frontends.torchserve_api import TorchServeApi
 from workbench.frontends.torchserve_grpc import TorchServeInference, TorchServeManagement
 from workbench.frontends.torchserve_rest import torchserve_routes
@@ -86,11 +87,13 @@ class GrpcServicers:
     # TorchServe's InferenceAPIsService and ManagementAPIsService (frontends/torchserve_grpc.py).
     torchserve_inference: TorchServeInference | None = None
     torchserve_management: TorchServeManagement | None = None
+    # TensorFlow's profiler service, as tensorflow_model_server has it on its gRPC port (frontends/tf_profiler.py).
+    profiler: TfProfiler | None = None
 
     def adders(self) -> list[Callable[[grpc.aio.Server], None]]:
         """What adds each to a gRPC server (for :func:`~workbench.frontends.grpc.start_grpc_server`)."""
-        torchserve = [s.add_to for s in (self.torchserve_inference, self.torchserve_management) if s is not None]
-        return [self.prediction.add_to, self.model.add_to, self.inference.add_to, *torchserve]
+        optional = (self.torchserve_inference, self.torchserve_management, self.profiler)
+        return [self.prediction.add_to, self.model.add_to, self.inference.add_to, *(s.add_to for s in optional if s)]
 
 
 class Frontends:
@@ -153,4 +156,5 @@ class Frontends:
             InferenceService(dataplane, controlplane, settings.management_token, router, shared_memory),
             TorchServeInference(self.torchserve),
             TorchServeManagement(self.torchserve),
+            TfProfiler(),
         )

@@ -146,6 +146,16 @@ BUILTIN: tuple[Platform, ...] = (
         inline=True,
         framework=("torch",),
     ),
+    # model.tflite, served by LiteRT; beside a SavedModel only with --prefer_tflite_model (TF Serving's flag).
+    Platform(
+        "tflite",
+        ("model.tflite",),
+        "workbench.platforms.tflite",
+        extra="tflite",
+        v2_name="tensorflow_tflite",
+        inline=True,
+        framework=("ai_edge_litert.interpreter",),
+    ),
     Platform("python", ("model.py",), "workbench.platforms.python"),
     Platform("pipeline", ("pipeline.yaml",), "workbench.platforms.pipeline", v2_name="ensemble"),
     # An unpacked TorchServe model archive (workbench.runtime.model_archives writes the second file beside it).
@@ -222,8 +232,10 @@ def _declared(path: Path) -> str:
     return platform
 
 
-def detect(path: str | Path) -> Platform:
-    """The platform of a version folder without a configured one: its ``workbench.json``, else its files."""
+def detect(path: str | Path, prefer_tflite: bool = False) -> Platform:
+    """The platform of a version folder without a configured one: its ``workbench.json``, else its files. A folder
+    holding both a SavedModel and ``model.tflite`` is TF Serving's: the SavedModel serves, unless ``prefer_tflite``
+    (``--prefer_tflite_model``)."""
     folder = Path(path)
     if not folder.is_dir():
         raise ServingError(Code.NOT_FOUND, f"Model version folder does not exist: {folder}")
@@ -232,6 +244,8 @@ def detect(path: str | Path) -> Platform:
         return get(declared)
     found = [(p, f) for p in registry().values() for f in p.files if (folder / f).is_file()]
     candidates = {p.name: p for p, _ in found}
+    if set(candidates) == {"tensorflow", "tflite"}:
+        return candidates["tflite" if prefer_tflite else "tensorflow"]
     if len(candidates) == 1:
         return next(iter(candidates.values()))
     if not candidates:
@@ -257,11 +271,14 @@ class Loader:
     def __init__(self, policy: LoadPolicy = LoadPolicy()) -> None:
         self.policy = policy
 
+    def _detect(self, path: str) -> Platform:
+        return detect(path, self.policy.prefer_tflite_model)
+
     def prepare(self, name: str, version: int, path: str, platform: str = "") -> None:
         """Import the platform of the version at ``path`` (its framework: PyTorch, scikit-learn...), which a process
         pays once: a load measured after this is charged the model alone, not the framework's hundreds of MiB."""
         if not (Path(path).parent / TRITON_CONFIG).is_file():  # a Triton model's config names its backend
-            (get(platform) if platform else detect(path)).import_framework()
+            (get(platform) if platform else self._detect(path)).import_framework()
 
     def places_on_gpu(self, path: str, platform: str = "") -> bool:
         """Whether the version at ``path`` will load onto a GPU (a memory budget's estimate before its first load);
@@ -269,7 +286,7 @@ class Loader:
         if (Path(path).parent / TRITON_CONFIG).is_file():
             return False  # Triton's models place themselves by their config's instance groups, read at load
         try:
-            return (get(platform) if platform else detect(path)).places_on_gpu(self.policy)
+            return (get(platform) if platform else self._detect(path)).places_on_gpu(self.policy)
         except (ServingError, ImportError):
             return False
 
@@ -279,7 +296,7 @@ class Loader:
             from workbench.platforms import triton
 
             return triton.load(name, version, path, self.policy, platform)
-        chosen = get(platform) if platform else detect(path)
+        chosen = get(platform) if platform else self._detect(path)
         servable = chosen.load(name, version, path, self.policy)
         servable.platform = chosen.name
         # workbench's own handler.py beside a model; a TorchServe archive's handler.py is the archive's own (its

@@ -31,6 +31,8 @@ class LoadPolicy:
     pytorch_device: str = "auto"
     pytorch_threads: int = 0
     auto_complete_config: bool = True  # Triton's config auto-complete (--disable_auto_complete_config turns it off)
+    prefer_tflite_model: bool = False  # TF Serving's: a folder's model.tflite serves instead of its SavedModel
+    tflite_interpreters: int = 1  # TF Lite interpreters per version (each runs one call at a time)
 
 
 PICKLE_SETTING = "--allow_pickle (Server(allow_pickle=True), %serve start --allow-pickle)"

@@ -130,6 +130,8 @@ class ModelRunner:
                     pytorch_device=options.pytorch_device,
                     pytorch_threads=options.pytorch_threads,
                     auto_complete_config=not options.disable_auto_complete_config,
+                    prefer_tflite_model=options.prefer_tflite_model,
+                    tflite_interpreters=options.tflite_interpreters,
                 )
             ),
             self._cache,

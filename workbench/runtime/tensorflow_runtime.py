@@ -224,3 +224,23 @@ def _import_without_tensorflow_init() -> None:
         for name in _RUNTIME_MODULES:
             importlib.import_module(name)
         importlib.import_module("tensorflow.python.compat.v2_compat").enable_v2_behavior()
+
+
+# ------------------------------------------------------------------------------------------- the profiler
+def start_profiler_server(port: int) -> None:
+    """Start TensorFlow's profiler server in this process on ``port``. Where the SavedModel runtime was imported
+    without ``tensorflow/__init__``, the profiler's module is imported the same way (a fraction of a second instead
+    of the seconds ``__init__`` takes, which a profile asked for now would start late by)."""
+    if "tensorflow" not in sys.modules and "tensorflow.python.pywrap_tensorflow" in sys.modules:
+        spec = importlib.util.find_spec("tensorflow")
+        from workbench.runtime import tensorflow_protos
+
+        if spec is not None:
+            with tensorflow_protos.stand_in(spec, "its profiler is started") as stood_in:
+                if stood_in:
+                    module: Any = importlib.import_module("tensorflow.python.profiler.internal._pywrap_profiler")
+                    module.start_server(port)
+                    return
+    from tensorflow.python.profiler.internal import _pywrap_profiler
+
+    _pywrap_profiler.start_server(port)

@@ -102,6 +102,8 @@ class ModelServer:
                 pytorch_device=options.pytorch_device,
                 pytorch_threads=options.pytorch_threads,
                 auto_complete_config=not options.disable_auto_complete_config,
+                prefer_tflite_model=options.prefer_tflite_model,
+                tflite_interpreters=options.tflite_interpreters,
             )
         )
         # A worker with model runners: the runners load the versions (and warm them up) and run their batches.
