@@ -30,7 +30,7 @@ from workbench.runtime.loop import new_event_loop
 
 SUBCOMMANDS = [
     "start", "stop", "restart", "status", "export", "promote", "rollback", "canary", "shadow", "predict", "bench",
-    "batch", "analyze", "dashboard", "logs", "manifests",
+    "batch", "analyze", "dashboard", "logs", "profile", "manifests",
 ]  # fmt: skip
 V1, V2 = 3.0, 10.0  # answers to x=1 of model_v1 (2x + 1) and model_v2 (10x)
 
@@ -463,3 +463,30 @@ def test_analyze_measures_the_served_model_and_draws_its_frontier(
     assert (tmp_path / "report.html").is_file() and (tmp_path / "results.json").is_file()
     assert "<table" in analysis._repr_html_()
     assert lin(served.handle)["versions"] == before["versions"]
+
+
+# ------------------------------------------------------------------------------------------------- profile
+def test_profile_traces_the_server_for_tensorboard(
+    ip: InteractiveShell, served: SimpleNamespace, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """%serve profile takes a trace through the server's gRPC port while requests run; TensorBoard reads it."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    stop = threading.Event()
+
+    def predict_meanwhile() -> None:
+        while not stop.is_set():
+            served.handle.client.predict("lin", [[1.0]], version=1)
+            stop.wait(0.05)
+
+    sender = threading.Thread(target=predict_meanwhile)
+    sender.start()
+    try:
+        trace = serve(ip, f"profile --duration_ms 1000 --logdir {tmp_path / 'trace'}")
+    finally:
+        stop.set()
+        sender.join()
+    assert trace.name.endswith(".xplane.pb") and trace.is_relative_to(tmp_path / "trace" / "plugins" / "profile")
+    assert xplane_pb2.XSpace.FromString(trace.read_bytes()).planes
+    assert f"%tensorboard --logdir {tmp_path / 'trace'}" in capsys.readouterr().out
+    assert "--duration_ms must be positive" in one_line_error(ip, "profile --duration_ms 0")

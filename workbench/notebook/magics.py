@@ -476,6 +476,31 @@ class ServeMagics(Magics):
         except FileNotFoundError:
             raise UsageError(f"no requests of {args.model!r} logged under {prefix} yet") from None
 
+    def _profile(self, args: Any) -> Any:
+        """A trace of the server's process as tensorflow_model_server's users take one: TensorFlow's profiler
+        client against the gRPC port (tensorflow.ProfilerService); the trace file, for TensorBoard's profile plugin."""
+        if args.duration_ms <= 0:
+            raise UsageError("--duration_ms must be positive")
+        handle = self._server(args.server_name)
+        logdir = Path(args.logdir or Path("logs") / "profile" / time.strftime("%Y%m%d-%H%M%S")).resolve()
+        logdir.mkdir(parents=True, exist_ok=True)
+        with quiet_tensorflow():
+            from tensorflow.python.profiler import profiler_client
+
+            try:
+                profiler_client.trace(f"grpc://{handle.grpc_target}", str(logdir), args.duration_ms, "", 3)
+            except Exception as exc:  # noqa: BLE001 - TensorFlow's client raises its own RuntimeError kinds
+                raise UsageError(
+                    f"no trace: {one_line(str(exc))} (the trace holds what the server ran meanwhile: send requests "
+                    "while it runs)"
+                ) from None
+        traces = sorted(logdir.glob("plugins/profile/*/*.xplane.pb"))
+        print(
+            f"trace written: {traces[-1] if traces else logdir}\nopen it in TensorBoard (its profile plugin: pip "
+            f"install tensorboard-plugin-profile):\n  %load_ext tensorboard\n  %tensorboard --logdir {logdir}"
+        )
+        return traces[-1] if traces else logdir
+
     def _manifests(self, args: Any) -> Any:
         from workbench.deploy.manifests import DEFAULT_IMAGE, render_manifests
 

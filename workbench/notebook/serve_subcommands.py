@@ -309,6 +309,15 @@ def _manifests_parser(line: str) -> None:
     """Render KServe or Kubernetes manifests for MODEL with its routing; --out DIR writes them."""
 
 
+@magic_arguments(name="%serve profile")
+@kwds(formatter_class=HelpFormatter, epilog=_OPTIONS_NOTE)
+@argument("--duration_ms", type=int, default=2000, metavar="MS", help="how long to trace (default: 2000)")
+@argument("--logdir", metavar="DIR", help="where the trace goes (default: a folder of its own under logs/profile)")
+@_SERVER_OPTION
+def _profile_parser(line: str) -> None:
+    """Trace the server with TensorFlow's profiler (over its gRPC port) for TensorBoard's profile plugin."""
+
+
 PARSERS: dict[str, Callable[..., Any]] = {
     "start": _start_parser,
     "stop": _stop_parser,
@@ -325,6 +334,7 @@ PARSERS: dict[str, Callable[..., Any]] = {
     "analyze": _analyze_parser,
     "dashboard": _dashboard_parser,
     "logs": _logs_parser,
+    "profile": _profile_parser,
     "manifests": _manifests_parser,
 }
 
