@@ -118,7 +118,7 @@ def test_a_command_is_required(capsys):
     "flags",
     [
         ["--tensorflow_intra_op_parallelism=4"],
-        ["--use_tflite_model"],
+        ["--xla_cpu_compilation_enabled"],
         ["--platform_config_file=/tmp/platform.config"],
     ],
 )

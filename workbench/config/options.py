@@ -147,6 +147,8 @@ class ServerOptions:
     disable_auto_complete_config: bool = False
     # TF Serving's: serve a version folder's model.tflite (LiteRT) instead of its SavedModel; interpreters per version.
     prefer_tflite_model: bool = False
+    # TF Serving's: tensorflow.ProfilerService on the gRPC port (TensorFlow's own profiler, started when first asked).
+    enable_profiler: bool = True
     tflite_interpreters: int = 1
     # Triton's system shared memory: the most bytes all registered regions may span (4 GiB; 0: none), and whether
     # clients on other hosts may use it (by default only loopback and Unix-socket clients may).

@@ -40,8 +40,6 @@ UNSUPPORTED_TF_SERVING_FLAGS = {
     "rest_api_num_threads": "the REST frontend is asynchronous; see --num_inference_threads",
     "enable_signature_method_name_check": "method names are checked per API",
     "xla_cpu_compilation_enabled": "XLA is not configurable",
-    "enable_profiler": "the TensorFlow profiler service is not exposed",
-    "use_tflite_model": "TensorFlow Lite models are not supported",
     "remove_unused_fields_from_bundle_metagraph": "not applicable",
     "flush_filesystem_caches": "not applicable",
     "mixed_precision": "not supported",
@@ -217,6 +215,11 @@ SERVE_FLAGS: tuple[FlagGroup, ...] = (
                 "model.tflite is served by LiteRT either way)",
             ),
             ServeFlag("tflite_interpreters", "TF Lite interpreters per version: calls that run at once", "N"),
+            ServeFlag(
+                "enable_profiler",
+                "answer tensorflow.ProfilerService on the gRPC port (TensorFlow's profiler, for TensorBoard and "
+                "tf.profiler.experimental.client.trace)",
+            ),
             ServeFlag(
                 "disable_auto_complete_config",
                 "Triton's: take each config.pbtxt as written: it must name its backend and declare its inputs and "

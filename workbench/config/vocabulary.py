@@ -39,6 +39,7 @@ OPTION_ALIASES: Mapping[str, str] = {
     "clients": "concurrency",
     "model_name": "model",
     "strict_model_config": "disable_auto_complete_config",  # Triton's earlier name of the same flag
+    "use_tflite_model": "prefer_tflite_model",  # TF Serving's earlier name of the same flag
 }
 
 # ``workbench.serve`` / ``ServerHandle``'s earlier keyword names (their options' aliases, plus ``name``, which

@@ -51,6 +51,7 @@ class FrontendSettings:
     batch_jobs: BatchJobs | None = None  # None: no /workbench/v1/batch
     model_store: str = ""  # the model repository: TorchServe's register-by-URL downloads archives into it
     torchserve_allowed_urls: str = ""  # the URLs it may download from ("": TorchServe's default, any http(s))
+    profiler: bool = True  # tensorflow.ProfilerService on the gRPC port (--enable_profiler)
 
     @classmethod
     def of(
@@ -74,6 +75,7 @@ class FrontendSettings:
             batch_jobs=batch_jobs,
             model_store=options.model_repository or "",
             torchserve_allowed_urls=options.torchserve_allowed_urls,
+            profiler=options.enable_profiler,
         )
 
 
@@ -156,5 +158,5 @@ class Frontends:
             InferenceService(dataplane, controlplane, settings.management_token, router, shared_memory),
             TorchServeInference(self.torchserve),
             TorchServeManagement(self.torchserve),
-            TfProfiler(),
+            TfProfiler() if settings.profiler else None,
         )
