@@ -351,3 +351,29 @@ def test_tensorflow_savedmodel_serves_under_its_config(tmp_path):
         x = np.array([[1, 2], [3, 4]], dtype=np.float32)
         np.testing.assert_array_equal(client.infer("tripler", [http_input("x", x)]).as_numpy("y"), x * 3)
         assert client.get_model_metadata("tripler")["platform"] == "tensorflow_savedmodel"
+
+
+def test_max_batch_size_is_completed_for_a_model_that_batches(tmp_path: Path) -> None:
+    """Triton's auto-complete: no tensors and no max_batch_size in the file, every tensor of the model with a
+    variable first dimension: the default maximum batch size (4); a model of fixed shapes keeps 0."""
+    from workbench.platforms import triton
+    from workbench.platforms.base import LoadPolicy
+
+    fixed = helper.make_model(
+        helper.make_graph(
+            [helper.make_node("Identity", ["x"], ["y"])],
+            "fixed",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 2])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 2])],
+        ),
+        opset_imports=[helper.make_opsetid("", 17)],
+    )
+    for name, model, expected in [("batching", doubler_model(), 4), ("fixed", fixed, 0)]:
+        write(tmp_path / name, {"config.pbtxt": 'platform: "onnxruntime_onnx"\n', "1/model.onnx": model})
+        servable = triton.load(name, 1, str(tmp_path / name / "1"), LoadPolicy())
+        try:
+            assert servable.model_config is not None
+            assert servable.model_config["max_batch_size"] == expected
+            assert servable.signatures["serving_default"].batchable == bool(expected)
+        finally:
+            servable.close()

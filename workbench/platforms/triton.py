@@ -19,6 +19,7 @@ the model, as Triton's sequence batcher does for its backends.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import threading
 from collections.abc import Mapping, Sequence
@@ -103,10 +104,36 @@ def _load_framework(name: str, version: int, path: str, policy: LoadPolicy, conf
     else:  # pragma: no cover - triton_config only returns the platforms above
         raise ServingError(Code.UNIMPLEMENTED, f"{config.file}: {config.platform} is not supported by workbench")
     try:
+        if policy.auto_complete_config:
+            config = _completed_batching(config, inner)
         return TritonServable(inner, config)
     except BaseException:
         inner.close()
         raise
+
+
+# Triton's --backend-config=default-max-batch-size: what auto-complete gives a model that can batch.
+DEFAULT_MAX_BATCH_SIZE = 4
+
+
+def _completed_batching(config: TritonConfig, inner: Servable) -> TritonConfig:
+    """Triton's auto-complete of ``max_batch_size``: a config that declares no tensors and no batch size, for a
+    model whose every input and output has a variable first dimension, gets the default maximum batch size. The
+    file's own ``max_batch_size`` always wins. Triton also adds ``dynamic_batching {}`` then; workbench does not
+    (its batching parameters come from the file, before the model loads), so the answer does not claim it, and
+    requests run as they come. Sequence models keep the file's size (their slots are read with the file)."""
+    own = inner.signatures.get(DEFAULT_SIGNATURE)
+    if own is None or config.max_batch_size or config.inputs or config.outputs or config.sequence_batching:
+        return config
+    tensors = [*own.inputs.values(), *own.outputs.values()]
+    if not tensors or not all(spec.shape is not None and spec.shape[:1] == (-1,) for spec in tensors):
+        return config
+    from tritonclient.grpc import model_config_pb2
+
+    proto = model_config_pb2.ModelConfig()
+    proto.CopyFrom(config.proto)
+    proto.max_batch_size = DEFAULT_MAX_BATCH_SIZE
+    return dataclasses.replace(config, max_batch_size=DEFAULT_MAX_BATCH_SIZE, proto=proto)
 
 
 # ------------------------------------------------------------------------------------------- shapes
