@@ -377,3 +377,51 @@ def test_max_batch_size_is_completed_for_a_model_that_batches(tmp_path: Path) ->
             assert servable.signatures["serving_default"].batchable == bool(expected)
         finally:
             servable.close()
+
+
+AUTO_PY = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(auto_complete_model_config):
+        auto_complete_model_config.add_input({"name": "X", "data_type": "TYPE_FP32", "dims": [2]})
+        auto_complete_model_config.add_output({"name": "Y", "data_type": "TYPE_FP32", "dims": [2]})
+        auto_complete_model_config.set_max_batch_size(8)
+        auto_complete_model_config.set_dynamic_batching()
+        return auto_complete_model_config
+
+    def execute(self, requests):
+        return [
+            pb_utils.InferenceResponse([pb_utils.Tensor("Y", pb_utils.get_input_tensor_by_name(r, "X").as_numpy() * 2)])
+            for r in requests
+        ]
+"""
+
+
+def test_a_python_model_completes_its_config_with_auto_complete_config(tmp_path: Path) -> None:
+    """Triton's Python auto-complete: the model's static auto_complete_config adds its tensors and batch size."""
+    from workbench.platforms import triton
+    from workbench.platforms.base import LoadPolicy
+
+    write(tmp_path / "auto", {"config.pbtxt": 'backend: "python"\n', "1/model.py": AUTO_PY})
+    servable = triton.load("auto", 1, str(tmp_path / "auto" / "1"), LoadPolicy(allow_python=True))
+    try:
+        config = servable.model_config
+        assert config is not None and config["max_batch_size"] == 8 and "dynamic_batching" in config
+        assert [(t["name"], t["dims"]) for t in config["input"]] == [("X", [2])]
+        signature = servable.signatures["serving_default"]
+        assert servable.run(signature, {"X": np.ones((3, 2), np.float32)}, ["Y"])["Y"].tolist() == [[2.0, 2.0]] * 3
+    finally:
+        servable.close()
+    conflicting = AUTO_PY.replace("set_max_batch_size(8)", "set_max_batch_size(16)")
+    write(tmp_path / "clash", {"config.pbtxt": 'backend: "python"\nmax_batch_size: 4\n', "1/model.py": conflicting})
+    with pytest.raises(ServingError) as refused:
+        triton.load("clash", 1, str(tmp_path / "clash" / "1"), LoadPolicy(allow_python=True))
+    assert "configuration specified max_batch_size 4" in str(refused.value)
+    strict = LoadPolicy(allow_python=True, auto_complete_config=False)
+    with pytest.raises(ServingError) as refused:
+        triton.load("auto", 1, str(tmp_path / "auto" / "1"), strict)
+    assert "auto-complete is off" in str(refused.value)

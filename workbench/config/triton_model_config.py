@@ -175,6 +175,20 @@ def read_config(model_folder: str | Path, auto_complete: bool = True) -> TritonC
     return describe(proto, file, auto_complete)
 
 
+def config_from_json(document: Mapping[str, Any], file: Path) -> TritonConfig:
+    """A config given as Triton's JSON (a Python model's auto-completed one), read and checked as the file is."""
+    from tritonclient.grpc import model_config_pb2
+
+    try:
+        proto = json_format.ParseDict(document, model_config_pb2.ModelConfig())
+    except json_format.ParseError as exc:
+        raise ServingError(
+            Code.INVALID_ARGUMENT, f"{file}: the auto-completed config is not a model config: {exc}"
+        ) from None
+    proto.name = ""  # the JSON names the served model; the folder's name is checked against the file's
+    return describe(proto, file)
+
+
 def describe(proto: Any, file: Path, auto_complete: bool = True) -> TritonConfig:
     """The checked description of a parsed ``ModelConfig`` read from ``file`` (in ``<model>/config.pbtxt``)."""
 

@@ -153,6 +153,59 @@ class InferenceResponse:
         return self._error
 
 
+class ModelConfig:
+    """What Triton's ``TritonPythonModel.auto_complete_config(auto_complete_model_config)`` gets: the model's config
+    as Triton's JSON, completed by the model before it loads (``workbench.platforms.triton_python``)."""
+
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        self._config = json.loads(json.dumps(config))  # a copy the model may change
+
+    def as_dict(self) -> dict[str, Any]:
+        return self._config
+
+    def set_max_batch_size(self, max_batch_size: int) -> None:
+        given = int(self._config.get("max_batch_size", 0) or 0)
+        if given and given != max_batch_size:
+            raise TritonModelException(
+                f"configuration specified max_batch_size {given}, but in auto-complete-config function for model "
+                f"'{self._config.get('name', '')}' specified max_batch_size {max_batch_size}"
+            )
+        self._config["max_batch_size"] = int(max_batch_size)
+
+    def set_dynamic_batching(self) -> None:
+        self._config.setdefault("dynamic_batching", {})
+
+    def set_model_transaction_policy(self, transaction_policy_dict: Mapping[str, Any]) -> None:
+        self._config["model_transaction_policy"] = dict(transaction_policy_dict)
+
+    def add_input(self, input: Mapping[str, Any]) -> None:  # noqa: A002 - Triton's parameter name
+        self._add("input", input)
+
+    def add_output(self, output: Mapping[str, Any]) -> None:
+        self._add("output", output)
+
+    def _add(self, kind: str, tensor: Mapping[str, Any]) -> None:
+        """A tensor the config does not declare is added; one it declares must agree (Triton refuses otherwise)."""
+        if not isinstance(tensor, Mapping) or "name" not in tensor:
+            raise TritonModelException(f"auto-complete-config: an {kind} must be a dict with a 'name'")
+        tensors = self._config.setdefault(kind, [])
+        existing = next((t for t in tensors if t.get("name") == tensor["name"]), None)
+        if existing is None:
+            tensors.append(dict(tensor))
+            return
+        for key in ("data_type", "dims"):
+            if (
+                key in tensor
+                and key in existing
+                and existing[key]
+                and list(np.atleast_1d(existing[key])) != list(np.atleast_1d(tensor[key]))
+            ):
+                raise TritonModelException(
+                    f"model '{self._config.get('name', '')}', tensor '{tensor['name']}': the model's {key} "
+                    f"{tensor[key]} does not match the config's {existing[key]}"
+                )
+
+
 def get_input_tensor_by_name(request: InferenceRequest, name: str) -> Tensor | None:
     """The request's input ``name``; None when it was not sent (an optional input)."""
     return next((t for t in request.inputs() if t.name() == name), None)

@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from workbench.config.triton_model_config import TritonConfig, TritonTensor, config_json
+from workbench.config.triton_model_config import TritonConfig, TritonTensor, config_from_json, config_json
 from workbench.core.errors import Code, ServingError
 from workbench.core.sequences import Controls
 from workbench.core.servable import FinalResponse, PerRequestServable, streams_only
@@ -102,10 +102,6 @@ def load(name: str, version: int, path: str, policy: LoadPolicy, config: TritonC
     require_python(policy, file)
     if not file.is_file():
         raise ServingError(Code.NOT_FOUND, f"No {file.name} in {path} (the model file {config.file} names)")
-    if not config.inputs or not config.outputs:
-        raise ServingError(
-            Code.INVALID_ARGUMENT, f"{config.file}: a Python model's config must declare its inputs and outputs"
-        )
     _use_pb_utils()
     module: types.ModuleType | None = None
     instances: list[Any] = []
@@ -115,6 +111,14 @@ def load(name: str, version: int, path: str, policy: LoadPolicy, config: TritonC
         if not isinstance(cls, type) or not callable(getattr(cls, "execute", None)):
             raise ServingError(
                 Code.INVALID_ARGUMENT, f"{file} defines no class {MODEL_CLASS} with execute(self, requests)"
+            )
+        if policy.auto_complete_config and callable(getattr(cls, "auto_complete_config", None)):
+            config = _auto_completed(cls, config, name, file)
+        if not config.inputs or not config.outputs:
+            raise ServingError(
+                Code.INVALID_ARGUMENT,
+                f"{config.file}: a Python model's config must declare its inputs and outputs (or its "
+                f"{MODEL_CLASS}.auto_complete_config add them)",
             )
         model_config = json.dumps(config_json(config, name))
         for index in range(config.instance_count):
@@ -138,6 +142,21 @@ def load(name: str, version: int, path: str, policy: LoadPolicy, config: TritonC
         forget_module(module)
         _release_pb_utils()
         raise
+
+
+def _auto_completed(cls: Any, config: TritonConfig, name: str, file: Path) -> TritonConfig:
+    """Triton's Python auto-complete: ``auto_complete_config(auto_complete_model_config)``, a static method of the
+    model's class, completes the config (inputs, outputs, max_batch_size, dynamic batching, transaction policy)
+    before any instance is made; the completed config is read as the file is. Batching parameters come from the
+    file (read before the model loads), so dynamic batching the method sets is shown in the config but not run."""
+    who = f"{MODEL_CLASS}.auto_complete_config in {file}"
+    given = triton_pb_utils.ModelConfig(config_json(config, name))
+    completed = call_user(cls.auto_complete_config, who, given)
+    if not isinstance(completed, triton_pb_utils.ModelConfig):
+        raise ServingError(
+            Code.INVALID_ARGUMENT, f"{who} returned {type(completed).__name__}: it must return the config it was given"
+        )
+    return config_from_json(completed.as_dict(), config.file)
 
 
 def _finalize(instances: Sequence[Any], label: str) -> None:
