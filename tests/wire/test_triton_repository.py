@@ -374,7 +374,9 @@ def test_max_batch_size_is_completed_for_a_model_that_batches(tmp_path: Path) ->
         try:
             assert servable.model_config is not None
             assert servable.model_config["max_batch_size"] == expected
+            assert ("dynamic_batching" in servable.model_config) == bool(expected)  # as Triton completes it
             assert servable.signatures["serving_default"].batchable == bool(expected)
+            assert (triton.own_batching(servable) is not None) == bool(expected)
         finally:
             servable.close()
 
@@ -425,3 +427,46 @@ def test_a_python_model_completes_its_config_with_auto_complete_config(tmp_path:
     with pytest.raises(ServingError) as refused:
         triton.load("auto", 1, str(tmp_path / "auto" / "1"), strict)
     assert "auto-complete is off" in str(refused.value)
+
+
+BATCHED_PY = """
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(auto_complete_model_config):
+        auto_complete_model_config.add_input({"name": "X", "data_type": "TYPE_FP32", "dims": [1]})
+        auto_complete_model_config.add_output({"name": "SEEN", "data_type": "TYPE_INT64", "dims": [1]})
+        auto_complete_model_config.set_max_batch_size(8)
+        auto_complete_model_config.set_dynamic_batching()
+        return auto_complete_model_config
+
+    def execute(self, requests):
+        time.sleep(0.2)  # requests arriving meanwhile wait for the next execute, together
+        seen = [len(requests)]
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("SEEN", np.array([seen], np.int64))]) for r in requests]
+"""
+
+
+def test_dynamic_batching_set_by_auto_complete_config_batches(tmp_path: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    write(tmp_path / "batched", {"config.pbtxt": 'backend: "python"\n', "1/model.py": BATCHED_PY})
+    options = ServerOptions(rest_api_port=-1, port=0, model_repository=str(tmp_path), allow_python_models=True)
+    with ServerThread(options) as server:
+        client = triton_http.InferenceServerClient(server.rest_url.removeprefix("http://"), concurrency=8)
+        try:
+
+            def ask(_: int) -> int:
+                x = http_input("X", np.ones((1, 1), np.float32))
+                return int(client.infer("batched", [x]).as_numpy("SEEN")[0, 0])
+
+            with ThreadPoolExecutor(8) as pool:
+                seen = list(pool.map(ask, range(16)))
+        finally:
+            client.close()
+    assert max(seen) > 1, seen  # several requests reached one execute: the completed config's batching ran

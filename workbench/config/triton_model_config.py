@@ -413,6 +413,11 @@ def batching_parameters(base_path: str, default: BatchingParameters | None) -> B
         config = read_config(base_path)
     except ServingError:
         return default
+    return config_batching(config)
+
+
+def config_batching(config: TritonConfig) -> BatchingParameters | None:
+    """The batching a read config asks for (see :func:`batching_parameters`); None: it does not batch."""
     if config.dynamic_batching is None or not config.batched or config.decoupled:
         return None  # a decoupled model's requests each run alone (see triton_python)
     preferred = config.dynamic_batching.preferred_batch_sizes

@@ -27,14 +27,17 @@ from pathlib import Path
 
 import numpy as np
 
+from workbench.config.batching_parameters import BatchingParameters
 from workbench.config.triton_model_config import (
     ONNX,
     PYTHON,
     PYTORCH,
     STAND_INS,
     TENSORFLOW,
+    DynamicBatching,
     TritonConfig,
     TritonTensor,
+    config_batching,
     config_json,
     read_config,
 )
@@ -104,9 +107,10 @@ def _load_framework(name: str, version: int, path: str, policy: LoadPolicy, conf
     else:  # pragma: no cover - triton_config only returns the platforms above
         raise ServingError(Code.UNIMPLEMENTED, f"{config.file}: {config.platform} is not supported by workbench")
     try:
-        if policy.auto_complete_config:
-            config = _completed_batching(config, inner)
-        return TritonServable(inner, config)
+        served = _completed_batching(config, inner) if policy.auto_complete_config else config
+        servable = TritonServable(inner, served)
+        servable.completed_batching = completed_batching(config, served)
+        return servable
     except BaseException:
         inner.close()
         raise
@@ -119,9 +123,9 @@ DEFAULT_MAX_BATCH_SIZE = 4
 def _completed_batching(config: TritonConfig, inner: Servable) -> TritonConfig:
     """Triton's auto-complete of ``max_batch_size``: a config that declares no tensors and no batch size, for a
     model whose every input and output has a variable first dimension, gets the default maximum batch size. The
-    file's own ``max_batch_size`` always wins. Triton also adds ``dynamic_batching {}`` then; workbench does not
-    (its batching parameters come from the file, before the model loads), so the answer does not claim it, and
-    requests run as they come. Sequence models keep the file's size (their slots are read with the file)."""
+    file's own ``max_batch_size`` always wins. ``dynamic_batching {}`` comes with it, as in Triton (the servable's
+    :attr:`~TritonServable.completed_batching`, which the server batches it with). Sequence models keep the file's
+    size (their slots are read with the file)."""
     own = inner.signatures.get(DEFAULT_SIGNATURE)
     if own is None or config.max_batch_size or config.inputs or config.outputs or config.sequence_batching:
         return config
@@ -133,7 +137,26 @@ def _completed_batching(config: TritonConfig, inner: Servable) -> TritonConfig:
     proto = model_config_pb2.ModelConfig()
     proto.CopyFrom(config.proto)
     proto.max_batch_size = DEFAULT_MAX_BATCH_SIZE
-    return dataclasses.replace(config, max_batch_size=DEFAULT_MAX_BATCH_SIZE, proto=proto)
+    dynamic = config.dynamic_batching
+    if dynamic is None and not config.decoupled:
+        proto.dynamic_batching.SetInParent()
+        dynamic = DynamicBatching((), 0)
+    return dataclasses.replace(config, max_batch_size=DEFAULT_MAX_BATCH_SIZE, dynamic_batching=dynamic, proto=proto)
+
+
+def own_batching(servable: Servable) -> BatchingParameters | None:
+    """The batching a Triton model's config, completed at load, asks for beyond what its file asked for (the
+    server reads a model's batching from its files before it loads): what the server batches it with then."""
+    own: BatchingParameters | None = getattr(servable, "completed_batching", None)
+    return own
+
+
+def completed_batching(file_config: TritonConfig, served: TritonConfig) -> BatchingParameters | None:
+    """The batching a config completed at load asks for, where the file alone asked for none (the server read the
+    file's batching before the model loaded); None otherwise."""
+    if config_batching(file_config) is not None:
+        return None
+    return config_batching(served)
 
 
 # ------------------------------------------------------------------------------------------- shapes
@@ -221,6 +244,10 @@ def _check_sequence_tensors(config: TritonConfig, own: Signature) -> None:
 
 class TritonServable(Servable):
     """An ONNX, TensorFlow or TorchScript model served as its config.pbtxt describes it."""
+
+    # Batching its config asks for once completed at load, where the file alone asked for none (auto-complete's
+    # dynamic_batching): the server batches it so (workbench.planes.controlplane.ControlPlane.batching_of).
+    completed_batching: BatchingParameters | None = None
 
     def __init__(self, inner: Servable, config: TritonConfig) -> None:
         self.name, self.version, self.path = inner.name, inner.version, inner.path

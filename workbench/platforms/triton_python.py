@@ -48,7 +48,14 @@ from typing import Any
 
 import numpy as np
 
-from workbench.config.triton_model_config import TritonConfig, TritonTensor, config_from_json, config_json
+from workbench.config.batching_parameters import BatchingParameters
+from workbench.config.triton_model_config import (
+    TritonConfig,
+    TritonTensor,
+    config_batching,
+    config_from_json,
+    config_json,
+)
 from workbench.core.errors import Code, ServingError
 from workbench.core.sequences import Controls
 from workbench.core.servable import FinalResponse, PerRequestServable, streams_only
@@ -112,6 +119,7 @@ def load(name: str, version: int, path: str, policy: LoadPolicy, config: TritonC
             raise ServingError(
                 Code.INVALID_ARGUMENT, f"{file} defines no class {MODEL_CLASS} with execute(self, requests)"
             )
+        file_config = config
         if policy.auto_complete_config and callable(getattr(cls, "auto_complete_config", None)):
             config = _auto_completed(cls, config, name, file)
         if not config.inputs or not config.outputs:
@@ -136,7 +144,10 @@ def load(name: str, version: int, path: str, policy: LoadPolicy, config: TritonC
                     "model_name": name,
                 }
                 call_user(initialize, f"{MODEL_CLASS}.initialize in {file}", args)
-        return TritonPythonServable(name, version, path, config, module, instances)
+        servable = TritonPythonServable(name, version, path, config, module, instances)
+        if config_batching(file_config) is None:  # batching set by auto_complete_config (the server read the file's)
+            servable.completed_batching = config_batching(config)
+        return servable
     except BaseException:
         _finalize(instances, f"{name} version {version}")
         forget_module(module)
@@ -148,7 +159,7 @@ def _auto_completed(cls: Any, config: TritonConfig, name: str, file: Path) -> Tr
     """Triton's Python auto-complete: ``auto_complete_config(auto_complete_model_config)``, a static method of the
     model's class, completes the config (inputs, outputs, max_batch_size, dynamic batching, transaction policy)
     before any instance is made; the completed config is read as the file is. Batching parameters come from the
-    file (read before the model loads), so dynamic batching the method sets is shown in the config but not run."""
+    file (read before the model loads): dynamic batching the method sets is the servable's ``completed_batching``."""
     who = f"{MODEL_CLASS}.auto_complete_config in {file}"
     given = triton_pb_utils.ModelConfig(config_json(config, name))
     completed = call_user(cls.auto_complete_config, who, given)
@@ -170,6 +181,9 @@ def _finalize(instances: Sequence[Any], label: str) -> None:
 
 
 class TritonPythonServable(PerRequestServable):
+    # Batching auto_complete_config asked for where the file asked for none (see workbench.platforms.triton).
+    completed_batching: BatchingParameters | None = None
+
     def __init__(
         self, name: str, version: int, path: str, config: TritonConfig, module: types.ModuleType, instances: list[Any]
     ) -> None:

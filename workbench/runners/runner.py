@@ -46,6 +46,7 @@ from workbench.core.signatures import Signature
 from workbench.models.warmup import warm_up
 from workbench.observability import tracing
 from workbench.platforms.base import LoadPolicy
+from workbench.platforms.triton import own_batching
 from workbench.runners import wire
 from workbench.runners.arena import Arena
 from workbench.runners.timings import RunnerTimings
@@ -142,7 +143,9 @@ class ModelRunner:
         self._loads = ThreadPoolExecutor(max(1, options.num_load_threads), thread_name_prefix="workbench-runner-load")
         self._params: dict[str, BatchingParameters | None] = {}
         self.scheduler = BatchScheduler(
-            self._executor, lambda servable: self._params.get(servable.name), listener=self._on_batch
+            self._executor,
+            lambda servable: self._params.get(servable.name) or own_batching(servable),
+            listener=self._on_batch,
         )
         self._versions: dict[Key, _Version] = {}
         self._frontends: set[_Frontend] = set()

@@ -53,6 +53,7 @@ from workbench.planes.dataplane import Dataplane, ServerStatus
 from workbench.planes.response_cache import ResponseCache
 from workbench.planes.shared_memory import SharedMemoryRegistry
 from workbench.platforms.base import LoadPolicy
+from workbench.platforms.triton import own_batching
 from workbench.runners.remote import RunnerDispatch, RunnerLoader, RunnerPool, RunnerServable
 from workbench.runtime.storage import VersionCache, caching_loader
 from workbench.server.announce import JupyterRecord, write_ready_file
@@ -167,7 +168,8 @@ class ModelServer:
         # the call (REST half_plus_two, 32 clients: 1.3x the requests/s; benchmarks/request_path.py).
         self.scheduler = BatchScheduler(
             self._executor,
-            lambda servable: self.controlplane.batching_for(servable.name),
+            # A Triton model whose config was completed at load may batch beyond what its file said.
+            lambda servable: self.controlplane.batching_for(servable.name) or own_batching(servable),
             listener=self._on_batch,
             inline_cheap_calls=options.inline_cheap_calls,
         )
