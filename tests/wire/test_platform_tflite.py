@@ -190,3 +190,19 @@ def test_a_file_that_is_not_a_tflite_model_fails_its_load_clearly(
     server = serve(model_base_path=str(tmp_path / "m"), model_name="m")
     status = requests.get(f"{server.rest_url}/v1/models/m", timeout=60).json()
     assert "is not a TF Lite model LiteRT can load" in status["model_version_status"][0]["status"]["error_message"]
+
+
+def test_a_config_that_says_tensorflow_serves_the_tflite_model_when_preferred(
+    tflite_store: Path, make_repo: Callable[..., Path], tmp_path: Path, serve: Callable[..., ServerThread]
+) -> None:
+    """TF Serving's model configs say model_platform "tensorflow"; TF Lite is its TensorFlow: the flag decides."""
+    base = make_repo("both", {1: "hp2_tf2"})
+    shutil.copy(tflite_store / "three" / "model.tflite", base / "1" / "model.tflite")
+    config = tmp_path / "models.config"
+    config.write_text(
+        f'model_config_list {{ config {{ name: "both" base_path: "{base}" model_platform: "tensorflow" }} }}\n'
+    )
+    saved = serve(model_config_file=str(config))
+    assert rest_predict(saved, "both", {"instances": [2.0]}) == [3.0]
+    preferred = serve(model_config_file=str(config), prefer_tflite_model=True)
+    assert rest_predict(preferred, "both", {"instances": [[2.0]]}) == [[4.0]]

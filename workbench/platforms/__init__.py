@@ -271,14 +271,19 @@ class Loader:
     def __init__(self, policy: LoadPolicy = LoadPolicy()) -> None:
         self.policy = policy
 
-    def _detect(self, path: str) -> Platform:
-        return detect(path, self.policy.prefer_tflite_model)
+    def _choose(self, path: str, platform: str) -> Platform:
+        """The configured platform, else the folder's. With ``--prefer_tflite_model`` a folder's ``model.tflite``
+        serves also where the config says ``tensorflow`` (TF Serving's configs do; TF Lite is its TensorFlow)."""
+        chosen = get(platform) if platform else detect(path, self.policy.prefer_tflite_model)
+        if chosen.name == "tensorflow" and self.policy.prefer_tflite_model and (Path(path) / "model.tflite").is_file():
+            return get("tflite")
+        return chosen
 
     def prepare(self, name: str, version: int, path: str, platform: str = "") -> None:
         """Import the platform of the version at ``path`` (its framework: PyTorch, scikit-learn...), which a process
         pays once: a load measured after this is charged the model alone, not the framework's hundreds of MiB."""
         if not (Path(path).parent / TRITON_CONFIG).is_file():  # a Triton model's config names its backend
-            (get(platform) if platform else self._detect(path)).import_framework()
+            self._choose(path, platform).import_framework()
 
     def places_on_gpu(self, path: str, platform: str = "") -> bool:
         """Whether the version at ``path`` will load onto a GPU (a memory budget's estimate before its first load);
@@ -286,7 +291,7 @@ class Loader:
         if (Path(path).parent / TRITON_CONFIG).is_file():
             return False  # Triton's models place themselves by their config's instance groups, read at load
         try:
-            return (get(platform) if platform else self._detect(path)).places_on_gpu(self.policy)
+            return self._choose(path, platform).places_on_gpu(self.policy)
         except (ServingError, ImportError):
             return False
 
@@ -296,7 +301,7 @@ class Loader:
             from workbench.platforms import triton
 
             return triton.load(name, version, path, self.policy, platform)
-        chosen = get(platform) if platform else self._detect(path)
+        chosen = self._choose(path, platform)
         servable = chosen.load(name, version, path, self.policy)
         servable.platform = chosen.name
         # workbench's own handler.py beside a model; a TorchServe archive's handler.py is the archive's own (its
