@@ -32,7 +32,8 @@ METHODS = ("Profile", "Terminate", "Monitor")
 
 
 class TfProfiler:
-    """The profiler service of the gRPC port, handed to TensorFlow's profiler server (started when first asked)."""
+    """The profiler service of the gRPC port, handed to TensorFlow's profiler server (started when first asked).
+    The channel to it lives as long as the process, as TensorFlow's profiler server does."""
 
     def __init__(self) -> None:
         self._channel: grpc.aio.Channel | None = None
@@ -63,10 +64,6 @@ class TfProfiler:
                 port = await asyncio.get_running_loop().run_in_executor(None, _start_tensorflow_profiler)
                 self._channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
             return self._channel
-
-    async def close(self) -> None:
-        if self._channel is not None:
-            await self._channel.close()
 
 
 _started_lock = threading.Lock()
