@@ -416,6 +416,14 @@ def batching_parameters(base_path: str, default: BatchingParameters | None) -> B
     return config_batching(config)
 
 
+def completed_batching(file_config: TritonConfig, served: TritonConfig) -> BatchingParameters | None:
+    """The batching a config completed at load asks for, where the file alone asked for none (the server read the
+    file's batching before the model loaded); None otherwise."""
+    if config_batching(file_config) is not None:
+        return None
+    return config_batching(served)
+
+
 def config_batching(config: TritonConfig) -> BatchingParameters | None:
     """The batching a read config asks for (see :func:`batching_parameters`); None: it does not batch."""
     if config.dynamic_batching is None or not config.batched or config.decoupled:

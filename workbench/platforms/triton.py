@@ -37,7 +37,7 @@ from workbench.config.triton_model_config import (
     DynamicBatching,
     TritonConfig,
     TritonTensor,
-    config_batching,
+    completed_batching,
     config_json,
     read_config,
 )
@@ -107,7 +107,7 @@ def _load_framework(name: str, version: int, path: str, policy: LoadPolicy, conf
     else:  # pragma: no cover - triton_config only returns the platforms above
         raise ServingError(Code.UNIMPLEMENTED, f"{config.file}: {config.platform} is not supported by workbench")
     try:
-        served = _completed_batching(config, inner) if policy.auto_complete_config else config
+        served = _completed_max_batch_size(config, inner) if policy.auto_complete_config else config
         servable = TritonServable(inner, served)
         servable.completed_batching = completed_batching(config, served)
         return servable
@@ -120,7 +120,7 @@ def _load_framework(name: str, version: int, path: str, policy: LoadPolicy, conf
 DEFAULT_MAX_BATCH_SIZE = 4
 
 
-def _completed_batching(config: TritonConfig, inner: Servable) -> TritonConfig:
+def _completed_max_batch_size(config: TritonConfig, inner: Servable) -> TritonConfig:
     """Triton's auto-complete of ``max_batch_size``: a config that declares no tensors and no batch size, for a
     model whose every input and output has a variable first dimension, gets the default maximum batch size. The
     file's own ``max_batch_size`` always wins. ``dynamic_batching {}`` comes with it, as in Triton (the servable's
@@ -149,14 +149,6 @@ def own_batching(servable: Servable) -> BatchingParameters | None:
     server reads a model's batching from its files before it loads): what the server batches it with then."""
     own: BatchingParameters | None = getattr(servable, "completed_batching", None)
     return own
-
-
-def completed_batching(file_config: TritonConfig, served: TritonConfig) -> BatchingParameters | None:
-    """The batching a config completed at load asks for, where the file alone asked for none (the server read the
-    file's batching before the model loaded); None otherwise."""
-    if config_batching(file_config) is not None:
-        return None
-    return config_batching(served)
 
 
 # ------------------------------------------------------------------------------------------- shapes

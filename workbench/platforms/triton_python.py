@@ -52,7 +52,7 @@ from workbench.config.batching_parameters import BatchingParameters
 from workbench.config.triton_model_config import (
     TritonConfig,
     TritonTensor,
-    config_batching,
+    completed_batching,
     config_from_json,
     config_json,
 )
@@ -145,8 +145,7 @@ def load(name: str, version: int, path: str, policy: LoadPolicy, config: TritonC
                 }
                 call_user(initialize, f"{MODEL_CLASS}.initialize in {file}", args)
         servable = TritonPythonServable(name, version, path, config, module, instances)
-        if config_batching(file_config) is None:  # batching set by auto_complete_config (the server read the file's)
-            servable.completed_batching = config_batching(config)
+        servable.completed_batching = completed_batching(file_config, config)  # set by auto_complete_config
         return servable
     except BaseException:
         _finalize(instances, f"{name} version {version}")

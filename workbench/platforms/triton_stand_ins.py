@@ -26,7 +26,7 @@ import numpy as np
 from workbench.config.triton_model_config import DYNA_SEQUENCE, IDENTITY, REPEAT, TritonConfig, config_json
 from workbench.core.errors import Code, ServingError
 from workbench.core.sequences import Controls, missing_correlation_id
-from workbench.core.servable import Servable
+from workbench.core.servable import Servable, streams_only
 from workbench.core.signatures import Signature
 from workbench.platforms.triton_sequences import check_one_row
 from workbench.platforms.triton_tensors import model_inputs, signature_of
@@ -95,11 +95,7 @@ class RepeatServable(_StandIn):
     def run(
         self, signature: Signature, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]
     ) -> dict[str, np.ndarray]:
-        raise ServingError(
-            Code.UNIMPLEMENTED,
-            f"Model {self.name} is decoupled (the repeat backend): stream it with gRPC ModelStreamInfer or REST "
-            "/generate_stream",
-        )
+        raise streams_only(f"Model {self.name} version {self.version} (the repeat backend)")
 
     def run_decoupled(
         self, signature: Signature, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]
