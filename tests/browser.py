@@ -79,7 +79,7 @@ def jupyterlab(root: Path) -> Iterator[str]:
         deadline = time.monotonic() + 120
         while True:
             try:
-                with urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=5) as response:
+                with urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=5) as response:  # noqa: S310 - the Jupyter server this test started, over http
                     json.load(response)
                     break
             except OSError:

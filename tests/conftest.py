@@ -18,9 +18,9 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from workbench.config.options import ServerOptions  # noqa: E402
-from workbench.jupyter import server_records as registry  # noqa: E402
-from workbench.server import ServerThread  # noqa: E402
+from workbench.config.options import ServerOptions
+from workbench.jupyter import server_records as registry
+from workbench.server import ServerThread
 
 
 @pytest.fixture(scope="session")

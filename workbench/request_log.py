@@ -129,7 +129,7 @@ def read_request_log(
             log = prediction_log_pb2.PredictionLog()
             try:
                 log.ParseFromString(data)
-            except Exception:
+            except Exception:  # noqa: BLE001 - whatever protobuf raises, the record is refused
                 raise ValueError(f"{path}: record {i} is not a tensorflow.serving.PredictionLog") from None
             if model is None or log.log_metadata.model_spec.name == model:
                 records.append(_logged_request(log, str(path)))

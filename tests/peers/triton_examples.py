@@ -102,7 +102,7 @@ def main() -> int:
     return 0 if passed == len(ran) else 1
 
 
-class _server:
+class _server:  # noqa: N801 - read as a call: with _server(...)
     """``workbench serve`` on the examples' ports for the ``with`` block."""
 
     def __init__(self, repository: Path, log: Path, *flags: str) -> None:

@@ -9,17 +9,17 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import models  # noqa: E402  (tests/models.py)
+import models  # (tests/models.py)
 import numpy as np
 import pytest
 import requests
 import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
-from workbench.config.options import ServerOptions  # noqa: E402
-from workbench.platforms import Loader  # noqa: E402
+from workbench.config.options import ServerOptions
+from workbench.platforms import Loader
 from workbench.platforms.base import LoadPolicy
-from workbench.server import ServerThread  # noqa: E402
+from workbench.server import ServerThread
 
 MAX_BATCH = 8
 

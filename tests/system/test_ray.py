@@ -48,7 +48,7 @@ from ray import serve
 from ray.cluster_utils import Cluster
 
 # Loads TF Serving's protos without importing TensorFlow: must come before tensorflow_serving.apis.
-import workbench.runtime.tensorflow_protos  # noqa: F401  # isort: skip
+import workbench.runtime.tensorflow_protos  # isort: skip
 import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
 from tensorflow_serving.apis import (

@@ -266,7 +266,7 @@ def test_tfrecord_records_are_tf_examples(tmp_path):
 
 
 def test_tfrecord_missing_and_ragged_features_are_refused(tmp_path):
-    Example = example_pb2().Example
+    Example = example_pb2().Example  # noqa: N806 - the proto class
 
     def record(**features: list[int]) -> bytes:
         example = Example()

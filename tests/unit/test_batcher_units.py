@@ -787,7 +787,7 @@ def test_a_model_whose_calls_cost_mostly_their_fixed_part_and_compete_fills_a_ba
             await pair(size)
         # Learnt from wall times: on a busy machine a batch alone can be preempted into looking as slow as a pair.
         # More of both, until the curve has seen the calls compete (a bounded number of rounds).
-        known = next(iter(b.scheduler._known[model].values()))  # noqa: SLF001 - what it learnt
+        known = next(iter(b.scheduler._known[model].values()))  # what it learnt
         for round_ in range(200):
             if known.curve.fills_first(1):
                 break
@@ -945,7 +945,7 @@ async def teach(b: Bench, model: Concurrency) -> None:
     for value in range(Contention.MIN_CALLS + 1):
         await pair(value)
     for value in range(200 if model.contended else 0):
-        known = next(iter(b.scheduler._known[model].values()))  # noqa: SLF001 - what it learnt
+        known = next(iter(b.scheduler._known[model].values()))  # what it learnt
         if known.contention.contended():
             break
         await asyncio.wait_for(b.ask(value), WAIT)
@@ -991,7 +991,7 @@ def test_calls_already_side_by_side_when_turns_begin_finish_and_then_one_runs_at
         await asyncio.gather(*(client(range(k * 10, k * 10 + 6)) for k in range(4)))
         # Learnt from wall times: on a busy machine a call alone can be preempted into looking as slow as those side
         # by side. More of the same load, until the calls were seen to contend (a bounded number of rounds).
-        known = next(iter(b.scheduler._known[model].values()))  # noqa: SLF001 - what it learnt
+        known = next(iter(b.scheduler._known[model].values()))  # what it learnt
         for _ in range(50):
             if known.contention.contended():
                 break
@@ -1001,7 +1001,7 @@ def test_calls_already_side_by_side_when_turns_begin_finish_and_then_one_runs_at
     asyncio.run(main())
     assert max(model.entries[:4]) > 1, "the first calls ran side by side"
     assert model.entries[-10:] == [1] * 10, f"calls still started beside others: {model.entries}"
-    known = next(iter(b.scheduler._known[model].values()))  # noqa: SLF001 - what it learnt
+    known = next(iter(b.scheduler._known[model].values()))  # what it learnt
     assert known.contention.contended(), "the calls that took turns were seen alone"
 
 
@@ -1037,7 +1037,7 @@ def test_a_request_waiting_its_turn_whose_caller_gives_up_leaves_without_running
         interest = Interest()
         given_up = asyncio.ensure_future(b.ask(2, interest=interest))
         third = asyncio.ensure_future(b.ask(3))
-        known = next(iter(b.scheduler._known[model].values()))  # noqa: SLF001 - its turns queue
+        known = next(iter(b.scheduler._known[model].values()))  # its turns queue
         await until(lambda: len(known.turns) == 2, "both waiting their turn")
         assert model.calls == [[1]], "a call started beside a contending one"
         interest.give_up(ServingError(Code.CANCELLED, "Cancelled"))
@@ -1065,7 +1065,7 @@ def test_turns_do_not_stall_behind_a_call_that_waits_instead_of_computing(
 
     async def main() -> None:
         await teach(b, model)
-        known = next(iter(b.scheduler._known[model].values()))  # noqa: SLF001 - what it learnt
+        known = next(iter(b.scheduler._known[model].values()))  # what it learnt
         assert known.contention.contended()
         model.calls.clear()
         model.hold()

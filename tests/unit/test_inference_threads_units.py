@@ -64,6 +64,6 @@ def test_threads_are_reused_when_calls_come_one_at_a_time() -> None:
     try:
         for _ in range(20):
             _one_idle_thread(threads)
-        assert len(threads._threads) == 1  # noqa: SLF001 - how many started is the point
+        assert len(threads._threads) == 1  # how many started is the point
     finally:
         threads.shutdown()

@@ -22,7 +22,7 @@ from workbench.runtime.model_archives import ArchiveError, parse_manifest
 
 pytest.importorskip("torch")
 
-from workbench.platforms import torchserve  # noqa: E402
+from workbench.platforms import torchserve
 
 BATCH_HANDLER = """
 def handle(data, context):
@@ -242,7 +242,7 @@ class _Unsized(http.server.BaseHTTPRequestHandler):
 
     archive = b""
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+    def do_GET(self) -> None:  # http.server's name
         self.send_response(200)
         self.end_headers()
         self.wfile.write(b"<html>not found</html>" if self.path.endswith("junk.mar") else self.archive)

@@ -88,10 +88,10 @@ def test_set_up_from_the_environment_once_per_process(
     try:
         assert first is not None and tracing.active is first
         assert tracing.start_from_environment() is first  # a second server of the process shares it
-        (processor,) = first.provider._active_span_processor._span_processors  # noqa: SLF001
+        (processor,) = first.provider._active_span_processor._span_processors
         assert type(processor).__name__ == "BatchSpanProcessor"
         # Where the SDK keeps the processor's exporter (1.30's attribute, or newer releases' shared batcher).
-        chosen = getattr(processor, "span_exporter", None) or processor._batch_processor._exporter  # noqa: SLF001
+        chosen = getattr(processor, "span_exporter", None) or processor._batch_processor._exporter
         assert type(chosen).__module__.startswith(exporter)
         assert first.provider.resource.attributes["service.name"] == service
         assert first.provider.resource.attributes["service.instance.id"]

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import requests
-import tabular_models as tm  # noqa: E402  (tests/tabular_models.py)
+import tabular_models as tm  # (tests/tabular_models.py)
 
 from workbench.analyzer import Constraints, analyze
 from workbench.analyzer.choice import choose

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import pytest
 import requests
-import tabular_models as tm  # noqa: E402  (tests/tabular_models.py)
-from moto_aws import moto_aws  # noqa: E402  (tests/moto_aws.py)
+import tabular_models as tm  # (tests/tabular_models.py)
+from moto_aws import moto_aws  # (tests/moto_aws.py)
 from sklearn.linear_model import LogisticRegression
 from waiting import free_port, wait_until
 
@@ -442,7 +442,7 @@ def test_each_answered_request_is_posted_to_the_webhook(digits_model, tmp_path):
     told: list[dict[str, Any]] = []
 
     class Receiver(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        def do_POST(self) -> None:  # http.server's name
             told.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
             self.send_response(204)
             self.end_headers()

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
-import tabular_models as tm  # noqa: E402  (tests/tabular_models.py)
-from moto_aws import moto_aws  # noqa: E402  (tests/moto_aws.py)
+import tabular_models as tm  # (tests/tabular_models.py)
+from moto_aws import moto_aws  # (tests/moto_aws.py)
 from sklearn.linear_model import LogisticRegression
 from waiting import wait_until
 

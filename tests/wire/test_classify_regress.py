@@ -6,7 +6,7 @@ import json
 import math
 
 import grpc
-import models  # noqa: E402  (tests/models.py)
+import models  # (tests/models.py)
 import pytest
 import requests
 import tensorflow as tf

@@ -38,7 +38,9 @@ def send(server: Any, model: str, x: np.ndarray) -> None:
             if start % 100:
                 grpc_predict(stub, model, {"x": batch})
             else:
-                r = requests.post(f"{server.rest_url}/v1/models/{model}:predict", json={"instances": batch.tolist()})
+                r = requests.post(
+                    f"{server.rest_url}/v1/models/{model}:predict", json={"instances": batch.tolist()}, timeout=60
+                )
                 assert r.status_code == 200, r.text
 
 

@@ -63,7 +63,7 @@ class _Nothing(Servable):
 class GatedLoader:
     """Loads a version once the test opens its model's gate; a model in ``failing`` fails with a reason."""
 
-    def __init__(self, failing: Mapping[str, str] = {}) -> None:  # noqa: B006 - read only
+    def __init__(self, failing: Mapping[str, str] = {}) -> None:  # read only
         self.gates: dict[str, threading.Event] = {}
         self.failing = failing
 

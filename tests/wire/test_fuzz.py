@@ -26,7 +26,7 @@ import pytest
 import requests
 
 import workbench.runtime.tensorflow_protos  # noqa: F401  # isort: skip  (TF Serving's protos without TensorFlow)
-from replica import Replica, process_memory  # noqa: E402
+from replica import Replica, process_memory
 from tensorflow_serving.apis import (
     classification_pb2,
     get_model_metadata_pb2,
@@ -38,7 +38,7 @@ from tensorflow_serving.apis import (
     regression_pb2,
 )
 from tritonclient.grpc import service_pb2, service_pb2_grpc
-from waiting import version_states, wait_until  # noqa: E402
+from waiting import version_states, wait_until
 
 from workbench.protocol.tensor_proto import MAX_EXPANDED_BYTES
 

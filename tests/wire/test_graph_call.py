@@ -31,7 +31,7 @@ def predict(servable: SavedModelServable, x: float) -> np.ndarray:
 
 
 def graph_call(servable: SavedModelServable) -> GraphCall:
-    (call,) = servable._callables.values()  # noqa: SLF001 - the one prepared call the predictions above made
+    (call,) = servable._callables.values()  # the one prepared call the predictions above made
     return call
 
 
@@ -39,7 +39,7 @@ def test_a_cheap_graph_answers_from_the_calling_thread(servable: SavedModelServa
     for x in range(50):
         assert predict(servable, float(x)).tolist() == [[x / 2 + 2]]
     assert graph_call(servable).on_caller_thread
-    assert len(servable._callables) == 1  # noqa: SLF001 - prepared once, not per call
+    assert len(servable._callables) == 1  # prepared once, not per call
 
 
 def test_a_slow_call_moves_the_graph_to_the_pool_and_a_cheap_one_brings_it_back(

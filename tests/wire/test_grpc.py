@@ -6,7 +6,7 @@ import shutil
 import threading
 
 import grpc
-import models  # noqa: E402  (tests/models.py)
+import models  # (tests/models.py)
 import numpy as np
 import pytest
 import tensorflow as tf

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 import workbench.runtime.tensorflow_protos  # noqa: F401  # isort: skip  (TF Serving's protos without TensorFlow)
-from replica import Replica  # noqa: E402
+from replica import Replica
 from tensorflow_serving.apis import (
     get_model_metadata_pb2,
     get_model_status_pb2,
@@ -33,7 +33,7 @@ from tensorflow_serving.apis import (
     prediction_service_pb2_grpc,
 )
 from tritonclient.grpc import service_pb2, service_pb2_grpc
-from waiting import version_states, wait_until  # noqa: E402
+from waiting import version_states, wait_until
 
 Code = grpc.StatusCode
 

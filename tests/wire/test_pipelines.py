@@ -11,22 +11,22 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import models  # noqa: E402  (tests/models.py)
+import models  # (tests/models.py)
 import numpy as np
 import pytest
 import requests
 import tensorflow as tf
 import yaml
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
-from waiting import RequestLoop, place_atomically, version_states, wait_until  # noqa: E402
+from waiting import RequestLoop, place_atomically, version_states, wait_until
 
-from workbench.client import Client  # noqa: E402
-from workbench.config.options import ModelConfig, ServerOptions  # noqa: E402
-from workbench.core.errors import Code, ServingError  # noqa: E402
-from workbench.models.manager import DiskVersion, Manager, VersionState  # noqa: E402
-from workbench.platforms import Loader, pipeline  # noqa: E402
+from workbench.client import Client
+from workbench.config.options import ModelConfig, ServerOptions
+from workbench.core.errors import Code, ServingError
+from workbench.models.manager import DiskVersion, Manager, VersionState
+from workbench.platforms import Loader, pipeline
 from workbench.platforms.base import LoadPolicy
-from workbench.server import ServerThread  # noqa: E402
+from workbench.server import ServerThread
 
 SCALER = """
 import workbench

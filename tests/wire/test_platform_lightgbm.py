@@ -9,11 +9,11 @@ import grpc
 import lightgbm
 import numpy as np
 import pytest
-import tabular_models as tm  # noqa: E402  (tests/tabular_models.py)
+import tabular_models as tm  # (tests/tabular_models.py)
 
-from workbench.core.errors import ServingError  # noqa: E402
-from workbench.platforms import lightgbm as platform  # noqa: E402
-from workbench.platforms.base import LoadPolicy  # noqa: E402
+from workbench.core.errors import ServingError
+from workbench.platforms import lightgbm as platform
+from workbench.platforms.base import LoadPolicy
 
 DIGITS, SMALL_OR_LARGE, DIABETES = "digits", "small_or_large", "diabetes"
 PARAMS = {"n_estimators": 20, "num_leaves": 8, "n_jobs": 1, "verbose": -1}

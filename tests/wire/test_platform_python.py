@@ -15,12 +15,12 @@ import requests
 import tensorflow as tf
 from tensorflow_serving.apis import get_model_metadata_pb2, predict_pb2, prediction_service_pb2_grpc
 
-import workbench  # noqa: E402
-from workbench.config.options import ServerOptions  # noqa: E402
-from workbench.core.errors import ServingError  # noqa: E402
-from workbench.platforms import python  # noqa: E402
+import workbench
+from workbench.config.options import ServerOptions
+from workbench.core.errors import ServingError
+from workbench.platforms import python
 from workbench.platforms.base import LoadPolicy
-from workbench.server import ServerThread  # noqa: E402
+from workbench.server import ServerThread
 
 SCALER = '''
 import numpy as np

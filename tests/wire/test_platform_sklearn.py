@@ -10,14 +10,14 @@ import grpc
 import joblib
 import numpy as np
 import pytest
-import tabular_models as tm  # noqa: E402  (tests/tabular_models.py)
+import tabular_models as tm  # (tests/tabular_models.py)
 from sklearn.compose import ColumnTransformer
 from sklearn.linear_model import LogisticRegression, Ridge
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from workbench.platforms import sklearn as platform  # noqa: E402
-from workbench.platforms.base import PICKLE_SETTING, LoadPolicy  # noqa: E402
+from workbench.platforms import sklearn as platform
+from workbench.platforms.base import PICKLE_SETTING, LoadPolicy
 
 DIGITS, DIABETES = "digits", "diabetes"
 

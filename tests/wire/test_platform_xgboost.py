@@ -5,10 +5,10 @@ from __future__ import annotations
 import grpc
 import numpy as np
 import pytest
-import tabular_models as tm  # noqa: E402  (tests/tabular_models.py)
+import tabular_models as tm  # (tests/tabular_models.py)
 import xgboost
 
-from workbench.platforms import xgboost as platform  # noqa: E402
+from workbench.platforms import xgboost as platform
 
 DIGITS, DIABETES = "digits", "diabetes"
 

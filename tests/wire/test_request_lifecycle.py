@@ -116,7 +116,7 @@ def version_one(server: ServerThread) -> Harness:
 def holders(harness: Harness) -> int:
     """The holds an unload of this version waits for. (Harness keeps the count to itself; reading it here tells
     at once whether the hold outlived the answer, instead of waiting to see that a close does not come.)"""
-    return harness._holders  # noqa: SLF001
+    return harness._holders
 
 
 def answered(server: ServerThread, protocol: str) -> float:

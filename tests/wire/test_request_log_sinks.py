@@ -136,7 +136,7 @@ class Receiver:
         hold = self.hold
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            def do_POST(self) -> None:  # http.server's name
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 hold.wait(30)
                 received.append(({k.lower(): v for k, v in self.headers.items()}, json.loads(body)))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import json
 
-import models  # noqa: E402  (tests/models.py)
+import models  # (tests/models.py)
 import pytest
 import requests
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 import requests
-import tabular_models as tm  # noqa: E402  (tests/tabular_models.py)
+import tabular_models as tm  # (tests/tabular_models.py)
 from sklearn.linear_model import LogisticRegression
 from sklearn.tree import DecisionTreeClassifier
 from waiting import wait_until

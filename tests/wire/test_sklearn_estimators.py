@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-import tabular_models as tm  # noqa: E402  (tests/tabular_models.py)
+import tabular_models as tm  # (tests/tabular_models.py)
 from lightgbm import LGBMClassifier
 from sklearn.calibration import CalibratedClassifierCV
 from sklearn.compose import ColumnTransformer

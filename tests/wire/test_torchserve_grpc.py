@@ -22,14 +22,14 @@ from model_archives import write_mar
 
 pytest.importorskip("torch")
 
-from workbench.config.options import ServerOptions  # noqa: E402
-from workbench.protocol.torchserve import (  # noqa: E402
+from workbench.config.options import ServerOptions
+from workbench.protocol.torchserve import (
     inference_pb2,
     inference_pb2_grpc,
     management_pb2,
     management_pb2_grpc,
 )
-from workbench.server import ServerThread  # noqa: E402
+from workbench.server import ServerThread
 
 ECHO_HANDLER = """
 def handle(data, context):

@@ -102,7 +102,7 @@ class OtlpHttpReceiver(http.server.ThreadingHTTPServer):
         spans = self.spans
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 if self.path != "/v1/traces" or self.headers.get("Content-Type") != "application/x-protobuf":
                     self.send_error(400 if self.path == "/v1/traces" else 404)
@@ -117,7 +117,7 @@ class OtlpHttpReceiver(http.server.ThreadingHTTPServer):
                 self.end_headers()
                 self.wfile.write(answer)
 
-            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet
+            def log_message(self, format: str, *args: Any) -> None:  # quiet
                 pass
 
         super().__init__(("127.0.0.1", 0), Handler)

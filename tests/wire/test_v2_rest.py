@@ -23,10 +23,10 @@ import tritonclient.http.aio as aiohttpclient
 from onnx import TensorProto, helper
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
-from waiting import model_config_text, wait_until  # noqa: E402  (tests/waiting.py)
+from waiting import model_config_text, wait_until  # (tests/waiting.py)
 
-from workbench.config.options import ServerOptions  # noqa: E402
-from workbench.server import ServerThread  # noqa: E402
+from workbench.config.options import ServerOptions
+from workbench.server import ServerThread
 
 ALL_VERSIONS = "model_version_policy { all {} }"
 HEADER_LENGTH = "Inference-Header-Content-Length"

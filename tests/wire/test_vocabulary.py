@@ -421,7 +421,9 @@ def test_old_keywords_start_the_same_server(old_style_server: ServerHandle) -> N
     assert handle.rest_api_port == handle.rest_port and handle.port == handle.grpc_port
     assert handle.model_repository == handle.repository and handle.model_repository.name == "models"
     assert handle.wait_for_version("hp", 1) == 1
-    answer = requests.post(f"http://127.0.0.1:{handle.rest_api_port}/v1/models/hp:predict", json={"instances": [[2.0]]})
+    answer = requests.post(
+        f"http://127.0.0.1:{handle.rest_api_port}/v1/models/hp:predict", json={"instances": [[2.0]]}, timeout=60
+    )
     assert answer.json() == {"predictions": [[3.0]]}
     assert handle.client.predict("hp", [[2.0]], protocol="grpc")["y"].tolist() == [[3.0]]  # on the gRPC port given
 

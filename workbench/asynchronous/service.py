@@ -283,7 +283,7 @@ class AsyncInference:
                     await loop.run_in_executor(None, self._write_output, item, status, body)
                 if self.notify_url:
                     await loop.run_in_executor(None, self._notify, item, status)
-        except Exception:  # noqa: BLE001 - the claim expires and the request is taken again
+        except Exception:  # the claim expires and the request is taken again
             log.exception("Could not record the answer to asynchronous request %s", item.id)
 
     async def _run(
@@ -299,7 +299,7 @@ class AsyncInference:
         model, version = v2.groups()
         try:
             encoded = await self._v2.run(model, version, request, header_length, key=key)
-        except Exception as exc:  # noqa: BLE001 - the request's answer, as v2's REST API would give it
+        except Exception as exc:  # the request's answer, as v2's REST API would give it
             if not isinstance(exc, ServingError):
                 log.exception("Asynchronous v2 request failed")
             failed = error_response(exc if isinstance(exc, ServingError) else from_exception(exc))

@@ -306,7 +306,7 @@ def _reading(path: str) -> Iterator[None]:
         raise
     except (ValueError, EOFError, zipfile.BadZipFile) as exc:  # pandas', pyarrow's and numpy's errors of bad data
         raise _fail(path, _reason(exc)) from exc
-    except Exception as exc:  # noqa: BLE001 - each store's client raises its own types while a file is read
+    except Exception as exc:  # each store's client raises its own types while a file is read
         if is_remote(path):
             raise storage_error(path, exc) from None
         raise _fail(path, _reason(exc)) from exc

@@ -132,7 +132,7 @@ class InferenceThreads(Executor):
             fn, args, _ = item
             try:
                 fn(*args)
-            except BaseException:  # noqa: BLE001 - a call hands its own outcome back; a bug must not end the thread
+            except BaseException:  # a call hands its own outcome back; a bug must not end the thread
                 log.exception("An inference thread's call failed")
             self._idle.append(None)
 

@@ -173,7 +173,7 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 def _spellings(parser: argparse.ArgumentParser) -> tuple[set[str], list[str]]:
     """Every option string ``parser`` knows, and those its help shows (the ones worth suggesting)."""
     # argparse has no public listing of a parser's options; ``_actions`` is stable from 3.2 to 3.14.
-    actions = parser._actions
+    actions = parser._actions  # noqa: SLF001 - argparse lists a parser's actions nowhere else
     known = {option for action in actions for option in action.option_strings}
     shown = [option for action in actions if action.help != argparse.SUPPRESS for option in action.option_strings]
     return known, shown

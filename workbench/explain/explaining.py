@@ -291,7 +291,7 @@ def _torch_module(
         return None
     # The servable's module and the argument structure of its forward(): what its own run() calls, read here
     # rather than copied, so an explanation differentiates exactly the served model.
-    module, in_spec = servable._module, servable._in_spec
+    module, in_spec = servable._module, servable._in_spec  # noqa: SLF001
     if module is None:
         raise ServingError(Code.UNAVAILABLE, f"{label} is unloaded")
     output = _output(signature, p, label)

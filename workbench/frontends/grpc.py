@@ -117,7 +117,7 @@ def answers_errors(method: Method) -> Method:
             error = exc
         except (grpc.aio.AbortError, asyncio.CancelledError):
             raise
-        except Exception as exc:  # noqa: BLE001 - a bug must still answer a status, and be logged
+        except Exception as exc:  # a bug must still answer a status, and be logged
             log.exception("gRPC %s failed", method.__name__)
             error = from_exception(exc)
         await context.abort(_STATUS[error.code], status_message(error.message))
@@ -175,7 +175,7 @@ class TolerantRegistration:
         for generic in generic_handlers:
             methods = getattr(generic, "_method_handlers", None)  # grpc.method_handlers_generic_handler's table
             if methods is not None:
-                generic._method_handlers = {name: _registered(handler, name) for name, handler in methods.items()}  # type: ignore[attr-defined]
+                generic._method_handlers = {name: _registered(handler, name) for name, handler in methods.items()}  # type: ignore[attr-defined]  # noqa: SLF001
         self._server.add_generic_rpc_handlers(generic_handlers)
 
     def add_registered_method_handlers(self, service: str, handlers: dict[str, grpc.RpcMethodHandler]) -> None:

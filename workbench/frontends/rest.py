@@ -145,7 +145,7 @@ class RestApi:
             raise ServingError(Code.INVALID_ARGUMENT, f"Malformed request: {method} {path}")
         except ServingError as exc:
             return error_response(exc)
-        except Exception as exc:  # noqa: BLE001 - a bug must still answer JSON, and be logged
+        except Exception as exc:  # a bug must still answer JSON, and be logged
             log.exception("REST %s %s failed", method, path)
             return error_response(from_exception(exc))
 
@@ -165,7 +165,7 @@ class RestApi:
             return await self._examples(verb, spec, data)
         except ServingError as exc:
             return exc.http_status, json_tensor.encode_error(exc.message), None
-        except Exception as exc:  # noqa: BLE001 - a bug must still answer JSON, and be logged
+        except Exception as exc:  # a bug must still answer JSON, and be logged
             log.exception("REST %s %s failed", "POST", path)
             error = from_exception(exc)
             return error.http_status, json_tensor.encode_error(error.message), None

@@ -199,7 +199,7 @@ class StreamInfer:
                     await queue.put(service_pb2.ModelStreamInferResponse(infer_response=response))
         except ServingError as exc:
             await queue.put(_error(request, exc.message))
-        except Exception as exc:  # noqa: BLE001 - a bug answers this request only; the stream goes on
+        except Exception as exc:  # a bug answers this request only; the stream goes on
             log.exception("ModelStreamInfer: a request of model %r failed", request.model_name)
             await queue.put(_error(request, from_exception(exc).message))
 
@@ -345,7 +345,7 @@ class Generate:
                         )
         except ServingError as exc:
             yield v2_generate.error_event(exc.message)
-        except Exception as exc:  # noqa: BLE001 - the status is sent: a bug can only be an error event, and logged
+        except Exception as exc:  # the status is sent: a bug can only be an error event, and logged
             log.exception("generate_stream of model %r failed", spec.name)
             yield v2_generate.error_event(from_exception(exc).message)
 

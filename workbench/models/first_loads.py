@@ -93,7 +93,7 @@ def _call(callbacks: list[Callable[[], None]]) -> None:
     for callback in callbacks:
         try:
             callback()
-        except Exception:  # noqa: BLE001 - a waiter must not break the manager
+        except Exception:  # a waiter must not break the manager
             log.exception("first-load callback failed")
 
 

@@ -397,7 +397,7 @@ class Manager(OnDemandLoads):
         for listener in list(self._listeners):
             try:
                 listener(model.config.name, record.version, state)
-            except Exception:  # noqa: BLE001 - listeners must not break the manager
+            except Exception:  # listeners must not break the manager
                 log.exception("state listener failed")
 
     def _publish(self, model: ModelRecord) -> None:

@@ -173,7 +173,7 @@ class OnDemandLoads(ServedModels):
             for callback in self._claim_waiters.pop(claim):
                 try:
                     callback()
-                except Exception:  # noqa: BLE001 - a waiter must not break the manager
+                except Exception:  # a waiter must not break the manager
                     log.exception("claim callback failed")
 
     # ------------------------------------------------------------------------------------- the memory budget

@@ -301,7 +301,7 @@ class RepositorySource:
         while not self._stop.wait(self._poll_wait):
             try:
                 self.poll()
-            except Exception:  # noqa: BLE001 - a bad scan must not end polling
+            except Exception:  # a bad scan must not end polling
                 log.exception("Repository scan failed")
 
     def stop(self) -> None:

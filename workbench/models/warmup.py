@@ -53,7 +53,7 @@ def read_warmup_records(path: str) -> Iterator[Any]:
         log = prediction_log_pb2.PredictionLog()
         try:
             log.ParseFromString(record)
-        except Exception:
+        except Exception:  # noqa: BLE001 - whatever protobuf raises, the record is refused
             raise ServingError(
                 Code.INVALID_ARGUMENT, f"Failed to parse warmup record {i} of {path} as PredictionLog"
             ) from None

@@ -98,7 +98,7 @@ class LiveFigure:
 
     def drawn(self) -> None:
         """Note that :attr:`figure` was just changed; rebuild it if the browser stopped drawing it."""
-        sent = int(self.figure._last_trace_edit_id)
+        sent = int(self.figure._last_trace_edit_id)  # noqa: SLF001 - plotly tells the edits it sent nowhere else
         if not self._heard or self._acknowledged >= sent:
             self._behind_since = None  # no view yet (nothing to draw into), or every change drawn
             return

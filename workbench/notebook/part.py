@@ -62,7 +62,7 @@ def on_kernel_thread(change: Callable[[], None]) -> None:
 def logged(change: Callable[[], None]) -> None:
     try:
         change()
-    except Exception:  # noqa: BLE001 - a failed redraw must not take the kernel's loop down with it
+    except Exception:  # a failed redraw must not take the kernel's loop down with it
         log.exception("updating a workbench widget failed")
 
 
@@ -154,7 +154,7 @@ class Part:
         def run() -> None:
             try:
                 result = work()
-            except Exception as exc:  # noqa: BLE001 - shown where the button was clicked; a bug is logged too
+            except Exception as exc:  # shown where the button was clicked; a bug is logged too
                 if not isinstance(exc, (ServingError, requests.RequestException, ValueError)):
                     log.exception("a workbench widget action failed")
                 on_kernel_thread(functools.partial(finish, error=exc))

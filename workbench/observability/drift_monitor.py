@@ -197,7 +197,7 @@ class DriftMonitor:
             key, path, inputs = item
             try:
                 self._take(key, path, inputs)
-            except Exception:  # noqa: BLE001 - one odd request must not end drift monitoring
+            except Exception:  # one odd request must not end drift monitoring
                 log.exception("Drift monitoring of %s version %d could not take a request", *key)
             self._evaluate_due()
 

@@ -71,7 +71,7 @@ class _Handler(socketserver.StreamRequestHandler):
         view = self.rfile.readline(64).decode(errors="replace").strip()
         try:
             self.wfile.write(self.server.views.answer(view))
-        except Exception:  # noqa: BLE001 - the asking sibling leaves this worker out; the reason is logged here
+        except Exception:  # the asking sibling leaves this worker out; the reason is logged here
             log.exception("Could not answer a sibling's %r", view)
 
 

@@ -250,7 +250,7 @@ class Dataplane:
             result = await self._run(call, servable.run_with(self._members, signature, feed, outputs), timeout)
         else:
             loop = asyncio.get_running_loop()
-            interest = call._interest = Interest(timeout, loop)
+            interest = call._interest = Interest(timeout, loop)  # noqa: SLF001 - the planes keep a call's bookkeeping
             interest.trace = call.trace
             expiry = loop.call_later(timeout, interest.expire) if timeout is not None else None
             waiting = self.scheduler.run(servable, signature, feed, outputs, interest)
@@ -276,7 +276,7 @@ class Dataplane:
         answer: asyncio.Future[T] = loop.create_future()
         interest = Interest(timeout, loop)  # what it still has queued for a batch when the caller gives up never runs
         interest.trace = call.trace  # member requests' batches link to the request's span
-        call._work = interest.start(answering(work, answer))
+        call._work = interest.start(answering(work, answer))  # noqa: SLF001
         expiry = loop.call_later(timeout, expire, answer) if timeout is not None else None
         return await until_answered(answer, interest, expiry)
 
@@ -542,4 +542,4 @@ class _MemberAccess:
         return await self._dataplane.execute(servable, signature, inputs, outputs)
 
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._dataplane._executor, fn, *args)
+        return await asyncio.get_running_loop().run_in_executor(self._dataplane._executor, fn, *args)  # noqa: SLF001 - the data plane's own executor

@@ -210,7 +210,7 @@ class OnnxServable(Servable):
         try:
             # From the path, not bytes: external data is found beside it and the file need not be copied.
             session = onnxruntime.InferenceSession(str(model), sess_options=session_options(), providers=self.providers)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - onnxruntime's errors are untyped: each becomes a load error
             raise _load_error(model, exc) from None
         self._session: onnxruntime.InferenceSession | None = session
         signature, self.left_out = signature_of(session, model)
@@ -234,7 +234,7 @@ class OnnxServable(Servable):
         fetches = [signature.outputs[alias].name for alias in outputs]
         try:
             results = session.run(fetches, feed)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - onnxruntime's errors are untyped: each becomes a status
             raise _run_error(exc) from None
         answer = {}
         for alias, value in zip(outputs, results, strict=True):

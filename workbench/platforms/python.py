@@ -278,7 +278,7 @@ class PythonServable(Servable):
                 try:
                     with self._lock:
                         close()
-                except Exception:  # noqa: BLE001 - the request is over either way; the model's error is logged
+                except Exception:  # the request is over either way; the model's error is logged
                     log.exception("%s: closing its generator failed", who)
 
     def close(self) -> None:
@@ -286,7 +286,7 @@ class PythonServable(Servable):
             close = getattr(self._model, "close", None)
             if callable(close):
                 close()
-        except Exception:  # noqa: BLE001 - an unload must finish; the model's own error is only logged
+        except Exception:  # an unload must finish; the model's own error is only logged
             log.exception("%s: close() failed", self._label)
         finally:
             forget_module(self._module)

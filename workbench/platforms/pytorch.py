@@ -600,8 +600,8 @@ class TorchServable(Servable):
             # else holds them: let go of them here, and they are freed now (a memory budget that evicted this version
             # counts its memory free at once, and the next version may need it).
             for part in module.modules():
-                part._parameters.clear()
-                part._buffers.clear()
+                part._parameters.clear()  # noqa: SLF001 - torch has no public way to drop them
+                part._buffers.clear()  # noqa: SLF001
                 for name in [name for name, value in vars(part).items() if isinstance(value, torch.Tensor)]:
                     delattr(part, name)  # constants lifted out of the graph, kept as plain attributes
         if self.device.type == "cuda":
@@ -751,7 +751,7 @@ def write_torchscript(module: Any, folder: Path, args: tuple[Any, ...], kwargs: 
     )
 
 
-def write(obj: Any, folder: Path, example_inputs: Any = None, format: str | None = None) -> None:  # noqa: A002
+def write(obj: Any, folder: Path, example_inputs: Any = None, format: str | None = None) -> None:
     """Write ``obj`` into the empty version folder ``folder``: ``model.pt2`` (``format`` "pt2", the default) or
     TorchScript ``model.pt`` with its declaration (``format`` "torchscript"); never a pickle.
 

@@ -96,7 +96,7 @@ def read_serving_meta_graph(path: str) -> Any:
             )
     except ServingError:
         raise
-    except Exception as exc:  # a truncated or garbage protobuf
+    except Exception as exc:  # noqa: BLE001 - a truncated or garbage protobuf
         raise ServingError(Code.DATA_LOSS, f"Could not parse SavedModel at {path}: {exc}") from None
     for meta_graph in saved_model.meta_graphs:
         if SERVING_TAG in meta_graph.meta_info_def.tags:
@@ -132,7 +132,7 @@ class SavedModelServable(Servable):
                 # semantics; keep its deprecation notice out of logs and notebook cells.
                 with tf.silence_deprecation():
                     tf.load(self._session, [SERVING_TAG], path)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - from_exception maps TensorFlow's errors to statuses
             self._session.close()
             raise from_exception(exc) from None
         self.signatures = {}
@@ -190,7 +190,7 @@ class SavedModelServable(Servable):
         fn = self._callable(signature, feeds, fetches)
         try:
             results = fn(*(inputs[a] for a in feeds))
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - from_exception maps TensorFlow's errors to statuses
             raise from_exception(exc) from None
         return {alias: np.asarray(value) for alias, value in zip(fetches, results, strict=True)}
 
@@ -223,7 +223,7 @@ class GraphCall:
         on_caller.run_options.inter_op_thread_pool = -1
         # The public make_callable() re-checks feed shapes in Python (TF Serving does not) and falls back to
         # Session.run; the options form runs straight through the C API.
-        self._on_caller = session._make_callable_from_options(on_caller)
+        self._on_caller = session._make_callable_from_options(on_caller)  # noqa: SLF001 - TF Serving's RunOptions need the Session's own callables
         self._on_pool: Any = None  # prepared when a call first proves slow (a second executor costs memory)
         self._lock = threading.Lock()
         self.on_caller_thread = True
@@ -244,7 +244,7 @@ class GraphCall:
     def _to_pool(self) -> None:
         with self._lock:
             if self._on_pool is None:
-                self._on_pool = self._session._make_callable_from_options(self._options)
+                self._on_pool = self._session._make_callable_from_options(self._options)  # noqa: SLF001
         self.on_caller_thread = False
 
 

@@ -54,7 +54,7 @@ from workbench.platforms.base import LoadPolicy
 from workbench.platforms.torchserve_imports import ArchiveModules
 from workbench.runtime import model_archives
 from workbench.runtime.model_archives import ArchiveError, Manifest
-from workbench.runtime.version import __version__ as WORKBENCH_VERSION
+from workbench.runtime.version import __version__ as WORKBENCH_VERSION  # noqa: N812 - a constant here
 
 log = logging.getLogger(__name__)
 

@@ -173,7 +173,7 @@ class _AliasLoader(importlib.abc.Loader):
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
         module = self._archive.import_module(self._name)
         self._spec = module.__spec__
-        self._archive._alias(self._name)
+        self._archive._alias(self._name)  # noqa: SLF001 - the archive's own finder
         return module
 
     def exec_module(self, module: types.ModuleType) -> None:

@@ -27,7 +27,7 @@ MODULE_NAME = "triton_python_backend_utils"
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 
 
-class TritonModelException(Exception):  # noqa: N818 - Triton's name
+class TritonModelException(Exception):  # Triton's name
     """What Triton's stub raises for a failed call into the server (Python models catch it by this name)."""
 
 

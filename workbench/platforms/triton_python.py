@@ -175,7 +175,7 @@ def _finalize(instances: Sequence[Any], label: str) -> None:
         if callable(finalize):
             try:
                 finalize()
-            except Exception:  # noqa: BLE001 - an unload must finish; the model's own error is only logged
+            except Exception:  # an unload must finish; the model's own error is only logged
                 log.exception("%s: finalize() failed", label)
 
 
@@ -450,7 +450,7 @@ class _DecoupledRun:
             raise StopIteration
         if not self._started:
             self._started = True
-            self._servable._start_decoupled(self._signature, self._feed, self._outputs, self._responses)
+            self._servable._start_decoupled(self._signature, self._feed, self._outputs, self._responses)  # noqa: SLF001 - the servable's own request
         try:
             response, final = self._responses.take()
         except BaseException:
@@ -459,7 +459,7 @@ class _DecoupledRun:
         self._over = final
         if response is None:  # the final flag alone (or cancelled while waiting)
             raise StopIteration
-        answer = self._servable._answer(response, self._feed, self._outputs, f"{self._servable._label}.execute")
+        answer = self._servable._answer(response, self._feed, self._outputs, f"{self._servable._label}.execute")  # noqa: SLF001 - the servable's own request
         if isinstance(answer, ServingError):  # the request ends with its error: the model hears so on its next send
             self.cancel()
             raise answer

@@ -108,7 +108,7 @@ def to_numpy(proto: Any, alias: str, spec: TensorSpec | None = None) -> np.ndarr
         if spec is None or exc.code is not Code.INVALID_ARGUMENT:
             raise ServingError(exc.code, f"Input tensor {alias}: {exc.message}") from None
         raise input_error(spec, f"{_proto_type(proto)} {_proto_shape(proto)}", exc.message) from None
-    except Exception as exc:  # malformed content: wrong sizes, unknown dtype
+    except Exception as exc:  # noqa: BLE001 - malformed content: wrong sizes, unknown dtype
         detail = f"Could not parse input tensor {alias}: {exc}"
         if spec is None:
             raise invalid_argument(detail) from None

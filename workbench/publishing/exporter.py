@@ -74,7 +74,7 @@ def export(
     version: int | None = None,
     examples: Mapping[str, ArrayLike] | Sequence[Mapping[str, ArrayLike]] | ArrayLike | None = None,
     signatures: Mapping[str, Any] | None = None,
-    format: str | None = None,  # noqa: A002 - the word users know (skl2onnx, Keras' export use it too)
+    format: str | None = None,  # the word users know (skl2onnx, Keras' export use it too)
     example_inputs: Any = None,
     background: ArrayLike | None = None,
     reference: Any = None,

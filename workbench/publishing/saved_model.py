@@ -168,7 +168,7 @@ def _keras_serving_function(model: Any) -> Any:
         inputs = getattr(model, "inputs", None)  # Sequential has only the flat list
         try:
             structure = inputs[0] if inputs and len(inputs) == 1 else inputs
-        except Exception:
+        except Exception:  # noqa: BLE001 - a model whose inputs cannot be read is refused below
             structure = None
     if structure is None or (isinstance(structure, (list, tuple, Mapping)) and not structure):
         raise ExportError(

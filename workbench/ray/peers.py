@@ -56,8 +56,8 @@ class ReplicaPeers(Peers):
         if self._thread is not None:
             self._thread.join(timeout=5)
         try:
-            internal_kv._internal_kv_del(self._key, namespace=NAMESPACE)
-        except Exception:  # noqa: BLE001 - Ray is going away too: the entry goes stale instead
+            internal_kv._internal_kv_del(self._key, namespace=NAMESPACE)  # noqa: SLF001 - Ray's key-value store has no public API
+        except Exception:  # Ray is going away too: the entry goes stale instead
             log.debug("Could not remove this replica's views", exc_info=True)
 
     def gather(self, view: str) -> list[tuple[PeerId, bytes | None]]:
@@ -69,7 +69,7 @@ class ReplicaPeers(Peers):
         while True:
             try:
                 self._exchange()
-            except Exception:  # noqa: BLE001 - the GCS may be restarting: try again at the next turn
+            except Exception:  # the GCS may be restarting: try again at the next turn
                 log.warning("Could not exchange views with the other replicas", exc_info=True)
             if self._stopping.wait(EXCHANGE_EVERY_S):
                 return
@@ -77,14 +77,14 @@ class ReplicaPeers(Peers):
     def _exchange(self) -> None:
         self._sequence += 1
         own = {"sequence": self._sequence, **{view: self.views.answer(view).decode() for view in VIEWS}}
-        internal_kv._internal_kv_put(self._key, json.dumps(own), namespace=NAMESPACE)
+        internal_kv._internal_kv_put(self._key, json.dumps(own), namespace=NAMESPACE)  # noqa: SLF001 - Ray's key-value store has no public API
         now = time.monotonic()
         peers: dict[str, dict[str, Any]] = {}
-        for key in internal_kv._internal_kv_list(self._prefix, namespace=NAMESPACE):
+        for key in internal_kv._internal_kv_list(self._prefix, namespace=NAMESPACE):  # noqa: SLF001
             peer = key.decode()[len(self._prefix) :]
             if peer == self.index:
                 continue
-            value = internal_kv._internal_kv_get(key, namespace=NAMESPACE)
+            value = internal_kv._internal_kv_get(key, namespace=NAMESPACE)  # noqa: SLF001
             if value is None:  # removed since listed
                 continue
             entry = json.loads(value)
@@ -99,4 +99,4 @@ class ReplicaPeers(Peers):
 
 def forget_replicas(app: str) -> None:
     """Remove every published view of application ``app`` (it was deleted)."""
-    internal_kv._internal_kv_del(_prefix(app), del_by_prefix=True, namespace=NAMESPACE)
+    internal_kv._internal_kv_del(_prefix(app), del_by_prefix=True, namespace=NAMESPACE)  # noqa: SLF001 - Ray's key-value store has no public API

@@ -94,7 +94,7 @@ class WorkbenchReplica:
         models = self.server.dataplane.model_names()
         log.info("Replica %s serves %s", self.replica_id, ", ".join(models) or "no models")
 
-    def __serve_build_asgi_app__(self) -> ASGIApp:  # noqa: PLW3201 - the name Ray Serve calls
+    def __serve_build_asgi_app__(self) -> ASGIApp:  # the name Ray Serve calls
         return _ReplicaHeader(self.server.frontends.rest_app(), self.replica_id)
 
     def check_health(self) -> None:

@@ -588,7 +588,7 @@ class _Frontend(asyncio.Protocol):
             for rid, ok, payload in replies:
                 try:
                     frame, _ = wire.encode((wire.REPLIES, [(rid, ok, payload)]), self.answers)
-                except Exception as exc:  # noqa: BLE001 - its request fails with why
+                except Exception as exc:  # its request fails with why
                     log.exception("Answer to request %d could not be sent", rid)
                     frame, _ = wire.encode((wire.REPLIES, [(rid, False, wire.error_of(exc))]), None)
                 frames.append(frame)

@@ -77,7 +77,7 @@ def gpu_bytes() -> int:
         with contextlib.suppress(Exception):  # no GPU, or not set up yet
             from tensorflow.python.eager import context
 
-            if context.context()._context_handle is None:  # not set up: asking would set it up (and take the GPU)
+            if context.context()._context_handle is None:  # not set up: asking would set it up (and take the GPU)  # noqa: SLF001
                 return used
             for index, _ in enumerate(tf.config.list_logical_devices("GPU")):
                 used += int(tf.config.experimental.get_memory_info(f"GPU:{index}")["current"])

@@ -81,14 +81,14 @@ def stand_in(spec: importlib.machinery.ModuleSpec, purpose: str) -> Iterator[boo
         if "tensorflow" in sys.modules:  # imported for real while this thread waited for the lock
             yield False
             return
-        spec._initializing = True  # type: ignore[attr-defined]
+        spec._initializing = True  # type: ignore[attr-defined]  # noqa: SLF001
         sys.modules["tensorflow"] = module
         try:
             yield True
         finally:
             if sys.modules.get("tensorflow") is module:
                 del sys.modules["tensorflow"]
-            spec._initializing = False  # type: ignore[attr-defined]
+            spec._initializing = False  # type: ignore[attr-defined]  # noqa: SLF001
 
 
 def load() -> None:

@@ -180,7 +180,7 @@ def saved_model_runtime() -> SavedModelRuntime:
             if "tensorflow" not in sys.modules:
                 try:
                     _import_without_tensorflow_init()
-                except Exception:  # noqa: BLE001 - whatever failed, all of TensorFlow is imported below instead
+                except Exception:  # whatever failed, all of TensorFlow is imported below instead
                     log.debug("TensorFlow's SavedModel runtime without tensorflow/__init__ failed", exc_info=True)
             _runtime = SavedModelRuntime()  # plain imports: done above, or all of TensorFlow first
         return _runtime
