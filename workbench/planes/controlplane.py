@@ -60,10 +60,11 @@ class ControlPlane:
         """``on_models_changed``: called after a model config was applied (a model may have come or gone without
         any version changing state)."""
         self._manager = manager
+        self._models = manager.served
         self._request_log = request_log
         self._cache = cache
         self._on_models_changed = on_models_changed
-        self._routing = RoutingChanges(manager)
+        self._routing = RoutingChanges(manager, manager.served)
         self._default_batching = options.batching_parameters()
         self._batching: dict[str, BatchingParameters | None] = {}
         self._apply_lock = threading.Lock()
@@ -91,7 +92,7 @@ class ControlPlane:
         """Batch ``name``'s requests with these parameters from now on (TF Serving's text format; None: back to
         what its config says without a file of its own), written as the model's ``batching_parameters.txt`` so that
         a restart, and every worker at its next config reload, finds them. Its base path must be local."""
-        config = next((m for m in self._manager.configs() if m.name == name), None)
+        config = next((m for m in self._models.configs() if m.name == name), None)
         if config is None:
             raise ServingError(Code.NOT_FOUND, f"No model {name} is configured")
         if "://" in config.base_path:
@@ -145,7 +146,7 @@ class ControlPlane:
             self._manager.set_models(models)
             self._request_log.configure(models)
             self.source.poll_once()
-            self._manager.wait_until_settled(wait_timeout)
+            self._models.wait_until_settled(wait_timeout)
             self._manager.set_labels({m.name: m.labels for m in models})
         self._on_models_changed()
 
@@ -166,7 +167,7 @@ class ControlPlane:
     def rescan(self, timeout: float | None = 300.0) -> None:
         """Re-read every model's folder now and wait until the versions it finds have loaded (or failed)."""
         self.source.poll_once()
-        self._manager.wait_until_settled(timeout)
+        self._models.wait_until_settled(timeout)
 
     def start_polling(self) -> None:
         self.source.start_polling()
@@ -235,7 +236,7 @@ class ControlPlane:
         self.rescan()
         if self._serving(model):
             return
-        statuses = self._manager.version_status(model)
+        statuses = self._models.version_status(model)
         reasons = "; ".join(f"version {s.version}: {s.error.message}" for s in statuses if s.error is not None)
         raise ServingError(
             Code.UNAVAILABLE, f"Model {model} has no version that serves" + (f" ({reasons})" if reasons else "")
@@ -250,9 +251,9 @@ class ControlPlane:
         control = self.model_control
         control.refuse_unless_explicit()
         if control.explicit and version is None:
-            if not self._manager.knows(model):
+            if not self._models.knows(model):
                 raise ServingError(Code.NOT_FOUND, f"failed to unload '{model}': it is not loaded")
-            control.unload({model, *(self._manager.dependents(model) if unload_dependents else ())})
+            control.unload({model, *(self._models.dependents(model) if unload_dependents else ())})
             return
         self._known(model)
         if version is None:
@@ -271,26 +272,26 @@ class ControlPlane:
             return []
         unloaded = set(control.unloaded())
         rows = []
-        for name in control.not_loaded(self._manager.model_names()):
+        for name in control.not_loaded(self._models.model_names()):
             state, reason = ("END", "unloaded") if name in unloaded else ("", "")
             rows.append(RepositoryRow(name, None, state, reason))
         return rows
 
     def _known(self, model: str) -> None:
-        if model not in self._manager.model_names():
+        if model not in self._models.model_names():
             raise ServingError(
                 Code.NOT_FOUND,
                 f"Unknown model: {model}. workbench loads the models of its model config or model repository",
             )
 
     def _serving(self, model: str) -> bool:
-        return any(s.state == VersionState.AVAILABLE for s in self._manager.version_status(model))
+        return any(s.state == VersionState.AVAILABLE for s in self._models.version_status(model))
 
     def _loaded(self, model: str) -> None:
         """After an explicit load: Triton's "failed to load" with each version's reason, unless a version serves."""
         if self._serving(model):  # (NOT_FOUND when the model has no version at all)
             return
-        statuses = self._manager.version_status(model) if self._manager.knows(model) else []
+        statuses = self._models.version_status(model) if self._models.knows(model) else []
         versions = ",".join(str(s.version) for s in sorted(statuses, key=lambda s: s.version)) or "none found"
         reasons = "; ".join(f"version {s.version}: {s.error.message}" for s in statuses if s.error is not None)
         message = f"failed to load '{model}', versions that are not available: {versions}"
