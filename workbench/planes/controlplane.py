@@ -7,8 +7,9 @@ server serves, the frontends get this object for everything that changes it:
   watcher, gRPC's ``HandleReloadConfigRequest``, a Triton load or unload); :meth:`ControlPlane.rescan` re-reads the
   repository now;
 - the routing of a model's versions (the management API, the v2 repository API's version loads and unloads):
-  promote, rollback, canary, load (pin) and unload, each a compare-and-write of the routing stored beside the model
-  (:class:`~workbench.models.routing.changes.RoutingChanges`);
+  promote, rollback, canary, shadow, load (pin) and unload, each a compare-and-write of the routing stored beside
+  the model (:class:`~workbench.models.routing.changes.RoutingChanges`, the one path every routing change takes),
+  and the rule of a promotion that must be earned (``only_if``: its shadow record meets a condition);
 - Triton's model control (``--model_control_mode``): loading and unloading whole models of the repository.
 
 It owns the repository source (which polls the repository for the manager) and each model's batching parameters,
@@ -33,16 +34,21 @@ from workbench.config.batching_parameters import (
 )
 from workbench.config.model_control import ControlMode, ModelControl, Overrides
 from workbench.config.options import ModelConfig, ServerOptions, discover_models
+from workbench.core import conditions
 from workbench.core.errors import Code, ServingError
 from workbench.models.configs import initial_models
 from workbench.models.manager import Manager, VersionState
 from workbench.models.routing.changes import RoutingChanges
 from workbench.models.source import RepositorySource
 from workbench.observability.request_logger import RequestLogger
+from workbench.planes import shadowing
 from workbench.planes.response_cache import ResponseCache
 from workbench.protocol.v2_models import RepositoryRow
 
 log = logging.getLogger(__name__)
+
+# What a promotion's condition looks like, for a request whose condition is none.
+CONDITION_HELP = '"if" is a condition, e.g. "agreement >= 0.99 and p99_ms <= 20"'
 
 
 class ControlPlane:
@@ -56,10 +62,13 @@ class ControlPlane:
         request_log: RequestLogger,
         cache: ResponseCache | None = None,
         on_models_changed: Callable[[], None] = lambda: None,
+        shadow_records: Callable[[], object] = lambda: None,
     ) -> None:
         """``on_models_changed``: called after a model config was applied (a model may have come or gone without
-        any version changing state)."""
+        any version changing state); ``shadow_records``: each shadowed model's comparison with its primary, by model
+        (the whole server's, as its statistics show them), which a promotion's condition is checked against."""
         self._manager = manager
+        self._shadow_records = shadow_records
         self._models = manager.served
         self._request_log = request_log
         self._cache = cache
@@ -180,10 +189,48 @@ class ControlPlane:
         self.model_control.close()
 
     # ------------------------------------------------------------------------------ routing changes
-    def promote(self, name: str, version: int, timeout: float = 300.0, generation: int | None = None) -> None:
+    def promote(
+        self,
+        name: str,
+        version: int,
+        timeout: float = 300.0,
+        generation: int | None = None,
+        *,
+        only_if: str | None = None,
+    ) -> None:
         """See :meth:`RoutingChanges.promote <workbench.models.routing.changes.RoutingChanges.promote>`; each change
-        takes the ``generation`` of the routing the caller saw, and is refused (ABORTED) if it moved on since."""
+        takes the ``generation`` of the routing the caller saw, and is refused (ABORTED) if it moved on since.
+
+        ``only_if``: a condition on the version's shadow record (``"agreement >= 0.99 and p99_ms <= 20"``,
+        :mod:`workbench.core.conditions`); the promotion is refused (FAILED_PRECONDITION, with the record's figures)
+        unless the record meets it."""
+        if only_if is not None:
+            self._check_earned(name, version, only_if)
         self._routing.promote(name, version, timeout, generation)
+
+    def _check_earned(self, name: str, version: int, condition: str) -> None:
+        """Refuse a promotion, with the figures, unless ``version``'s shadow record meets ``condition``."""
+        if not condition.strip():
+            raise ServingError(Code.INVALID_ARGUMENT, CONDITION_HELP)
+        records = self._shadow_records()
+        record = records.get(name) if isinstance(records, dict) else None
+        if not isinstance(record, dict) or record.get("version") != version:
+            raise ServingError(
+                Code.FAILED_PRECONDITION,
+                f"Version {version} of model {name} has no shadow record to check {condition!r} against: shadow it "
+                "first (:shadow), and let it see traffic",
+            )
+        figures = shadowing.figures(record)
+        try:
+            earned = conditions.check(condition, figures)
+        except conditions.ConditionError as exc:
+            raise ServingError(Code.INVALID_ARGUMENT, str(exc)) from None
+        if not earned:
+            shown = ", ".join(f"{key} {value}" for key, value in figures.items() if value is not None)
+            raise ServingError(
+                Code.FAILED_PRECONDITION,
+                f"Not promoted: version {version} of model {name} does not meet {condition!r} as its shadow ({shown})",
+            )
 
     def rollback(self, name: str, generation: int | None = None) -> int:
         return self._routing.rollback(name, generation)

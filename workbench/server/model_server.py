@@ -153,6 +153,8 @@ class ModelServer:
             request_log=self.request_log,
             cache=self.cache,
             on_models_changed=self._readiness_changed,
+            # A promotion's condition is checked against the shadow records the server's statistics show.
+            shadow_records=lambda: self.stats_snapshot().get("shadow"),
         )
         self.source = self.controlplane.source
         # With --num_workers: a sequence's requests go to the worker that holds it (its private socket).
