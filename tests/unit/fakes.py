@@ -24,6 +24,7 @@ from workbench.core.errors import Code, ServingError
 from workbench.core.servable import Servable
 from workbench.core.signatures import PREDICT_METHOD, Signature, TensorSpec
 from workbench.models.manager import Manager
+from workbench.models.routing.changes import RoutingChanges
 from workbench.models.source import RepositorySource
 
 X = TensorSpec(alias="x", name="x", dtype=np.dtype(np.float32), shape=(-1, 1))
@@ -143,6 +144,8 @@ class FakeRepository:
         self.loader = FakeLoader()
         self.manager = Manager(self.loader, load_threads=2, **manager_options)  # type: ignore[arg-type]
         self.source = RepositorySource(self.manager, poll_wait_seconds=0)
+        # What the control plane makes routing changes with.
+        self.routing_changes = RoutingChanges(self.manager, self.manager.served)
         self.configs: dict[str, ModelConfig] = {}
         self.gates: list[threading.Event] = []
 
@@ -164,7 +167,7 @@ class FakeRepository:
 
     def rescan(self) -> None:
         self.source.poll_once()
-        assert self.manager.wait_until_settled(self.WAIT), "the manager did not settle"
+        assert self.manager.served.wait_until_settled(self.WAIT), "the manager did not settle"
 
     def hold(self, name: str, version: int) -> threading.Event:
         gate = self.loader.hold(name, version)

@@ -130,7 +130,7 @@ class Engine(FakeRepository):
         self.threads.shutdown(wait=False)
 
     def state(self, name: str, version: int) -> VersionState | None:
-        return self.manager.version_state(name, version)
+        return self.manager.served.version_state(name, version)
 
     # -------------------------------------------------------------------------------------- requests
     async def predict(self, spec: ModelSpec, x: float = 0.0, timeout: float | None = None) -> tuple[int, float]:
@@ -234,7 +234,7 @@ def test_a_request_naming_no_version_runs_on_the_newest_and_one_naming_a_version
 
 def test_a_promoted_stable_version_takes_the_default_traffic_from_newer_ones(engine: Engine) -> None:
     engine.serve("m", 1, 2, 3, policy=ALL)
-    engine.manager.promote("m", 1, timeout=WAIT)  # written to tmp_path/m/routing.json, then routed by
+    engine.routing_changes.promote("m", 1, timeout=WAIT)  # written to tmp_path/m/routing.json, then routed by
 
     async def main() -> list[int]:
         specs = [ModelSpec("m"), ModelSpec("m", label="stable"), ModelSpec("m", version=3)]
@@ -304,7 +304,7 @@ def test_a_handle_holds_its_servable_through_a_swap_until_its_block_ends(engine:
 # ------------------------------------------------------------------------------------------------- the canary
 def test_a_canary_gets_exactly_its_weight_of_default_traffic_and_its_label(engine: Engine) -> None:
     engine.serve("m", 1, 2)  # latest(1): version 2 serves; the canary change loads version 1 beside it
-    engine.manager.set_canary("m", 1, 0.25, timeout=WAIT)
+    engine.routing_changes.set_canary("m", 1, 0.25, timeout=WAIT)
 
     async def main() -> tuple[list[int], int]:
         versions = [(await engine.predict(ModelSpec("m")))[0] for _ in range(40)]
@@ -317,7 +317,7 @@ def test_a_canary_gets_exactly_its_weight_of_default_traffic_and_its_label(engin
 
 def test_requests_naming_a_version_never_go_to_the_canary_nor_move_its_share(engine: Engine) -> None:
     engine.serve("m", 1, 2)
-    engine.manager.set_canary("m", 1, 0.5, timeout=WAIT)
+    engine.routing_changes.set_canary("m", 1, 0.5, timeout=WAIT)
 
     async def main() -> tuple[list[int], list[int]]:
         named, default = [], []
@@ -334,8 +334,8 @@ def test_requests_naming_a_version_never_go_to_the_canary_nor_move_its_share(eng
 
 def test_a_canary_weight_of_zero_ends_the_canary(engine: Engine) -> None:
     engine.serve("m", 1, 2)
-    engine.manager.set_canary("m", 1, 0.5, timeout=WAIT)
-    engine.manager.set_canary("m", 1, 0.0)
+    engine.routing_changes.set_canary("m", 1, 0.5, timeout=WAIT)
+    engine.routing_changes.set_canary("m", 1, 0.0)
 
     async def main() -> tuple[set[int], ServingError]:
         versions = {(await engine.predict(ModelSpec("m")))[0] for _ in range(10)}
@@ -395,7 +395,7 @@ def test_admit_waits_for_a_models_first_load_and_is_answered_by_it(engine: Engin
     gate = engine.hold("slow", 3)
     engine.configure("slow", 3)
     engine.source.poll_once()
-    assert engine.manager.loading_first("slow")
+    assert engine.manager.served.loading_first("slow")
 
     async def main() -> tuple[int, float]:
         waiting = asyncio.ensure_future(engine.predict(ModelSpec("slow"), x=1.0))
@@ -405,7 +405,7 @@ def test_admit_waits_for_a_models_first_load_and_is_answered_by_it(engine: Engin
         return await waiting
 
     assert asyncio.run(main()) == (3, 4.0)
-    assert not engine.manager.loading_first("slow")
+    assert not engine.manager.served.loading_first("slow")
 
 
 def test_a_first_load_outlasting_the_deadline_or_the_flag_is_refused_with_the_frontends_words(
@@ -434,7 +434,7 @@ def test_a_first_load_outlasting_the_deadline_or_the_flag_is_refused_with_the_fr
     )
     assert engine.count("DEADLINE_EXCEEDED", None, model="slow") == 1  # refused, and counted as such
     assert engine.count("UNAVAILABLE", None, model="slow") == 1
-    assert engine.manager.loading_first("slow")  # the load goes on without them
+    assert engine.manager.served.loading_first("slow")  # the load goes on without them
 
 
 def test_a_model_whose_first_load_fails_answers_the_waiting_request_with_its_load_error(engine: Engine) -> None:
@@ -468,7 +468,7 @@ def start_with_a_slow_version(engine: Engine, slow: int = 123, fast: int = 124) 
     engine.configure("m", slow, fast, policy=ALL)
     engine.source.poll_once()
     until(lambda: engine.state("m", fast) == VersionState.AVAILABLE, f"version {fast} serving")
-    assert not engine.manager.loading_first("m") and engine.state("m", slow) == VersionState.LOADING
+    assert not engine.manager.served.loading_first("m") and engine.state("m", slow) == VersionState.LOADING
     return gate
 
 
@@ -496,7 +496,7 @@ def test_a_request_for_a_version_still_in_its_first_load_waits_for_it_and_is_ans
     assert by_version == by_label == (123, 124.0)
     assert latest == 124
     assert (missing.code, missing.message) == (Code.NOT_FOUND, "Servable not found for request: Specific(m, 125)")
-    assert engine.manager.version_loading_first("m", 123) is None  # from now on resolved at once, as before
+    assert engine.manager.served.version_loading_first("m", 123) is None  # from now on resolved at once, as before
 
 
 def test_the_wait_for_a_version_is_bounded_by_the_deadline_then_by_the_flag(engine: Engine) -> None:

@@ -76,14 +76,14 @@ class Bench(FakeRepository):
 
     def answer(self, name: str, version: int | None = None, label: str | None = None) -> int:
         """The version that answers a request for ``name`` (``version`` or ``label``, else the default)."""
-        with self.manager.handle(name, version, label) as servable:
+        with self.manager.served.handle(name, version, label) as servable:
             return run_version(servable)
 
     def serving(self, name: str) -> dict[int, VersionState]:
-        return {s.version: s.state for s in self.manager.version_status(name)}
+        return {s.version: s.state for s in self.manager.served.version_status(name)}
 
     def routing(self, name: str) -> Routing:
-        return self.manager.snapshots(name)[0].routing
+        return self.manager.served.snapshots(name)[0].routing
 
 
 def run_version(servable: object) -> int:
@@ -188,7 +188,7 @@ def test_the_old_servable_stays_open_while_a_request_holds_it_and_closes_once_it
     bench.serve("m", 1)
     old = bench.servable("m", 1)
 
-    with bench.manager.handle("m") as held:  # a request that resolved to version 1 just before the swap
+    with bench.manager.served.handle("m") as held:  # a request that resolved to version 1 just before the swap
         bench.add_version("m", 2)
         bench.source.poll_once()
         bench.states.wait_for("m", 1, UNLOADING)
@@ -197,11 +197,11 @@ def test_the_old_servable_stays_open_while_a_request_holds_it_and_closes_once_it
         assert run_version(held) == 1  # the request still runs on the version it resolved
         assert bench.answer("m") == 2  # new requests go to the new version
         refused(Code.NOT_FOUND, bench.answer, "m", 1)  # and none resolve to the one unloading
-        assert bench.manager.version_state("m", 1) == UNLOADING
+        assert bench.manager.served.version_state("m", 1) == UNLOADING
 
     bench.states.wait_for("m", 1, END)
     assert old.closed
-    assert bench.manager.wait_until_settled(WAIT)
+    assert bench.manager.served.wait_until_settled(WAIT)
 
 
 # ---------------------------------------------------------------------------------------- failures
@@ -214,15 +214,15 @@ def test_a_version_that_fails_to_load_ends_with_its_error_and_the_serving_versio
     bench.add_version("m", 2)
     bench.rescan()
 
-    (newest, oldest) = bench.manager.version_status("m")
+    (newest, oldest) = bench.manager.served.version_status("m")
     assert (newest.version, newest.state, oldest.version, oldest.state) == (2, END, 1, AVAILABLE)
     assert newest.error is not None and newest.error.message == "the weights are truncated"
     assert oldest.error is None
     assert bench.answer("m") == 1
     assert not bench.servable("m", 1).closed
     assert (1, UNLOADING) not in bench.states.of("m")
-    assert bench.manager.why_not_serving("m", 2) == "version 2 failed to load: the weights are truncated"
-    assert bench.manager.why_not_serving("m") == ""  # the model serves: nothing to explain
+    assert bench.manager.served.why_not_serving("m", 2) == "version 2 failed to load: the weights are truncated"
+    assert bench.manager.served.why_not_serving("m") == ""  # the model serves: nothing to explain
     message = refused(Code.NOT_FOUND, bench.answer, "m", 2)
     assert (
         message == "Servable not found for request: Specific(m, 2): version 2 failed to load: the weights are truncated"
@@ -244,7 +244,7 @@ def test_a_failed_version_is_retried_only_once_its_folder_changes(bench: Bench) 
 
     assert bench.serving("m") == {2: AVAILABLE, 1: END}
     assert bench.answer("m") == 2
-    assert bench.manager.version_status("m", 2)[0].error is None
+    assert bench.manager.served.version_status("m", 2)[0].error is None
 
 
 def test_a_model_whose_only_version_fails_is_not_served_and_says_why(bench: Bench) -> None:
@@ -253,8 +253,8 @@ def test_a_model_whose_only_version_fails_is_not_served_and_says_why(bench: Benc
     bench.serve("m", 1)
 
     assert bench.serving("m") == {1: END}
-    assert not bench.manager.loading_first("m")  # its first load is over: failed
-    assert bench.manager.why_not_serving("m") == "version 1 failed to load: no such op"
+    assert not bench.manager.served.loading_first("m")  # its first load is over: failed
+    assert bench.manager.served.why_not_serving("m") == "version 1 failed to load: no such op"
     message = refused(Code.NOT_FOUND, bench.answer, "m")
     assert message == "Servable not found for request: Latest(m): version 1 failed to load: no such op"
 
@@ -268,13 +268,13 @@ def test_a_model_removed_from_the_config_unloads_closes_and_is_forgotten(bench: 
 
     del bench.configs["m"]
     bench.manager.set_models(bench.configs.values())
-    assert bench.manager.wait_until_settled(WAIT)
+    assert bench.manager.served.wait_until_settled(WAIT)
 
-    assert not bench.manager.knows("m")
-    assert bench.manager.model_names() == ["other"]
+    assert not bench.manager.served.knows("m")
+    assert bench.manager.served.model_names() == ["other"]
     assert bench.servable("m", 1).closed
     assert bench.states.of("m")[-2:] == [(1, UNLOADING), (1, END)]
-    refused(Code.NOT_FOUND, bench.manager.snapshots, "m")
+    refused(Code.NOT_FOUND, bench.manager.served.snapshots, "m")
     assert refused(Code.NOT_FOUND, bench.answer, "m") == "Servable not found for request: Latest(m)"
     assert bench.answer("other") == 1 and not bench.servable("other", 1).closed
 
@@ -285,32 +285,32 @@ def test_a_model_removed_from_the_config_unloads_closes_and_is_forgotten(bench: 
 def test_a_request_can_wait_for_the_first_load_and_is_called_back_once_it_serves(bench: Bench) -> None:
     gate = bench.hold("m", 1)
     bench.configure("m", 1)
-    assert bench.manager.loading_first("m")  # configured, not even listed yet
+    assert bench.manager.served.loading_first("m")  # configured, not even listed yet
     bench.source.poll_once()
     bench.states.wait_for("m", 1, LOADING)
 
     loaded = threading.Event()
-    assert bench.manager.when_first_loaded("m", loaded.set)
-    assert bench.manager.knows("m") and bench.manager.loading_first("m")
-    assert bench.manager.why_not_serving("m") == ""  # on its way: nothing has gone wrong
+    assert bench.manager.served.when_first_loaded("m", loaded.set)
+    assert bench.manager.served.knows("m") and bench.manager.served.loading_first("m")
+    assert bench.manager.served.why_not_serving("m") == ""  # on its way: nothing has gone wrong
     assert refused(Code.NOT_FOUND, bench.answer, "m") == "Servable not found for request: Latest(m)"
     assert not loaded.is_set()
 
     gate.set()
 
     assert loaded.wait(WAIT)
-    assert not bench.manager.loading_first("m")
-    assert not bench.manager.when_first_loaded("m", loaded.set)  # over: a later waiter is told so at once
+    assert not bench.manager.served.loading_first("m")
+    assert not bench.manager.served.when_first_loaded("m", loaded.set)  # over: a later waiter is told so at once
     assert bench.answer("m") == 1
 
 
 def test_a_model_nobody_configured_is_unknown_and_has_no_first_load_to_wait_for(bench: Bench) -> None:
     bench.serve("m", 1)
 
-    assert not bench.manager.knows("nope")
-    assert not bench.manager.loading_first("nope")
-    assert not bench.manager.when_first_loaded("nope", lambda: None)
-    assert bench.manager.why_not_serving("nope") == ""
+    assert not bench.manager.served.knows("nope")
+    assert not bench.manager.served.loading_first("nope")
+    assert not bench.manager.served.when_first_loaded("nope", lambda: None)
+    assert bench.manager.served.why_not_serving("nope") == ""
     assert refused(Code.NOT_FOUND, bench.answer, "nope") == "Servable not found for request: Latest(nope)"
 
 
@@ -319,12 +319,12 @@ def test_the_first_load_is_over_only_once_the_configs_labels_are_applied(bench: 
     bench.rescan()
 
     assert bench.serving("m") == {1: AVAILABLE}
-    assert bench.manager.loading_first("m")  # a request for label "prod" must not be refused yet
+    assert bench.manager.served.loading_first("m")  # a request for label "prod" must not be refused yet
     refused(Code.INVALID_ARGUMENT, bench.answer, "m", label="prod")
 
     bench.manager.set_labels({"m": {"prod": 1}})
 
-    assert not bench.manager.loading_first("m")
+    assert not bench.manager.served.loading_first("m")
     assert bench.answer("m", label="prod") == 1
 
 
@@ -335,8 +335,8 @@ def test_labels_for_a_version_not_available_are_refused_and_still_end_the_first_
     message = refused(Code.FAILED_PRECONDITION, bench.manager.set_labels, {"m": {"prod": 2}})
 
     assert "version 2 of model m, which is not currently available" in message
-    assert bench.manager.labels("m") == {}
-    assert not bench.manager.loading_first("m")
+    assert bench.manager.served.labels("m") == {}
+    assert not bench.manager.served.loading_first("m")
 
 
 def test_a_model_removed_while_its_first_load_is_held_ends_the_wait_and_its_late_load_is_closed(
@@ -347,18 +347,18 @@ def test_a_model_removed_while_its_first_load_is_held_ends_the_wait_and_its_late
     bench.source.poll_once()
     bench.states.wait_for("m", 1, LOADING)
     over = threading.Event()
-    assert bench.manager.when_first_loaded("m", over.set)
+    assert bench.manager.served.when_first_loaded("m", over.set)
 
     del bench.configs["m"]
     bench.manager.set_models([])
 
     assert over.is_set()  # at once: the model went
-    assert not bench.manager.knows("m") and not bench.manager.loading_first("m")
+    assert not bench.manager.served.knows("m") and not bench.manager.served.loading_first("m")
     gate.set()
     bench.states.wait_for("m", 1, END)
-    assert bench.manager.wait_until_settled(WAIT)
+    assert bench.manager.served.wait_until_settled(WAIT)
     assert bench.servable("m", 1).closed
-    assert bench.manager.model_names() == []
+    assert bench.manager.served.model_names() == []
     # The late load was never published: no request could have reached a model that had left the config.
     assert bench.states.of("m") == [(1, LOADING), (1, END)]
 
@@ -370,14 +370,14 @@ def test_promote_loads_an_older_version_makes_it_the_default_and_stores_the_rout
     bench.serve("m", 1, 2)
     assert bench.serving("m") == {2: AVAILABLE}
 
-    bench.manager.promote("m", 1, timeout=WAIT)
+    bench.routing_changes.promote("m", 1, timeout=WAIT)
 
     assert bench.answer("m") == 1
     assert bench.serving("m") == {2: AVAILABLE, 1: AVAILABLE}  # 2 stays: the policy wants it
-    assert bench.manager.labels("m") == {"stable": 1}
+    assert bench.manager.served.labels("m") == {"stable": 1}
     assert bench.answer("m", label="stable") == 1
     assert (bench.root / "m" / "routing.json").exists()
-    assert bench.manager.snapshots("m")[0].generation == 1
+    assert bench.manager.served.snapshots("m")[0].generation == 1
 
     bench.rescan()  # the stored routing keeps version 1 loaded although the policy does not pick it
     assert bench.serving("m") == {2: AVAILABLE, 1: AVAILABLE}
@@ -386,15 +386,15 @@ def test_promote_loads_an_older_version_makes_it_the_default_and_stores_the_rout
 
 def test_rollback_returns_stable_to_the_version_promoted_before_and_then_has_nothing_left(bench: Bench) -> None:
     bench.serve("m", 1, 2, 3, policy=VersionPolicy(kind="all"))
-    bench.manager.promote("m", 1, timeout=WAIT)
-    bench.manager.promote("m", 2, timeout=WAIT)
+    bench.routing_changes.promote("m", 1, timeout=WAIT)
+    bench.routing_changes.promote("m", 2, timeout=WAIT)
     assert bench.answer("m") == 2
 
-    assert bench.manager.rollback("m") == 1
+    assert bench.routing_changes.rollback("m") == 1
 
     assert bench.answer("m") == 1
     assert bench.routing("m") == Routing(stable=1)
-    message = refused(Code.FAILED_PRECONDITION, bench.manager.rollback, "m")
+    message = refused(Code.FAILED_PRECONDITION, bench.routing_changes.rollback, "m")
     assert message == "Model m has no previous stable version to roll back to"
     assert bench.answer("m") == 1
 
@@ -402,7 +402,7 @@ def test_rollback_returns_stable_to_the_version_promoted_before_and_then_has_not
 def test_promoting_a_version_not_in_the_repository_is_refused_and_changes_nothing(bench: Bench) -> None:
     bench.serve("m", 1)
 
-    message = refused(Code.NOT_FOUND, bench.manager.promote, "m", 9, timeout=WAIT)
+    message = refused(Code.NOT_FOUND, bench.routing_changes.promote, "m", 9, timeout=WAIT)
 
     assert message == "Model m has no version 9 in its repository"
     assert bench.routing("m") == Routing()
@@ -416,13 +416,13 @@ def test_promoting_a_version_that_fails_to_load_is_refused_with_its_load_error_a
     bench.serve("m", 1, 2)
     bench.loader.fail("m", 1, "bad graph")
 
-    message = refused(Code.FAILED_PRECONDITION, bench.manager.promote, "m", 1, timeout=WAIT)
+    message = refused(Code.FAILED_PRECONDITION, bench.routing_changes.promote, "m", 1, timeout=WAIT)
 
     assert message == "Version 1 of model m failed to load: bad graph"
     assert bench.answer("m") == 2
-    assert bench.manager.labels("m") == {}
-    assert bench.manager.snapshots("m")[0].generation == 0
-    assert bench.manager.snapshots("m")[0].held == frozenset()  # the hold ended with the refusal
+    assert bench.manager.served.labels("m") == {}
+    assert bench.manager.served.snapshots("m")[0].generation == 0
+    assert bench.manager.served.snapshots("m")[0].held == frozenset()  # the hold ended with the refusal
 
 
 def test_a_canary_gets_its_exact_share_of_default_traffic_and_unloads_when_its_weight_goes_to_zero(
@@ -430,54 +430,55 @@ def test_a_canary_gets_its_exact_share_of_default_traffic_and_unloads_when_its_w
 ) -> None:
     bench.serve("m", 1, 2)
 
-    bench.manager.set_canary("m", 1, 0.25, timeout=WAIT)
+    bench.routing_changes.set_canary("m", 1, 0.25, timeout=WAIT)
 
     answers = [bench.answer("m") for _ in range(8)]
     assert answers.count(1) == 2 and answers.count(2) == 6
-    assert bench.manager.labels("m") == {"canary": 1}
+    assert bench.manager.served.labels("m") == {"canary": 1}
     assert bench.answer("m", label="canary") == 1
     canary = bench.servable("m", 1)
 
-    bench.manager.set_canary("m", 1, 0.0)
-    assert bench.manager.wait_until_settled(WAIT)
+    bench.routing_changes.set_canary("m", 1, 0.0)
+    assert bench.manager.served.wait_until_settled(WAIT)
 
     assert bench.serving("m") == {2: AVAILABLE, 1: END}  # no role left, and the policy does not pick it
     assert canary.closed
     assert [bench.answer("m") for _ in range(4)] == [2, 2, 2, 2]
-    assert bench.manager.labels("m") == {}
+    assert bench.manager.served.labels("m") == {}
 
 
 def test_management_refuses_bad_weights_unknown_models_stale_generations_and_config_owned_labels(
     bench: Bench,
 ) -> None:
     bench.serve("m", 1, 2, labels={"stable": 2})
+    changes = bench.routing_changes
 
-    assert "between 0 and 1, got 1.5" in refused(Code.INVALID_ARGUMENT, bench.manager.set_canary, "m", 1, 1.5)
-    assert refused(Code.NOT_FOUND, bench.manager.promote, "ghost", 1) == "Model ghost is not in the server's config"
-    assert "not generation 7" in refused(Code.ABORTED, bench.manager.load_version, "m", 1, generation=7)
-    assert "set by the model config file" in refused(Code.FAILED_PRECONDITION, bench.manager.promote, "m", 1)
+    assert "between 0 and 1, got 1.5" in refused(Code.INVALID_ARGUMENT, changes.set_canary, "m", 1, 1.5)
+    assert refused(Code.NOT_FOUND, changes.promote, "ghost", 1) == "Model ghost is not in the server's config"
+    assert "not generation 7" in refused(Code.ABORTED, changes.load_version, "m", 1, generation=7)
+    assert "set by the model config file" in refused(Code.FAILED_PRECONDITION, changes.promote, "m", 1)
 
     assert bench.routing("m") == Routing()
     assert bench.serving("m") == {2: AVAILABLE}
-    assert bench.manager.labels("m") == {"stable": 2}
+    assert bench.manager.served.labels("m") == {"stable": 2}
 
 
 def test_a_pinned_version_stays_loaded_until_unloaded_and_the_last_serving_version_cannot_be(bench: Bench) -> None:
     bench.serve("m", 1, 2)
 
-    bench.manager.load_version("m", 1, timeout=WAIT)
+    bench.routing_changes.load_version("m", 1, timeout=WAIT)
     bench.rescan()
     assert bench.serving("m") == {2: AVAILABLE, 1: AVAILABLE}
     assert bench.routing("m").pinned == frozenset({1})
 
-    bench.manager.unload_version("m", 1)
-    assert bench.manager.wait_until_settled(WAIT)
+    bench.routing_changes.unload_version("m", 1)
+    assert bench.manager.served.wait_until_settled(WAIT)
     assert bench.serving("m") == {2: AVAILABLE, 1: END}
     assert bench.servable("m", 1).closed
 
-    message = refused(Code.FAILED_PRECONDITION, bench.manager.unload_version, "m", 2)
+    message = refused(Code.FAILED_PRECONDITION, bench.routing_changes.unload_version, "m", 2)
     assert message == "Version 2 is the only version of model m serving; load another one first"
-    assert refused(Code.NOT_FOUND, bench.manager.unload_version, "m", 9) == "Model m has no version 9"
+    assert refused(Code.NOT_FOUND, bench.routing_changes.unload_version, "m", 9) == "Model m has no version 9"
     assert bench.answer("m") == 2
 
 
@@ -487,25 +488,25 @@ def test_removing_the_last_version_on_request_empties_the_model_until_a_version_
     """TorchServe's unregister and Triton's unload ask for ``keep_last=False``: the last serving version goes, with
     its role, and stays gone across rescans (its drop is meant, not ignored) until it is loaded again."""
     bench.serve("m", 1)
-    bench.manager.promote("m", 1, timeout=WAIT)  # the stable one: TorchServe's set-default of its only version
+    bench.routing_changes.promote("m", 1, timeout=WAIT)  # the stable one: TorchServe's set-default of its only version
 
-    bench.manager.unload_version("m", 1, keep_last=False)
-    assert bench.manager.wait_until_settled(WAIT)
+    bench.routing_changes.unload_version("m", 1, keep_last=False)
+    assert bench.manager.served.wait_until_settled(WAIT)
 
     assert bench.serving("m") == {1: END} and bench.servable("m", 1).closed
     assert bench.routing("m") == Routing(dropped=frozenset({1}), emptied=True)
-    assert bench.manager.emptied("m")
-    readiness = ServerReadiness(bench.manager)
+    assert bench.manager.served.emptied("m")
+    readiness = ServerReadiness(bench.manager.served)
     readiness.enter(Phase.SERVING)
     assert readiness().ready  # removed on purpose: no reason to take the server out of traffic
     assert refused(Code.NOT_FOUND, bench.answer, "m") == "Servable not found for request: Latest(m)"
     bench.rescan()  # the repository still holds version 1: it stays unloaded
-    assert bench.serving("m") == {1: END} and bench.manager.emptied("m")
+    assert bench.serving("m") == {1: END} and bench.manager.served.emptied("m")
 
-    bench.manager.load_version("m", 1, timeout=WAIT)
+    bench.routing_changes.load_version("m", 1, timeout=WAIT)
     assert bench.answer("m") == 1
     assert bench.routing("m") == Routing(pinned=frozenset({1}))
-    assert not bench.manager.emptied("m")
+    assert not bench.manager.served.emptied("m")
 
 
 def test_stop_closes_every_loaded_servable(bench: Bench) -> None:

@@ -1,5 +1,5 @@
 """Many versions in bounded memory, in-process on fakes: the manager under ``--memory_budget``, ``--load_on_demand``,
-``--unload_after_idle`` and ``--pin`` (:mod:`workbench.models.on_demand`), and a request waiting for a version to
+``--unload_after_idle`` and ``--pin`` (:mod:`workbench.models.budgeted_loads`), and a request waiting for a version to
 load (:func:`workbench.planes.on_demand.hold_on_demand`).
 
 Each fake version folder holds a sparse 1 MB file, so it is charged 1 MB (the fakes' loads add next to nothing to
@@ -22,6 +22,7 @@ from fakes import FakeRepository
 from workbench.config.memory_budget import Budget, MemoryOptions, PinRule
 from workbench.config.version_policy import VersionPolicy
 from workbench.core.errors import Code, ServingError
+from workbench.models.budgeted_loads import BudgetedLoads
 from workbench.models.manager import Manager, VersionState
 from workbench.models.residency import LoadMeter
 from workbench.planes.calls import ModelSpec
@@ -39,13 +40,14 @@ class Budgeted:
         memory = MemoryOptions(Budget(host=int(slots * MB), text=f"{slots}M"), **options)  # type: ignore[arg-type]
         self.repo = FakeRepository(root, memory=memory)  # type: ignore[arg-type]
         self.manager: Manager = self.repo.manager
+        self.loads: BudgetedLoads = self.manager.budgeted_loads
         self.events: list[tuple[str, int, VersionState]] = []
         self.overdrawn: list[int] = []
         self.changed = threading.Condition()
         self.manager.add_listener(self._on_state)
 
     def _on_state(self, model: str, version: int, state: VersionState) -> None:
-        summary = self.manager.memory_summary()  # under the manager's lock (reentrant)
+        summary = self.manager.served.memory_summary()  # under the manager's lock (reentrant)
         assert summary is not None
         if summary["charged_bytes"] > summary["budget_bytes"]:
             self.overdrawn.append(summary["charged_bytes"])
@@ -62,20 +64,20 @@ class Budgeted:
 
     def ask(self, name: str, version: int | None = None) -> None:
         """What a request does: claim the version, wait for it, hold it for a moment, let go."""
-        claim = self.manager.claim(name, version, None)
+        claim = self.loads.claim(name, version, None)
         assert claim is not None
         try:
-            assert self.manager.wait_until_settled(WAIT)
-            harness = self.manager.resident(name, version, None)
+            assert self.manager.served.wait_until_settled(WAIT)
+            harness = self.loads.resident(name, version, None)
             assert harness is not None, (
-                f"{name}:{version} does not serve: {self.manager.why_not_serving(name, version)}"
+                f"{name}:{version} does not serve: {self.manager.served.why_not_serving(name, version)}"
             )
             harness.release()
         finally:
-            self.manager.release_claim(claim)
+            self.loads.release_claim(claim)
 
     def resident(self, name: str) -> list[int]:
-        summary = self.manager.memory_summary()
+        summary = self.manager.served.memory_summary()
         assert summary is not None
         return sorted(int(v) for v, figures in summary["versions"].get(name, {}).items() if figures["resident"])
 
@@ -108,15 +110,15 @@ def test_versions_load_when_asked_for_and_the_least_recently_used_leave(
 ) -> None:
     server = make(budgeted, tmp_path, 3.5, load_on_demand=True)
     server.configure("m", *range(1, 7))
-    assert server.resident("m") == [] and server.manager.serves_on_demand("m")
+    assert server.resident("m") == [] and server.manager.served.serves_on_demand("m")
     for version in (1, 2, 3, 4, 1, 5, 6, 2):
         server.ask("m", version)
     # 4 evicts 1 (least recently used); 1 evicts 2; 5 evicts 3; 6 evicts 4; 2 evicts 1.
     assert server.evicted() == [("m", 1), ("m", 2), ("m", 3), ("m", 4), ("m", 1)]
     assert server.resident("m") == [2, 5, 6]
-    summary = server.manager.memory_summary()
+    summary = server.manager.served.memory_summary()
     assert summary is not None and summary["loads"] == 8 and summary["evictions"] == 5
-    described = {v["version"]: v["memory"] for v in server.manager.describe("m")[0]["versions"]}
+    described = {v["version"]: v["memory"] for v in server.manager.served.describe("m")[0]["versions"]}
     assert described[1]["residency"] == "evicted" and described[2]["residency"] == "resident"
     assert described[2]["charged_bytes"] == MB and described[2]["disk_bytes"] == MB
 
@@ -125,9 +127,9 @@ def test_a_request_naming_no_version_waits_for_the_latest(tmp_path: Path, budget
     server = make(budgeted, tmp_path, 2.5, load_on_demand=True)
     server.configure("m", 1, 2, 3)
     server.ask("m", 1)
-    assert server.manager.resident("m", None, None) is None  # 1 serves, but a request naming none wants 3
+    assert server.loads.resident("m", None, None) is None  # 1 serves, but a request naming none wants 3
     server.ask("m")
-    harness = server.manager.resident("m", None, None)
+    harness = server.loads.resident("m", None, None)
     assert harness is not None and harness.servable.version == 3
     harness.release()
 
@@ -145,7 +147,7 @@ def test_pinned_versions_load_at_start_and_are_never_evicted(tmp_path: Path, bud
 def test_a_promoted_version_is_pinned(tmp_path: Path, budgeted: list[Budgeted]) -> None:
     server = make(budgeted, tmp_path, 2.5, load_on_demand=True)
     server.configure("m", 1, 2, 3)
-    server.manager.promote("m", 1, timeout=WAIT)
+    server.repo.routing_changes.promote("m", 1, timeout=WAIT)
     for version in (2, 3, 2):
         server.ask("m", version)
     assert ("m", 1) not in server.evicted() and 1 in server.resident("m")
@@ -158,13 +160,13 @@ def test_a_version_in_use_is_not_evicted_and_a_load_waits_for_one_to_be_idle(
     server.configure("m", 1, 2, 3)
     server.ask("m", 1)
     server.ask("m", 2)
-    first = server.manager.resident("m", 1, None)  # a request running on 1, the least recently used
+    first = server.loads.resident("m", 1, None)  # a request running on 1, the least recently used
     assert first is not None
     server.ask("m", 3)  # 2 leaves instead
     assert server.evicted() == [("m", 2)]
-    second = server.manager.resident("m", 3, None)
+    second = server.loads.resident("m", 3, None)
     assert second is not None  # now both serving versions are in use
-    claim = server.manager.claim("m", 2, None)
+    claim = server.loads.claim("m", 2, None)
     assert claim is not None
     server.wait_for("2 waits for memory", lambda: ("m", 2, VersionState.START) in server.events)
     assert server.resident("m") == [1, 3]
@@ -172,7 +174,7 @@ def test_a_version_in_use_is_not_evicted_and_a_load_waits_for_one_to_be_idle(
     server.wait_for("2 loads", lambda: ("m", 2, VersionState.AVAILABLE) in server.events[-3:])
     assert server.evicted() == [("m", 2), ("m", 1)]
     second.release()
-    server.manager.release_claim(claim)
+    server.loads.release_claim(claim)
 
 
 def test_a_version_bigger_than_the_budget_is_refused_and_the_rest_serve(
@@ -182,10 +184,10 @@ def test_a_version_bigger_than_the_budget_is_refused_and_the_rest_serve(
     server.configure("small", 1)
     server.configure("big", 1, size=3 * MB)
     server.ask("small", 1)
-    claim = server.manager.claim("big", 1, None)
+    claim = server.loads.claim("big", 1, None)
     assert claim is not None
-    error = server.manager.claim_error(claim)
-    server.manager.release_claim(claim)
+    error = server.loads.claim_error(claim)
+    server.loads.release_claim(claim)
     assert error is not None and error.code == Code.RESOURCE_EXHAUSTED
     assert "Insufficient resources to load servable big:1: it needs 2.9 MiB" in error.message
     assert server.resident("small") == [1] and server.evicted() == []
@@ -199,7 +201,7 @@ def test_idle_versions_are_unloaded(tmp_path: Path, budgeted: list[Budgeted]) ->
     server.configure("p", 1)
     server.ask("m", 1)
     server.wait_for("m:1 unloads when idle", lambda: ("m", 1, VersionState.END) in server.events)
-    summary = server.manager.memory_summary()
+    summary = server.manager.served.memory_summary()
     assert summary is not None and summary["versions"]["m"]["1"]["evictions"] == {"idle": 1}
     assert server.resident("p") == [1]  # pinned: never unloaded for idleness either
     server.ask("m", 1)  # and it comes back when asked for
@@ -222,19 +224,19 @@ def test_a_request_waits_for_its_version_within_its_deadline(tmp_path: Path, bud
     gate = server.repo.hold("m", 2)
 
     async def scenario() -> None:
-        harness = await hold_on_demand(server.manager, ModelSpec("m", 1), timeout=WAIT, wait_limit=60)
+        harness = await hold_on_demand(server.loads, ModelSpec("m", 1), timeout=WAIT, wait_limit=60)
         assert harness is not None and harness.servable.version == 1
         harness.release()
         with pytest.raises(ServingError) as caught:  # 2's load is held: the deadline passes first
-            await hold_on_demand(server.manager, ModelSpec("m", 2), timeout=0.05, wait_limit=60)
+            await hold_on_demand(server.loads, ModelSpec("m", 2), timeout=0.05, wait_limit=60)
         assert caught.value.code == Code.DEADLINE_EXCEEDED
-        waiting = asyncio.ensure_future(hold_on_demand(server.manager, ModelSpec("m", 2), timeout=WAIT, wait_limit=60))
+        waiting = asyncio.ensure_future(hold_on_demand(server.loads, ModelSpec("m", 2), timeout=WAIT, wait_limit=60))
         await asyncio.sleep(0)
         gate.set()
         harness = await waiting
         assert harness is not None and harness.servable.version == 2
         harness.release()
-        assert await hold_on_demand(server.manager, ModelSpec("nothing"), timeout=WAIT, wait_limit=60) is None
+        assert await hold_on_demand(server.loads, ModelSpec("nothing"), timeout=WAIT, wait_limit=60) is None
 
     asyncio.run(scenario())
 
@@ -244,15 +246,16 @@ def test_an_explicitly_unloaded_version_stays_unloaded_across_polls(tmp_path: Pa
     server.configure("m", 1, 2, 3)
     server.ask("m", 2)
     server.ask("m", 3)
-    server.manager.unload_version("m", 2)  # the management API's :unload (v2's unload too): dropped, not evicted
+    # the management API's :unload (v2's unload too): dropped, not evicted
+    server.repo.routing_changes.unload_version("m", 2)
     server.repo.rescan()
     server.repo.rescan()
     assert server.resident("m") == [3]
-    assert server.manager.claim("m", 2, None) is None  # not aspired: nothing to load, resolution says NOT_FOUND
+    assert server.loads.claim("m", 2, None) is None  # not aspired: nothing to load, resolution says NOT_FOUND
     with pytest.raises(ServingError) as caught:
-        server.manager.resolve("m", 2)
+        server.manager.served.resolve("m", 2)
     assert caught.value.code == Code.NOT_FOUND
-    summary = server.manager.memory_summary()
+    summary = server.manager.served.memory_summary()
     assert summary is not None and summary["evictions"] == 0  # an unload asked for is no eviction
 
 
@@ -265,7 +268,7 @@ def test_evicted_versions_are_not_reloaded_by_the_poller(tmp_path: Path, budgete
     server.repo.rescan()
     server.repo.rescan()
     assert len(server.repo.loader.loaded) == loads and server.resident("m") == [2]
-    described = {v["version"]: v["memory"]["residency"] for v in server.manager.describe("m")[0]["versions"]}
+    described = {v["version"]: v["memory"]["residency"] for v in server.manager.served.describe("m")[0]["versions"]}
     assert described == {1: "evicted", 2: "resident"}
 
 
@@ -274,9 +277,9 @@ def test_a_new_latest_version_is_what_a_request_naming_none_waits_for(tmp_path: 
     server.configure("m", 1)
     server.ask("m")
     server.configure("m", 1, 2)  # a new version arrives beside it (policy: all)
-    assert server.manager.resident("m", None, None) is None  # 1 serves, but 2 is the latest now
+    assert server.loads.resident("m", None, None) is None  # 1 serves, but 2 is the latest now
     server.ask("m")
-    harness = server.manager.resident("m", None, None)
+    harness = server.loads.resident("m", None, None)
     assert harness is not None and harness.servable.version == 2
     harness.release()
 
@@ -292,7 +295,7 @@ def steady_memory() -> Iterator[None]:
 
 
 def charged_within_budget(server: Budgeted) -> bool:
-    summary = server.manager.memory_summary()
+    summary = server.manager.served.memory_summary()
     assert summary is not None
     return bool(summary["charged_bytes"] <= summary["budget_bytes"])
 
@@ -311,14 +314,14 @@ def test_a_load_measured_larger_than_its_files_makes_room_before_its_request_is_
     server.ask("m", 2)
 
     async def request(version: int) -> bool:
-        harness = await hold_on_demand(server.manager, ModelSpec("m", version), timeout=WAIT, wait_limit=60)
+        harness = await hold_on_demand(server.loads, ModelSpec("m", version), timeout=WAIT, wait_limit=60)
         assert harness is not None and harness.servable.version == version
         harness.release()
         return charged_within_budget(server)
 
     assert asyncio.run(request(3)), "answered while the budget was overdrawn"
     assert server.evicted() == [("m", 1)] and server.resident("m") == [2, 3]
-    described = {v["version"]: v["memory"] for v in server.manager.describe("m")[0]["versions"]}
+    described = {v["version"]: v["memory"] for v in server.manager.served.describe("m")[0]["versions"]}
     assert described[3]["measured_bytes"] > 6 * MB > described[3]["disk_bytes"]
     # The one moment over: 3 measured, 1 not yet gone. The fixture's check holds from here on.
     assert server.overdrawn and all(charged < 18 * MB for charged in server.overdrawn)
@@ -336,16 +339,16 @@ def test_an_overdrawn_budget_evicts_the_versions_in_use_once_their_requests_let_
     server.repo.loader.holding[("m", 3)] = 8 * MB
     server.ask("m", 1)
     server.ask("m", 2)
-    running = [server.manager.resident("m", version, None) for version in (1, 2)]  # requests on both
+    running = [server.loads.resident("m", version, None) for version in (1, 2)]  # requests on both
     assert all(running)
     # 3 loads for a request, measures larger, and none of the three may leave under its request: the request is
     # answered, over the budget.
-    third = asyncio.run(hold_on_demand(server.manager, ModelSpec("m", 3), timeout=WAIT, wait_limit=60))
+    third = asyncio.run(hold_on_demand(server.loads, ModelSpec("m", 3), timeout=WAIT, wait_limit=60))
     assert third is not None and third.servable.version == 3
-    assert server.evicted() == [] and not charged_within_budget(server), server.manager.memory_summary()
+    assert server.evicted() == [] and not charged_within_budget(server), server.manager.served.memory_summary()
     running[1].release()  # type: ignore[union-attr]
     server.wait_for("2 leaves once idle", lambda: ("m", 2, VersionState.END) in server.events)
-    assert server.manager.wait_until_settled(WAIT) and charged_within_budget(server)
+    assert server.manager.served.wait_until_settled(WAIT) and charged_within_budget(server)
     assert server.evicted() == [("m", 2)] and server.resident("m") == [1, 3]
     for harness in (running[0], third):
         harness.release()  # type: ignore[union-attr]

@@ -42,7 +42,7 @@ def write(folder: Path, name: str, data: bytes = b"x") -> None:
 def states(repo: FakeRepository) -> dict[int, VersionState]:
     """Model m's versions and their states (none yet: empty)."""
     try:
-        return {s.version: s.state for s in repo.manager.version_status("m")}
+        return {s.version: s.state for s in repo.manager.served.version_status("m")}
     except ServingError as exc:
         assert exc.code == Code.NOT_FOUND, exc
         return {}
@@ -51,7 +51,7 @@ def states(repo: FakeRepository) -> dict[int, VersionState]:
 def poll(repo: FakeRepository) -> dict[int, VersionState]:
     """One poll, as the poll loop makes it; the model's version states once the loads it started are over."""
     repo.source.poll()
-    assert repo.manager.wait_until_settled(WAIT), "the manager did not settle"
+    assert repo.manager.served.wait_until_settled(WAIT), "the manager did not settle"
     return states(repo)
 
 
@@ -94,7 +94,7 @@ def test_a_failed_version_is_retried_when_a_file_under_its_folder_changes(repo: 
     write(copy, "variables/variables.data-00000-of-00001", b"half")
     repo.loader.fail("m", 2, "Restoring from checkpoint failed")
     repo.rescan()
-    (failed,) = [s for s in repo.manager.version_status("m") if s.version == 2]
+    (failed,) = [s for s in repo.manager.served.version_status("m") if s.version == 2]
     assert failed.state == END and failed.error is not None
     message = failed.error.message
     assert message.startswith("Restoring from checkpoint failed"), message

@@ -106,7 +106,7 @@ def test_a_request_while_the_model_is_listed_or_loading_waits_and_is_answered(
 ) -> None:
     manager, dataplane, loader = engine
     configure(manager, tmp_path, "slow")
-    assert manager.loading_first("slow")
+    assert manager.served.loading_first("slow")
 
     async def main() -> int:
         waiting = asyncio.ensure_future(dataplane.admit(ModelSpec("slow"), "predict", "test", timeout=30))
@@ -120,7 +120,7 @@ def test_a_request_while_the_model_is_listed_or_loading_waits_and_is_answered(
             return call.version
 
     assert asyncio.run(main()) == 3
-    assert not manager.loading_first("slow")  # from now on a request resolves at once, as before
+    assert not manager.served.loading_first("slow")  # from now on a request resolves at once, as before
 
 
 def test_a_model_nobody_named_is_not_found_at_once_and_a_failed_one_says_why(
@@ -184,7 +184,7 @@ def test_the_wait_is_bounded_by_the_deadline_then_by_the_flag(
         Code.UNAVAILABLE,
         "Model slow is still loading after 0.2s (--wait_for_model_load_seconds)",
     )
-    assert manager.loading_first("slow")  # the load goes on without them
+    assert manager.served.loading_first("slow")  # the load goes on without them
 
 
 def test_a_zero_wait_answers_as_the_model_stands(
@@ -211,8 +211,8 @@ def test_a_label_request_waits_until_the_configs_labels_are_applied(
     configure(manager, tmp_path, "slow", labels={"stable": 2})
     scan(manager, tmp_path, "slow", 2)
     loader.gate("slow").set()
-    assert manager.wait_until_settled(30)
-    assert manager.loading_first("slow")  # loaded, its label not applied yet
+    assert manager.served.wait_until_settled(30)
+    assert manager.served.loading_first("slow")  # loaded, its label not applied yet
 
     async def main() -> int:
         waiting = asyncio.ensure_future(dataplane.admit(ModelSpec("slow", label="stable"), "predict", "test", 30))
@@ -232,10 +232,10 @@ def test_a_refused_label_still_ends_the_first_load(
     configure(manager, tmp_path, "slow", labels={"stable": 9})
     scan(manager, tmp_path, "slow", 1)
     loader.gate("slow").set()
-    assert manager.wait_until_settled(30)
+    assert manager.served.wait_until_settled(30)
     with pytest.raises(ServingError, match="version 9 of model slow"):
         manager.set_labels({"slow": {"stable": 9}})
-    assert not manager.loading_first("slow")
+    assert not manager.served.loading_first("slow")
 
 
 def test_a_model_removed_while_loading_first_ends_its_wait(
@@ -253,7 +253,7 @@ def test_a_model_removed_while_loading_first_ends_its_wait(
         return gone.value
 
     assert asyncio.run(main()).message == "Servable not found for request: Latest(slow)"
-    assert not manager.loading_first("slow")
+    assert not manager.served.loading_first("slow")
 
 
 # --------------------------------------------------------------------------- workbench serve, real clients

@@ -160,7 +160,7 @@ def test_the_grpc_config_reload_needs_the_token_too(serve: Any, tmp_path: Path) 
             with pytest.raises(grpc.RpcError) as refused:
                 models.HandleReloadConfigRequest(reload, 60.0, metadata=metadata)
             assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
-        assert server.server.manager.model_names() == ["first"]
+        assert server.server.manager.served.model_names() == ["first"]
         answered = models.HandleReloadConfigRequest(reload, 60.0, metadata=(("authorization", f"Bearer {TOKEN}"),))
         assert answered.status.error_code == 0
-        assert server.server.manager.model_names() == ["second"]
+        assert server.server.manager.served.model_names() == ["second"]

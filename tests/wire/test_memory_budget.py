@@ -103,7 +103,7 @@ class Transitions:
         self.manager.add_listener(self)
 
     def __call__(self, model: str, version: int, state: VersionState) -> None:
-        summary = self.manager.memory_summary()  # under the manager's lock
+        summary = self.manager.served.memory_summary()  # under the manager's lock
         if summary is not None and summary["charged_bytes"] > summary["budget_bytes"]:
             self.overdrawn.append(summary["charged_bytes"])
         with self.lock:

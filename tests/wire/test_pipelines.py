@@ -246,10 +246,10 @@ def test_a_pipeline_loaded_before_its_members_waits_for_them_instead_of_failing(
         for name in ("flow", "scaler", "dense", "namer"):
             manager.set_aspired_versions(name, {1: DiskVersion(str(paths[name] / "1"))})
         assert flow_loaded.wait(60)
-        wait_until(lambda: manager.version_state("namer", 1) == VersionState.AVAILABLE, what="namer")
-        assert manager.version_state("flow", 1) == VersionState.LOADING  # waiting for the scaler, loaded
+        wait_until(lambda: manager.served.version_state("namer", 1) == VersionState.AVAILABLE, what="namer")
+        assert manager.served.version_state("flow", 1) == VersionState.LOADING  # waiting for the scaler, loaded
         gate.set()
-        assert manager.wait_until_settled(60)
+        assert manager.served.wait_until_settled(60)
         assert [state for model, state in transitions if model == "flow"] == [
             VersionState.LOADING,
             VersionState.AVAILABLE,

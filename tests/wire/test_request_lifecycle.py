@@ -107,7 +107,7 @@ def start(serve: Callable[..., ServerThread], tmp_path: Path, **options: object)
 
 def version_one(server: ServerThread) -> Harness:
     """Version 1's harness, found as a request finds it (the hold taken to find it is given back at once)."""
-    handle = server.server.manager.handle("blocking", 1)
+    handle = server.server.manager.served.handle("blocking", 1)
     with handle as servable:
         assert servable.version == 1
     return handle.harness

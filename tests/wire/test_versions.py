@@ -296,7 +296,7 @@ def test_a_request_that_resolved_a_version_finishes_on_it_while_that_version_unl
         # and one that does not wait has already freed v2 under it. Either way, however fast the machine.
         wait_until(lambda: refuses_new_holders(v2), what="v2's unload to begin")
         # (Asked of the manager: the held request holds the REST frontend's loop too.)
-        assert {s.version: s.state.name for s in manager.version_status("m")} == {2: "UNLOADING", 1: "AVAILABLE"}
+        assert {s.version: s.state.name for s in manager.served.version_status("m")} == {2: "UNLOADING", 1: "AVAILABLE"}
     finally:
         proceed.set()
         client.join(30)
@@ -412,7 +412,7 @@ def test_requests_resolve_while_the_manager_holds_its_lock_and_see_a_version_lea
     versions: list[int] = []
 
     def request() -> None:
-        with manager.handle("m") as servable:
+        with manager.served.handle("m") as servable:
             versions.append(servable.version)
         resolved.set()
 
@@ -429,7 +429,7 @@ def test_the_canary_share_stays_exact_when_threads_resolve_at_once(serve, make_r
     base = make_repo("m", {1: "hp2_tf2", 2: "hp3_tf2"})
     server = serve_config(serve, tmp_path, ("m", base, "model_version_policy { all {} }"))
     manager = server.server.manager
-    manager.set_canary("m", 1, 0.25)  # v2 is the default (the latest); v1 takes a quarter
+    server.server.controlplane.set_canary("m", 1, 0.25)  # v2 is the default (the latest); v1 takes a quarter
     counts: collections.Counter[int] = collections.Counter()
     lock = threading.Lock()
     start = threading.Barrier(4)
@@ -438,7 +438,7 @@ def test_the_canary_share_stays_exact_when_threads_resolve_at_once(serve, make_r
         start.wait(30)
         seen = collections.Counter()
         for _ in range(250):
-            with manager.handle("m") as servable:
+            with manager.served.handle("m") as servable:
                 seen[servable.version] += 1
         with lock:
             counts.update(seen)

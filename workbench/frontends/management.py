@@ -37,12 +37,10 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from workbench.core import conditions
 from workbench.core.errors import Code, ServingError
 from workbench.frontends.auth import bearer_matches
 from workbench.frontends.rest import error_response, json_response
-from workbench.planes import shadowing
-from workbench.planes.controlplane import ControlPlane
+from workbench.planes.controlplane import CONDITION_HELP, ControlPlane
 from workbench.planes.dataplane import Dataplane
 from workbench.protocol.json_tensor import dumps
 
@@ -104,7 +102,7 @@ def management_routes(dataplane: Dataplane, controlplane: ControlPlane, token: s
         try:
             if token and not bearer_matches(request.headers.get("authorization", ""), token):
                 raise ServingError(Code.UNAUTHENTICATED, "This server's management API needs its bearer token")
-            name, action = await _parse_action(request, request.path_params["target"], controlplane, dataplane)
+            name, action = await _parse_action(request, request.path_params["target"], controlplane)
             # A promotion or canary may wait for a version to load: never on the event loop.
             await asyncio.get_running_loop().run_in_executor(None, action)
             return json_response(dumps(dataplane.describe(name)[0]))
@@ -142,39 +140,12 @@ def _int_field(doc: dict[str, Any], key: str) -> int:
     return value
 
 
-def _check_earned(dataplane: Dataplane, name: str, version: int, condition: object) -> None:
-    """A promotion with ``"if"``: refused, with the figures, unless version's shadow record meets the condition."""
-    if not isinstance(condition, str) or not condition.strip():
-        raise ServingError(Code.INVALID_ARGUMENT, '"if" is a condition, e.g. "agreement >= 0.99 and p99_ms <= 20"')
-    shadows = dataplane.stats_snapshot().get("shadow")
-    record = shadows.get(name) if isinstance(shadows, dict) else None
-    if not isinstance(record, dict) or record.get("version") != version:
-        raise ServingError(
-            Code.FAILED_PRECONDITION,
-            f"Version {version} of model {name} has no shadow record to check {condition!r} against: shadow it "
-            "first (:shadow), and let it see traffic",
-        )
-    figures = shadowing.figures(record)
-    try:
-        earned = conditions.check(condition, figures)
-    except conditions.ConditionError as exc:
-        raise ServingError(Code.INVALID_ARGUMENT, str(exc)) from None
-    if not earned:
-        shown = ", ".join(f"{key} {value}" for key, value in figures.items() if value is not None)
-        raise ServingError(
-            Code.FAILED_PRECONDITION,
-            f"Not promoted: version {version} of model {name} does not meet {condition!r} as its shadow ({shown})",
-        )
-
-
 def _generation(doc: dict[str, Any]) -> int | None:
     """The optional ``"generation"`` a change expects the model's routing to be at."""
     return _int_field(doc, "generation") if doc.get("generation") is not None else None
 
 
-async def _parse_action(
-    request: Request, target: str, control: ControlPlane, dataplane: Dataplane
-) -> tuple[str, Callable[[], object]]:
+async def _parse_action(request: Request, target: str, control: ControlPlane) -> tuple[str, Callable[[], object]]:
     """The model a POST changes, and the change itself, ready to run."""
     if match := _MODEL_ACTION.fullmatch(target):
         name, verb = match.groups()
@@ -182,9 +153,10 @@ async def _parse_action(
         generation = _generation(doc)
         if verb == "promote":
             version = _int_field(doc, "version")
-            if doc.get("if") is not None:
-                _check_earned(dataplane, name, version, doc["if"])
-            return name, functools.partial(control.promote, name, version, generation=generation)
+            condition = doc.get("if")
+            if condition is not None and not isinstance(condition, str):
+                raise ServingError(Code.INVALID_ARGUMENT, CONDITION_HELP)
+            return name, functools.partial(control.promote, name, version, generation=generation, only_if=condition)
         if verb == "rollback":
             return name, functools.partial(control.rollback, name, generation=generation)
         if verb == "batching":

@@ -9,15 +9,17 @@ serve: it waits, loaded, while they load, and a version that failed for lack of 
 (:mod:`~workbench.models.composites`).
 
 All state sits behind one lock, held only for bookkeeping: loads, unloads, reading and writing the routing state,
-and building JSON views all run off it. The records it guards are :mod:`~workbench.models.records`, held with the lock
-by :class:`~workbench.models.served.ServedModels`, the manager's base, which answers the queries on them (status,
-views, resolution); the manager is their one writer. Requests never
-take it: each model's :class:`~workbench.models.routes.Route` (its serving versions, labels and routing) is an
-immutable snapshot, replaced under the lock whenever one of those changes and read without it. A management change
-(promote, rollback, canary, load, unload) is a compare-and-write of the model's stored routing (``routing_state``),
-so replicas sharing a repository agree: :class:`~workbench.models.routing.changes.RoutingChanges` makes it through
-the public methods here (the server's control plane, :mod:`workbench.planes.controlplane`, holds one), and the
-manager only keeps the versions it needs loaded.
+and building JSON views all run off it. The manager owns that state (:class:`~workbench.models.served.ServedState`:
+the records of :mod:`~workbench.models.records` and the lock) and the parts that work on it: ``served``
+(:class:`~workbench.models.served.ServedModels`, the queries: status, views, resolution) and ``budgeted_loads``
+(:class:`~workbench.models.budgeted_loads.BudgetedLoads`, the memory budget's part, handed the transitions below as
+callbacks); the manager is the one writer. Requests never take the lock: each model's
+:class:`~workbench.models.routes.Route` (its serving versions, labels and routing) is an immutable snapshot, replaced
+under the lock whenever one of those changes and read without it. A management change (promote, rollback, canary,
+load, unload) is a compare-and-write of the model's stored routing (``routing_state``), so replicas sharing a
+repository agree: :class:`~workbench.models.routing.changes.RoutingChanges` makes it through the public methods here
+(the server's control plane, :mod:`workbench.planes.controlplane`, holds the one instance), and the manager only
+keeps the versions it needs loaded.
 
 Why a module of this size: it is the one writer of the served models, and every transition (load, publish,
 unload, retry, a late load of a removed model) is read here together with the lock it holds; the reads, records,
@@ -38,13 +40,12 @@ from workbench.config.options import ModelConfig
 from workbench.core.errors import Code, ServingError, from_exception
 from workbench.core.servable import Composite, Loader, Servable
 from workbench.models import composites
+from workbench.models.budgeted_loads import BudgetedLoads, Transitions
 from workbench.models.harness import Harness
-from workbench.models.on_demand import OnDemandLoads
 from workbench.models.records import DiskVersion, ModelRecord, VersionRecord, VersionState, VersionStatus
 from workbench.models.residency import Residency
 from workbench.models.routes import ServableHandle, check_labels, route_of
 from workbench.models.routing import policy as decisions
-from workbench.models.routing.changes import RoutingChanges
 from workbench.models.routing.policy import Routing
 from workbench.models.routing.reading import RoutingReader
 from workbench.models.routing.store import (
@@ -52,6 +53,7 @@ from workbench.models.routing.store import (
     StoredRouting,
     routing_store_for,
 )
+from workbench.models.served import ServedModels, ServedState
 
 # Importers name these here: the manager's vocabulary, kept in its records and routes modules.
 __all__ = ["DiskVersion", "Manager", "ServableHandle", "VersionState", "VersionStatus"]
@@ -63,9 +65,10 @@ StateListener = Callable[[str, int, "VersionState"], None]
 RoutingStores = Callable[[str], RoutingStateStore]
 
 
-class Manager(OnDemandLoads):
-    """The models' versions, loaded and routed: the writer of the records
-    :class:`~workbench.models.served.ServedModels` reads (its memory budget's part: :class:`OnDemandLoads`)."""
+class Manager:
+    """The models' versions, loaded and routed: the one writer of the state it owns. Its parts: :attr:`served`, the
+    reads of that state (status, views, resolution), and :attr:`budgeted_loads`, the memory budget's part (which
+    version loads now, requests' claims, evictions)."""
 
     def __init__(
         self,
@@ -82,7 +85,17 @@ class Manager(OnDemandLoads):
         while its store holds none (an older workbench's state file, migrated on the first change); ``memory``: the
         memory budget, loading on demand, unloading idle versions and pins (see :mod:`workbench.models.residency`)."""
         places_on_gpu = getattr(loader, "places_on_gpu", None)  # a plain function loads nothing onto a GPU
-        super().__init__(Residency(memory or MemoryOptions(), on_gpu=places_on_gpu or (lambda path, platform: False)))
+        on_gpu = places_on_gpu or (lambda path, platform: False)
+        state = ServedState(Residency(memory or MemoryOptions(), on_gpu=on_gpu))
+        # The state's parts, held here as they never change (only what they hold does).
+        self._memory = state.memory
+        self._lock = state.lock
+        self._settled = state.settled
+        self._models = state.models
+        self._routes = state.routes
+        self._first_loads = state.first_loads
+        self._live_model = state.live_model
+        self.served = ServedModels(state)
         self._loader = loader
         self._routing_stores = routing_stores
         self._routing_reader = RoutingReader(initial_routing)
@@ -92,8 +105,17 @@ class Manager(OnDemandLoads):
         self._closed = False
         self._listeners: list[StateListener] = []
         self._change_locks: dict[str, threading.Lock] = {}  # routing changes: one change of a model at a time
-        self._changes = RoutingChanges(self)  # for callers holding a manager alone (tests, in-process use)
-        self._start_memory_watch()
+        self.budgeted_loads = BudgetedLoads(
+            state,
+            Transitions(
+                reconcile=self._reconcile,
+                set_state=self._set_state,
+                start_load=lambda model, record: self._executor.submit(self._load, model, record),
+                start_unload=lambda model, record: self._executor.submit(self._unload, model, record),
+                submit=self._executor.submit,
+            ),
+        )
+        self.budgeted_loads.start_idle_watch()
 
     # ----------------------------------------------------------------------------------------- config
     def set_models(self, configs: Iterable[ModelConfig]) -> None:
@@ -242,7 +264,7 @@ class Manager(OnDemandLoads):
                 )
             )
             if self._memory.active:  # versions load when asked for, and within the memory budget
-                self._load_within_budget(model, version, disk, record, bool(retry))
+                self.budgeted_loads.load_within_budget(model, version, disk, record, bool(retry))
                 continue
             if record is None or retry:
                 if record is not None and record.error is not None and record.fingerprint != disk.fingerprint:
@@ -262,7 +284,7 @@ class Manager(OnDemandLoads):
         may_unload = aspired_available or not (pending or failed)
         for record in list(model.versions.values()):
             if record.state == VersionState.START and record.version not in model.aspired:
-                self._stop_waiting(model, record)  # waiting for memory, and not wanted any more
+                self.budgeted_loads.stop_waiting(model, record)  # waiting for memory, and not wanted any more
             if record.version in model.aspired or record.state != VersionState.AVAILABLE:
                 continue
             if may_unload:
@@ -270,7 +292,7 @@ class Manager(OnDemandLoads):
                 self._executor.submit(self._unload, model, record)
         self._wake_parked()
         self._settle_first_load(model)
-        self._wake_claims()
+        self.budgeted_loads.wake_claims()
         self._settled.notify_all()
 
     def _load(self, model: ModelRecord, record: VersionRecord) -> None:
@@ -299,7 +321,7 @@ class Manager(OnDemandLoads):
             with self._lock:
                 missing = composites.unserved(self._models, servable.members())
                 if self._memory.active:  # members not loaded now load when the composite's requests ask for them
-                    missing = frozenset(m for m in missing if not self.serves_on_demand(m))
+                    missing = frozenset(m for m in missing if not self.served.serves_on_demand(m))
                 if missing and any(composites.coming(self._models, m) for m in missing):
                     record.parked, record.awaiting = servable, missing  # _wake_parked admits it again
                     return
@@ -330,7 +352,7 @@ class Manager(OnDemandLoads):
         discard = None
         with self._lock:
             if self._memory.active:
-                error = self._charge_load(model, record, harness, error)
+                error = self.budgeted_loads.charge_load(model, record, harness, error)
                 if error is not None and harness is not None:
                     discard, harness = harness, None
             if error is not None:
@@ -346,15 +368,15 @@ class Manager(OnDemandLoads):
             else:
                 record.harness = harness
                 if self._memory.active and harness is not None:
-                    harness.on_idle = self._memory_freed
+                    harness.on_idle = self.budgeted_loads.memory_freed
                 self._set_state(model, record, VersionState.AVAILABLE)
                 for waiting in composites.waiting_for(self._models, model.config.name):
                     self._reconcile(waiting)
                 if self._memory.active:  # measured larger than its estimate: others make room
-                    self._restore_budget(f"{model.config.name}:{record.version} took more than estimated")
+                    self.budgeted_loads.restore_budget(f"{model.config.name}:{record.version} took more than estimated")
             self._reconcile(model)
             if self._memory.active:
-                self._admit_waiting()
+                self.budgeted_loads.admit_waiting()
         if discard is not None:
             discard.unload()
 
@@ -380,12 +402,12 @@ class Manager(OnDemandLoads):
             self._set_state(model, record, VersionState.END)
             log.info("Unloaded %s version %d", model.config.name, record.version)
             if self._memory.active:  # its memory is free: the versions waiting for some go first
-                self._left(model.config.name, record.version)
+                self.budgeted_loads.left(model.config.name, record.version)
             if not self._forget_if_gone(model) and not model.removed:
                 # Aspired again while it was unloading (a load right after an unload): load it anew. Done under
                 # the same lock as END, so a waiter never mistakes this unload's END for a failed load.
                 self._reconcile(model)
-            self._wake_claims()
+            self.budgeted_loads.wake_claims()
             self._settled.notify_all()
 
     def _set_state(self, model: ModelRecord, record: VersionRecord, state: VersionState) -> None:
@@ -483,34 +505,10 @@ class Manager(OnDemandLoads):
                 if not model.removed:
                     self._update_aspired(model)
 
-    # --------------------------------------- the routing changes themselves, for callers that hold a manager alone
-    def promote(self, name: str, version: int, timeout: float = 300.0, generation: int | None = None) -> None:
-        """:meth:`RoutingChanges.promote <workbench.models.routing.changes.RoutingChanges.promote>`."""
-        self._changes.promote(name, version, timeout, generation)
-
-    def rollback(self, name: str, generation: int | None = None) -> int:
-        return self._changes.rollback(name, generation)
-
-    def set_canary(
-        self, name: str, version: int, weight: float, timeout: float = 300.0, generation: int | None = None
-    ) -> None:
-        self._changes.set_canary(name, version, weight, timeout, generation)
-
-    def set_shadow(
-        self, name: str, version: int, fraction: float, timeout: float = 300.0, generation: int | None = None
-    ) -> None:
-        self._changes.set_shadow(name, version, fraction, timeout, generation)
-
-    def load_version(self, name: str, version: int, timeout: float = 300.0, generation: int | None = None) -> None:
-        self._changes.load_version(name, version, timeout, generation)
-
-    def unload_version(self, name: str, version: int, generation: int | None = None, *, keep_last: bool = True) -> None:
-        self._changes.unload_version(name, version, generation, keep_last=keep_last)
-
     def stop(self) -> None:
-        self._idle_watch.set()
         with self._lock:
             self._closed = True
+            self.budgeted_loads.stop()
             harnesses = [r.harness for m in self._models.values() for r in m.versions.values() if r.harness is not None]
             parked = [r.parked for m in self._models.values() for r in m.versions.values() if r.parked is not None]
         self._executor.shutdown(wait=True, cancel_futures=True)

@@ -1,7 +1,7 @@
 """Whether a server should get traffic: the answer behind ``GET /readyz`` and the gRPC health service.
 
 A server is ready once start-up has loaded its models, while every configured model has at least one AVAILABLE
-version, and until it starts draining. Reading it takes the manager's lock for a moment per model and runs no
+version, and until it starts draining. Reading it takes the models' lock for a moment per model and runs no
 model, so probes stay cheap however busy the server is.
 """
 
@@ -11,7 +11,8 @@ import dataclasses
 import enum
 
 from workbench.core.errors import ServingError
-from workbench.models.manager import Manager, VersionState, VersionStatus
+from workbench.models.records import VersionState, VersionStatus
+from workbench.models.served import ServedModels
 
 
 class Phase(enum.IntEnum):
@@ -36,8 +37,8 @@ class Readiness:
 class ServerReadiness:
     """A server's phase, and its readiness computed from the phase and the models' states when asked."""
 
-    def __init__(self, manager: Manager) -> None:
-        self._manager = manager
+    def __init__(self, models: ServedModels) -> None:
+        self._models = models
         self.phase = Phase.STARTING
 
     def enter(self, phase: Phase) -> None:
@@ -48,7 +49,7 @@ class ServerReadiness:
             return Readiness(False, "starting", "loading models at start-up")
         if self.phase == Phase.DRAINING:
             return Readiness(False, "draining", "shutting down: finishing accepted requests, taking no new ones")
-        problems = [problem for name in self._manager.model_names() if (problem := self._unavailable(name))]
+        problems = [problem for name in self._models.model_names() if (problem := self._unavailable(name))]
         if problems:
             return Readiness(False, "unavailable", "; ".join(problems))
         return Readiness(True, "ready")
@@ -57,10 +58,10 @@ class ServerReadiness:
         """Why model ``name`` cannot answer requests; "" when one of its versions is AVAILABLE, or loads when asked
         for (--load_on_demand, --memory_budget), or when it was emptied on request (TorchServe's unregister, Triton's
         unload): a model removed on purpose is no reason to take the server out of traffic."""
-        if self._manager.serves_on_demand(name) or self._manager.emptied(name):
+        if self._models.serves_on_demand(name) or self._models.emptied(name):
             return ""
         try:
-            versions = self._manager.version_status(name)
+            versions = self._models.version_status(name)
         except ServingError:  # no version found yet (or the model went away meanwhile)
             return f"model {name} has no version yet"
         if any(v.state == VersionState.AVAILABLE for v in versions):

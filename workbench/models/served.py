@@ -1,9 +1,9 @@
 """The models a manager serves, as records under one lock, and every question those records answer.
 
-:class:`ServedModels` owns the state (the lock, the model records, the routes requests resolve against, the first
-loads under way) and only reads it; :class:`~workbench.models.manager.Manager`, its subclass, is the one writer: it
-configures models, loads and unloads their versions and routes them. The split keeps the lifecycle in one file and
-the status, views and resolution in another, with the state defined once, here.
+:class:`ServedState` is the state itself (the lock, the model records, the routes requests resolve against, the first
+loads under way, the memory ledger); :class:`ServedModels` reads it and answers the queries (status, views,
+resolution). The :class:`~workbench.models.manager.Manager` owns the state and a :class:`ServedModels` over it, and
+is its one writer, with :class:`~workbench.models.budgeted_loads.BudgetedLoads` for the memory budget's part.
 """
 
 from __future__ import annotations
@@ -26,23 +26,38 @@ from workbench.models.routing.store import RoutingStateStore
 from workbench.models.views import ModelSnapshot, describe_model, snapshot_of
 
 
-class ServedModels:
-    """The models' records and routes, and the queries on them (status, views, resolution); read-only."""
+class ServedState:
+    """What the parts of the manager share: the records and routes under one lock (written only by the manager)."""
 
     def __init__(self, memory: Residency | None = None) -> None:
-        """``memory``: the ledger of the memory budget (its writer, the manager, gives it; none: no budget)."""
-        self._memory = memory or Residency(MemoryOptions())
-        self._lock = threading.RLock()
-        self._settled = threading.Condition(self._lock)  # notified whenever a version's state may have settled
-        self._models: dict[str, ModelRecord] = {}
-        self._routes: dict[str, Route] = {}  # by model name; replaced (never changed) under the lock
-        self._first_loads = FirstLoads()  # see :meth:`when_first_loaded`
+        """``memory``: the ledger of the memory budget (none: no budget)."""
+        self.memory = memory or Residency(MemoryOptions())
+        self.lock = threading.RLock()
+        self.settled = threading.Condition(self.lock)  # notified whenever a version's state may have settled
+        self.models: dict[str, ModelRecord] = {}  # changed in place, never replaced: the parts hold it
+        self.routes: dict[str, Route] = {}  # by model name; each route replaced (never changed) under the lock
+        self.first_loads = FirstLoads()  # see :meth:`ServedModels.when_first_loaded`
 
-    def _live_model(self, name: str) -> ModelRecord:
-        model = self._models.get(name)
+    def live_model(self, name: str) -> ModelRecord:
+        """``name``'s record, NOT_FOUND unless it is configured (lock held)."""
+        model = self.models.get(name)
         if model is None or model.removed:
             raise ServingError(Code.NOT_FOUND, f"Model {name} is not in the server's config")
         return model
+
+
+class ServedModels:
+    """The models' records and routes, and the queries on them (status, views, resolution); read-only."""
+
+    def __init__(self, state: ServedState) -> None:
+        # The state's parts, held here as they never change (only what they hold does).
+        self._memory = state.memory
+        self._lock = state.lock
+        self._settled = state.settled
+        self._models = state.models
+        self._routes = state.routes
+        self._first_loads = state.first_loads
+        self._live_model = state.live_model
 
     def configs(self) -> list[ModelConfig]:
         with self._lock:

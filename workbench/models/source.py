@@ -226,7 +226,7 @@ class RepositorySource:
     ) -> None:
         self._manager = manager
         self._poll_wait = poll_wait_seconds
-        self._models = models or manager.configs
+        self._models = models or manager.served.configs
         # A model repository root: models appear and disappear with their folders.
         self._discover = discover
         # Told the models after every scan: files beside a model (logging_config.txt) are polled with it.

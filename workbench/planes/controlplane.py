@@ -7,8 +7,9 @@ server serves, the frontends get this object for everything that changes it:
   watcher, gRPC's ``HandleReloadConfigRequest``, a Triton load or unload); :meth:`ControlPlane.rescan` re-reads the
   repository now;
 - the routing of a model's versions (the management API, the v2 repository API's version loads and unloads):
-  promote, rollback, canary, load (pin) and unload, each a compare-and-write of the routing stored beside the model
-  (:class:`~workbench.models.routing.changes.RoutingChanges`);
+  promote, rollback, canary, shadow, load (pin) and unload, each a compare-and-write of the routing stored beside
+  the model (:class:`~workbench.models.routing.changes.RoutingChanges`, the one path every routing change takes),
+  and the rule of a promotion that must be earned (``only_if``: its shadow record meets a condition);
 - Triton's model control (``--model_control_mode``): loading and unloading whole models of the repository.
 
 It owns the repository source (which polls the repository for the manager) and each model's batching parameters,
@@ -33,16 +34,21 @@ from workbench.config.batching_parameters import (
 )
 from workbench.config.model_control import ControlMode, ModelControl, Overrides
 from workbench.config.options import ModelConfig, ServerOptions, discover_models
+from workbench.core import conditions
 from workbench.core.errors import Code, ServingError
 from workbench.models.configs import initial_models
 from workbench.models.manager import Manager, VersionState
 from workbench.models.routing.changes import RoutingChanges
 from workbench.models.source import RepositorySource
 from workbench.observability.request_logger import RequestLogger
+from workbench.planes import shadowing
 from workbench.planes.response_cache import ResponseCache
 from workbench.protocol.v2_models import RepositoryRow
 
 log = logging.getLogger(__name__)
+
+# What a promotion's condition looks like, for a request whose condition is none.
+CONDITION_HELP = '"if" is a condition, e.g. "agreement >= 0.99 and p99_ms <= 20"'
 
 
 class ControlPlane:
@@ -56,14 +62,18 @@ class ControlPlane:
         request_log: RequestLogger,
         cache: ResponseCache | None = None,
         on_models_changed: Callable[[], None] = lambda: None,
+        shadow_records: Callable[[], object] = lambda: None,
     ) -> None:
         """``on_models_changed``: called after a model config was applied (a model may have come or gone without
-        any version changing state)."""
+        any version changing state); ``shadow_records``: each shadowed model's comparison with its primary, by model
+        (the whole server's, as its statistics show them), which a promotion's condition is checked against."""
         self._manager = manager
+        self._shadow_records = shadow_records
+        self._models = manager.served
         self._request_log = request_log
         self._cache = cache
         self._on_models_changed = on_models_changed
-        self._routing = RoutingChanges(manager)
+        self._routing = RoutingChanges(manager, manager.served)
         self._default_batching = options.batching_parameters()
         self._batching: dict[str, BatchingParameters | None] = {}
         self._apply_lock = threading.Lock()
@@ -91,7 +101,7 @@ class ControlPlane:
         """Batch ``name``'s requests with these parameters from now on (TF Serving's text format; None: back to
         what its config says without a file of its own), written as the model's ``batching_parameters.txt`` so that
         a restart, and every worker at its next config reload, finds them. Its base path must be local."""
-        config = next((m for m in self._manager.configs() if m.name == name), None)
+        config = next((m for m in self._models.configs() if m.name == name), None)
         if config is None:
             raise ServingError(Code.NOT_FOUND, f"No model {name} is configured")
         if "://" in config.base_path:
@@ -145,7 +155,7 @@ class ControlPlane:
             self._manager.set_models(models)
             self._request_log.configure(models)
             self.source.poll_once()
-            self._manager.wait_until_settled(wait_timeout)
+            self._models.wait_until_settled(wait_timeout)
             self._manager.set_labels({m.name: m.labels for m in models})
         self._on_models_changed()
 
@@ -166,7 +176,7 @@ class ControlPlane:
     def rescan(self, timeout: float | None = 300.0) -> None:
         """Re-read every model's folder now and wait until the versions it finds have loaded (or failed)."""
         self.source.poll_once()
-        self._manager.wait_until_settled(timeout)
+        self._models.wait_until_settled(timeout)
 
     def start_polling(self) -> None:
         self.source.start_polling()
@@ -179,10 +189,48 @@ class ControlPlane:
         self.model_control.close()
 
     # ------------------------------------------------------------------------------ routing changes
-    def promote(self, name: str, version: int, timeout: float = 300.0, generation: int | None = None) -> None:
+    def promote(
+        self,
+        name: str,
+        version: int,
+        timeout: float = 300.0,
+        generation: int | None = None,
+        *,
+        only_if: str | None = None,
+    ) -> None:
         """See :meth:`RoutingChanges.promote <workbench.models.routing.changes.RoutingChanges.promote>`; each change
-        takes the ``generation`` of the routing the caller saw, and is refused (ABORTED) if it moved on since."""
+        takes the ``generation`` of the routing the caller saw, and is refused (ABORTED) if it moved on since.
+
+        ``only_if``: a condition on the version's shadow record (``"agreement >= 0.99 and p99_ms <= 20"``,
+        :mod:`workbench.core.conditions`); the promotion is refused (FAILED_PRECONDITION, with the record's figures)
+        unless the record meets it."""
+        if only_if is not None:
+            self._check_earned(name, version, only_if)
         self._routing.promote(name, version, timeout, generation)
+
+    def _check_earned(self, name: str, version: int, condition: str) -> None:
+        """Refuse a promotion, with the figures, unless ``version``'s shadow record meets ``condition``."""
+        if not condition.strip():
+            raise ServingError(Code.INVALID_ARGUMENT, CONDITION_HELP)
+        records = self._shadow_records()
+        record = records.get(name) if isinstance(records, dict) else None
+        if not isinstance(record, dict) or record.get("version") != version:
+            raise ServingError(
+                Code.FAILED_PRECONDITION,
+                f"Version {version} of model {name} has no shadow record to check {condition!r} against: shadow it "
+                "first (:shadow), and let it see traffic",
+            )
+        figures = shadowing.figures(record)
+        try:
+            earned = conditions.check(condition, figures)
+        except conditions.ConditionError as exc:
+            raise ServingError(Code.INVALID_ARGUMENT, str(exc)) from None
+        if not earned:
+            shown = ", ".join(f"{key} {value}" for key, value in figures.items() if value is not None)
+            raise ServingError(
+                Code.FAILED_PRECONDITION,
+                f"Not promoted: version {version} of model {name} does not meet {condition!r} as its shadow ({shown})",
+            )
 
     def rollback(self, name: str, generation: int | None = None) -> int:
         return self._routing.rollback(name, generation)
@@ -235,7 +283,7 @@ class ControlPlane:
         self.rescan()
         if self._serving(model):
             return
-        statuses = self._manager.version_status(model)
+        statuses = self._models.version_status(model)
         reasons = "; ".join(f"version {s.version}: {s.error.message}" for s in statuses if s.error is not None)
         raise ServingError(
             Code.UNAVAILABLE, f"Model {model} has no version that serves" + (f" ({reasons})" if reasons else "")
@@ -250,9 +298,9 @@ class ControlPlane:
         control = self.model_control
         control.refuse_unless_explicit()
         if control.explicit and version is None:
-            if not self._manager.knows(model):
+            if not self._models.knows(model):
                 raise ServingError(Code.NOT_FOUND, f"failed to unload '{model}': it is not loaded")
-            control.unload({model, *(self._manager.dependents(model) if unload_dependents else ())})
+            control.unload({model, *(self._models.dependents(model) if unload_dependents else ())})
             return
         self._known(model)
         if version is None:
@@ -271,26 +319,26 @@ class ControlPlane:
             return []
         unloaded = set(control.unloaded())
         rows = []
-        for name in control.not_loaded(self._manager.model_names()):
+        for name in control.not_loaded(self._models.model_names()):
             state, reason = ("END", "unloaded") if name in unloaded else ("", "")
             rows.append(RepositoryRow(name, None, state, reason))
         return rows
 
     def _known(self, model: str) -> None:
-        if model not in self._manager.model_names():
+        if model not in self._models.model_names():
             raise ServingError(
                 Code.NOT_FOUND,
                 f"Unknown model: {model}. workbench loads the models of its model config or model repository",
             )
 
     def _serving(self, model: str) -> bool:
-        return any(s.state == VersionState.AVAILABLE for s in self._manager.version_status(model))
+        return any(s.state == VersionState.AVAILABLE for s in self._models.version_status(model))
 
     def _loaded(self, model: str) -> None:
         """After an explicit load: Triton's "failed to load" with each version's reason, unless a version serves."""
         if self._serving(model):  # (NOT_FOUND when the model has no version at all)
             return
-        statuses = self._manager.version_status(model) if self._manager.knows(model) else []
+        statuses = self._models.version_status(model) if self._models.knows(model) else []
         versions = ",".join(str(s.version) for s in sorted(statuses, key=lambda s: s.version)) or "none found"
         reasons = "; ".join(f"version {s.version}: {s.error.message}" for s in statuses if s.error is not None)
         message = f"failed to load '{model}', versions that are not available: {versions}"

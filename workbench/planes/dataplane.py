@@ -87,9 +87,10 @@ class Dataplane:
     ) -> None:
         """``first_load_wait``: how long a request for a model whose first load is under way waits for it
         (--wait_for_model_load_seconds; 0: not at all); ``status``: the server's own views."""
-        self._manager = manager
+        self._models = manager.served  # what requests resolve against, and every question on the models
+        self._budgeted_loads = manager.budgeted_loads  # versions that load when a request asks for them
         self._status = status or _alone()
-        self._first_load_waits = FirstLoadWaits(manager, first_load_wait)
+        self._first_load_waits = FirstLoadWaits(manager.served, first_load_wait)
         self.cache = cache  # Triton's response cache, for the models that opt in (None: none do)
         # Stateful models: a sequence batcher per version, and the version each sequence started on.
         self._sequences = Sequences(executor)
@@ -104,7 +105,7 @@ class Dataplane:
         # Copies of default traffic to a shadow version. A copy holds an inference thread for as long as the shadow
         # takes: copies never run more than half of them at once, so the clients' own calls always find one.
         threads = executor.threads if isinstance(executor, InferenceThreads) else 2 * DEFAULT_MAX_PENDING
-        self.shadows = ShadowTraffic(self, manager.shadow_of, max_running=max(1, threads // 2))
+        self.shadows = ShadowTraffic(self, manager.served.shadow_of, max_running=max(1, threads // 2))
 
     @property
     def first_load_wait(self) -> float:
@@ -127,13 +128,13 @@ class Dataplane:
     async def admit(self, spec: ModelSpec, api: str, protocol: str, timeout: float | None = None) -> RequestInFlight:
         """:meth:`request`, once the model's first load is over (see :meth:`loaded`); what waits longer than
         ``timeout`` seconds is answered DEADLINE_EXCEEDED and counted as refused."""
-        if self._manager.loading_first(spec.name) or self._version_loading_first(spec) is not None:
+        if self._models.loading_first(spec.name) or self._version_loading_first(spec) is not None:
             try:
                 await self._first_loads(spec.name, spec, timeout)
             except ServingError as exc:
                 self.refused(spec.name, api, protocol, exc)
                 raise
-        if self._manager.on_demand:  # versions leave memory: one not there now loads for the request, which waits
+        if self._budgeted_loads.on_demand:  # versions leave memory: one not there now loads for the request (it waits)
             try:
                 harness = await self.hold(spec, timeout)
             except ServingError as exc:
@@ -165,12 +166,12 @@ class Dataplane:
         <workbench.models.served.ServedModels.version_loading_first>`); a request naming none never waits for one."""
         if spec.version is None and spec.label is None:
             return None
-        return self._manager.version_loading_first(spec.name, spec.version, spec.label)
+        return self._models.version_loading_first(spec.name, spec.version, spec.label)
 
     async def _first_loads(self, name: str, spec: ModelSpec | None, timeout: float | None) -> None:
         """Wait for ``name``'s first load, then for the version ``spec`` names if that one's is not over, the two
         within ``timeout`` together."""
-        if self._manager.loading_first(name):
+        if self._models.loading_first(name):
             loop = asyncio.get_running_loop()
             started = loop.time()
             await self._first_load_waits.wait(name, timeout)
@@ -184,9 +185,9 @@ class Dataplane:
         """With versions loaded on demand: the version ``spec`` names, loaded for the caller if it must be (waiting
         within ``timeout`` and --wait_for_model_load_seconds) and acquired; None without, or when ``spec`` names
         nothing that could load (resolution answers then)."""
-        if not self._manager.on_demand:
+        if not self._budgeted_loads.on_demand:
             return None
-        return await hold_on_demand(self._manager, spec, timeout, self.first_load_wait)
+        return await hold_on_demand(self._budgeted_loads, spec, timeout, self.first_load_wait)
 
     def refused(self, model: str, api: str, protocol: str, error: ServingError) -> None:
         """Count a request refused before it named a servable (a frontend could not read its model or version)."""
@@ -204,7 +205,7 @@ class Dataplane:
         """The harness of the servable ``spec`` names, already held for the caller (who releases it)."""
         if spec.version is not None and spec.label is not None:
             raise ServingError(Code.INVALID_ARGUMENT, "A request may name a version or a label, not both")
-        return self._manager.resolve(spec.name, spec.version, spec.label, spec.key)
+        return self._models.resolve(spec.name, spec.version, spec.label, spec.key)
 
     @staticmethod
     def rest_input_specs(
@@ -340,7 +341,7 @@ class Dataplane:
 
     def default_version(self, model: str) -> int | None:
         """Where ``model``'s requests naming no version go (before a canary's share)."""
-        return self._manager.default_version(model)
+        return self._models.default_version(model)
 
     def forget_version(self, model: str, version: int) -> None:
         """``version`` of ``model`` unloaded: its sequences end (from any thread)."""
@@ -434,34 +435,34 @@ class Dataplane:
     # ------------------------------------------------------------------------------------ queries
     def knows(self, name: str) -> bool:
         """Whether ``name`` is one of the server's models (lock-free: asked on every v2 request)."""
-        return self._manager.knows(name)
+        return self._models.knows(name)
 
     def model_names(self) -> list[str]:
-        return self._manager.model_names()
+        return self._models.model_names()
 
     def emptied(self, name: str) -> bool:
         """Whether ``name`` serves nothing because its last version was removed on request (TorchServe's
         unregister, Triton's unload): to those APIs the model is gone."""
-        return self._manager.emptied(name)
+        return self._models.emptied(name)
 
     def labels(self, name: str) -> dict[str, int]:
         """Every version label of ``name`` (the config's and the routing's)."""
-        return self._manager.labels(name)
+        return self._models.labels(name)
 
     def label_version(self, name: str, label: str) -> int:
-        return self._manager.label_version(name, label)
+        return self._models.label_version(name, label)
 
     def available_versions(self, name: str) -> list[int]:
         """``name``'s AVAILABLE versions, oldest first (NOT_FOUND when it has none at all)."""
-        return sorted(s.version for s in self._manager.version_status(name) if s.state == VersionState.AVAILABLE)
+        return sorted(s.version for s in self._models.version_status(name) if s.state == VersionState.AVAILABLE)
 
     def dependents(self, name: str) -> set[str]:
         """The models that run on ``name`` (its pipelines and handlers)."""
-        return self._manager.dependents(name)
+        return self._models.dependents(name)
 
     def describe(self, name: str | None = None) -> list[dict[str, Any]]:
         """Every model (or one) with its versions, states, labels, traffic shares and routing, JSON-ready."""
-        return self._manager.describe(name)
+        return self._models.describe(name)
 
     def readiness(self) -> Readiness:
         return self._status.readiness()
@@ -483,8 +484,8 @@ class Dataplane:
 
     def model_status(self, name: str, version: int | None = None, label: str | None = None) -> list[VersionStatus]:
         if label is not None:
-            version = self._manager.label_version(name, label)
-        return self._manager.version_status(name, version)
+            version = self._models.label_version(name, label)
+        return self._models.version_status(name, version)
 
     def max_batch_size(self, model: str) -> int:
         """The most rows one batch of ``model`` runs (its batching parameters'); 0 when batching is off for it."""
@@ -494,9 +495,9 @@ class Dataplane:
     def repository(self) -> list[RepositoryRow]:
         """Every version of every model the server knows, with its state and why it failed (if it did)."""
         rows = []
-        for name in self._manager.model_names():
+        for name in self._models.model_names():
             with contextlib.suppress(ServingError):  # a model with no versions (yet) has no rows
-                for status in self._manager.version_status(name):
+                for status in self._models.version_status(name):
                     reason = status.error.message if status.error is not None else ""
                     rows.append(RepositoryRow(name, status.version, status.state.name, reason))
         return sorted(rows, key=lambda row: (row.name, row.version))
@@ -509,7 +510,7 @@ class Dataplane:
         if model is None:
             versions = [(row.name, row.version) for row in self.repository() if row.version is not None]
         else:
-            versions = [(model, status.version) for status in self._manager.version_status(model, version)]
+            versions = [(model, status.version) for status in self._models.version_status(model, version)]
         # The whole server's with --num_workers (workbench.observability.whole_server), so any worker answers for
         # all of them.
         totals = MetricTotals(self.metrics.statistics_families())

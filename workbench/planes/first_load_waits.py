@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 
 from workbench.core.errors import Code, ServingError
-from workbench.models.manager import Manager
+from workbench.models.served import ServedModels
 
 # What a wait is for: a model's first load (version None), or one version's.
 _Key = tuple[str, int | None]
@@ -18,8 +18,8 @@ _Key = tuple[str, int | None]
 class FirstLoadWaits:
     """What waits for first loads, on the server's event loop."""
 
-    def __init__(self, manager: Manager, first_load_wait: float) -> None:
-        self._manager = manager
+    def __init__(self, models: ServedModels, first_load_wait: float) -> None:
+        self._models = models
         self.first_load_wait = first_load_wait  # seconds (0: do not wait)
         # Per model (or version) whose first load is under way: the future its waiting requests share (one manager
         # callback).
@@ -41,9 +41,9 @@ class FirstLoadWaits:
                     loop.call_soon_threadsafe(self._over, key, over)
 
             if version is None:
-                registered = self._manager.when_first_loaded(name, settled)
+                registered = self._models.when_first_loaded(name, settled)
             else:
-                registered = self._manager.when_version_loaded(name, version, settled)
+                registered = self._models.when_version_loaded(name, version, settled)
             if not registered:
                 self._over(key, over)
         bound = self.first_load_wait if timeout is None else min(timeout, self.first_load_wait)

@@ -1,11 +1,11 @@
 """Requests for a version that is not in memory (evicted, or never loaded under ``--load_on_demand``) wait for it.
 
-The request claims the version (:meth:`~workbench.models.manager.Manager.claim`): that loads it, evicting the least
-recently used idle versions if the memory budget must, and keeps it from eviction until the request holds it. The
-wait is bounded like a first load's (:mod:`workbench.planes.first_load_waits`): by the request's deadline
-(DEADLINE_EXCEEDED) and ``--wait_for_model_load_seconds`` (UNAVAILABLE). A version that cannot fit the budget is
-answered with its RESOURCE_EXHAUSTED error; any other load failure is left to resolution, which says NOT_FOUND with
-the load's error, as for a version that failed at start-up.
+The request claims the version (:meth:`~workbench.models.budgeted_loads.BudgetedLoads.claim`): that loads it,
+evicting the least recently used idle versions if the memory budget must, and keeps it from eviction until the
+request holds it. The wait is bounded like a first load's (:mod:`workbench.planes.first_load_waits`): by the
+request's deadline (DEADLINE_EXCEEDED) and ``--wait_for_model_load_seconds`` (UNAVAILABLE). A version that cannot
+fit the budget is answered with its RESOURCE_EXHAUSTED error; any other load failure is left to resolution, which
+says NOT_FOUND with the load's error, as for a version that failed at start-up.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import asyncio
 import contextlib
 
 from workbench.core.errors import Code, ServingError
+from workbench.models.budgeted_loads import BudgetedLoads
 from workbench.models.harness import Harness
-from workbench.models.manager import Manager
 from workbench.planes.calls import ModelSpec
 
 # A claimed version is never evicted, so one claim nearly always ends holding it; a few more cover a version dropped
@@ -23,17 +23,19 @@ from workbench.planes.calls import ModelSpec
 _CLAIMS = 3
 
 
-async def hold_on_demand(manager: Manager, spec: ModelSpec, timeout: float | None, wait_limit: float) -> Harness | None:
+async def hold_on_demand(
+    loads: BudgetedLoads, spec: ModelSpec, timeout: float | None, wait_limit: float
+) -> Harness | None:
     """The servable ``spec`` names, loaded if it must be and acquired for the request; None when ``spec`` names
     nothing that could load (resolution then answers, NOT_FOUND or INVALID_ARGUMENT)."""
-    harness = manager.resident(spec.name, spec.version, spec.label, spec.key)
+    harness = loads.resident(spec.name, spec.version, spec.label, spec.key)
     if harness is not None:
         return harness
     loop = asyncio.get_running_loop()
     bound = wait_limit if timeout is None else min(timeout, wait_limit)
     deadline = loop.time() + bound
     for _ in range(_CLAIMS):
-        claim = manager.claim(spec.name, spec.version, spec.label)
+        claim = loads.claim(spec.name, spec.version, spec.label)
         if claim is None:
             return None
         try:
@@ -43,19 +45,19 @@ async def hold_on_demand(manager: Manager, spec: ModelSpec, timeout: float | Non
                 with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits any more
                     loop.call_soon_threadsafe(_settle, settled)
 
-            if manager.when_claim_settled(claim, wake):
+            if loads.when_claim_settled(claim, wake):
                 try:
                     await asyncio.wait_for(settled, max(0.0, deadline - loop.time()))
                 except asyncio.TimeoutError:
                     raise _waited_too_long(spec.name, claim[1], timeout, wait_limit) from None
-            error = manager.claim_error(claim)
+            error = loads.claim_error(claim)
             if error is not None:
                 raise error
-            harness = manager.resident(spec.name, spec.version, spec.label, spec.key)
+            harness = loads.resident(spec.name, spec.version, spec.label, spec.key)
             if harness is not None:
                 return harness
         finally:
-            manager.release_claim(claim)
+            loads.release_claim(claim)
     return None
 
 

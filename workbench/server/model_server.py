@@ -131,7 +131,7 @@ class ModelServer:
             ),
         )
         self.manager.add_listener(self._on_state_change)
-        self.readiness = ServerReadiness(self.manager)
+        self.readiness = ServerReadiness(self.manager.served)
         # TF Serving's logging_config: sampled requests to TFRecord files, Parquet files or CloudEvents
         self.request_log = RequestLogger(parquet_flush_seconds=options.request_log_flush_seconds)
         self.metrics.registry.register(RequestLogCollector(self.request_log))
@@ -153,6 +153,8 @@ class ModelServer:
             request_log=self.request_log,
             cache=self.cache,
             on_models_changed=self._readiness_changed,
+            # A promotion's condition is checked against the shadow records the server's statistics show.
+            shadow_records=lambda: self.stats_snapshot().get("shadow"),
         )
         self.source = self.controlplane.source
         # With --num_workers: a sequence's requests go to the worker that holds it (its private socket).
@@ -180,8 +182,8 @@ class ModelServer:
         )
         self.metrics.report_queue_depths(self._queue_depths)
         self.metrics.report_traffic_shares(self._traffic_shares)
-        if self.manager.on_demand:  # the budget, each version's memory, loads and evictions
-            self.metrics.registry.register(MemoryMetrics(self.manager.memory_summary))
+        if self.manager.budgeted_loads.on_demand:  # the budget, each version's memory, loads and evictions
+            self.metrics.registry.register(MemoryMetrics(self.manager.served.memory_summary))
         self._stopped = asyncio.Event()  # set when the ports close: live stat streams end
         self.dataplane = Dataplane(
             self.manager,
@@ -253,7 +255,7 @@ class ModelServer:
             self.dataplane.forget_version(model, version)  # its sequences end
             if self.cache is not None:
                 self.cache.evict(model, version)  # its answers go with it
-        if state == VersionState.END and self.manager.version_state(model, version) in (None, VersionState.END):
+        if state == VersionState.END and self.manager.served.version_state(model, version) in (None, VersionState.END):
             self.model_cache.release(model, version)  # unloaded (or failed): its downloaded copy goes too
             self.drift.forget(model, version)  # and its drift window
         self._readiness_changed()
@@ -276,7 +278,7 @@ class ModelServer:
     def _traffic_shares(self) -> list[tuple[str, int, float]]:
         return [
             (model["name"], version["version"], version["traffic_share"])
-            for model in self.manager.describe()
+            for model in self.manager.served.describe()
             for version in model["versions"]
             if version["state"] == "AVAILABLE"
         ]
@@ -289,7 +291,7 @@ class ModelServer:
         if self.asynchronous.in_use:  # the dashboard shows the asynchronous queue beside the chart
             waiting, oldest = self.asynchronous.waiting()
             snapshot["async"] = {"waiting": waiting, "oldest_seconds": round(oldest, 3)}
-        memory = self.manager.memory_summary()
+        memory = self.manager.served.memory_summary()
         if memory is not None:  # the dashboard's memory panel: the budget, what each version holds, evictions
             snapshot["memory"] = memory
         shadows = self.dataplane.shadows.summaries()
@@ -317,7 +319,7 @@ class ModelServer:
             # How to reach the ports: https or http, and whether gRPC wants a TLS channel (secure_channel)
             "rest_scheme": "https" if self.options.rest_api_ssl_cert_file else "http",
             "grpc_tls": bool(self.options.ssl_config_file),
-            "models": self.manager.model_names(),
+            "models": self.manager.served.model_names(),
             "batching": self.controlplane.batching_models(),
             "request_log": self.request_log.describe(),
             # Only with --response_cache_bytes: its size, fill and models

@@ -5,8 +5,9 @@ read afresh from the store (refusing a caller's stale ``generation`` early), dec
 :mod:`~workbench.models.routing.policy`, keeps any version it gives a role loaded while the write is made, and routes by
 what was stored. A write racing another replica's is refused by the store, and this server then routes by the
 winner. :class:`RoutingChanges` *uses* the models' manager (:class:`~workbench.models.manager.Manager`, through the
-public methods :class:`RoutedModels` names), which owns the models and their loading: this module only decides and
-stores routing changes.
+public methods :class:`RoutedModels` names, and its reads, :class:`ModelQueries`), which owns the models and their
+loading: this module only decides and stores routing changes. The server's control plane
+(:mod:`workbench.planes.controlplane`) holds the one instance; every routing change goes through it.
 """
 
 from __future__ import annotations
@@ -23,17 +24,11 @@ from workbench.models.routing.store import RoutingConflict, RoutingStateStore, R
 
 
 class RoutedModels(Protocol):
-    """What a routing change needs of the manager (each raises NOT_FOUND for a model not in the config)."""
+    """What a routing change has the manager do (each raises NOT_FOUND for a model not in the config)."""
 
     def change_lock(self, name: str) -> threading.Lock:
         """The lock that lets one change of ``name`` run at a time in this process."""
         ...
-
-    def config_labels(self, name: str) -> dict[str, int]:
-        """The model config file's version labels of ``name``."""
-        ...
-
-    def routing_store(self, name: str) -> RoutingStateStore: ...
 
     def reread_routing(self, name: str) -> StoredRouting:
         """Read ``name``'s stored routing afresh, route by it, and return what it routes by now."""
@@ -43,21 +38,33 @@ class RoutedModels(Protocol):
         """Route ``name`` by ``stored``, read from or written to ``store`` (not if the model has another store now)."""
         ...
 
+    def hold_loaded(self, name: str, version: int, timeout: float) -> contextlib.AbstractContextManager[None]:
+        """Load ``version`` and keep it loaded for the ``with`` block (raises when it does not load)."""
+        ...
+
+
+class ModelQueries(Protocol):
+    """What a routing change reads of the served models (each raises NOT_FOUND for a model not in the config)."""
+
+    def config_labels(self, name: str) -> dict[str, int]:
+        """The model config file's version labels of ``name``."""
+        ...
+
+    def routing_store(self, name: str) -> RoutingStateStore: ...
+
     def available_versions(self, name: str) -> set[int]: ...
 
     def has_version(self, name: str, version: int) -> bool:
         """Whether ``version`` of ``name`` is known (loaded once, or on disk)."""
         ...
 
-    def hold_loaded(self, name: str, version: int, timeout: float) -> contextlib.AbstractContextManager[None]:
-        """Load ``version`` and keep it loaded for the ``with`` block (raises when it does not load)."""
-        ...
-
 
 class RoutingChanges:
-    """The management operations on the routing of a :class:`RoutedModels` (the manager)."""
+    """The management operations on the routing of the models a :class:`RoutedModels` (the manager) loads."""
 
-    def __init__(self, models: RoutedModels) -> None:
+    def __init__(self, manager: RoutedModels, models: ModelQueries) -> None:
+        """``models``: the manager's reads (:class:`~workbench.models.served.ServedModels`)."""
+        self._manager = manager
         self._models = models
 
     def promote(self, name: str, version: int, timeout: float = 300.0, generation: int | None = None) -> None:
@@ -68,7 +75,7 @@ class RoutingChanges:
         """
         with self._changing(name):
             base = self._begin_change(name, generation, label=STABLE)
-            with self._models.hold_loaded(name, version, timeout):
+            with self._manager.hold_loaded(name, version, timeout):
                 self._commit(name, base, decisions.promote(base.routing, version))
 
     def rollback(self, name: str, generation: int | None = None) -> int:
@@ -91,7 +98,7 @@ class RoutingChanges:
             if weight == 0:
                 self._commit(name, base, decisions.set_canary(base.routing, version, 0.0))
                 return
-            with self._models.hold_loaded(name, version, timeout):
+            with self._manager.hold_loaded(name, version, timeout):
                 self._commit(name, base, decisions.set_canary(base.routing, version, weight))
 
     def set_shadow(
@@ -106,14 +113,14 @@ class RoutingChanges:
             if fraction == 0:
                 self._commit(name, base, decisions.set_shadow(base.routing, version, 0.0))
                 return
-            with self._models.hold_loaded(name, version, timeout):
+            with self._manager.hold_loaded(name, version, timeout):
                 self._commit(name, base, decisions.set_shadow(base.routing, version, fraction))
 
     def load_version(self, name: str, version: int, timeout: float = 300.0, generation: int | None = None) -> None:
         """Load (pin) ``version`` beyond the model's policy, and keep it loaded."""
         with self._changing(name):
             base = self._begin_change(name, generation)
-            with self._models.hold_loaded(name, version, timeout):
+            with self._manager.hold_loaded(name, version, timeout):
                 self._commit(name, base, decisions.pin(base.routing, version))
 
     def unload_version(self, name: str, version: int, generation: int | None = None, *, keep_last: bool = True) -> None:
@@ -129,7 +136,7 @@ class RoutingChanges:
     @contextlib.contextmanager
     def _changing(self, name: str) -> Iterator[None]:
         """One change of a model at a time in this process (other processes are kept out by the store's lock)."""
-        with self._models.change_lock(name):  # an unknown name is NOT_FOUND here
+        with self._manager.change_lock(name):  # an unknown name is NOT_FOUND here
             yield
 
     def _begin_change(self, name: str, generation: int | None, label: str | None = None) -> StoredRouting:
@@ -141,7 +148,7 @@ class RoutingChanges:
             store.check_writable()
         except RoutingStateUnwritable as exc:
             raise _unwritable(name, exc) from None
-        base = self._models.reread_routing(name)
+        base = self._manager.reread_routing(name)
         if generation is not None and generation != base.generation:
             raise ServingError(
                 Code.ABORTED,
@@ -159,7 +166,7 @@ class RoutingChanges:
             stored = store.write(routing, base)
         except RoutingConflict as conflict:
             current = conflict.current
-            self._models.route_by(name, current, store)
+            self._manager.route_by(name, current, store)
             moved = (
                 f"generation {base.generation} was edited in place"
                 if current.generation == base.generation
@@ -173,7 +180,7 @@ class RoutingChanges:
             ) from None
         except RoutingStateUnwritable as exc:
             raise _unwritable(name, exc) from None
-        self._models.route_by(name, stored, store)
+        self._manager.route_by(name, stored, store)
 
 
 def _unwritable(name: str, exc: RoutingStateUnwritable) -> ServingError:

@@ -1,56 +1,72 @@
 """Versions that leave memory and come back when asked for: the manager's part for ``--memory_budget``,
 ``--load_on_demand``, ``--unload_after_idle`` and ``--pin``.
 
-:class:`OnDemandLoads` sits between :class:`~workbench.models.served.ServedModels` (the records and their reads) and
-:class:`~workbench.models.manager.Manager` (the lifecycle), and runs under the manager's lock like the rest:
+:class:`BudgetedLoads` works on the state the :class:`~workbench.models.manager.Manager` owns
+(:class:`~workbench.models.served.ServedState`), under its lock like the rest, and has the manager's lifecycle load,
+unload and publish through the :class:`Transitions` it is handed:
 
-- which aspired version loads now (:meth:`_load_within_budget`): a *needed* one (pinned, held by a management
-  change, claimed by a request, or replacing a version that serves) always, evicting the least recently used idle
-  versions to fit, or waiting in START for some to become idle; one nobody asked for only with room to spare and
-  without --load_on_demand; an evicted one only when needed again. A version that cannot fit ends with
+- which aspired version loads now (:meth:`BudgetedLoads.load_within_budget`): a *needed* one (pinned, held by a
+  management change, claimed by a request, or replacing a version that serves) always, evicting the least recently
+  used idle versions to fit, or waiting in START for some to become idle; one nobody asked for only with room to
+  spare and without --load_on_demand; an evicted one only when needed again. A version that cannot fit ends with
   RESOURCE_EXHAUSTED (TF Serving's "Insufficient resources to load servable");
-- requests for a version that does not serve (:meth:`resident`, :meth:`claim`): the request claims it, which loads
-  it and keeps it from eviction until the request holds it (:meth:`release_claim`); the data plane waits meanwhile
-  (:mod:`workbench.planes.on_demand`);
-- evictions (:meth:`_evict`): only AVAILABLE, unpinned versions no request holds or waits for; the harness drains
-  what reached it anyway, so nothing serving is unloaded under a request;
-- ``--unload_after_idle`` (:meth:`_unload_idle`, a thread of its own).
+- requests for a version that does not serve (:meth:`BudgetedLoads.resident`, :meth:`BudgetedLoads.claim`): the
+  request claims it, which loads it and keeps it from eviction until the request holds it
+  (:meth:`BudgetedLoads.release_claim`); the data plane waits meanwhile (:mod:`workbench.planes.on_demand`);
+- evictions (:meth:`BudgetedLoads._evict`): only AVAILABLE, unpinned versions no request holds or waits for; the
+  harness drains what reached it anyway, so nothing serving is unloaded under a request;
+- ``--unload_after_idle`` (:meth:`BudgetedLoads.start_idle_watch`, a thread of its own).
 
 The decisions are :mod:`workbench.models.memory_policy`'s, the ledger :mod:`workbench.models.residency`'s; the
-manager calls in here from ``_reconcile``, ``_load``, ``_finish_load`` and ``_unload``.
+manager calls in here as its versions are reconciled, loaded and unloaded.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 
 from workbench.core.errors import Code, ServingError
 from workbench.models import memory_policy as memory
 from workbench.models.harness import Harness
 from workbench.models.records import DiskVersion, ModelRecord, VersionRecord, VersionState
-from workbench.models.residency import Residency, waiting_order
+from workbench.models.residency import waiting_order
 from workbench.models.routing import policy as decisions
-from workbench.models.served import ServedModels
+from workbench.models.served import ServedState
 
 log = logging.getLogger("workbench.models.manager")  # the manager's log lines, wherever its parts live
 
 Claim = tuple[str, int]  # (model, version) a request waits for
 
 
-class OnDemandLoads(ServedModels):
-    """The memory budget's side of the manager (see the module's docstring); the manager is the one subclass."""
+@dataclasses.dataclass(frozen=True)
+class Transitions:
+    """What the budget has the lifecycle that owns it do (:class:`~workbench.models.manager.Manager`'s; each called
+    with the lock held)."""
 
-    # The manager's, used here.
-    _executor: ThreadPoolExecutor
-    _closed: bool
+    reconcile: Callable[[ModelRecord], None]  # move a model towards its aspired versions
+    set_state: Callable[[ModelRecord, VersionRecord, VersionState], None]  # a version's new state, published
+    start_load: Callable[[ModelRecord, VersionRecord], object]  # load it on a load thread
+    start_unload: Callable[[ModelRecord, VersionRecord], object]  # unload it on a load thread
+    submit: Callable[[Callable[[], None]], object]  # run a task on a load thread (RuntimeError once stopped)
 
-    def __init__(self, memory_ledger: Residency) -> None:
-        super().__init__(memory_ledger)
-        self._on_demand = memory_ledger.active  # asked on every request: fixed for the server's life
+
+class BudgetedLoads:
+    """The memory budget's side of the manager (see the module's docstring), over the state the manager owns."""
+
+    def __init__(self, state: ServedState, transitions: Transitions) -> None:
+        """``transitions``: what a load, an eviction or a wait sets going."""
+        self._memory = state.memory
+        self._lock = state.lock
+        self._settled = state.settled
+        self._models = state.models
+        self._routes = state.routes
+        self._transitions = transitions
+        self._on_demand = self._memory.active  # asked on every request: fixed for the server's life
+        self._stopped = False
         self._idle_watch = threading.Event()  # set on stop: the idle-unload thread ends
         # Requests waiting for a version they asked for to serve (or fail): called once it has, under the lock.
         self._claim_waiters: dict[Claim, list[Callable[[], None]]] = {}
@@ -60,21 +76,15 @@ class OnDemandLoads(ServedModels):
         self._making_room: set[Claim] = set()
         self._over_budget = False
 
-    def _reconcile(self, model: ModelRecord) -> None:
-        raise NotImplementedError  # the manager's
-
-    def _set_state(self, model: ModelRecord, record: VersionRecord, state: VersionState) -> None:
-        raise NotImplementedError  # the manager's
-
-    def _load(self, model: ModelRecord, record: VersionRecord) -> None:
-        raise NotImplementedError  # the manager's
-
-    def _unload(self, model: ModelRecord, record: VersionRecord) -> None:
-        raise NotImplementedError  # the manager's
-
-    def _start_memory_watch(self) -> None:
+    def start_idle_watch(self) -> None:
+        """--unload_after_idle: start the thread that evicts idle versions (once the manager is built)."""
         if self._memory.options.unload_after_idle > 0:
             threading.Thread(target=self._unload_idle, name="workbench-idle-unload", daemon=True).start()
+
+    def stop(self) -> None:
+        """The manager stops (lock held): nothing is admitted or evicted from now on."""
+        self._stopped = True
+        self._idle_watch.set()
 
     # ------------------------------------------------------------- requests for versions that are not loaded
     @property
@@ -85,9 +95,9 @@ class OnDemandLoads(ServedModels):
 
     def resident(self, name: str, version: int | None, label: str | None, key: str | None = None) -> Harness | None:
         """The serving version a request names, already acquired for it; None when that version does not serve
-        now (evicted, never loaded) or the request names nothing servable (then :meth:`resolve` says why).
+        now (evicted, never loaded) or the request names nothing servable (then resolution says why).
 
-        Lock-free, like :meth:`resolve`; a request naming no version wants its model's default among the versions
+        Lock-free, like resolution; a request naming no version wants its model's default among the versions
         it aspires to, loaded or not (the latest, or the promoted one), not whichever happens to be loaded.
         """
         route = self._routes.get(name)
@@ -108,7 +118,7 @@ class OnDemandLoads(ServedModels):
     def claim(self, name: str, version: int | None, label: str | None) -> Claim | None:
         """A request waits for the version it names (or its model's default) to serve: load it, evicting others if
         the budget must, and keep it from eviction until :meth:`release_claim`. None when there is nothing to load
-        (an unknown model, label or version: :meth:`resolve` answers the request)."""
+        (an unknown model, label or version: resolution answers the request)."""
         with self._lock:
             model = self._models.get(name)
             if model is None or model.removed or (version is not None and label is not None):
@@ -122,7 +132,7 @@ class OnDemandLoads(ServedModels):
             entry = self._memory.of(name, version)
             entry.claims += 1
             entry.asked = True
-            self._reconcile(model)
+            self._transitions.reconcile(model)
             return name, version
 
     def when_claim_settled(self, claim: Claim, callback: Callable[[], None]) -> bool:
@@ -150,8 +160,8 @@ class OnDemandLoads(ServedModels):
             entry.claims = max(0, entry.claims - 1)
             model = self._models.get(claim[0])
             if entry.claims == 0 and model is not None and not model.removed:
-                self._reconcile(model)  # a version still waiting for memory for it stops waiting
-                self._admit_waiting()  # and one waiting for others may evict it now
+                self._transitions.reconcile(model)  # a version still waiting for memory for it stops waiting
+                self.admit_waiting()  # and one waiting for others may evict it now
 
     def _claim_settled(self, claim: Claim) -> bool:
         """Whether a claimed version serves, or will not: it failed, or is no longer aspired (lock held)."""
@@ -165,7 +175,7 @@ class OnDemandLoads(ServedModels):
             return not self._making_room
         return record.state == VersionState.END and record.error is not None
 
-    def _wake_claims(self) -> None:
+    def wake_claims(self) -> None:
         """Call what waits for the claimed versions that have settled (lock held)."""
         if not self._claim_waiters:
             return
@@ -177,7 +187,7 @@ class OnDemandLoads(ServedModels):
                     log.exception("claim callback failed")
 
     # ------------------------------------------------------------------------------------- the memory budget
-    def _load_within_budget(
+    def load_within_budget(
         self, model: ModelRecord, version: int, disk: DiskVersion, record: VersionRecord | None, retry: bool
     ) -> None:
         """Load an aspired ``version`` if it is wanted now, within the budget (lock held).
@@ -193,7 +203,7 @@ class OnDemandLoads(ServedModels):
         needed = self._memory.needed(model, version) or self._replaces_serving(model, version)
         if record is not None and record.state == VersionState.START:
             if not needed:
-                self._stop_waiting(model, record)
+                self.stop_waiting(model, record)
             return
         if record is not None and record.state == VersionState.END and entry.refused:
             # Refused for lack of memory: tried again when a request or a change asks for it (pins may have moved).
@@ -224,14 +234,14 @@ class OnDemandLoads(ServedModels):
         name, version = model.config.name, record.version
         if plan.verdict is memory.Verdict.LOAD:
             self._memory.reserve(name, version, need)
-            self._set_state(model, record, VersionState.LOADING)
-            self._executor.submit(self._load, model, record)
+            self._transitions.set_state(model, record, VersionState.LOADING)
+            self._transitions.start_load(model, record)
         elif plan.verdict is memory.Verdict.REFUSE:
             log.error("Not loading %s version %d: %s", name, version, plan.reason)
             self._memory.of(name, version).refused = True
             self._memory.released(name, version)
             record.error = ServingError(Code.RESOURCE_EXHAUSTED, plan.reason)
-            self._set_state(model, record, VersionState.END)
+            self._transitions.set_state(model, record, VersionState.END)
         else:
             for victim in plan.victims:
                 self._evict(victim, f"to make room for {name}:{version}", "budget")
@@ -240,7 +250,7 @@ class OnDemandLoads(ServedModels):
                 self._memory.waiting[(name, version)] = (model, record)
                 if not plan.victims:
                     log.debug("%s", plan.reason)
-                self._set_state(model, record, VersionState.START)  # listeners see it wait
+                self._transitions.set_state(model, record, VersionState.START)  # listeners see it wait
 
     def _evict(self, victim: memory.Tenant, why: str, reason: str) -> bool:
         """Unload an idle, unpinned version to free memory (lock held); it loads again when asked for. Returns
@@ -251,11 +261,11 @@ class OnDemandLoads(ServedModels):
             return False
         log.info("Evicting %s version %d (%s, %s)", victim.model, victim.version, reason, why)
         self._memory.evicted(victim.model, victim.version, reason)
-        self._set_state(model, record, VersionState.UNLOADING)
-        self._executor.submit(self._unload, model, record)
+        self._transitions.set_state(model, record, VersionState.UNLOADING)
+        self._transitions.start_unload(model, record)
         return True
 
-    def _restore_budget(self, why: str) -> None:
+    def restore_budget(self, why: str) -> None:
         """Back within the budget after a load measured larger than its estimate (lock held): the least recently
         used idle versions leave, and the requests waiting for a load are answered once they have
         (:meth:`_claim_settled`). Versions in use are not evicted under their requests: the server stays over
@@ -267,22 +277,22 @@ class OnDemandLoads(ServedModels):
         staying = memory.total(t.charge for t in tenants if not t.leaving and t.key not in self._making_room)
         self._over_budget = not self._memory.budget.holds(staying)
 
-    def _left(self, name: str, version: int) -> None:
+    def left(self, name: str, version: int) -> None:
         """A version stopped holding memory (lock held): what waits for memory goes first."""
         self._memory.released(name, version)
         self._making_room.discard((name, version))
-        self._admit_waiting()
+        self.admit_waiting()
 
-    def _stop_waiting(self, model: ModelRecord, record: VersionRecord) -> None:
+    def stop_waiting(self, model: ModelRecord, record: VersionRecord) -> None:
         """A version waiting for memory is not wanted any more (its requests gave up): it stays unloaded."""
         self._memory.released(model.config.name, record.version)
-        self._set_state(model, record, VersionState.END)
+        self._transitions.set_state(model, record, VersionState.END)
 
-    def _admit_waiting(self) -> None:
+    def admit_waiting(self) -> None:
         """Ask again for the versions waiting for memory, first come first (lock held); first, if a load left the
         server over its budget, evict what has become idle since."""
         if self._over_budget:
-            self._restore_budget("the budget was overdrawn by a load measured larger than its estimate")
+            self.restore_budget("the budget was overdrawn by a load measured larger than its estimate")
         waiting = self._memory.waiting
         for key in waiting_order((k, self._memory.of(*k)) for k in list(waiting)):
             model, record = waiting[key]
@@ -291,7 +301,7 @@ class OnDemandLoads(ServedModels):
                 continue
             if model.removed or not self._memory.needed(model, record.version):
                 waiting.pop(key, None)
-                self._stop_waiting(model, record)
+                self.stop_waiting(model, record)
                 continue
             need = self._memory.estimate(key[0], key[1], record.path, model.config.platform)
             tenants = self._memory.tenants(self._models)
@@ -299,17 +309,17 @@ class OnDemandLoads(ServedModels):
                 model, record, memory.plan_load(self._memory.budget, need, tenants, f"{key[0]}:{key[1]}"), need
             )
 
-    def _memory_freed(self) -> None:
+    def memory_freed(self) -> None:
         """A request let go of a version (from any thread): if loads wait for memory, or the server is over its
         budget, it may be evicted now."""
-        if (self._memory.waiting or self._over_budget) and not self._closed:
+        if (self._memory.waiting or self._over_budget) and not self._stopped:
             with contextlib.suppress(RuntimeError):  # the manager has stopped
-                self._executor.submit(self._admit_waiting_locked)
+                self._transitions.submit(self._admit_waiting_locked)
 
     def _admit_waiting_locked(self) -> None:
         with self._lock:
-            self._admit_waiting()
-            self._wake_claims()
+            self.admit_waiting()
+            self.wake_claims()
             self._settled.notify_all()
 
     def _unload_idle(self) -> None:
@@ -317,13 +327,13 @@ class OnDemandLoads(ServedModels):
         idle = self._memory.options.unload_after_idle
         while not self._idle_watch.wait(min(1.0, max(0.05, idle / 4))):
             with self._lock:
-                if self._closed:
+                if self._stopped:
                     return
                 tenants = self._memory.tenants(self._models)
                 for victim in memory.idle_victims(tenants, self._memory.clock(), idle):
                     self._evict(victim, f"idle for {idle:g}s", "idle")
 
-    def _charge_load(
+    def charge_load(
         self, model: ModelRecord, record: VersionRecord, harness: Harness | None, error: ServingError | None
     ) -> ServingError | None:
         """Charge a load that ended what it was measured to take, or release its reservation; a version that does
