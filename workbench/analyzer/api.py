@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from workbench.analyzer import candidates as grids
+from workbench.analyzer.candidates import grid
 from workbench.analyzer.choice import Analysis, Constraints, choose, write_results
 from workbench.analyzer.sweep import Measured, measure_candidate, serving
 from workbench.client import perf
@@ -81,7 +81,7 @@ def analyze(
         if not levels or levels[0] < 1:
             raise ValueError("concurrencies are at least 1")
         loads = [perf.Point(concurrency=clients) for clients in levels]
-    chosen = grids.grid(
+    chosen = grid(
         max_batch_size, batch_timeout_micros, num_batch_threads, max_enqueued_batches, num_workers, model_runners
     )
     stability = perf.Stability(interval_s=measurement_interval_ms / 1000, percentage=stability_percentage,
