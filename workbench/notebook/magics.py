@@ -381,11 +381,12 @@ class ServeMagics(Magics):
         inputs = client.encode_inputs(signature, data)
         from tqdm.auto import tqdm
 
+        from workbench.analyzer.analyze_flags import DEFAULTS, keywords
         from workbench.analyzer.candidates import grid
 
         candidates = grid(
-            args.max_batch_size, args.batch_timeout_micros, args.num_batch_threads, (100,), args.num_workers,
-            args.model_runners,
+            args.max_batch_size, args.batch_timeout_micros, args.num_batch_threads,
+            DEFAULTS["max_enqueued_batches"], args.num_workers, args.model_runners,
         )  # fmt: skip
         chart = _LiveFrontier(args.model)
         display(chart.widget)
@@ -400,15 +401,15 @@ class ServeMagics(Magics):
 
         try:  # interrupting the kernel cancels the analysis: its servers stop, the bar closes
             analysis = analyze(
-                args.model, handle.model_repository / args.model, inputs=inputs,
-                max_batch_size=args.max_batch_size, batch_timeout_micros=args.batch_timeout_micros,
-                num_batch_threads=args.num_batch_threads, num_workers=args.num_workers,
-                model_runners=args.model_runners, concurrency=args.concurrency, request_rate=args.request_rate,
-                search=args.search, latency_budget_ms=args.latency_budget_ms, min_throughput=args.min_throughput,
-                max_memory_mib=args.max_memory, measurement_interval_ms=args.measurement_interval,
+                args.model,
+                handle.model_repository / args.model,
+                inputs=inputs,
+                **keywords(vars(args)),
                 serve_flags=["--allow_python_models"] if handle.allow_python_models else [],
-                output=args.output, apply_to=handle.rest_url if args.apply else None, on_point=measured,
-            )  # fmt: skip
+                output=args.output,
+                apply_to=handle.rest_url if args.apply else None,
+                on_point=measured,
+            )
         finally:
             bar.close()
         chart.finish(figure(analysis))

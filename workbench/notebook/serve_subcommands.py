@@ -16,6 +16,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, kwds, magic_arguments
 from IPython.utils.process import arg_split
 
+from workbench.analyzer.analyze_flags import FLAGS as ANALYZE_FLAGS
 from workbench.client.bench import DEFAULT_PROTOCOL, LOAD_ARGUMENTS, PROTOCOLS
 from workbench.config.server_flags import FLAGS
 from workbench.config.vocabulary import OPTION_ALIASES, Argument, HelpFormatter, canonical_options, unrecognized_option
@@ -205,41 +206,27 @@ def _bench_parser(line: str) -> None:
     perf_analyzer's rows)."""
 
 
-def _numbers(text: str) -> list[int]:
-    try:
-        return [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise ValueError(f"a comma-separated list of whole numbers, not {text!r}") from None
+def _analyzer(name: str, **overrides: Any) -> Any:
+    """One of the analyzer's options (declared once for `workbench analyze` too), with this magic's help."""
+    return _declared(ANALYZE_FLAGS[name].argument(**overrides))
 
 
 @magic_arguments(name="%serve analyze")
 @kwds(formatter_class=HelpFormatter, epilog=_OPTIONS_NOTE)
 @argument("model", metavar="MODEL")
 @argument("data", nargs="+", metavar="DATA", help="one request's inputs: a variable name or a JSON literal")
-@argument("--max_batch_size", type=_numbers, default=[1, 8, 32], metavar="N,N", help="(1: no batching)")
-@argument("--batch_timeout_micros", type=_numbers, default=[0, 2000], metavar="N,N")
-@argument("--num_batch_threads", type=_numbers, default=[1], metavar="N,N")
-@argument("--num_workers", type=_numbers, default=[1], metavar="N,N")
-@argument(
-    "--model_runners",
-    type=lambda text: [part.strip() for part in text.split(",") if part.strip()],
-    default=["auto"],
-    metavar="R,R",
-    help="auto, in_process or a count",
-)
-@argument("--concurrency", type=_numbers, default=[1, 2, 4, 8, 16], metavar="N,N")
-@argument(
-    "--request_rate",
-    type=lambda text: [float(part) for part in text.split(",") if part.strip()],
-    default=[],
-    metavar="R,R",
-    help="measure at these requests a second (open loop) instead of the concurrencies",
-)
-@argument("--search", choices=("brute", "quick"), default="brute")
-@argument("--latency_budget_ms", type=float, metavar="MS", help="on the p99")
-@argument("--min_throughput", type=float, metavar="N", help="inferences a second")
-@argument("--max_memory", type=float, metavar="MIB", help="the server's resident memory")
-@argument("--measurement_interval", type=float, default=2000.0, metavar="MS")
+@_analyzer("max_batch_size", metavar="N,N", help="(1: no batching)")
+@_analyzer("batch_timeout_micros", metavar="N,N", help=None)
+@_analyzer("num_batch_threads", metavar="N,N", help=None)
+@_analyzer("num_workers", metavar="N,N", help=None)
+@_analyzer("model_runners", metavar="R,R", help="auto, in_process or a count")
+@_analyzer("concurrency", metavar="N,N", help=None)
+@_analyzer("request_rate")
+@_analyzer("search", help=None)
+@_analyzer("latency_budget_ms")
+@_analyzer("min_throughput")
+@_analyzer("max_memory")
+@_analyzer("measurement_interval", help=None)
 @argument("--output", metavar="DIR", help="write the winner's files, results.json and report.html here")
 @argument("--apply", action="store_true", help="give the running server's MODEL the winner's batching parameters")
 @_SERVER_OPTION
