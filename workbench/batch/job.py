@@ -29,13 +29,13 @@ import numpy as np
 from workbench.batch.feeding import Feeding, RowErrors, feeding_for
 from workbench.batch.formats import RowReader, child, list_inputs, list_names, read_text, write_table, write_text
 from workbench.batch.plan import SUMMARY_FILE, Plan, Shard, make_plan, resume
+from workbench.config.batch_flags import DEFAULT_SHARD_ROWS
 from workbench.core import inference
 from workbench.core.errors import Code, ServingError
 from workbench.planes.calls import ModelSpec
 from workbench.planes.dataplane import Dataplane
 
 DEFAULT_BATCH_SIZE = 256
-DEFAULT_SHARD_ROWS = 100_000
 ROW_COLUMN = "row"  # the job-wide row number of each answer, where the input has no id column
 Prepared = tuple[np.ndarray, dict[str, np.ndarray], RowErrors]  # a shard's ids, its feed, its rows that cannot run
 

@@ -418,23 +418,15 @@ class ServeMagics(Magics):
     def _batch(self, args: Any) -> Any:
         from workbench.batch import batch_predict
         from workbench.batch.feeding import parse_column_map
+        from workbench.config.batch_flags import keywords
 
         # The models of the server running here (what %serve export wrote), else workbench.export's own folder.
         repository = self._server(args.server_name).model_repository if self._known() else DEFAULT_REPOSITORY
         summary = batch_predict(
             args.model,
-            args.input,
-            args.output,
+            **keywords(vars(args), leave_out=("columns",)),
             model_repository=repository,
-            model_version=args.model_version,
-            version_label=args.version_label,
-            signature_name=args.signature_name,
             columns=parse_column_map(args.columns),
-            id_column=args.id_column,
-            output_format=args.output_format,
-            shard_rows=args.shard_rows,
-            max_failed_rows=args.max_failed_rows,
-            allow_python_models=args.allow_python_models,
         )
         print(
             f"{summary.rows_out} rows scored, {summary.rows_failed} failed, by {args.model} version "

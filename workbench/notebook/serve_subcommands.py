@@ -18,6 +18,7 @@ from IPython.utils.process import arg_split
 
 from workbench.analyzer.analyze_flags import FLAGS as ANALYZE_FLAGS
 from workbench.client.bench import DEFAULT_PROTOCOL, LOAD_ARGUMENTS, PROTOCOLS
+from workbench.config.batch_flags import FLAGS as BATCH_FLAGS
 from workbench.config.server_flags import FLAGS
 from workbench.config.vocabulary import OPTION_ALIASES, Argument, HelpFormatter, canonical_options, unrecognized_option
 from workbench.deploy.manifests import MANIFESTS_ARGUMENTS
@@ -235,25 +236,28 @@ def _analyze_parser(line: str) -> None:
     perf_analyzer does, the frontier drawn as it is measured; returns the analysis (its report in the cell)."""
 
 
+def _batch(name: str, **overrides: Any) -> Any:
+    """One of a batch job's options (declared once for `workbench batch` too), as `%serve batch` takes it."""
+    return _declared(BATCH_FLAGS[name].argument(**overrides))
+
+
 @magic_arguments(name="%serve batch")
 @kwds(formatter_class=HelpFormatter, epilog=_OPTIONS_NOTE)
 @argument("model", metavar="MODEL")
-@argument(
-    "--input",
-    required=True,
-    metavar="URI",
+@_batch(
+    "input",
     help="a file, folder or glob of CSV, Parquet, JSON Lines, .npy/.npz or TFRecord files; local, s3:// or gs://",
 )
-@argument("--output", required=True, metavar="URI", help="the folder the answers go to")
-@argument("--model_version", type=int, metavar="N", help="default: the latest")
-@argument("--version_label", metavar="LABEL", help="a version by its label")
-@_SIGNATURE_OPTION
-@argument("--columns", default="", metavar="MAP", help="file columns that feed inputs of other names: column=input,...")
-@argument("--id_column", metavar="NAME", help="copied beside each answer (default: row, the row's number)")
-@argument("--output_format", metavar="FORMAT", help="default: the input's")
-@argument("--shard_rows", type=int, default=100_000, metavar="ROWS", help="rows a written file (default 100000)")
-@argument("--max_failed_rows", type=int, metavar="N", help="stop once more rows than N failed")
-@argument("--allow_python_models", action="store_true", help="load model.py and handler.py (runs their code)")
+@_batch("output")
+@_batch("model_version")
+@_batch("version_label")
+@_batch("signature_name")
+@_batch("columns", help="file columns that feed inputs of other names: column=input,...", default="")
+@_batch("id_column", help="copied beside each answer (default: row, the row's number)")
+@_batch("output_format")
+@_batch("shard_rows")
+@_batch("max_failed_rows", help="stop once more rows than N failed")
+@_batch("allow_python_models", action="store_true")
 @_SERVER_OPTION
 def _batch_parser(line: str) -> None:
     """Score a data set with MODEL from the server's repository, as `workbench batch`; returns the summary."""
