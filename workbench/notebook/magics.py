@@ -172,27 +172,11 @@ class ServeMagics(Magics):
             self.servers[name] = handle
             return handle
         if handle is None:
-            handle = ServerHandle(
-                args.model_repository or DEFAULT_REPOSITORY,
-                server_name=name,
-                rest_api_port=args.rest_api_port,
-                port=args.port,
-                enable_batching=args.enable_batching,
-                batching_parameters_file=args.batching_parameters_file,
-                allow_pickle=args.allow_pickle,
-                allow_python_models=args.allow_python_models,
-                num_workers=args.num_workers,
-                response_cache_bytes=args.response_cache_bytes,
-                response_cache_models=[m.strip() for m in args.response_cache_models.split(",") if m.strip()],
-                memory_budget=args.memory_budget or "",
-                load_on_demand=bool(args.load_on_demand),
-                unload_after_idle=args.unload_after_idle or 0.0,
-                pin=args.pin or (),
-                ssl_config_file=args.ssl_config_file,
-                rest_api_ssl_cert_file=args.rest_api_ssl_cert_file,
-                rest_api_ssl_key_file=args.rest_api_ssl_key_file,
-                ca_file=args.ca_file,
-            )
+            # The parser's options are the handle's keywords (%serve start's are workbench serve's flags); one not
+            # given (None) is left to the handle's default.
+            options = {name: value for name, value in vars(args).items() if value is not None}
+            options["response_cache_models"] = [m.strip() for m in args.response_cache_models.split(",") if m.strip()]
+            handle = ServerHandle(**options)
         self._current = handle
         try:
             handle.restart()  # a handle that died starts again on the same ports if they were chosen
