@@ -40,6 +40,7 @@ if TYPE_CHECKING:  # imported by start(), while the server process starts beside
     from workbench.client import Client
 
 DEFAULT_REPOSITORY = "workbench-models"
+DEFAULT_SERVER_NAME = "default"  # a server's name when none is given
 P = ParamSpec("P")
 _handles: list[ServerHandle] = []
 _handles_lock = threading.Lock()
@@ -100,7 +101,7 @@ class ServerHandle:
         self,
         model_repository: str | os.PathLike[str] = DEFAULT_REPOSITORY,
         *,
-        server_name: str = "default",
+        server_name: str = DEFAULT_SERVER_NAME,
         rest_api_port: int | None = None,
         port: int | None = None,
         enable_batching: bool = False,

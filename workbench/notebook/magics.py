@@ -174,7 +174,7 @@ class ServeMagics(Magics):
         if handle is None:
             # The parser's options are the handle's keywords (%serve start's are workbench serve's flags); one not
             # given (None) is left to the handle's default.
-            options = {name: value for name, value in vars(args).items() if value is not None}
+            options = {option: value for option, value in vars(args).items() if value is not None}
             options["response_cache_models"] = [m.strip() for m in args.response_cache_models.split(",") if m.strip()]
             handle = ServerHandle(**options)
         self._current = handle

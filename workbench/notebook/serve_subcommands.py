@@ -22,9 +22,9 @@ from workbench.config.batch_flags import FLAGS as BATCH_FLAGS
 from workbench.config.server_flags import FLAGS
 from workbench.config.vocabulary import OPTION_ALIASES, Argument, HelpFormatter, canonical_options, unrecognized_option
 from workbench.deploy.manifests import MANIFESTS_ARGUMENTS
-from workbench.notebook.handle import DEFAULT_REPOSITORY
+from workbench.notebook.handle import DEFAULT_REPOSITORY, DEFAULT_SERVER_NAME
 
-DEFAULT_NAME = "default"  # the server's name when none is given
+DEFAULT_NAME = DEFAULT_SERVER_NAME  # the server's name when none is given (the handle's)
 
 
 # ------------------------------------------------------------------------------------------- subcommand parsers
@@ -45,8 +45,11 @@ def _declared(spec: Argument) -> Any:
     return argument(*spec.flags, **spec.options)
 
 
-def _flag(name: str, help: str, **overrides: Any) -> Any:
-    """One of `workbench serve`'s flags, as `%serve start` takes it (the handle turns it back into that flag)."""
+def _flag(name: str, help: str, shows_default: bool = False, **overrides: Any) -> Any:
+    """One of `workbench serve`'s flags, as `%serve start` takes it (the handle turns it back into that flag); with
+    ``shows_default``, its default is the server's, for the help to show (else None: the handle's own)."""
+    if shows_default:
+        overrides.setdefault("default", FLAGS[name].default_value())
     return _declared(FLAGS[name].argument(help, **overrides))
 
 
@@ -65,9 +68,9 @@ _SIGNATURE_OPTION = argument("--signature_name", default="", metavar="NAME", hel
 @_flag("batching_parameters_file", help="a BatchingParameters text proto (turns batching on)")
 @_flag("allow_pickle", help="load scikit-learn pickles (model.joblib, model.pkl): they run code")
 @_flag("allow_python_models", help="load model.py and handler.py from the repository")
-@_flag("num_workers", default="1", help="worker processes on the same ports, or auto (default: 1)")
-@_flag("response_cache_bytes", default=0, metavar="N", help="Triton's response cache, in bytes (0: off)")
-@_flag("response_cache_models", default="", help="the models whose answers the cache keeps")
+@_flag("num_workers", shows_default=True, help="worker processes on the same ports, or auto (default: 1)")
+@_flag("response_cache_bytes", shows_default=True, metavar="N", help="Triton's response cache, in bytes (0: off)")
+@_flag("response_cache_models", shows_default=True, help="the models whose answers the cache keeps")
 @_flag("memory_budget", help="keep loaded versions within this memory (4Gi, 0.5, gpu:0.8); the rest load on demand")
 @_flag("load_on_demand", help="load each version when first asked for, not at start-up")
 @_flag("unload_after_idle", help="unload a version idle this many seconds (0: never)")
