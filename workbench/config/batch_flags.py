@@ -130,8 +130,8 @@ BATCH_FLAGS: tuple[BatchFlagGroup, ...] = (
     ),
 )
 FLAGS: Mapping[str, BatchFlag] = {flag.name: flag for group in BATCH_FLAGS for flag in group.flags}
-# workbench.batch_predict's defaults, by keyword.
-DEFAULTS: Mapping[str, Any] = {flag.parameter: flag.default for flag in FLAGS.values()}
+# workbench.batch_predict's defaults, by keyword (a required option has none).
+DEFAULTS: Mapping[str, Any] = {flag.parameter: flag.default for flag in FLAGS.values() if not flag.required}
 DEFAULT_SHARD_ROWS: int = DEFAULTS["shard_rows"]
 
 
