@@ -124,8 +124,7 @@ FLAGS: Mapping[str, AnalyzeFlag] = {**REQUEST_FLAGS, **SWEEP_FLAGS, **CONSTRAINT
 DEFAULTS: Mapping[str, Any] = {flag.parameter: flag.default for flag in FLAGS.values()}
 
 
-def keywords(values: Mapping[str, Any], names: Any = None) -> dict[str, Any]:
-    """Parsed options (flag name → value; a namespace's ``vars``) as :func:`workbench.analyze`'s keywords, for the
-    declared options among ``names`` (default: every one ``values`` has)."""
-    chosen = FLAGS if names is None else {name: FLAGS[name] for name in names}
-    return {flag.parameter: values[name] for name, flag in chosen.items() if name in values}
+def keywords(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Parsed options (flag name → value; a namespace's ``vars``) as :func:`workbench.analyze`'s keywords: the
+    declared options ``values`` has."""
+    return {flag.parameter: values[name] for name, flag in FLAGS.items() if name in values}
