@@ -9,8 +9,29 @@ the server reads. :mod:`.candidates` says what is swept, :mod:`.sweep` measures,
 
 from __future__ import annotations
 
-from workbench.analyzer.api import analyze
-from workbench.analyzer.candidates import Candidate
-from workbench.analyzer.choice import Analysis, Constraints
+from typing import TYPE_CHECKING, Any
+
+# Bound on first use (PEP 562), as workbench's own face: the command line reads the analyzer's flags
+# (:mod:`.analyze_flags`) without importing numpy and the load generator.
+if TYPE_CHECKING:
+    from workbench.analyzer.api import analyze
+    from workbench.analyzer.candidates import Candidate
+    from workbench.analyzer.choice import Analysis, Constraints
 
 __all__ = ["Analysis", "Candidate", "Constraints", "analyze"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "analyze":
+        from workbench.analyzer.api import analyze
+
+        return analyze
+    if name == "Candidate":
+        from workbench.analyzer.candidates import Candidate
+
+        return Candidate
+    if name in ("Analysis", "Constraints"):
+        from workbench.analyzer import choice
+
+        return getattr(choice, name)
+    raise AttributeError(f"module 'workbench.analyzer' has no attribute {name!r}")

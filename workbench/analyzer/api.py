@@ -11,12 +11,11 @@ from typing import Any
 
 import numpy as np
 
-from workbench.analyzer import candidates as grids
+from workbench.analyzer.analyze_flags import DEFAULTS
+from workbench.analyzer.candidates import grid
 from workbench.analyzer.choice import Analysis, Constraints, choose, write_results
 from workbench.analyzer.sweep import Measured, measure_candidate, serving
 from workbench.client import perf
-
-DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16)
 
 
 def analyze(
@@ -26,23 +25,23 @@ def analyze(
     inputs: Mapping[str, Any] | None = None,
     input_data: str | None = None,
     shape: Sequence[str] = (),
-    batch_size: int = 1,
-    max_batch_size: Sequence[int] = (1, 8, 32),
-    batch_timeout_micros: Sequence[int] = (0, 2000),
-    num_batch_threads: Sequence[int] = (1,),
-    max_enqueued_batches: Sequence[int] = (100,),
-    num_workers: Sequence[int] = (1,),
-    model_runners: Sequence[str] = ("auto",),
-    concurrency: Sequence[int] = DEFAULT_CONCURRENCY,
-    request_rate: Sequence[float] = (),
-    search: str = "brute",
-    protocol: str = "rest",
-    latency_budget_ms: float | None = None,
-    min_throughput: float | None = None,
-    max_memory_mib: float | None = None,
-    measurement_interval_ms: float = 2000.0,
-    stability_percentage: float = 10.0,
-    max_trials: int = 6,
+    batch_size: int = DEFAULTS["batch_size"],
+    max_batch_size: Sequence[int] = DEFAULTS["max_batch_size"],
+    batch_timeout_micros: Sequence[int] = DEFAULTS["batch_timeout_micros"],
+    num_batch_threads: Sequence[int] = DEFAULTS["num_batch_threads"],
+    max_enqueued_batches: Sequence[int] = DEFAULTS["max_enqueued_batches"],
+    num_workers: Sequence[int] = DEFAULTS["num_workers"],
+    model_runners: Sequence[str] = DEFAULTS["model_runners"],
+    concurrency: Sequence[int] = DEFAULTS["concurrency"],
+    request_rate: Sequence[float] = DEFAULTS["request_rate"],
+    search: str = DEFAULTS["search"],
+    protocol: str = DEFAULTS["protocol"],
+    latency_budget_ms: float | None = DEFAULTS["latency_budget_ms"],
+    min_throughput: float | None = DEFAULTS["min_throughput"],
+    max_memory_mib: float | None = DEFAULTS["max_memory_mib"],
+    measurement_interval_ms: float = DEFAULTS["measurement_interval_ms"],
+    stability_percentage: float = DEFAULTS["stability_percentage"],
+    max_trials: int = DEFAULTS["max_trials"],
     serve_flags: Sequence[str] = (),
     output: str | os.PathLike[str] | None = None,
     apply_to: str | None = None,
@@ -81,7 +80,7 @@ def analyze(
         if not levels or levels[0] < 1:
             raise ValueError("concurrencies are at least 1")
         loads = [perf.Point(concurrency=clients) for clients in levels]
-    chosen = grids.grid(
+    chosen = grid(
         max_batch_size, batch_timeout_micros, num_batch_threads, max_enqueued_batches, num_workers, model_runners
     )
     stability = perf.Stability(interval_s=measurement_interval_ms / 1000, percentage=stability_percentage,

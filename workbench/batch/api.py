@@ -9,12 +9,11 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from workbench.batch.job import DEFAULT_SHARD_ROWS, BatchJob, BatchSummary, Progress
+from workbench.batch.job import BatchJob, BatchSummary, Progress
 from workbench.batch.standalone import in_workers, run_to_end, standalone
+from workbench.config.batch_flags import DEFAULTS
 from workbench.config.options import ServerOptions
 from workbench.runtime.storage import is_remote
-
-DEFAULT_REPOSITORY = "workbench-models"  # workbench.export's
 
 
 def batch_predict(
@@ -22,24 +21,24 @@ def batch_predict(
     input: str,  # noqa: A002 - the flag's name
     output: str,
     *,
-    model_repository: str | os.PathLike[str] = DEFAULT_REPOSITORY,
-    model_base_path: str | os.PathLike[str] | None = None,
-    model_config_file: str | os.PathLike[str] | None = None,
-    model_version: int | None = None,
-    version_label: str | None = None,
-    signature_name: str = "",
-    columns: Mapping[str, str] | None = None,
-    id_column: str | None = None,
-    input_format: str | None = None,
-    output_format: str | None = None,
-    batch_size: int = 0,
-    shard_rows: int = DEFAULT_SHARD_ROWS,
-    concurrency: int = 0,
-    max_failed_rows: int | None = None,
-    num_workers: int = 1,
-    ray_address: str | None = None,
-    allow_pickle: bool = False,
-    allow_python_models: bool = False,
+    model_repository: str | os.PathLike[str] = DEFAULTS["model_repository"],
+    model_base_path: str | os.PathLike[str] | None = DEFAULTS["model_base_path"],
+    model_config_file: str | os.PathLike[str] | None = DEFAULTS["model_config_file"],
+    model_version: int | None = DEFAULTS["model_version"],
+    version_label: str | None = DEFAULTS["version_label"],
+    signature_name: str = DEFAULTS["signature_name"],
+    columns: Mapping[str, str] | None = DEFAULTS["columns"],
+    id_column: str | None = DEFAULTS["id_column"],
+    input_format: str | None = DEFAULTS["input_format"],
+    output_format: str | None = DEFAULTS["output_format"],
+    batch_size: int = DEFAULTS["batch_size"],
+    shard_rows: int = DEFAULTS["shard_rows"],
+    concurrency: int = DEFAULTS["concurrency"],
+    max_failed_rows: int | None = DEFAULTS["max_failed_rows"],
+    num_workers: int = DEFAULTS["num_workers"],
+    ray_address: str | None = DEFAULTS["ray_address"],
+    allow_pickle: bool = DEFAULTS["allow_pickle"],
+    allow_python_models: bool = DEFAULTS["allow_python_models"],
     progress: bool | Callable[[Progress], None] = True,
 ) -> BatchSummary:
     """Score every row of ``input`` (a file, folder, glob or ``s3://``/``gs://`` URL of CSV, Parquet, JSON Lines,
@@ -110,7 +109,7 @@ def job_server_options(
     }
     if model_config_file:
         return ServerOptions(model_config_file=str(model_config_file), **common)
-    if model_base_path is None:
+    if not model_base_path:  # None, or an empty flag
         repository = str(model_repository)
         model_base_path = (
             f"{repository.rstrip('/')}/{model}" if is_remote(repository) else os.path.join(repository, model)

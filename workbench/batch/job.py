@@ -26,16 +26,16 @@ from typing import Any
 
 import numpy as np
 
-from workbench.batch import formats
 from workbench.batch.feeding import Feeding, RowErrors, feeding_for
+from workbench.batch.formats import RowReader, child, list_inputs, list_names, read_text, write_table, write_text
 from workbench.batch.plan import SUMMARY_FILE, Plan, Shard, make_plan, resume
+from workbench.config.batch_flags import DEFAULT_SHARD_ROWS
 from workbench.core import inference
 from workbench.core.errors import Code, ServingError
 from workbench.planes.calls import ModelSpec
 from workbench.planes.dataplane import Dataplane
 
 DEFAULT_BATCH_SIZE = 256
-DEFAULT_SHARD_ROWS = 100_000
 ROW_COLUMN = "row"  # the job-wide row number of each answer, where the input has no id column
 Prepared = tuple[np.ndarray, dict[str, np.ndarray], RowErrors]  # a shard's ids, its feed, its rows that cannot run
 
@@ -96,7 +96,7 @@ async def run_job(
     loop = asyncio.get_running_loop()
     await dataplane.loaded(job.model, None, ModelSpec(job.model, job.model_version, job.version_label))
     version, signature = _pinned(dataplane, job)
-    inputs = await loop.run_in_executor(None, formats.list_inputs, job.input)
+    inputs = await loop.run_in_executor(None, list_inputs, job.input)
     plan = await loop.run_in_executor(
         None,
         make_plan,
@@ -186,7 +186,7 @@ async def _run_shards(runner: _ShardRunner, todo: Sequence[Shard], plan: Plan, o
 
 def write_summary(output: str, summary: BatchSummary) -> None:
     """``_SUMMARY.json``: written last, once every shard is."""
-    formats.write_text(formats.child(output, SUMMARY_FILE), json.dumps(dataclasses.asdict(summary)))
+    write_text(child(output, SUMMARY_FILE), json.dumps(dataclasses.asdict(summary)))
 
 
 def _pinned(dataplane: Dataplane, job: BatchJob) -> tuple[int, inference.Signature]:
@@ -209,7 +209,7 @@ class _ShardRunner:
         self.done = self.failed = self.answered = 0
         self.report: Callable[[], None] = lambda: None
         # Shards are read in order, one at a time, each where the one before it ended: a file is read once.
-        self.reader = formats.RowReader()
+        self.reader = RowReader()
 
     def read(self, shard: Shard) -> dict[str, np.ndarray]:
         return self.reader.read(shard.file.path, shard.file.format, shard.start, shard.stop)
@@ -313,17 +313,17 @@ def _write_shard(
     """The shard's errors file, then its part: a part that exists says both are complete."""
     if errors:
         lines = "".join(json.dumps(error) + "\n" for error in errors)
-        formats.write_text(formats.child(output, plan.errors_name(shard)), lines)
-    formats.write_table(answers, formats.child(output, plan.part_name(shard)), plan.output_format)
+        write_text(child(output, plan.errors_name(shard)), lines)
+    write_table(answers, child(output, plan.part_name(shard)), plan.output_format)
 
 
 def _failed_in(plan: Plan, output: str, shards: Sequence[Shard]) -> int:
-    names = set(formats.list_names(output))
+    names = set(list_names(output))
     failed = 0
     for shard in shards:
         name = plan.errors_name(shard)
         if name in names:
-            failed += sum(1 for line in formats.read_text(formats.child(output, name)).splitlines() if line.strip())
+            failed += sum(1 for line in read_text(child(output, name)).splitlines() if line.strip())
     return failed
 
 

@@ -16,7 +16,16 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from workbench.batch import formats
+from workbench.batch.formats import (
+    child,
+    count_rows,
+    exists,
+    format_of,
+    list_names,
+    read_text,
+    remove,
+    write_text,
+)
 from workbench.core.errors import Code, ServingError
 
 PLAN_FILE = "_JOB.json"
@@ -102,8 +111,8 @@ def make_plan(
     files: list[InputFile] = []
     first = 0
     for path in inputs:
-        fmt = formats.format_of(path, input_format)
-        rows = formats.count_rows(path, fmt)
+        fmt = format_of(path, input_format)
+        rows = count_rows(path, fmt)
         files.append(InputFile(path, fmt, rows, first))
         first += rows
     if output_format is None:  # the input's own format; one unnamed array cannot hold ids beside the answers
@@ -120,9 +129,9 @@ def make_plan(
 def resume(plan: Plan, output: str, tidy: bool = True) -> set[int]:
     """Write ``plan`` to ``output`` or check it against the one there; the shards already done there. ``tidy``
     removes what a killed run left half-written (not where other processes of the same job write beside)."""
-    plan_path = formats.child(output, PLAN_FILE)
-    if formats.exists(plan_path):
-        earlier = Plan.from_document(json.loads(formats.read_text(plan_path)))
+    plan_path = child(output, PLAN_FILE)
+    if exists(plan_path):
+        earlier = Plan.from_document(json.loads(read_text(plan_path)))
         if earlier != plan:
             raise ServingError(
                 Code.FAILED_PRECONDITION,
@@ -130,8 +139,8 @@ def resume(plan: Plan, output: str, tidy: bool = True) -> set[int]:
                 "output, or delete it to start again",
             )
     else:
-        formats.write_text(plan_path, json.dumps(plan.document(), indent=2) + "\n")
-    names = set(formats.list_names(output))
+        write_text(plan_path, json.dumps(plan.document(), indent=2) + "\n")
+    names = set(list_names(output))
     if tidy:
         remove_temporaries(output, names)
     return {shard.index for shard in plan.shards() if plan.part_name(shard) in names}
@@ -139,9 +148,9 @@ def resume(plan: Plan, output: str, tidy: bool = True) -> set[int]:
 
 def remove_temporaries(output: str, names: set[str] | None = None) -> None:
     """Delete what a killed run left half-written in ``output``: never a finished shard."""
-    for name in formats.list_names(output) if names is None else names:
+    for name in list_names(output) if names is None else names:
         if name.startswith(TEMPORARY_PREFIX):
-            formats.remove(formats.child(output, name))
+            remove(child(output, name))
 
 
 def _difference(earlier: Plan, now: Plan) -> str:

@@ -49,7 +49,6 @@ from typing import Protocol, TypeVar
 
 import numpy as np
 
-from workbench import platforms
 from workbench.batching.interest import CURRENT_INTEREST, BatchTask, Interest, deadline_exceeded
 from workbench.batching.merge import Feed, Outputs, batch_key, check_batched_outputs, merge, padded_size, split
 from workbench.batching.run_cost import Contention, CostCurve, RunCost
@@ -59,6 +58,7 @@ from workbench.core.errors import Code, ServingError, from_exception
 from workbench.core.servable import PerRequestServable, Servable
 from workbench.core.signatures import Signature
 from workbench.observability import tracing as _tracing
+from workbench.platforms import INLINE_PLATFORMS
 
 log = logging.getLogger(__name__)
 
@@ -451,7 +451,7 @@ class BatchScheduler:
         known = by_signature.get(signature.name)
         if known is None:
             known = by_signature[signature.name] = _SignatureState(
-                RunCost(allowed=self._inline_cheap_calls and servable.platform in platforms.INLINE_PLATFORMS)
+                RunCost(allowed=self._inline_cheap_calls and servable.platform in INLINE_PLATFORMS)
             )
         return known
 

@@ -31,7 +31,6 @@ import grpc
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
-from workbench import platforms
 from workbench.config.model_control import load_overrides
 from workbench.core import inference
 from workbench.core.classification import classify
@@ -46,6 +45,7 @@ from workbench.frontends.v2_repository import V2Repository, unsupported_paramete
 from workbench.frontends.v2_shared_memory import SharedMemoryAccess
 from workbench.planes.controlplane import ControlPlane
 from workbench.planes.dataplane import Dataplane, ModelSpec
+from workbench.platforms import v2_name
 from workbench.protocol import v2_grpc, v2_models
 from workbench.protocol.explanations import v2_parameters
 from workbench.protocol.v2_shared_memory import SharedMemory
@@ -110,7 +110,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         with self.dataplane.handle(spec) as servable:
             signature = inference.predict_signature(servable, "")
             versions = self.models.available_versions(spec.name)
-            described = v2_models.model_metadata(spec.name, versions, platforms.v2_name(servable.platform), signature)
+            described = v2_models.model_metadata(spec.name, versions, v2_name(servable.platform), signature)
         return json_format.ParseDict(described, service_pb2.ModelMetadataResponse())
 
     @answers_errors
@@ -121,7 +121,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             max_batch_size = self.dataplane.max_batch_size(spec.name)
             config = v2_models.model_config(
                 spec.name,
-                platforms.v2_name(servable.platform),
+                v2_name(servable.platform),
                 signature,
                 max_batch_size,
                 servable.model_config,

@@ -34,7 +34,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from workbench import platforms
 from workbench.config.model_control import load_overrides
 from workbench.core.classification import classify
 from workbench.core.errors import Code, ServingError, from_exception
@@ -49,6 +48,7 @@ from workbench.frontends.v2_repository import V2Repository, unsupported_paramete
 from workbench.frontends.v2_shared_memory import SharedMemoryAccess, rest_peer, shared_memory_routes
 from workbench.planes.controlplane import ControlPlane
 from workbench.planes.dataplane import Dataplane, ModelSpec
+from workbench.platforms import v2_name
 from workbench.protocol import v2_client, v2_json, v2_models
 from workbench.protocol.explanations import v2_parameters
 from workbench.protocol.json_tensor import dumps, parse_body
@@ -135,7 +135,7 @@ class V2Rest:
         with self.dataplane.handle(spec) as servable:
             signature = _default_signature(spec.name, servable.signatures)
             versions = self.models.available_versions(spec.name)
-            body = v2_models.model_metadata(spec.name, versions, platforms.v2_name(servable.platform), signature)
+            body = v2_models.model_metadata(spec.name, versions, v2_name(servable.platform), signature)
         return json_response(dumps(body))
 
     async def model_config(self, request: Request) -> Response:
@@ -145,7 +145,7 @@ class V2Rest:
             max_batch_size = self.dataplane.max_batch_size(spec.name)
             body = v2_models.model_config(
                 spec.name,
-                platforms.v2_name(servable.platform),
+                v2_name(servable.platform),
                 signature,
                 max_batch_size,
                 servable.model_config,

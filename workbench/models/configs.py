@@ -10,21 +10,21 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from workbench import platforms
 from workbench.config import options
 from workbench.config.options import ModelConfig, ServerOptions
+from workbench.platforms import names as platform_names
 
 
 def parse_model_config_file(path: str | os.PathLike[str]) -> list[ModelConfig]:
     """A ``--model_config_file``'s models; an unknown ``model_platform`` is UNIMPLEMENTED."""
-    return options.parse_model_config_file(path, platforms.names)
+    return options.parse_model_config_file(path, platform_names)
 
 
 def model_configs_from_proto(config_list: object, base_dir: Path | None = None) -> list[ModelConfig]:
     """A ``ModelConfigList`` proto's models (gRPC's reload); an unknown ``model_platform`` is UNIMPLEMENTED."""
-    return options.model_configs_from_proto(config_list, base_dir, platforms.names)
+    return options.model_configs_from_proto(config_list, base_dir, platform_names)
 
 
 def initial_models(server_options: ServerOptions) -> list[ModelConfig]:
     """The models to serve at start-up: the config file's, the repository's, or the one-model shorthand."""
-    return server_options.initial_models(platforms.names)
+    return server_options.initial_models(platform_names)

@@ -37,9 +37,10 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from workbench import platforms
 from workbench.config.options import ModelConfig
 from workbench.models.manager import DiskVersion, Manager
+from workbench.platforms import TRITON_CONFIG
+from workbench.platforms import model_files as platform_model_files
 from workbench.runtime.storage import RemoteFolder, StorageError, fingerprint, is_remote, join, redact
 
 log = logging.getLogger(__name__)
@@ -107,8 +108,8 @@ def _local_version(path: str) -> DiskVersion:
     watched = dict(files)
     # A Triton model's config.pbtxt, beside the versions, says how each of them serves: a fixed one retries them.
     with contextlib.suppress(OSError):
-        st = os.stat(os.path.join(path, os.pardir, platforms.TRITON_CONFIG))
-        watched[f"../{platforms.TRITON_CONFIG}"] = {"size": st.st_size, "mtime": st.st_mtime_ns}
+        st = os.stat(os.path.join(path, os.pardir, TRITON_CONFIG))
+        watched[f"../{TRITON_CONFIG}"] = {"size": st.st_size, "mtime": st.st_mtime_ns}
     return DiskVersion(path=path, fingerprint=fingerprint(watched), contents=describe(files))
 
 
@@ -145,9 +146,9 @@ def scan_remote_versions(base_url: str) -> dict[int, DiskVersion]:
         else:
             beside[name] = info
     # A Triton model's config.pbtxt, beside the versions, says how each of them serves: a fixed one retries them.
-    triton_config = beside.get(platforms.TRITON_CONFIG)
-    triton = {f"../{platforms.TRITON_CONFIG}": triton_config} if triton_config is not None else {}
-    model_files = platforms.model_files()
+    triton_config = beside.get(TRITON_CONFIG)
+    triton = {f"../{TRITON_CONFIG}": triton_config} if triton_config is not None else {}
+    model_files = platform_model_files()
     found: dict[int, DiskVersion] = {}
     for folder in sorted(folders):
         version = parse_version(folder)

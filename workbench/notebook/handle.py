@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import html
+import inspect
 import json
 import os
 import shutil
@@ -30,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ParamSpec
 
 from workbench.config.server_flags import serve_flag_words
 from workbench.config.vocabulary import SERVER_KEYWORD_ALIASES, Alias, renamed_keywords
@@ -39,6 +40,8 @@ if TYPE_CHECKING:  # imported by start(), while the server process starts beside
     from workbench.client import Client
 
 DEFAULT_REPOSITORY = "workbench-models"
+DEFAULT_SERVER_NAME = "default"  # a server's name when none is given
+P = ParamSpec("P")
 _handles: list[ServerHandle] = []
 _handles_lock = threading.Lock()
 # Each handle's folder (its server's log and ready file): kept after stop() so that logs() still reads, and removed
@@ -82,7 +85,9 @@ def describe_exit(code: int) -> str:
 class ServerHandle:
     """A model server started from the notebook. Use :func:`workbench.serve` to make one.
 
-    Once started, ``rest_api_port`` and ``port`` are the ports it answers on (REST and gRPC).
+    Once started, ``rest_api_port`` and ``port`` are the ports it answers on (REST and gRPC). ``timeout`` is how
+    long :meth:`start` and :meth:`restart` wait for it to answer unless told otherwise; ``extra_args`` are more of
+    ``workbench serve``'s flags, as words. Its keywords are :func:`serve`'s too.
     """
 
     # The earlier names of the attributes, as the earlier keywords are accepted by __init__.
@@ -96,7 +101,7 @@ class ServerHandle:
         self,
         model_repository: str | os.PathLike[str] = DEFAULT_REPOSITORY,
         *,
-        server_name: str = "default",
+        server_name: str = DEFAULT_SERVER_NAME,
         rest_api_port: int | None = None,
         port: int | None = None,
         enable_batching: bool = False,
@@ -115,6 +120,7 @@ class ServerHandle:
         rest_api_ssl_cert_file: str | os.PathLike[str] | None = None,
         rest_api_ssl_key_file: str | os.PathLike[str] | None = None,
         ca_file: str | os.PathLike[str] | None = None,
+        timeout: float = 180.0,
         extra_args: Sequence[str] = (),
     ) -> None:
         if rest_api_port == 0:  # TF Serving's "REST off": the handle itself talks to its server over REST
@@ -156,6 +162,7 @@ class ServerHandle:
         self.ca_file = str(Path(ca_file).resolve()) if ca_file else None
         self._rest_scheme = "http"  # read back from the server's ready file, as its ports are
         self._grpc_tls = False
+        self.timeout = timeout  # how long start() and restart() wait for the server to answer, unless told
         self.extra_args = list(extra_args)
         readable = "".join(c if c.isalnum() or c in "-_." else "_" for c in server_name)  # any name, a safe folder
         self._dir = Path(tempfile.mkdtemp(prefix=f"workbench-{readable}-"))
@@ -201,10 +208,12 @@ class ServerHandle:
         )
         return [sys.executable, "-m", "workbench", "serve", *always, *given, *self.extra_args]
 
-    def start(self, timeout: float = 180.0) -> ServerHandle:
-        """Start the server and return once it answers (raises :class:`ServerDied` if it cannot start)."""
+    def start(self, timeout: float | None = None) -> ServerHandle:
+        """Start the server and return once it answers, within ``timeout`` seconds (default: the handle's); raises
+        :class:`ServerDied` if it cannot start."""
         if self.running:
             return self
+        timeout = self.timeout if timeout is None else timeout
         if isinstance(self.model_repository, Path):  # a store's "folder" is a prefix: nothing to create
             self.model_repository.mkdir(parents=True, exist_ok=True)
         self._ready_path.unlink(missing_ok=True)
@@ -275,7 +284,7 @@ class ServerHandle:
             if self in _handles:
                 _handles.remove(self)
 
-    def restart(self, timeout: float = 180.0) -> ServerHandle:
+    def restart(self, timeout: float | None = None) -> ServerHandle:
         """Start again on the same REST and gRPC ports, e.g. after :class:`ServerDied`; returns once it answers.
 
         Free picks are kept too: clients, dashboards and proxies made for the old server reach the new one. The
@@ -482,31 +491,28 @@ def models_table_text(models: list[dict[str, Any]]) -> str:
     return "\n".join(lines) if lines else "(no models)"
 
 
+def _takes_handle_options(
+    handle: Callable[P, ServerHandle],
+) -> Callable[[Callable[..., ServerHandle]], Callable[P, ServerHandle]]:
+    """The decorated function takes ``handle``'s keywords, as ``handle`` declares them (names, types, defaults).
+
+    Why this and not a TypedDict or a settings dataclass: ``ServerHandle.__init__`` is already the typed, documented
+    declaration users see, so ``serve()`` borrows it instead of repeating it. The ParamSpec gives type checkers
+    and IDEs its keywords, and ``__signature__`` gives them to ``help()`` and Jupyter's completion.
+    """
+
+    def adopt(function: Callable[..., ServerHandle]) -> Callable[P, ServerHandle]:
+        function.__signature__ = inspect.signature(handle).replace(  # type: ignore[attr-defined]
+            return_annotation="ServerHandle"
+        )
+        return function
+
+    return adopt
+
+
+@_takes_handle_options(ServerHandle)
 @renamed_keywords(**SERVER_KEYWORD_ALIASES)
-def serve(
-    model_repository: str | os.PathLike[str] = DEFAULT_REPOSITORY,
-    *,
-    server_name: str = "default",
-    rest_api_port: int | None = None,
-    port: int | None = None,
-    enable_batching: bool = False,
-    batching_parameters_file: str | os.PathLike[str] | None = None,
-    file_system_poll_wait_seconds: float = 0.5,
-    allow_pickle: bool = False,
-    allow_python_models: bool = False,
-    num_workers: int | str = 1,
-    response_cache_bytes: int = 0,
-    response_cache_models: Sequence[str] = (),
-    memory_budget: str = "",
-    load_on_demand: bool = False,
-    unload_after_idle: float = 0.0,
-    pin: Sequence[str] = (),
-    ssl_config_file: str | os.PathLike[str] | None = None,
-    rest_api_ssl_cert_file: str | os.PathLike[str] | None = None,
-    rest_api_ssl_key_file: str | os.PathLike[str] | None = None,
-    ca_file: str | os.PathLike[str] | None = None,
-    timeout: float = 180.0,
-) -> ServerHandle:
+def serve(model_repository: str | os.PathLike[str] = DEFAULT_REPOSITORY, **options: Any) -> ServerHandle:
     """Start a model server on ``model_repository`` (every sub-folder is a model) and return its handle.
 
     ``model_repository`` is a local folder or a store's URL (``s3://bucket/models``, read with the credentials of
@@ -529,30 +535,9 @@ def serve(
     The earlier keyword names (``repository``, ``name``, ``rest_port``, ``grpc_port``, ``batching``,
     ``batching_parameters``, ``poll_seconds``) are accepted too.
     """
-    handle = ServerHandle(
-        model_repository,
-        server_name=server_name,
-        rest_api_port=rest_api_port,
-        port=port,
-        enable_batching=enable_batching,
-        batching_parameters_file=batching_parameters_file,
-        file_system_poll_wait_seconds=file_system_poll_wait_seconds,
-        allow_pickle=allow_pickle,
-        allow_python_models=allow_python_models,
-        num_workers=num_workers,
-        response_cache_bytes=response_cache_bytes,
-        response_cache_models=response_cache_models,
-        memory_budget=memory_budget,
-        load_on_demand=load_on_demand,
-        unload_after_idle=unload_after_idle,
-        pin=pin,
-        ssl_config_file=ssl_config_file,
-        rest_api_ssl_cert_file=rest_api_ssl_cert_file,
-        rest_api_ssl_key_file=rest_api_ssl_key_file,
-        ca_file=ca_file,
-    ).start(timeout)
+    handle = ServerHandle(model_repository, **options).start()
     if handle.proxy_url:  # behind a hub, the browser reaches the REST API only through the Jupyter server
-        print(f"workbench server {server_name!r}: REST API in the browser at {handle.proxy_url}")
+        print(f"workbench server {handle.server_name!r}: REST API in the browser at {handle.proxy_url}")
     return handle
 
 

@@ -172,27 +172,11 @@ class ServeMagics(Magics):
             self.servers[name] = handle
             return handle
         if handle is None:
-            handle = ServerHandle(
-                args.model_repository or DEFAULT_REPOSITORY,
-                server_name=name,
-                rest_api_port=args.rest_api_port,
-                port=args.port,
-                enable_batching=args.enable_batching,
-                batching_parameters_file=args.batching_parameters_file,
-                allow_pickle=args.allow_pickle,
-                allow_python_models=args.allow_python_models,
-                num_workers=args.num_workers,
-                response_cache_bytes=args.response_cache_bytes,
-                response_cache_models=[m.strip() for m in args.response_cache_models.split(",") if m.strip()],
-                memory_budget=args.memory_budget or "",
-                load_on_demand=bool(args.load_on_demand),
-                unload_after_idle=args.unload_after_idle or 0.0,
-                pin=args.pin or (),
-                ssl_config_file=args.ssl_config_file,
-                rest_api_ssl_cert_file=args.rest_api_ssl_cert_file,
-                rest_api_ssl_key_file=args.rest_api_ssl_key_file,
-                ca_file=args.ca_file,
-            )
+            # The parser's options are the handle's keywords (%serve start's are workbench serve's flags); one not
+            # given (None) is left to the handle's default.
+            options = {option: value for option, value in vars(args).items() if value is not None}
+            options["response_cache_models"] = [m.strip() for m in args.response_cache_models.split(",") if m.strip()]
+            handle = ServerHandle(**options)
         self._current = handle
         try:
             handle.restart()  # a handle that died starts again on the same ports if they were chosen
@@ -381,11 +365,12 @@ class ServeMagics(Magics):
         inputs = client.encode_inputs(signature, data)
         from tqdm.auto import tqdm
 
+        from workbench.analyzer.analyze_flags import DEFAULTS, keywords
         from workbench.analyzer.candidates import grid
 
         candidates = grid(
-            args.max_batch_size, args.batch_timeout_micros, args.num_batch_threads, (100,), args.num_workers,
-            args.model_runners,
+            args.max_batch_size, args.batch_timeout_micros, args.num_batch_threads,
+            DEFAULTS["max_enqueued_batches"], args.num_workers, args.model_runners,
         )  # fmt: skip
         chart = _LiveFrontier(args.model)
         display(chart.widget)
@@ -400,15 +385,15 @@ class ServeMagics(Magics):
 
         try:  # interrupting the kernel cancels the analysis: its servers stop, the bar closes
             analysis = analyze(
-                args.model, handle.model_repository / args.model, inputs=inputs,
-                max_batch_size=args.max_batch_size, batch_timeout_micros=args.batch_timeout_micros,
-                num_batch_threads=args.num_batch_threads, num_workers=args.num_workers,
-                model_runners=args.model_runners, concurrency=args.concurrency, request_rate=args.request_rate,
-                search=args.search, latency_budget_ms=args.latency_budget_ms, min_throughput=args.min_throughput,
-                max_memory_mib=args.max_memory, measurement_interval_ms=args.measurement_interval,
+                args.model,
+                handle.model_repository / args.model,
+                inputs=inputs,
+                **keywords(vars(args)),
                 serve_flags=["--allow_python_models"] if handle.allow_python_models else [],
-                output=args.output, apply_to=handle.rest_url if args.apply else None, on_point=measured,
-            )  # fmt: skip
+                output=args.output,
+                apply_to=handle.rest_url if args.apply else None,
+                on_point=measured,
+            )
         finally:
             bar.close()
         chart.finish(figure(analysis))
@@ -417,23 +402,15 @@ class ServeMagics(Magics):
     def _batch(self, args: Any) -> Any:
         from workbench.batch import batch_predict
         from workbench.batch.feeding import parse_column_map
+        from workbench.config.batch_flags import keywords
 
         # The models of the server running here (what %serve export wrote), else workbench.export's own folder.
         repository = self._server(args.server_name).model_repository if self._known() else DEFAULT_REPOSITORY
         summary = batch_predict(
             args.model,
-            args.input,
-            args.output,
+            **keywords(vars(args), leave_out=("columns",)),
             model_repository=repository,
-            model_version=args.model_version,
-            version_label=args.version_label,
-            signature_name=args.signature_name,
             columns=parse_column_map(args.columns),
-            id_column=args.id_column,
-            output_format=args.output_format,
-            shard_rows=args.shard_rows,
-            max_failed_rows=args.max_failed_rows,
-            allow_python_models=args.allow_python_models,
         )
         print(
             f"{summary.rows_out} rows scored, {summary.rows_failed} failed, by {args.model} version "

@@ -16,13 +16,15 @@ from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, kwds, magic_arguments
 from IPython.utils.process import arg_split
 
+from workbench.analyzer.analyze_flags import FLAGS as ANALYZE_FLAGS
 from workbench.client.bench import DEFAULT_PROTOCOL, LOAD_ARGUMENTS, PROTOCOLS
+from workbench.config.batch_flags import FLAGS as BATCH_FLAGS
 from workbench.config.server_flags import FLAGS
 from workbench.config.vocabulary import OPTION_ALIASES, Argument, HelpFormatter, canonical_options, unrecognized_option
 from workbench.deploy.manifests import MANIFESTS_ARGUMENTS
-from workbench.notebook.handle import DEFAULT_REPOSITORY
+from workbench.notebook.handle import DEFAULT_REPOSITORY, DEFAULT_SERVER_NAME
 
-DEFAULT_NAME = "default"  # the server's name when none is given
+DEFAULT_NAME = DEFAULT_SERVER_NAME  # the server's name when none is given (the handle's)
 
 
 # ------------------------------------------------------------------------------------------- subcommand parsers
@@ -43,8 +45,11 @@ def _declared(spec: Argument) -> Any:
     return argument(*spec.flags, **spec.options)
 
 
-def _flag(name: str, help: str, **overrides: Any) -> Any:
-    """One of `workbench serve`'s flags, as `%serve start` takes it (the handle turns it back into that flag)."""
+def _flag(name: str, help: str, shows_default: bool = False, **overrides: Any) -> Any:
+    """One of `workbench serve`'s flags, as `%serve start` takes it (the handle turns it back into that flag); with
+    ``shows_default``, its default is the server's, for the help to show (else None: the handle's own)."""
+    if shows_default:
+        overrides.setdefault("default", FLAGS[name].default_value())
     return _declared(FLAGS[name].argument(help, **overrides))
 
 
@@ -63,9 +68,9 @@ _SIGNATURE_OPTION = argument("--signature_name", default="", metavar="NAME", hel
 @_flag("batching_parameters_file", help="a BatchingParameters text proto (turns batching on)")
 @_flag("allow_pickle", help="load scikit-learn pickles (model.joblib, model.pkl): they run code")
 @_flag("allow_python_models", help="load model.py and handler.py from the repository")
-@_flag("num_workers", default="1", help="worker processes on the same ports, or auto (default: 1)")
-@_flag("response_cache_bytes", default=0, metavar="N", help="Triton's response cache, in bytes (0: off)")
-@_flag("response_cache_models", default="", help="the models whose answers the cache keeps")
+@_flag("num_workers", shows_default=True, help="worker processes on the same ports, or auto (default: 1)")
+@_flag("response_cache_bytes", shows_default=True, metavar="N", help="Triton's response cache, in bytes (0: off)")
+@_flag("response_cache_models", shows_default=True, help="the models whose answers the cache keeps")
 @_flag("memory_budget", help="keep loaded versions within this memory (4Gi, 0.5, gpu:0.8); the rest load on demand")
 @_flag("load_on_demand", help="load each version when first asked for, not at start-up")
 @_flag("unload_after_idle", help="unload a version idle this many seconds (0: never)")
@@ -205,41 +210,27 @@ def _bench_parser(line: str) -> None:
     perf_analyzer's rows)."""
 
 
-def _numbers(text: str) -> list[int]:
-    try:
-        return [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise ValueError(f"a comma-separated list of whole numbers, not {text!r}") from None
+def _analyzer(name: str, **overrides: Any) -> Any:
+    """One of the analyzer's options (declared once for `workbench analyze` too), with this magic's help."""
+    return _declared(ANALYZE_FLAGS[name].argument(**overrides))
 
 
 @magic_arguments(name="%serve analyze")
 @kwds(formatter_class=HelpFormatter, epilog=_OPTIONS_NOTE)
 @argument("model", metavar="MODEL")
 @argument("data", nargs="+", metavar="DATA", help="one request's inputs: a variable name or a JSON literal")
-@argument("--max_batch_size", type=_numbers, default=[1, 8, 32], metavar="N,N", help="(1: no batching)")
-@argument("--batch_timeout_micros", type=_numbers, default=[0, 2000], metavar="N,N")
-@argument("--num_batch_threads", type=_numbers, default=[1], metavar="N,N")
-@argument("--num_workers", type=_numbers, default=[1], metavar="N,N")
-@argument(
-    "--model_runners",
-    type=lambda text: [part.strip() for part in text.split(",") if part.strip()],
-    default=["auto"],
-    metavar="R,R",
-    help="auto, in_process or a count",
-)
-@argument("--concurrency", type=_numbers, default=[1, 2, 4, 8, 16], metavar="N,N")
-@argument(
-    "--request_rate",
-    type=lambda text: [float(part) for part in text.split(",") if part.strip()],
-    default=[],
-    metavar="R,R",
-    help="measure at these requests a second (open loop) instead of the concurrencies",
-)
-@argument("--search", choices=("brute", "quick"), default="brute")
-@argument("--latency_budget_ms", type=float, metavar="MS", help="on the p99")
-@argument("--min_throughput", type=float, metavar="N", help="inferences a second")
-@argument("--max_memory", type=float, metavar="MIB", help="the server's resident memory")
-@argument("--measurement_interval", type=float, default=2000.0, metavar="MS")
+@_analyzer("max_batch_size", metavar="N,N", help="(1: no batching)")
+@_analyzer("batch_timeout_micros", metavar="N,N", help=None)
+@_analyzer("num_batch_threads", metavar="N,N", help=None)
+@_analyzer("num_workers", metavar="N,N", help=None)
+@_analyzer("model_runners", metavar="R,R", help="auto, in_process or a count")
+@_analyzer("concurrency", metavar="N,N", help=None)
+@_analyzer("request_rate")
+@_analyzer("search", help=None)
+@_analyzer("latency_budget_ms")
+@_analyzer("min_throughput")
+@_analyzer("max_memory")
+@_analyzer("measurement_interval", help=None)
 @argument("--output", metavar="DIR", help="write the winner's files, results.json and report.html here")
 @argument("--apply", action="store_true", help="give the running server's MODEL the winner's batching parameters")
 @_SERVER_OPTION
@@ -248,25 +239,28 @@ def _analyze_parser(line: str) -> None:
     perf_analyzer does, the frontier drawn as it is measured; returns the analysis (its report in the cell)."""
 
 
+def _batch(name: str, **overrides: Any) -> Any:
+    """One of a batch job's options (declared once for `workbench batch` too), as `%serve batch` takes it."""
+    return _declared(BATCH_FLAGS[name].argument(**overrides))
+
+
 @magic_arguments(name="%serve batch")
 @kwds(formatter_class=HelpFormatter, epilog=_OPTIONS_NOTE)
 @argument("model", metavar="MODEL")
-@argument(
-    "--input",
-    required=True,
-    metavar="URI",
+@_batch(
+    "input",
     help="a file, folder or glob of CSV, Parquet, JSON Lines, .npy/.npz or TFRecord files; local, s3:// or gs://",
 )
-@argument("--output", required=True, metavar="URI", help="the folder the answers go to")
-@argument("--model_version", type=int, metavar="N", help="default: the latest")
-@argument("--version_label", metavar="LABEL", help="a version by its label")
-@_SIGNATURE_OPTION
-@argument("--columns", default="", metavar="MAP", help="file columns that feed inputs of other names: column=input,...")
-@argument("--id_column", metavar="NAME", help="copied beside each answer (default: row, the row's number)")
-@argument("--output_format", metavar="FORMAT", help="default: the input's")
-@argument("--shard_rows", type=int, default=100_000, metavar="ROWS", help="rows a written file (default 100000)")
-@argument("--max_failed_rows", type=int, metavar="N", help="stop once more rows than N failed")
-@argument("--allow_python_models", action="store_true", help="load model.py and handler.py (runs their code)")
+@_batch("output")
+@_batch("model_version")
+@_batch("version_label")
+@_batch("signature_name")
+@_batch("columns", help="file columns that feed inputs of other names: column=input,...", default="")
+@_batch("id_column", help="copied beside each answer (default: row, the row's number)")
+@_batch("output_format")
+@_batch("shard_rows")
+@_batch("max_failed_rows", help="stop once more rows than N failed")
+@_batch("allow_python_models", action="store_true")
 @_SERVER_OPTION
 def _batch_parser(line: str) -> None:
     """Score a data set with MODEL from the server's repository, as `workbench batch`; returns the summary."""

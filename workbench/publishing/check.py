@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from workbench import platforms
 from workbench.core.signatures import DEFAULT_SIGNATURE
+from workbench.platforms import Loader, LoadPolicy
 from workbench.publishing.errors import ExportError, one_line
 from workbench.publishing.warmup import example_requests, write_warmup
 
@@ -30,7 +30,7 @@ def write_warmup_and_verify(name: str, path: Path, examples: Any) -> tuple[dict[
     from workbench.models import warmup
 
     # Loaded as the server will; the user's own kernel wrote any Python here, so the check may import it.
-    loader = platforms.Loader(platforms.LoadPolicy(allow_pickle=False, allow_python=True))
+    loader = Loader(LoadPolicy(allow_pickle=False, allow_python=True))
     try:
         servable = loader(name, 0, str(path))
     except Exception as exc:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from workbench import platforms
+from workbench.platforms import model_files
 from workbench.publishing.errors import ExportError
 from workbench.runtime.storage import RemoteFolder, StorageError, join, redact
 
@@ -46,7 +46,7 @@ def upload(name: str, store: RemoteFolder, staging: Path, version: int | None) -
     refuse_existing_in_store(name, store, number)
     try:
         # The model file goes last: a server polling the store counts the version only once it is there.
-        model_file = next((f for f in platforms.model_files() if (staging / f).is_file()), "")
+        model_file = next((f for f in model_files() if (staging / f).is_file()), "")
         store.upload(staging, str(number), last=model_file)
     except StorageError as exc:
         raise ExportError(f"Could not upload version {number} of model {name!r}: {exc}") from None

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from workbench import platforms
+from workbench.platforms import registry
 from workbench.publishing.errors import ExportError
 
 __all__ = ["platform_writer"]
@@ -41,7 +41,7 @@ def platform_writer(
             f"platform), not {format!r}"
         )
     if format is None:
-        for platform in platforms.registry().values():
+        for platform in registry().values():
             if platform.name in ("tensorflow", "workbench_null"):
                 continue
             try:

@@ -33,7 +33,6 @@ from typing import Any, cast
 
 import numpy as np
 
-from workbench import platforms
 from workbench.batching.interest import Interest
 from workbench.batching.merge import batch_key, merge, split
 from workbench.batching.scheduler import BatchRecord, BatchScheduler
@@ -45,6 +44,7 @@ from workbench.core.servable import Composite, Servable
 from workbench.core.signatures import Signature
 from workbench.models.warmup import warm_up
 from workbench.observability import tracing
+from workbench.platforms import Loader
 from workbench.platforms.base import LoadPolicy
 from workbench.platforms.triton import own_batching
 from workbench.runners import wire
@@ -124,7 +124,7 @@ class ModelRunner:
         # source (name, version, URL), so they all hold the same copy.
         self._cache = VersionCache(options.model_cache_dir)
         self._loader = caching_loader(
-            platforms.Loader(
+            Loader(
                 LoadPolicy(
                     options.allow_pickle,
                     options.allow_python_models,

@@ -22,7 +22,6 @@ import threading
 import time
 from collections.abc import Callable
 
-from workbench import platforms
 from workbench.asynchronous.service import AsyncInference
 from workbench.batching.scheduler import Batcher, BatchRecord, BatchScheduler
 from workbench.batching.threads import InferenceThreads
@@ -52,6 +51,7 @@ from workbench.planes.controlplane import ControlPlane
 from workbench.planes.dataplane import Dataplane, ServerStatus
 from workbench.planes.response_cache import ResponseCache
 from workbench.planes.shared_memory import SharedMemoryRegistry
+from workbench.platforms import Loader as PlatformLoader
 from workbench.platforms.base import LoadPolicy
 from workbench.platforms.triton import own_batching
 from workbench.runners.remote import RunnerDispatch, RunnerLoader, RunnerPool, RunnerServable
@@ -96,7 +96,7 @@ class ModelServer:
         self.stats = RollingStats()
         # Versions in object stores load from a local copy, downloaded per load and removed on unload.
         self.model_cache = VersionCache(options.model_cache_dir)
-        loader: Loader = platforms.Loader(
+        loader: Loader = PlatformLoader(
             LoadPolicy(
                 options.allow_pickle,
                 options.allow_python_models,

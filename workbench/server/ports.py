@@ -20,7 +20,7 @@ from starlette.applications import Starlette
 from workbench.config.options import ServerOptions
 from workbench.core.errors import Code, ServingError
 from workbench.frontends.grpc import ReadinessHealth, start_grpc_server
-from workbench.server import grpc_drain
+from workbench.server.grpc_drain import stop as drain_grpc
 from workbench.server.http_drain import DrainingHttpProtocol, drain
 
 log = logging.getLogger("workbench.server")  # the server's log lines, whichever of its modules writes them
@@ -132,7 +132,7 @@ class Ports:
         """
         closing = []
         if self._grpc is not None:
-            closing.append(grpc_drain.stop(self._grpc, grace))
+            closing.append(drain_grpc(self._grpc, grace))
             self._grpc = None
         if self._uvicorn is not None:
             closing.append(drain(self._uvicorn, self._sockets, grace))
