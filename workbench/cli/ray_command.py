@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from workbench.cli.logs import configure_logging
+from workbench.config.ray_deploy_defaults import RAY_DEPLOY_DEFAULTS as DEFAULTS
 from workbench.config.vocabulary import VocabularyParser
 
 RAY_EXAMPLES = """\
@@ -28,7 +29,7 @@ def add_ray_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     actions = p.add_subparsers(title="actions", metavar="ACTION", required=True, parser_class=VocabularyParser)
     common = VocabularyParser(add_help=False)
-    common.add_argument("--name", default="workbench", metavar="NAME", help="the Ray Serve application's name")
+    common.add_argument("--name", default=DEFAULTS.name, metavar="NAME", help="the Ray Serve application's name")
     common.add_argument(
         "--address",
         default="",
@@ -56,10 +57,18 @@ def add_ray_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     deploy.add_argument("--num_cpus", type=float, metavar="N", help="CPUs Ray reserves for each replica")
     deploy.add_argument("--num_gpus", type=float, metavar="N", help="GPUs Ray reserves for each replica")
-    deploy.add_argument("--http_host", default="127.0.0.1", metavar="ADDRESS", help="address Ray's HTTP proxies bind")
-    deploy.add_argument("--http_port", type=int, default=8501, metavar="PORT", help="Ray's HTTP proxy port (REST)")
-    deploy.add_argument("--grpc_port", type=int, default=8500, metavar="PORT", help="Ray's gRPC proxy port")
-    deploy.add_argument("--route_prefix", default="/", metavar="PATH", help="where the REST API is mounted")
+    deploy.add_argument(
+        "--http_host", default=DEFAULTS.http_host, metavar="ADDRESS", help="address Ray's HTTP proxies bind"
+    )
+    deploy.add_argument(
+        "--http_port", type=int, default=DEFAULTS.http_port, metavar="PORT", help="Ray's HTTP proxy port (REST)"
+    )
+    deploy.add_argument(
+        "--grpc_port", type=int, default=DEFAULTS.grpc_port, metavar="PORT", help="Ray's gRPC proxy port"
+    )
+    deploy.add_argument(
+        "--route_prefix", default=DEFAULTS.route_prefix, metavar="PATH", help="where the REST API is mounted"
+    )
     deploy.add_argument(
         "--ready_file", default="", metavar="FILE", help="once serving, write the addresses as JSON to FILE"
     )

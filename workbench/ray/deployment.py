@@ -21,6 +21,7 @@ from ray import serve
 from ray.serve.schema import ProxyStatus
 
 from workbench.config.options import ServerOptions
+from workbench.config.ray_deploy_defaults import RAY_DEPLOY_DEFAULTS
 from workbench.config.serve_options import serve_options
 from workbench.config.server_flags import MANAGEMENT_TOKEN_ENV, serve_flag_words
 from workbench.jupyter import server_records
@@ -29,7 +30,7 @@ from workbench.ray.peers import forget_replicas
 from workbench.ray.replica import WorkbenchReplica
 from workbench.runtime.storage import is_remote
 
-DEFAULT_NAME = "workbench"
+DEFAULT_NAME = RAY_DEPLOY_DEFAULTS.name
 # How long Serve's proxies may take to start in all (Ray's own wait is a minute; see _start_serve).
 PROXY_START_SECONDS = 300.0
 log = logging.getLogger(__name__)
@@ -168,13 +169,13 @@ def deploy(
     name: str = DEFAULT_NAME,
     num_replicas: int | None = None,
     autoscaling_config: Mapping[str, Any] | None = None,
-    http_host: str = "127.0.0.1",
-    http_port: int = 8501,
-    grpc_port: int = 8500,
+    http_host: str = RAY_DEPLOY_DEFAULTS.http_host,
+    http_port: int = RAY_DEPLOY_DEFAULTS.http_port,
+    grpc_port: int = RAY_DEPLOY_DEFAULTS.grpc_port,
     ray_actor_options: Mapping[str, Any] | None = None,
     max_ongoing_requests: int = DEFAULT_MAX_ONGOING_REQUESTS,
     serve_flags: Sequence[str] = (),
-    route_prefix: str = "/",
+    route_prefix: str = RAY_DEPLOY_DEFAULTS.route_prefix,
     address: str | None = None,
     proxy_location: str = "EveryNode",
 ) -> RayDeployment:
