@@ -298,9 +298,9 @@ class Loader:
     def __call__(self, name: str, version: int, path: str, platform: str = "") -> Servable:
         if (Path(path).parent / TRITON_CONFIG).is_file():
             # A Triton model (its folder holds config.pbtxt): the config says how it is served.
-            from workbench.platforms import triton
+            from workbench.platforms.triton import load as load_triton
 
-            return triton.load(name, version, path, self.policy, platform)
+            return load_triton(name, version, path, self.policy, platform)
         chosen = self._choose(path, platform)
         servable = chosen.load(name, version, path, self.policy)
         servable.platform = chosen.name
