@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from workbench.core.differentiable import Gradients
 from workbench.core.errors import Code, ServingError, from_exception
 from workbench.core.servable import Servable
 from workbench.core.signatures import (
@@ -588,6 +589,30 @@ class TorchServable(Servable):
                 f"forward() returned {describe_array(array)}",
             )
         return array
+
+    def gradients(self, signature: Signature, input_alias: str, output_alias: str) -> Gradients:
+        """Integrated gradients' view of ``signature`` (:class:`~workbench.core.differentiable.Differentiable`):
+        the module and the argument structure of its forward() that :meth:`run` calls, so an explanation
+        differentiates exactly the served model."""
+        from workbench.platforms.pytorch_gradients import ModuleGradients
+
+        module, in_spec = self._module, self._in_spec
+        if module is None:
+            raise ServingError(Code.UNAVAILABLE, f"Model {self.name} version {self.version} is unloaded")
+        leaf = signature.outputs[output_alias].name
+
+        def call(x: Any) -> Any:
+            if in_spec is not None:
+                import torch.utils._pytree as pytree
+
+                args, kwargs = pytree.tree_unflatten([x], in_spec)
+                return module(*args, **kwargs)
+            return module(x)
+
+        def pick(result: Any) -> Any:
+            return dict(named_leaves(result))[leaf]
+
+        return ModuleGradients(call, pick, output_alias, self.device)
 
     def close(self) -> None:
         import torch

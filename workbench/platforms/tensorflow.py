@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from workbench.core.differentiable import Gradients
 from workbench.core.errors import Code, ServingError, from_exception
 from workbench.core.servable import Servable
 from workbench.core.signatures import Signature, TensorSpec
@@ -193,6 +194,13 @@ class SavedModelServable(Servable):
         except Exception as exc:
             raise from_exception(exc) from None
         return {alias: np.asarray(value) for alias, value in zip(fetches, results, strict=True)}
+
+    def gradients(self, signature: Signature, input_alias: str, output_alias: str) -> Gradients:
+        """Integrated gradients' view of ``signature`` (:class:`~workbench.core.differentiable.Differentiable`):
+        the SavedModel read again eagerly, since the graph session cannot be differentiated."""
+        from workbench.platforms.tensorflow_gradients import SavedModelGradients, saved_model_signature
+
+        return SavedModelGradients(saved_model_signature(self, signature.name), input_alias, output_alias)
 
     def close(self) -> None:
         with self._callables_lock:
