@@ -58,6 +58,12 @@ class Platform:
     # The framework's modules, which ``module`` imports only inside its loader: imported first by
     # :meth:`import_framework` when a load is measured (a memory budget), so the model is charged, not the import.
     framework: tuple[str, ...] = ()
+    # What ``workbench.export`` asks of its module's ``writer()`` (:mod:`workbench.platforms.export_request`): the
+    # ``format=`` names it writes (a model of another platform converted, or its own in a format of its choice), the
+    # export keywords its models take beyond the generic ones, and what it writes, for messages ("PyTorch modules").
+    export_formats: tuple[str, ...] = ()
+    export_options: tuple[str, ...] = ()
+    exported_objects: str = ""
 
     def load(self, name: str, version: int, path: str, policy: LoadPolicy) -> Servable:
         load: PlatformLoader = getattr(self.import_module(), self.loader)
@@ -101,6 +107,7 @@ BUILTIN: tuple[Platform, ...] = (
         v2_name="tensorflow_savedmodel",
         inline=True,
         framework=("tensorflow",),
+        export_formats=("saved_model", "tensorflow"),  # workbench.publishing's SavedModel route
     ),
     Platform(
         "sklearn",
@@ -135,6 +142,7 @@ BUILTIN: tuple[Platform, ...] = (
         v2_name="onnxruntime_onnx",
         inline=True,
         framework=("onnxruntime", "onnx"),
+        export_formats=("onnx",),  # scikit-learn models converted with skl2onnx
     ),
     # model.pt2 (torch.export) or model.pt (TorchScript); v2 metadata names it as Triton names its libtorch backend.
     Platform(
@@ -145,6 +153,9 @@ BUILTIN: tuple[Platform, ...] = (
         v2_name="pytorch_libtorch",
         inline=True,
         framework=("torch",),
+        export_formats=("pt2", "torchscript"),
+        export_options=("example_inputs",),
+        exported_objects="PyTorch modules",
     ),
     # model.tflite, served by LiteRT; beside a SavedModel only with --prefer_tflite_model (TF Serving's flag).
     Platform(
