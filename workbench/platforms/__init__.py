@@ -64,6 +64,9 @@ class Platform:
     export_formats: tuple[str, ...] = ()
     export_options: tuple[str, ...] = ()
     exported_objects: str = ""
+    # ``module:function`` listing the models a repository root holds packed in the platform's own files (TorchServe's
+    # .mar archives): ``function(root, is_model_name)`` → model name → the folder of its unpacked versions.
+    packaged_models: str = ""
 
     def load(self, name: str, version: int, path: str, policy: LoadPolicy) -> Servable:
         load: PlatformLoader = getattr(self.import_module(), self.loader)
@@ -169,13 +172,14 @@ BUILTIN: tuple[Platform, ...] = (
     ),
     Platform("python", ("model.py",), "workbench.platforms.python"),
     Platform("pipeline", ("pipeline.yaml",), "workbench.platforms.pipeline", v2_name="ensemble"),
-    # An unpacked TorchServe model archive (workbench.runtime.model_archives writes the second file beside it).
+    # An unpacked TorchServe model archive (workbench.platforms.torchserve_archives writes the second file beside it).
     Platform(
         "torchserve",
         ("MAR-INF/MANIFEST.json", "MAR-INF/workbench-source.json"),
         "workbench.platforms.torchserve",
         extra="pytorch",
         framework=("torch",),
+        packaged_models="workbench.platforms.torchserve_archives:store_models",
     ),
     # SavedModel signatures answered with zeros: the frontends' ceiling, measured by the benchmarks. Chosen only
     # by name (no files of its own).
@@ -218,6 +222,17 @@ def v2_name(name: str) -> str:
 def model_files() -> tuple[str, ...]:
     """Every file name that identifies a platform's model in a version folder."""
     return tuple(f for platform in registry().values() for f in platform.files)
+
+
+def packaged_models(root: Path, is_model_name: Callable[[str], bool]) -> dict[str, str]:
+    """The models repository root ``root`` holds packed in platforms' own files (TorchServe's ``.mar`` archives),
+    unpacked where they changed: model name → the folder of its versions."""
+    found: dict[str, str] = {}
+    for platform in registry().values():
+        if platform.packaged_models:
+            module, _, function = platform.packaged_models.partition(":")
+            found.update(getattr(importlib.import_module(module), function)(root, is_model_name))
+    return found
 
 
 def get(name: str) -> Platform:
