@@ -32,3 +32,18 @@ class ExportRequest:
 class ExportRefused(Exception):
     """A platform takes the model (or the format asked for) but cannot write it as asked: ``workbench.export``
     raises an ``ExportError`` with this message."""
+
+
+def one_line(exc: BaseException) -> str:
+    """The first line of an error's message (TensorFlow's run with node dumps over many lines), bounded."""
+    message = getattr(exc, "message", None)
+    text = message if isinstance(message, str) else str(exc)
+    first = next((line.strip() for line in text.splitlines() if line.strip()), type(exc).__name__)
+    return first if len(first) <= 400 else first[:397] + "..."
+
+
+def estimated_bytes(writer: VersionWriter) -> int:
+    """What ``writer`` writes at least, where it can tell before writing (its ``estimated_bytes()``: a SavedModel's
+    variables), else 0: a full disk's message names it."""
+    estimate = getattr(writer, "estimated_bytes", None)
+    return int(estimate()) if callable(estimate) else 0

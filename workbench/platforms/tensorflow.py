@@ -31,6 +31,7 @@ from workbench.core.errors import Code, ServingError, from_exception
 from workbench.core.servable import Servable
 from workbench.core.signatures import Signature, TensorSpec
 from workbench.platforms.base import LoadPolicy
+from workbench.platforms.export_request import ExportRequest, VersionWriter
 from workbench.protocol import tf_types
 from workbench.protocol.signature_defs import signature_from_proto
 from workbench.runtime.tensorflow_runtime import saved_model_runtime
@@ -298,3 +299,11 @@ class NullServable(Servable):
             shape = (rows,) + tuple(max(d, 1) for d in (spec.shape or (-1,))[1:])
             result[alias] = np.zeros(shape, dtype=spec.dtype) if spec.dtype.kind != "O" else np.full(shape, b"", object)
         return result
+
+
+def writer(model: Any, request: ExportRequest) -> VersionWriter:
+    """How ``workbench.export`` writes a TensorFlow model (Keras, a ``tf.Module``, a function): traced and saved as a
+    SavedModel (:mod:`workbench.platforms.tensorflow_export`); the route of every model no other platform takes."""
+    from workbench.platforms.tensorflow_export import writer as saved_model_writer
+
+    return saved_model_writer(model, request)

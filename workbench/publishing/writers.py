@@ -1,4 +1,4 @@
-"""Which platform writes a model, and its writer of the version folder (None: the SavedModel route).
+"""Which platform writes a model, and its writer of the version folder.
 
 Every platform's module says whether a model is its own (``exports``) and writes it (``write``); one that takes
 formats or options of its own also has ``writer(model, request)`` (:mod:`workbench.platforms.export_request`), and its
@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import importlib
 from collections.abc import Mapping
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -18,23 +19,43 @@ from workbench import platforms
 from workbench.platforms.export_request import ExportRefused, ExportRequest, VersionWriter
 from workbench.publishing.errors import ExportError
 
-__all__ = ["platform_writer"]
+__all__ = ["platform_writer", "write_version"]
 
-# The SavedModel route is workbench.publishing.saved_model's; the null platform writes nothing.
-_NOT_WRITERS = ("tensorflow", "workbench_null")
+# The platform that writes what no other platform's exports() takes: TensorFlow's traces any function or module.
+_FALLBACK = "tensorflow"
+# Neither is asked in turn: the fallback comes last, and the null platform writes nothing.
+_NOT_WRITERS = (_FALLBACK, "workbench_null")
 
 
 def platform_writer(
     model: Any, format: str | None, signatures: Mapping[str, Any] | None, examples: Any, example_inputs: Any = None
-) -> VersionWriter | None:
-    """How to write ``model`` if a platform other than TensorFlow's takes it (None: the SavedModel route).
+) -> VersionWriter:
+    """How to write ``model``: its platform's writer, else the fallback platform's (TensorFlow's SavedModel route).
 
-    ``example_inputs`` are what a platform that traces its models takes (PyTorch's; else ``examples``).
+    ``example_inputs`` are what a platform that traces its models takes (else it reads ``examples``).
     """
+    request = ExportRequest(format, signatures, examples, example_inputs)
     try:
-        return _writer(model, ExportRequest(format, signatures, examples, example_inputs))
+        found = _writer(model, request)
+        if found is None:
+            fallback: VersionWriter = importlib.import_module(platforms.get(_FALLBACK).module).writer(model, request)
+            return fallback
+        return found
     except ExportRefused as refused:
-        raise ExportError(str(refused)) from None
+        raise export_error(refused) from refused.__cause__
+
+
+def write_version(write: VersionWriter, folder: Path) -> None:
+    """Run a platform's writer on the version folder ``folder``; what it refuses is an ExportError."""
+    try:
+        write(folder)
+    except ExportRefused as refused:
+        raise export_error(refused) from refused.__cause__
+
+
+def export_error(refused: ExportRefused) -> ExportError:
+    """A platform's refusal as workbench.export's error, with the same message (and the cause the refusal had)."""
+    return ExportError(str(refused))
 
 
 def _writer(model: Any, request: ExportRequest) -> VersionWriter | None:
@@ -58,7 +79,7 @@ def _writer(model: Any, request: ExportRequest) -> VersionWriter | None:
         converted: VersionWriter | None = getattr(_module(asked), "writer", _no_writer)(model, request)
         if converted is not None:
             return converted
-    if request.format not in (None, *platforms.get("tensorflow").export_formats):
+    if request.format not in (None, *platforms.get(_FALLBACK).export_formats):
         raise ExportRefused(
             f"format must be {_formats(writing)}, or left out (the model's own platform), not {request.format!r}"
         )
