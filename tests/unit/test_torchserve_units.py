@@ -16,9 +16,11 @@ import pytest
 
 from workbench.config.options import is_model_name
 from workbench.core.errors import Code, ServingError
+from workbench.platforms import torchserve_archives as model_archives
+from workbench.platforms import torchserve_download
 from workbench.platforms.base import LoadPolicy
-from workbench.runtime import archive_download, model_archives
-from workbench.runtime.model_archives import ArchiveError, parse_manifest
+from workbench.platforms.torchserve_archives import ArchiveError, parse_manifest
+from workbench.runtime import archive_download
 
 pytest.importorskip("torch")
 
@@ -261,17 +263,17 @@ def test_downloads_are_size_limited_checked_and_never_half_written(tmp_path: Pat
     try:
         url = f"http://127.0.0.1:{site.server_address[1]}/big.mar"
         with pytest.raises(archive_download.DownloadError) as refused:
-            archive_download.download_archive(url, store, max_bytes=1000)
+            torchserve_download.download_archive(url, store, max_bytes=1000)
         assert refused.value.status == 413 and "larger than 1000 bytes" in refused.value.message
         assert list(store.iterdir()) == []  # neither the archive nor its temporary file
         with pytest.raises(archive_download.DownloadError) as junk:
-            archive_download.download_archive(url.replace("big", "junk"), store, max_bytes=10000)
+            torchserve_download.download_archive(url.replace("big", "junk"), store, max_bytes=10000)
         assert junk.value.status == 400 and "is not a model archive" in junk.value.message
         assert list(store.iterdir()) == []
-        assert archive_download.download_archive(url, store, max_bytes=10000) == "big.mar"
+        assert torchserve_download.download_archive(url, store, max_bytes=10000) == "big.mar"
         assert (store / "big.mar").read_bytes() == _Unsized.archive and len(list(store.iterdir())) == 1
         with pytest.raises(archive_download.DownloadError, match="must end in the archive's file name"):
-            archive_download.download_archive(url.replace("big.mar", "big.zip"), store, max_bytes=10000)
+            torchserve_download.download_archive(url.replace("big.mar", "big.zip"), store, max_bytes=10000)
     finally:
         site.shutdown()
         site.server_close()

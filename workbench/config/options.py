@@ -19,13 +19,15 @@ from workbench.config.request_logging import RequestLogConfig, request_log_confi
 from workbench.config.text_config import parse_text_config
 from workbench.config.version_policy import VersionPolicy
 from workbench.core.errors import Code, ServingError
-from workbench.runtime import model_archives
 from workbench.runtime.storage import RemoteFolder, is_remote, state_dir
 
 log = logging.getLogger(__name__)
 
 # The platforms a model config may name: ``workbench.platforms.names``, given by the floors above.
 PlatformNames = Callable[[], Sequence[str]]
+# Models a repository root holds packed in a platform's own files (TorchServe's .mar archives), given by the floors
+# above (``workbench.platforms.packaged_models``): (root, is a model name) → model name → its versions' folder.
+PackagedModels = Callable[[Path, Callable[[str], bool]], Mapping[str, str]]
 
 
 # "workbench_null" serves a SavedModel's signatures without running it (zeros of the right types): the
@@ -199,12 +201,14 @@ class ServerOptions:
             return os.path.join(self.model_repository, ".workbench", "routing.json")
         return ""
 
-    def initial_models(self, platform_names: PlatformNames | None = None) -> list[ModelConfig]:
+    def initial_models(
+        self, platform_names: PlatformNames | None = None, packaged: PackagedModels | None = None
+    ) -> list[ModelConfig]:
         """The models to serve at start-up: the config file's, or the one-model shorthand."""
         if self.model_config_file:
             return parse_model_config_file(self.model_config_file, platform_names)
         if self.model_repository:
-            return discover_models(self.model_repository)
+            return discover_models(self.model_repository, packaged)
         if self.model_base_path:
             base_path = self.model_base_path
             base_path = base_path if is_remote(base_path) else os.path.abspath(base_path)
@@ -440,8 +444,9 @@ def parse_channel_arguments(text: str) -> tuple[tuple[str, int | str], ...]:
     return tuple(arguments)
 
 
-def discover_models(root: str | os.PathLike[str]) -> list[ModelConfig]:
-    """A model repository root: every sub-folder whose name is a valid model name is a model (latest policy).
+def discover_models(root: str | os.PathLike[str], packaged: PackagedModels | None = None) -> list[ModelConfig]:
+    """A model repository root: every sub-folder whose name is a valid model name is a model (latest policy), and
+    every model ``packaged`` finds packed in a platform's files (all its versions).
 
     Hidden folders (``.workbench``, an export's temporary folder) are skipped. A missing root is created, so a
     server can start on an empty repository and pick up models as they are exported into it. A root in an object
@@ -461,9 +466,11 @@ def discover_models(root: str | os.PathLike[str]) -> list[ModelConfig]:
         for entry in sorted(base.iterdir())
         if entry.is_dir() and is_model_name(entry.name)
     ]
+    if packaged is None:
+        return models
     # A TorchServe model store: each model of its .mar files serves every version it has, as TorchServe does.
     folders = {model.name for model in models}
-    for name, folder in model_archives.store_models(base, is_model_name).items():
+    for name, folder in packaged(base, is_model_name).items():
         if name in folders:
             log.error("Model %s is both a folder and .mar archives in %s; the folder is served", name, base)
             continue

@@ -14,7 +14,6 @@ The choice, for ``"explainer": "auto"`` (a request may name one instead):
 from __future__ import annotations
 
 import dataclasses
-import sys
 import threading
 import weakref
 from collections.abc import Mapping
@@ -22,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from workbench.core.differentiable import Differentiable, Gradients
 from workbench.core.errors import Code, ServingError
 from workbench.core.servable import Composite, Servable
 from workbench.core.signatures import DEFAULT_SIGNATURE, Signature
@@ -257,19 +257,13 @@ def _background(servable: Servable, method: str, label: str) -> np.ndarray:
 # --------------------------------------------------------------------------------------------- gradients
 def _differentiable(
     servable: Servable, signature: Signature, alias: str, p: Parameters, label: str
-) -> gradients.Gradients | None:
-    """The servable's gradients where its framework has them (None: it has none, or the request asked for another
+) -> Gradients | None:
+    """The servable's gradients where its platform gives them (None: it has none, or the request asked for another
     explainer)."""
     if p.explainer not in ("auto", "integrated_gradients"):
         return None
-    from workbench.platforms.tensorflow import SavedModelServable  # TensorFlow itself is imported only when used
-
-    if isinstance(servable, SavedModelServable):
-        output = _output(signature, p, label)
-        return gradients.SavedModelGradients(gradients.saved_model_signature(servable, signature.name), alias, output)
-    torch_module = _torch_module(servable, signature, alias, p, label)
-    if torch_module is not None:
-        return torch_module
+    if isinstance(servable, Differentiable):
+        return servable.gradients(signature, alias, _output(signature, p, label))
     if p.explainer == "integrated_gradients":
         raise ServingError(
             Code.FAILED_PRECONDITION,
@@ -279,40 +273,8 @@ def _differentiable(
     return None
 
 
-def _torch_module(
-    servable: Servable, signature: Signature, alias: str, p: Parameters, label: str
-) -> gradients.Gradients | None:
-    """A PyTorch servable's module, called as :class:`~workbench.platforms.pytorch.TorchServable` calls it."""
-    if "torch" not in sys.modules:  # a PyTorch servable has imported it
-        return None
-    from workbench.platforms import pytorch
-
-    if not isinstance(servable, pytorch.TorchServable):
-        return None
-    # The servable's module and the argument structure of its forward(): what its own run() calls, read here
-    # rather than copied, so an explanation differentiates exactly the served model.
-    module, in_spec = servable._module, servable._in_spec  # noqa: SLF001
-    if module is None:
-        raise ServingError(Code.UNAVAILABLE, f"{label} is unloaded")
-    output = _output(signature, p, label)
-    leaf = signature.outputs[output].name
-
-    def call(x: Any) -> Any:
-        if in_spec is not None:
-            import torch.utils._pytree as pytree
-
-            args, kwargs = pytree.tree_unflatten([x], in_spec)
-            return module(*args, **kwargs)
-        return module(x)
-
-    def pick(result: Any) -> Any:
-        return dict(pytorch.named_leaves(result))[leaf]
-
-    return gradients.ModuleGradients(call, pick, output, servable.device)
-
-
 def _integrated_gradients(
-    model: gradients.Gradients, alias: str, rows: np.ndarray, p: Parameters, budget: Budget, label: str
+    model: Gradients, alias: str, rows: np.ndarray, p: Parameters, budget: Budget, label: str
 ) -> Explanation:
     targets, attributions, base, values, deltas = gradients.integrated_gradients(
         model, rows, p.baseline, p.steps, p.target, budget, label

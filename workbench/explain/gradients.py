@@ -5,34 +5,21 @@ the attributions add up to ``F(x) - F(baseline)`` up to the integral's error (re
 ``steps`` shrink it). The integral is the trapezoid rule on ``steps`` intervals, computed in chunks of rows so a
 large image batch does not hold every interpolated input at once, with the time budget checked between chunks.
 
-A framework is one :class:`Gradients`: the model's output columns for a batch, and the gradient of one chosen
-column per row with respect to the input. TensorFlow's reads the SavedModel again, eagerly
-(``tf.saved_model.load``; the served graph session cannot take a GradientTape), once per served version.
+A model is one :class:`~workbench.core.differentiable.Gradients`: its output columns for a batch, and the gradient
+of one chosen column per row with respect to the input. Its platform's servable gives it
+(:class:`~workbench.core.differentiable.Differentiable`: a SavedModel's in
+:mod:`workbench.platforms.tensorflow_gradients`, a PyTorch module's in :mod:`workbench.platforms.pytorch_gradients`).
 """
 
 from __future__ import annotations
 
-import threading
-import weakref
-from collections.abc import Callable
-from typing import Any, Protocol
-
 import numpy as np
 
+from workbench.core.differentiable import Gradients
 from workbench.core.errors import Code, ServingError
 from workbench.protocol.explanations import Budget, as_columns, pick_targets
 
 CHUNK_ELEMENTS = 4_000_000  # interpolated input elements per gradient call (16 MB of float32)
-
-
-class Gradients(Protocol):
-    output_name: str  # the signature output explained
-
-    def outputs(self, rows: np.ndarray) -> np.ndarray:
-        """The explained output for ``rows``, as [n, k]."""
-
-    def gradients(self, rows: np.ndarray, targets: np.ndarray) -> np.ndarray:
-        """d output[i, targets[i]] / d rows[i], shaped as ``rows``."""
 
 
 def integrated_gradients(
@@ -71,107 +58,3 @@ def integrated_gradients(
     sums = attributions.reshape(len(rows), -1).sum(axis=1)
     deltas = np.abs(sums - (values - base))
     return targets, attributions, base, values, deltas
-
-
-# --------------------------------------------------------------------------------------------- TensorFlow
-class SavedModelGradients:
-    """A SavedModel signature, loaded eagerly, differentiated with ``tf.GradientTape``."""
-
-    def __init__(self, function: Any, input_alias: str, output_alias: str) -> None:
-        self._fn, self._input, self._output = function, input_alias, output_alias
-        self.output_name = output_alias
-
-    def _call(self, x: Any) -> Any:
-        import tensorflow as tf
-
-        out = self._fn(**{self._input: x})[self._output]
-        return tf.reshape(tf.cast(out, tf.float64), (tf.shape(out)[0], -1))
-
-    def outputs(self, rows: np.ndarray) -> np.ndarray:
-        import tensorflow as tf
-
-        return np.asarray(self._call(tf.constant(rows)).numpy())
-
-    def gradients(self, rows: np.ndarray, targets: np.ndarray) -> np.ndarray:
-        import tensorflow as tf
-
-        x = tf.constant(rows)
-        with tf.GradientTape() as tape:
-            tape.watch(x)
-            picked = tf.gather(self._call(x), tf.constant(targets), batch_dims=1)
-        grads = tape.gradient(picked, x)
-        if grads is None:
-            raise ServingError(
-                Code.FAILED_PRECONDITION,
-                f"The output {self._output} does not depend differentiably on the input {self._input}: integrated "
-                "gradients cannot explain it",
-            )
-        return np.asarray(grads.numpy())
-
-
-_LOADED: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
-_LOADED_LOCK = threading.Lock()
-
-
-def saved_model_signature(servable: Any, signature_name: str) -> Callable[..., Any]:
-    """``signature_name``'s function of the servable's SavedModel, loaded eagerly once per servable."""
-    with _LOADED_LOCK:
-        functions = _LOADED.setdefault(servable, {})
-        if "model" not in functions:
-            import tensorflow as tf
-
-            try:
-                functions["model"] = tf.saved_model.load(servable.path)
-            except Exception as exc:  # noqa: BLE001 - a TF1-era graph TF2's loader cannot read eagerly
-                raise ServingError(
-                    Code.FAILED_PRECONDITION,
-                    f"Integrated gradients load the SavedModel eagerly (tf.saved_model.load), which failed for "
-                    f"{servable.path}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
-                ) from None
-        signatures = functions["model"].signatures
-    if signature_name not in signatures:
-        raise ServingError(Code.FAILED_PRECONDITION, f'Serving signature key "{signature_name}" not found.')
-    return signatures[signature_name]  # type: ignore[no-any-return]
-
-
-# --------------------------------------------------------------------------------------------- PyTorch
-class ModuleGradients:
-    """A served PyTorch module, differentiated with ``torch.autograd`` (outside the server's inference mode).
-
-    ``call(x)`` runs the module on one input tensor as the platform runs it (its own argument structure) and gives
-    back ``forward()``'s result; ``output`` picks the explained tensor out of it.
-    """
-
-    def __init__(self, call: Callable[[Any], Any], output: Callable[[Any], Any], output_name: str, device: Any) -> None:
-        self._call_module, self._pick, self.output_name, self._device = call, output, output_name, device
-
-    def _call(self, x: Any) -> Any:
-        out = self._pick(self._call_module(x))
-        return out.reshape(out.shape[0], -1).double()
-
-    def outputs(self, rows: np.ndarray) -> np.ndarray:
-        import torch
-
-        with torch.no_grad():
-            x = torch.from_numpy(np.ascontiguousarray(rows)).to(self._device)
-            return np.asarray(self._call(x).cpu().numpy())
-
-    def gradients(self, rows: np.ndarray, targets: np.ndarray) -> np.ndarray:
-        import torch
-
-        x = torch.from_numpy(np.ascontiguousarray(rows)).to(self._device).requires_grad_(True)
-        with torch.enable_grad():
-            picked = self._call(x).gather(1, torch.from_numpy(targets).to(self._device).reshape(-1, 1)).sum()
-            if not picked.requires_grad:
-                raise ServingError(
-                    Code.FAILED_PRECONDITION,
-                    f"The output {self.output_name} does not depend differentiably on the input: integrated "
-                    "gradients cannot explain it",
-                )
-            (grads,) = torch.autograd.grad(picked, x, allow_unused=True)
-        if grads is None:
-            raise ServingError(
-                Code.FAILED_PRECONDITION,
-                f"The output {self.output_name} does not depend on the input: integrated gradients cannot explain it",
-            )
-        return np.asarray(grads.detach().cpu().numpy())

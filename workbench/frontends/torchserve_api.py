@@ -28,7 +28,9 @@ from workbench.core.errors import Code, ServingError
 from workbench.planes.controlplane import ControlPlane
 from workbench.planes.dataplane import Dataplane, ModelSpec
 from workbench.platforms import torchserve as ts_platform
-from workbench.runtime import archive_download, model_archives
+from workbench.platforms import torchserve_archives as model_archives
+from workbench.platforms.torchserve_download import download_archive
+from workbench.runtime import archive_download
 
 DEFAULT_LIMIT = 100  # TorchServe's list: at most 100 models a page
 # The largest archive register-by-URL downloads (TorchServe has no limit; a server must have one).
@@ -312,9 +314,7 @@ class TorchServeApi:
                 400, "BadRequestException", "Archives are downloaded into a model store: serve a local folder of them"
             )
         async with self._download_lock:  # one download at a time: the store's file names are checked, then taken
-            download = functools.partial(
-                archive_download.download_archive, url, store, self.max_archive_bytes, self.allowed_urls
-            )
+            download = functools.partial(download_archive, url, store, self.max_archive_bytes, self.allowed_urls)
             try:
                 name = str(await self._off_the_loop(download))
             except archive_download.DownloadError as exc:

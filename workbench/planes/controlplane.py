@@ -33,10 +33,10 @@ from workbench.config.batching_parameters import (
     parse_batching_parameters,
 )
 from workbench.config.model_control import ControlMode, ModelControl, Overrides
-from workbench.config.options import ModelConfig, ServerOptions, discover_models
+from workbench.config.options import ModelConfig, ServerOptions
 from workbench.core import conditions
 from workbench.core.errors import Code, ServingError
-from workbench.models.configs import initial_models
+from workbench.models.configs import discover_models, initial_models
 from workbench.models.manager import Manager, VersionState
 from workbench.models.routing.changes import RoutingChanges
 from workbench.models.source import RepositorySource

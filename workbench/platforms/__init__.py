@@ -58,6 +58,15 @@ class Platform:
     # The framework's modules, which ``module`` imports only inside its loader: imported first by
     # :meth:`import_framework` when a load is measured (a memory budget), so the model is charged, not the import.
     framework: tuple[str, ...] = ()
+    # What ``workbench.export`` asks of its module's ``writer()`` (:mod:`workbench.platforms.export_request`): the
+    # ``format=`` names it writes (a model of another platform converted, or its own in a format of its choice), the
+    # export keywords its models take beyond the generic ones, and what it writes, for messages ("PyTorch modules").
+    export_formats: tuple[str, ...] = ()
+    export_options: tuple[str, ...] = ()
+    exported_objects: str = ""
+    # ``module:function`` listing the models a repository root holds packed in the platform's own files (TorchServe's
+    # .mar archives): ``function(root, is_model_name)`` → model name → the folder of its unpacked versions.
+    packaged_models: str = ""
 
     def load(self, name: str, version: int, path: str, policy: LoadPolicy) -> Servable:
         load: PlatformLoader = getattr(self.import_module(), self.loader)
@@ -101,6 +110,7 @@ BUILTIN: tuple[Platform, ...] = (
         v2_name="tensorflow_savedmodel",
         inline=True,
         framework=("tensorflow",),
+        export_formats=("saved_model", "tensorflow"),  # workbench.publishing's SavedModel route
     ),
     Platform(
         "sklearn",
@@ -135,6 +145,7 @@ BUILTIN: tuple[Platform, ...] = (
         v2_name="onnxruntime_onnx",
         inline=True,
         framework=("onnxruntime", "onnx"),
+        export_formats=("onnx",),  # scikit-learn models converted with skl2onnx
     ),
     # model.pt2 (torch.export) or model.pt (TorchScript); v2 metadata names it as Triton names its libtorch backend.
     Platform(
@@ -145,6 +156,9 @@ BUILTIN: tuple[Platform, ...] = (
         v2_name="pytorch_libtorch",
         inline=True,
         framework=("torch",),
+        export_formats=("pt2", "torchscript"),
+        export_options=("example_inputs",),
+        exported_objects="PyTorch modules",
     ),
     # model.tflite, served by LiteRT; beside a SavedModel only with --prefer_tflite_model (TF Serving's flag).
     Platform(
@@ -158,13 +172,14 @@ BUILTIN: tuple[Platform, ...] = (
     ),
     Platform("python", ("model.py",), "workbench.platforms.python"),
     Platform("pipeline", ("pipeline.yaml",), "workbench.platforms.pipeline", v2_name="ensemble"),
-    # An unpacked TorchServe model archive (workbench.runtime.model_archives writes the second file beside it).
+    # An unpacked TorchServe model archive (workbench.platforms.torchserve_archives writes the second file beside it).
     Platform(
         "torchserve",
         ("MAR-INF/MANIFEST.json", "MAR-INF/workbench-source.json"),
         "workbench.platforms.torchserve",
         extra="pytorch",
         framework=("torch",),
+        packaged_models="workbench.platforms.torchserve_archives:store_models",
     ),
     # SavedModel signatures answered with zeros: the frontends' ceiling, measured by the benchmarks. Chosen only
     # by name (no files of its own).
@@ -207,6 +222,17 @@ def v2_name(name: str) -> str:
 def model_files() -> tuple[str, ...]:
     """Every file name that identifies a platform's model in a version folder."""
     return tuple(f for platform in registry().values() for f in platform.files)
+
+
+def packaged_models(root: Path, is_model_name: Callable[[str], bool]) -> dict[str, str]:
+    """The models repository root ``root`` holds packed in platforms' own files (TorchServe's ``.mar`` archives),
+    unpacked where they changed: model name → the folder of its versions."""
+    found: dict[str, str] = {}
+    for platform in registry().values():
+        if platform.packaged_models:
+            module, _, function = platform.packaged_models.partition(":")
+            found.update(getattr(importlib.import_module(module), function)(root, is_model_name))
+    return found
 
 
 def get(name: str) -> Platform:
@@ -298,9 +324,9 @@ class Loader:
     def __call__(self, name: str, version: int, path: str, platform: str = "") -> Servable:
         if (Path(path).parent / TRITON_CONFIG).is_file():
             # A Triton model (its folder holds config.pbtxt): the config says how it is served.
-            from workbench.platforms import triton
+            from workbench.platforms.triton import load as load_triton
 
-            return triton.load(name, version, path, self.policy, platform)
+            return load_triton(name, version, path, self.policy, platform)
         chosen = self._choose(path, platform)
         servable = chosen.load(name, version, path, self.policy)
         servable.platform = chosen.name

@@ -15,6 +15,7 @@ ONNX Runtime is imported inside the functions: a server of TensorFlow models nev
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Mapping, Sequence
@@ -27,6 +28,7 @@ from workbench.core.errors import Code, ServingError
 from workbench.core.servable import Servable
 from workbench.core.signatures import DEFAULT_SIGNATURE, PREDICT_METHOD, Signature, TensorSpec, input_error
 from workbench.platforms.base import LoadPolicy
+from workbench.platforms.export_request import ExportRefused, ExportRequest, VersionWriter
 
 if TYPE_CHECKING:  # annotations only: importing onnx or onnxruntime at runtime is what load/write do
     import onnx
@@ -346,3 +348,25 @@ def convert_sklearn(estimator: Any, sample: Any) -> onnx.ModelProto:
             "export it without format='onnx' to serve it with scikit-learn"
         ) from exc
     return model
+
+
+def writer(model: Any, request: ExportRequest) -> VersionWriter | None:
+    """How ``workbench.export`` writes ``model`` with ``format="onnx"``: as it is where it is ONNX already, else
+    converted from scikit-learn (:func:`convert_sklearn`) with the export's examples as the sample rows. Without
+    that format, None: an ONNX model is written by :func:`write` as any platform's model is."""
+    if request.format != "onnx":
+        return None
+    if not exports(model):
+        model = convert_sklearn(model, _sample_rows(request.examples))
+    return functools.partial(write, model)
+
+
+def _sample_rows(examples: Any) -> Any:
+    """Rows that show skl2onnx the input's width and type (the one input's batch, from ``examples``)."""
+    if examples is None:
+        raise ExportRefused("format='onnx' needs examples= (a batch of inputs) to know the model's input shape")
+    if isinstance(examples, Mapping):
+        if len(examples) != 1:
+            raise ExportRefused("format='onnx' takes examples= as one batch (or a dict with one input)")
+        return np.asarray(next(iter(examples.values())))
+    return np.asarray(examples)

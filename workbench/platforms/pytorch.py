@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from workbench.core.differentiable import Gradients
 from workbench.core.errors import Code, ServingError, from_exception
 from workbench.core.servable import Servable
 from workbench.core.signatures import (
@@ -62,6 +63,7 @@ from workbench.core.signatures import (
     input_error,
 )
 from workbench.platforms.base import PICKLE_SETTING, LoadPolicy
+from workbench.platforms.export_request import ExportRefused, ExportRequest, VersionWriter
 from workbench.platforms.tabular import model_file, version_config, write_version_config
 
 if TYPE_CHECKING:  # annotations only: importing torch at runtime is what load/write do
@@ -589,6 +591,30 @@ class TorchServable(Servable):
             )
         return array
 
+    def gradients(self, signature: Signature, input_alias: str, output_alias: str) -> Gradients:
+        """Integrated gradients' view of ``signature`` (:class:`~workbench.core.differentiable.Differentiable`):
+        the module and the argument structure of its forward() that :meth:`run` calls, so an explanation
+        differentiates exactly the served model."""
+        from workbench.platforms.pytorch_gradients import ModuleGradients
+
+        module, in_spec = self._module, self._in_spec
+        if module is None:
+            raise ServingError(Code.UNAVAILABLE, f"Model {self.name} version {self.version} is unloaded")
+        leaf = signature.outputs[output_alias].name
+
+        def call(x: Any) -> Any:
+            if in_spec is not None:
+                import torch.utils._pytree as pytree
+
+                args, kwargs = pytree.tree_unflatten([x], in_spec)
+                return module(*args, **kwargs)
+            return module(x)
+
+        def pick(result: Any) -> Any:
+            return dict(named_leaves(result))[leaf]
+
+        return ModuleGradients(call, pick, output_alias, self.device)
+
     def close(self) -> None:
         import torch
 
@@ -780,3 +806,30 @@ def write(obj: Any, folder: Path, example_inputs: Any = None, format: str | None
         # holds no pickle at all, only the graph as JSON and the weights as raw bytes.
         program.example_inputs = None
         torch.export.save(program, str(folder / EXPORTED_FILE))
+
+
+def writer(model: Any, request: ExportRequest) -> VersionWriter | None:
+    """How ``workbench.export`` writes ``model``: a ``torch.nn.Module`` (or ``ExportedProgram``) as ``model.pt2`` or
+    TorchScript; None for anything else, which is refused PyTorch's formats and ``example_inputs``."""
+    if not exports(model):
+        if request.format in FORMATS:
+            raise ExportRefused(f"format={request.format!r} is for PyTorch modules; this is a {type(model).__name__}")
+        if request.example_inputs is not None:
+            raise ExportRefused("example_inputs= is for PyTorch modules (what torch.export traces them with)")
+        return None
+    if request.format not in (None, *FORMATS):
+        raise ExportRefused(
+            f"A PyTorch module is written as 'pt2' (the default) or 'torchscript', not {request.format!r}"
+        )
+    if request.signatures:
+        raise ExportRefused("signatures= is for TensorFlow models; a PyTorch module's signature is its forward()")
+    example_inputs = request.example_inputs
+    if example_inputs is None and request.examples is not None:
+        # The warmup requests show the inputs too: one batch (a single input) or a dict of inputs by name.
+        examples = request.examples
+        example_inputs = (
+            examples[0]
+            if isinstance(examples, (list, tuple)) and examples and isinstance(examples[0], Mapping)
+            else examples
+        )
+    return functools.partial(write, model, example_inputs=example_inputs, format=request.format)

@@ -26,10 +26,12 @@ from typing import Any
 
 import numpy as np
 
+from workbench.core.differentiable import Gradients
 from workbench.core.errors import Code, ServingError, from_exception
 from workbench.core.servable import Servable
 from workbench.core.signatures import Signature, TensorSpec
 from workbench.platforms.base import LoadPolicy
+from workbench.platforms.export_request import ExportRequest, VersionWriter
 from workbench.protocol import tf_types
 from workbench.protocol.signature_defs import signature_from_proto
 from workbench.runtime.tensorflow_runtime import saved_model_runtime
@@ -194,6 +196,13 @@ class SavedModelServable(Servable):
             raise from_exception(exc) from None
         return {alias: np.asarray(value) for alias, value in zip(fetches, results, strict=True)}
 
+    def gradients(self, signature: Signature, input_alias: str, output_alias: str) -> Gradients:
+        """Integrated gradients' view of ``signature`` (:class:`~workbench.core.differentiable.Differentiable`):
+        the SavedModel read again eagerly, since the graph session cannot be differentiated."""
+        from workbench.platforms.tensorflow_gradients import SavedModelGradients, saved_model_signature
+
+        return SavedModelGradients(saved_model_signature(self, signature.name), input_alias, output_alias)
+
     def close(self) -> None:
         with self._callables_lock:
             self._callables.clear()
@@ -290,3 +299,11 @@ class NullServable(Servable):
             shape = (rows,) + tuple(max(d, 1) for d in (spec.shape or (-1,))[1:])
             result[alias] = np.zeros(shape, dtype=spec.dtype) if spec.dtype.kind != "O" else np.full(shape, b"", object)
         return result
+
+
+def writer(model: Any, request: ExportRequest) -> VersionWriter:
+    """How ``workbench.export`` writes a TensorFlow model (Keras, a ``tf.Module``, a function): traced and saved as a
+    SavedModel (:mod:`workbench.platforms.tensorflow_export`); the route of every model no other platform takes."""
+    from workbench.platforms.tensorflow_export import writer as saved_model_writer
+
+    return saved_model_writer(model, request)

@@ -1,6 +1,6 @@
 """The TorchServe platform: an unpacked model archive (``.mar``) served through its handler.
 
-A version folder holding ``MAR-INF/MANIFEST.json`` (:mod:`workbench.runtime.model_archives` unpacks a model
+A version folder holding ``MAR-INF/MANIFEST.json`` (:mod:`workbench.platforms.torchserve_archives` unpacks a model
 store's archives into such folders) loads as TorchServe's worker loads it:
 
 - the manifest's ``handler`` is a Python file of the archive (``my_handler.py``, or ``my_handler.py:fn`` for a
@@ -51,9 +51,8 @@ from workbench.core.servable import PerRequestServable
 from workbench.core.signatures import DEFAULT_SIGNATURE, PREDICT_METHOD, Signature, TensorSpec
 from workbench.platforms._user_code import require_python
 from workbench.platforms.base import LoadPolicy
+from workbench.platforms.torchserve_archives import ArchiveError, Manifest, read_manifest, read_source
 from workbench.platforms.torchserve_imports import ArchiveModules
-from workbench.runtime import model_archives
-from workbench.runtime.model_archives import ArchiveError, Manifest
 from workbench.runtime.version import __version__ as WORKBENCH_VERSION  # noqa: N812 - a constant here
 
 log = logging.getLogger(__name__)
@@ -164,7 +163,7 @@ class TorchServeServable(PerRequestServable):
         self.name, self.version, self.path = name, version, path
         self.manifest = manifest
         self.model_version = manifest.model_version  # TorchServe's version string ("1.0")
-        self.model_url = str(model_archives.read_source(path).get("modelUrl") or f"{name}.mar")
+        self.model_url = str(read_source(path).get("modelUrl") or f"{name}.mar")
         self.batch_size = batch_size
         self.signatures = {name: signature(name) for name in (DEFAULT_SIGNATURE, TORCHSERVE_SIGNATURE)}
         self._entry = entry
@@ -345,12 +344,12 @@ def _batch_size(config: Mapping[str, Any], where: str) -> int | None:
 
 def load(name: str, version: int, path: str, policy: LoadPolicy) -> TorchServeServable:
     folder = Path(path)
-    source = model_archives.read_source(folder)
+    source = read_source(folder)
     archive = source.get("modelUrl") or folder.name
     if source.get("error"):
         raise ServingError(Code.INVALID_ARGUMENT, f"The model archive {source['error']}")
     try:
-        manifest = model_archives.read_manifest(folder)
+        manifest = read_manifest(folder)
     except ArchiveError as exc:
         raise ServingError(Code.INVALID_ARGUMENT, str(exc)) from None
     if manifest.runtime != "python":

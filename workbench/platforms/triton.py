@@ -72,13 +72,13 @@ def load(name: str, version: int, path: str, policy: LoadPolicy, platform: str =
             f"{config.platform}; leave model_platform out",
         )
     if config.platform == PYTHON:
-        from workbench.platforms import triton_python
+        from workbench.platforms.triton_python import load as load_python
 
-        servable: Servable = triton_python.load(name, version, path, policy, config)
+        servable: Servable = load_python(name, version, path, policy, config)
     elif config.platform in STAND_INS:
-        from workbench.platforms import triton_stand_ins
+        from workbench.platforms.triton_stand_ins import load as load_stand_in
 
-        servable = triton_stand_ins.load(name, version, path, config)
+        servable = load_stand_in(name, version, path, config)
     else:
         servable = _load_framework(name, version, path, policy, config)
     servable.platform = config.platform
@@ -91,19 +91,19 @@ def _load_framework(name: str, version: int, path: str, policy: LoadPolicy, conf
         raise ServingError(Code.NOT_FOUND, f"No {model_file.name} in {path} (the model file {config.file} names)")
     inner: Servable
     if config.platform == ONNX:
-        from workbench.platforms import onnx
+        from workbench.platforms.onnx import OnnxServable
 
-        inner = onnx.OnnxServable(name, version, path, model_file.name)
+        inner = OnnxServable(name, version, path, model_file.name)
     elif config.platform == TENSORFLOW:
-        from workbench.platforms import tensorflow
+        from workbench.platforms.tensorflow import load_saved_model
 
-        inner = tensorflow.load_saved_model(name, version, str(model_file))
+        inner = load_saved_model(name, version, str(model_file))
     elif config.platform == PYTORCH:
-        from workbench.platforms import pytorch
+        from workbench.platforms.pytorch import TorchServable, triton_declaration
 
         # TorchScript records no types: the config's tensors declare them (Triton's libtorch backend requires them).
-        declare = functools.partial(pytorch.triton_declaration, config.inputs, config.outputs, config.batched)
-        inner = pytorch.TorchServable(name, version, path, policy, model_file.name, declare=declare)
+        declare = functools.partial(triton_declaration, config.inputs, config.outputs, config.batched)
+        inner = TorchServable(name, version, path, policy, model_file.name, declare=declare)
     else:  # pragma: no cover - triton_config only returns the platforms above
         raise ServingError(Code.UNIMPLEMENTED, f"{config.file}: {config.platform} is not supported by workbench")
     try:

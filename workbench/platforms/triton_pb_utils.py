@@ -3,15 +3,17 @@
 The part of Triton's module that a ``model.py`` written for Triton's Python backend uses: tensors, requests and
 responses, errors, the config helpers, and a decoupled model's response sender (``request.get_response_sender()``,
 ``InferenceResponseSender.send``, ``TRITONSERVER_RESPONSE_COMPLETE_FINAL``). It is importable under Triton's name
-only while a Triton Python model is loaded (:func:`workbench.platforms.triton_python.load` puts it into
-``sys.modules``), so nothing else in the process sees a module by that name. Tensors live in this process as numpy
-arrays (strings as object arrays of ``bytes``, as Triton gives them); there is no DLPack or BLS here.
+only while a Triton Python model is loaded (:func:`workbench.platforms.triton_python.load` holds it in
+``sys.modules`` with :func:`hold_in_sys_modules`), so nothing else in the process sees a module by that name.
+Tensors live in this process as numpy arrays (strings as object arrays of ``bytes``, as Triton gives
+them); there is no DLPack or BLS here.
 """
 
 from __future__ import annotations
 
 import collections
 import json
+import sys
 import threading
 import weakref
 from collections.abc import Mapping, Sequence
@@ -347,3 +349,26 @@ def response_sender(responses: ResponseQueue, on_dropped: Any) -> InferenceRespo
     sender = InferenceResponseSender(responses)
     weakref.finalize(sender, on_dropped).atexit = False
     return sender
+
+
+# Held under MODULE_NAME in sys.modules while at least one Triton Python model is loaded. The module puts itself
+# there (it names itself by ``__name__``), so the platform that loads such models needs only these two functions.
+_holders = 0
+_holders_lock = threading.Lock()
+
+
+def hold_in_sys_modules() -> None:
+    """Make this module importable as ``triton_python_backend_utils`` (one more loaded model uses it)."""
+    global _holders
+    with _holders_lock:
+        _holders += 1
+        sys.modules.setdefault(MODULE_NAME, sys.modules[__name__])
+
+
+def release_from_sys_modules() -> None:
+    """One loaded model less uses it; with none left, the name ``triton_python_backend_utils`` is gone again."""
+    global _holders
+    with _holders_lock:
+        _holders -= 1
+        if _holders == 0 and sys.modules.get(MODULE_NAME) is sys.modules[__name__]:
+            del sys.modules[MODULE_NAME]

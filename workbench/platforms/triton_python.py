@@ -37,7 +37,6 @@ import dataclasses
 import json
 import logging
 import queue
-import sys
 import threading
 import time
 import types
@@ -60,9 +59,21 @@ from workbench.core.errors import Code, ServingError
 from workbench.core.sequences import Controls
 from workbench.core.servable import FinalResponse, PerRequestServable, streams_only
 from workbench.core.signatures import Signature
-from workbench.platforms import triton_pb_utils
 from workbench.platforms._user_code import call_user, conform, forget_module, import_file, require_python
 from workbench.platforms.base import LoadPolicy
+from workbench.platforms.triton_pb_utils import (
+    InferenceRequest,
+    InferenceResponse,
+    InferenceResponseSender,
+    ModelConfig,
+    ResponseQueue,
+    Tensor,
+    TritonError,
+    get_output_tensor_by_name,
+    hold_in_sys_modules,
+    release_from_sys_modules,
+    response_sender,
+)
 from workbench.platforms.triton_sequences import States, check_one_row, next_states, server_tensors
 from workbench.platforms.triton_tensors import batch_rows, model_inputs, output_labels, signature_of, wire_output
 
@@ -76,32 +87,13 @@ FINALIZE_WAIT_SECONDS = 30.0
 
 # TritonError codes → workbench's; a response error without one (UNKNOWN) is the request's fault: 400.
 _ERROR_CODES = {
-    triton_pb_utils.TritonError.INTERNAL: Code.INTERNAL,
-    triton_pb_utils.TritonError.NOT_FOUND: Code.NOT_FOUND,
-    triton_pb_utils.TritonError.UNAVAILABLE: Code.UNAVAILABLE,
-    triton_pb_utils.TritonError.UNSUPPORTED: Code.UNIMPLEMENTED,
-    triton_pb_utils.TritonError.ALREADY_EXISTS: Code.ALREADY_EXISTS,
-    triton_pb_utils.TritonError.CANCELLED: Code.CANCELLED,
+    TritonError.INTERNAL: Code.INTERNAL,
+    TritonError.NOT_FOUND: Code.NOT_FOUND,
+    TritonError.UNAVAILABLE: Code.UNAVAILABLE,
+    TritonError.UNSUPPORTED: Code.UNIMPLEMENTED,
+    TritonError.ALREADY_EXISTS: Code.ALREADY_EXISTS,
+    TritonError.CANCELLED: Code.CANCELLED,
 }
-
-# ``triton_python_backend_utils`` is in sys.modules while at least one Triton Python model is loaded.
-_users = 0
-_users_lock = threading.Lock()
-
-
-def _use_pb_utils() -> None:
-    global _users
-    with _users_lock:
-        _users += 1
-        sys.modules.setdefault(triton_pb_utils.MODULE_NAME, triton_pb_utils)
-
-
-def _release_pb_utils() -> None:
-    global _users
-    with _users_lock:
-        _users -= 1
-        if _users == 0 and sys.modules.get(triton_pb_utils.MODULE_NAME) is triton_pb_utils:
-            del sys.modules[triton_pb_utils.MODULE_NAME]
 
 
 def load(name: str, version: int, path: str, policy: LoadPolicy, config: TritonConfig) -> PerRequestServable:
@@ -109,7 +101,7 @@ def load(name: str, version: int, path: str, policy: LoadPolicy, config: TritonC
     require_python(policy, file)
     if not file.is_file():
         raise ServingError(Code.NOT_FOUND, f"No {file.name} in {path} (the model file {config.file} names)")
-    _use_pb_utils()
+    hold_in_sys_modules()
     module: types.ModuleType | None = None
     instances: list[Any] = []
     try:
@@ -150,7 +142,7 @@ def load(name: str, version: int, path: str, policy: LoadPolicy, config: TritonC
     except BaseException:
         _finalize(instances, f"{name} version {version}")
         forget_module(module)
-        _release_pb_utils()
+        release_from_sys_modules()
         raise
 
 
@@ -160,9 +152,9 @@ def _auto_completed(cls: Any, config: TritonConfig, name: str, file: Path) -> Tr
     before any instance is made; the completed config is read as the file is. Batching parameters come from the
     file (read before the model loads): dynamic batching the method sets is the servable's ``completed_batching``."""
     who = f"{MODEL_CLASS}.auto_complete_config in {file}"
-    given = triton_pb_utils.ModelConfig(config_json(config, name))
+    given = ModelConfig(config_json(config, name))
     completed = call_user(cls.auto_complete_config, who, given)
-    if not isinstance(completed, triton_pb_utils.ModelConfig):
+    if not isinstance(completed, ModelConfig):
         raise ServingError(
             Code.INVALID_ARGUMENT, f"{who} returned {type(completed).__name__}: it must return the config it was given"
         )
@@ -222,9 +214,9 @@ class TritonPythonServable(PerRequestServable):
         feed: Mapping[str, np.ndarray],
         outputs: Sequence[str],
         controls: Controls | None = None,
-        sender: triton_pb_utils.InferenceResponseSender | None = None,
+        sender: InferenceResponseSender | None = None,
         states: States | None = None,
-    ) -> triton_pb_utils.InferenceRequest:
+    ) -> InferenceRequest:
         """The request ``execute`` gets: the feed as the model takes it, a sequence's control tensors and implicit
         states, a sender."""
         inputs = model_inputs(self._config, signature, self._inputs, feed)
@@ -233,12 +225,12 @@ class TritonPythonServable(PerRequestServable):
             check_one_row(feed, self._config, self.name)
             inputs.update(server_tensors(self._config.sequence_batching, self._config, controls, states))
             correlation_id = controls.correlation_id
-        tensors = [triton_pb_utils.Tensor(alias, value) for alias, value in inputs.items()]
-        return triton_pb_utils.InferenceRequest(
+        tensors = [Tensor(alias, value) for alias, value in inputs.items()]
+        return InferenceRequest(
             tensors, outputs, self.name, self.version, correlation_id=correlation_id, response_sender=sender
         )
 
-    def _execute(self, requests: list[triton_pb_utils.InferenceRequest]) -> Sequence[Any]:
+    def _execute(self, requests: list[InferenceRequest]) -> Sequence[Any]:
         """``execute(requests)`` on a free instance: one response per request."""
         who = f"{self._label}.execute"
         with self._instance() as instance:
@@ -261,7 +253,7 @@ class TritonPythonServable(PerRequestServable):
         self, signature: Signature, feeds: Sequence[Mapping[str, np.ndarray]], outputs: Sequence[str]
     ) -> list[dict[str, np.ndarray] | ServingError]:
         answers: list[dict[str, np.ndarray] | ServingError | None] = [None] * len(feeds)
-        requests: list[triton_pb_utils.InferenceRequest] = []
+        requests: list[InferenceRequest] = []
         asked: list[int] = []  # which feed each request is
         for index, feed in enumerate(feeds):
             try:
@@ -297,7 +289,7 @@ class TritonPythonServable(PerRequestServable):
         produced = {
             name: tensor.as_numpy()
             for name in sequence.state_outputs
-            if (tensor := triton_pb_utils.get_output_tensor_by_name(response, name)) is not None
+            if (tensor := get_output_tensor_by_name(response, name)) is not None
         }
         return answer, next_states(sequence, self._config, produced, state)
 
@@ -312,7 +304,7 @@ class TritonPythonServable(PerRequestServable):
         signature: Signature,
         feed: Mapping[str, np.ndarray],
         outputs: Sequence[str],
-        responses: triton_pb_utils.ResponseQueue,
+        responses: ResponseQueue,
     ) -> None:
         """Run ``execute`` for a decoupled request on a thread of its own; its responses go to ``responses``."""
         who = f"{self._label}.execute"
@@ -326,16 +318,14 @@ class TritonPythonServable(PerRequestServable):
                 )
             )
 
-        sender = triton_pb_utils.response_sender(responses, dropped)
+        sender = response_sender(responses, dropped)
         request = self._request(signature, feed, outputs, sender=sender)
         del sender  # the request holds it: once the model lets go of both, the request ends
         thread = threading.Thread(target=self._execute_decoupled, args=([request], responses), name=who, daemon=True)
         del request
         thread.start()
 
-    def _execute_decoupled(
-        self, requests: list[triton_pb_utils.InferenceRequest], responses: triton_pb_utils.ResponseQueue
-    ) -> None:
+    def _execute_decoupled(self, requests: list[InferenceRequest], responses: ResponseQueue) -> None:
         who = f"{self._label}.execute"
         failure: ServingError | None = ServingError(Code.INTERNAL, f"{who} did not return")
         try:
@@ -363,7 +353,7 @@ class TritonPythonServable(PerRequestServable):
     def _answer(
         self, response: Any, feed: Mapping[str, np.ndarray], outputs: Sequence[str], who: str
     ) -> dict[str, np.ndarray] | ServingError:
-        if not isinstance(response, triton_pb_utils.InferenceResponse):
+        if not isinstance(response, InferenceResponse):
             return ServingError(
                 Code.INTERNAL, f"{who} returned {type(response).__name__}, not pb_utils.InferenceResponse"
             )
@@ -374,7 +364,7 @@ class TritonPythonServable(PerRequestServable):
         rows = batch_rows(feed, self._config)
         answer: dict[str, np.ndarray] = {}
         for alias in outputs:
-            tensor = triton_pb_utils.get_output_tensor_by_name(response, alias)
+            tensor = get_output_tensor_by_name(response, alias)
             if tensor is None:
                 given = ", ".join(t.name() for t in response.output_tensors()) or "none"
                 return ServingError(Code.INTERNAL, f'{who} gave no output "{alias}" (it gave {given})')
@@ -401,7 +391,7 @@ class TritonPythonServable(PerRequestServable):
             _finalize(self._all, self._label)
         finally:
             forget_module(self._module)
-            _release_pb_utils()
+            release_from_sys_modules()
 
     def _wait_for_executes(self) -> None:
         """Take every instance back before finalize: an ``execute`` still runs where a decoupled request's client left
@@ -438,7 +428,7 @@ class _DecoupledRun:
     ) -> None:
         self._servable = servable
         self._signature, self._feed, self._outputs = signature, feed, outputs
-        self._responses = triton_pb_utils.ResponseQueue(MAX_PENDING_RESPONSES)
+        self._responses = ResponseQueue(MAX_PENDING_RESPONSES)
         self._started = False
         self._over = False
 

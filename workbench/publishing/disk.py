@@ -15,7 +15,7 @@ import numpy as np
 
 from workbench.runtime.storage import bytes_under  # what an export had written when it stopped
 
-__all__ = ["bytes_under", "examples_bytes", "no_space_message", "out_of_space", "variables_bytes"]
+__all__ = ["bytes_under", "examples_bytes", "no_space_message", "out_of_space"]
 
 
 def out_of_space(exc: BaseException) -> bool:
@@ -35,19 +35,6 @@ def out_of_space(exc: BaseException) -> bool:
             return True
         current = current.__cause__ or current.__context__
     return False
-
-
-def variables_bytes(functions: Mapping[str, Any]) -> int:
-    """The size of the variables a SavedModel of ``functions`` holds (0 when nothing is known)."""
-    seen: set[int] = set()
-    total = 0
-    for fn in functions.values():
-        for variable in getattr(fn, "variables", ()):
-            if id(variable) not in seen:
-                seen.add(id(variable))
-                with contextlib.suppress(Exception):  # an unknown shape: no estimate from it
-                    total += int(variable.shape.num_elements()) * variable.dtype.size
-    return total
 
 
 def examples_bytes(examples: Any) -> int:

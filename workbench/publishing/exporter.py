@@ -13,9 +13,10 @@ built and checked in a local temporary folder, then uploaded to ``<model_reposit
 ``saved_model.pb`` last. Object stores have no rename; a server counts a version as present only once its
 ``saved_model.pb`` exists, so it never sees a half-uploaded one.
 
-This module runs the steps; each has its own module: the SavedModel route (:mod:`.saved_model`), the other platforms'
-writers (:mod:`.writers`), the check and warmup (:mod:`.check`, :mod:`.warmup`), publishing under a number
-(:mod:`.versions`, :mod:`.store`) and a full disk (:mod:`.disk`).
+This module runs the steps; each has its own module: the model's platform's writer (:mod:`.writers`, which asks
+the platforms' modules; TensorFlow's SavedModel route is :mod:`workbench.platforms.tensorflow_export`), the check
+and warmup (:mod:`.check`, :mod:`.warmup`), publishing under a number (:mod:`.versions`, :mod:`.store`) and a full
+disk (:mod:`.disk`).
 """
 
 from __future__ import annotations
@@ -32,14 +33,14 @@ from typing import TYPE_CHECKING, Any
 
 from workbench.config.vocabulary import renamed_keywords
 from workbench.explain.background import write_background
+from workbench.platforms.export_request import VersionWriter, estimated_bytes
 from workbench.publishing.check import write_warmup_and_verify
-from workbench.publishing.disk import bytes_under, examples_bytes, no_space_message, out_of_space, variables_bytes
+from workbench.publishing.disk import bytes_under, examples_bytes, no_space_message, out_of_space
 from workbench.publishing.errors import ExportError, one_line
 from workbench.publishing.reference import write_reference
-from workbench.publishing.saved_model import save, serving_functions
 from workbench.publishing.store import refuse_existing_in_store, store_of, upload
 from workbench.publishing.versions import check_name, check_version, publish, refuse_existing
-from workbench.publishing.writers import platform_writer
+from workbench.publishing.writers import platform_writer, write_version
 from workbench.runtime.storage import is_remote, join
 from workbench.runtime.tensorflow_runtime import quiet_tensorflow
 
@@ -119,24 +120,19 @@ def export(
     # otherwise list an empty model.
     creates_base = store is None and not base.exists()
     published = False
-    functions: dict[str, Any] = {}
+    write: VersionWriter | None = None
     # What TensorFlow logs while it imports, traces, saves, loads and runs the export ("Assets written to ...",
     # optimizer notices) is about workbench's work, not the user's: the cell shows the result, or the error.
     with quiet_tensorflow():
         try:
-            # Understood before mkdir: a model nobody can export makes nothing.
+            # Understood before mkdir (a TensorFlow model is traced): a model nobody can export makes nothing.
             write = platform_writer(model, format, signatures, examples, example_inputs)
-            if write is None:
-                functions, trackables = serving_functions(model, signatures)
             try:
                 base.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
                 raise ExportError(f"Cannot create the model folder {base}: {exc}") from exc
-            if write is None:
-                save(functions, trackables, staging)
-            else:
-                staging.mkdir()
-                write(staging)
+            staging.mkdir()
+            write_version(write, staging)
             if background is not None:
                 write_background(staging, background)
             if reference is not None:
@@ -149,7 +145,8 @@ def export(
             published = True
         except Exception as exc:
             if out_of_space(exc):  # TensorFlow's or Python's, raw or already wrapped: one message that says so
-                needed = max(bytes_under(staging), variables_bytes(functions) + examples_bytes(examples))
+                written = estimated_bytes(write) if write is not None else 0
+                needed = max(bytes_under(staging), written + examples_bytes(examples))
                 shutil.rmtree(staging, ignore_errors=True)  # first, so the free space reported is the real one
                 raise ExportError(no_space_message(name, base, needed)) from exc
             if isinstance(exc, ExportError):

@@ -1,5 +1,8 @@
 """Model archives fetched from an http(s) URL into the model store, for TorchServe's ``POST /models?url=https://…``.
 
+What an archive is (its suffix, how it is read) is the platform's (:mod:`workbench.platforms.torchserve_download`);
+this module fetches files and holds URLs to the allowed patterns.
+
 TorchServe downloads the URL's file into its model store under the URL path's last segment, refusing one that is
 there already, and registers it. workbench does the same with a size limit: the body is streamed into a hidden
 temporary file of the store (``.<name>.<random>.part``, which the store's scan skips), and renamed into place only
@@ -22,11 +25,9 @@ import posixpath
 import re
 import urllib.parse
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
-
-from workbench.runtime.model_archives import ARCHIVE_SUFFIX, ArchiveError, archive_manifest
 
 if TYPE_CHECKING:
     import requests
@@ -76,12 +77,13 @@ def is_download_url(url: str) -> bool:
     return urllib.parse.urlsplit(url).scheme.lower() in ("http", "https")
 
 
-def archive_name(url: str) -> str:
-    """The file name an archive URL is stored under: its path's last segment (TorchServe's getFilenameFromUrl)."""
+def archive_name(url: str, suffix: str) -> str:
+    """The file name an archive URL is stored under: its path's last segment (TorchServe's getFilenameFromUrl), which
+    must end in the archives' ``suffix``."""
     name = posixpath.basename(urllib.parse.unquote(urllib.parse.urlsplit(url).path))
-    if not name or name.startswith(".") or "/" in name or "\\" in name or not name.endswith(ARCHIVE_SUFFIX):
+    if not name or name.startswith(".") or "/" in name or "\\" in name or not name.endswith(suffix):
         raise DownloadError(
-            400, "BadRequestException", f"The URL's path must end in the archive's file name (x{ARCHIVE_SUFFIX}): {url}"
+            400, "BadRequestException", f"The URL's path must end in the archive's file name (x{suffix}): {url}"
         )
     return name
 
@@ -91,9 +93,13 @@ def download_archive(
     store: str | os.PathLike[str],
     max_bytes: int,
     allowed: Sequence[re.Pattern[str]] = (),
+    *,
+    suffix: str,
+    check: Callable[[Path], object],
 ) -> str:
     """Fetch ``url`` into the model store ``store``; returns the archive's file name there. ``allowed``: the
-    patterns every URL on the way must match (none given: TorchServe's default)."""
+    patterns every URL on the way must match (none given: TorchServe's default). The archive's file name ends in
+    ``suffix``, and ``check`` reads the downloaded file, raising ValueError where it is not such an archive."""
     # Imported here, on the rare registration by URL: a serving process must not load requests and urllib3 (their
     # warning filters cost every scikit-learn ensemble call; see tests/system/test_layering.py).
     import requests
@@ -102,7 +108,7 @@ def download_archive(
         raise DownloadError(404, "ModelNotFoundException", f"Relative path is not allowed in url: {url}")
     patterns = allowed or allowed_urls()
     check_allowed(url, patterns)
-    name = archive_name(url)
+    name = archive_name(url, suffix)
     target = Path(store) / name
     if target.exists():
         raise DownloadError(409, "ConflictStatusException", f"Model file already exists {name}")
@@ -126,8 +132,8 @@ def download_archive(
                         raise _too_large(url, max_bytes)
                     out.write(chunk)
         try:  # a page that is no archive (an error page, a login form) never enters the store
-            archive_manifest(partial)
-        except ArchiveError as exc:
+            check(partial)
+        except ValueError as exc:
             raise DownloadError(400, "InvalidModelException", f"{url} is not a model archive: {exc}") from None
         if target.exists():  # another registration of the same name finished first
             raise DownloadError(409, "ConflictStatusException", f"Model file already exists {name}")

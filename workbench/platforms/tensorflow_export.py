@@ -18,11 +18,14 @@ produces each output (``Dense(10, name="probabilities")`` → ``probabilities``)
 Functions keep TensorFlow's naming: the ``TensorSpec`` names (else the argument names) for inputs, the returned
 dict's keys (else ``output_0``, ``output_1``, ...) for outputs.
 
-TensorFlow and Keras are imported inside the functions: importing workbench must stay cheap.
+TensorFlow and Keras are imported inside the functions: importing workbench must stay cheap. This is the TensorFlow
+platform's ``writer`` (:mod:`workbench.platforms.export_request`), which ``workbench.export`` asks for what no other
+platform takes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import sys
@@ -31,9 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from workbench.core.signatures import DEFAULT_SIGNATURE
-from workbench.publishing.errors import ExportError, one_line
+from workbench.platforms.export_request import ExportRefused, ExportRequest, one_line
 
-__all__ = ["save", "serving_functions"]
+__all__ = ["SavedModelWriter", "save", "serving_functions", "writer"]
 
 log = logging.getLogger(__name__)
 
@@ -50,13 +53,13 @@ def serving_functions(model: Any, signatures: Mapping[str, Any] | None) -> tuple
     functions: dict[str, Any] = {}
     for key, fn in (signatures or {}).items():
         if not isinstance(key, str) or not key:
-            raise ExportError(f"Signature names must be non-empty strings, got {key!r}")
+            raise ExportRefused(f"Signature names must be non-empty strings, got {key!r}")
         functions[key] = _concrete(fn, f"signatures[{key!r}]")
 
     trackables: list[Any] = [model]
     if _is_keras_model(model):
         if not model.built:
-            raise ExportError(
+            raise ExportRefused(
                 f"The Keras model {model.name!r} is not built: call it on a batch or call model.build(input_shape) "
                 "before exporting"
             )
@@ -69,7 +72,7 @@ def serving_functions(model: Any, signatures: Mapping[str, Any] | None) -> tuple
         if DEFAULT_SIGNATURE not in functions:
             functions = {DEFAULT_SIGNATURE: _concrete(_module_default_function(model), "model"), **functions}
     else:
-        raise ExportError(
+        raise ExportRefused(
             f"Cannot export a {type(model).__module__}.{type(model).__qualname__}: pass a built Keras model, a "
             "tf.Module with a tf.function that has an input_signature, a tf.function or a concrete function"
         )
@@ -90,15 +93,15 @@ def _concrete(fn: Any, what: str) -> Any:
         return fn
     if isinstance(fn, tf.types.experimental.PolymorphicFunction):
         if fn.input_signature is None:
-            raise ExportError(
+            raise ExportRefused(
                 f"{what} is a tf.function without an input_signature: decorate it with "
                 "@tf.function(input_signature=[tf.TensorSpec(...), ...]) so its inputs' types and shapes are known"
             )
         try:
             return fn.get_concrete_function()
         except Exception as exc:
-            raise ExportError(f"Could not trace {what}: {one_line(exc)}") from exc
-    raise ExportError(f"{what} must be a tf.function with an input_signature or a concrete function, got {fn!r}")
+            raise ExportRefused(f"Could not trace {what}: {one_line(exc)}") from exc
+    raise ExportRefused(f"{what} must be a tf.function with an input_signature or a concrete function, got {fn!r}")
 
 
 def _module_default_function(module: Any) -> Any:
@@ -126,11 +129,11 @@ def _module_default_function(module: Any) -> Any:
     if len(candidates) == 1:
         return next(iter(candidates.values()))
     if not candidates:
-        raise ExportError(
+        raise ExportRefused(
             f"The tf.Module {type(module).__qualname__} has no tf.function with an input_signature to serve: "
             "decorate one with @tf.function(input_signature=[...]) or pass signatures={'serving_default': fn}"
         )
-    raise ExportError(
+    raise ExportRefused(
         f"The tf.Module {type(module).__qualname__} has several tf.functions with an input_signature "
         f"({', '.join(sorted(candidates))}) and none is named {' or '.join(_DEFAULT_FUNCTION_NAMES)}: "
         "pass signatures={'serving_default': module.<function>}"
@@ -171,7 +174,7 @@ def _keras_serving_function(model: Any) -> Any:
         except Exception:  # noqa: BLE001 - a model whose inputs cannot be read is refused below
             structure = None
     if structure is None or (isinstance(structure, (list, tuple, Mapping)) and not structure):
-        raise ExportError(
+        raise ExportRefused(
             f"The Keras model {model.name!r} has no known inputs (a subclassed model?): pass "
             "signatures={'serving_default': tf.function(lambda x: model(x), input_signature=[tf.TensorSpec(...)])}"
         )
@@ -189,7 +192,7 @@ def _keras_serving_function(model: Any) -> Any:
     specs = []
     for alias, tensor in zip(aliases, tensors, strict=True):
         if getattr(tensor, "sparse", False) or getattr(tensor, "ragged", False):
-            raise ExportError(f"Input {alias!r} of the Keras model is sparse or ragged, which is not supported")
+            raise ExportRefused(f"Input {alias!r} of the Keras model is sparse or ragged, which is not supported")
         shape = (None, *tuple(tensor.shape)[1:]) if tensor.shape else ()  # any batch size
         specs.append(tf.TensorSpec(shape, tf.as_dtype(tensor.dtype), name=alias))
     output_names = _keras_output_names(model)
@@ -211,7 +214,7 @@ def _keras_serving_function(model: Any) -> Any:
     try:
         return tf.function(serve, input_signature=specs, autograph=False).get_concrete_function()
     except Exception as exc:
-        raise ExportError(f"Could not trace the Keras model {model.name!r}: {one_line(exc)}") from exc
+        raise ExportRefused(f"Could not trace the Keras model {model.name!r}: {one_line(exc)}") from exc
 
 
 def _tracked_resources(trackables: Sequence[Any]) -> tuple[list[Any], list[Any]]:
@@ -252,4 +255,32 @@ def save(functions: Mapping[str, Any], trackables: Sequence[Any], path: Path) ->
     try:
         tf.saved_model.save(root, str(path), signatures=dict(functions))
     except Exception as exc:
-        raise ExportError(f"Could not save the model as a SavedModel: {one_line(exc)}") from exc
+        raise ExportRefused(f"Could not save the model as a SavedModel: {one_line(exc)}") from exc
+
+
+class SavedModelWriter:
+    """Writes the traced serving functions as a SavedModel; traced when made, so a model that cannot be traced fails
+    before anything is written."""
+
+    def __init__(self, model: Any, signatures: Mapping[str, Any] | None) -> None:
+        self._functions, self._trackables = serving_functions(model, signatures)
+
+    def __call__(self, folder: Path) -> None:
+        save(self._functions, self._trackables, folder)
+
+    def estimated_bytes(self) -> int:
+        """The size of the variables the SavedModel holds (0 when nothing is known)."""
+        seen: set[int] = set()
+        total = 0
+        for fn in self._functions.values():
+            for variable in getattr(fn, "variables", ()):
+                if id(variable) not in seen:
+                    seen.add(id(variable))
+                    with contextlib.suppress(Exception):  # an unknown shape: no estimate from it
+                        total += int(variable.shape.num_elements()) * variable.dtype.size
+        return total
+
+
+def writer(model: Any, request: ExportRequest) -> SavedModelWriter:
+    """How ``workbench.export`` writes a TensorFlow model (a Keras model, a ``tf.Module``, a function)."""
+    return SavedModelWriter(model, request.signatures)
