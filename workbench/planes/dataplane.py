@@ -35,13 +35,14 @@ from workbench.observability.metrics import ServingMetrics
 from workbench.observability.request_logger import RequestLogger
 from workbench.observability.stats import RollingStats
 from workbench.planes import decoupled
-from workbench.planes.calls import ModelSpec, RequestInFlight, answering, expire, until_answered
+from workbench.planes.calls import ModelSpec, RequestInFlight, WireRequest, answering, expire, until_answered
 from workbench.planes.first_load_waits import FirstLoadWaits
 from workbench.planes.on_demand import hold_on_demand
 from workbench.planes.response_cache import ResponseCache, request_digest
 from workbench.planes.sequences import Sequences
 from workbench.planes.shadowing import DEFAULT_MAX_PENDING, ShadowTraffic
 from workbench.planes.statistics import MetricTotals
+from workbench.protocol import json_tensor
 from workbench.protocol.v2_models import ModelStatistics, RepositoryRow
 
 __all__ = ["RequestInFlight", "Dataplane", "ModelSpec", "ServerStatus"]
@@ -54,6 +55,7 @@ if TYPE_CHECKING:  # imported when an explanation is asked for: a server that ex
 EXPLAIN_SECONDS = 60.0
 
 T = TypeVar("T")
+A = TypeVar("A")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,11 +213,7 @@ class Dataplane:
         servable: Servable, signature_name: str, sent: tuple[str, ...] = ()
     ) -> Mapping[str, TensorSpec]:
         """Inputs of a signature for decoding REST JSON (TF Serving's REST layer has its own message)."""
-        key = inference.signature_name_or_default(signature_name)
-        sig = servable.signatures.get(key)
-        if sig is None:
-            raise ServingError(Code.INVALID_ARGUMENT, f'Serving signature name: "{key}" not found in signature def')
-        return sig.request_inputs(sent)
+        return json_tensor.input_specs(servable.signatures, signature_name, sent)
 
     @staticmethod
     def grpc_input_specs(servable: Servable, signature_name: str) -> Mapping[str, TensorSpec]:
@@ -250,8 +248,9 @@ class Dataplane:
             result = await self._run(call, servable.run_with(self._members, signature, feed, outputs), timeout)
         else:
             loop = asyncio.get_running_loop()
-            interest = call._interest = Interest(timeout, loop)
+            interest = Interest(timeout, loop)
             interest.trace = call.trace
+            call.hold_for(interest)
             expiry = loop.call_later(timeout, interest.expire) if timeout is not None else None
             waiting = self.scheduler.run(servable, signature, feed, outputs, interest)
             result = await until_answered(waiting, interest, expiry)
@@ -276,9 +275,25 @@ class Dataplane:
         answer: asyncio.Future[T] = loop.create_future()
         interest = Interest(timeout, loop)  # what it still has queued for a batch when the caller gives up never runs
         interest.trace = call.trace  # member requests' batches link to the request's span
-        call._work = interest.start(answering(work, answer))
+        call.hold_until_done(interest.start(answering(work, answer)))
         expiry = loop.call_later(timeout, expire, answer) if timeout is not None else None
         return await until_answered(answer, interest, expiry)
+
+    async def infer(
+        self, spec: ModelSpec, protocol: str, request: WireRequest[A], timeout: float | None = None
+    ) -> tuple[int, A]:
+        """A predict in one call, for a wire format whose decoding needs the servable's signatures: admitted (see
+        :meth:`admit`), ``request`` decoded against the resolved servable's signatures, run (:meth:`predict`) and its
+        outputs encoded, all while the servable is held and the request counted. Returns the version that answered
+        and the encoded answer.
+
+        The order is the wire API's order of checks: an unknown model or version is refused before the body is read
+        as JSON, a body that does not decode before anything runs.
+        """
+        with await self.admit(spec, "predict", protocol, timeout) as call:
+            signature_name, inputs = request.decode(call.servable.signatures)
+            _, outputs = await self.predict(call, signature_name, inputs, timeout=timeout)
+            return call.version, request.encode(outputs)
 
     async def predict(
         self,
