@@ -46,7 +46,7 @@ from workbench.frontends.v2_repository import V2Repository, unsupported_paramete
 from workbench.frontends.v2_shared_memory import SharedMemoryAccess
 from workbench.planes.controlplane import ControlPlane
 from workbench.planes.dataplane import Dataplane, ModelSpec
-from workbench.protocol import v2_grpc, v2_models
+from workbench.protocol import grpc_services, v2_grpc, v2_models
 from workbench.protocol.explanations import v2_parameters
 from workbench.protocol.v2_shared_memory import SharedMemory
 
@@ -79,7 +79,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         self._streams = v2_stream.StreamInfer(dataplane, self.models, PROTOCOL, self._memory, router)
 
     def add_to(self, server: grpc.aio.Server) -> None:
-        service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(self, server)
+        grpc_services.V2_INFERENCE.add(self, server)
 
     # ------------------------------------------------------------------------------------ health
     @answers_errors
