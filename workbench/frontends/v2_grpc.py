@@ -29,11 +29,9 @@ from typing import Any
 
 import grpc
 from google.protobuf import json_format
-from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from workbench import platforms
 from workbench.config.model_control import load_overrides
-from workbench.core import inference
 from workbench.core.classification import classify
 from workbench.core.errors import Code, ServingError
 from workbench.core.sequences import sequence_request
@@ -107,27 +105,12 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
     @answers_errors
     async def ModelMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
         spec = await self.models.loaded_spec(request.name, request.version, time_remaining(context))
-        with self.dataplane.handle(spec) as servable:
-            signature = inference.predict_signature(servable, "")
-            versions = self.models.available_versions(spec.name)
-            described = v2_models.model_metadata(spec.name, versions, platforms.v2_name(servable.platform), signature)
-        return json_format.ParseDict(described, service_pb2.ModelMetadataResponse())
+        return v2_grpc.model_metadata_response(self.dataplane.v2_description(spec))
 
     @answers_errors
     async def ModelConfig(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
         spec = await self.models.loaded_spec(request.name, request.version, time_remaining(context))
-        with self.dataplane.handle(spec) as servable:
-            signature = inference.predict_signature(servable, "")
-            max_batch_size = self.dataplane.max_batch_size(spec.name)
-            config = v2_models.model_config(
-                spec.name,
-                platforms.v2_name(servable.platform),
-                signature,
-                max_batch_size,
-                servable.model_config,
-                servable.decoupled,
-            )
-        return service_pb2.ModelConfigResponse(config=json_format.ParseDict(config, model_config_pb2.ModelConfig()))
+        return v2_grpc.model_config_response(self.dataplane.v2_description(spec))
 
     @answers_errors
     async def ModelStatistics(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802

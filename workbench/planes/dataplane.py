@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
+from workbench import platforms
 from workbench.batching.interest import Interest
 from workbench.batching.scheduler import Batcher
 from workbench.batching.threads import InferenceThreads
@@ -25,7 +26,7 @@ from workbench.core import inference
 from workbench.core.errors import Code, ServingError
 from workbench.core.sequences import SequenceRequest
 from workbench.core.servable import Composite, Servable
-from workbench.core.signatures import Signature, TensorSpec
+from workbench.core.signatures import DEFAULT_SIGNATURE, Signature, TensorSpec
 from workbench.models.harness import Harness
 from workbench.models.manager import Manager, ServableHandle, VersionState, VersionStatus
 from workbench.models.readiness import Readiness
@@ -43,7 +44,7 @@ from workbench.planes.sequences import Sequences
 from workbench.planes.shadowing import DEFAULT_MAX_PENDING, ShadowTraffic
 from workbench.planes.statistics import MetricTotals
 from workbench.protocol import json_tensor
-from workbench.protocol.v2_models import ModelStatistics, RepositoryRow
+from workbench.protocol.v2_models import ModelDescription, ModelStatistics, RepositoryRow
 
 __all__ = ["RequestInFlight", "Dataplane", "ModelSpec", "ServerStatus"]
 
@@ -505,6 +506,21 @@ class Dataplane:
         """The most rows one batch of ``model`` runs (its batching parameters'); 0 when batching is off for it."""
         params = self._batching_for(model)
         return params.max_batch_size if params is not None else 0
+
+    def v2_description(self, spec: ModelSpec) -> ModelDescription:
+        """What v2's metadata and config say of the version ``spec`` names (held while it is read): its
+        ``serving_default`` signature, the model's available versions, its platform's v2 name, batching, and the
+        config it declares. Both v2 frontends encode this one description."""
+        with self.handle(spec) as servable:
+            return ModelDescription(
+                name=spec.name,
+                versions=tuple(self.available_versions(spec.name)),
+                platform=platforms.v2_name(servable.platform),
+                signature=servable.signatures.get(DEFAULT_SIGNATURE),
+                max_batch_size=self.max_batch_size(spec.name),
+                declared=servable.model_config,
+                decoupled=servable.decoupled,
+            )
 
     def repository(self) -> list[RepositoryRow]:
         """Every version of every model the server knows, with its state and why it failed (if it did)."""
