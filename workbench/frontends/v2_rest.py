@@ -50,7 +50,7 @@ from workbench.planes.controlplane import ControlPlane
 from workbench.planes.dataplane import Dataplane, ModelSpec
 from workbench.protocol import v2_client, v2_json, v2_models
 from workbench.protocol.explanations import v2_parameters
-from workbench.protocol.json_tensor import dumps, parse_body
+from workbench.protocol.json_tensor import dumps, input_specs, parse_body
 from workbench.protocol.v2_shared_memory import SharedMemory
 
 log = logging.getLogger(__name__)
@@ -190,7 +190,7 @@ class V2Rest:
             servable = call.servable
             decoded = decoded or self._decode(body, length, shared_memory)
             v2_stream.refuse_decoupled(call, "HTTP end point")
-            specs = dataplane.rest_input_specs(servable, DEFAULT_SIGNATURE, tuple(decoded.inputs))
+            specs = input_specs(servable.signatures, DEFAULT_SIGNATURE, tuple(decoded.inputs))
             v2_json.check_datatypes(decoded, specs)
             wanted = [output.name for output in decoded.outputs]
             explaining = v2_parameters(decoded.parameters)

@@ -43,7 +43,6 @@ from workbench.planes.response_cache import ResponseCache, request_digest
 from workbench.planes.sequences import Sequences
 from workbench.planes.shadowing import DEFAULT_MAX_PENDING, ShadowTraffic
 from workbench.planes.statistics import MetricTotals
-from workbench.protocol import json_tensor
 from workbench.protocol.v2_models import ModelDescription, ModelStatistics, RepositoryRow
 
 __all__ = ["RequestInFlight", "Dataplane", "ModelSpec", "ServerStatus"]
@@ -208,13 +207,6 @@ class Dataplane:
         if spec.version is not None and spec.label is not None:
             raise ServingError(Code.INVALID_ARGUMENT, "A request may name a version or a label, not both")
         return self._manager.resolve(spec.name, spec.version, spec.label, spec.key)
-
-    @staticmethod
-    def rest_input_specs(
-        servable: Servable, signature_name: str, sent: tuple[str, ...] = ()
-    ) -> Mapping[str, TensorSpec]:
-        """Inputs of a signature for decoding REST JSON (TF Serving's REST layer has its own message)."""
-        return json_tensor.input_specs(servable.signatures, signature_name, sent)
 
     @staticmethod
     def grpc_input_specs(servable: Servable, signature_name: str) -> Mapping[str, TensorSpec]:
