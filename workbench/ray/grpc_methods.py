@@ -48,8 +48,7 @@ REFUSED_METHODS = {
     "RegisterModel": "on Ray Serve, every replica loads what the repository holds; export a version there",
     "UnregisterModel": "on Ray Serve, every replica serves what the repository holds; remove it there",
     "ScaleWorker": "on Ray Serve, scale the deployment's replicas (num_replicas) instead",
-    "SetDefault": "on Ray Serve, set the default version in the repository's routing (workbench routing)",
-}
+}  # TorchServe's SetDefault is a promotion: written to the repository's routing, which every replica reads
 
 # Metadata on every answer: which replica answered (tests, and operators reading a trace).
 REPLICA_METADATA = "workbench-replica"
