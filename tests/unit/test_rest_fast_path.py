@@ -21,35 +21,20 @@ from starlette.requests import ClientDisconnect
 from workbench.core.errors import Code, ServingError
 from workbench.frontends import rest_asgi
 from workbench.frontends.rest import create_app
-from workbench.planes.dataplane import Dataplane
-
-
-class FakeCall:
-    def __init__(self, servable: FakeServable) -> None:
-        self.servable, self.version = servable, servable.version
-
-    def __enter__(self) -> FakeCall:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        pass
 
 
 class FakeDataplane:
     """Model ``m`` (version 3) answers ``y = 2x + 1``; any other name is NOT_FOUND, as the data plane words it."""
 
-    rest_input_specs = staticmethod(Dataplane.rest_input_specs)
-
-    async def admit(self, spec: Any, api: str, protocol: str, timeout: float | None = None) -> FakeCall:
+    async def infer(self, spec: Any, protocol: str, request: Any, timeout: float | None = None) -> Any:
         if spec.name != "m":
             raise ServingError(Code.NOT_FOUND, f"Servable not found for request: Latest({spec.name})")
-        return FakeCall(FakeServable("m", 3))
-
-    async def predict(self, call: FakeCall, signature_name: str, inputs: Any, timeout: float | None = None) -> Any:
+        servable = FakeServable("m", 3)
+        _, inputs = request.decode(servable.signatures)
         x = inputs["x"]
         if np.any(x < 0):
             raise RuntimeError("a bug in the model")  # a 500 with a JSON body, logged
-        return None, {"y": x * 2 + 1}
+        return servable.version, request.encode({"y": x * 2 + 1})
 
 
 def asgi(app: Any, method: str, path: str, body: bytes = b"", chunk: int = 0, **scope: Any) -> tuple[Any, ...]:

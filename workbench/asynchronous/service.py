@@ -142,9 +142,7 @@ class AsyncInference:
             target = headers.get(OUTPUT_LOCATION, "")
             with self.dataplane.handle(spec) as servable:  # an unknown model or version: 404 now
                 if not source:
-                    json_tensor.decode_predict_request(
-                        body, lambda signature, sent: self.dataplane.rest_input_specs(servable, signature, sent)
-                    )
+                    json_tensor.PredictBody(body).decode(servable.signatures)
             # What the consumer runs: the same request, as :predict.
             query = {"input": source, "output": target, "key": headers.get(STICKY_HEADER, "")}
             return await self._enqueue(name, path[: -len("Async")], body, query)
@@ -161,7 +159,7 @@ class AsyncInference:
             with self.dataplane.handle(spec) as servable:  # an unknown version: 404 now
                 if not source:
                     decoded = v2_json.decode_infer_request(body, v2_json.header_length(length, len(body)))
-                    specs = self.dataplane.rest_input_specs(servable, DEFAULT_SIGNATURE, tuple(decoded.inputs))
+                    specs = json_tensor.input_specs(servable.signatures, DEFAULT_SIGNATURE, tuple(decoded.inputs))
                     v2_json.check_datatypes(decoded, specs)
                     _refuse_raw_outputs(decoded)
             path = f"/v2/models/{model}" + (f"/versions/{version}" if version else "") + "/infer"

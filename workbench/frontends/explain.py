@@ -51,11 +51,10 @@ class ExplainApi:
         dataplane = self.dataplane
         with await dataplane.admit(spec, "explain", "rest", self.timeout) as call:
             servable = call.servable
-            signature_name, inputs, fmt = json_tensor.decode_predict_request(
-                body, lambda sig, sent: dataplane.rest_input_specs(servable, sig, sent)
-            )
+            request = json_tensor.PredictBody(body)
+            signature_name, inputs = request.decode(servable.signatures)
             parameters = Parameters.of(json_tensor.parse_body(body).get("parameters"))
             answer = await dataplane.explain(call, signature_name, inputs, parameters, self.timeout)
-            document: dict[str, Any] = json.loads(json_tensor.encode_predict_response(answer.predictions, fmt))
+            document: dict[str, Any] = json.loads(request.encode(answer.predictions))
             document.update(answer.explanation.to_json())
             return json_response(json_tensor.dumps(document), 200, answered_by(name, servable.version))

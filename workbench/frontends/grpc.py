@@ -43,6 +43,7 @@ from workbench.models.readiness import Readiness
 from workbench.observability import tracing
 from workbench.planes.controlplane import ControlPlane
 from workbench.planes.dataplane import Dataplane, ModelSpec
+from workbench.protocol import grpc_services
 from workbench.protocol.examples import serialized_examples
 from workbench.protocol.serving_protos import model_status_proto
 from workbench.protocol.signature_defs import signature_def_map
@@ -208,7 +209,7 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
         self.dataplane = dataplane
 
     def add_to(self, server: grpc.aio.Server) -> None:
-        prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(self, server)
+        grpc_services.TF_SERVING_PREDICTION.add(self, server)
 
     @answers_errors
     async def Predict(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
@@ -316,7 +317,7 @@ class ModelService(model_service_pb2_grpc.ModelServiceServicer):
         self._token = management_token
 
     def add_to(self, server: grpc.aio.Server) -> None:
-        model_service_pb2_grpc.add_ModelServiceServicer_to_server(self, server)
+        grpc_services.TF_SERVING_MODEL.add(self, server)
 
     @answers_errors
     async def GetModelStatus(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802

@@ -171,14 +171,8 @@ class RestApi:
             return error.http_status, json_tensor.encode_error(error.message), None
 
     async def _predict(self, spec: ModelSpec, body: bytes) -> Answer:
-        dataplane = self.dataplane
-        with await dataplane.admit(spec, "predict", "rest", self.timeout) as call:
-            servable = call.servable
-            signature_name, inputs, fmt = json_tensor.decode_predict_request(
-                body, lambda name, sent: dataplane.rest_input_specs(servable, name, sent)
-            )
-            _, outputs = await dataplane.predict(call, signature_name, inputs, timeout=self.timeout)
-            return 200, json_tensor.encode_predict_response(outputs, fmt), (spec.name, servable.version)
+        version, answer = await self.dataplane.infer(spec, "rest", json_tensor.PredictBody(body), self.timeout)
+        return 200, answer, (spec.name, version)
 
     async def _examples(self, api: str, spec: ModelSpec, body: bytes) -> Answer:
         """``:classify`` and ``:regress``: tf.Examples from JSON in, ``{"results": …}`` out."""

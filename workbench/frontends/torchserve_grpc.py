@@ -40,6 +40,7 @@ from workbench.core.errors import Code, ServingError, from_exception
 from workbench.frontends.grpc import answers_errors, authorization, status_message, sticky_key, time_remaining
 from workbench.frontends.torchserve_api import DEFAULT_LIMIT, TorchServeApi, TorchServeError
 from workbench.platforms import torchserve as ts_platform
+from workbench.protocol import grpc_services
 from workbench.protocol.torchserve import (
     inference_pb2,
     inference_pb2_grpc,
@@ -103,7 +104,7 @@ class TorchServeInference(inference_pb2_grpc.InferenceAPIsServiceServicer):
         self.api = api
 
     def add_to(self, server: grpc.aio.Server) -> None:
-        inference_pb2_grpc.add_InferenceAPIsServiceServicer_to_server(self, server)
+        grpc_services.TORCHSERVE_INFERENCE.add(self, server)
 
     @answers_errors
     async def Ping(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
@@ -187,7 +188,7 @@ class TorchServeManagement(management_pb2_grpc.ManagementAPIsServiceServicer):
         self.api = api
 
     def add_to(self, server: grpc.aio.Server) -> None:
-        management_pb2_grpc.add_ManagementAPIsServiceServicer_to_server(self, server)
+        grpc_services.TORCHSERVE_MANAGEMENT.add(self, server)
 
     async def _call(self, context: grpc.aio.ServicerContext, work: Callable[[], Awaitable[Any]]) -> Any:
         """``work`` once the caller is authorized; its answer as the response's ``msg``."""

@@ -29,10 +29,9 @@ from typing import Any
 
 import grpc
 from google.protobuf import json_format
-from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from workbench.config.model_control import load_overrides
-from workbench.core import inference
 from workbench.core.classification import classify
 from workbench.core.errors import Code, ServingError
 from workbench.core.sequences import sequence_request
@@ -45,8 +44,7 @@ from workbench.frontends.v2_repository import V2Repository, unsupported_paramete
 from workbench.frontends.v2_shared_memory import SharedMemoryAccess
 from workbench.planes.controlplane import ControlPlane
 from workbench.planes.dataplane import Dataplane, ModelSpec
-from workbench.platforms import v2_name
-from workbench.protocol import v2_grpc, v2_models
+from workbench.protocol import grpc_services, v2_grpc, v2_models
 from workbench.protocol.explanations import v2_parameters
 from workbench.protocol.v2_shared_memory import SharedMemory
 
@@ -79,7 +77,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         self._streams = v2_stream.StreamInfer(dataplane, self.models, PROTOCOL, self._memory, router)
 
     def add_to(self, server: grpc.aio.Server) -> None:
-        service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(self, server)
+        grpc_services.V2_INFERENCE.add(self, server)
 
     # ------------------------------------------------------------------------------------ health
     @answers_errors
@@ -107,27 +105,12 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
     @answers_errors
     async def ModelMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
         spec = await self.models.loaded_spec(request.name, request.version, time_remaining(context))
-        with self.dataplane.handle(spec) as servable:
-            signature = inference.predict_signature(servable, "")
-            versions = self.models.available_versions(spec.name)
-            described = v2_models.model_metadata(spec.name, versions, v2_name(servable.platform), signature)
-        return json_format.ParseDict(described, service_pb2.ModelMetadataResponse())
+        return v2_grpc.model_metadata_response(self.dataplane.v2_description(spec))
 
     @answers_errors
     async def ModelConfig(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
         spec = await self.models.loaded_spec(request.name, request.version, time_remaining(context))
-        with self.dataplane.handle(spec) as servable:
-            signature = inference.predict_signature(servable, "")
-            max_batch_size = self.dataplane.max_batch_size(spec.name)
-            config = v2_models.model_config(
-                spec.name,
-                v2_name(servable.platform),
-                signature,
-                max_batch_size,
-                servable.model_config,
-                servable.decoupled,
-            )
-        return service_pb2.ModelConfigResponse(config=json_format.ParseDict(config, model_config_pb2.ModelConfig()))
+        return v2_grpc.model_config_response(self.dataplane.v2_description(spec))
 
     @answers_errors
     async def ModelStatistics(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802

@@ -38,7 +38,7 @@ from workbench.config.model_control import load_overrides
 from workbench.core.classification import classify
 from workbench.core.errors import Code, ServingError, from_exception
 from workbench.core.sequences import sequence_request
-from workbench.core.signatures import DEFAULT_SIGNATURE, Signature
+from workbench.core.signatures import DEFAULT_SIGNATURE
 from workbench.core.sticky import STICKY_HEADER, STICKY_PARAMETER
 from workbench.frontends import v2_stream
 from workbench.frontends.rest import error_response, json_response
@@ -48,10 +48,9 @@ from workbench.frontends.v2_repository import V2Repository, unsupported_paramete
 from workbench.frontends.v2_shared_memory import SharedMemoryAccess, rest_peer, shared_memory_routes
 from workbench.planes.controlplane import ControlPlane
 from workbench.planes.dataplane import Dataplane, ModelSpec
-from workbench.platforms import v2_name
 from workbench.protocol import v2_client, v2_json, v2_models
 from workbench.protocol.explanations import v2_parameters
-from workbench.protocol.json_tensor import dumps, parse_body
+from workbench.protocol.json_tensor import dumps, input_specs, parse_body
 from workbench.protocol.v2_shared_memory import SharedMemory
 
 log = logging.getLogger(__name__)
@@ -131,27 +130,12 @@ class V2Rest:
 
     # ------------------------------------------------------------------------------------ metadata
     async def model_metadata(self, request: Request) -> Response:
-        spec = await self._loaded_spec(request)
-        with self.dataplane.handle(spec) as servable:
-            signature = _default_signature(spec.name, servable.signatures)
-            versions = self.models.available_versions(spec.name)
-            body = v2_models.model_metadata(spec.name, versions, v2_name(servable.platform), signature)
-        return json_response(dumps(body))
+        model = self.dataplane.v2_description(await self._loaded_spec(request))
+        return json_response(dumps(v2_models.model_metadata(model, v2_models.default_signature(model))))
 
     async def model_config(self, request: Request) -> Response:
-        spec = await self._loaded_spec(request)
-        with self.dataplane.handle(spec) as servable:
-            signature = _default_signature(spec.name, servable.signatures)
-            max_batch_size = self.dataplane.max_batch_size(spec.name)
-            body = v2_models.model_config(
-                spec.name,
-                v2_name(servable.platform),
-                signature,
-                max_batch_size,
-                servable.model_config,
-                servable.decoupled,
-            )
-        return json_response(dumps(body))
+        model = self.dataplane.v2_description(await self._loaded_spec(request))
+        return json_response(dumps(v2_models.model_config(model, v2_models.default_signature(model))))
 
     async def statistics(self, request: Request) -> Response:
         name = request.path_params.get("model")
@@ -206,7 +190,7 @@ class V2Rest:
             servable = call.servable
             decoded = decoded or self._decode(body, length, shared_memory)
             v2_stream.refuse_decoupled(call, "HTTP end point")
-            specs = dataplane.rest_input_specs(servable, DEFAULT_SIGNATURE, tuple(decoded.inputs))
+            specs = input_specs(servable.signatures, DEFAULT_SIGNATURE, tuple(decoded.inputs))
             v2_json.check_datatypes(decoded, specs)
             wanted = [output.name for output in decoded.outputs]
             explaining = v2_parameters(decoded.parameters)
@@ -316,14 +300,6 @@ def _response(encoded: v2_json.EncodedResponse) -> Response:
     if encoded.json_length is None:
         return json_response(encoded.body)
     return Response(encoded.body, media_type=BINARY, headers={v2_json.HEADER_LENGTH: str(encoded.json_length)})
-
-
-def _default_signature(model: str, signatures: Mapping[str, Signature]) -> Signature:
-    """The signature v2 describes and runs: ``serving_default``, as every v2 request names no signature."""
-    signature = signatures.get(DEFAULT_SIGNATURE)
-    if signature is None:
-        raise ServingError(Code.FAILED_PRECONDITION, f"Model {model} has no {DEFAULT_SIGNATURE} signature")
-    return signature
 
 
 def _too_large(limit: int) -> ServingError:

@@ -61,7 +61,7 @@ from workbench.frontends.sequence_routing import SequenceRouter
 from workbench.frontends.v2_repository import V2Repository
 from workbench.planes.dataplane import Dataplane, ModelSpec, RequestInFlight
 from workbench.protocol import v2_generate, v2_grpc
-from workbench.protocol.json_tensor import dumps, parse_body
+from workbench.protocol.json_tensor import dumps, input_specs, parse_body
 from workbench.protocol.v2_shared_memory import SharedMemory
 
 log = logging.getLogger(__name__)
@@ -304,7 +304,7 @@ class Generate:
         doc = parse_body(body)
         with self.dataplane.handle(spec) as servable:
             # The names sent, so a tabular model's features may be sent as columns, as /infer allows.
-            specs = self.dataplane.rest_input_specs(servable, DEFAULT_SIGNATURE, tuple(doc))
+            specs = input_specs(servable.signatures, DEFAULT_SIGNATURE, tuple(doc))
             inputs, parameters, request_id = v2_generate.decode_request(doc, specs)
         return spec, inputs, parameters, request_id
 

@@ -1,6 +1,6 @@
 """One request in flight through the data plane: what it names (:class:`ModelSpec`), the servable it holds and how it
-is counted (:class:`RequestInFlight`), and how its answer meets its deadline (:func:`until_answered`,
-:func:`answering`).
+is counted (:class:`RequestInFlight`), what a wire format hands the plane's one-call predict (:class:`WireRequest`),
+and how its answer meets its deadline (:func:`until_answered`, :func:`answering`).
 """
 
 from __future__ import annotations
@@ -8,18 +8,22 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 from typing import Any, Protocol, TypeVar
+
+import numpy as np
 
 from workbench.batching.interest import Interest, deadline_exceeded
 from workbench.core.errors import Code, ServingError, from_exception
 from workbench.core.servable import Servable
+from workbench.core.signatures import Signature
 from workbench.models.harness import Harness
 from workbench.observability import tracing as _tracing
 from workbench.observability.metrics import ServingMetrics
 from workbench.observability.stats import RollingStats
 
 T = TypeVar("T")
+A = TypeVar("A", covariant=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,6 +36,18 @@ class ModelSpec:
     signature_name: str = ""
     # The request's stickiness key (workbench.core.sticky): under a canary split, one key lands on one version.
     key: str | None = None
+
+
+class WireRequest(Protocol[A]):
+    """A request body in a wire format, as :meth:`Dataplane.infer <workbench.planes.dataplane.Dataplane.infer>` runs
+    it: decoded against the signatures of the servable the request resolved to (a format whose decoding needs the
+    inputs' types, as TF Serving's REST JSON does), and its outputs encoded into the answer ``A``."""
+
+    def decode(self, signatures: Mapping[str, Signature]) -> tuple[str, Mapping[str, np.ndarray]]:
+        """The signature name the request names and its inputs."""
+        ...
+
+    def encode(self, outputs: Mapping[str, np.ndarray]) -> A: ...
 
 
 class CallSite(Protocol):
@@ -96,6 +112,15 @@ class RequestInFlight:
         self._harness, self.servable = harness, harness.servable
         if self.trace is not None:
             self.trace.resolved(self.servable.version)
+
+    def hold_for(self, interest: Interest) -> None:
+        """The request's batch tasks are ``interest``'s: once answered, the servable stays held until they ran."""
+        self._interest = interest
+
+    def hold_until_done(self, work: asyncio.Future[Any]) -> None:
+        """``work`` runs the servable for the request (on a thread, or as a task of its own): once answered, the
+        servable stays held until ``work`` is done, whatever the caller did meanwhile."""
+        self._work = work
 
     def __enter__(self) -> RequestInFlight:
         return self

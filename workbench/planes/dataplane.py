@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
+from workbench.platforms import v2_name
 from workbench.batching.interest import Interest
 from workbench.batching.scheduler import Batcher
 from workbench.batching.threads import InferenceThreads
@@ -25,7 +26,7 @@ from workbench.core import inference
 from workbench.core.errors import Code, ServingError
 from workbench.core.sequences import SequenceRequest
 from workbench.core.servable import Composite, Servable
-from workbench.core.signatures import Signature, TensorSpec
+from workbench.core.signatures import DEFAULT_SIGNATURE, Signature, TensorSpec
 from workbench.models.harness import Harness
 from workbench.models.manager import Manager, ServableHandle, VersionState, VersionStatus
 from workbench.models.readiness import Readiness
@@ -35,14 +36,14 @@ from workbench.observability.metrics import ServingMetrics
 from workbench.observability.request_logger import RequestLogger
 from workbench.observability.stats import RollingStats
 from workbench.planes import decoupled
-from workbench.planes.calls import ModelSpec, RequestInFlight, answering, expire, until_answered
+from workbench.planes.calls import ModelSpec, RequestInFlight, WireRequest, answering, expire, until_answered
 from workbench.planes.first_load_waits import FirstLoadWaits
 from workbench.planes.on_demand import hold_on_demand
 from workbench.planes.response_cache import ResponseCache, request_digest
 from workbench.planes.sequences import Sequences
 from workbench.planes.shadowing import DEFAULT_MAX_PENDING, ShadowTraffic
 from workbench.planes.statistics import MetricTotals
-from workbench.protocol.v2_models import ModelStatistics, RepositoryRow
+from workbench.protocol.v2_models import ModelDescription, ModelStatistics, RepositoryRow
 
 __all__ = ["RequestInFlight", "Dataplane", "ModelSpec", "ServerStatus"]
 
@@ -54,6 +55,7 @@ if TYPE_CHECKING:  # imported when an explanation is asked for: a server that ex
 EXPLAIN_SECONDS = 60.0
 
 T = TypeVar("T")
+A = TypeVar("A")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,17 +210,6 @@ class Dataplane:
         return self._models.resolve(spec.name, spec.version, spec.label, spec.key)
 
     @staticmethod
-    def rest_input_specs(
-        servable: Servable, signature_name: str, sent: tuple[str, ...] = ()
-    ) -> Mapping[str, TensorSpec]:
-        """Inputs of a signature for decoding REST JSON (TF Serving's REST layer has its own message)."""
-        key = inference.signature_name_or_default(signature_name)
-        sig = servable.signatures.get(key)
-        if sig is None:
-            raise ServingError(Code.INVALID_ARGUMENT, f'Serving signature name: "{key}" not found in signature def')
-        return sig.request_inputs(sent)
-
-    @staticmethod
     def grpc_input_specs(servable: Servable, signature_name: str) -> Mapping[str, TensorSpec]:
         """Inputs of a signature for decoding TensorProtos (gRPC's unknown-signature error is TF Serving's)."""
         return inference.predict_signature(servable, signature_name).request_inputs()
@@ -251,8 +242,9 @@ class Dataplane:
             result = await self._run(call, servable.run_with(self._members, signature, feed, outputs), timeout)
         else:
             loop = asyncio.get_running_loop()
-            interest = call._interest = Interest(timeout, loop)  # noqa: SLF001 - the planes keep a call's bookkeeping
+            interest = Interest(timeout, loop)
             interest.trace = call.trace
+            call.hold_for(interest)
             expiry = loop.call_later(timeout, interest.expire) if timeout is not None else None
             waiting = self.scheduler.run(servable, signature, feed, outputs, interest)
             result = await until_answered(waiting, interest, expiry)
@@ -277,9 +269,25 @@ class Dataplane:
         answer: asyncio.Future[T] = loop.create_future()
         interest = Interest(timeout, loop)  # what it still has queued for a batch when the caller gives up never runs
         interest.trace = call.trace  # member requests' batches link to the request's span
-        call._work = interest.start(answering(work, answer))  # noqa: SLF001
+        call.hold_until_done(interest.start(answering(work, answer)))
         expiry = loop.call_later(timeout, expire, answer) if timeout is not None else None
         return await until_answered(answer, interest, expiry)
+
+    async def infer(
+        self, spec: ModelSpec, protocol: str, request: WireRequest[A], timeout: float | None = None
+    ) -> tuple[int, A]:
+        """A predict in one call, for a wire format whose decoding needs the servable's signatures: admitted (see
+        :meth:`admit`), ``request`` decoded against the resolved servable's signatures, run (:meth:`predict`) and its
+        outputs encoded, all while the servable is held and the request counted. Returns the version that answered
+        and the encoded answer.
+
+        The order is the wire API's order of checks: an unknown model or version is refused before the body is read
+        as JSON, a body that does not decode before anything runs.
+        """
+        with await self.admit(spec, "predict", protocol, timeout) as call:
+            signature_name, inputs = request.decode(call.servable.signatures)
+            _, outputs = await self.predict(call, signature_name, inputs, timeout=timeout)
+            return call.version, request.encode(outputs)
 
     async def predict(
         self,
@@ -491,6 +499,21 @@ class Dataplane:
         """The most rows one batch of ``model`` runs (its batching parameters'); 0 when batching is off for it."""
         params = self._batching_for(model)
         return params.max_batch_size if params is not None else 0
+
+    def v2_description(self, spec: ModelSpec) -> ModelDescription:
+        """What v2's metadata and config say of the version ``spec`` names (held while it is read): its
+        ``serving_default`` signature, the model's available versions, its platform's v2 name, batching, and the
+        config it declares. Both v2 frontends encode this one description."""
+        with self.handle(spec) as servable:
+            return ModelDescription(
+                name=spec.name,
+                versions=tuple(self.available_versions(spec.name)),
+                platform=v2_name(servable.platform),
+                signature=servable.signatures.get(DEFAULT_SIGNATURE),
+                max_batch_size=self.max_batch_size(spec.name),
+                declared=servable.model_config,
+                decoupled=servable.decoupled,
+            )
 
     def repository(self) -> list[RepositoryRow]:
         """Every version of every model the server knows, with its state and why it failed (if it did)."""

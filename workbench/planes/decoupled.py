@@ -48,7 +48,7 @@ async def stream(
     try:
         while True:
             step = loop.run_in_executor(executor, next, responses, _END)
-            call._work = step  # the servable stays held while a thread runs the model, whatever the caller does  # noqa: SLF001
+            call.hold_until_done(step)  # held while a thread runs the model, whatever the caller does
             remaining = None if deadline is None else deadline - loop.time()
             try:
                 result = await asyncio.wait_for(asyncio.shield(step), remaining)
@@ -63,7 +63,7 @@ async def stream(
             yield result
     finally:
         if not over:
-            call._work = asyncio.ensure_future(_close_responses(step, responses, executor))  # noqa: SLF001 - the planes keep a call's bookkeeping
+            call.hold_until_done(asyncio.ensure_future(_close_responses(step, responses, executor)))
 
 
 async def _close_responses(step: asyncio.Future[Any] | None, responses: Iterator[Any], executor: Executor) -> None:

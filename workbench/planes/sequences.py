@@ -53,7 +53,7 @@ class Sequences:
         if sequence.start:
             self._pinned[key] = servable.version
         work = asyncio.ensure_future(batcher.run(signature, feed, outputs, sequence))
-        call._work = work  # the version stays held until the step ran, even when the caller gave up  # noqa: SLF001
+        call.hold_until_done(work)  # the version stays held until the step ran, even when the caller gave up
         try:
             result = await asyncio.wait_for(asyncio.shield(work), timeout)
         except asyncio.TimeoutError:

@@ -1,7 +1,8 @@
 """TF Serving's REST JSON ↔ numpy: predict requests (row and columnar), responses, and float printing.
 
-Pure translation, no sockets and no model: the REST frontend hands in the body and the signature's input
-specs; the rules and messages are those of TF Serving's ``json_tensor.cc``. Numbers take a numpy fast path;
+Pure translation, no sockets and no model: the REST frontend hands in the body (:class:`PredictBody`), and the data
+plane hands it the signatures of the servable it resolved; the rules and messages are those of TF Serving's
+``json_tensor.cc``. Numbers take a numpy fast path;
 anything numpy refuses (ragged lists, wrong JSON types) is re-walked element by element to say exactly where
 the request is wrong.
 
@@ -22,8 +23,9 @@ from typing import Any
 import numpy as np
 import orjson
 
-from workbench.core.errors import invalid_argument
-from workbench.core.signatures import TensorSpec, describe_inputs, input_error
+from workbench.core.errors import Code, ServingError, invalid_argument
+from workbench.core.inference import signature_name_or_default
+from workbench.core.signatures import Signature, TensorSpec, describe_inputs, input_error
 from workbench.protocol import json_numbers
 from workbench.protocol.bytes_codec import from_b64, is_b64, to_b64
 
@@ -115,6 +117,40 @@ def decode_predict_request(
     if has_inputs:
         return signature_name, _decode_inputs(doc["inputs"], specs, fast), Format.COLUMNAR
     raise invalid_argument("Missing 'inputs' or 'instances' key")
+
+
+def input_specs(
+    signatures: Mapping[str, Signature], signature_name: str, sent: tuple[str, ...] = ()
+) -> Mapping[str, TensorSpec]:
+    """The inputs of the signature a REST request names, for decoding its JSON (TF Serving's REST layer words an
+    unknown signature its own way, not as gRPC's predict does)."""
+    key = signature_name_or_default(signature_name)
+    signature = signatures.get(key)
+    if signature is None:
+        raise ServingError(Code.INVALID_ARGUMENT, f'Serving signature name: "{key}" not found in signature def')
+    return signature.request_inputs(sent)
+
+
+class PredictBody:
+    """A ``:predict`` body on its way through the data plane's one call (:meth:`Dataplane.infer
+    <workbench.planes.dataplane.Dataplane.infer>`): decoded once the servable it names is resolved (its signature's
+    dtypes decide how the JSON reads), its outputs encoded in the format it was sent in."""
+
+    __slots__ = ("body", "format")
+
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+        self.format = Format.ROW  # what decode() found: row ("instances") or columnar ("inputs")
+
+    def decode(self, signatures: Mapping[str, Signature]) -> tuple[str, dict[str, np.ndarray]]:
+        """The signature name the body names and its inputs, against the resolved servable's ``signatures``."""
+        signature_name, inputs, self.format = decode_predict_request(
+            self.body, lambda name, sent: input_specs(signatures, name, sent)
+        )
+        return signature_name, inputs
+
+    def encode(self, outputs: Mapping[str, np.ndarray]) -> bytes:
+        return encode_predict_response(outputs, self.format)
 
 
 def _sent_names(doc: Mapping[str, Any]) -> tuple[str, ...]:

@@ -1,4 +1,5 @@
-"""The Open Inference Protocol's gRPC messages ↔ numpy: ModelInferRequest in, ModelInferResponse out.
+"""The Open Inference Protocol's gRPC messages ↔ numpy: ModelInferRequest in, ModelInferResponse out; and a model's
+metadata and config as messages, from the same description the REST frontend answers as JSON (:mod:`v2_models`).
 
 The messages are Triton's own (``tritonclient.grpc.service_pb2``, generated from ``grpc_service.proto``), so any
 v2 gRPC client speaks to workbench unchanged. A request's tensors come either in typed ``contents`` (one repeated
@@ -18,12 +19,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from tritonclient.grpc import service_pb2
+from google.protobuf import json_format
+from tritonclient.grpc import model_config_pb2, service_pb2
 
 from workbench.core.classification import requested_count
-from workbench.core.errors import ServingError, invalid_argument
-from workbench.core.signatures import shape_text
-from workbench.protocol import v2_shared_memory, v2_types
+from workbench.core.errors import Code, ServingError, invalid_argument
+from workbench.core.signatures import Signature, shape_text
+from workbench.protocol import v2_models, v2_shared_memory, v2_types
 from workbench.protocol.bytes_codec import TruncatedElement, TruncatedLength, unpack_bytes
 from workbench.protocol.v2_shared_memory import SharedMemory, SharedTensor
 
@@ -55,6 +57,26 @@ _FIELD_TYPES = {
     "fp64_contents": "FP64",
     "bytes_contents": "BYTES",
 }
+
+
+def model_metadata_response(model: v2_models.ModelDescription) -> Any:
+    """``ModelMetadataResponse`` of ``model``: :func:`v2_models.model_metadata` as the message."""
+    described = v2_models.model_metadata(model, _default_signature(model))
+    return json_format.ParseDict(described, service_pb2.ModelMetadataResponse())
+
+
+def model_config_response(model: v2_models.ModelDescription) -> Any:
+    """``ModelConfigResponse`` of ``model``: :func:`v2_models.model_config` as the message."""
+    config = v2_models.model_config(model, _default_signature(model))
+    return service_pb2.ModelConfigResponse(config=json_format.ParseDict(config, model_config_pb2.ModelConfig()))
+
+
+def _default_signature(model: v2_models.ModelDescription) -> Signature:
+    """``serving_default``; a model without one is refused in the words gRPC's descriptions have always used (the
+    predict's, where REST's are :func:`v2_models.default_signature`'s)."""
+    if model.signature is None:
+        raise ServingError(Code.FAILED_PRECONDITION, 'Serving signature key "serving_default" not found.')
+    return model.signature
 
 
 def decode_inputs(request: Any, shared_memory: SharedMemory | None = None) -> dict[str, np.ndarray]:

@@ -7,16 +7,18 @@ REST frontend answers it as JSON, the gRPC frontend turns it into the message wi
 takes them for int64 fields too).
 
 What a model looks like in v2 is its ``serving_default`` signature's: inputs and outputs by alias, v2 datatypes,
--1 for a dimension of any size. The engine-side facts (versions, states, counters) come in as plain values and
-:class:`ModelStatistics` / :class:`RepositoryRow` rows, so nothing here imports the engine.
+-1 for a dimension of any size. The engine-side facts come in as values the data plane gathers: a
+:class:`ModelDescription` (a model's metadata and config, for both frontends), :class:`ModelStatistics` and
+:class:`RepositoryRow` rows, so nothing here imports the engine.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any
 
+from workbench.core.errors import Code, ServingError
 from workbench.core.signatures import Signature, TensorSpec
 from workbench.protocol.v2_types import BYTES, to_datatype
 
@@ -63,13 +65,38 @@ def _tensor_metadata(spec: TensorSpec) -> dict[str, Any]:
     return {"name": spec.alias, "datatype": to_datatype(spec.dtype), "shape": _shape(spec)}
 
 
-def model_metadata(name: str, versions: Sequence[int | str], platform: str, signature: Signature) -> dict[str, Any]:
-    """``ModelMetadataResponse``: the model's versions (as strings) and its signature's tensors. ``platform`` is
-    the v2 name (:func:`workbench.platforms.v2_name`)."""
+@dataclasses.dataclass(frozen=True)
+class ModelDescription:
+    """What v2's metadata and config say of a model, as the data plane gathers it for one resolved version
+    (:meth:`Dataplane.v2_description <workbench.planes.dataplane.Dataplane.v2_description>`).
+
+    ``signature`` is the version's ``serving_default`` (None when it has none: the frontends refuse it, each in
+    its own words); ``platform`` the v2 name (:func:`workbench.platforms.v2_name`); ``declared`` the model's own
+    config (a Triton model's config.pbtxt, as JSON), None for a config built from the signature.
+    """
+
+    name: str
+    versions: tuple[int, ...]  # the model's AVAILABLE versions, oldest first
+    platform: str
+    signature: Signature | None
+    max_batch_size: int  # the most rows one batch runs (0: batching is off)
+    declared: Mapping[str, Any] | None = None
+    decoupled: bool = False
+
+
+def default_signature(model: ModelDescription) -> Signature:
+    """The signature v2 describes and runs: ``serving_default``, as every v2 request names no signature."""
+    if model.signature is None:
+        raise ServingError(Code.FAILED_PRECONDITION, f"Model {model.name} has no serving_default signature")
+    return model.signature
+
+
+def model_metadata(model: ModelDescription, signature: Signature) -> dict[str, Any]:
+    """``ModelMetadataResponse``: the model's versions (as strings) and its ``signature``'s tensors."""
     return {
-        "name": name,
-        "versions": [str(v) for v in versions],
-        "platform": platform,
+        "name": model.name,
+        "versions": [str(v) for v in model.versions],
+        "platform": model.platform,
         "inputs": [_tensor_metadata(spec) for spec in signature.inputs.values()],
         "outputs": [_tensor_metadata(spec) for spec in signature.outputs.values()],
     }
@@ -93,14 +120,7 @@ def _config_tensor(spec: TensorSpec, batched: bool) -> dict[str, Any]:
     return tensor
 
 
-def model_config(
-    name: str,
-    platform: str,
-    signature: Signature,
-    max_batch_size: int,
-    declared: Mapping[str, Any] | None = None,
-    decoupled: bool = False,
-) -> dict[str, Any]:
+def model_config(model: ModelDescription, signature: Signature) -> dict[str, Any]:
     """``ModelConfig``: enough of Triton's model configuration for its clients and perf tools.
 
     With ``max_batch_size`` > 0 (the model is batched) dims leave the batch dimension out, as in Triton; a signature
@@ -108,8 +128,9 @@ def model_config(
     ``declared`` with a config of its own (a Triton model's config.pbtxt, as JSON) answers that config, as Triton does.
     A ``decoupled`` model says so in Triton's ``model_transaction_policy``, which tools read to know they must stream.
     """
-    if declared is not None:
-        return dict(declared)
+    if model.declared is not None:
+        return dict(model.declared)
+    name, platform, max_batch_size, decoupled = model.name, model.platform, model.max_batch_size, model.decoupled
     tensors = [*signature.inputs.values(), *signature.outputs.values()]
     batched = max_batch_size > 0 and signature.batchable and _batched(tensors)
     config: dict[str, Any] = {

@@ -3,9 +3,11 @@
 Ray's proxy registers a service from a function like the generated ``add_*Servicer_to_server`` and sends each call
 to a deployment method named after the RPC (``Predict``, ``ModelInfer`` …), with the request decoded and a
 serialisable stand-in for the servicer context. The functions here are what ``grpc_servicer_functions`` names:
-they load TF Serving's protos without running ``tensorflow/__init__`` (the proxy actor must not import TensorFlow),
-and :func:`ray_methods` gives the replica one method per RPC that calls workbench's own servicer, so the
-rules of TF Serving's and v2's gRPC APIs live once, in ``workbench.frontends``.
+they register the services :mod:`workbench.protocol.grpc_services` describes, the server's own (whose protos load
+without running ``tensorflow/__init__``: the proxy actor must not import TensorFlow), and :func:`ray_methods` gives
+the replica one method per unary RPC of those descriptions that calls workbench's own servicer, so the rules of TF
+Serving's, v2's and TorchServe's gRPC APIs live once, in ``workbench.frontends``, and a method the server serves is
+served through Ray too.
 """
 
 from __future__ import annotations
@@ -15,11 +17,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
+from tritonclient.grpc import model_config_pb2, service_pb2
 
-# Loads TF Serving's protos without running tensorflow/__init__ (seconds): see runtime/tensorflow_protos.py.
-import workbench.runtime.tensorflow_protos  # noqa: F401  # isort: skip
-from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
-from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
+from workbench.protocol import grpc_services
+from workbench.protocol.grpc_services import GrpcService, Streaming
 
 # Ray's proxy pickles each decoded request to the replica, and a message class pickles by its module's name.
 # Triton's generated classes name the module their .proto file would have ("grpc_service_pb2"), which no import
@@ -27,50 +28,62 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 sys.modules.setdefault("grpc_service_pb2", service_pb2)
 sys.modules.setdefault("model_config_pb2", model_config_pb2)
 
-# The RPCs each service's servicer answers through Ray. Left out: TF Serving's HandleReloadConfigRequest and v2's
-# RepositoryModelLoad/Unload (each would change the one replica that answers, not the deployment), and v2's
-# ModelStreamInfer, which workbench does not serve.
-PREDICTION_METHODS = ("Predict", "Classify", "Regress", "MultiInference", "GetModelMetadata")
-MODEL_METHODS = ("GetModelStatus",)
-INFERENCE_METHODS = (
-    "ServerLive",
-    "ServerReady",
-    "ModelReady",
-    "ServerMetadata",
-    "ModelMetadata",
-    "ModelConfig",
-    "ModelStatistics",
-    "ModelInfer",
-    "RepositoryIndex",
+# The services Ray's proxy serves (protocol/grpc_services.py describes each), by the replica's attribute holding
+# its servicer. Every unary method of each is answered through the servicer; streaming ones (v2's ModelStreamInfer,
+# TorchServe's StreamPredictions and StreamPredictions2) are not: the servicers write a stream on grpc.aio's
+# context, which Ray's does not offer.
+RAY_SERVICES: tuple[tuple[GrpcService, str], ...] = (
+    (grpc_services.TF_SERVING_PREDICTION, "prediction_service"),
+    (grpc_services.TF_SERVING_MODEL, "model_service"),
+    (grpc_services.V2_INFERENCE, "inference_service"),
+    (grpc_services.TORCHSERVE_INFERENCE, "torchserve_inference"),
+    (grpc_services.TORCHSERVE_MANAGEMENT, "torchserve_management"),
 )
+# Unary methods answered UNIMPLEMENTED through Ray: each would change the one replica that answers, not the
+# deployment.
 REFUSED_METHODS = {
     "HandleReloadConfigRequest": "on Ray Serve, change what is served by deploying again (workbench.ray.deploy)",
     "RepositoryModelLoad": "on Ray Serve, every replica loads what the repository holds; export a version there",
     "RepositoryModelUnload": "on Ray Serve, every replica serves what the repository holds; remove it there",
-}
+    "RegisterModel": "on Ray Serve, every replica loads what the repository holds; export a version there",
+    "UnregisterModel": "on Ray Serve, every replica serves what the repository holds; remove it there",
+    "ScaleWorker": "on Ray Serve, scale the deployment's replicas (num_replicas) instead",
+}  # TorchServe's SetDefault is a promotion: written to the repository's routing, which every replica reads
 
 # Metadata on every answer: which replica answered (tests, and operators reading a trace).
 REPLICA_METADATA = "workbench-replica"
 
 
+# What ``grpc_servicer_functions`` names, one per service: Ray's proxy imports them by path (in this module, so
+# that the proxy gets the module aliases above and TF Serving's protos without TensorFlow).
 def add_prediction_service(servicer: Any, server: grpc.Server) -> None:
-    """``tensorflow.serving.PredictionService`` (for ``grpc_servicer_functions``)."""
-    prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(servicer, server)
+    grpc_services.TF_SERVING_PREDICTION.add(servicer, server)
 
 
 def add_model_service(servicer: Any, server: grpc.Server) -> None:
-    """``tensorflow.serving.ModelService`` (for ``grpc_servicer_functions``)."""
-    model_service_pb2_grpc.add_ModelServiceServicer_to_server(servicer, server)
+    grpc_services.TF_SERVING_MODEL.add(servicer, server)
 
 
 def add_inference_service(servicer: Any, server: grpc.Server) -> None:
-    """The Open Inference Protocol's ``inference.GRPCInferenceService`` (for ``grpc_servicer_functions``)."""
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
+    grpc_services.V2_INFERENCE.add(servicer, server)
 
 
-SERVICER_FUNCTIONS = [
-    f"{__name__}.{f.__name__}" for f in (add_prediction_service, add_model_service, add_inference_service)
-]
+def add_torchserve_inference(servicer: Any, server: grpc.Server) -> None:
+    grpc_services.TORCHSERVE_INFERENCE.add(servicer, server)
+
+
+def add_torchserve_management(servicer: Any, server: grpc.Server) -> None:
+    grpc_services.TORCHSERVE_MANAGEMENT.add(servicer, server)
+
+
+_ADDERS = {
+    "prediction_service": add_prediction_service,
+    "model_service": add_model_service,
+    "inference_service": add_inference_service,
+    "torchserve_inference": add_torchserve_inference,
+    "torchserve_management": add_torchserve_management,
+}
+SERVICER_FUNCTIONS = [f"{__name__}.{_ADDERS[attribute].__name__}" for _, attribute in RAY_SERVICES]
 
 
 class Aborted(grpc.aio.AbortError):
@@ -141,13 +154,13 @@ def ray_methods() -> dict[str, Callable[..., Awaitable[Any]]]:
         return lambda replica: getattr(getattr(replica, attribute), method)
 
     methods: dict[str, Callable[..., Awaitable[Any]]] = {}
-    for attribute, names in (
-        ("prediction_service", PREDICTION_METHODS),
-        ("model_service", MODEL_METHODS),
-        ("inference_service", INFERENCE_METHODS),
-    ):
-        for name in names:
-            methods[name] = ray_method(name, bound(attribute, name))
-    for name in REFUSED_METHODS:
-        methods[name] = ray_method(name, lambda replica: None)
+    for service, attribute in RAY_SERVICES:
+        for method in service.methods:
+            if method.streaming is not Streaming.UNARY:
+                continue
+            name = method.name
+            if name in REFUSED_METHODS:
+                methods[name] = ray_method(name, lambda replica: None)
+            else:
+                methods[name] = ray_method(name, bound(attribute, name))
     return methods

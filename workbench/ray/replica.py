@@ -91,6 +91,8 @@ class WorkbenchReplica:
         self.prediction_service = servicers.prediction
         self.model_service = servicers.model
         self.inference_service = servicers.inference
+        self.torchserve_inference = servicers.torchserve_inference
+        self.torchserve_management = servicers.torchserve_management
         models = self.server.dataplane.model_names()
         log.info("Replica %s serves %s", self.replica_id, ", ".join(models) or "no models")
 
