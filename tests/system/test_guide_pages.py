@@ -1,0 +1,342 @@
+"""Every code block of the README and the guide does what it says, page by page (tests/guide_blocks.py says how a
+block names its check).
+
+One test a page: its ``run`` blocks run in order against the page's fixture (one ``workbench serve`` a page at
+most), its ``parse`` blocks are checked line by line, its ``same-as README`` blocks are compared with the README's.
+A failure names the page and the line of the block.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import dockerfile
+import numpy as np
+import pytest
+import requests
+import tomllib
+import yaml
+from guide_blocks import (
+    EXPECT_HELPER,
+    README,
+    ROOT,
+    SHOWN,
+    Block,
+    all_blocks,
+    blocks,
+    commands,
+    page_settings,
+    pages,
+    unchecked,
+    with_expectations,
+)
+from packaging.requirements import Requirement
+from waiting import free_port, wait_until
+
+BIN = Path(sys.executable).parent
+# The README's sections whose blocks tests/system/test_readme.py runs.
+README_RUN = ("A 30-second tour", "Headless")
+
+
+def _page_id(path: Path) -> str:
+    return str(path.relative_to(ROOT))
+
+
+# ------------------------------------------------------------------------------------------- the convention
+
+
+def test_every_block_names_its_check() -> None:
+    problems = [p for p in map(unchecked, all_blocks()) if p]
+    assert not problems, "\n".join(problems)
+
+
+def test_the_readme_keeps_its_blocks_where_its_test_runs_them() -> None:
+    for block in blocks(README):
+        if block.check == "run":
+            assert block.section.startswith(README_RUN), f"{block.where}: test_readme.py runs only {README_RUN}"
+
+
+def test_the_readme_links_into_the_guide_and_each_link_lands() -> None:
+    text = README.read_text()
+    assert len(text.splitlines()) <= 200
+    targets = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
+    local = [t for t in targets if "://" not in t]
+    assert any(t.startswith("docs/") for t in local)
+    missing = [t for t in local if not (ROOT / t).exists()]
+    assert not missing, f"the README links to files that do not exist: {missing}"
+
+
+# ------------------------------------------------------------------------------------------------ parse
+
+
+def _extras() -> dict[str, list[str]]:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    return dict(project["optional-dependencies"]) | {"": project["dependencies"]}
+
+
+def _make_targets() -> set[str]:
+    return set(re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), re.MULTILINE))
+
+
+def _parse_workbench(words: list[str]) -> None:
+    from workbench.cli import COMMANDS, build_parser
+
+    assert words[0] in COMMANDS, f"no command `workbench {words[0]}`"
+    try:
+        build_parser(words[0]).parse_args(words)
+    except SystemExit as exc:
+        raise AssertionError(f"`workbench {' '.join(words)}` does not parse") from exc
+
+
+def _parse_magic(line: str) -> None:
+    from workbench.notebook.serve_subcommands import parse_arguments, split_line
+
+    words = split_line(line.removeprefix("%serve"))
+    parse_arguments(words[0], words[1:])
+
+
+def _check_pip(words: list[str]) -> None:
+    extras = _extras()
+    for word in words[2:]:
+        if word.startswith("-") or word.startswith("https://"):
+            continue
+        requirement = Requirement(word)
+        if requirement.name == "torch":
+            continue  # PyTorch's own CPU index: the install line the pytorch extra documents
+        assert requirement.name == "workbench-serving", f"pip installs {word}, not workbench-serving"
+        unknown = requirement.extras - set(extras)
+        assert not unknown, f"{word}: pyproject.toml declares no extra {sorted(unknown)}"
+
+
+def _check_repository_file(path: str) -> None:
+    found = ROOT / path
+    assert found.exists(), f"{path} is not in the repository"
+    files = sorted(found.rglob("*.yaml")) if found.is_dir() else [found]
+    for file in files:
+        if file.suffix in {".yaml", ".yml"}:
+            assert list(yaml.safe_load_all(file.read_text())), f"{file} holds no YAML document"
+
+
+def _check_docker(words: list[str]) -> None:
+    if words[1] == "build":
+        dockerfile_path = words[words.index("-f") + 1]
+        assert dockerfile.parse_file(str(ROOT / dockerfile_path)), dockerfile_path
+    elif words[1] == "run":
+        # The image is the first word that is no option nor an option's value.
+        i = 2
+        while words[i].startswith("-"):
+            i += 1 if "=" in words[i] or words[i] in {"--rm", "-d", "-it"} else 2
+        image, flags = words[i], words[i + 1 :]
+        for j, word in enumerate(words[:i]):
+            if word == "-p":
+                assert re.fullmatch(r"\d+:\d+", words[j + 1]), f"a port mapping: {words[j + 1]}"
+        if image == "workbench-serving":  # deploy/Dockerfile's entry point hands the flags to `workbench serve`
+            _parse_workbench(["serve", *flags])
+        else:  # another project's image (Jaeger's): a well-formed reference, run without arguments
+            assert re.fullmatch(r"[a-z0-9]+(?:[._/-][a-z0-9]+)*(?::[\w.-]+)?", image) and not flags, words
+    else:
+        raise AssertionError(f"no check for `docker {words[1]}`")
+
+
+def _check_curl(words: list[str]) -> None:
+    body = next((words[i + 1] for i, w in enumerate(words) if w in {"-d", "--data"}), None)
+    if body is not None:
+        json.loads(body)
+    assert any(re.match(r"(https?://)?[\w.-]+:\d+/", w) for w in words), f"curl names no URL: {words}"
+
+
+def check_command(line: str) -> None:
+    """One command line of a ``parse`` block, checked for real (an unknown command fails)."""
+    words = shlex.split(line)
+    while words and re.fullmatch(r"[A-Z_]+=.*", words[0]):  # VAR=value before the command
+        words = words[1:]
+    program = words[0]
+    if program == "workbench":
+        _parse_workbench(words[1:])
+    elif program == "pip":
+        _check_pip(words)
+    elif program == "make":
+        assert set(words[1:]) <= _make_targets(), f"the Makefile has no target {words[1:]}"
+    elif program == "kubectl":
+        path = words[words.index("-f" if "-f" in words else "-k") + 1]
+        _check_repository_file(path)
+    elif program == "docker":
+        _check_docker(words)
+    elif program == "curl":
+        _check_curl(words)
+    elif program == "export":  # an environment variable for the commands after it
+        assert re.fullmatch(r"[A-Z_]+=.+", words[1]), line
+    else:
+        raise AssertionError(f"no check for `{program}`: run the block, or teach check_command this command")
+
+
+def check_python(block: Block) -> None:
+    """Compiles (magic lines by the magic's parser) and resolves every ``workbench.…`` name it uses."""
+    python_lines = []
+    for line in block.code.splitlines():
+        if line.startswith("%serve"):
+            _parse_magic(line)
+            python_lines.append("")
+        else:
+            python_lines.append(line)
+    compile("\n".join(python_lines), block.where, "exec")
+    for dotted in set(re.findall(r"\bworkbench(?:\.\w+)+", block.code)):
+        parts = dotted.split(".")
+        for cut in range(len(parts), 0, -1):
+            try:
+                found: Any = importlib.import_module(".".join(parts[:cut]))
+            except ImportError:
+                continue
+            for attribute in parts[cut:]:
+                found = getattr(found, attribute)
+            break
+
+
+def check_parse(block: Block) -> None:
+    if block.language == "python":
+        check_python(block)
+        return
+    for line in commands(block.code):
+        check_command(line)
+
+
+# ------------------------------------------------------------------------------------------------- run
+
+
+class Page:
+    """A page's fixture: a folder, maybe a server, the namespace its Python blocks share."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.ports = {"8500": str(free_port()), "8501": str(free_port())}
+        self.namespace: dict[str, Any] = {}
+        self.env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
+
+    def ported(self, text: str) -> str:
+        for default, port in self.ports.items():
+            text = text.replace(default, port)
+        return text
+
+    def run_python(self, block: Block) -> None:
+        cwd = os.getcwd()
+        os.chdir(self.folder)
+        try:
+            exec(EXPECT_HELPER + with_expectations(self.ported(block.code)), self.namespace)  # noqa: S102
+        finally:
+            os.chdir(cwd)
+
+    def run_bash(self, block: Block) -> None:
+        script = "set -euo pipefail\n" + self.ported(block.code)
+        done = subprocess.run(
+            ["bash", "-c", script], cwd=self.folder, env=self.env, capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == 0, f"{block.where} failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+
+
+@contextmanager
+def demo_server(page: Page) -> Iterator[None]:
+    """``workbench demo`` served by ``workbench serve`` with batching, as Getting started serves it."""
+    made = subprocess.run(
+        [BIN / "workbench", "demo", "models"], cwd=page.folder, env=page.env, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr[-3000:]
+    command = page.ported(
+        "workbench serve --port=8500 --rest_api_port=8501 --model_config_file=models/models.config --enable_batching"
+    )
+    log = page.folder / "serve.log"
+    with open(log, "wb") as out:
+        server = subprocess.Popen(
+            shlex.split(command), cwd=page.folder, env=page.env, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+    try:
+        rest = f"http://127.0.0.1:{page.ports['8501']}"
+
+        def ready() -> bool:
+            assert server.poll() is None, log.read_text()[-3000:]
+            return requests.get(f"{rest}/readyz", timeout=5).status_code == 200
+
+        wait_until(ready, timeout=300, what="the guide's workbench serve")
+        yield
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(30)
+
+
+def _digit_rows(page: Page) -> None:
+    """``x``: three rows of scikit-learn's digits as the demo's digits model takes them, and ``digits.csv``."""
+    from sklearn.datasets import load_digits
+
+    pixels = (load_digits().data / 16).astype("float32")
+    page.namespace.update(x=pixels[:3], workbench=importlib.import_module("workbench"))  # as after the tour
+    header = ",".join(f"p{i}" for i in range(64))
+    np.savetxt(page.folder / "digits.csv", pixels[:40], delimiter=",", header=header, comments="", fmt="%.4f")
+
+
+def _canary(page: Page) -> None:
+    """half_plus_two's v2 as its canary, so that the label ``canary`` names a version."""
+    rest = f"http://127.0.0.1:{page.ports['8501']}"
+    answer = requests.post(f"{rest}/workbench/v1/models/half_plus_two:canary", json={"version": 2, "weight": 0.1})
+    assert answer.status_code == 200, answer.text
+
+
+def _repository(page: Page) -> None:
+    """``workbench-models``, the notebook's default repository, holding the demo models (digits among them)."""
+    made = subprocess.run(
+        [BIN / "workbench", "demo", "workbench-models"], cwd=page.folder, env=page.env, capture_output=True,
+        text=True, timeout=300,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr[-3000:]
+
+
+SETUPS: dict[str, Callable[[Page], None]] = {"digits": _digit_rows, "canary": _canary, "repository": _repository}
+
+
+def _guide_pages() -> list[Path]:
+    return [p for p in pages() if any(b.language not in SHOWN or b.language == "json" for b in blocks(p))]
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("path", _guide_pages(), ids=_page_id)
+def test_the_page_s_blocks_do_what_they_say(path: Path, tmp_path: Path) -> None:
+    page_blocks = blocks(path)
+    readme = [b.code for b in blocks(README)]
+    for block in page_blocks:
+        if block.language == "json":
+            json.loads(block.code)  # shown, so it must be what it says: JSON
+        elif block.check == "same-as":
+            assert block.argument == "README", block.where
+            assert block.code in readme, f"{block.where} is no longer the README's block"
+        elif block.check == "parse":
+            check_parse(block)
+    runs = [b for b in page_blocks if b.check == "run" and path != README]
+    if not runs:
+        return
+    settings = page_settings(path)
+    page = Page(tmp_path)
+    server = demo_server(page) if settings.get("server") == "demo" else _nothing()
+    with server:
+        for name in filter(None, settings.get("setup", "").split(",")):
+            SETUPS[name](page)
+        for block in runs:
+            if block.language == "python":
+                page.run_python(block)
+            else:
+                page.run_bash(block)
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield
