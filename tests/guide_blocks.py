@@ -6,7 +6,8 @@ A block's check is named in an HTML comment on the line just before its fence (i
   ``# value`` comment lines must evaluate to that value); bash runs as a script in the page's folder (``set -e``).
   Both run against the page's fixture, named once at the top of the page: ``<!-- guide: page server=demo -->``
   (``workbench demo`` served by ``workbench serve``, TF Serving's ports 8500/8501 swapped for free ones), and
-  ``setup=NAME`` (files and Python names made by the test, tests/system/test_guide_pages.py's ``SETUPS``).
+  ``setup=NAME`` (files and Python names made by the test, tests/system/test_guide_pages.py's ``SETUPS``), and
+  ``after=NAME`` (a check of what the blocks made, its ``AFTER``: the manifests a page generates are validated).
 - ``<!-- guide: same-as README -->``: the block is one of the README's, word for word; tests/system/test_readme.py
   runs that one (the tour in a real kernel, the headless blocks against ``workbench serve``).
 - ``<!-- guide: parse -->``: for what cannot run here (a cluster, Docker, a cloud bucket, an install). Every line is

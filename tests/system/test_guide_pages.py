@@ -222,6 +222,17 @@ class Page:
         self.ports = {"8500": str(free_port()), "8501": str(free_port())}
         self.namespace: dict[str, Any] = {}
         self.env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
+        self.cleanups: list[Callable[[], object]] = []
+
+    @contextmanager
+    def inside(self) -> Iterator[None]:
+        """In the page's folder, where its blocks write (``workbench-models``, outputs)."""
+        cwd = os.getcwd()
+        os.chdir(self.folder)
+        try:
+            yield
+        finally:
+            os.chdir(cwd)
 
     def ported(self, text: str) -> str:
         for default, port in self.ports.items():
@@ -229,12 +240,8 @@ class Page:
         return text
 
     def run_python(self, block: Block) -> None:
-        cwd = os.getcwd()
-        os.chdir(self.folder)
-        try:
+        with self.inside():
             exec(EXPECT_HELPER + with_expectations(self.ported(block.code)), self.namespace)  # noqa: S102
-        finally:
-            os.chdir(cwd)
 
     def run_bash(self, block: Block) -> None:
         script = "set -euo pipefail\n" + self.ported(block.code)
@@ -301,7 +308,64 @@ def _repository(page: Page) -> None:
     assert made.returncode == 0, made.stderr[-3000:]
 
 
-SETUPS: dict[str, Callable[[Page], None]] = {"digits": _digit_rows, "canary": _canary, "repository": _repository}
+def _tabular(page: Page) -> None:
+    """Platforms' names: a scikit-learn pipeline, an XGBoost classifier and an ONNX model trained on the digits, ``x``
+    (float64 rows, as scikit-learn computes), and ``server``, a notebook server on ``workbench-models``."""
+    from skl2onnx import to_onnx
+    from sklearn.datasets import load_digits
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+    from xgboost import XGBClassifier
+
+    import workbench
+
+    digits = load_digits()
+    x, y = digits.data / 16, digits.target
+    pipeline = make_pipeline(StandardScaler(), LogisticRegression(max_iter=200)).fit(x, y)
+    xgb_classifier = XGBClassifier(n_estimators=4, max_depth=2).fit(x, y)
+    onnx_model_proto = to_onnx(LogisticRegression(max_iter=200).fit(x, y), x[:1].astype("float32"),
+                               options={"zipmap": False})  # fmt: skip
+    with page.inside():
+        server = workbench.serve()
+    page.cleanups.append(server.stop)
+    page.namespace.update(
+        workbench=workbench, x=x, sklearn_pipeline=pipeline, xgb_classifier=xgb_classifier,
+        onnx_model_proto=onnx_model_proto, server=server,
+    )  # fmt: skip
+
+
+SETUPS: dict[str, Callable[[Page], None]] = {
+    "digits": _digit_rows, "canary": _canary, "repository": _repository, "tabular": _tabular,
+}  # fmt: skip
+
+
+def _manifests(page: Page) -> None:
+    """What the page's ``workbench manifests`` wrote validates: Kubernetes' own kinds against its schemas (strict),
+    KServe's against its CRD schemas where they are (tests/system/test_deploy.py's), else by group and kind."""
+    import kubernetes_validate
+
+    written = sorted(page.folder.rglob("*.yaml"))
+    assert written, "the page's commands wrote no manifest"
+    schemas = ROOT.parent / "shared" / "testdata" / "kserve"
+    for path in written:
+        for document in yaml.safe_load_all(path.read_text()):
+            group = document["apiVersion"].rpartition("/")[0]
+            if group == "serving.kserve.io":
+                assert document["kind"] in {"ClusterServingRuntime", "ServingRuntime", "InferenceService"}, path
+                schema_file = schemas / f"{document['kind']}.schema.json"
+                if schema_file.is_file():
+                    import jsonschema
+
+                    schema = json.loads(schema_file.read_text())["versions"][document["apiVersion"].split("/")[1]]
+                    errors = list(jsonschema.Draft4Validator(schema).iter_errors(document))
+                    assert not errors, f"{path}: {errors[0].message}"
+            else:
+                kubernetes_validate.validate(document, "1.34.0", strict=True)
+
+
+# Checks of what a page's blocks made, after they ran: ``<!-- guide: page after=NAME -->``.
+AFTER: dict[str, Callable[[Page], None]] = {"manifests": _manifests}
 
 
 def _guide_pages() -> list[Path]:
@@ -328,13 +392,19 @@ def test_the_page_s_blocks_do_what_they_say(path: Path, tmp_path: Path) -> None:
     page = Page(tmp_path)
     server = demo_server(page) if settings.get("server") == "demo" else _nothing()
     with server:
-        for name in filter(None, settings.get("setup", "").split(",")):
-            SETUPS[name](page)
-        for block in runs:
-            if block.language == "python":
-                page.run_python(block)
-            else:
-                page.run_bash(block)
+        try:
+            for name in filter(None, settings.get("setup", "").split(",")):
+                SETUPS[name](page)
+            for block in runs:
+                if block.language == "python":
+                    page.run_python(block)
+                else:
+                    page.run_bash(block)
+            for name in filter(None, settings.get("after", "").split(",")):
+                AFTER[name](page)
+        finally:
+            for cleanup in reversed(page.cleanups):
+                cleanup()
 
 
 @contextmanager
