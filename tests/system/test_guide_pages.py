@@ -219,7 +219,8 @@ class Page:
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
-        self.ports = {"8500": str(free_port()), "8501": str(free_port())}
+        # TF Serving's ports and TorchServe's, as the pages write them, swapped for free ones.
+        self.ports = {default: str(free_port()) for default in ("8500", "8501", "8080")}
         self.namespace: dict[str, Any] = {}
         self.env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
         self.cleanups: list[Callable[[], object]] = []
@@ -244,11 +245,58 @@ class Page:
             exec(EXPECT_HELPER + with_expectations(self.ported(block.code)), self.namespace)  # noqa: S102
 
     def run_bash(self, block: Block) -> None:
-        script = "set -euo pipefail\n" + self.ported(block.code)
+        """The block's commands in order, as a script (``set -e``; curl fails on an HTTP error). A ``workbench serve``
+        line starts its server in the background, on free ports, and the next lines run once it is ready."""
+        chunk: list[str] = []
+        for command in commands(self.ported(block.code)):
+            if command.startswith("workbench serve"):
+                self._script(block, chunk)
+                chunk = []
+                self._serve(block, command)
+            else:
+                chunk.append(command)
+        self._script(block, chunk)
+
+    def _script(self, block: Block, lines: list[str]) -> None:
+        if not lines:
+            return
+        prelude = 'set -euo pipefail\ncurl() { command curl --fail-with-body --silent --show-error "$@"; }\n'
         done = subprocess.run(
-            ["bash", "-c", script], cwd=self.folder, env=self.env, capture_output=True, text=True, timeout=300
-        )
+            ["bash", "-c", prelude + "\n".join(lines)], cwd=self.folder, env=self.env, capture_output=True,
+            text=True, timeout=300,
+        )  # fmt: skip
         assert done.returncode == 0, f"{block.where} failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+
+    def _serve(self, block: Block, command: str) -> None:
+        words = shlex.split(command)
+        if not any(w.startswith("--port") for w in words):  # gRPC's default port may be taken here
+            words.append(f"--port={self.ports['8500']}")
+        rest_port = next(w.split("=", 1)[1] for w in words if w.startswith("--rest_api_port="))
+        self.cleanups.append(_background(words, self.folder, self.env, rest_port, block.where))
+
+
+def _background(words: list[str], folder: Path, env: dict[str, str], rest_port: str, where: str) -> Callable[[], None]:
+    """``workbench serve`` started in the background, waited for until ready; returns what stops it."""
+    log = folder / f"serve-{rest_port}.log"
+    with open(log, "wb") as out:
+        server = subprocess.Popen(
+            words, cwd=folder, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+    def stop() -> None:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(30)
+
+    def ready() -> bool:
+        assert server.poll() is None, f"{where}: the server exited\n{log.read_text()[-3000:]}"
+        return requests.get(f"http://127.0.0.1:{rest_port}/readyz", timeout=5).status_code == 200
+
+    try:
+        wait_until(ready, timeout=300, what=f"{where}'s workbench serve")
+    except BaseException:
+        stop()
+        raise
+    return stop
 
 
 @contextmanager
@@ -259,27 +307,14 @@ def demo_server(page: Page) -> Iterator[None]:
         timeout=300,
     )  # fmt: skip
     assert made.returncode == 0, made.stderr[-3000:]
-    command = page.ported(
+    command = (
         "workbench serve --port=8500 --rest_api_port=8501 --model_config_file=models/models.config --enable_batching"
     )
-    log = page.folder / "serve.log"
-    with open(log, "wb") as out:
-        server = subprocess.Popen(
-            shlex.split(command), cwd=page.folder, env=page.env, stdout=out, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )  # fmt: skip
+    stop = _background(shlex.split(page.ported(command)), page.folder, page.env, page.ports["8501"], "the page")
     try:
-        rest = f"http://127.0.0.1:{page.ports['8501']}"
-
-        def ready() -> bool:
-            assert server.poll() is None, log.read_text()[-3000:]
-            return requests.get(f"{rest}/readyz", timeout=5).status_code == 200
-
-        wait_until(ready, timeout=300, what="the guide's workbench serve")
         yield
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(30)
+        stop()
 
 
 def _digit_rows(page: Page) -> None:
@@ -335,7 +370,72 @@ def _tabular(page: Page) -> None:
     )  # fmt: skip
 
 
+# A stand-in for resnet-18 (no network here for torchvision's weights): a handler that names the image's size.
+IMAGE_HANDLER = """
+import io
+from PIL import Image
+
+def handle(data, context):
+    if data is None:  # the initialising call
+        return None
+    version = context.manifest["model"]["modelVersion"]
+    return [{"tabby": 0.9, "size": list(Image.open(io.BytesIO(row.get("data") or row.get("body"))).size),
+             "version": version} for row in data]
+"""
+
+
+def _torchserve_store(page: Page) -> None:
+    """``model_store`` with resnet-18 1.0 and 2.0 (.mar archives of a custom handler), ``kitten.jpg`` and its bytes."""
+    from model_archives import write_mar
+    from PIL import Image
+
+    store = page.folder / "model_store"
+    store.mkdir()
+    for version in ("1.0", "2.0"):
+        manifest = {"modelName": "resnet-18", "modelVersion": version, "handler": "classify.py"}
+        write_mar(store / f"resnet-18_{version}.mar", manifest, {"classify.py": IMAGE_HANDLER})
+    Image.new("RGB", (32, 24), (200, 120, 40)).save(page.folder / "kitten.jpg")
+    page.namespace["image_bytes"] = (page.folder / "kitten.jpg").read_bytes()
+
+
+def _digit_tensors(page: Page) -> None:
+    """``x_train``: scikit-learn's digits as float32 rows, what PyTorch's page trains on."""
+    from sklearn.datasets import load_digits
+
+    page.namespace["x_train"] = (load_digits().data / 16).astype("float32")
+
+
+def _churn(page: Page) -> None:
+    """A churn classifier on three features (``model``, ``X_train``, ``X_test``), a digits classifier on 64 floats
+    (``rows``), both exported, and ``server`` (a notebook server on the page's ports) with its ``client``."""
+    from sklearn.datasets import load_digits
+    from sklearn.ensemble import RandomForestClassifier
+    from sklearn.linear_model import LogisticRegression
+
+    import workbench
+
+    rng = np.random.default_rng(7)
+    features = np.column_stack([rng.uniform(0, 1, 400), rng.integers(1, 60, 400), rng.uniform(0, 2, 400)])
+    churned = (features[:, 0] + features[:, 2] / 2 > 0.9).astype(int)
+    model = RandomForestClassifier(n_estimators=20, max_depth=4, random_state=0).fit(features, churned)
+    digits = load_digits()
+    digits_model = LogisticRegression(max_iter=300).fit(digits.data / 16, digits.target)
+    with page.inside():
+        server = workbench.serve(port=int(page.ports["8500"]), rest_api_port=int(page.ports["8501"]))
+        page.cleanups.append(server.stop)
+        for name, served in (("churn", model), ("digits", digits_model)):
+            exported = workbench.export(served, name, model_repository=server.model_repository)
+            server.wait_for_version(name, exported.version)
+    page.namespace.update(
+        workbench=workbench, model=model, X_train=features[:300], X_test=features[300:], rows=digits.data[:1] / 16,
+        server=server, client=server.client,
+    )  # fmt: skip
+
+
 SETUPS: dict[str, Callable[[Page], None]] = {
+    "torchserve-store": _torchserve_store,
+    "digit-tensors": _digit_tensors,
+    "churn": _churn,
     "digits": _digit_rows, "canary": _canary, "repository": _repository, "tabular": _tabular,
 }  # fmt: skip
 
