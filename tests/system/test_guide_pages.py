@@ -406,11 +406,11 @@ def _digit_tensors(page: Page) -> None:
 
 
 def _churn(page: Page) -> None:
-    """A churn classifier on three features (``model``, ``X_train``, ``X_test``), a digits classifier on 64 floats
-    (``rows``), both exported, and ``server`` (a notebook server on the page's ports) with its ``client``."""
+    """A churn classifier on three features (``model``, ``X_train``, ``X_test``) and a digits classifier on 64 floats
+    (``rows``), trees (no background needed), both exported; ``server`` (a notebook server on the page's ports) and
+    its ``client``."""
     from sklearn.datasets import load_digits
     from sklearn.ensemble import RandomForestClassifier
-    from sklearn.linear_model import LogisticRegression
 
     import workbench
 
@@ -419,7 +419,8 @@ def _churn(page: Page) -> None:
     churned = (features[:, 0] + features[:, 2] / 2 > 0.9).astype(int)
     model = RandomForestClassifier(n_estimators=20, max_depth=4, random_state=0).fit(features, churned)
     digits = load_digits()
-    digits_model = LogisticRegression(max_iter=300).fit(digits.data / 16, digits.target)
+    digits_model = RandomForestClassifier(n_estimators=10, max_depth=6, random_state=0)
+    digits_model.fit(digits.data / 16, digits.target)
     with page.inside():
         server = workbench.serve(port=int(page.ports["8500"]), rest_api_port=int(page.ports["8501"]))
         page.cleanups.append(server.stop)
@@ -432,7 +433,34 @@ def _churn(page: Page) -> None:
     )  # fmt: skip
 
 
+def _cnn(page: Page) -> None:
+    """``digits-cnn``, an (untrained) Keras CNN on the digits' 8x8 images, exported to the page's server, and
+    ``images``."""
+    import keras
+    from sklearn.datasets import load_digits
+
+    images = (load_digits().images / 16).astype("float32")[..., None]
+    cnn = keras.Sequential([
+        keras.Input((8, 8, 1), name="image"), keras.layers.Conv2D(4, 3, activation="relu"), keras.layers.Flatten(),
+        keras.layers.Dense(10, activation="softmax"),
+    ])  # fmt: skip
+    server = page.namespace["server"]
+    with page.inside():
+        exported = page.namespace["workbench"].export(cnn, "digits-cnn", model_repository=server.model_repository)
+        server.wait_for_version("digits-cnn", exported.version)
+    page.namespace["images"] = images
+
+
+def _client(page: Page) -> None:
+    """``client``, the notebook's Client on the page's server."""
+    import workbench
+
+    page.namespace["client"] = workbench.Client(f"http://127.0.0.1:{page.ports['8501']}")
+
+
 SETUPS: dict[str, Callable[[Page], None]] = {
+    "cnn": _cnn,
+    "client": _client,
     "torchserve-store": _torchserve_store,
     "digit-tensors": _digit_tensors,
     "churn": _churn,
