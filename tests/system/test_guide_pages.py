@@ -289,7 +289,10 @@ def _background(words: list[str], folder: Path, env: dict[str, str], rest_port: 
 
     def ready() -> bool:
         assert server.poll() is None, f"{where}: the server exited\n{log.read_text()[-3000:]}"
-        return requests.get(f"http://127.0.0.1:{rest_port}/readyz", timeout=5).status_code == 200
+        # Over https (--rest_api_ssl_cert_file), trusting the CA the page's setup wrote beside it.
+        tls = any(w.startswith("--rest_api_ssl_cert_file") for w in words)
+        url = f"{'https' if tls else 'http'}://127.0.0.1:{rest_port}/readyz"
+        return requests.get(url, timeout=5, verify=str(folder / "ca.pem") if tls else True).status_code == 200
 
     try:
         wait_until(ready, timeout=300, what=f"{where}'s workbench serve")
@@ -467,7 +470,32 @@ def _client(page: Page) -> None:
     page.namespace["client"] = workbench.Client(f"http://127.0.0.1:{page.ports['8501']}")
 
 
+def _tls(page: Page) -> None:
+    """``models`` (the demo's), and a test CA's files: ``ca.pem``, ``server.pem`` and ``server.key`` for 127.0.0.1
+    and localhost, and ``ssl.config``, TF Serving's SSLConfig holding the same PEM text for gRPC."""
+    import trustme
+    from google.protobuf import text_format
+
+    import workbench.runtime.tensorflow_protos  # noqa: F401  # TF Serving's protos, without TensorFlow
+    from workbench.config.tf_serving_protos import SSLConfig
+
+    made = subprocess.run(
+        [BIN / "workbench", "demo", "models"], cwd=page.folder, env=page.env, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr[-3000:]
+    ca = trustme.CA()
+    server = ca.issue_cert("127.0.0.1", "localhost")
+    chain = b"".join(blob.bytes() for blob in server.cert_chain_pems)
+    (page.folder / "ca.pem").write_bytes(ca.cert_pem.bytes())
+    (page.folder / "server.pem").write_bytes(chain)
+    (page.folder / "server.key").write_bytes(server.private_key_pem.bytes())
+    config = SSLConfig(server_key=server.private_key_pem.bytes().decode(), server_cert=chain.decode())
+    (page.folder / "ssl.config").write_text(text_format.MessageToString(config))
+
+
 SETUPS: dict[str, Callable[[Page], None]] = {
+    "tls": _tls,
     "cnn": _cnn,
     "client": _client,
     "torchserve-store": _torchserve_store,
