@@ -241,8 +241,13 @@ class Page:
         return text
 
     def run_python(self, block: Block) -> None:
+        code = self.ported(block.code)
         with self.inside():
-            exec(EXPECT_HELPER + with_expectations(self.ported(block.code)), self.namespace)  # noqa: S102
+            if re.search(r"^%", code, re.MULTILINE):  # magics: in the page's IPython shell (setup=ipython)
+                result = self.namespace["__shell__"].run_cell(code)
+                assert result.success, f"{block.where}: {result.error_before_exec or result.error_in_exec}"
+            else:
+                exec(EXPECT_HELPER + with_expectations(code), self.namespace)  # noqa: S102
 
     def run_bash(self, block: Block) -> None:
         """The block's commands in order, as a script (``set -e``; curl fails on an HTTP error). A ``workbench serve``
@@ -494,7 +499,21 @@ def _tls(page: Page) -> None:
     (page.folder / "ssl.config").write_text(text_format.MessageToString(config))
 
 
+def _ipython(page: Page) -> None:
+    """An IPython shell with ``%load_ext workbench`` and a ``%serve start`` server, for the page's magics."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    with page.inside():
+        for line in ("%load_ext workbench", "%serve start"):
+            result = shell.run_cell(line)
+            assert result.success, f"{line}: {result.error_before_exec or result.error_in_exec}"
+    page.cleanups.append(lambda: shell.run_cell("%serve stop --all"))
+    page.namespace["__shell__"] = shell
+
+
 SETUPS: dict[str, Callable[[Page], None]] = {
+    "ipython": _ipython,
     "tls": _tls,
     "cnn": _cnn,
     "client": _client,
@@ -525,6 +544,9 @@ def _manifests(page: Page) -> None:
                     schema = json.loads(schema_file.read_text())["versions"][document["apiVersion"].split("/")[1]]
                     errors = list(jsonschema.Draft4Validator(schema).iter_errors(document))
                     assert not errors, f"{path}: {errors[0].message}"
+            elif group == "kustomize.config.k8s.io":  # `kubectl apply -k`: every file it names is beside it
+                missing = [name for name in document["resources"] if not (path.parent / name).is_file()]
+                assert not missing, f"{path} names files that are not there: {missing}"
             else:
                 kubernetes_validate.validate(document, "1.34.0", strict=True)
 
