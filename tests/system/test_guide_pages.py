@@ -217,8 +217,9 @@ def check_parse(block: Block) -> None:
 class Page:
     """A page's fixture: a folder, maybe a server, the namespace its Python blocks share."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         self.folder = folder
+        self.monkeypatch = monkeypatch  # the process's environment, as a setup changes it, restored after the page
         # TF Serving's ports and TorchServe's, as the pages write them, swapped for free ones.
         self.ports = {default: str(free_port()) for default in ("8500", "8501", "8080")}
         self.namespace: dict[str, Any] = {}
@@ -512,7 +513,26 @@ def _ipython(page: Page) -> None:
     page.namespace["__shell__"] = shell
 
 
+def _s3(page: Page) -> None:
+    """S3 on 127.0.0.1 (moto's server, through the standard AWS variables that servers started here inherit) with
+    the bucket ``my-bucket``, ``workbench``, and ``model``, a scikit-learn classifier of the digits."""
+    import boto3
+    from moto_aws import moto_aws
+    from sklearn.datasets import load_digits
+    from sklearn.linear_model import LogisticRegression
+
+    aws = moto_aws(page.monkeypatch)
+    aws.__enter__()
+    page.cleanups.append(lambda: aws.__exit__(None, None, None))
+    page.env.update({k: v for k, v in os.environ.items() if k.startswith("AWS_")})
+    boto3.client("s3").create_bucket(Bucket="my-bucket")
+    digits = load_digits()
+    page.namespace["model"] = LogisticRegression(max_iter=300).fit(digits.data / 16, digits.target)
+    page.namespace["workbench"] = importlib.import_module("workbench")
+
+
 SETUPS: dict[str, Callable[[Page], None]] = {
+    "s3": _s3,
     "ipython": _ipython,
     "tls": _tls,
     "cnn": _cnn,
@@ -552,7 +572,12 @@ def _manifests(page: Page) -> None:
 
 
 # Checks of what a page's blocks made, after they ran: ``<!-- guide: page after=NAME -->``.
-AFTER: dict[str, Callable[[Page], None]] = {"manifests": _manifests}
+def _bucket_served(page: Page) -> None:
+    """The notebook server the page started on the bucket serves the version the page exported there."""
+    page.namespace["server"].wait_for_version("digits", 1)
+
+
+AFTER: dict[str, Callable[[Page], None]] = {"manifests": _manifests, "bucket-served": _bucket_served}
 
 
 def _guide_pages() -> list[Path]:
@@ -561,7 +586,7 @@ def _guide_pages() -> list[Path]:
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("path", _guide_pages(), ids=_page_id)
-def test_the_page_s_blocks_do_what_they_say(path: Path, tmp_path: Path) -> None:
+def test_the_page_s_blocks_do_what_they_say(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     page_blocks = blocks(path)
     readme = [b.code for b in blocks(README)]
     for block in page_blocks:
@@ -576,7 +601,7 @@ def test_the_page_s_blocks_do_what_they_say(path: Path, tmp_path: Path) -> None:
     if not runs:
         return
     settings = page_settings(path)
-    page = Page(tmp_path)
+    page = Page(tmp_path, monkeypatch)
     server = demo_server(page) if settings.get("server") == "demo" else _nothing()
     with server:
         try:
@@ -590,6 +615,11 @@ def test_the_page_s_blocks_do_what_they_say(path: Path, tmp_path: Path) -> None:
             for name in filter(None, settings.get("after", "").split(",")):
                 AFTER[name](page)
         finally:
+            from workbench.notebook.handle import ServerHandle
+
+            for value in page.namespace.values():  # servers the page's own blocks started
+                if isinstance(value, ServerHandle):
+                    value.stop()
             for cleanup in reversed(page.cleanups):
                 cleanup()
 
