@@ -1,4 +1,5 @@
-# The two commands of the README: `make lab` and `make test`. `make serve` runs the demo models headless.
+# The two commands of the README: `make lab` and `make test`. `make serve` runs the demo models headless, `make docs`
+# serves the guide (docs/, mkdocs.yml) at http://127.0.0.1:8000 as it is edited.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -41,7 +42,7 @@ venv_install = if [ -x $(BIN)/uv ]; then \
 	    $(BIN)/uv pip install --quiet --compile-bytecode --python $(BIN)/python $(1); \
 	else $(BIN)/python -m pip install --quiet $(1); fi
 
-.PHONY: install lab serve test test-busy test-fast test-extension wheel lint clean
+.PHONY: install lab serve docs test test-busy test-fast test-extension wheel lint clean
 
 install: $(STAMP) $(LABEXT)
 
@@ -84,6 +85,12 @@ $(DEMO)/models.config: | install
 serve: install $(DEMO)/models.config
 	$(BIN)/workbench serve --port=$(GRPC_PORT) --rest_api_port=$(REST_PORT) --model_config_file=$(DEMO)/models.config
 
+# The guide, rebuilt at each change (DOCS_ARGS: `make docs DOCS_ARGS="--dev-addr=0.0.0.0:8000"`). `make test` builds it
+# with --strict (tests/system/test_guide_build.py).
+DOCS_ARGS ?=
+docs: install
+	$(BIN)/mkdocs serve $(DOCS_ARGS)
+
 # The wheel users install: the extension in its production build inside (no Node.js needed to install it).
 # Built without isolation, with the build backends the dev extras installed; the hook sees the fresh build
 # and does not run npm again.
@@ -113,4 +120,4 @@ lint: install
 	cd extension && npx tsc --noEmit -p tsconfig.test.json
 
 clean:
-	rm -rf $(VENV) $(DEMO) $(WHEEL_DIR) .pytest_cache workbench/labextension extension/node_modules extension/lib extension/tsconfig.tsbuildinfo
+	rm -rf $(VENV) $(DEMO) $(WHEEL_DIR) site .pytest_cache workbench/labextension extension/node_modules extension/lib extension/tsconfig.tsbuildinfo

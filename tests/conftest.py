@@ -185,6 +185,7 @@ LONGEST_FIRST = [
     "checkout",  # 500: the wheel built and installed, the browsers, make lab/serve/test-fast, npm ci
     "tests/wire/test_async_inference.py",
     "tests/system/test_readme.py",
+    "tests/system/test_guide_pages.py",  # the guide's pages, a server each where its blocks run against one
     "tests/wire/test_overload.py",
     "notebooks/03-batching-and-latency.ipynb",
     "tests/wire/test_startup.py",

@@ -23,6 +23,7 @@ from pathlib import Path
 import nbformat
 import pytest
 import requests
+from guide_blocks import EXPECT_HELPER, with_expectations
 from nbclient import NotebookClient
 from waiting import free_port, wait_until
 
@@ -59,37 +60,6 @@ def blocks_in(section: str, language: str) -> list[Block]:
     found = [b for b in readme_blocks() if b.section.startswith(section) and b.language == language]
     assert found, f"the README has no {language} block under '## {section}'"
     return found
-
-
-# ---------------------------------------------------------------------------------- "# value" expectations
-EXPECT_HELPER = '''
-def _readme_expect(value, expected):
-    """The README shows ``expected`` (a repr, maybe wrapped over lines) under a line: it must be the value."""
-    normal = lambda text: " ".join(str(text).split())
-    assert normal(repr(value)) == normal(expected), f"README promises {expected!r}, got {value!r}"
-'''
-
-
-def with_expectations(code: str) -> str:
-    """Each line followed by ``# value`` comment lines checks that it evaluates to that value."""
-    lines = code.splitlines()
-    out: list[str] = []
-    i = 0
-    while i < len(lines):
-        line = lines[i]
-        expected: list[str] = []
-        j = i + 1
-        while j < len(lines) and lines[j].startswith("# "):
-            expected.append(lines[j][2:])
-            j += 1
-        if expected and line.strip() and not line.startswith(("#", " ")):
-            out.append(f"_readme_value = {line}")
-            out.append(f"_readme_expect(_readme_value, {' '.join(expected)!r})")
-            i = j
-        else:
-            out.append(line)
-            i += 1
-    return "\n".join(out)
 
 
 def test_expectations_are_read_from_comment_lines() -> None:
