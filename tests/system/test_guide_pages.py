@@ -339,7 +339,9 @@ def _digit_rows(page: Page) -> None:
 def _canary(page: Page) -> None:
     """half_plus_two's v2 as its canary, so that the label ``canary`` names a version."""
     rest = f"http://127.0.0.1:{page.ports['8501']}"
-    answer = requests.post(f"{rest}/workbench/v1/models/half_plus_two:canary", json={"version": 2, "weight": 0.1})
+    answer = requests.post(
+        f"{rest}/workbench/v1/models/half_plus_two:canary", json={"version": 2, "weight": 0.1}, timeout=60
+    )
     assert answer.status_code == 200, answer.text
 
 

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from workbench.platforms import v2_name
 from workbench.batching.interest import Interest
 from workbench.batching.scheduler import Batcher
 from workbench.batching.threads import InferenceThreads
@@ -43,6 +42,7 @@ from workbench.planes.response_cache import ResponseCache, request_digest
 from workbench.planes.sequences import Sequences
 from workbench.planes.shadowing import DEFAULT_MAX_PENDING, ShadowTraffic
 from workbench.planes.statistics import MetricTotals
+from workbench.platforms import v2_name
 from workbench.protocol.v2_models import ModelDescription, ModelStatistics, RepositoryRow
 
 __all__ = ["RequestInFlight", "Dataplane", "ModelSpec", "ServerStatus"]
