@@ -22,8 +22,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _common import save_results  # noqa: E402
-from gpu import Framework  # noqa: E402
+from _common import save_results
+from gpu import Framework
 
 
 def main() -> None:

@@ -26,7 +26,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _common import save_results  # noqa: E402
+from _common import save_results
 
 
 def free_port() -> int:

@@ -38,7 +38,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _common import save_results  # noqa: E402
+from _common import save_results
 
 
 def main() -> None:
@@ -57,7 +57,7 @@ def main() -> None:
     from sklearn.linear_model import LogisticRegression
 
     import workbench
-    from workbench.batch import formats
+    from workbench.batch_prediction import formats
 
     warnings.filterwarnings("ignore")
     x, y = load_digits(return_X_y=True)
@@ -80,8 +80,8 @@ def main() -> None:
 
         def reading_alone(name: str) -> float:
             """The file read shard by shard and fed as the job feeds the model, nothing run."""
-            from workbench.batch.feeding import feeding_for
-            from workbench.batch.job import DEFAULT_SHARD_ROWS
+            from workbench.batch_prediction.feeding import feeding_for
+            from workbench.batch_prediction.job import DEFAULT_SHARD_ROWS
             from workbench.core import inference
             from workbench.platforms import Loader
 

@@ -34,8 +34,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _common import save_results  # noqa: E402
-from gpu import CHANNELS, Framework, network_module  # noqa: E402
+from _common import save_results
+from gpu import CHANNELS, Framework, network_module
 
 
 def main() -> None:

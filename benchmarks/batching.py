@@ -34,7 +34,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _common import (  # noqa: E402
+from _common import (
     BATCHING,
     MONITORING,
     ServeProcess,
@@ -45,8 +45,8 @@ from _common import (  # noqa: E402
     write_config,
 )
 
-from workbench.client.bench import format_table, grpc_predict_bytes, run_load  # noqa: E402
-from workbench.demo import save_half_plus_two  # noqa: E402
+from workbench.client.bench import format_table, grpc_predict_bytes, run_load
+from workbench.demo import save_half_plus_two
 
 
 def h2load(target: str, body: Path, clients: int, duration: float, log: Path) -> dict[str, float]:

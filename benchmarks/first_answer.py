@@ -34,7 +34,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _common import save_results  # noqa: E402
+from _common import save_results
 
 MODEL = "digits"
 # The measured process: a notebook's kernel, in short. It prints one JSON line.

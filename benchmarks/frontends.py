@@ -24,10 +24,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _common import ServeProcess, save_mnist_mlp, save_results, write_config  # noqa: E402
+from _common import ServeProcess, save_mnist_mlp, save_results, write_config
 
-from workbench.client.bench import format_table, run_load  # noqa: E402
-from workbench.demo import save_half_plus_two  # noqa: E402
+from workbench.client.bench import format_table, run_load
+from workbench.demo import save_half_plus_two
 
 
 def in_process_median_ms(path: Path, inputs: dict[str, np.ndarray], calls: int = 3000) -> float:

@@ -67,7 +67,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _common import (  # noqa: E402
+from _common import (
     BATCHING,
     MONITORING,
     ServeProcess,
@@ -79,7 +79,7 @@ from _common import (  # noqa: E402
     write_config,
 )
 
-from workbench.client.bench import run_load  # noqa: E402
+from workbench.client.bench import run_load
 
 REQUEST_PATH_CLIENTS = (1, 32)
 REQUEST_PATH_ROUNDS = 5  # alternating measurements of each request-path row; the row is the median

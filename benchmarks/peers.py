@@ -71,7 +71,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _common import BATCHING, free_port, median_row, save_results  # noqa: E402
+from _common import BATCHING, free_port, median_row, save_results
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ("light", "heavy")

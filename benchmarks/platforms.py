@@ -31,9 +31,9 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _common import ServeProcess, free_port, save_results, stop_process  # noqa: E402
+from _common import ServeProcess, free_port, save_results, stop_process
 
-from workbench.client.bench import format_table, run_load  # noqa: E402
+from workbench.client.bench import format_table, run_load
 
 PLATFORMS = ("tensorflow", "sklearn", "xgboost", "lightgbm", "onnx")
 CONCURRENCY = 32

@@ -33,9 +33,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _common import BATCHING, MONITORING, ServeProcess, counters_since, save_results, server_counters, write_config  # noqa: E402
-from gpu import CHANNELS, CLIENT_PROCESSES, CLIENTS, MODEL_PY, NETWORK, check_answer, in_process_rates, load  # noqa: E402
-from gpu import network_module as import_network  # noqa: E402
+from _common import BATCHING, MONITORING, ServeProcess, counters_since, save_results, server_counters, write_config
+from gpu import CHANNELS, CLIENT_PROCESSES, CLIENTS, MODEL_PY, NETWORK, check_answer, in_process_rates, load
+from gpu import network_module as import_network
 
 
 def write_models(root: Path, device: str) -> dict[str, Path]:

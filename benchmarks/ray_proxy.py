@@ -54,12 +54,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _common import free_port, load_row, stop_process, taking_turns  # noqa: E402
+from _common import free_port, load_row, stop_process, taking_turns
 
-from workbench.client.bench import format_table, run_load  # noqa: E402
-from workbench.demo import save_half_plus_two  # noqa: E402
-from workbench.ray.grpc_methods import REPLICA_METADATA  # noqa: E402
-from workbench.ray.replica import REPLICA_HEADER  # noqa: E402
+from workbench.client.bench import format_table, run_load
+from workbench.demo import save_half_plus_two
+from workbench.ray.grpc_methods import REPLICA_METADATA
+from workbench.ray.replica import REPLICA_HEADER
 
 HP2 = "half_plus_two"
 HP2_INPUTS = {"x": np.array([[2.0]], np.float32)}

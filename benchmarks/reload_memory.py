@@ -34,13 +34,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _common import save_results, stop_process  # noqa: E402
+from _common import save_results, stop_process
 
 # The model is the reload-memory test's (tests/models.py).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from models import save_weighty  # noqa: E402
-from replica import resident_bytes  # noqa: E402
+from models import save_weighty
+from replica import resident_bytes
 
 MODEL = "weighty"
 WEIGHTS_MIB = 16

@@ -61,7 +61,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _common import (  # noqa: E402
+from _common import (
     ServeProcess,
     free_port,
     load_row,
@@ -74,10 +74,10 @@ from _common import (  # noqa: E402
     taking_turns,
     write_config,
 )
-from frontends import in_process_median_ms  # noqa: E402
+from frontends import in_process_median_ms
 
-from workbench.client.bench import format_table, grpc_predict_bytes, run_load  # noqa: E402
-from workbench.demo import save_half_plus_two  # noqa: E402
+from workbench.client.bench import format_table, grpc_predict_bytes, run_load
+from workbench.demo import save_half_plus_two
 
 # The HTTP servers the REST rows compare: granian where it is installed (the bench extra).
 HTTP_SERVERS = ("uvicorn", "granian") if importlib.util.find_spec("granian") else ("uvicorn",)

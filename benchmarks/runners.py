@@ -36,7 +36,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _common import (  # noqa: E402
+from _common import (
     BATCHING,
     ServeProcess,
     counters_since,
@@ -45,10 +45,10 @@ from _common import (  # noqa: E402
     server_counters,
     write_config,
 )
-from batching import h2load  # noqa: E402
-from peers import wrk_load  # noqa: E402
+from batching import h2load
+from peers import wrk_load
 
-from workbench.client.bench import grpc_predict_bytes  # noqa: E402
+from workbench.client.bench import grpc_predict_bytes
 
 CLIENTS = 64
 SERVERS: dict[str, tuple[str, ...]] = {

@@ -26,7 +26,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _common import (  # noqa: E402
+from _common import (
     ServeProcess,
     load_row,
     loop_cpu_seconds,
@@ -36,7 +36,7 @@ from _common import (  # noqa: E402
     write_config,
 )
 
-from workbench.client.bench import format_table, run_load  # noqa: E402
+from workbench.client.bench import format_table, run_load
 
 MODEL = """
 class Model:
@@ -67,7 +67,7 @@ class NullReceiver(http.server.ThreadingHTTPServer):
         exports = self.exports = [0]
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 exports[0] += 1
                 self.send_response(200)
@@ -75,7 +75,7 @@ class NullReceiver(http.server.ThreadingHTTPServer):
                 self.send_header("Content-Length", "0")
                 self.end_headers()
 
-            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+            def log_message(self, format: str, *args: Any) -> None:
                 pass
 
         super().__init__(("127.0.0.1", 0), Handler)

@@ -47,9 +47,9 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _common import ServeProcess, save_mnist_mlp, save_results, taking_turns, write_config  # noqa: E402
+from _common import ServeProcess, save_mnist_mlp, save_results, taking_turns, write_config
 
-from workbench.client.bench import BenchResult, format_table, run_load  # noqa: E402
+from workbench.client.bench import BenchResult, format_table, run_load
 
 CLIENTS = 16
 # (row name, protocol, binary_data): how each row sends its requests.

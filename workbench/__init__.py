@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 # lives in ``workbench.publishing``: a submodule ``workbench.export`` would shadow the function once imported.
 if TYPE_CHECKING:
     from workbench.analyzer import analyze
-    from workbench.batch import BatchSummary, batch_predict
+    from workbench.batch_prediction import BatchSummary, batch_predict
     from workbench.client import Client
     from workbench.notebook.handle import ServerHandle, serve
     from workbench.notebook.widgets import Dashboard
@@ -53,10 +53,10 @@ def __getattr__(name: str) -> Any:
         from workbench.analyzer import analyze
 
         return analyze
-    if name in ("batch_predict", "BatchSummary"):  # a data set through a model (workbench.batch)
-        from workbench import batch
+    if name in ("batch_predict", "BatchSummary"):  # a data set through a model (workbench.batch_prediction)
+        from workbench import batch_prediction
 
-        return getattr(batch, name)
+        return getattr(batch_prediction, name)
     if name == "Client":
         from workbench.client import Client
 

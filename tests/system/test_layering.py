@@ -45,10 +45,10 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "workbench.frontends",
             "workbench.asynchronous",
             # a batch job runs on a data plane (in a server, as its frontends do); batch.standalone is a floor up
-            "workbench.batch.job",
-            "workbench.batch.feeding",
-            "workbench.batch.formats",
-            "workbench.batch.plan",
+            "workbench.batch_prediction.job",
+            "workbench.batch_prediction.feeding",
+            "workbench.batch_prediction.formats",
+            "workbench.batch_prediction.plan",
         ),
     ),
     ("server", ("workbench.server",)),
@@ -60,7 +60,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "workbench.ray",
             "workbench.publishing",
             "workbench.demo",
-            "workbench.batch",
+            "workbench.batch_prediction",
         ),
     ),
 ]
@@ -73,7 +73,7 @@ PUBLIC = (
     "workbench.ray",
     "workbench.demo",
     "workbench.deploy.manifests",
-    "workbench.batch",
+    "workbench.batch_prediction",
 )
 GROUND = ("runtime", "core", "protocol", "config")
 ENTRY = ("workbench", "workbench.__main__")  # the package's face and `python -m workbench`: import anything

@@ -53,7 +53,7 @@ def test_a_batch_job_runs_on_the_clusters_nodes_with_ray_data(cluster_address: s
     from sklearn.datasets import load_digits
     from sklearn.linear_model import LogisticRegression
 
-    from workbench.batch import formats
+    from workbench.batch_prediction import formats
 
     x, y = load_digits(return_X_y=True)
     model = LogisticRegression(max_iter=2000).fit(x, y)

@@ -1,12 +1,12 @@
-"""How a data file's columns feed a signature (workbench.batch.feeding), and the rows that cannot."""
+"""How a data file's columns feed a signature (workbench.batch_prediction.feeding), and the rows that cannot."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from workbench.batch.feeding import feeding_for
-from workbench.batch.formats import RECORD_COLUMN
+from workbench.batch_prediction.feeding import feeding_for
+from workbench.batch_prediction.formats import RECORD_COLUMN
 from workbench.core.errors import ServingError
 from workbench.core.signatures import Signature, TensorSpec
 

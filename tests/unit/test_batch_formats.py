@@ -1,4 +1,5 @@
-"""workbench.batch.formats on real files: every format written, counted and read back, by range, locally and through
+"""workbench.batch_prediction.formats on real files: every format written, counted and read back, by range, locally and
+through
 fsspec's in-memory file system (the remote code paths)."""
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from workbench.batch import formats
-from workbench.batch.formats import RECORD_COLUMN, BatchDataError
+from workbench.batch_prediction import formats
+from workbench.batch_prediction.formats import RECORD_COLUMN, BatchDataError
 from workbench.protocol.tfrecord import encode_record
 from workbench.runtime.storage import StorageError
 

@@ -21,7 +21,7 @@ from workbench.explain import shapley
 from workbench.explain.background import BACKGROUND_FILE, read_background, write_background
 from workbench.explain.explaining import explain
 from workbench.explain.gradients import integrated_gradients
-from workbench.protocol.explanations import Budget, Explanation, Parameters, pick_targets
+from workbench.protocol.attributions import Budget, Explanation, Parameters, pick_targets
 
 
 def _code(call) -> tuple[Code, str]:

@@ -104,7 +104,7 @@ def test_the_winner_is_the_one_the_arithmetic_predicts_and_it_is_written_and_app
         tm.available(server, "fixed")
         health = requests.get(f"{server.rest_url}/workbench/v1/health", timeout=30).json()
         assert health["batching"]["fixed"] is False
-        from workbench.analyzer.api import apply
+        from workbench.analyzer.analysis import apply
 
         apply(server.rest_url, "fixed", analysis)
         health = requests.get(f"{server.rest_url}/workbench/v1/health", timeout=30).json()

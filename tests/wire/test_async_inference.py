@@ -409,7 +409,7 @@ def test_queue_flags_are_checked():
 
 
 def test_a_headless_consumer_answers_the_queue_and_writes_each_answer(tmp_path, slow_repository):
-    from workbench.asynchronous.store import SqliteStore
+    from workbench.asynchronous.sqlite_queue import SqliteStore
 
     queue = tmp_path / "queue.sqlite"
     store = SqliteStore(queue)  # requests queued by a server elsewhere (any process writing this queue)

@@ -25,7 +25,7 @@ from sklearn.linear_model import LogisticRegression
 from waiting import wait_until
 
 import workbench
-from workbench.batch import formats
+from workbench.batch_prediction import formats
 from workbench.core.errors import ServingError
 
 PIXELS = [f"p{i}" for i in range(64)]

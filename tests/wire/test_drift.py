@@ -15,7 +15,7 @@ from tabular_models import grpc_predict, stub_for
 from waiting import wait_until
 
 import workbench
-from workbench.publishing.errors import ExportError
+from workbench.publishing.export_errors import ExportError
 
 
 def drift(server: Any, model: str) -> requests.Response:

@@ -14,7 +14,7 @@ import tabular_models as tm  # tests/tabular_models.py
 import workbench
 from workbench.client import Client
 from workbench.notebook.explanations import heatmap, plot, waterfall
-from workbench.protocol.explanations import TENSORS
+from workbench.protocol.attributions import TENSORS
 
 FOREST, BOOST, XGB, LGBM, LOGISTIC, KNN, BARE, CNN, TORCH = (
     "forest", "boost", "xgb", "lgbm", "logistic", "knn", "bare", "cnn", "torchnet",

@@ -18,7 +18,7 @@ from waiting import version_states, wait_until
 
 from workbench.core import inference
 from workbench.core.servable import Servable
-from workbench.models import warmup
+from workbench.models import warmup_replay
 from workbench.platforms.tensorflow import load_saved_model
 from workbench.publishing import ExportError, ExportResult, export
 
@@ -121,7 +121,7 @@ def test_keras_functional_model_serves_with_its_names_and_warmup(
         assert list(request.inputs) == ["pixels"]
         assert request.inputs["pixels"].dtype == tf.float32.as_datatype_enum
         assert tf.make_ndarray(request.inputs["pixels"]).shape == (rows, 64)
-    warmup.warm_up(servable)
+    warmup_replay.warm_up(servable)
 
 
 def test_keras_sequential_model_with_a_bare_array_example(
@@ -168,7 +168,7 @@ def test_tf_module_with_an_extra_signature(tmp_path: Path, load: Loader) -> None
     x = np.array([[1.0, 2.0], [3.0, -1.0]], np.float32)
     np.testing.assert_allclose(run(servable, {"x": x})["y"], [[5.5], [1.5]])
     np.testing.assert_allclose(run(servable, {"x": x}, "doubled")["output_0"], 2 * x)
-    warmup.warm_up(servable)
+    warmup_replay.warm_up(servable)
 
 
 def test_tf_module_holding_a_keras_model(tmp_path: Path, digits: keras.Model, load: Loader) -> None:

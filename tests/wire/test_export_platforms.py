@@ -17,7 +17,7 @@ from waiting import version_states, wait_until
 
 import workbench
 from workbench.client import Client
-from workbench.models.warmup import WARMUP_FILE
+from workbench.models.warmup_replay import WARMUP_FILE
 from workbench.publishing import ExportError
 
 

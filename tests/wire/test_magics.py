@@ -236,7 +236,7 @@ def test_bench_a_number_of_requests(
 def test_batch_scores_a_file_with_the_servers_models_by_version(
     ip: InteractiveShell, served: SimpleNamespace, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    from workbench.batch import formats
+    from workbench.batch_prediction import formats
 
     np.save(tmp_path / "x.npy", np.array([[1.0], [2.0], [3.0]], dtype=np.float32))
     latest = serve(ip, f"batch lin --input {tmp_path / 'x.npy'} --output {tmp_path / 'latest'} --model_version 2")

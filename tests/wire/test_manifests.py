@@ -32,7 +32,7 @@ from workbench.deploy.manifests import (
     kubernetes_documents,
     render_manifests,
 )
-from workbench.models.routing.store import ROUTING_FILE, decode
+from workbench.models.routing.routing_file import ROUTING_FILE, decode
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"

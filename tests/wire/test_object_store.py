@@ -36,7 +36,7 @@ pytest.importorskip("s3fs")
 from botocore.exceptions import ClientError  # noqa: E402
 
 from workbench.models.routing.policy import Routing  # noqa: E402
-from workbench.models.routing.store import (  # noqa: E402
+from workbench.models.routing.routing_file import (  # noqa: E402
     NOTHING_STORED,
     RoutingConflict,
     RoutingObject,

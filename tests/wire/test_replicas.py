@@ -23,7 +23,7 @@ from replica import ONE, REACH_TIMEOUT_S, Replica
 from waiting import RequestLoop, wait_until, write_atomically
 
 from workbench.models.routing.policy import Routing
-from workbench.models.routing.store import RoutingConflict, RoutingFile, StoredRouting
+from workbench.models.routing.routing_file import RoutingConflict, RoutingFile, StoredRouting
 
 V1 = '{"predictions":[[2.5]]}'  # hp2: 0.5 * 1 + 2
 V2 = '{"predictions":[[3.5]]}'  # hp3: 0.5 * 1 + 3

@@ -31,7 +31,7 @@ from workbench.config.options import ModelConfig
 from workbench.config.request_logging import RequestLogConfig
 from workbench.core.errors import Code, ServingError
 from workbench.models.configs import parse_model_config_file
-from workbench.models.warmup import read_warmup_records
+from workbench.models.warmup_replay import read_warmup_records
 from workbench.observability.prediction_logs import PredictEntry
 from workbench.observability.request_logger import RequestLogger
 from workbench.protocol.request_log_files import log_files

@@ -10,7 +10,7 @@ import pytest
 from workbench.core.errors import Code, ServingError
 from workbench.models.routing import policy as r
 from workbench.models.routing.policy import CanarySplit, Decision, Routing, decide
-from workbench.models.routing.store import DamagedRoutingState, decode, encode
+from workbench.models.routing.routing_file import DamagedRoutingState, decode, encode
 
 
 def decision(routing: Routing, available=(), on_disk=(1, 2, 3), policy=(3,), held=()) -> Decision:

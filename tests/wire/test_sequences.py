@@ -26,10 +26,10 @@ from tritonclient.utils import InferenceServerException
 
 import workbench
 from workbench import PythonModel
-from workbench.batching.sequences import SequenceBatcher
+from workbench.batching.sequence_batcher import SequenceBatcher
 from workbench.client import Client
 from workbench.core.errors import Code, ServingError
-from workbench.core.sequences import Controls, SequenceRequest, SequenceSettings, Strategy, sequence_request
+from workbench.core.sequence_contract import Controls, SequenceRequest, SequenceSettings, Strategy, sequence_request
 from workbench.core.signatures import Signature
 from workbench.server import ServerThread
 

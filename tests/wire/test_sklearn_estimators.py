@@ -41,7 +41,7 @@ import workbench
 from workbench import platforms
 from workbench.core.signatures import DEFAULT_SIGNATURE
 from workbench.platforms.base import LoadPolicy
-from workbench.publishing.errors import ExportError
+from workbench.publishing.export_errors import ExportError
 
 ROWS, ASKED = 300, 40
 ITERATIONS = 20

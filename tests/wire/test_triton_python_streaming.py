@@ -24,11 +24,11 @@ from stream_callbacks import Collected, is_final
 from tritonclient.utils import InferenceServerException
 from waiting import wait_until
 
-from workbench.batching.sequences import SequenceBatcher
+from workbench.batching.sequence_batcher import SequenceBatcher
 from workbench.config import triton_model_config as triton_config
 from workbench.config.options import ServerOptions
 from workbench.core.errors import ServingError
-from workbench.core.sequences import Controls, SequenceRequest, SequenceSettings, Strategy
+from workbench.core.sequence_contract import Controls, SequenceRequest, SequenceSettings, Strategy
 from workbench.core.signatures import Signature
 from workbench.platforms import triton
 from workbench.platforms import triton_python as triton_python_platform

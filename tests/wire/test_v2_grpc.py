@@ -28,7 +28,7 @@ from waiting import place_atomically, wait_until
 
 from workbench.config.options import ServerOptions
 from workbench.core.errors import ServingError
-from workbench.protocol import v2_grpc, v2_models
+from workbench.protocol import v2_grpc_messages, v2_models
 from workbench.server import ServerThread
 
 
@@ -112,13 +112,13 @@ def test_the_codec_reads_what_tritonclient_writes_and_tritonclient_reads_what_it
     for given in inputs:  # exactly the tensor and bytes tritonclient's infer() puts on the wire
         request.inputs.append(given._get_tensor())
         request.raw_input_contents.append(given._get_content())
-    decoded = v2_grpc.decode_inputs(request)
+    decoded = v2_grpc_messages.decode_inputs(request)
     np.testing.assert_array_equal(decoded["a"], [[1.0, 2.0], [3.0, 4.0]])
     assert decoded["a"].dtype == np.float32 and decoded["b"].dtype == np.int64
     assert decoded["text"].tolist() == [b"ab", "c\u00e9".encode()]
 
     outputs = {"t": np.array([[b"x", b""], [b"yz", b"\x00"]], dtype=object), "h": np.array([1.5], np.float16)}
-    response = v2_grpc.infer_response("m", "3", "id-1", outputs, ["t", "h"])
+    response = v2_grpc_messages.infer_response("m", "3", "id-1", outputs, ["t", "h"])
     result = triton.InferResult(response)
     assert result.as_numpy("t").tolist() == [[b"x", b""], [b"yz", b"\x00"]]
     assert result.as_numpy("h").dtype == np.float16 and result.as_numpy("h").tolist() == [1.5]
@@ -141,7 +141,7 @@ def test_typed_contents_of_every_family_decode_and_small_integers_are_range_chec
     for datatype, field, values, _ in families:
         tensor = request.inputs.add(name=datatype, datatype=datatype, shape=[2, 1])
         getattr(tensor.contents, field).extend(values)
-    decoded = v2_grpc.decode_inputs(request)
+    decoded = v2_grpc_messages.decode_inputs(request)
     for datatype, _, values, dtype in families:
         assert decoded[datatype].dtype == np.dtype(dtype) and decoded[datatype].shape == (2, 1)
         assert decoded[datatype].ravel().tolist() == values
@@ -149,7 +149,7 @@ def test_typed_contents_of_every_family_decode_and_small_integers_are_range_chec
     narrow = service_pb2.ModelInferRequest()
     narrow.inputs.add(name="n", datatype="INT8", shape=[1]).contents.int_contents.append(300)
     with pytest.raises(ServingError, match='Input "n": a value in int_contents is out of the range of INT8'):
-        v2_grpc.decode_inputs(narrow)
+        v2_grpc_messages.decode_inputs(narrow)
 
 
 @pytest.mark.parametrize(

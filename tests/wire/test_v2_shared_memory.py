@@ -36,7 +36,7 @@ from workbench.frontends.auth import is_local_peer
 from workbench.frontends.v2_shared_memory import SharedMemoryAccess
 from workbench.planes.shared_memory import SharedMemoryRegistry
 from workbench.protocol import v2_json
-from workbench.protocol.v2_shared_memory import SharedTensor
+from workbench.protocol.shared_memory_parameters import SharedTensor
 from workbench.server import ServerThread
 
 PREFIX = f"/workbench_test_{os.getpid()}"  # POSIX shared memory is machine-wide: keys of this test run only

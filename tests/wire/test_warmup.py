@@ -245,7 +245,7 @@ def test_bad_warmup_fails_the_new_version_and_the_serving_one_stays(serve, tmp_p
 )
 def test_a_broken_file_is_data_loss_with_tensorflows_reason_and_no_op_wrapping(tmp_path, write, start):
     from workbench.core.errors import Code, ServingError
-    from workbench.models.warmup import read_warmup_records, warmup_path
+    from workbench.models.warmup_replay import read_warmup_records, warmup_path
 
     write(tmp_path)
     path = warmup_path(str(tmp_path))
@@ -258,7 +258,7 @@ def test_a_broken_file_is_data_loss_with_tensorflows_reason_and_no_op_wrapping(t
 
 
 def test_the_reader_returns_every_record_in_order(tmp_path):
-    from workbench.models.warmup import read_warmup_records, warmup_path
+    from workbench.models.warmup_replay import read_warmup_records, warmup_path
 
     records = [models.predict_log("m", {"x": np.array([[float(i)]], np.float32)}) for i in range(3)]
     models.write_warmup_file(tmp_path, records)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 # Bound on first use (PEP 562), as workbench's own face: the command line reads the analyzer's flags
 # (:mod:`.analyze_flags`) without importing numpy and the load generator.
 if TYPE_CHECKING:
-    from workbench.analyzer.api import analyze
+    from workbench.analyzer.analysis import analyze
     from workbench.analyzer.candidates import Candidate
     from workbench.analyzer.choice import Analysis, Constraints
 
@@ -23,7 +23,7 @@ __all__ = ["Analysis", "Candidate", "Constraints", "analyze"]
 
 def __getattr__(name: str) -> Any:
     if name == "analyze":
-        from workbench.analyzer.api import analyze
+        from workbench.analyzer.analysis import analyze
 
         return analyze
     if name == "Candidate":

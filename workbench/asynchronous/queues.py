@@ -1,6 +1,6 @@
 """The queues asynchronous requests wait in, behind one interface, chosen by ``--async_queue``'s URI.
 
-- ``sqlite:///PATH`` (:class:`~workbench.asynchronous.store.SqliteStore`): the embedded default, one file every
+- ``sqlite:///PATH`` (:class:`~workbench.asynchronous.sqlite_queue.SqliteStore`): the embedded default, one file every
   process of a server shares; it needs nothing.
 - ``redis://HOST:PORT/DB`` (:class:`~workbench.asynchronous.redis_queue.RedisQueue`): a Redis stream read by a
   consumer group, the answers in Redis too: many servers (replicas, pods) share it.
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlparse
 
-from workbench.asynchronous.store import Claimed, Record
+from workbench.asynchronous.sqlite_queue import Claimed, Record
 
 SCHEMES = ("sqlite", "redis", "sqs")
 
@@ -53,7 +53,7 @@ def queue_exists(uri: str) -> bool:
 def open_queue(uri: str, results_seconds: float, max_attempts: int) -> AsyncQueue:
     scheme = scheme_of(uri)
     if scheme == "sqlite":
-        from workbench.asynchronous.store import SqliteStore
+        from workbench.asynchronous.sqlite_queue import SqliteStore
 
         return SqliteStore(sqlite_path(uri), results_seconds, max_attempts)
     if scheme in ("redis", "rediss"):

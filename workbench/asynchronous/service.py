@@ -36,7 +36,7 @@ from starlette.routing import Route
 
 from workbench.asynchronous.notify import Notifier
 from workbench.asynchronous.queues import AsyncQueue, open_queue, queue_exists
-from workbench.asynchronous.store import Claimed
+from workbench.asynchronous.sqlite_queue import Claimed
 from workbench.core.errors import Code, ServingError, from_exception
 from workbench.core.signatures import DEFAULT_SIGNATURE
 from workbench.core.sticky import STICKY_HEADER

@@ -23,7 +23,7 @@ import uuid
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
-from workbench.asynchronous.store import DONE, FAILED, QUEUED, RUNNING, Claimed, Record
+from workbench.asynchronous.sqlite_queue import DONE, FAILED, QUEUED, RUNNING, Claimed, Record
 from workbench.core.errors import Code, ServingError
 from workbench.runtime.storage import join, translated
 

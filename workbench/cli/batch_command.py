@@ -1,4 +1,5 @@
-"""``workbench batch MODEL --input URI --output URI``: a data set through a model (see :mod:`workbench.batch`)."""
+"""``workbench batch MODEL --input URI --output URI``: a data set through a model (see
+:mod:`workbench.batch_prediction`)."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ def add_batch_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[
 
 
 def _batch(args: argparse.Namespace) -> int:
-    from workbench.batch.feeding import parse_column_map
+    from workbench.batch_prediction.feeding import parse_column_map
 
     try:
         columns = parse_column_map(args.columns or "")
@@ -46,7 +47,7 @@ def _batch(args: argparse.Namespace) -> int:
         return 2
     import logging
 
-    from workbench.batch import batch_predict
+    from workbench.batch_prediction import batch_predict
     from workbench.cli.logs import configure_logging
     from workbench.config.batch_flags import keywords
     from workbench.core.errors import ServingError

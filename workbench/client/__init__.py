@@ -11,10 +11,10 @@ code and message. :meth:`Client.predict_async` queues a request and returns an :
 over v2 gRPC's ``ModelStreamInfer``.
 
 The :class:`Client` (:mod:`~workbench.client.facade`) hands each call to the transport of its protocol:
-:mod:`~workbench.client.tfs_rest`, :mod:`~workbench.client.tfs_grpc`, :mod:`~workbench.client.v2_rest` (JSON, and
-Triton's binary tensor extension for large tensors: see :mod:`workbench.protocol.v2_client`) and
-:mod:`~workbench.client.v2_grpc` (the stubs tritonclient generates, on the client's one set of channels, which also
-carry TF Serving's services). Nothing here imports the engine, nor TensorFlow's runtime.
+:mod:`~workbench.client.tfs_rest`, :mod:`~workbench.client.tfs_grpc`, :mod:`~workbench.client.v2_rest_transport` (JSON,
+and Triton's binary tensor extension for large tensors: see :mod:`workbench.protocol.v2_client`) and
+:mod:`~workbench.client.v2_grpc_transport` (the stubs tritonclient generates, on the client's one set of channels, which
+also carry TF Serving's services). Nothing here imports the engine, nor TensorFlow's runtime.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The :class:`Client` users see: one object, the same calls over every protocol, delegating each call to the
 transport of the protocol it goes over (:mod:`~workbench.client.tfs_rest`, :mod:`~workbench.client.tfs_grpc`,
-:mod:`~workbench.client.v2_rest`, :mod:`~workbench.client.v2_grpc`) and the management calls to
-:mod:`~workbench.client.management`.
+:mod:`~workbench.client.v2_rest_transport`, :mod:`~workbench.client.v2_grpc_transport`) and the management calls to
+:mod:`~workbench.client.management_transport`.
 
 What does not depend on the protocol lives here: choosing the protocol and checking its target, the arguments'
 combinations, the signature cache (per model, version or label, and protocol family), and inputs turned into arrays
@@ -20,20 +20,20 @@ import requests
 from workbench.client.async_requests import AsyncPrediction
 from workbench.client.grpc_channels import GRPC_CHANNELS, GrpcChannels
 from workbench.client.http import HttpConnection
-from workbench.client.management import ManagementAPI
+from workbench.client.management_transport import ManagementAPI
 from workbench.client.prediction import Prediction
 from workbench.client.protocols import GRPC_PROTOCOLS, V2_PROTOCOLS, canonical_protocol
 from workbench.client.tfs_grpc import TfsGrpcTransport
 from workbench.client.tfs_rest import TfsRestTransport, model_path, predict_body, predict_outputs
 from workbench.client.tls import ClientTLS
 from workbench.client.transport import Transport
-from workbench.client.v2_grpc import V2GrpcTransport
-from workbench.client.v2_rest import V2RestTransport
+from workbench.client.v2_grpc_transport import V2GrpcTransport
+from workbench.client.v2_rest_transport import V2RestTransport
 from workbench.config.vocabulary import renamed_keywords
 from workbench.core.errors import Code, ServingError
 from workbench.core.signatures import DEFAULT_SIGNATURE, Signature
 from workbench.core.sticky import STICKY_HEADER
-from workbench.protocol.explanations import Explanation
+from workbench.protocol.attributions import Explanation
 
 
 class Client:

@@ -1,8 +1,8 @@
 """What the Open Inference Protocol's (v2) two wires share: one signature read from the model's metadata, the
 versions' states from the model repository extension's index, and no classify or regress API.
 
-The requests themselves are built and read by :mod:`workbench.protocol.v2_client`; :mod:`workbench.client.v2_rest`
-and :mod:`workbench.client.v2_grpc` send them.
+The requests themselves are built and read by :mod:`workbench.protocol.v2_client`;
+:mod:`workbench.client.v2_rest_transport` and :mod:`workbench.client.v2_grpc_transport` send them.
 """
 
 from __future__ import annotations

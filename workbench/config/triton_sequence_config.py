@@ -1,12 +1,11 @@
 """``sequence_batching`` of a Triton ``config.pbtxt``: how the server's sequence batcher runs a stateful model.
 
-In Triton the sequence batcher belongs to the server, not to the backend, and so it does here: for every platform
-(ONNX Runtime, TensorFlow, PyTorch, Python) the batcher (:mod:`workbench.batching.sequences`) keeps each sequence on
-one version and in order, gives the model the ``control_input`` tensors it asks for (START, END, READY, CORRID in
-the config's data types and false/true values), and keeps the sequence's **implicit state** (``state [...]``):
-each state starts as zeros (variable dims as 1) or as its ``initial_state``, is given to the model as the input
-``input_name``, replaced by the model's output ``output_name`` after each request, and dropped when the sequence
-ends or idles out.
+In Triton the sequence batcher belongs to the server, not to the backend, and so it does here: for every platform (ONNX
+Runtime, TensorFlow, PyTorch, Python) the batcher (:mod:`workbench.batching.sequence_batcher`) keeps each sequence on
+one version and in order, gives the model the ``control_input`` tensors it asks for (START, END, READY, CORRID in the
+config's data types and false/true values), and keeps the sequence's **implicit state** (``state [...]``): each state
+starts as zeros (variable dims as 1) or as its ``initial_state``, is given to the model as the input ``input_name``,
+replaced by the model's output ``output_name`` after each request, and dropped when the sequence ends or idles out.
 
 Strategies, as Triton schedules them:
 
@@ -34,7 +33,7 @@ import numpy as np
 
 from workbench.config.triton_data_types import DATA_TYPES, data_type_name
 from workbench.core.errors import Code, ServingError
-from workbench.core.sequences import Controls, SequenceSettings, Strategy
+from workbench.core.sequence_contract import Controls, SequenceSettings, Strategy
 
 # Triton's default max_sequence_idle_microseconds (SEQUENCE_IDLE_DEFAULT_MICROSECONDS): one second.
 SEQUENCE_IDLE_DEFAULT_MICROSECONDS = 1_000_000

@@ -16,7 +16,7 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 
 from workbench.core.errors import Code, ServingError
-from workbench.core.sequences import SequenceSettings
+from workbench.core.sequence_contract import SequenceSettings
 from workbench.core.signatures import Signature
 
 T = TypeVar("T")
@@ -37,7 +37,7 @@ class Servable(abc.ABC):
     # A model that came with its own Triton config (config.pbtxt), as JSON: the v2 config answer is that config.
     model_config: Mapping[str, Any] | None = None
     # A stateful model's sequence batching: its requests run through the sequence batcher, one step of a sequence
-    # at a time with that sequence's state (it then implements run_step: workbench.batching.sequences).
+    # at a time with that sequence's state (it then implements run_step: workbench.batching.sequence_batcher).
     sequence: SequenceSettings | None = None
     # A decoupled model (Triton's decoupled transaction policy) answers a request with 0..n responses: it implements
     # run_decoupled, is never batched across requests, and is served over streams only (ModelStreamInfer, generate).

@@ -28,7 +28,7 @@ from workbench.core.signatures import DEFAULT_SIGNATURE, Signature
 from workbench.explain import gradients, shapley
 from workbench.explain.background import read_background
 from workbench.platforms.tabular import MATRIX, TabularServable
-from workbench.protocol.explanations import (
+from workbench.protocol.attributions import (
     EXPLAINERS,
     INTEGRATED_GRADIENTS,
     KERNEL,

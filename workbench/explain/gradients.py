@@ -17,7 +17,7 @@ import numpy as np
 
 from workbench.core.differentiable import Gradients
 from workbench.core.errors import Code, ServingError
-from workbench.protocol.explanations import Budget, as_columns, pick_targets
+from workbench.protocol.attributions import Budget, as_columns, pick_targets
 
 CHUNK_ELEMENTS = 4_000_000  # interpolated input elements per gradient call (16 MB of float32)
 

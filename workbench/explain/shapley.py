@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from workbench.core.errors import Code, ServingError
-from workbench.protocol.explanations import Budget, as_columns
+from workbench.protocol.attributions import Budget, as_columns
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Batch prediction jobs inside a running server: its loaded models score a data set beside its online traffic.
 
 - ``POST /workbench/v1/batch`` ``{"model": ..., "input": URI, "output": URI, ...}`` (the fields of
-  :class:`~workbench.batch.job.BatchJob`, by name) starts a job and answers ``202`` with its id and URL;
+  :class:`~workbench.batch_prediction.job.BatchJob`, by name) starts a job and answers ``202`` with its id and URL;
 - ``GET /workbench/v1/batch/{id}``: its state (``running``, ``done``, ``failed``, ``cancelled``), rows done and
   failed of how many, and its summary or error; ``DELETE`` cancels it (the shards written stay: the same job
   started again finishes the rest).
@@ -29,7 +29,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from workbench.batch.job import BatchJob, BatchSummary, Progress, run_job
+from workbench.batch_prediction.job import BatchJob, BatchSummary, Progress, run_job
 from workbench.core.errors import Code, ServingError, from_exception
 from workbench.frontends.auth import bearer_matches, is_local_peer
 from workbench.frontends.rest import error_response, json_response

@@ -25,7 +25,7 @@ from workbench.core.sticky import STICKY_HEADER
 from workbench.frontends.rest import PostHandler, answered_by, json_response
 from workbench.planes.dataplane import Dataplane, ModelSpec
 from workbench.protocol import json_tensor
-from workbench.protocol.explanations import Parameters
+from workbench.protocol.attributions import Parameters
 
 EXPLAIN_PATH = re.compile(r"/v1/models/([^/:]+)(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?:explain", re.IGNORECASE)
 _MAX_INT64 = (1 << 63) - 1

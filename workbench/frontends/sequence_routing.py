@@ -18,7 +18,7 @@ from typing import Any
 import grpc
 
 from workbench.core.errors import Code, ServingError
-from workbench.core.sequences import SequenceId
+from workbench.core.sequence_contract import SequenceId
 
 _METHOD = "/inference.GRPCInferenceService/ModelInfer"
 

@@ -23,8 +23,8 @@ import numpy as np
 
 from workbench.core.errors import Code, ServingError
 from workbench.planes.dataplane import Dataplane, ModelSpec
-from workbench.protocol import v2_grpc
-from workbench.protocol.explanations import TENSORS, Parameters
+from workbench.protocol import v2_grpc_messages
+from workbench.protocol.attributions import TENSORS, Parameters
 
 if TYPE_CHECKING:
     from workbench.explain.explaining import Answer
@@ -35,11 +35,11 @@ async def explain_infer(
 ) -> Any:
     """The ModelInferResponse of an explained ModelInferRequest (``protocol``: its label in the metrics)."""
     with await dataplane.admit(spec, "explain", protocol, timeout) as call:
-        inputs = v2_grpc.decode_inputs(request)
-        requested = v2_grpc.requested_outputs(request)
+        inputs = v2_grpc_messages.decode_inputs(request)
+        requested = v2_grpc_messages.requested_outputs(request)
         answer = await dataplane.explain(call, "", inputs, parameters, timeout)
         outputs = explained_outputs(call.model, answer, requested)
-        response = v2_grpc.infer_response(call.model, str(call.version), request.id, outputs, list(outputs))
+        response = v2_grpc_messages.infer_response(call.model, str(call.version), request.id, outputs, list(outputs))
         for key, value in answer.explanation.head().items():
             if isinstance(value, str):
                 response.parameters[key].string_param = value
@@ -52,7 +52,7 @@ async def explain_infer(
 
 def explained_outputs(model: str, answer: Answer, requested: Sequence[str]) -> dict[str, np.ndarray]:
     """The tensors of an explained v2 answer, in order: the model's outputs (those ``requested``, or all), then the
-    explanation's (:data:`~workbench.protocol.explanations.TENSORS`)."""
+    explanation's (:data:`~workbench.protocol.attributions.TENSORS`)."""
     outputs = {**answer.predictions, **answer.explanation.tensors()}
     unknown = [name for name in requested if name not in outputs]
     if unknown:

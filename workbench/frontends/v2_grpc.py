@@ -34,7 +34,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from workbench.config.model_control import load_overrides
 from workbench.core.classification import classify
 from workbench.core.errors import Code, ServingError
-from workbench.core.sequences import sequence_request
+from workbench.core.sequence_contract import sequence_request
 from workbench.core.sticky import STICKY_PARAMETER
 from workbench.frontends import v2_stream
 from workbench.frontends.grpc import answers_errors, authorization, sticky_key, time_remaining
@@ -44,9 +44,9 @@ from workbench.frontends.v2_repository import V2Repository, unsupported_paramete
 from workbench.frontends.v2_shared_memory import SharedMemoryAccess
 from workbench.planes.controlplane import ControlPlane
 from workbench.planes.dataplane import Dataplane, ModelSpec
-from workbench.protocol import grpc_services, v2_grpc, v2_models
-from workbench.protocol.explanations import v2_parameters
-from workbench.protocol.v2_shared_memory import SharedMemory
+from workbench.protocol import grpc_services, v2_grpc_messages, v2_models
+from workbench.protocol.attributions import v2_parameters
+from workbench.protocol.shared_memory_parameters import SharedMemory
 
 PROTOCOL = "v2-grpc"  # the protocol label of this frontend's requests in metrics
 
@@ -105,12 +105,12 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
     @answers_errors
     async def ModelMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
         spec = await self.models.loaded_spec(request.name, request.version, time_remaining(context))
-        return v2_grpc.model_metadata_response(self.dataplane.v2_description(spec))
+        return v2_grpc_messages.model_metadata_response(self.dataplane.v2_description(spec))
 
     @answers_errors
     async def ModelConfig(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
         spec = await self.models.loaded_spec(request.name, request.version, time_remaining(context))
-        return v2_grpc.model_config_response(self.dataplane.v2_description(spec))
+        return v2_grpc_messages.model_config_response(self.dataplane.v2_description(spec))
 
     @answers_errors
     async def ModelStatistics(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
@@ -127,7 +127,9 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
     @answers_errors
     async def ModelInfer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
         dataplane = self.dataplane
-        sequence = sequence_request(v2_grpc.parameter_values(request.parameters)) if request.parameters else None
+        sequence = (
+            sequence_request(v2_grpc_messages.parameter_values(request.parameters)) if request.parameters else None
+        )
         if sequence is not None and self.router is not None:
             owner = self.router.owner(sequence.id)
             if owner is not None:  # another worker holds this sequence: it answers
@@ -135,20 +137,24 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         spec = await self._infer_spec(request, time_remaining(context))
         key = request.parameters[STICKY_PARAMETER].string_param if STICKY_PARAMETER in request.parameters else None
         spec = dataclasses.replace(spec, key=key or sticky_key(context))
-        explaining = v2_parameters(v2_grpc.parameter_values(request.parameters)) if request.parameters else None
+        explaining = (
+            v2_parameters(v2_grpc_messages.parameter_values(request.parameters)) if request.parameters else None
+        )
         if explaining is not None:  # "explain": true (see workbench.frontends.v2_explain)
             return await explain_infer(dataplane, spec, request, explaining, PROTOCOL, time_remaining(context))
         with await dataplane.admit(spec, "predict", PROTOCOL, time_remaining(context)) as call:
             memory = self._memory(context)
-            inputs = v2_grpc.decode_inputs(request, memory)
-            requested = v2_grpc.requested_outputs(request, memory)
+            inputs = v2_grpc_messages.decode_inputs(request, memory)
+            requested = v2_grpc_messages.requested_outputs(request, memory)
             timeout = time_remaining(context)
             v2_stream.refuse_decoupled(call, "ModelInfer RPC")
             _, outputs = await dataplane.predict(call, "", inputs, requested, timeout=timeout, sequence=sequence)
-            outputs = classify(outputs, v2_grpc.classification_counts(request), call.servable)
+            outputs = classify(outputs, v2_grpc_messages.classification_counts(request), call.servable)
             order = requested or list(outputs)
-            shared = v2_grpc.output_regions(request)
-            return v2_grpc.infer_response(call.model, str(call.version), request.id, outputs, order, shared, memory)
+            shared = v2_grpc_messages.output_regions(request)
+            return v2_grpc_messages.infer_response(
+                call.model, str(call.version), request.id, outputs, order, shared, memory
+            )
 
     async def ModelStreamInfer(  # noqa: N802
         self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext
@@ -183,7 +189,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         self.models.authorize(authorization(context))
         _one_repository(request.repository_name)
         version = _version_parameter(request.parameters, "load")
-        overrides = load_overrides(v2_grpc.parameter_values(request.parameters))
+        overrides = load_overrides(v2_grpc_messages.parameter_values(request.parameters))
         await self.models.load(request.model_name, version, overrides)
         return service_pb2.RepositoryModelLoadResponse()
 

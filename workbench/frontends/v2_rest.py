@@ -37,7 +37,7 @@ from starlette.routing import Route
 from workbench.config.model_control import load_overrides
 from workbench.core.classification import classify
 from workbench.core.errors import Code, ServingError, from_exception
-from workbench.core.sequences import sequence_request
+from workbench.core.sequence_contract import sequence_request
 from workbench.core.signatures import DEFAULT_SIGNATURE
 from workbench.core.sticky import STICKY_HEADER, STICKY_PARAMETER
 from workbench.frontends import v2_stream
@@ -49,9 +49,9 @@ from workbench.frontends.v2_shared_memory import SharedMemoryAccess, rest_peer, 
 from workbench.planes.controlplane import ControlPlane
 from workbench.planes.dataplane import Dataplane, ModelSpec
 from workbench.protocol import v2_client, v2_json, v2_models
-from workbench.protocol.explanations import v2_parameters
+from workbench.protocol.attributions import v2_parameters
 from workbench.protocol.json_tensor import dumps, input_specs, parse_body
-from workbench.protocol.v2_shared_memory import SharedMemory
+from workbench.protocol.shared_memory_parameters import SharedMemory
 
 log = logging.getLogger(__name__)
 

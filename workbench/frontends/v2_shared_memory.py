@@ -27,7 +27,7 @@ from workbench.frontends.auth import bearer_matches, is_local_peer
 from workbench.frontends.rest import json_response
 from workbench.planes.shared_memory import RegionStatus, SharedMemoryRegistry
 from workbench.protocol.json_tensor import dumps, parse_body
-from workbench.protocol.v2_shared_memory import SharedMemory, SharedTensor
+from workbench.protocol.shared_memory_parameters import SharedMemory, SharedTensor
 
 Handler = Callable[[Request], Awaitable[Response]]
 

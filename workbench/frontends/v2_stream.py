@@ -52,7 +52,7 @@ from tritonclient.grpc import service_pb2
 
 from workbench.core.classification import classify
 from workbench.core.errors import Code, ServingError, from_exception
-from workbench.core.sequences import SequenceId, sequence_request
+from workbench.core.sequence_contract import SequenceId, sequence_request
 from workbench.core.servable import FinalResponse
 from workbench.core.signatures import DEFAULT_SIGNATURE
 from workbench.frontends.grpc import time_remaining
@@ -60,9 +60,9 @@ from workbench.frontends.rest import json_response
 from workbench.frontends.sequence_routing import SequenceRouter
 from workbench.frontends.v2_repository import V2Repository
 from workbench.planes.dataplane import Dataplane, ModelSpec, RequestInFlight
-from workbench.protocol import v2_generate, v2_grpc
+from workbench.protocol import v2_generate, v2_grpc_messages
 from workbench.protocol.json_tensor import dumps, input_specs, parse_body
-from workbench.protocol.v2_shared_memory import SharedMemory
+from workbench.protocol.shared_memory_parameters import SharedMemory
 
 log = logging.getLogger(__name__)
 
@@ -205,7 +205,7 @@ class StreamInfer:
 
     async def _responses(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncGenerator[Any, None]:
         dataplane = self.dataplane
-        parameters = v2_grpc.parameter_values(request.parameters)
+        parameters = v2_grpc_messages.parameter_values(request.parameters)
         sequence = sequence_request(parameters) if parameters else None
         router = self.router
         owner = router.owner(sequence.id) if sequence is not None and router is not None else None
@@ -217,17 +217,17 @@ class StreamInfer:
         spec = await self._spec(request, context)
         with await dataplane.admit(spec, "predict", self.protocol, time_remaining(context)) as call:
             memory = self.memory(context)
-            inputs = v2_grpc.decode_inputs(request, memory)
-            requested = v2_grpc.requested_outputs(request, memory)
-            shared = v2_grpc.output_regions(request)
-            counts = v2_grpc.classification_counts(request)
+            inputs = v2_grpc_messages.decode_inputs(request, memory)
+            requested = v2_grpc_messages.requested_outputs(request, memory)
+            shared = v2_grpc_messages.output_regions(request)
+            counts = v2_grpc_messages.classification_counts(request)
             version = str(call.version)
             answers = run_request(dataplane, call, inputs, requested, time_remaining(context), parameters)
             ended = False  # a decoupled model's last response came with the final flag
             async with contextlib.aclosing(answers) as outputs_of:
                 async for answer in outputs_of:
                     outputs = classify(answer, counts, call.servable)
-                    response = v2_grpc.infer_response(
+                    response = v2_grpc_messages.infer_response(
                         call.model, version, request.id, outputs, requested or list(outputs), shared, memory
                     )
                     # A model that is not decoupled answers once: that answer is its request's last.
@@ -253,7 +253,7 @@ def _sequence_of(request: Any) -> SequenceId | None:
     if "sequence_id" not in request.parameters:
         return None
     try:
-        sequence = sequence_request(v2_grpc.parameter_values(request.parameters))
+        sequence = sequence_request(v2_grpc_messages.parameter_values(request.parameters))
     except ServingError:
         return None
     return sequence.id if sequence is not None else None

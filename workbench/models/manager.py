@@ -48,7 +48,7 @@ from workbench.models.routes import ServableHandle, check_labels, route_of
 from workbench.models.routing import policy as decisions
 from workbench.models.routing.policy import Routing
 from workbench.models.routing.reading import RoutingReader
-from workbench.models.routing.store import (
+from workbench.models.routing.routing_file import (
     RoutingStateStore,
     StoredRouting,
     routing_store_for,

@@ -18,7 +18,7 @@ from workbench.core.errors import ServingError
 from workbench.core.servable import Servable
 from workbench.models.harness import Harness
 from workbench.models.routing.policy import CanarySplit, Routing
-from workbench.models.routing.store import RoutingStateStore, StoredRouting
+from workbench.models.routing.routing_file import RoutingStateStore, StoredRouting
 from workbench.runtime.storage import redact
 
 

@@ -22,7 +22,7 @@ from workbench.models.records import ModelRecord, VersionState, VersionStatus
 from workbench.models.residency import Residency
 from workbench.models.routes import Route, ServableHandle
 from workbench.models.routing import policy as decisions
-from workbench.models.routing.store import RoutingStateStore
+from workbench.models.routing.routing_file import RoutingStateStore
 from workbench.models.views import ModelSnapshot, describe_model, snapshot_of
 
 

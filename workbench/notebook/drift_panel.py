@@ -13,8 +13,8 @@ from typing import Any
 
 import ipywidgets as widgets
 
+from workbench.notebook.dashboard_part import Server, StatsPanel
 from workbench.notebook.live_figure import LiveFigure
-from workbench.notebook.part import Server, StatsPanel
 
 NO_DRIFT = (
     "<i>No model version is monitored for drift: export one with <code>reference=X_train</code>, or serve with "

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from workbench.protocol.explanations import Explanation
+from workbench.protocol.attributions import Explanation
 
 
 def plot(explanation: Explanation, row: int = 0, **options: Any) -> Any:

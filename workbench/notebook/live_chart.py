@@ -12,8 +12,7 @@ import requests
 
 from workbench.client import Client
 from workbench.core.errors import ServingError
-from workbench.notebook.live_figure import LiveFigure
-from workbench.notebook.part import (
+from workbench.notebook.dashboard_part import (
     PALETTE,
     Newest,
     Part,
@@ -22,6 +21,7 @@ from workbench.notebook.part import (
     on_kernel_thread,
     register,
 )
+from workbench.notebook.live_figure import LiveFigure
 
 
 def _has_response_cache(client: Client) -> bool:

@@ -13,7 +13,7 @@ import requests
 
 from workbench.client import GRPC_PROTOCOLS
 from workbench.core.errors import ServingError
-from workbench.notebook.part import (
+from workbench.notebook.dashboard_part import (
     Newest,
     Part,
     Server,

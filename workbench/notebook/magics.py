@@ -400,8 +400,8 @@ class ServeMagics(Magics):
         return analysis
 
     def _batch(self, args: Any) -> Any:
-        from workbench.batch import batch_predict
-        from workbench.batch.feeding import parse_column_map
+        from workbench.batch_prediction import batch_predict
+        from workbench.batch_prediction.feeding import parse_column_map
         from workbench.config.batch_flags import keywords
 
         # The models of the server running here (what %serve export wrote), else workbench.export's own folder.

@@ -13,7 +13,7 @@ import requests
 from workbench.client import V2_PROTOCOLS
 from workbench.core.errors import ServingError
 from workbench.core.signatures import Signature
-from workbench.notebook.part import (
+from workbench.notebook.dashboard_part import (
     Part,
     Server,
     client_of,

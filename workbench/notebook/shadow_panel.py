@@ -15,8 +15,8 @@ from typing import Any
 
 import ipywidgets as widgets
 
+from workbench.notebook.dashboard_part import PALETTE, Server, StatsPanel
 from workbench.notebook.live_figure import LiveFigure
-from workbench.notebook.part import PALETTE, Server, StatsPanel
 
 POINTS = 300  # agreement readings kept a model (5 minutes at one a second)
 NO_SHADOW = "<i>No model has a shadow: <code>%serve shadow MODEL VERSION</code> starts one.</i>"

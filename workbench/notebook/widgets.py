@@ -18,15 +18,15 @@ import threading
 
 import ipywidgets as widgets
 
-from workbench.notebook.drift_panel import DriftPanel
-from workbench.notebook.live_chart import LiveChart
-from workbench.notebook.load_panel import LoadPanel
-from workbench.notebook.part import (
+from workbench.notebook.dashboard_part import (
     Part,
     Server,
     on_kernel_thread,
     register,
 )
+from workbench.notebook.drift_panel import DriftPanel
+from workbench.notebook.live_chart import LiveChart
+from workbench.notebook.load_panel import LoadPanel
 from workbench.notebook.query_panel import PROTOCOL_CHOICES, QueryPanel, example_inputs
 from workbench.notebook.shadow_panel import ShadowPanel
 from workbench.notebook.versions_panel import VersionsPanel, routing_summary

@@ -23,7 +23,7 @@ from workbench.batching.threads import InferenceThreads
 from workbench.config.batching_parameters import BatchingParameters
 from workbench.core import inference
 from workbench.core.errors import Code, ServingError
-from workbench.core.sequences import SequenceRequest
+from workbench.core.sequence_contract import SequenceRequest
 from workbench.core.servable import Composite, Servable
 from workbench.core.signatures import DEFAULT_SIGNATURE, Signature, TensorSpec
 from workbench.models.harness import Harness
@@ -39,7 +39,7 @@ from workbench.planes.calls import ModelSpec, RequestInFlight, WireRequest, answ
 from workbench.planes.first_load_waits import FirstLoadWaits
 from workbench.planes.on_demand import hold_on_demand
 from workbench.planes.response_cache import ResponseCache, request_digest
-from workbench.planes.sequences import Sequences
+from workbench.planes.sequence_pinning import Sequences
 from workbench.planes.shadowing import DEFAULT_MAX_PENDING, ShadowTraffic
 from workbench.planes.statistics import MetricTotals
 from workbench.platforms import v2_name
@@ -49,7 +49,7 @@ __all__ = ["RequestInFlight", "Dataplane", "ModelSpec", "ServerStatus"]
 
 if TYPE_CHECKING:  # imported when an explanation is asked for: a server that explains nothing never loads them
     from workbench.explain.explaining import Answer as Explained
-    from workbench.protocol.explanations import Parameters
+    from workbench.protocol.attributions import Parameters
 
 # An explanation's time when its request has no deadline (a gRPC call without one, REST with its timeout off).
 EXPLAIN_SECONDS = 60.0
@@ -336,7 +336,7 @@ class Dataplane:
         sequence: SequenceRequest | None,
     ) -> tuple[Signature, dict[str, np.ndarray]]:
         """One request of a sequence of a stateful model (see :meth:`Sequences.step
-        <workbench.planes.sequences.Sequences.step>`), logged once answered."""
+        <workbench.planes.sequence_pinning.Sequences.step>`), logged once answered."""
         signature, result = await self._sequences.step(call, signature_name, inputs, output_filter, timeout, sequence)
         servable = call.servable
         self._log(
@@ -402,7 +402,7 @@ class Dataplane:
         the model many times over. Bounded by ``timeout``, else :data:`EXPLAIN_SECONDS`: its explainer sizes its
         work to that and stops there; the request is answered DEADLINE_EXCEEDED then in any case."""
         from workbench.explain import explaining
-        from workbench.protocol.explanations import Budget
+        from workbench.protocol.attributions import Budget
 
         servable = call.servable
         signature = inference.predict_signature(servable, signature_name)

@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from workbench.core.errors import Code, ServingError, invalid_argument
-from workbench.protocol.v2_shared_memory import OFFSET, SharedTensor
+from workbench.protocol.shared_memory_parameters import OFFSET, SharedTensor
 
 DEFAULT_MAX_BYTES = 4 << 30  # --shared_memory_max_bytes: what all registered regions may span together
 # Each region holds a mapping and (before Python 3.13) a duplicate of its file descriptor: bounded, so that clients
@@ -64,8 +64,8 @@ class _Region:
 class SharedMemoryRegistry:
     """Registered regions by name; thread-safe (the frontends' event loop and inference threads share it).
 
-    Implements :class:`workbench.protocol.v2_shared_memory.SharedMemory` (``read``, ``check``, ``write``), which the
-    v2 codecs use to move tensors in and out of regions.
+    Implements :class:`workbench.protocol.shared_memory_parameters.SharedMemory` (``read``, ``check``, ``write``), which
+    the v2 codecs use to move tensors in and out of regions.
     """
 
     def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES) -> None:

@@ -88,7 +88,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from workbench.core.errors import Code, ServingError
-from workbench.core.sequences import Controls, SequenceSettings, Strategy
+from workbench.core.sequence_contract import Controls, SequenceSettings, Strategy
 from workbench.core.servable import Servable, streams_only
 from workbench.core.signatures import DEFAULT_SIGNATURE, Signature
 from workbench.platforms._user_code import (

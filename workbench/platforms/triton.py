@@ -42,7 +42,7 @@ from workbench.config.triton_model_config import (
     read_config,
 )
 from workbench.core.errors import Code, ServingError
-from workbench.core.sequences import Controls, Step, StepResult
+from workbench.core.sequence_contract import Controls, Step, StepResult
 from workbench.core.servable import Servable
 from workbench.core.signatures import (
     DEFAULT_SIGNATURE,

@@ -19,12 +19,13 @@ once the request is over (client gone, deadline passed), when ``is_cancelled()``
 error ends the request with it; so does ``execute`` raising, after what it sent before. Such a model is served over
 streams only (gRPC ``ModelStreamInfer``, REST ``/generate_stream``), as workbench's own decoupled models are.
 
-A model with **sequence_batching** runs through workbench's sequence batcher (:mod:`workbench.batching.sequences`)
-with the config's strategy and idle time: each request of a sequence is one ``execute([request])`` with the config's
-control tensors among its inputs (``[1, 1]`` with a batch dimension, ``[1]`` without) and ``request.correlation_id()``
-its sequence's id. The model keeps each sequence's state itself, keyed by that id, as Triton's Python examples do,
-or leaves it to the server: with ``state [...]`` (implicit state) each state is among the request's inputs and the
-response's tensor of its ``output_name`` is the sequence's next state (:mod:`workbench.platforms.triton_sequences`).
+A model with **sequence_batching** runs through workbench's sequence batcher
+(:mod:`workbench.batching.sequence_batcher`) with the config's strategy and idle time: each request of a sequence is one
+``execute([request])`` with the config's control tensors among its inputs (``[1, 1]`` with a batch dimension, ``[1]``
+without) and ``request.correlation_id()`` its sequence's id. The model keeps each sequence's state itself, keyed by that
+id, as Triton's Python examples do, or leaves it to the server: with ``state [...]`` (implicit state) each state is
+among the request's inputs and the response's tensor of its ``output_name`` is the sequence's next state
+(:mod:`workbench.platforms.triton_sequences`).
 
 ``model.py`` is repository code: it loads only when the server allows Python models (``--allow_python_models``),
 imported under a module name of its own per load; ``import triton_python_backend_utils as pb_utils`` finds
@@ -56,7 +57,7 @@ from workbench.config.triton_model_config import (
     config_json,
 )
 from workbench.core.errors import Code, ServingError
-from workbench.core.sequences import Controls
+from workbench.core.sequence_contract import Controls
 from workbench.core.servable import FinalResponse, PerRequestServable, streams_only
 from workbench.core.signatures import Signature
 from workbench.platforms._user_code import call_user, conform, forget_module, import_file, require_python

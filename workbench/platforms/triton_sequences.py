@@ -17,7 +17,7 @@ import numpy as np
 from workbench.config.triton_model_config import TritonConfig
 from workbench.config.triton_sequence_config import SequenceBatching
 from workbench.core.errors import Code, ServingError
-from workbench.core.sequences import Controls
+from workbench.core.sequence_contract import Controls
 from workbench.platforms.triton_tensors import batch_rows
 
 States = dict[str, np.ndarray]  # a sequence's implicit states by input_name, without the batch dimension

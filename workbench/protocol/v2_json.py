@@ -12,7 +12,7 @@ binary outputs (``parameters.binary_data_output``, or ``binary_data`` per reques
 length in the same header. Raw tensors are read with ``np.frombuffer`` (no copy) and JSON is written by orjson.
 
 With Triton's shared-memory extension an input's raw bytes come from a registered region instead, and a requested
-output's go there (:mod:`workbench.protocol.v2_shared_memory`); such an output is answered without data.
+output's go there (:mod:`workbench.protocol.shared_memory_parameters`); such an output is answered without data.
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ import orjson
 from workbench.core.classification import requested_count
 from workbench.core.errors import ServingError, invalid_argument
 from workbench.core.signatures import TensorSpec
-from workbench.protocol import v2_shared_memory
+from workbench.protocol import shared_memory_parameters
 from workbench.protocol.bytes_codec import TruncatedElement, TruncatedLength, from_b64, is_b64, unpack_bytes
 from workbench.protocol.json_tensor import parse_body
-from workbench.protocol.v2_shared_memory import SharedMemory, SharedTensor
+from workbench.protocol.shared_memory_parameters import SharedMemory, SharedTensor
 from workbench.protocol.v2_types import BYTES, impossible_shape, raw_contents, to_datatype, to_numpy_dtype
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -138,14 +138,14 @@ def decode_infer_request(
             raise invalid_argument(f'Input "{name}" is sent twice')
         tensor_parameters = _object(entry.get("parameters"), f'parameters of input "{name}"')
         size = tensor_parameters.get(BINARY_DATA_SIZE)
-        shared = v2_shared_memory.shared_tensor(tensor_parameters, f'Input "{name}"')
+        shared = shared_memory_parameters.shared_tensor(tensor_parameters, f'Input "{name}"')
         if shared is not None:
             if size is not None or "data" in entry:  # Triton's rule: data, binary data or shared memory, one of them
                 raise invalid_argument(
-                    f'Input "{name}" has {v2_shared_memory.REGION} and '
+                    f'Input "{name}" has {shared_memory_parameters.REGION} and '
                     f"{BINARY_DATA_SIZE if size is not None else 'data'}: send one"
                 )
-            raw_shared = v2_shared_memory.read_input(shared_memory, shared, name, shape, datatype)
+            raw_shared = shared_memory_parameters.read_input(shared_memory, shared, name, shape, datatype)
             inputs[name] = _from_raw(name, memoryview(raw_shared), shape, datatype)
         elif size is not None:
             if isinstance(size, bool) or not isinstance(size, int) or size < 0:
@@ -171,7 +171,7 @@ def decode_infer_request(
     outputs = _requested_outputs(doc.get("outputs"))
     for output in outputs:
         if output.shared is not None:
-            v2_shared_memory.check_output(shared_memory, output.shared, output.name)
+            shared_memory_parameters.check_output(shared_memory, output.shared, output.name)
     return InferRequest(inputs, datatypes, outputs, request_id, parameters)
 
 
@@ -219,10 +219,10 @@ def _requested_outputs(entries: Any) -> tuple[RequestedOutput, ...]:
         binary = parameters.get(BINARY_DATA)
         if binary is not None and not isinstance(binary, bool):
             raise invalid_argument(f'{BINARY_DATA} of output "{entry["name"]}" must be true or false')
-        shared = v2_shared_memory.shared_tensor(parameters, f'Output "{entry["name"]}"')
+        shared = shared_memory_parameters.shared_tensor(parameters, f'Output "{entry["name"]}"')
         if shared is not None and binary:
             raise invalid_argument(
-                f'Output "{entry["name"]}" asks for both {v2_shared_memory.REGION} and {BINARY_DATA}: give one'
+                f'Output "{entry["name"]}" asks for both {shared_memory_parameters.REGION} and {BINARY_DATA}: give one'
             )
         classes = parameters.get(CLASSIFICATION)
         count = requested_count(classes, entry["name"]) if classes is not None else 0
@@ -376,7 +376,7 @@ def encode_infer_response(
         datatype = to_datatype(value.dtype)
         entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(value.shape)}
         if asked is not None and asked.shared is not None:
-            v2_shared_memory.write_output(shared_memory, asked.shared, name, raw_contents(value, datatype))
+            shared_memory_parameters.write_output(shared_memory, asked.shared, name, raw_contents(value, datatype))
             entry["parameters"] = asked.shared.parameters()
         elif binary:
             data = raw_contents(value, datatype)

@@ -7,7 +7,7 @@ order by :mod:`workbench.publishing.exporter`. Named ``publishing`` rather than 
 
 from __future__ import annotations
 
-from workbench.publishing.errors import ExportError
+from workbench.publishing.export_errors import ExportError
 from workbench.publishing.exporter import ExportResult, export
 
 __all__ = ["ExportError", "ExportResult", "export"]

@@ -11,8 +11,8 @@ import numpy as np
 
 from workbench.core.signatures import DEFAULT_SIGNATURE
 from workbench.platforms import Loader, LoadPolicy
-from workbench.publishing.errors import ExportError, one_line
-from workbench.publishing.warmup import example_requests, write_warmup
+from workbench.publishing.export_errors import ExportError, one_line
+from workbench.publishing.warmup_requests import example_requests, write_warmup
 
 if TYPE_CHECKING:  # only for annotations
     from workbench.core.signatures import Signature, TensorSpec
@@ -27,7 +27,7 @@ def write_warmup_and_verify(name: str, path: Path, examples: Any) -> tuple[dict[
     from workbench.core import inference
     from workbench.core.errors import Code, ServingError
     from workbench.core.servable import Composite
-    from workbench.models import warmup
+    from workbench.models import warmup_replay
 
     # Loaded as the server will; the user's own kernel wrote any Python here, so the check may import it.
     loader = Loader(LoadPolicy(allow_pickle=False, allow_python=True))
@@ -61,7 +61,7 @@ def write_warmup_and_verify(name: str, path: Path, examples: Any) -> tuple[dict[
         requests = example_requests(examples, signature)
         write_warmup(name, path, requests, signature)
         try:
-            warmup.warm_up(servable)  # replays the very file the server will replay
+            warmup_replay.warm_up(servable)  # replays the very file the server will replay
         except Exception as exc:
             raise ExportError(f"The exported model failed its check: {one_line(exc)}") from exc
         return described, len(requests)
@@ -76,7 +76,7 @@ def _check_unbatched(servable: Any, signature: Signature, examples: Any) -> None
     No warmup file is written: the server's warmup replays plain requests, which neither kind of model takes.
     """
     from workbench.core.errors import Code, ServingError
-    from workbench.core.sequences import Controls
+    from workbench.core.sequence_contract import Controls
 
     batches = [_zero_example(signature)] if examples is None else example_requests(examples, signature)
     for number, batch in enumerate(batches):

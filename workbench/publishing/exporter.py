@@ -36,9 +36,9 @@ from workbench.explain.background import write_background
 from workbench.platforms.export_request import VersionWriter, estimated_bytes
 from workbench.publishing.check import write_warmup_and_verify
 from workbench.publishing.disk import bytes_under, examples_bytes, no_space_message, out_of_space
-from workbench.publishing.errors import ExportError, one_line
+from workbench.publishing.export_errors import ExportError, one_line
+from workbench.publishing.object_store_versions import refuse_existing_in_store, store_of, upload
 from workbench.publishing.reference import write_reference
-from workbench.publishing.store import refuse_existing_in_store, store_of, upload
 from workbench.publishing.versions import check_name, check_version, publish, refuse_existing
 from workbench.publishing.writers import platform_writer, write_version
 from workbench.runtime.storage import is_remote, join

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from workbench.observability.drift_monitor import ONLY_INPUT, REFERENCE_FILE
-from workbench.publishing.errors import ExportError, one_line
+from workbench.publishing.export_errors import ExportError, one_line
 
 MAX_ROWS = 100_000  # more rows would only be subsampled by the server
 

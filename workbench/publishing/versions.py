@@ -7,7 +7,7 @@ import os
 import re
 from pathlib import Path
 
-from workbench.publishing.errors import ExportError
+from workbench.publishing.export_errors import ExportError
 
 __all__ = ["check_name", "check_version", "publish", "refuse_existing"]
 

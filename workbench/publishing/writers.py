@@ -17,7 +17,7 @@ from typing import Any
 
 import workbench.platforms as platforms
 from workbench.platforms.export_request import ExportRefused, ExportRequest, VersionWriter
-from workbench.publishing.errors import ExportError
+from workbench.publishing.export_errors import ExportError
 
 __all__ = ["platform_writer", "write_version"]
 

@@ -4,7 +4,7 @@
 The job is cut into parts as ``--num_workers`` cuts it (part ``i`` of ``n`` scores every ``n``-th shard), and
 Ray Data runs the parts: a dataset of the part numbers goes through ``map_batches`` with a pool of actors, an
 actor per engine, each one a server of its own with no ports, which loads the model as ``workbench serve`` would
-and runs its part (:func:`workbench.batch.job.run_job`): reading its shards, scoring them in full batches and
+and runs its part (:func:`workbench.batch_prediction.job.run_job`): reading its shards, scoring them in full batches and
 writing each one whole, where every node reaches the input and the output (an object store, a shared file
 system). Ray places the actors on the cluster's nodes, one CPU each, and starts one again if its node goes away.
 What is written is what a job on one machine writes: parts, errors files, the plan that lets a job stopped half
@@ -18,9 +18,9 @@ import json
 import time
 from typing import Any
 
-from workbench.batch.job import BatchJob, BatchSummary, write_summary
-from workbench.batch.plan import remove_temporaries
-from workbench.batch.standalone import merged, options_of, run_to_end, standalone
+from workbench.batch_prediction.job import BatchJob, BatchSummary, write_summary
+from workbench.batch_prediction.plan import remove_temporaries
+from workbench.batch_prediction.standalone import merged, options_of, run_to_end, standalone
 from workbench.config.options import ServerOptions
 
 

@@ -22,8 +22,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from workbench.config.serve_options import serve_options
 from workbench.ray.grpc_methods import ray_methods
-from workbench.ray.metrics import RayServingMetrics
 from workbench.ray.peers import ReplicaPeers
+from workbench.ray.replica_metrics import RayServingMetrics
 from workbench.server import ModelServer
 
 REPLICA_HEADER = "x-workbench-replica"

@@ -42,7 +42,7 @@ from workbench.config.options import ServerOptions
 from workbench.core.errors import Code, ServingError, from_exception
 from workbench.core.servable import Composite, Servable
 from workbench.core.signatures import Signature
-from workbench.models.warmup import warm_up
+from workbench.models.warmup_replay import warm_up
 from workbench.observability import tracing
 from workbench.platforms import Loader
 from workbench.platforms.base import LoadPolicy

@@ -36,8 +36,8 @@ from workbench.frontends.v2_shared_memory import SharedMemoryAccess
 from workbench.frontends.wiring import Frontends, FrontendSettings
 from workbench.models.manager import Manager, VersionState
 from workbench.models.readiness import Phase, ServerReadiness
-from workbench.models.routing.store import read_legacy_state
-from workbench.models.warmup import warm_up
+from workbench.models.routing.routing_file import read_legacy_state
+from workbench.models.warmup_replay import warm_up
 from workbench.observability import tracing
 from workbench.observability.drift import parse_thresholds
 from workbench.observability.drift_monitor import DriftCollector, DriftMonitor

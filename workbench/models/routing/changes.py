@@ -20,7 +20,12 @@ from typing import Protocol
 from workbench.core.errors import Code, ServingError
 from workbench.models.routing import policy as decisions
 from workbench.models.routing.policy import CANARY, STABLE, Routing
-from workbench.models.routing.store import RoutingConflict, RoutingStateStore, RoutingStateUnwritable, StoredRouting
+from workbench.models.routing.routing_file import (
+    RoutingConflict,
+    RoutingStateStore,
+    RoutingStateUnwritable,
+    StoredRouting,
+)
 
 
 class RoutedModels(Protocol):

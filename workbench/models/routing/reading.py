@@ -11,7 +11,7 @@ import threading
 from collections.abc import Mapping
 
 from workbench.models.routing.policy import Routing
-from workbench.models.routing.store import DamagedRoutingState, RoutingStateStore, StoredRouting
+from workbench.models.routing.routing_file import DamagedRoutingState, RoutingStateStore, StoredRouting
 
 # Logged as the manager, which routes by what is read here (its log lines keep their name).
 log = logging.getLogger("workbench.models.manager")

@@ -1,5 +1,5 @@
-"""One worker of a batch job run in several processes: ``python -m workbench.batch.part`` (started by
-:func:`workbench.batch.batch_predict` with ``num_workers``), its part of the job on a server of its own.
+"""One worker of a batch job run in several processes: ``python -m workbench.batch_prediction.job_worker`` (started by
+:func:`workbench.batch_predict` with ``num_workers``), its part of the job on a server of its own.
 
 It reads its job from standard input (JSON: the server's options and the job, with its ``part``) and writes JSON
 lines to standard output: ``{"progress": [rows, done, failed, seconds]}`` after each batch, then ``{"summary": {...}}``
@@ -14,8 +14,8 @@ import dataclasses
 import json
 import sys
 
-from workbench.batch.job import BatchJob, BatchSummary, Progress
-from workbench.batch.standalone import options_of, run_to_end, standalone
+from workbench.batch_prediction.job import BatchJob, BatchSummary, Progress
+from workbench.batch_prediction.standalone import options_of, run_to_end, standalone
 
 
 def main() -> int:

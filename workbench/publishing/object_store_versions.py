@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from workbench.platforms import model_files
-from workbench.publishing.errors import ExportError
+from workbench.publishing.export_errors import ExportError
 from workbench.runtime.storage import RemoteFolder, StorageError, join, redact
 
 __all__ = ["refuse_existing_in_store", "store_of", "upload"]

@@ -9,8 +9,8 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from workbench.batch.job import BatchJob, BatchSummary, Progress
-from workbench.batch.standalone import in_workers, run_to_end, standalone
+from workbench.batch_prediction.job import BatchJob, BatchSummary, Progress
+from workbench.batch_prediction.standalone import in_workers, run_to_end, standalone
 from workbench.config.batch_flags import DEFAULTS
 from workbench.config.options import ServerOptions
 from workbench.runtime.storage import is_remote

@@ -3,7 +3,7 @@
 The sequence's settings (Oldest or Direct, idle time, slots), what a request names (``sequence_id``,
 ``sequence_start``, ``sequence_end``), the control inputs a step is given, and the ``run_step`` a stateful servable
 implements. Platforms declare these and frontends parse them; the batcher that runs sequences is
-:mod:`workbench.batching.sequences`.
+:mod:`workbench.batching.sequence_batcher`.
 """
 
 from __future__ import annotations

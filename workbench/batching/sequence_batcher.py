@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from workbench.core.errors import Code, ServingError
-from workbench.core.sequences import (
+from workbench.core.sequence_contract import (
     Controls,
     SequenceId,
     SequenceRequest,

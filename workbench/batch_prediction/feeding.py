@@ -22,7 +22,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from workbench.batch.formats import RECORD_COLUMN
+from workbench.batch_prediction.formats import RECORD_COLUMN
 from workbench.core.errors import Code, ServingError
 from workbench.core.signatures import Signature
 

@@ -1,5 +1,5 @@
 """Stateful models' sequences: each sequence runs on the version it started on, through that version's sequence
-batcher (:class:`~workbench.batching.sequences.SequenceBatcher`), until it ends or the version unloads."""
+batcher (:class:`~workbench.batching.sequence_batcher.SequenceBatcher`), until it ends or the version unloads."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 
 from workbench.batching.interest import deadline_exceeded
-from workbench.batching.sequences import SequenceBatcher
+from workbench.batching.sequence_batcher import SequenceBatcher
 from workbench.core import inference
-from workbench.core.sequences import SequenceId, SequenceRequest, missing_correlation_id
+from workbench.core.sequence_contract import SequenceId, SequenceRequest, missing_correlation_id
 from workbench.core.servable import Servable
 from workbench.core.signatures import Signature
 from workbench.planes.calls import ModelSpec, RequestInFlight

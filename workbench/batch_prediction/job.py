@@ -7,9 +7,9 @@ labels are exactly those a server would serve. Its requests go through the data 
 of them in flight, so that reading the next shard, running this one's batches and writing the last one overlap.
 
 What it writes, and how a job killed and started again finishes without losing or repeating a row, is
-:mod:`workbench.batch.plan`'s; how columns become inputs, and which rows fail alone, is
-:mod:`workbench.batch.feeding`'s. A row the model refuses (INVALID_ARGUMENT) fails alone too: a refused batch is
-split until the rows that fail are found. Any other error (the model failing, the version unloading) stops the job
+:mod:`workbench.batch_prediction.plan`'s; how columns become inputs, and which rows fail alone, is
+:mod:`workbench.batch_prediction.feeding`'s. A row the model refuses (INVALID_ARGUMENT) fails alone too: a refused batch
+is split until the rows that fail are found. Any other error (the model failing, the version unloading) stops the job
 with that error; the shards written so far stay, and running it again finishes the rest.
 """
 
@@ -26,9 +26,17 @@ from typing import Any
 
 import numpy as np
 
-from workbench.batch.feeding import Feeding, RowErrors, feeding_for
-from workbench.batch.formats import RowReader, child, list_inputs, list_names, read_text, write_table, write_text
-from workbench.batch.plan import SUMMARY_FILE, Plan, Shard, make_plan, resume
+from workbench.batch_prediction.feeding import Feeding, RowErrors, feeding_for
+from workbench.batch_prediction.formats import (
+    RowReader,
+    child,
+    list_inputs,
+    list_names,
+    read_text,
+    write_table,
+    write_text,
+)
+from workbench.batch_prediction.plan import SUMMARY_FILE, Plan, Shard, make_plan, resume
 from workbench.config.batch_flags import DEFAULT_SHARD_ROWS
 from workbench.core import inference
 from workbench.core.errors import Code, ServingError

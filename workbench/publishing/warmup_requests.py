@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from workbench.core.signatures import DEFAULT_SIGNATURE
-from workbench.publishing.errors import ExportError, one_line
+from workbench.publishing.export_errors import ExportError, one_line
 
 if TYPE_CHECKING:  # only for annotations
     from workbench.core.signatures import Signature, TensorSpec
@@ -90,7 +90,7 @@ def write_warmup(name: str, path: Path, requests: Sequence[Mapping[str, np.ndarr
     """
     from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
 
-    from workbench.models.warmup import WARMUP_FILE
+    from workbench.models.warmup_replay import WARMUP_FILE
     from workbench.protocol.tensor_proto import from_numpy
     from workbench.protocol.tfrecord import encode_record
 

@@ -1,6 +1,6 @@
 """A batch job on a server of its own: the model loaded as ``workbench serve`` would load it, no ports opened; in
 this process (:func:`standalone`), or in worker processes of their own (:func:`in_workers`), whose summaries are
-:func:`merged`. :mod:`workbench.batch.api` chooses.
+:func:`merged`. :mod:`workbench.batch_prediction.launch` chooses.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from workbench.batch.job import BatchJob, BatchSummary, Progress, run_job, write_summary
-from workbench.batch.plan import remove_temporaries
+from workbench.batch_prediction.job import BatchJob, BatchSummary, Progress, run_job, write_summary
+from workbench.batch_prediction.plan import remove_temporaries
 from workbench.config.options import ServerOptions
 from workbench.core.errors import Code, ServingError
 
@@ -42,7 +42,7 @@ async def standalone(
 def in_workers(
     options: ServerOptions, job: BatchJob, workers: int, progress: Callable[[Progress], None] | None
 ) -> BatchSummary:
-    """``job`` in ``workers`` processes of their own (:mod:`workbench.batch.part`), each scoring every
+    """``job`` in ``workers`` processes of their own (:mod:`workbench.batch_prediction.job_worker`), each scoring every
     ``workers``-th shard; their progress gathered here, and the summary written once all are done."""
     remove_temporaries(job.output)  # before any part writes: a killed run's half-written files
     started = time.perf_counter()
@@ -68,7 +68,10 @@ def in_workers(
     for index in range(workers):
         part = dataclasses.replace(job, part=(index, workers), concurrency=concurrency)
         process = subprocess.Popen(
-            [sys.executable, "-m", "workbench.batch.part"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+            [sys.executable, "-m", "workbench.batch_prediction.job_worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
         )
         assert process.stdin is not None
         process.stdin.write(spec_of(options, part))
@@ -117,7 +120,8 @@ def merged(job: BatchJob, summaries: list[BatchSummary], seconds: float) -> Batc
 
 
 def spec_of(options: ServerOptions, job: BatchJob) -> str:
-    """What a worker process of a job reads (:mod:`workbench.batch.part`): the server's options and its part."""
+    """What a worker process of a job reads (:mod:`workbench.batch_prediction.job_worker`): the server's options and its
+    part."""
     return json.dumps({"options": dataclasses.asdict(options), "job": dataclasses.asdict(job)})
 
 

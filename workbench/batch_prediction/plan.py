@@ -1,12 +1,12 @@
 """A batch job's shards, and what its output folder says of the work already done.
 
-The input (every file :func:`~workbench.batch.formats.list_inputs` finds, in order) is cut into shards of at most
-``shard_rows`` rows, never across files; shard ``i`` is written whole as ``part-{i:05d}.<format>`` in the output
-folder, under a temporary name first, so a part that exists is finished. The plan (inputs, their rows, the shard
-size, the model version that scored them) is written first as ``_JOB.json``; a job started again with the same
-output reads it back and skips the shards whose part exists: nothing is scored twice, and nothing is lost. A job
-whose plan differs (other input, another shard size, another version) is refused rather than mixed into the same
-output. ``_SUMMARY.json`` is written last.
+The input (every file :func:`~workbench.batch_prediction.formats.list_inputs` finds, in order) is cut into shards of at
+most ``shard_rows`` rows, never across files; shard ``i`` is written whole as ``part-{i:05d}.<format>`` in the output
+folder, under a temporary name first, so a part that exists is finished. The plan (inputs, their rows, the shard size,
+the model version that scored them) is written first as ``_JOB.json``; a job started again with the same output reads it
+back and skips the shards whose part exists: nothing is scored twice, and nothing is lost. A job whose plan differs
+(other input, another shard size, another version) is refused rather than mixed into the same output. ``_SUMMARY.json``
+is written last.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from workbench.batch.formats import (
+from workbench.batch_prediction.formats import (
     child,
     count_rows,
     exists,

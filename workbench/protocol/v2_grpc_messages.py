@@ -9,7 +9,7 @@ field per family of types; FP16 and BF16 have none) or, as ``tritonclient`` send
 reads and the cheapest to build. With Triton's shared-memory extension an input's raw bytes come from a registered
 region instead (and ``raw_input_contents`` holds buffers only for the other inputs, as Triton reads it), and a
 requested output's raw bytes go to one: it is answered with its datatype, shape and shared-memory parameters and an
-empty buffer (:mod:`workbench.protocol.v2_shared_memory`). Everything here is pure: no engine, no server.
+empty buffer (:mod:`workbench.protocol.shared_memory_parameters`). Everything here is pure: no engine, no server.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from tritonclient.grpc import model_config_pb2, service_pb2
 from workbench.core.classification import requested_count
 from workbench.core.errors import Code, ServingError, invalid_argument
 from workbench.core.signatures import Signature, shape_text
-from workbench.protocol import v2_models, v2_shared_memory, v2_types
+from workbench.protocol import shared_memory_parameters, v2_models, v2_types
 from workbench.protocol.bytes_codec import TruncatedElement, TruncatedLength, unpack_bytes
-from workbench.protocol.v2_shared_memory import SharedMemory, SharedTensor
+from workbench.protocol.shared_memory_parameters import SharedMemory, SharedTensor
 
 # The typed ``InferTensorContents`` field of each datatype, and the numpy type its values arrive in (protobuf
 # widens the small integer types to 32 bits). FP16 and BF16 have no typed field: they travel raw only.
@@ -126,7 +126,7 @@ def decode_inputs(request: Any, shared_memory: SharedMemory | None = None) -> di
             tensors[tensor.name] = _decode(tensor, next(buffers) if raw else None, model)
             continue
         _, shape = _header(tensor)
-        data = v2_shared_memory.read_input(shared_memory, place, tensor.name, shape, tensor.datatype)
+        data = shared_memory_parameters.read_input(shared_memory, place, tensor.name, shape, tensor.datatype)
         tensors[tensor.name] = _decode(tensor, data, model)
     return tensors
 
@@ -148,7 +148,7 @@ def requested_outputs(request: Any, shared_memory: SharedMemory | None = None) -
     for output in request.outputs:
         place = _place(output.parameters, f'Output "{output.name}"')
         if place is not None:
-            v2_shared_memory.check_output(shared_memory, place, output.name)
+            shared_memory_parameters.check_output(shared_memory, place, output.name)
     return [output.name for output in request.outputs]
 
 
@@ -187,7 +187,7 @@ def infer_response(
         data = v2_types.raw_contents(value, datatype)
         place = shared.get(name) if shared else None
         if place is not None:
-            v2_shared_memory.write_output(shared_memory, place, name, data)
+            shared_memory_parameters.write_output(shared_memory, place, name, data)
             for key, parameter in place.parameters().items():
                 if isinstance(parameter, str):
                     output.parameters[key].string_param = parameter
@@ -215,9 +215,9 @@ def _bytes_input(buffer: bytes, shape: tuple[int, ...], name: str) -> np.ndarray
 
 def _place(parameters: Mapping[str, Any], what: str) -> SharedTensor | None:
     """Where in shared memory a tensor's ``InferParameter`` map puts it (None: nowhere)."""
-    if not any(key in parameters for key in v2_shared_memory.PARAMETERS):
+    if not any(key in parameters for key in shared_memory_parameters.PARAMETERS):
         return None
-    return v2_shared_memory.shared_tensor(parameter_values(parameters), what)
+    return shared_memory_parameters.shared_tensor(parameter_values(parameters), what)
 
 
 def _header(tensor: Any) -> tuple[np.dtype[Any], tuple[int, ...]]:
