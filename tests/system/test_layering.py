@@ -267,6 +267,16 @@ def test_side_packages_stand_on_the_ground_and_the_public_api(module: str) -> No
     assert not engine, f"{module} reaches the engine's floors: {sorted(engine.values())}"
 
 
+def test_no_two_modules_share_a_file_name() -> None:
+    """A traceback names files, not packages: each module's file name says which room it is in (``__init__`` aside)."""
+    by_name: dict[str, list[str]] = {}
+    for module, path in MODULES.items():
+        if path.name != "__init__.py":
+            by_name.setdefault(path.name, []).append(module)
+    shared = {name: modules for name, modules in by_name.items() if len(modules) > 1}
+    assert not shared, f"modules sharing a file name: {shared}"
+
+
 def test_no_import_cycle() -> None:
     """Package faces count: a cycle through an ``__init__`` runs its modules half imported as surely as any other."""
     found = cycles(FACE_GRAPH)
