@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ParamSpec
 
-from workbench.config.server_flags import FLAGS, serve_flag_words
+from workbench.config.server_flags import serve_flag_words
 from workbench.config.vocabulary import SERVER_KEYWORD_ALIASES, Alias, renamed_keywords
 
 if TYPE_CHECKING:  # imported by start(), while the server process starts beside it (see there)
@@ -132,18 +132,33 @@ class ServerHandle:
         # None: a free port, picked by the server (-1 for REST, 0 for gRPC, as `workbench serve` takes them).
         self._rest_api_port_asked = -1 if rest_api_port is None else rest_api_port
         self._port_asked = 0 if port is None else port
-        # The options that are `workbench serve`'s flags, by flag name, read from this signature (one declaration:
-        # a flag added to the signature reaches the command line with no other edit); command() passes those not at
-        # the server's default. Files are resolved now: the server runs in another folder.
-        given = locals()
-        self.serve_options: dict[str, Any] = {name: given[name] for name in _PASSED_ON_FLAGS}
-        for name in _FILE_FLAGS:
-            path = self.serve_options[name]
-            self.serve_options[name] = str(Path(path).resolve()) if path else None
-        if self.serve_options["batching_parameters_file"]:  # a parameters file means batching on, as %serve says
-            self.serve_options["enable_batching"] = True
-        self.serve_options["num_workers"] = str(num_workers)  # a number, or "auto" (one per core)
-        # the CA this handle's client checks the server's certificates with (None: the default trust store)
+        self.enable_batching = enable_batching
+        self.batching_parameters_file = batching_parameters_file
+        self.file_system_poll_wait_seconds = file_system_poll_wait_seconds
+        self.allow_pickle = allow_pickle
+        self.allow_python_models = allow_python_models
+        self.num_workers = num_workers  # `workbench serve --num_workers`: a number, or "auto" (one per core)
+        # Triton's response cache: its size in bytes (0: off) and the models that opt in.
+        self.response_cache_bytes = response_cache_bytes
+        self.response_cache_models = list(response_cache_models)
+        # Many models in bounded memory (docs/memory-budget.md): the budget, loads on demand, idle unloads, pins.
+        self.memory_flags: dict[str, Any] = {
+            "memory_budget": memory_budget,
+            "load_on_demand": load_on_demand,
+            "unload_after_idle": unload_after_idle,
+            "pin": list(pin),
+        }
+        # TLS: the server's flags (files resolved now: the server runs in another folder), and the CA this handle's
+        # client checks the server's certificates with (None: the default trust store)
+        self.tls_flags = {
+            flag: str(Path(path).resolve())
+            for flag, path in [
+                ("ssl_config_file", ssl_config_file),
+                ("rest_api_ssl_cert_file", rest_api_ssl_cert_file),
+                ("rest_api_ssl_key_file", rest_api_ssl_key_file),
+            ]
+            if path
+        }
         self.ca_file = str(Path(ca_file).resolve()) if ca_file else None
         self._rest_scheme = "http"  # read back from the server's ready file, as its ports are
         self._grpc_tls = False
@@ -165,20 +180,32 @@ class ServerHandle:
     # --------------------------------------------------------------------------------- lifecycle
     def command(self) -> list[str]:
         """The server's command line: ``workbench serve`` with this handle's options as its flags."""
+        batching_file = self.batching_parameters_file
         always = serve_flag_words(
             {
                 "model_repository": self.model_repository,
                 "port": self._port_asked,
                 "rest_api_port": self._rest_api_port_asked,
-                "file_system_poll_wait_seconds": self.serve_options["file_system_poll_wait_seconds"],
+                "file_system_poll_wait_seconds": self.file_system_poll_wait_seconds,
                 "server_name": self.server_name,
                 "ready_file": self._ready_path,
                 "parent_pid": os.getpid(),
             },
             keep_defaults=True,
         )
-        # the rest only where not the server's default
-        given = serve_flag_words({k: v for k, v in self.serve_options.items() if k != "file_system_poll_wait_seconds"})
+        given = serve_flag_words(  # the rest only where not the server's default
+            {
+                "enable_batching": bool(self.enable_batching or batching_file),
+                "batching_parameters_file": Path(batching_file).resolve() if batching_file else None,
+                "allow_pickle": self.allow_pickle,
+                "allow_python_models": self.allow_python_models,
+                "num_workers": str(self.num_workers),
+                "response_cache_bytes": self.response_cache_bytes,
+                "response_cache_models": self.response_cache_models,
+                **self.memory_flags,
+                **self.tls_flags,
+            }
+        )
         return [sys.executable, "-m", "workbench", "serve", *always, *given, *self.extra_args]
 
     def start(self, timeout: float | None = None) -> ServerHandle:
@@ -403,16 +430,6 @@ class ServerHandle:
             f"<code>{self._rest_address()}</code> · gRPC <code>127.0.0.1:{self.port}</code>"
             + (" (TLS)" if self._grpc_tls else ""),
         )
-
-
-# ServerHandle's keywords that are `workbench serve`'s flags and go to it as given: every one but the repository, the
-# name and the ports, which the handle makes its own (an absolute path, free ports); and those that name files.
-_PASSED_ON_FLAGS = tuple(
-    name
-    for name in inspect.signature(ServerHandle.__init__).parameters
-    if name in FLAGS and name not in ("model_repository", "server_name", "rest_api_port", "port")
-)
-_FILE_FLAGS = ("batching_parameters_file", "ssl_config_file", "rest_api_ssl_cert_file", "rest_api_ssl_key_file")
 
 
 def models_table_html(models: list[dict[str, Any]], title: str = "") -> str:

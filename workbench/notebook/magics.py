@@ -389,7 +389,7 @@ class ServeMagics(Magics):
                 handle.model_repository / args.model,
                 inputs=inputs,
                 **keywords(vars(args)),
-                serve_flags=["--allow_python_models"] if handle.serve_options["allow_python_models"] else [],
+                serve_flags=["--allow_python_models"] if handle.allow_python_models else [],
                 output=args.output,
                 apply_to=handle.rest_url if args.apply else None,
                 on_point=measured,
