@@ -59,13 +59,9 @@ class BudgetedLoads:
 
     def __init__(self, state: ServedState, transitions: Transitions) -> None:
         """``transitions``: what a load, an eviction or a wait sets going."""
-        self._memory = state.memory
-        self._lock = state.lock
-        self._settled = state.settled
-        self._models = state.models
-        self._routes = state.routes
+        self._state = state  # shared with the manager's other parts; only the manager writes
         self._transitions = transitions
-        self._on_demand = self._memory.active  # asked on every request: fixed for the server's life
+        self._on_demand = self._state.memory.active  # asked on every request: fixed for the server's life
         self._stopped = False
         self._idle_watch = threading.Event()  # set on stop: the idle-unload thread ends
         # Requests waiting for a version they asked for to serve (or fail): called once it has, under the lock.
@@ -78,7 +74,7 @@ class BudgetedLoads:
 
     def start_idle_watch(self) -> None:
         """--unload_after_idle: start the thread that evicts idle versions (once the manager is built)."""
-        if self._memory.options.unload_after_idle > 0:
+        if self._state.memory.options.unload_after_idle > 0:
             threading.Thread(target=self._unload_idle, name="workbench-idle-unload", daemon=True).start()
 
     def stop(self) -> None:
@@ -100,7 +96,7 @@ class BudgetedLoads:
         Lock-free, like resolution; a request naming no version wants its model's default among the versions
         it aspires to, loaded or not (the latest, or the promoted one), not whichever happens to be loaded.
         """
-        route = self._routes.get(name)
+        route = self._state.routes.get(name)
         if route is None or (version is not None and label is not None):
             return None
         if label is not None:
@@ -119,8 +115,8 @@ class BudgetedLoads:
         """A request waits for the version it names (or its model's default) to serve: load it, evicting others if
         the budget must, and keep it from eviction until :meth:`release_claim`. None when there is nothing to load
         (an unknown model, label or version: resolution answers the request)."""
-        with self._lock:
-            model = self._models.get(name)
+        with self._state.lock:
+            model = self._state.models.get(name)
             if model is None or model.removed or (version is not None and label is not None):
                 return None
             if label is not None:
@@ -129,7 +125,7 @@ class BudgetedLoads:
                 version = decisions.default_version(model.routing, set(model.aspired) | model.available())
             if version is None or version not in model.aspired:
                 return None
-            entry = self._memory.of(name, version)
+            entry = self._state.memory.of(name, version)
             entry.claims += 1
             entry.asked = True
             self._transitions.reconcile(model)
@@ -138,7 +134,7 @@ class BudgetedLoads:
     def when_claim_settled(self, claim: Claim, callback: Callable[[], None]) -> bool:
         """Call ``callback()`` (from any thread, under the lock) once the claimed version serves or will not;
         False when it already has (``callback`` is never called then)."""
-        with self._lock:
+        with self._state.lock:
             if self._claim_settled(claim):
                 return False
             self._claim_waiters.setdefault(claim, []).append(callback)
@@ -146,8 +142,8 @@ class BudgetedLoads:
 
     def claim_error(self, claim: Claim) -> ServingError | None:
         """Why the claimed version could not load for lack of memory (RESOURCE_EXHAUSTED), if that is why."""
-        with self._lock:
-            model = self._models.get(claim[0])
+        with self._state.lock:
+            model = self._state.models.get(claim[0])
             record = model.versions.get(claim[1]) if model is not None else None
             if record is None or record.state != VersionState.END or record.error is None:
                 return None
@@ -155,17 +151,17 @@ class BudgetedLoads:
 
     def release_claim(self, claim: Claim) -> None:
         """The request that claimed a version holds it now, or gave up: it may be evicted again."""
-        with self._lock:
-            entry = self._memory.of(*claim)
+        with self._state.lock:
+            entry = self._state.memory.of(*claim)
             entry.claims = max(0, entry.claims - 1)
-            model = self._models.get(claim[0])
+            model = self._state.models.get(claim[0])
             if entry.claims == 0 and model is not None and not model.removed:
                 self._transitions.reconcile(model)  # a version still waiting for memory for it stops waiting
                 self.admit_waiting()  # and one waiting for others may evict it now
 
     def _claim_settled(self, claim: Claim) -> bool:
         """Whether a claimed version serves, or will not: it failed, or is no longer aspired (lock held)."""
-        model = self._models.get(claim[0])
+        model = self._state.models.get(claim[0])
         if model is None or model.removed or claim[1] not in model.aspired:
             return True
         record = model.versions.get(claim[1])
@@ -198,9 +194,9 @@ class BudgetedLoads:
         waits (START) for some to be idle; one that cannot fit at all ends with RESOURCE_EXHAUSTED.
         """
         name = model.config.name
-        entry = self._memory.of(name, version)
-        self._memory.note_files(name, version, disk)  # read here, on the source's thread, not a request's
-        needed = self._memory.needed(model, version) or self._replaces_serving(model, version)
+        entry = self._state.memory.of(name, version)
+        self._state.memory.note_files(name, version, disk)  # read here, on the source's thread, not a request's
+        needed = self._state.memory.needed(model, version) or self._replaces_serving(model, version)
         if record is not None and record.state == VersionState.START:
             if not needed:
                 self.stop_waiting(model, record)
@@ -211,10 +207,12 @@ class BudgetedLoads:
         entry.asked = False
         if not (record is None or retry):
             return
-        if not needed and (self._memory.options.load_on_demand or record is not None):
+        if not needed and (self._state.memory.options.load_on_demand or record is not None):
             return
-        need = self._memory.estimate(name, version, disk.path, model.config.platform)
-        plan = memory.plan_load(self._memory.budget, need, self._memory.tenants(self._models), f"{name}:{version}")
+        need = self._state.memory.estimate(name, version, disk.path, model.config.platform)
+        plan = memory.plan_load(
+            self._state.memory.budget, need, self._state.memory.tenants(self._state.models), f"{name}:{version}"
+        )
         if not needed and plan.verdict is not memory.Verdict.LOAD:
             return  # loads nobody asked for never evict: it loads when asked for
         record = VersionRecord.of(version, disk)
@@ -233,21 +231,21 @@ class BudgetedLoads:
         """Load ``record`` now, evict what it needs gone and wait, or refuse it, as ``plan`` says (lock held)."""
         name, version = model.config.name, record.version
         if plan.verdict is memory.Verdict.LOAD:
-            self._memory.reserve(name, version, need)
+            self._state.memory.reserve(name, version, need)
             self._transitions.set_state(model, record, VersionState.LOADING)
             self._transitions.start_load(model, record)
         elif plan.verdict is memory.Verdict.REFUSE:
             log.error("Not loading %s version %d: %s", name, version, plan.reason)
-            self._memory.of(name, version).refused = True
-            self._memory.released(name, version)
+            self._state.memory.of(name, version).refused = True
+            self._state.memory.released(name, version)
             record.error = ServingError(Code.RESOURCE_EXHAUSTED, plan.reason)
             self._transitions.set_state(model, record, VersionState.END)
         else:
             for victim in plan.victims:
                 self._evict(victim, f"to make room for {name}:{version}", "budget")
-            if (name, version) not in self._memory.waiting:
-                self._memory.of(name, version).waiting_since = self._memory.clock()
-                self._memory.waiting[(name, version)] = (model, record)
+            if (name, version) not in self._state.memory.waiting:
+                self._state.memory.of(name, version).waiting_since = self._state.memory.clock()
+                self._state.memory.waiting[(name, version)] = (model, record)
                 if not plan.victims:
                     log.debug("%s", plan.reason)
                 self._transitions.set_state(model, record, VersionState.START)  # listeners see it wait
@@ -255,12 +253,12 @@ class BudgetedLoads:
     def _evict(self, victim: memory.Tenant, why: str, reason: str) -> bool:
         """Unload an idle, unpinned version to free memory (lock held); it loads again when asked for. Returns
         whether it was evicted (it may have stopped serving since the tenants were read)."""
-        model = self._models.get(victim.model)
+        model = self._state.models.get(victim.model)
         record = model.versions.get(victim.version) if model is not None else None
         if model is None or record is None or record.state != VersionState.AVAILABLE:
             return False
         log.info("Evicting %s version %d (%s, %s)", victim.model, victim.version, reason, why)
-        self._memory.evicted(victim.model, victim.version, reason)
+        self._state.memory.evicted(victim.model, victim.version, reason)
         self._transitions.set_state(model, record, VersionState.UNLOADING)
         self._transitions.start_unload(model, record)
         return True
@@ -270,22 +268,22 @@ class BudgetedLoads:
         used idle versions leave, and the requests waiting for a load are answered once they have
         (:meth:`_claim_settled`). Versions in use are not evicted under their requests: the server stays over
         until they are idle, and tries again then (:meth:`_memory_freed`)."""
-        tenants = self._memory.tenants(self._models)
-        for victim in memory.over_budget(self._memory.budget, tenants):
+        tenants = self._state.memory.tenants(self._state.models)
+        for victim in memory.over_budget(self._state.memory.budget, tenants):
             if self._evict(victim, why, "budget"):
                 self._making_room.add(victim.key)
         staying = memory.total(t.charge for t in tenants if not t.leaving and t.key not in self._making_room)
-        self._over_budget = not self._memory.budget.holds(staying)
+        self._over_budget = not self._state.memory.budget.holds(staying)
 
     def left(self, name: str, version: int) -> None:
         """A version stopped holding memory (lock held): what waits for memory goes first."""
-        self._memory.released(name, version)
+        self._state.memory.released(name, version)
         self._making_room.discard((name, version))
         self.admit_waiting()
 
     def stop_waiting(self, model: ModelRecord, record: VersionRecord) -> None:
         """A version waiting for memory is not wanted any more (its requests gave up): it stays unloaded."""
-        self._memory.released(model.config.name, record.version)
+        self._state.memory.released(model.config.name, record.version)
         self._transitions.set_state(model, record, VersionState.END)
 
     def admit_waiting(self) -> None:
@@ -293,44 +291,44 @@ class BudgetedLoads:
         server over its budget, evict what has become idle since."""
         if self._over_budget:
             self.restore_budget("the budget was overdrawn by a load measured larger than its estimate")
-        waiting = self._memory.waiting
-        for key in waiting_order((k, self._memory.of(*k)) for k in list(waiting)):
+        waiting = self._state.memory.waiting
+        for key in waiting_order((k, self._state.memory.of(*k)) for k in list(waiting)):
             model, record = waiting[key]
             if model.versions.get(record.version) is not record or record.state != VersionState.START:
                 waiting.pop(key, None)
                 continue
-            if model.removed or not self._memory.needed(model, record.version):
+            if model.removed or not self._state.memory.needed(model, record.version):
                 waiting.pop(key, None)
                 self.stop_waiting(model, record)
                 continue
-            need = self._memory.estimate(key[0], key[1], record.path, model.config.platform)
-            tenants = self._memory.tenants(self._models)
+            need = self._state.memory.estimate(key[0], key[1], record.path, model.config.platform)
+            tenants = self._state.memory.tenants(self._state.models)
             self._carry_out(
-                model, record, memory.plan_load(self._memory.budget, need, tenants, f"{key[0]}:{key[1]}"), need
+                model, record, memory.plan_load(self._state.memory.budget, need, tenants, f"{key[0]}:{key[1]}"), need
             )
 
     def memory_freed(self) -> None:
         """A request let go of a version (from any thread): if loads wait for memory, or the server is over its
         budget, it may be evicted now."""
-        if (self._memory.waiting or self._over_budget) and not self._stopped:
+        if (self._state.memory.waiting or self._over_budget) and not self._stopped:
             with contextlib.suppress(RuntimeError):  # the manager has stopped
                 self._transitions.submit(self._admit_waiting_locked)
 
     def _admit_waiting_locked(self) -> None:
-        with self._lock:
+        with self._state.lock:
             self.admit_waiting()
             self.wake_claims()
-            self._settled.notify_all()
+            self._state.settled.notify_all()
 
     def _unload_idle(self) -> None:
         """--unload_after_idle: evict the versions no request has taken for that long (its own thread)."""
-        idle = self._memory.options.unload_after_idle
+        idle = self._state.memory.options.unload_after_idle
         while not self._idle_watch.wait(min(1.0, max(0.05, idle / 4))):
-            with self._lock:
+            with self._state.lock:
                 if self._stopped:
                     return
-                tenants = self._memory.tenants(self._models)
-                for victim in memory.idle_victims(tenants, self._memory.clock(), idle):
+                tenants = self._state.memory.tenants(self._state.models)
+                for victim in memory.idle_victims(tenants, self._state.memory.clock(), idle):
                     self._evict(victim, f"idle for {idle:g}s", "idle")
 
     def charge_load(
@@ -339,17 +337,17 @@ class BudgetedLoads:
         """Charge a load that ended what it was measured to take, or release its reservation; a version that does
         not fit the whole budget once measured is refused after all (lock held). Returns the load's error."""
         name, version = model.config.name, record.version
-        measured = self._memory.measurements.pop(id(record), None)
+        measured = self._state.memory.measurements.pop(id(record), None)
         if error is not None or harness is None:
-            self._memory.released(name, version)
+            self._state.memory.released(name, version)
             return error
-        charge = self._memory.loaded(name, version, measured)
-        if self._memory.budget.holds(charge):
+        charge = self._state.memory.loaded(name, version, measured)
+        if self._state.memory.budget.holds(charge):
             return None
-        self._memory.of(name, version).refused = True
-        self._memory.released(name, version)
+        self._state.memory.of(name, version).refused = True
+        self._state.memory.released(name, version)
         reason = (
             f"Insufficient resources to load servable {name}:{version}: it took {charge.describe()} once loaded, more "
-            f"than the whole memory budget, {self._memory.budget.describe()}"
+            f"than the whole memory budget, {self._state.memory.budget.describe()}"
         )
         return ServingError(Code.RESOURCE_EXHAUSTED, reason)

@@ -87,14 +87,7 @@ class Manager:
         places_on_gpu = getattr(loader, "places_on_gpu", None)  # a plain function loads nothing onto a GPU
         on_gpu = places_on_gpu or (lambda path, platform: False)
         state = ServedState(Residency(memory or MemoryOptions(), on_gpu=on_gpu))
-        # The state's parts, held here as they never change (only what they hold does).
-        self._memory = state.memory
-        self._lock = state.lock
-        self._settled = state.settled
-        self._models = state.models
-        self._routes = state.routes
-        self._first_loads = state.first_loads
-        self._live_model = state.live_model
+        self._state = state  # shared with the manager's other parts; only the manager writes
         self.served = ServedModels(state)
         self._loader = loader
         self._routing_stores = routing_stores
@@ -122,22 +115,22 @@ class Manager:
         """Serve exactly these models (labels are applied separately, once versions have loaded)."""
         configs = list(configs)
         names = {c.name for c in configs}
-        with self._lock:
+        with self._state.lock:
             for config in configs:
-                model = self._models.get(config.name)
+                model = self._state.models.get(config.name)
                 if model is None or model.removed:
                     initial = self._routing_reader.initial(config.name)
                     model = ModelRecord(config=config, store=self._routing_stores(config.base_path), stored=initial)
                     model.label_map = decisions.labels_of(model.labels, model.routing)
                     model.labels_pending = bool(config.labels)
-                    self._models[config.name] = model
-                    self._first_loads.expect(config.name)
+                    self._state.models[config.name] = model
+                    self._state.first_loads.expect(config.name)
                 else:
                     if model.config.base_path != config.base_path:
                         model.store = self._routing_stores(config.base_path)
                     model.config = config
                 self._publish(model)
-            for name, model in self._models.items():
+            for name, model in self._state.models.items():
                 if name not in names and not model.removed:
                     model.removed = True
                     model.aspired = {}
@@ -153,18 +146,18 @@ class Manager:
         A label may only point at an AVAILABLE version unless the server allows labels for unavailable
         models (then it can be set before the version has loaded, as TF Serving's flag allows).
         """
-        with self._lock:
+        with self._state.lock:
             try:
                 for name, labels in labels_by_model.items():
-                    check_labels(self._live_model(name), labels, self._allow_unavailable_labels)
+                    check_labels(self._state.live_model(name), labels, self._allow_unavailable_labels)
                 for name, labels in labels_by_model.items():
-                    model = self._models[name]
+                    model = self._state.models[name]
                     model.labels = dict(labels)
                     model.label_map = decisions.labels_of(model.labels, model.routing)
                     self._publish(model)
             finally:  # applied or refused, the config's labels are settled: a first load waiting for them is over
                 for name in labels_by_model:
-                    settled = self._models.get(name)
+                    settled = self._state.models.get(name)
                     if settled is not None and settled.labels_pending:
                         settled.labels_pending = False
                         self._settle_first_load(settled)
@@ -174,8 +167,8 @@ class Manager:
         self, name: str, versions: Mapping[int, DiskVersion], on_disk: Mapping[int, DiskVersion] | None = None
     ) -> None:
         """Called by the source: the policy wants ``versions`` of ``name``; ``on_disk`` is all there is."""
-        with self._lock:
-            model = self._models.get(name)
+        with self._state.lock:
+            model = self._state.models.get(name)
             if model is None or model.removed:
                 return
             model.on_disk = dict(on_disk if on_disk is not None else versions)
@@ -183,12 +176,12 @@ class Manager:
             first_listing, model.scanned = not model.scanned, True
             self._update_aspired(model)
             if first_listing:  # the versions it starts loading are initial ones: a request for one waits for it
-                self._first_loads.expect_versions(model)
+                self._state.first_loads.expect_versions(model)
 
     def set_source_error(self, name: str, problem: str | None) -> bool:
         """The source could (None) or could not list ``name``'s repository; True when ``problem`` is news."""
-        with self._lock:
-            model = self._models.get(name)
+        with self._state.lock:
+            model = self._state.models.get(name)
             if model is None or model.removed or model.source_error == (problem or ""):
                 return False
             model.source_error = problem or ""
@@ -200,15 +193,15 @@ class Manager:
 
         A state that cannot be read (damaged, unreachable) leaves the model routing as before, and is logged once.
         """
-        with self._lock:
-            model = self._models.get(name)
+        with self._state.lock:
+            model = self._state.models.get(name)
             if model is None or model.removed:
                 return
             store, epoch = model.store, model.routing_epoch
         stored = self._routing_reader.read(name, store)
         if stored is None:
             return
-        with self._lock:
+        with self._state.lock:
             if model.routing_epoch == epoch and not model.removed:
                 self._apply_routing(model, stored)
 
@@ -260,10 +253,10 @@ class Manager:
                 and (
                     record.error is None
                     or record.fingerprint != disk.fingerprint
-                    or (record.awaiting and not composites.unserved(self._models, record.awaiting))
+                    or (record.awaiting and not composites.unserved(self._state.models, record.awaiting))
                 )
             )
-            if self._memory.active:  # versions load when asked for, and within the memory budget
+            if self._state.memory.active:  # versions load when asked for, and within the memory budget
                 self.budgeted_loads.load_within_budget(model, version, disk, record, bool(retry))
                 continue
             if record is None or retry:
@@ -293,20 +286,20 @@ class Manager:
         self._wake_parked()
         self._settle_first_load(model)
         self.budgeted_loads.wake_claims()
-        self._settled.notify_all()
+        self._state.settled.notify_all()
 
     def _load(self, model: ModelRecord, record: VersionRecord) -> None:
         name = model.config.name
         started = time.perf_counter()
         try:
-            if self._memory.active:  # what the load adds to the process is what it is charged
+            if self._state.memory.active:  # what the load adds to the process is what it is charged
                 prepare = getattr(self._loader, "prepare", None)
                 if prepare is not None:  # the framework's import is the process's, not this version's
                     prepare(name, record.version, record.path, model.config.platform)
-                with self._memory.meter.measure() as measured:
+                with self._state.memory.meter.measure() as measured:
                     servable = self._loader(name, record.version, record.path, model.config.platform)
-                with self._lock:
-                    self._memory.measurements[id(record)] = measured.footprint
+                with self._state.lock:
+                    self._state.memory.measurements[id(record)] = measured.footprint
             else:
                 servable = self._loader(name, record.version, record.path, model.config.platform)
         except BaseException as exc:  # noqa: BLE001 - a load failure must never kill the load thread
@@ -318,17 +311,17 @@ class Manager:
         """Warm ``servable`` up and make it AVAILABLE; a composite first needs the models it runs on serving."""
         name = model.config.name
         if isinstance(servable, Composite):
-            with self._lock:
-                missing = composites.unserved(self._models, servable.members())
-                if self._memory.active:  # members not loaded now load when the composite's requests ask for them
+            with self._state.lock:
+                missing = composites.unserved(self._state.models, servable.members())
+                if self._state.memory.active:  # members not loaded now load when the composite's requests ask for them
                     missing = frozenset(m for m in missing if not self.served.serves_on_demand(m))
-                if missing and any(composites.coming(self._models, m) for m in missing):
+                if missing and any(composites.coming(self._state.models, m) for m in missing):
                     record.parked, record.awaiting = servable, missing  # _wake_parked admits it again
                     return
             if missing:
                 servable.close()
                 self._finish_load(
-                    model, record, None, composites.members_error(self._models, name, missing), awaiting=missing
+                    model, record, None, composites.members_error(self._state.models, name, missing), awaiting=missing
                 )
                 return
         if self._warmup is not None:
@@ -350,8 +343,8 @@ class Manager:
         awaiting: frozenset[str] = frozenset(),
     ) -> None:
         discard = None
-        with self._lock:
-            if self._memory.active:
+        with self._state.lock:
+            if self._state.memory.active:
                 error = self.budgeted_loads.charge_load(model, record, harness, error)
                 if error is not None and harness is not None:
                     discard, harness = harness, None
@@ -367,15 +360,15 @@ class Manager:
                 self._forget_if_gone(model)
             else:
                 record.harness = harness
-                if self._memory.active and harness is not None:
+                if self._state.memory.active and harness is not None:
                     harness.on_idle = self.budgeted_loads.memory_freed
                 self._set_state(model, record, VersionState.AVAILABLE)
-                for waiting in composites.waiting_for(self._models, model.config.name):
+                for waiting in composites.waiting_for(self._state.models, model.config.name):
                     self._reconcile(waiting)
-                if self._memory.active:  # measured larger than its estimate: others make room
+                if self._state.memory.active:  # measured larger than its estimate: others make room
                     self.budgeted_loads.restore_budget(f"{model.config.name}:{record.version} took more than estimated")
             self._reconcile(model)
-            if self._memory.active:
+            if self._state.memory.active:
                 self.budgeted_loads.admit_waiting()
         if discard is not None:
             discard.unload()
@@ -383,10 +376,10 @@ class Manager:
     def _forget_if_gone(self, model: ModelRecord) -> bool:
         """Forget a removed model once every version of it has ended (lock held); whether it was forgotten."""
         finished = all(r.state == VersionState.END for r in model.versions.values())
-        if model.removed and finished and self._models.get(model.config.name) is model:
-            del self._models[model.config.name]
-            del self._routes[model.config.name]
-            self._memory.forget(model.config.name)
+        if model.removed and finished and self._state.models.get(model.config.name) is model:
+            del self._state.models[model.config.name]
+            del self._state.routes[model.config.name]
+            self._state.memory.forget(model.config.name)
             return True
         return False
 
@@ -397,24 +390,24 @@ class Manager:
                 harness.unload()
         except BaseException as exc:  # noqa: BLE001
             log.error("Unloading %s version %d failed: %s", model.config.name, record.version, exc)
-        with self._lock:
+        with self._state.lock:
             record.harness = None
             self._set_state(model, record, VersionState.END)
             log.info("Unloaded %s version %d", model.config.name, record.version)
-            if self._memory.active:  # its memory is free: the versions waiting for some go first
+            if self._state.memory.active:  # its memory is free: the versions waiting for some go first
                 self.budgeted_loads.left(model.config.name, record.version)
             if not self._forget_if_gone(model) and not model.removed:
                 # Aspired again while it was unloading (a load right after an unload): load it anew. Done under
                 # the same lock as END, so a waiter never mistakes this unload's END for a failed load.
                 self._reconcile(model)
             self.budgeted_loads.wake_claims()
-            self._settled.notify_all()
+            self._state.settled.notify_all()
 
     def _set_state(self, model: ModelRecord, record: VersionRecord, state: VersionState) -> None:
         serving = record.state == VersionState.AVAILABLE or state == VersionState.AVAILABLE
         record.state = state
         record.since = time.time()
-        if serving and self._models.get(model.config.name) is model:  # not a model already replaced
+        if serving and self._state.models.get(model.config.name) is model:  # not a model already replaced
             self._publish(model)
         for listener in list(self._listeners):
             try:
@@ -424,17 +417,17 @@ class Manager:
 
     def _publish(self, model: ModelRecord) -> None:
         """Route ``model``'s requests by its state as it is now (lock held; the one writer of ``_routes``)."""
-        self._routes[model.config.name] = route_of(model)
+        self._state.routes[model.config.name] = route_of(model)
 
     def _wake_parked(self) -> None:
         """Admit again the parked composites whose members now serve, or have stopped coming (lock held)."""
-        for model, record, servable in composites.unparked(self._models):
+        for model, record, servable in composites.unparked(self._state.models):
             self._executor.submit(self._admit, model, record, servable, time.perf_counter())
 
     def _settle_first_load(self, model: ModelRecord) -> None:
         """Wake what waits for ``model``'s first load once it is over (lock held)."""
-        if self._models.get(model.config.name) is model:
-            self._first_loads.settle(model)
+        if self._state.models.get(model.config.name) is model:
+            self._state.first_loads.settle(model)
 
     def add_listener(self, listener: StateListener) -> None:
         """Call ``listener(model, version, state)`` (under the manager's lock) whenever a version changes state."""
@@ -443,18 +436,20 @@ class Manager:
     # --------------------------------------------- routing changes: what RoutingChanges uses (each NOT_FOUND-checked)
     def change_lock(self, name: str) -> threading.Lock:
         """The lock that lets one routing change of ``name`` run at a time in this process."""
-        with self._lock:
-            self._live_model(name)  # an unknown name is NOT_FOUND here, and leaves no lock behind for each one sent
+        with self._state.lock:
+            self._state.live_model(
+                name
+            )  # an unknown name is NOT_FOUND here, and leaves no lock behind for each one sent
             return self._change_locks.setdefault(name, threading.Lock())
 
     def reread_routing(self, name: str) -> StoredRouting:
         """Read ``name``'s stored routing afresh (no lock held), route by it unless a newer state arrived meanwhile
         or it cannot be read, and return what ``name`` routes by now."""
-        with self._lock:
-            model = self._live_model(name)
+        with self._state.lock:
+            model = self._state.live_model(name)
             store, epoch = model.store, model.routing_epoch
         stored = self._routing_reader.read(name, store)
-        with self._lock:
+        with self._state.lock:
             if stored is not None and model.routing_epoch == epoch:
                 self._apply_routing(model, stored)
             return model.stored
@@ -462,8 +457,8 @@ class Manager:
     def route_by(self, name: str, stored: StoredRouting, store: RoutingStateStore) -> None:
         """Route ``name`` by ``stored``, just read from or written to ``store``: not when the model has gone, or
         was configured anew (with another store) meanwhile."""
-        with self._lock:
-            model = self._models.get(name)
+        with self._state.lock:
+            model = self._state.models.get(name)
             if model is not None and model.store is store:
                 self._apply_routing(model, stored)
 
@@ -471,8 +466,8 @@ class Manager:
     def hold_loaded(self, name: str, version: int, timeout: float) -> Iterator[None]:
         """Load ``version`` if it is not serving, wait for it, and keep it loaded while the ``with`` block gives it
         a role; a version that fails to load raises with its load error. The lock is not held in the block."""
-        with self._lock:
-            model = self._live_model(name)
+        with self._state.lock:
+            model = self._state.live_model(name)
             if version not in model.on_disk:
                 record = model.versions.get(version)
                 if record is None or record.state != VersionState.AVAILABLE:
@@ -484,7 +479,7 @@ class Manager:
                 record = model.versions.get(version)
                 return record is not None and record.state in (VersionState.AVAILABLE, VersionState.END)
 
-            finished = self._settled.wait_for(settled, timeout=timeout)
+            finished = self._state.settled.wait_for(settled, timeout=timeout)
             record = model.versions.get(version)
             ok = finished and record is not None and record.state == VersionState.AVAILABLE
         try:
@@ -498,7 +493,7 @@ class Manager:
                 raise ServingError(Code.FAILED_PRECONDITION, message)
             yield
         finally:
-            with self._lock:
+            with self._state.lock:
                 model.held[version] -= 1
                 if model.held[version] <= 0:
                     del model.held[version]
@@ -506,11 +501,15 @@ class Manager:
                     self._update_aspired(model)
 
     def stop(self) -> None:
-        with self._lock:
+        with self._state.lock:
             self._closed = True
             self.budgeted_loads.stop()
-            harnesses = [r.harness for m in self._models.values() for r in m.versions.values() if r.harness is not None]
-            parked = [r.parked for m in self._models.values() for r in m.versions.values() if r.parked is not None]
+            harnesses = [
+                r.harness for m in self._state.models.values() for r in m.versions.values() if r.harness is not None
+            ]
+            parked = [
+                r.parked for m in self._state.models.values() for r in m.versions.values() if r.parked is not None
+            ]
         self._executor.shutdown(wait=True, cancel_futures=True)
         for harness in harnesses:
             harness.unload(drain_timeout=5.0)
