@@ -439,7 +439,7 @@ def test_an_override_file_name_longer_than_a_file_system_takes_fails_as_tritons_
 
 
 def test_auto_complete_finds_each_platforms_model_file(tmp_path: Path) -> None:
-    from workbench.config.triton_model_config import detect_platform
+    from workbench.platforms.triton_backends import detect_platform
 
     cases = {"model.onnx": "onnx", "model.py": "python", "model.pt": "pytorch", "model.savedmodel/": "tensorflow"}
     for file, platform in cases.items():

@@ -30,7 +30,7 @@ from workbench.config.options import ServerOptions
 from workbench.core.errors import ServingError
 from workbench.core.sequence_contract import Controls, SequenceRequest, SequenceSettings, Strategy
 from workbench.core.signatures import Signature
-from workbench.platforms import triton
+from workbench.platforms import triton, triton_backends
 from workbench.platforms import triton_python as triton_python_platform
 from workbench.platforms.base import LoadPolicy
 from workbench.server import ServerThread
@@ -279,7 +279,7 @@ def http_client(server: ServerThread) -> Iterator[triton_http.InferenceServerCli
 # ======================================================================================= reading configs
 def read(tmp_path: Path, text: str) -> triton_config.TritonConfig:
     write(tmp_path / "m", {"config.pbtxt": text})
-    return triton_config.read_config(tmp_path / "m")
+    return triton_backends.read_config(tmp_path / "m")
 
 
 def test_sequence_batching_is_read_into_settings_and_controls(tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ from workbench.config import triton_model_config as triton_config
 from workbench.config.options import ServerOptions, discover_models
 from workbench.config.version_policy import VersionPolicy
 from workbench.core.errors import ServingError
+from workbench.platforms import triton_backends
 from workbench.server import ServerThread
 
 # ================================================================================================ the repository
@@ -173,7 +174,7 @@ def addsub(http, a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = None):
 
 # ============================================================================================== reading configs
 def test_the_config_is_read_into_the_description(repository):
-    config = triton_config.read_config(repository / "addsub")
+    config = triton_backends.read_config(repository / "addsub")
     assert (config.name, config.platform, config.max_batch_size) == ("addsub", "python", 8)
     assert [(t.name, t.dtype, t.dims, t.optional) for t in config.inputs] == [
         ("A", np.dtype(np.float32), (3,), False),
@@ -182,7 +183,7 @@ def test_the_config_is_read_into_the_description(repository):
     ]
     assert config.dynamic_batching == triton_config.DynamicBatching((4, 8), 300000)
     assert (dict(config.parameters), config.response_cache, config.instance_count) == ({"scale": "2"}, True, 1)
-    doubler = triton_config.read_config(repository / "doubler")
+    doubler = triton_backends.read_config(repository / "doubler")
     assert (doubler.inputs[0].reshape, doubler.outputs[0].reshape, doubler.instance_count) == ((2, 2), (4,), 2)
     assert doubler.version_policy == VersionPolicy(kind="all")
 
@@ -216,7 +217,7 @@ def test_bad_configs_fail_naming_the_file(tmp_path, text, fragment):
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.pbtxt").write_text(text)
     with pytest.raises(ServingError) as caught:
-        triton_config.read_config(tmp_path / "m")
+        triton_backends.read_config(tmp_path / "m")
     assert fragment in caught.value.message and "config.pbtxt" in caught.value.message
 
 
@@ -326,7 +327,7 @@ def test_python_models_are_refused_without_allow_python_models(repository, tmp_p
 
 
 def test_model_config_json_has_numbers_not_strings(repository):
-    config = triton_config.read_config(repository / "doubler")
+    config = triton_backends.read_config(repository / "doubler")
     document = json.loads(json.dumps(triton_config.config_json(config, "doubler")))
     assert document["max_batch_size"] == 8 and document["input"][0]["dims"] == [4]
 

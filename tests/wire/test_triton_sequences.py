@@ -26,6 +26,7 @@ from tritonclient.utils import InferenceServerException
 from workbench.config import triton_model_config as triton_config
 from workbench.config.options import ServerOptions
 from workbench.core.errors import ServingError
+from workbench.platforms import triton_backends
 from workbench.server import ServerThread
 
 INT32, UINT64 = TensorProto.INT32, TensorProto.UINT64
@@ -389,7 +390,7 @@ def test_oldest_batches_the_requests_of_different_sequences_into_one_run(server:
 # ============================================================================================ reading configs
 def read(tmp_path: Path, text: str, files: dict[str, bytes] | None = None) -> triton_config.TritonConfig:
     write(tmp_path / "m", {"config.pbtxt": text, **(files or {})})
-    return triton_config.read_config(tmp_path / "m")
+    return triton_backends.read_config(tmp_path / "m")
 
 
 def test_implicit_state_is_read_with_its_initial_data(tmp_path: Path) -> None:

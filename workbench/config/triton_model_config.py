@@ -5,8 +5,9 @@ generated protos (``tritonclient.grpc.model_config_pb2``) and ``google.protobuf.
 is read the same way, and a file that does not parse fails that model's load with the file and line, never the
 server. What workbench takes from it:
 
-- ``name`` (empty, or the folder's name, as Triton requires), ``platform``/``backend`` (ONNX Runtime, Python,
-  TensorFlow SavedModel, PyTorch's TorchScript; any other is a load error saying so), ``default_model_filename``;
+- ``name`` (empty, or the folder's name, as Triton requires), ``platform``/``backend`` (checked against the
+  :class:`BackendTable` a load hands in, :mod:`workbench.platforms.triton_backends`: any other is a load error saying
+  so), ``default_model_filename``;
 - ``max_batch_size``: 0, the dims are whole shapes; above 0, every tensor has a batch dimension (-1) before its
   dims, as clients see it in the metadata;
 - ``input``/``output``: names, ``data_type``, ``dims``, ``reshape`` (the shape the model sees, clients keep the dims),
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -49,39 +50,19 @@ from workbench.core.errors import Code, ServingError
 
 CONFIG_FILE = "config.pbtxt"  # beside the version folders: a Triton model (workbench.platforms.triton)
 
-# The backends workbench runs, by the workbench platform that loads them, with Triton's names for them (the
-# ``backend`` and the ``platform`` a config may give; either is enough) and the file a version folder holds.
-ONNX, PYTHON, TENSORFLOW, PYTORCH = "onnx", "python", "tensorflow", "pytorch"
-# Triton's test backends (src/test/*, the identity and repeat backends), which its QA and example clients use, served
-# by stand-ins that do what those backends are documented to do (workbench.platforms.triton_stand_ins). Their
-# version folders hold the backend's shared library or nothing; workbench loads no library.
-IDENTITY, REPEAT, DYNA_SEQUENCE = "identity", "repeat", "dyna_sequence"
-STAND_INS = frozenset({IDENTITY, REPEAT, DYNA_SEQUENCE})
-BACKENDS: Mapping[str, str] = {
-    "onnxruntime": ONNX,
-    "python": PYTHON,
-    "tensorflow": TENSORFLOW,
-    "pytorch": PYTORCH,
-    **{name: name for name in sorted(STAND_INS)},
-}
-PLATFORMS: Mapping[str, str] = {
-    "onnxruntime_onnx": ONNX,
-    "tensorflow_savedmodel": TENSORFLOW,
-    "pytorch_libtorch": PYTORCH,
-}
-TRITON_NAMES: Mapping[str, tuple[str, str]] = {  # workbench platform → (backend, platform) the JSON answer gives
-    ONNX: ("onnxruntime", "onnxruntime_onnx"),
-    PYTHON: ("python", ""),
-    TENSORFLOW: ("tensorflow", "tensorflow_savedmodel"),
-    PYTORCH: ("pytorch", "pytorch_libtorch"),
-    **{name: (name, "") for name in sorted(STAND_INS)},
-}
-DEFAULT_FILES: Mapping[str, str] = {
-    ONNX: "model.onnx",
-    PYTHON: "model.py",
-    TENSORFLOW: "model.savedmodel",
-    PYTORCH: "model.pt",  # TorchScript, as Triton's libtorch backend takes it
-}
+
+@dataclasses.dataclass(frozen=True)
+class BackendTable:
+    """The backends a server runs, by the workbench platform that loads each: framework facts, which live in
+    :mod:`workbench.platforms.triton_backends` and are handed to :func:`read_config`. This floor knows the file
+    format; the table says which ``backend``/``platform`` values it may name and what they mean."""
+
+    backends: Mapping[str, str]  # Triton's ``backend`` → workbench platform
+    platforms: Mapping[str, str]  # Triton's ``platform`` → workbench platform
+    triton_names: Mapping[str, tuple[str, str]]  # workbench platform → (backend, platform) the JSON answer gives
+    default_files: Mapping[str, str]  # workbench platform → the file its version folders hold
+    decoupled: frozenset[str]  # the workbench platforms that serve decoupled models
+    detect: Callable[[Path, str], str | None]  # auto-complete: the platform a model folder's files say, or None
 
 
 # Triton's queue is unbounded by default (default_queue_policy.max_queue_size 0); workbench's batcher bounds its
@@ -118,7 +99,9 @@ class TritonConfig:
 
     file: Path
     name: str
-    platform: str  # the workbench platform that runs it: ONNX, PYTHON, TENSORFLOW or PYTORCH
+    # The workbench platform that runs it, from the BackendTable the config was read with; "" when read without one
+    # (this floor's own readings: version policy, response cache, batching), which leave the backend unchecked.
+    platform: str
     max_batch_size: int
     inputs: tuple[TritonTensor, ...]
     outputs: tuple[TritonTensor, ...]
@@ -126,7 +109,9 @@ class TritonConfig:
     instance_count: int  # how many runs of the model at once (Triton's instances)
     version_policy: VersionPolicy
     parameters: Mapping[str, str]
-    default_model_filename: str
+    default_model_filename: str  # as the file says ("": the platform's default, model_filename)
+    model_filename: str  # the file a version folder holds: default_model_filename, else the platform's default
+    triton_names: tuple[str, str]  # (backend, platform) as Triton's config answer names them
     response_cache: bool  # response_cache { enable: true }: read by workbench's response cache
     decoupled: bool
     sequence_batching: SequenceBatching | None  # None: the model is stateless
@@ -138,7 +123,7 @@ class TritonConfig:
         return self.max_batch_size > 0
 
     def model_file(self, version_folder: str | Path) -> Path:
-        return Path(version_folder) / (self.default_model_filename or DEFAULT_FILES[self.platform])
+        return Path(version_folder) / self.model_filename
 
 
 def has_config(base_path: str | Path) -> bool:
@@ -146,8 +131,13 @@ def has_config(base_path: str | Path) -> bool:
     return "://" not in str(base_path) and (Path(base_path) / CONFIG_FILE).is_file()
 
 
-def read_config(model_folder: str | Path, auto_complete: bool = True) -> TritonConfig:
+def read_config(
+    model_folder: str | Path, backends: BackendTable | None = None, auto_complete: bool = True
+) -> TritonConfig:
     """``<model_folder>/config.pbtxt``, parsed and checked; every problem is a ServingError naming the file.
+
+    ``backends``: the backends the config may name (a load reads with them); without it the backend is not
+    checked and :attr:`TritonConfig.platform` is "" (what this floor reads needs no framework).
 
     ``auto_complete`` (Triton's default; ``--disable_auto_complete_config`` turns it off) completes what the file
     leaves out as Triton does: the backend from the model file the version folders hold, and (when the model is
@@ -172,10 +162,10 @@ def read_config(model_folder: str | Path, auto_complete: bool = True) -> TritonC
         raise ServingError(
             Code.INVALID_ARGUMENT, f"{file} is not a valid Triton model config ({where}): {detail}"
         ) from None
-    return describe(proto, file, auto_complete)
+    return describe(proto, file, backends, auto_complete)
 
 
-def config_from_json(document: Mapping[str, Any], file: Path) -> TritonConfig:
+def config_from_json(document: Mapping[str, Any], file: Path, backends: BackendTable) -> TritonConfig:
     """A config given as Triton's JSON (a Python model's auto-completed one), read and checked as the file is."""
     from tritonclient.grpc import model_config_pb2
 
@@ -186,10 +176,10 @@ def config_from_json(document: Mapping[str, Any], file: Path) -> TritonConfig:
             Code.INVALID_ARGUMENT, f"{file}: the auto-completed config is not a model config: {exc}"
         ) from None
     proto.name = ""  # the JSON names the served model; the folder's name is checked against the file's
-    return describe(proto, file)
+    return describe(proto, file, backends)
 
 
-def describe(proto: Any, file: Path, auto_complete: bool = True) -> TritonConfig:
+def describe(proto: Any, file: Path, backends: BackendTable | None, auto_complete: bool = True) -> TritonConfig:
     """The checked description of a parsed ``ModelConfig`` read from ``file`` (in ``<model>/config.pbtxt``)."""
 
     def fail(detail: str, code: Code = Code.INVALID_ARGUMENT) -> ServingError:
@@ -202,17 +192,18 @@ def describe(proto: Any, file: Path, auto_complete: bool = True) -> TritonConfig
         raise fail(f"max_batch_size must not be negative, got {proto.max_batch_size}")
     if proto.HasField("ensemble_scheduling"):
         raise fail("ensemble_scheduling (an ensemble of models) is not supported by workbench", Code.UNIMPLEMENTED)
-    platform = _platform(proto, fail, file.parent if auto_complete else None)
+    platform = _platform(proto, backends, fail, file.parent if auto_complete else None) if backends else ""
     if not auto_complete and (not proto.input or not proto.output):
         raise fail(
             "declares no inputs or no outputs, and auto-complete is off (--disable_auto_complete_config): declare "
             "every input and output"
         )
     decoupled = proto.model_transaction_policy.decoupled
-    if decoupled and platform not in (PYTHON, REPEAT):
+    if backends and decoupled and platform not in backends.decoupled:
         raise fail(
             f"model_transaction_policy {{ decoupled: true }} is served for Python backend models only: Triton runs "
-            f'decoupled models only in its Python backend and custom backends, not in "{TRITON_NAMES[platform][0]}"',
+            "decoupled models only in its Python backend and custom backends, not in "
+            f'"{backends.triton_names[platform][0]}"',
             Code.UNIMPLEMENTED,
         )
     inputs = tuple(_tensor(t, "input", fail) for t in proto.input)
@@ -241,6 +232,8 @@ def describe(proto: Any, file: Path, auto_complete: bool = True) -> TritonConfig
         version_policy=_version_policy(proto, fail),
         parameters={key: value.string_value for key, value in proto.parameters.items()},
         default_model_filename=proto.default_model_filename,
+        model_filename=proto.default_model_filename or (backends.default_files.get(platform, "") if backends else ""),
+        triton_names=backends.triton_names[platform] if backends else (proto.backend, proto.platform),
         response_cache=proto.response_cache.enable,
         decoupled=decoupled,
         sequence_batching=sequence,
@@ -248,70 +241,35 @@ def describe(proto: Any, file: Path, auto_complete: bool = True) -> TritonConfig
     )
 
 
-def _platform(proto: Any, fail: Any, completing: Path | None) -> str:
+def _platform(proto: Any, table: BackendTable, fail: Any, completing: Path | None) -> str:
     """The workbench platform that serves the config: its backend or platform, or (``completing``: the model folder,
     when auto-complete is on) the one whose model file the version folders hold."""
     backend, platform = proto.backend, proto.platform
     if not backend and not platform:
-        found = detect_platform(completing, proto.default_model_filename) if completing is not None else None
+        found = table.detect(completing, proto.default_model_filename) if completing is not None else None
         if found is not None:
             return found
+        files = ", ".join(table.default_files.values())
         how = (
-            "and no version folder holds a model file that tells it (model.onnx, model.savedmodel, model.pt, model.py)"
+            f"and no version folder holds a model file that tells it ({files})"
             if completing is not None
             else "(auto-complete is off: --disable_auto_complete_config)"
         )
-        raise fail(
-            f'names no backend {how}: set backend: "onnxruntime", "python", "tensorflow" or "pytorch" (or a platform)'
-        )
-    chosen = {BACKENDS.get(backend, "?") if backend else "", PLATFORMS.get(platform, "?") if platform else ""} - {""}
+        *others, last = (f'"{table.triton_names[p][0]}"' for p in table.default_files)
+        raise fail(f"names no backend {how}: set backend: {', '.join(others)} or {last} (or a platform)")
+    known = table.backends, table.platforms
+    chosen = {known[0].get(backend, "?") if backend else "", known[1].get(platform, "?") if platform else ""} - {""}
     if "?" in chosen:
         unknown = ", ".join(
             f'{field} "{value}"'
-            for field, value, known in [("backend", backend, BACKENDS), ("platform", platform, PLATFORMS)]
-            if value and value not in known
+            for field, value, names in [("backend", backend, known[0]), ("platform", platform, known[1])]
+            if value and value not in names
         )
-        supported = ", ".join([*(f'backend "{b}"' for b in BACKENDS), *(f'platform "{p}"' for p in PLATFORMS)])
+        supported = ", ".join([*(f'backend "{b}"' for b in known[0]), *(f'platform "{p}"' for p in known[1])])
         raise fail(f"{unknown} is not supported by workbench (it serves {supported})", Code.UNIMPLEMENTED)
     if len(chosen) > 1:
         raise fail(f'backend "{backend}" and platform "{platform}" name different frameworks')
     return chosen.pop()
-
-
-# What a model file's name says of its framework, for a default_model_filename that is not a platform's default.
-_SUFFIXES: Mapping[str, str] = {
-    ".onnx": ONNX,
-    ".py": PYTHON,
-    ".savedmodel": TENSORFLOW,
-    ".pt": PYTORCH,
-    ".pth": PYTORCH,
-}
-
-
-def detect_platform(model_folder: Path, default_model_filename: str = "") -> str | None:
-    """Triton's auto-complete of a config naming no backend: the platform whose model file a version folder holds
-    (the newest version first), by ``default_model_filename`` when given, else by each platform's default file."""
-    try:
-        versions = sorted(
-            (entry for entry in model_folder.iterdir() if entry.is_dir() and entry.name.isdigit()),
-            key=lambda entry: int(entry.name),
-            reverse=True,
-        )
-    except OSError:
-        return None
-    for version in versions:
-        if default_model_filename:
-            if (version / default_model_filename).exists():
-                suffix = Path(default_model_filename).suffix
-                if suffix in _SUFFIXES:
-                    return _SUFFIXES[suffix]
-                if (version / default_model_filename / "saved_model.pb").exists():
-                    return TENSORFLOW
-            continue
-        for platform, filename in DEFAULT_FILES.items():
-            if (version / filename).exists():
-                return platform
-    return None
 
 
 def _tensor(proto: Any, kind: str, fail: Any) -> TritonTensor:
@@ -454,7 +412,7 @@ def config_json(
     proto = model_config_pb2.ModelConfig()
     proto.CopyFrom(config.proto)
     proto.name = served_name
-    proto.backend, platform = TRITON_NAMES[config.platform]
+    proto.backend, platform = config.triton_names
     if platform and not proto.platform:
         proto.platform = platform
     if not proto.HasField("version_policy"):
@@ -463,8 +421,7 @@ def config_json(
         proto.instance_group.add(name=served_name, kind=model_config_pb2.ModelInstanceGroup.KIND_CPU, count=1)
     for group in proto.instance_group:
         group.count = group.count or 1
-    if not proto.default_model_filename and config.platform in DEFAULT_FILES:
-        proto.default_model_filename = DEFAULT_FILES[config.platform]
+    proto.default_model_filename = config.model_filename
     if proto.HasField("sequence_batching"):  # Triton's normalized config: the idle time it applies
         batching = proto.sequence_batching
         batching.max_sequence_idle_microseconds = (

@@ -1,6 +1,7 @@
 """Triton models: a version folder whose model folder holds ``config.pbtxt``, served as that config says.
 
-The config (:mod:`workbench.config.triton_model_config`) names the backend; the version folder holds its file
+The config (:mod:`workbench.config.triton_model_config`) names the backend (those workbench runs:
+:mod:`workbench.platforms.triton_backends`); the version folder holds its file
 (``model.onnx``, ``model.savedmodel/``, ``model.py``, ``model.pt``, or ``default_model_filename``), loaded by
 workbench's own platform for it. What clients see is the config: the signature's tensors are its inputs and
 outputs with their data types and dims (a batch dimension first when ``max_batch_size`` > 0), each input reshaped to
@@ -29,17 +30,11 @@ import numpy as np
 
 from workbench.config.batching_parameters import BatchingParameters
 from workbench.config.triton_model_config import (
-    ONNX,
-    PYTHON,
-    PYTORCH,
-    STAND_INS,
-    TENSORFLOW,
     DynamicBatching,
     TritonConfig,
     TritonTensor,
     completed_batching,
     config_json,
-    read_config,
 )
 from workbench.core.errors import Code, ServingError
 from workbench.core.sequence_contract import Controls, Step, StepResult
@@ -50,6 +45,7 @@ from workbench.core.signatures import (
     TensorSpec,
 )
 from workbench.platforms.base import LoadPolicy
+from workbench.platforms.triton_backends import ONNX, PYTHON, PYTORCH, STAND_INS, TENSORFLOW, read_config
 from workbench.platforms.triton_sequences import States, check_one_row, next_states, server_tensors
 from workbench.platforms.triton_tensors import (
     batch_rows,

@@ -49,19 +49,14 @@ from typing import Any
 import numpy as np
 
 from workbench.config.batching_parameters import BatchingParameters
-from workbench.config.triton_model_config import (
-    TritonConfig,
-    TritonTensor,
-    completed_batching,
-    config_from_json,
-    config_json,
-)
+from workbench.config.triton_model_config import TritonConfig, TritonTensor, completed_batching, config_json
 from workbench.core.errors import Code, ServingError
 from workbench.core.sequence_contract import Controls
 from workbench.core.servable import FinalResponse, PerRequestServable, streams_only
 from workbench.core.signatures import Signature
 from workbench.platforms._user_code import call_user, conform, forget_module, import_file, require_python
 from workbench.platforms.base import LoadPolicy
+from workbench.platforms.triton_backends import config_from_json
 from workbench.platforms.triton_pb_utils import (
     InferenceRequest,
     InferenceResponse,

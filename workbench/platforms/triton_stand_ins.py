@@ -23,11 +23,12 @@ from typing import Any
 
 import numpy as np
 
-from workbench.config.triton_model_config import DYNA_SEQUENCE, IDENTITY, REPEAT, TritonConfig, config_json
+from workbench.config.triton_model_config import TritonConfig, config_json
 from workbench.core.errors import Code, ServingError
 from workbench.core.sequence_contract import Controls, missing_correlation_id
 from workbench.core.servable import Servable, streams_only
 from workbench.core.signatures import Signature
+from workbench.platforms.triton_backends import DYNA_SEQUENCE, IDENTITY, REPEAT
 from workbench.platforms.triton_sequences import check_one_row
 from workbench.platforms.triton_tensors import model_inputs, signature_of
 
