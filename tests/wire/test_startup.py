@@ -271,6 +271,9 @@ def test_tensorflow_imported_after_the_saved_model_runtime_is_whole_and_behaves_
         import json, sys
         import numpy as np
         from workbench.platforms.tensorflow import SavedModelServable
+        from workbench.runtime.tensorflow_runtime import mark_server_process
+
+        mark_server_process()  # as `workbench serve` does: the light import is a server's
 
         def answer(servable):
             signature = servable.signatures["serving_default"]
@@ -297,3 +300,39 @@ def test_tensorflow_imported_after_the_saved_model_runtime_is_whole_and_behaves_
         states.append(json.loads(done.stdout.decode().strip().splitlines()[-1]))
     assert states[0] == states[1]
     assert states[0]["tf2"] and states[0]["eager"] and states[0]["one_session_class"] and states[0]["sum"] == 3.0
+
+
+KERAS_AFTER_A_SAVED_MODEL = textwrap.dedent(
+    """
+    import sys
+    import numpy as np
+    from workbench.platforms.tensorflow import SavedModelServable
+
+    if sys.argv[2] == "server":
+        from workbench.runtime.tensorflow_runtime import import_all_of_tensorflow, mark_server_process
+
+        mark_server_process()
+    servable = SavedModelServable("hp2", 1, sys.argv[1])
+    signature = servable.signatures["serving_default"]
+    assert servable.run(signature, {"x": np.array([[2.0]], np.float32)}, ["y"])["y"].tolist() == [[3.0]]
+    if sys.argv[2] == "server":
+        assert "tensorflow" not in sys.modules
+        import_all_of_tensorflow()  # what a server does before a Python model's code runs
+    import keras  # first, not through `import tensorflow`: Keras imports tensorflow.python modules directly
+
+    print(type(keras.layers.Dense(1)).__name__)
+    """
+)
+
+
+@pytest.mark.parametrize("process", ["notebook", "server"])
+def test_keras_imports_after_a_saved_model_served_in_the_process(model_store, process):
+    """A notebook kernel that ran a SavedModel in-process (a batch job), or a server about to run a Python model,
+    then imports Keras: TensorFlow must be whole by then (in a notebook it is imported whole from the start)."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    done = subprocess.run(
+        [sys.executable, "-c", KERAS_AFTER_A_SAVED_MODEL, str(model_store / "hp2_tf2"), process],
+        cwd=REPO_ROOT, env=env, capture_output=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    assert done.stdout.decode().strip().splitlines()[-1] == "Dense"

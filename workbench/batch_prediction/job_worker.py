@@ -16,9 +16,11 @@ import sys
 
 from workbench.batch_prediction.job import BatchJob, BatchSummary, Progress
 from workbench.batch_prediction.standalone import options_of, run_to_end, standalone
+from workbench.runtime import tensorflow_runtime
 
 
 def main() -> int:
+    tensorflow_runtime.mark_server_process()
     spec = json.loads(sys.stdin.read())
     job_fields = spec["job"]
     job = BatchJob(**{**job_fields, "part": tuple(job_fields["part"])})

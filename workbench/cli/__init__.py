@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from workbench.config.vocabulary import VocabularyParser
+from workbench.runtime import tensorflow_runtime
 
 # Each command's module and the function adding its parser, in the order --help lists them. A command line names
 # one command, and only that one's module is imported: `workbench serve` used to import every command's (the load
@@ -81,6 +82,7 @@ def build_parser(command: str | None = None) -> VocabularyParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    tensorflow_runtime.mark_server_process()  # the command line's process is workbench's own
     words = list(sys.argv[1:] if argv is None else argv)
     command = words[0] if words and words[0] in COMMANDS else None
     args = build_parser(command).parse_args(words)

@@ -27,6 +27,7 @@ import numpy as np
 from workbench.core.errors import Code, ServingError, from_exception
 from workbench.core.signatures import PREDICT_METHOD, Signature, TensorSpec, type_name
 from workbench.platforms.base import PYTHON_SETTING, LoadPolicy
+from workbench.runtime.tensorflow_runtime import import_all_of_tensorflow
 
 # TF Serving's type names that numpy spells differently (numpy's "float" is float64, TensorFlow's is float32).
 _TF_NAMES: dict[str, np.dtype[Any]] = {
@@ -63,6 +64,7 @@ def import_file(path: Path, kind: str, model: str, version: int) -> ModuleType:
     if spec is None or spec.loader is None:
         raise ServingError(Code.INVALID_ARGUMENT, f"{path} cannot be imported as a Python module")
     module = importlib.util.module_from_spec(spec)
+    import_all_of_tensorflow()  # user code may `import keras`, which a lightly imported TensorFlow cannot take
     # In sys.modules while it runs and while it serves: dataclasses, typing and pickle look a module up there.
     sys.modules[module_name] = module
     try:

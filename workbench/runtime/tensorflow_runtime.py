@@ -16,7 +16,11 @@ the call ends, less TensorFlow's INFO and WARNING lines. Errors, and anything el
 :func:`saved_model_runtime` gives the platform what running a SavedModel in a session takes (graphs, sessions, the
 TF1 loader, dtypes) without ``tensorflow/__init__`` where TensorFlow is not imported yet: that imports all of
 TensorFlow's Python API and Keras, about three quarters of the seconds ``import tensorflow`` takes, which a server
-of SavedModels never calls.
+of SavedModels never calls. Only in workbench's own server processes (:func:`mark_server_process`): there
+workbench decides what runs, and completes the import (:func:`import_all_of_tensorflow`) before user code that may
+import Keras. In anyone else's process (a notebook kernel running a batch job in-process, a script) all of
+TensorFlow is imported: ``import keras`` after the light import would find TensorFlow's modules half set up (Keras
+imports ``tensorflow.python...`` modules directly, and those do not run ``tensorflow/__init__`` first).
 """
 
 from __future__ import annotations
@@ -156,6 +160,24 @@ _RUNTIME_MODULES = (
 
 _runtime_lock = threading.Lock()
 _runtime: SavedModelRuntime | None = None
+_server_process = False  # set by workbench's own process entry points: the light import is allowed
+_imported_lightly = False
+
+
+def mark_server_process() -> None:
+    """Say that this process is one of workbench's own (``workbench serve``, its workers, batch job workers): its
+    SavedModel runtime may be imported without ``tensorflow/__init__``."""
+    global _server_process
+    _server_process = True
+
+
+def import_all_of_tensorflow() -> None:
+    """Run the genuine ``tensorflow/__init__`` where the SavedModel runtime was imported without it, before code
+    workbench does not control runs (a Python model, a handler, an MLflow pyfunc): ``import keras`` first would
+    otherwise find TensorFlow half set up. Nothing where TensorFlow is whole or not imported at all."""
+    if _imported_lightly and "tensorflow" not in sys.modules:
+        with _runtime_lock:
+            importlib.import_module("tensorflow")
 
 
 def saved_model_runtime() -> SavedModelRuntime:
@@ -168,7 +190,7 @@ def saved_model_runtime() -> SavedModelRuntime:
     modules imported and uses them. Anything unusual (an installed TensorFlow plugin, a modular filesystem, a
     layout this does not know) imports all of TensorFlow instead, as before.
     """
-    global _runtime
+    global _runtime, _imported_lightly
     runtime = _runtime
     if runtime is not None:
         return runtime
@@ -177,11 +199,12 @@ def saved_model_runtime() -> SavedModelRuntime:
             from workbench.runtime import tensorflow_protos
 
             tensorflow_protos.load()  # first, with its own stand-in: TF Serving's protos share TensorFlow's, as ever
-            if "tensorflow" not in sys.modules:
+            if "tensorflow" not in sys.modules and _server_process:
                 try:
                     _import_without_tensorflow_init()
                 except Exception:  # whatever failed, all of TensorFlow is imported below instead
                     log.debug("TensorFlow's SavedModel runtime without tensorflow/__init__ failed", exc_info=True)
+                _imported_lightly = "tensorflow" not in sys.modules
             _runtime = SavedModelRuntime()  # plain imports: done above, or all of TensorFlow first
         return _runtime
 
