@@ -304,7 +304,9 @@ def test_settings_naming_a_missing_class_or_file_fail_the_load_clearly(tmp_path:
     missing_file = write_model(tmp_path, "a", "models.py", "x = 1\n", {"implementation": "nowhere.Model"})
     with pytest.raises(ServingError, match="nowhere.py beside the settings file"):
         mlserver_runtime.load("a", 1, missing_file, LoadPolicy(allow_python=True))
-    not_a_model = write_model(tmp_path, "b", "models.py", "class Model:\n    pass\n", {"implementation": "models.Model"})
+    not_a_model = write_model(
+        tmp_path, "b", "models.py", "class Model:\n    pass\n", {"implementation": "models.Model"}
+    )
     with pytest.raises(ServingError, match="not an MLModel class"):
         mlserver_runtime.load("b", 1, not_a_model, LoadPolicy(allow_python=True))
     no_implementation = write_model(tmp_path, "c", "models.py", "", {"name": "c"})
@@ -367,7 +369,11 @@ def test_custom_json_example_over_rest(server: ServerThread) -> None:
     doc = answer.json()
     assert doc["id"] == "request-1"
     (output,) = doc["outputs"]
-    assert (output["name"], output["datatype"], output["parameters"]) == ("echo_response", "BYTES", {"content_type": "str"})
+    assert (output["name"], output["datatype"], output["parameters"]) == (
+        "echo_response",
+        "BYTES",
+        {"content_type": "str"},
+    )
     echoed = json.loads(output["data"][0])
     assert echoed == {
         "request": {"echo_request": json.loads(JSON_INPUT)},
@@ -475,7 +481,13 @@ WORDS = ["What", " is", " the", " capital", " of", " France?"]
 def test_streaming_example_over_rest_server_sent_events(server: ServerThread, route: str) -> None:
     body = {
         "inputs": [
-            {"name": "prompt", "shape": [1], "datatype": "BYTES", "data": [PROMPT], "parameters": {"content_type": "str"}}
+            {
+                "name": "prompt",
+                "shape": [1],
+                "datatype": "BYTES",
+                "data": [PROMPT],
+                "parameters": {"content_type": "str"},
+            }
         ],
         "outputs": [{"name": "output"}],
     }

@@ -25,7 +25,6 @@ import numpy as np
 from workbench.core.servable import Servable
 
 
-
 @dataclasses.dataclass(frozen=True)
 class Tensor:
     """One input or output as v2 carries it: ``data`` holds the elements flat (BYTES in an object array: ``bytes``,

@@ -192,8 +192,8 @@ class V2Rest:
             if isinstance(servable, WholeRequestServable):  # MLServer's runtimes: the request as sent, parameters too
                 if length is not None:
                     raise ServingError(Code.INVALID_ARGUMENT, f"Model {call.model} takes its tensors as JSON only")
-                answer = await dataplane.answer_whole(call, v2_whole.rest_request(parse_body(body)), self.timeout)
-                return v2_json.EncodedResponse(dumps(v2_whole.rest_response(call.model, call.version, answer)), None)
+                whole = await dataplane.answer_whole(call, v2_whole.rest_request(parse_body(body)), self.timeout)
+                return v2_json.EncodedResponse(dumps(v2_whole.rest_response(call.model, call.version, whole)), None)
             decoded = decoded or self._decode(body, length, shared_memory)
             v2_stream.refuse_decoupled(call, "HTTP end point")
             specs = input_specs(servable.signatures, DEFAULT_SIGNATURE, tuple(decoded.inputs))

@@ -403,7 +403,6 @@ class Generate:
             log.exception("generate_stream of model %r failed", spec.name)
             yield v2_generate.error_event(from_exception(exc).message)
 
-
     async def infer_stream(self, request: Request) -> Response:
         """MLServer's ``/infer_stream``: a v2 request, answered by server-sent events of v2 responses. Served for
         models that answer whole requests (MLServer's runtimes); others stream on ``/generate_stream``."""

@@ -51,7 +51,7 @@ class TensorData(RootModel[Any]):
 
     root: Any = Field(default_factory=list)
 
-    def __iter__(self) -> Any:  # type: ignore[override] - a RootModel iterates its root here, as MLServer's does
+    def __iter__(self) -> Any:  # type: ignore[override]  # iterates its root, as MLServer's does
         return iter(self.root if isinstance(self.root, (list, tuple)) else [self.root])
 
     def __getitem__(self, index: int) -> Any:

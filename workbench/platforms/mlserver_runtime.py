@@ -16,6 +16,7 @@ The runtime is Python from the repository: it loads only where the server runs r
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import sys
@@ -37,11 +38,30 @@ from workbench.protocol.v2_types import to_datatype
 SETTINGS_FILE = "model-settings.json"
 DECODED = "_decoded_payload"  # where MLServer's codecs keep what they decoded: never answered
 # HTTP statuses of MLServerError → the engine's codes (frontends translate them back).
-_CODES = {400: Code.INVALID_ARGUMENT, 404: Code.NOT_FOUND, 422: Code.INVALID_ARGUMENT, 409: Code.ALREADY_EXISTS,
-          501: Code.UNIMPLEMENTED, 503: Code.UNAVAILABLE, 504: Code.DEADLINE_EXCEEDED}
-_NUMPY = {"BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32, "UINT64": np.uint64,
-          "INT8": np.int8, "INT16": np.int16, "INT32": np.int32, "INT64": np.int64, "FP16": np.float16,
-          "FP32": np.float32, "FP64": np.float64, "BYTES": object}
+_CODES = {
+    400: Code.INVALID_ARGUMENT,
+    404: Code.NOT_FOUND,
+    422: Code.INVALID_ARGUMENT,
+    409: Code.ALREADY_EXISTS,
+    501: Code.UNIMPLEMENTED,
+    503: Code.UNAVAILABLE,
+    504: Code.DEADLINE_EXCEEDED,
+}
+_NUMPY = {
+    "BOOL": np.bool_,
+    "UINT8": np.uint8,
+    "UINT16": np.uint16,
+    "UINT32": np.uint32,
+    "UINT64": np.uint64,
+    "INT8": np.int8,
+    "INT16": np.int16,
+    "INT32": np.int32,
+    "INT64": np.int64,
+    "FP16": np.float16,
+    "FP32": np.float32,
+    "FP64": np.float64,
+    "BYTES": object,
+}
 
 
 def load(name: str, version: int, settings_file: Path, policy: LoadPolicy) -> WholeRequestServable:
@@ -208,10 +228,9 @@ class MLServerServable(WholeRequestServable):
 
         try:
             if self._model is not None:
-                try:
+                # An unload that fails still frees the version.
+                with contextlib.suppress(Exception):
                     self._loop.call(self._model.unload())
-                except Exception:  # noqa: BLE001, S110 - an unload that fails still frees the version
-                    pass
         finally:
             self._loop.close()
             forget_module(self._module)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -55,10 +56,8 @@ class ModelLoop:
             await self.loop.shutdown_asyncgens()
 
         if self._thread.is_alive():
-            try:
+            with contextlib.suppress(concurrent.futures.TimeoutError, RuntimeError):
                 self.submit(cancel_rest()).result(timeout=30)
-            except (concurrent.futures.TimeoutError, RuntimeError):
-                pass
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join(timeout=30)
         if not self._thread.is_alive():

@@ -73,8 +73,7 @@ def _elements(name: str, datatype: str, data: Any) -> np.ndarray:
         array = np.empty(len(flat), dtype=object)
         try:
             array[:] = [
-                item if isinstance(item, str) else from_b64(item) if is_b64(item) else _not_text(item)
-                for item in flat
+                item if isinstance(item, str) else from_b64(item) if is_b64(item) else _not_text(item) for item in flat
             ]
         except (TypeError, ValueError) as exc:
             raise _invalid(f'Input "{name}" is BYTES: {exc}') from None

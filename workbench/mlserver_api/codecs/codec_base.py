@@ -95,7 +95,7 @@ _input_codecs: dict[str, Any] = {}
 _request_codecs: dict[str, Any] = {}
 
 
-def _first(codecs: Iterable[Any], fits: Any, what: str) -> Any:
+def _first(codecs: Iterable[Any], fits: Any, what: Any) -> Any:
     matching = [codec for codec in codecs if fits(codec)]
     if len(matching) > 1:
         log.debug("Several codecs fit %s; %s is used", what, matching[0].ContentType)
@@ -118,7 +118,10 @@ def find_input_codec_by_payload(payload: Any) -> Any:
 
 def same_hint(one: Any, other: Any) -> bool:
     """Whether two type hints name the same type: ``List[str]`` is ``list[str]``."""
-    return bool(one == other) or ((get_origin(one) or one), get_args(one)) == ((get_origin(other) or other), get_args(other))
+    return bool(one == other) or ((get_origin(one) or one), get_args(one)) == (
+        (get_origin(other) or other),
+        get_args(other),
+    )
 
 
 def find_input_codec_by_type_hint(type_hint: Any) -> Any:

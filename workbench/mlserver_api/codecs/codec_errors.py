@@ -14,7 +14,9 @@ class CodecNotFound(MLServerError):
     ) -> None:
         side = "input" if is_input else "output"
         level = ("request" if is_input else "response") if is_request else "field"
-        what = " ".join(part for part in (f"'{name}'" if name else "", f"of type {payload_type}" if payload_type else ""))
+        what = " ".join(
+            part for part in (f"'{name}'" if name else "", f"of type {payload_type}" if payload_type else "")
+        )
         super().__init__(f"No codec for the {side} {level} {what}".rstrip())
 
 

@@ -73,7 +73,9 @@ def get_decoded_or_raw(obj: Any) -> Any:
     return obj
 
 
-def decode_request_input(request_input: RequestInput, metadata_inputs: Mapping[str, MetadataTensor] | None = None) -> Any:
+def decode_request_input(
+    request_input: RequestInput, metadata_inputs: Mapping[str, MetadataTensor] | None = None
+) -> Any:
     content_type = content_type_of(request_input, (metadata_inputs or {}).get(request_input.name))
     codec = find_input_codec(content_type) if content_type else None
     if codec is None:

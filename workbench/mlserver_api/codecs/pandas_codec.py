@@ -22,6 +22,7 @@ from workbench.mlserver_api.dataplane_types import (
     Parameters,
     RequestInput,
     ResponseOutput,
+    TensorData,
 )
 
 
@@ -49,9 +50,11 @@ def _output(name: str, series: pd.Series, use_bytes: bool) -> ResponseOutput:
         data = [value.encode() if use_bytes and isinstance(value, str) else value for value in values]
         parameters = Parameters(content_type="str") if texts else None
         return ResponseOutput(
-            name=name, shape=[len(values), 1], datatype=Datatype.BYTES, data=data, parameters=parameters
+            name=name, shape=[len(values), 1], datatype=Datatype.BYTES, data=TensorData(data), parameters=parameters
         )
-    return ResponseOutput(name=name, shape=[len(values), 1], datatype=to_datatype(series.dtype), data=values)
+    return ResponseOutput(
+        name=name, shape=[len(values), 1], datatype=to_datatype(series.dtype), data=TensorData(values)
+    )
 
 
 @register_request_codec

@@ -99,7 +99,9 @@ class SignatureCodec(RequestCodec):
         return InferenceResponse(model_name=model_name, model_version=model_version, outputs=outputs)
 
 
-def decode_args(predict: Callable[..., Awaitable[Any]]) -> Callable[[Any, InferenceRequest], Awaitable[InferenceResponse]]:
+def decode_args(
+    predict: Callable[..., Awaitable[Any]],
+) -> Callable[[Any, InferenceRequest], Awaitable[InferenceResponse]]:
     codec = SignatureCodec(predict)
 
     @functools.wraps(predict)

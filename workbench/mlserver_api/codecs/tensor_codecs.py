@@ -19,7 +19,7 @@ import numpy as np
 from workbench.mlserver_api.codecs.codec_base import InputCodec, register_input_codec, register_request_codec
 from workbench.mlserver_api.codecs.codec_errors import CodecError
 from workbench.mlserver_api.codecs.content_types import InputOrOutput, SingleInputRequestCodec, inject_batch_dimension
-from workbench.mlserver_api.dataplane_types import Datatype, Parameters, RequestInput, ResponseOutput
+from workbench.mlserver_api.dataplane_types import Datatype, Parameters, RequestInput, ResponseOutput, TensorData
 
 _NUMPY_OF: dict[str, str] = {
     "BOOL": "bool",
@@ -105,7 +105,9 @@ def _ndarray(input_or_output: InputOrOutput) -> np.ndarray:
     try:
         return np.asarray(values, dtype=dtype).reshape(shape)
     except (TypeError, ValueError) as exc:
-        raise CodecError(f"'{input_or_output.name}' is not {input_or_output.datatype} of shape {shape}: {exc}") from None
+        raise CodecError(
+            f"'{input_or_output.name}' is not {input_or_output.datatype} of shape {shape}: {exc}"
+        ) from None
 
 
 def _encode_data(array: np.ndarray, datatype: Datatype) -> list[Any]:
@@ -133,7 +135,7 @@ class NumpyCodec(InputCodec):
             name=name,
             datatype=datatype,
             shape=inject_batch_dimension(list(payload.shape)),
-            data=_encode_data(payload, datatype),
+            data=TensorData(_encode_data(payload, datatype)),
             parameters=Parameters(content_type=cls.ContentType),
         )
 
@@ -179,7 +181,7 @@ class _ListCodec(InputCodec):
             name=name,
             datatype=Datatype.BYTES,
             shape=[len(payload), 1],
-            data=packed,
+            data=TensorData(packed),
             parameters=Parameters(content_type=cls.ContentType),
         )
 
