@@ -128,7 +128,11 @@ class StreamInfer:
         """Answer one stream: its responses are written as its requests are answered (in the order they finish).
         A stream whose first request names a model answering whole requests (MLServer's runtimes) is that model's
         alone, as MLServer streams: :meth:`_serve_whole`."""
-        first = await anext(requests, None)
+        try:
+            first = await anext(requests, None)
+        except Exception as exc:  # noqa: BLE001 - unreadable from its first message: as _read answers a later one
+            message = f"Reading the request stream failed: {type(exc).__name__}: {exc}"
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
         if first is None:
             return
         spec = await self._whole_spec(first, context)
