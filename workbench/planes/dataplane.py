@@ -26,6 +26,7 @@ from workbench.core.errors import Code, ServingError
 from workbench.core.sequence_contract import SequenceRequest
 from workbench.core.servable import Composite, Servable
 from workbench.core.signatures import DEFAULT_SIGNATURE, Signature, TensorSpec
+from workbench.core.whole_requests import WholeRequest, WholeRequestServable, WholeResponse
 from workbench.models.harness import Harness
 from workbench.models.manager import Manager, ServableHandle, VersionState, VersionStatus
 from workbench.models.readiness import Readiness
@@ -346,6 +347,16 @@ class Dataplane:
             ),
         )
         return signature, result
+
+    async def answer_whole(
+        self, call: RequestInFlight, request: WholeRequest, timeout: float | None = None
+    ) -> WholeResponse:
+        """A whole v2 request answered by a servable that takes them (MLServer's runtimes), within ``timeout``: never
+        batched across requests; the servable stays held until its answer is made, even past the deadline."""
+        servable = call.servable
+        if not isinstance(servable, WholeRequestServable):
+            raise ServingError(Code.INTERNAL, f"{call.model} does not answer whole requests")
+        return await self._run(call, servable.answer(request), timeout)
 
     def default_version(self, model: str) -> int | None:
         """Where ``model``'s requests naming no version go (before a canary's share)."""

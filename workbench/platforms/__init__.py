@@ -181,6 +181,9 @@ BUILTIN: tuple[Platform, ...] = (
         framework=("torch",),
         packaged_models="workbench.platforms.torchserve_archives:store_models",
     ),
+    # MLServer's custom runtimes: a version folder holding a model-settings.json whose "implementation" is an MLModel
+    # class (workbench.platforms.mlserver_runtime). Chosen by name, as its file is no model of its own.
+    Platform("mlserver_runtime", (), "workbench.platforms.mlserver_runtime", loader="load_version", v2_name="mlserver"),
     # SavedModel signatures answered with zeros: the frontends' ceiling, measured by the benchmarks. Chosen only
     # by name (no files of its own).
     Platform("workbench_null", (), "workbench.platforms.tensorflow", loader="load_null", inline=True),
