@@ -92,7 +92,7 @@ class ModelSettings:
 class ServerSettings:
     """What of ``settings.json`` matters to serving: where to listen, and which folder holds the models."""
 
-    host: str = "0.0.0.0"  # MLServer's default; workbench serve's own default stays 127.0.0.1
+    host: str = ""  # "": not set (MLServer binds 0.0.0.0; workbench keeps its own default, 127.0.0.1)
     http_port: int = 8080
     grpc_port: int = 8081
     model_repository_root: str = "."
@@ -136,7 +136,7 @@ def read_server_settings(folder: str | os.PathLike[str]) -> ServerSettings:
     where = str(source)
     root = _text(document.get("model_repository_root"), where, "model_repository_root") or "."
     return ServerSettings(
-        host=_text(document.get("host"), where, "host") or ServerSettings.host,
+        host=_text(document.get("host"), where, "host"),
         http_port=_number(document.get("http_port"), where, "http_port", int) or ServerSettings.http_port,
         grpc_port=_number(document.get("grpc_port"), where, "grpc_port", int) or ServerSettings.grpc_port,
         model_repository_root=os.path.normpath(root if os.path.isabs(root) else os.path.join(folder, root)),

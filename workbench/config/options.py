@@ -466,8 +466,8 @@ def discover_models(root: str | os.PathLike[str], packaged: PackagedModels | Non
     store is listed by prefix (raises :class:`~workbench.runtime.storage.StorageError` when it cannot be).
 
     A root laid out for MLServer (a ``model-settings.json`` at any depth) is MLServer's: its models are those files'
-    (found by ``packaged``), and a sub-folder is a model of its own only where it holds numbered versions or a
-    Triton config, so its ``models/``, ``mlruns/`` or ``tests/`` folders are not served as empty models.
+    (found by ``packaged``) and nothing else, as ``mlserver start`` serves it, so its ``models/``, ``mlruns/`` or
+    ``tests/`` folders are not served as models of their own.
     """
     if is_remote(root):
         url = str(root).rstrip("/")
@@ -482,7 +482,7 @@ def discover_models(root: str | os.PathLike[str], packaged: PackagedModels | Non
     models = [
         ModelConfig(name=entry.name, base_path=str(entry), policy=_folder_policy(str(entry)))
         for entry in sorted(base.iterdir())
-        if entry.is_dir() and is_model_name(entry.name) and (not mlserver_layout or _holds_versions(entry))
+        if entry.is_dir() and is_model_name(entry.name) and not mlserver_layout
     ]
     if packaged is None:
         return models
@@ -497,18 +497,6 @@ def discover_models(root: str | os.PathLike[str], packaged: PackagedModels | Non
             ModelConfig(name=name, base_path=found.folder, policy=VersionPolicy(kind="all"), labels=dict(found.labels))
         )
     return models
-
-
-def _holds_versions(folder: Path) -> bool:
-    """Whether ``folder`` is a model in workbench's own layout: numbered version folders, or a Triton config."""
-    from workbench.config.triton_model_config import CONFIG_FILE
-
-    if (folder / CONFIG_FILE).is_file():
-        return True
-    try:
-        return any(entry.name.isdigit() and entry.is_dir() for entry in folder.iterdir())
-    except OSError:
-        return False
 
 
 def is_config_model_name(name: str) -> bool:
