@@ -162,9 +162,8 @@ def test_mms_example(tmp_path):
 
 # ================================================================================================ sklearn's outputs
 def test_sklearn_outputs_asked_by_name(tmp_path):
-    from sklearn.linear_model import LogisticRegression
-
     import joblib
+    from sklearn.linear_model import LogisticRegression
 
     x_train, y_train, x_test, _ = digits()
     model = LogisticRegression(max_iter=200).fit(x_train, y_train)

@@ -1,4 +1,5 @@
-"""MLServer's files: ``model-settings.json`` (one per model) and ``settings.json`` (the server's), as MLServer reads them.
+"""MLServer's files: ``model-settings.json`` (one per model) and ``settings.json`` (the server's), read as it reads
+them.
 
 A folder laid out for ``mlserver start DIR`` holds a ``settings.json`` and, at any depth below it, one
 ``model-settings.json`` per model version (hidden folders are skipped, as ``glob("**")`` skips them in MLServer).

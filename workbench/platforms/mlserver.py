@@ -1,4 +1,5 @@
-"""The MLServer platform: a version that stands for a ``model-settings.json``, served by what its ``implementation`` names.
+"""The MLServer platform: a version that stands for a ``model-settings.json``, served by the runtime its
+``implementation`` names.
 
 The version folders are written by :mod:`workbench.platforms.mlserver_repository` (their ``workbench.json`` names
 the settings file). At load the settings are read again and the ``implementation`` chooses:
@@ -10,7 +11,8 @@ the settings file). At load the settings are read again and the ``implementation
 - any other class: a custom runtime written against MLServer's ``MLModel``, run by
   ``workbench.platforms.mlserver_runtime`` (``load(name, version, settings_file, policy)``).
 
-Every servable answers v2 clients with the settings' version string (``"v0.1.0"``) as its ``model_version``.
+A built-in runtime's servable answers v2 clients with the settings' version string (``"v0.1.0"``) as its
+``model_version``; the custom runtimes' and MLflow's modules decide their own answers.
 """
 
 from __future__ import annotations
@@ -52,13 +54,13 @@ def settings_of(folder: Path) -> ModelSettings:
     source = version_config(folder).get("settings")
     if not isinstance(source, str) or not source:
         raise ServingError(
-            Code.FAILED_PRECONDITION, f"{folder} names no model-settings.json (its workbench.json has no \"settings\")"
+            Code.FAILED_PRECONDITION, f'{folder} names no model-settings.json (its workbench.json has no "settings")'
         )
     settings = read_model_settings(source)
     if not settings.implementation:
         raise ServingError(
             Code.INVALID_ARGUMENT,
-            f"{settings.source} names no implementation (for example \"implementation\": "
+            f'{settings.source} names no implementation (for example "implementation": '
             f'"mlserver_sklearn.SKLearnModel")',
         )
     return settings

@@ -120,7 +120,7 @@ class MLServerDialect:
         self.version_name = servable.settings.version
 
     def feed(self, request: InferRequest) -> tuple[dict[str, np.ndarray], list[str]]:
-        settings, model = self.servable.settings, self.servable.model
+        settings = self.servable.settings
         declared = {tensor.name: tensor.content_type for tensor in settings.inputs if tensor.content_type}
         inputs = {
             name: mlserver_codecs.decode_input(name, value, request.content_types.get(name) or declared.get(name, ""))
@@ -297,7 +297,10 @@ def _columns(shape: tuple[int, ...] | None) -> int | None:
 
 RUNTIMES: dict[str, Runtime] = {
     SKLEARN: Runtime(
-        "SKLearnModel", ("model.joblib", "model.pickle", "model.pkl"), (PREDICT, PREDICT_PROBA, TRANSFORM), _read_sklearn
+        "SKLearnModel",
+        ("model.joblib", "model.pickle", "model.pkl"),
+        (PREDICT, PREDICT_PROBA, TRANSFORM),
+        _read_sklearn,
     ),
     XGBOOST: Runtime("XGBoostModel", ("model.bst", "model.json", "model.ubj"), (PREDICT, PREDICT_PROBA), _read_xgboost),
     LIGHTGBM: Runtime("LightGBMModel", ("model.bst",), (), _read_lightgbm),

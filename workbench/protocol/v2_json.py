@@ -38,7 +38,9 @@ BINARY_DATA_SIZE = "binary_data_size"
 BINARY_DATA = "binary_data"
 BINARY_DATA_OUTPUT = "binary_data_output"
 CLASSIFICATION = "classification"  # an output's parameter: Triton's classification extension
-CONTENT_TYPE = "content_type"  # an input's or output's parameter: MLServer's codec for it (np, pd, str, base64, datetime)
+CONTENT_TYPE = (
+    "content_type"  # an input's or output's parameter: MLServer's codec for it (np, pd, str, base64, datetime)
+)
 
 # JSON arrays orjson writes straight from numpy (OPT_SERIALIZE_NUMPY); others go through tolist().
 _ORJSON_NUMPY_KINDS = frozenset("biuf")
