@@ -2,8 +2,8 @@
 
 The folder's ``settings.json`` gives the ports and host (``http_port`` 8080 and ``grpc_port`` 8081 by default, as
 MLServer's) and the models' root (``model_repository_root``); its ``model-settings.json`` files are the models. The
-rest is ``workbench serve``: any of its flags may follow the folder and win over the settings
-(``workbench mlserver start . --rest_api_port=9000``). Pickles and custom runtimes run code, and MLServer loads
+rest is ``workbench serve``'s defaults; for other flags, run ``workbench serve --model_repository=DIR``.
+Pickles and custom runtimes run code, and MLServer loads
 both from the folder it is given, so this command allows them (``--allow_pickle``, ``--allow_python_models``);
 ``workbench serve --model_repository=DIR`` serves the same folder without them. Without a ``host`` in the settings,
 workbench binds 127.0.0.1 where MLServer binds 0.0.0.0: pass ``--host=0.0.0.0`` to be reached from elsewhere.
@@ -22,7 +22,6 @@ def add_mlserver_command(sub: argparse._SubParsersAction) -> None:  # type: igno
     actions = parser.add_subparsers(title="commands", metavar="COMMAND", required=True)
     start = actions.add_parser("start", help="serve the models of FOLDER with its settings.json")
     start.add_argument("folder", metavar="FOLDER", help="the folder `mlserver start` would be given")
-    start.add_argument("serve_flags", nargs=argparse.REMAINDER, help="more `workbench serve` flags, which win")
     start.set_defaults(command=_start)
 
 
@@ -49,7 +48,7 @@ def _start(args: argparse.Namespace) -> int:
     from workbench.core.errors import ServingError
 
     try:
-        flags = [*serve_flags(args.folder), *args.serve_flags]
+        flags = serve_flags(args.folder)
     except ServingError as exc:
         print(f"workbench mlserver start: {exc.message}", file=sys.stderr)
         return 1
