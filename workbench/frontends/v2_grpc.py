@@ -48,6 +48,7 @@ from workbench.planes.dataplane import Dataplane, ModelSpec
 from workbench.protocol import grpc_services, v2_grpc_messages, v2_models, v2_whole
 from workbench.protocol.attributions import v2_parameters
 from workbench.protocol.shared_memory_parameters import SharedMemory
+from workbench.protocol.v2_dialects import dialect_of
 
 PROTOCOL = "v2-grpc"  # the protocol label of this frontend's requests in metrics
 
@@ -153,6 +154,18 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             requested = v2_grpc_messages.requested_outputs(request, memory)
             timeout = time_remaining(context)
             v2_stream.refuse_decoupled(call, "ModelInfer RPC")
+            dialect = dialect_of(call.servable)
+            if dialect is not None:  # a model served as its own server serves it (MLServer's runtimes)
+                fed, wanted = dialect.feed(v2_grpc_messages.as_infer_request(request, inputs))
+                _, outputs = await dataplane.predict(call, "", fed, wanted, timeout=timeout)
+                return v2_grpc_messages.infer_response(
+                    call.model,
+                    dialect.version_name or str(call.version),
+                    request.id,
+                    outputs,
+                    list(outputs),
+                    output_parameters=dialect.output_parameters(outputs),
+                )
             _, outputs = await dataplane.predict(call, "", inputs, requested, timeout=timeout, sequence=sequence)
             outputs = classify(outputs, v2_grpc_messages.classification_counts(request), call.servable)
             order = requested or list(outputs)

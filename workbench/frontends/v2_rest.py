@@ -53,6 +53,7 @@ from workbench.protocol import v2_client, v2_json, v2_models, v2_whole
 from workbench.protocol.attributions import v2_parameters
 from workbench.protocol.json_tensor import dumps, input_specs, parse_body
 from workbench.protocol.shared_memory_parameters import SharedMemory
+from workbench.protocol.v2_dialects import V2Dialect, dialect_of
 
 log = logging.getLogger(__name__)
 
@@ -196,6 +197,9 @@ class V2Rest:
                 return v2_json.EncodedResponse(dumps(v2_whole.rest_response(call.model, call.version, whole)), None)
             decoded = decoded or self._decode(body, length, shared_memory)
             v2_stream.refuse_decoupled(call, "HTTP end point")
+            dialect = dialect_of(servable)
+            if dialect is not None:  # a model served as its own server serves it (MLServer's runtimes)
+                return await self._run_dialect(call, dialect, decoded, shared_memory)
             specs = input_specs(servable.signatures, DEFAULT_SIGNATURE, tuple(decoded.inputs))
             v2_json.check_datatypes(decoded, specs)
             wanted = [output.name for output in decoded.outputs]
@@ -219,6 +223,23 @@ class V2Rest:
             outputs = classify(outputs, counts, servable)
             # call.version, not servable's: a sequence runs on the version it started on
             return v2_json.encode_infer_response(call.model, call.version, decoded, outputs, shared_memory)
+
+    async def _run_dialect(
+        self, call: Any, dialect: V2Dialect, decoded: v2_json.InferRequest, shared_memory: SharedMemory | None
+    ) -> v2_json.EncodedResponse:
+        """A request to a servable that reads v2 its own way: its dialect feeds the signature and names the answer."""
+        inputs, wanted = dialect.feed(decoded)
+        _, outputs = await self.dataplane.predict(
+            call, DEFAULT_SIGNATURE, inputs, wanted, timeout=self._timeout(decoded)
+        )
+        return v2_json.encode_infer_response(
+            call.model,
+            dialect.version_name or call.version,
+            decoded,
+            outputs,
+            shared_memory,
+            output_parameters=dialect.output_parameters(outputs),
+        )
 
     def _decode(self, body: bytes, length: str | None, shared_memory: SharedMemory | None) -> v2_json.InferRequest:
         return v2_json.decode_infer_request(body, v2_json.header_length(length, len(body)), shared_memory)

@@ -44,6 +44,7 @@ from workbench.planes.sequence_pinning import Sequences
 from workbench.planes.shadowing import DEFAULT_MAX_PENDING, ShadowTraffic
 from workbench.planes.statistics import MetricTotals
 from workbench.platforms import v2_name
+from workbench.protocol.v2_dialects import dialect_of
 from workbench.protocol.v2_models import ModelDescription, ModelStatistics, RepositoryRow
 
 __all__ = ["RequestInFlight", "Dataplane", "ModelSpec", "ServerStatus"]
@@ -516,9 +517,12 @@ class Dataplane:
         ``serving_default`` signature, the model's available versions, its platform's v2 name, batching, and the
         config it declares. Both v2 frontends encode this one description."""
         with self.handle(spec) as servable:
+            # A version its own server names (MLServer's "v0.1.0") is described by that name, as that server does.
+            dialect = dialect_of(servable)
+            named = (dialect.version_name,) if dialect is not None and dialect.version_name else None
             return ModelDescription(
                 name=spec.name,
-                versions=tuple(self.available_versions(spec.name)),
+                versions=named or tuple(self.available_versions(spec.name)),
                 platform=v2_name(servable.platform),
                 signature=servable.signatures.get(DEFAULT_SIGNATURE),
                 max_batch_size=self.max_batch_size(spec.name),

@@ -22,6 +22,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from types import ModuleType
 
+from workbench.config.options import PackagedModel
 from workbench.core.errors import Code, ServingError
 from workbench.core.servable import Servable
 from workbench.platforms.base import HANDLER_FILE, TRITON_CONFIG, VERSION_CONFIG, LoadPolicy
@@ -184,6 +185,14 @@ BUILTIN: tuple[Platform, ...] = (
     # MLServer's custom runtimes: a version folder holding a model-settings.json whose "implementation" is an MLModel
     # class (workbench.platforms.mlserver_runtime). Chosen by name, as its file is no model of its own.
     Platform("mlserver_runtime", (), "workbench.platforms.mlserver_runtime", loader="load_version", v2_name="mlserver"),
+    # A folder laid out for MLServer: each model-settings.json a version (workbench.platforms.mlserver_repository
+    # writes the version folders, naming the platform); served by its implementation's native platform.
+    Platform(
+        "mlserver",
+        (),
+        "workbench.platforms.mlserver",
+        packaged_models="workbench.platforms.mlserver_repository:repository_models",
+    ),
     # SavedModel signatures answered with zeros: the frontends' ceiling, measured by the benchmarks. Chosen only
     # by name (no files of its own).
     Platform("workbench_null", (), "workbench.platforms.tensorflow", loader="load_null", inline=True),
@@ -227,14 +236,20 @@ def model_files() -> tuple[str, ...]:
     return tuple(f for platform in registry().values() for f in platform.files)
 
 
-def packaged_models(root: Path, is_model_name: Callable[[str], bool]) -> dict[str, str]:
-    """The models repository root ``root`` holds packed in platforms' own files (TorchServe's ``.mar`` archives),
-    unpacked where they changed: model name → the folder of its versions."""
-    found: dict[str, str] = {}
+def packaged_models(root: Path, is_model_name: Callable[[str], bool]) -> dict[str, PackagedModel]:
+    """The models repository root ``root`` holds packed in platforms' own files (TorchServe's ``.mar`` archives,
+    MLServer's ``model-settings.json``), unpacked where they changed: model name → the folder of its versions (and
+    the labels its files name). A platform's function answers a folder or a :class:`PackagedModel` per model."""
+    found: dict[str, PackagedModel] = {}
     for platform in registry().values():
         if platform.packaged_models:
             module, _, function = platform.packaged_models.partition(":")
-            found.update(getattr(importlib.import_module(module), function)(root, is_model_name))
+            models = getattr(importlib.import_module(module), function)(root, is_model_name)
+            for name, where in models.items():
+                if name in found:
+                    log.error("Model %s is packed in the files of two platforms in %s; the first is served", name, root)
+                    continue
+                found[name] = where if isinstance(where, PackagedModel) else PackagedModel(str(where))
     return found
 
 
