@@ -39,6 +39,7 @@ from workbench.platforms.mlflow_model import (
     serving_signature,
 )
 from workbench.platforms.tabular import MATRIX, encode_strings
+from workbench.protocol.mlflow_scoring import MlflowError
 
 log = logging.getLogger(__name__)
 
@@ -296,7 +297,10 @@ def _model_error(exc: Exception) -> ServingError:
     """MLflow refuses what does not fit the signature (an MlflowException, BAD_REQUEST); a model raising on its
     input is the request's fault too in MLflow's server (400), and so here."""
     message = getattr(exc, "message", None) or str(exc)
-    if isinstance(exc, (ValueError, TypeError, KeyError)) or type(exc).__name__ == "MlflowException":
+    error_code = getattr(exc, "error_code", None)  # an MlflowException's: MLflow's answer names it
+    if isinstance(error_code, str) and error_code:
+        return MlflowError(Code.INVALID_ARGUMENT, message, error_code)
+    if isinstance(exc, (ValueError, TypeError, KeyError)):
         return ServingError(Code.INVALID_ARGUMENT, f"{type(exc).__name__}: {message}")
     return from_exception(exc)
 

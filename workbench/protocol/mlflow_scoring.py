@@ -19,7 +19,6 @@ import base64
 import dataclasses
 import io
 import json
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -63,9 +62,20 @@ class UnsupportedContent(Exception):
         self.message = message
 
 
+class MlflowError(ServingError):
+    """A refusal MLflow answers with an error code of its own (``INVALID_PARAMETER_VALUE`` for data that does not
+    fit the model's schema): an MLflow model's, or the codec's where it checks what MLflow would."""
+
+    def __init__(self, code: Code, message: str, error_code: str) -> None:
+        super().__init__(code, message)
+        self.error_code = error_code
+
+
 def error_body(error: ServingError) -> tuple[int, bytes]:
     """MLflow's error answer for ``error``: its HTTP status and ``{"error_code": ..., "message": ...}``."""
     name, status = _ERROR_CODES.get(error.code, ("INTERNAL_ERROR", 500))
+    if isinstance(error, MlflowError):
+        name = error.error_code
     return status, json.dumps({"error_code": name, "message": error.message}).encode()
 
 
@@ -253,10 +263,11 @@ def _columns(columns: Mapping[str, Any], specs: Mapping[str, TensorSpec], values
 
 
 def _missing(missing: Sequence[str], sent: Sequence[str]) -> ServingError:
-    return ServingError(
+    return MlflowError(
         Code.INVALID_ARGUMENT,
         f"Failed to enforce schema of data with the model signature. Error: Model is missing inputs {list(missing)}. "
         f"Sent: {list(sent)}",
+        "INVALID_PARAMETER_VALUE",
     )
 
 
@@ -318,6 +329,4 @@ def _strings(value: Any) -> Any:
             return base64.encodebytes(bytes(value)).decode("ascii")
     if isinstance(value, np.generic):
         return value.item()
-    if isinstance(value, float) and math.isnan(value):
-        return value
     return value
