@@ -78,8 +78,10 @@ ROWS = [{"a": 1.5, "b": 2, "name": "ada"}, {"a": -1.0, "b": 7, "name": "cy"}]
 REQUESTS: dict[str, tuple[Any, str]] = {
     "records": ({"dataframe_records": ROWS}, "application/json"),
     "split with params": (
-        {"dataframe_split": {"columns": ["a", "b", "name"], "data": [[1.5, 2, "ada"], [-1.0, 7, "cy"]]},
-         "params": {"scale": 2.0}},
+        {
+            "dataframe_split": {"columns": ["a", "b", "name"], "data": [[1.5, 2, "ada"], [-1.0, 7, "cy"]]},
+            "params": {"scale": 2.0},
+        },
         "application/json",
     ),
     "instances": ({"instances": ROWS, "params": {"scale": 0.5}}, "application/json"),

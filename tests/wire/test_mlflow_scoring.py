@@ -47,9 +47,7 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(repository: Path) -> Iterator[ServerThread]:
-    options = ServerOptions(
-        rest_api_port=-1, port=0, model_repository=str(repository), mlflow_scoring_model="iris"
-    )
+    options = ServerOptions(rest_api_port=-1, port=0, model_repository=str(repository), mlflow_scoring_model="iris")
     with ServerThread(options) as running:
         yield running
 

@@ -146,9 +146,7 @@ def _adapt(native: Servable, signature: MlflowSignature | None) -> tuple[Signatu
         return own, lambda inputs: native.run(own, inputs, list(own.outputs))
     if signature.params:
         return None  # params are a pyfunc's
-    outer = serving_signature(
-        MlflowSignature(signature.inputs, (), (), signature.columns, False), dict(own.outputs)
-    )
+    outer = serving_signature(MlflowSignature(signature.inputs, (), (), signature.columns, False), dict(own.outputs))
     outputs = list(own.outputs)
     if len(own.inputs) == 1:
         ((alias, spec),) = own.inputs.items()
@@ -167,9 +165,7 @@ def _adapt(native: Servable, signature: MlflowSignature | None) -> tuple[Signatu
             return outer, stacked
         return None
     if set(outer.inputs) == set(own.inputs):  # named tensors that are the model's own inputs (ONNX's)
-        return outer, lambda inputs: native.run(
-            own, {a: _as(inputs[a], own.inputs[a]) for a in own.inputs}, outputs
-        )
+        return outer, lambda inputs: native.run(own, {a: _as(inputs[a], own.inputs[a]) for a in own.inputs}, outputs)
     return None
 
 
@@ -192,8 +188,8 @@ def _pyfunc(
     if signature is None or not signature.inputs:
         raise ServingError(
             Code.FAILED_PRECONDITION,
-            f"{Path(path) / 'MLmodel'} has no signature, so workbench cannot tell what its requests hold: log the model "
-            "with a signature (signature=infer_signature(...)) or an input_example",
+            f"{Path(path) / 'MLmodel'} has no signature, so workbench cannot tell what its requests hold: log the "
+            "model with a signature (signature=infer_signature(...)) or an input_example",
         )
     try:
         import mlflow.pyfunc
@@ -319,4 +315,5 @@ def _warm_up(servable: MlflowServable, model: MlflowModel) -> None:
         inputs = request_inputs(read_json(file.read_bytes()), signature)
         inference.predict(servable, signature, inputs, [])
     except ServingError as exc:
-        raise ServingError(exc.code, f"Warmup request ({file.name}, the model's input example) failed: {exc.message}")
+        message = f"Warmup request ({file.name}, the model's input example) failed: {exc.message}"
+        raise ServingError(exc.code, message) from None

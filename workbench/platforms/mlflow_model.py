@@ -133,9 +133,7 @@ def _specs(value: Any, where: Path) -> tuple[Column, ...]:
         if _is_tensor(spec):
             tensor = spec.get("tensor-spec") or {}
             shape = tensor.get("shape")
-            specs.append(
-                Column(name, _numpy_type(str(tensor.get("dtype")), where), _shape(shape), required)
-            )
+            specs.append(Column(name, _numpy_type(str(tensor.get("dtype")), where), _shape(shape), required))
         else:
             kind = spec.get("type")
             dtype = COLUMN_TYPES.get(kind, np.dtype(object)) if isinstance(kind, str) else np.dtype(object)

@@ -180,8 +180,7 @@ def _split_frame(data: Any) -> Any:
         return _pandas().DataFrame(index=data.get("index"), columns=data.get("columns"), data=data["data"])
     except Exception as exc:  # noqa: BLE001 - whatever pandas refuses is the client's
         raise _bad(
-            f"Provided dataframe_split field is not a valid dataframe representation in 'split' format. "
-            f"Error: '{exc}'"
+            f"Provided dataframe_split field is not a valid dataframe representation in 'split' format. Error: '{exc}'"
         ) from None
 
 
@@ -285,9 +284,9 @@ def _cast(alias: str, value: Any, spec: TensorSpec) -> np.ndarray:
         if array.dtype.kind in "OSU" and spec.dtype.kind in "biufc":
             # MLflow casts a column with astype: "1.5" becomes 1.5, "x" fails the request.
             array = array.astype(np.float64) if spec.dtype.kind in "fc" else array.astype(spec.dtype)
-        if spec.dtype.kind in "iu" and array.dtype.kind == "f":
-            if not np.all(np.isfinite(array)) or not np.array_equal(array, np.trunc(array)):
-                raise ValueError("has values that are not whole numbers")
+        whole = array.dtype.kind != "f" or (np.all(np.isfinite(array)) and np.array_equal(array, np.trunc(array)))
+        if spec.dtype.kind in "iu" and not whole:
+            raise ValueError("has values that are not whole numbers")
         return array.astype(spec.dtype)
     except (TypeError, ValueError, OverflowError) as exc:
         raise _bad(
