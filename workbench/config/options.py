@@ -143,6 +143,7 @@ class ServerOptions:
     # Never shown: not in this dataclass's repr (logs, tracebacks, a notebook printing the options).
     management_token: str = dataclasses.field(default="", repr=False)
     torchserve_allowed_urls: str = ""  # TorchServe's allowed_urls: the archive URLs a registration may name
+    mlflow_scoring_model: str = ""  # the model POST /invocations answers with ("": the server's only model)
     server_name: str = ""  # shown by the Jupyter sidebar; a notebook handle passes its own name
     drain_seconds: float = 30.0  # on SIGTERM/SIGINT: the whole shutdown's budget (Kubernetes' default grace)
     drain_delay_seconds: float = 0.0  # of which: not ready, but still taking new connections

@@ -68,6 +68,9 @@ class Platform:
     # ``module:function`` listing the models a repository root holds packed in the platform's own files (TorchServe's
     # .mar archives): ``function(root, is_model_name)`` → model name → the folder of its unpacked versions.
     packaged_models: str = ""
+    # Its file describes the whole folder (MLflow's MLmodel): the other platforms' files beside it are its parts, so
+    # a folder holding it is this platform's.
+    describes_folder: bool = False
 
     def load(self, name: str, version: int, path: str, policy: LoadPolicy) -> Servable:
         load: PlatformLoader = getattr(self.import_module(), self.loader)
@@ -172,6 +175,8 @@ BUILTIN: tuple[Platform, ...] = (
         framework=("ai_edge_litert.interpreter",),
     ),
     Platform("python", ("model.py",), "workbench.platforms.python"),
+    # An MLflow model folder: its flavors say which of workbench's platforms loads it, else MLflow's pyfunc does.
+    Platform("mlflow", ("MLmodel",), "workbench.platforms.mlflow", extra="mlflow", describes_folder=True),
     Platform("pipeline", ("pipeline.yaml",), "workbench.platforms.pipeline", v2_name="ensemble"),
     # An unpacked TorchServe model archive (workbench.platforms.torchserve_archives writes the second file beside it).
     Platform(
@@ -288,6 +293,9 @@ def detect(path: str | Path, prefer_tflite: bool = False) -> Platform:
         return get(declared)
     found = [(p, f) for p in registry().values() for f in p.files if (folder / f).is_file()]
     candidates = {p.name: p for p, _ in found}
+    describing = [p for p in candidates.values() if p.describes_folder]
+    if len(describing) == 1:
+        return describing[0]
     if set(candidates) == {"tensorflow", "tflite"}:
         return candidates["tflite" if prefer_tflite else "tensorflow"]
     if len(candidates) == 1:
