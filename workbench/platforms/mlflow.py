@@ -40,6 +40,7 @@ from workbench.platforms.mlflow_model import (
 )
 from workbench.platforms.tabular import MATRIX, encode_strings
 from workbench.protocol.mlflow_scoring import MlflowError
+from workbench.runtime.tensorflow_runtime import import_all_of_tensorflow
 
 log = logging.getLogger(__name__)
 
@@ -199,6 +200,7 @@ def _pyfunc(
             "The MLflow platform needs mlflow to load a python_function model; install it with: "
             "pip install 'workbench-serving[mlflow]'",
         ) from None
+    import_all_of_tensorflow()  # the model's code may `import keras` first (its Keras flavor does)
     try:
         pyfunc = mlflow.pyfunc.load_model(path)
     except Exception as exc:  # noqa: BLE001 - the model's own code failed to load
