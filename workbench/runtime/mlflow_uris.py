@@ -98,20 +98,49 @@ def registry_uri(tracking_uri: str) -> str | None:
     return os.environ.get("MLFLOW_REGISTRY_URI") or tracking_uri or None
 
 
+def artifact_location(uri: str, mlflow_client: Any) -> str:
+    """Where the artifacts of ``uri`` are, asked of ``mlflow_client``'s servers.
+
+    MLflow's own download of a ``models:/`` or ``runs:/`` URI asks the process-wide tracking and registry URIs, not
+    the ones it is given, so a server with ``--mlflow_tracking_uri`` (maybe in a notebook's process, whose own MLflow
+    must not be redirected) resolves them with its client first: a registry version to its download URI, a run's
+    ``<path>`` to the logged model of that name (MLflow 3 keeps a model's artifacts apart from its run's), else to
+    the run's artifacts.
+    """
+    if uri.startswith(REGISTERED):
+        source = parse(uri)
+        if source.version is not None:
+            return str(mlflow_client.get_model_version_download_uri(source.name, str(source.version)))
+        return uri
+    if uri.startswith(RUNS):
+        run_id, _, path = uri[len(RUNS) :].strip("/").partition("/")
+        run = mlflow_client.get_run(run_id)
+        search = getattr(mlflow_client, "search_logged_models", None)  # MLflow 3's logged models
+        if search is not None and path and "/" not in path:
+            models = search(experiment_ids=[run.info.experiment_id], filter_string=f"source_run_id = '{run_id}'")
+            for model in models:
+                if model.name == path:
+                    return str(model.artifact_location)
+        return f"{run.info.artifact_uri.rstrip('/')}/{path}" if path else str(run.info.artifact_uri)
+    return uri
+
+
 def download(uri: str, destination: Path, tracking_uri: str = "") -> None:
     """Download the artifacts ``uri`` names into the new folder ``destination`` (its files directly in it).
 
-    MLflow puts a registry version's files in the folder it is given, and a run's ``<path>`` in a sub-folder of that
-    name; either way they end up directly in ``destination``, which the caller renames into place when complete.
+    MLflow puts the files of the folder a URI names in a sub-folder of that name of the folder it is given (a
+    registry version's files directly in it); either way they end up directly in ``destination``, which the caller
+    renames into place when complete.
     """
     from mlflow.artifacts import download_artifacts
 
+    location = artifact_location(uri, client(tracking_uri))
     staging = destination.with_name(destination.name + ".mlflow")
     staging.mkdir(parents=True)
     try:
         local = Path(
             download_artifacts(
-                artifact_uri=uri,
+                artifact_uri=location,
                 dst_path=str(staging),
                 tracking_uri=tracking_uri or None,
                 registry_uri=registry_uri(tracking_uri),
