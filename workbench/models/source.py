@@ -41,6 +41,7 @@ from workbench.config.options import ModelConfig
 from workbench.models.manager import DiskVersion, Manager
 from workbench.platforms import TRITON_CONFIG
 from workbench.platforms import model_files as platform_model_files
+from workbench.runtime.mlflow_uris import MODEL_FILE as MLFLOW_MODEL_FILE
 from workbench.runtime.storage import RemoteFolder, StorageError, fingerprint, is_remote, join, redact
 
 log = logging.getLogger(__name__)
@@ -129,6 +130,8 @@ def scan_versions(base_path: str) -> dict[int, DiskVersion]:
         if version in found:  # "1" and "001": TF Serving takes one of them; be predictable
             continue
         found[version] = _local_version(entry.path)
+    if not found and os.path.isfile(os.path.join(base_path, MLFLOW_MODEL_FILE)):  # one MLflow model: version 1
+        found[1] = _local_version(base_path)
     return found
 
 
@@ -159,6 +162,8 @@ def scan_remote_versions(base_url: str) -> dict[int, DiskVersion]:
             continue
         path, stamps = join(base_url, folder), fingerprint({**files, **triton})
         found[version] = DiskVersion(path=path, fingerprint=stamps, contents=describe(files))
+    if not found and MLFLOW_MODEL_FILE in beside:  # one MLflow model's artifacts: version 1, the whole prefix
+        found[1] = DiskVersion(path=base_url, fingerprint=fingerprint(beside), contents=describe(beside))
     return found
 
 
