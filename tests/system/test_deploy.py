@@ -140,8 +140,11 @@ KEDA_SCALED_OBJECT = {
 }
 
 
-def only(kind: str) -> Manifest:
-    matches = [m for m in MANIFESTS if m.document["kind"] == kind]
+def only(kind: str, folder: str | None = None) -> Manifest:
+    """The one manifest of ``kind`` under deploy/ (under ``deploy/FOLDER`` when given)."""
+    matches = [
+        m for m in MANIFESTS if m.document["kind"] == kind and (folder is None or m.path.parent == DEPLOY / folder)
+    ]
     assert len(matches) == 1, f"expected one {kind} under deploy/, found {[m.id for m in matches]}"
     return matches[0]
 
@@ -211,7 +214,7 @@ def test_kserve_kinds_validate_against_the_crd_schemas(manifest: Manifest) -> No
 
 
 def test_the_crd_schema_rejects_a_broken_runtime() -> None:
-    broken = copy.deepcopy(only("ClusterServingRuntime").document)
+    broken = copy.deepcopy(only("ClusterServingRuntime", "kserve").document)
     broken["spec"]["supportedModelFormats"][0]["priority"] = 0  # KServe's minimum is 1
     broken["spec"]["containers"][0]["args"] = "--port=9000"  # a string, not a list
     messages = [e.message for e in kserve_validator(broken).iter_errors(broken)]
@@ -226,8 +229,8 @@ def test_the_kserve_kinds_are_the_ones_kserve_knows() -> None:
 
 
 def test_the_inference_service_uses_the_runtime_with_a_canary_from_s3() -> None:
-    runtime = only("ClusterServingRuntime").document
-    predictor = only("InferenceService").document["spec"]["predictor"]
+    runtime = only("ClusterServingRuntime", "kserve").document
+    predictor = only("InferenceService", "kserve").document["spec"]["predictor"]
     assert predictor["model"]["runtime"] == runtime["metadata"]["name"] == "workbench"
     assert 0 < predictor["canaryTrafficPercent"] < 100
     assert predictor["model"]["storageUri"].startswith("s3://")
@@ -242,7 +245,7 @@ def test_the_inference_service_uses_the_runtime_with_a_canary_from_s3() -> None:
 
 
 def test_the_runtime_follows_kserve_conventions() -> None:
-    spec = only("ClusterServingRuntime").document["spec"]
+    spec = only("ClusterServingRuntime", "kserve").document["spec"]
     formats = {(f["name"], f["version"]) for f in spec["supportedModelFormats"]}
     assert formats == {("tensorflow", "1"), ("tensorflow", "2"), ("workbench", "1")}
     # TF Serving's API and the Open Inference Protocol, over REST and gRPC: KServe's names for them.
@@ -264,6 +267,40 @@ def test_the_runtime_follows_kserve_conventions() -> None:
     rest_port = int(flag_value(args, "rest_api_port"))
     assert int(spec["annotations"]["prometheus.kserve.io/port"]) == rest_port
     assert container["readinessProbe"]["httpGet"]["port"] == container["livenessProbe"]["httpGet"]["port"] == rest_port
+
+
+# What KServe's own kserve-mlserver runtime declares (config/runtimes/kserve-mlserver.yaml): its formats and versions.
+KSERVE_MLSERVER_FORMATS = {
+    ("sklearn", "0"), ("sklearn", "1"), ("xgboost", "1"), ("xgboost", "2"),
+    ("lightgbm", "3"), ("lightgbm", "4"), ("mlflow", "1"), ("mlflow", "2"),
+}  # fmt: skip
+
+
+def test_the_mlserver_runtime_stands_in_for_kserve_mlserver() -> None:
+    """Every format kserve-mlserver serves, auto-selectable below its priority, with the server type that has KServe
+    hand the container MLServer's environment, and the ports and variables kserve-mlserver's container reads."""
+    runtime = only("ClusterServingRuntime", "kserve-mlflow").document
+    assert runtime["metadata"]["annotations"]["serving.kserve.io/server-type"] == "mlserver"
+    spec = runtime["spec"]
+    formats = {(f["name"], f["version"]) for f in spec["supportedModelFormats"]}
+    assert formats >= KSERVE_MLSERVER_FORMATS
+    assert all(f["autoSelect"] and f["priority"] == 1 for f in spec["supportedModelFormats"])
+    assert set(spec["protocolVersions"]) == {"v2", "grpc-v2"}
+    container = the_container(spec)
+    assert container["name"] == "kserve-container"
+    assert container["command"] == ["workbench", "mlserver", "start", "/mnt/models"]
+    env = secret_env(container, {})
+    assert env["MLSERVER_MODEL_IMPLEMENTATION"] == "{{.Labels.modelClass}}"
+    assert (env["MLSERVER_HTTP_PORT"], env["MLSERVER_GRPC_PORT"]) == ("8080", "9000")
+    rest_port = int(env["MLSERVER_HTTP_PORT"])
+    assert int(spec["annotations"]["prometheus.kserve.io/port"]) == rest_port
+    assert container["readinessProbe"]["httpGet"]["port"] == container["livenessProbe"]["httpGet"]["port"] == rest_port
+    security = container["securityContext"]
+    assert security["runAsNonRoot"] is True and security["capabilities"]["drop"] == ["ALL"]
+    service = only("InferenceService", "kserve-mlflow").document["spec"]["predictor"]["model"]
+    assert service["runtime"] == runtime["metadata"]["name"]
+    assert (service["modelFormat"]["name"], service["modelFormat"]["version"]) in formats
+    assert service["protocolVersion"] in spec["protocolVersions"]
 
 
 def test_the_kustomization_names_every_manifest_of_its_folder() -> None:
@@ -559,7 +596,7 @@ def test_the_kserve_runtime_arguments_serve_and_answer_its_probes(
     start: Any, tmp_path: Path, model_store: Path
 ) -> None:
     """`workbench serve` with exactly the runtime's container arguments, as KServe templates and mounts them."""
-    runtime = only("ClusterServingRuntime").document
+    runtime = only("ClusterServingRuntime", "kserve").document
     container = the_container(runtime["spec"])
     # KServe's storage initializer leaves storageUri's contents in /mnt/models: here, one version of half_plus_two.
     mnt_models = tmp_path / "mnt-models"
@@ -602,6 +639,49 @@ def test_the_kserve_runtime_arguments_serve_and_answer_its_probes(
     assert metrics.headers["content-type"].startswith("text/plain")
     assert "# TYPE" in metrics.text and "half_plus_two" in metrics.text
 
+    assert server.stop() == 0, server.output()
+
+
+def test_the_mlserver_runtime_serves_an_mlflow_model_from_the_environment_kserve_gives_it(
+    start: Any, tmp_path: Path
+) -> None:
+    """The workbench-mlserver container as KServe starts it for an MLflow InferenceService: its command and
+    environment, plus what KServe adds for a runtime of server type mlserver (the model's name and /mnt/models) and
+    the modelClass label it sets for the mlflow format."""
+    import mlflow.sklearn
+    from sklearn.datasets import load_iris
+    from sklearn.linear_model import LogisticRegression
+
+    runtime = only("ClusterServingRuntime", "kserve-mlflow").document
+    container = the_container(runtime["spec"])
+    iris = load_iris(as_frame=True)
+    model = LogisticRegression(max_iter=500).fit(iris.data, iris.target)
+    mnt_models = tmp_path / "mnt-models"  # storageUri's contents: the logged model's folder
+    mlflow.sklearn.save_model(model, mnt_models, input_example=iris.data.head(2))
+    rest_port, grpc_port = free_port(), free_port()
+    env = secret_env(container, {MANAGEMENT_SECRET: {"token": "from-the-secret"}})
+    env |= {
+        "MLSERVER_MODEL_IMPLEMENTATION": "mlserver_mlflow.MLflowRuntime",  # {{.Labels.modelClass}} for mlflow
+        "MLSERVER_MODEL_NAME": "wine",
+        "MLSERVER_MODEL_URI": str(mnt_models),
+        "MLSERVER_HTTP_PORT": str(rest_port),
+        "MLSERVER_GRPC_PORT": str(grpc_port),
+    }
+    command = [word.replace("/mnt/models", str(mnt_models)) for word in container["command"]]
+    server = start(command, env=env)
+    ports = {int(secret_env(container, {})["MLSERVER_HTTP_PORT"]): rest_port}
+    server.wait_for(http_probe(container, "readinessProbe", ports))
+    assert server.status(http_probe(container, "livenessProbe", ports)) == 200
+    rows = iris.data.head(3)
+    body = {
+        "inputs": [
+            {"name": column, "shape": [3], "datatype": "FP64", "data": rows[column].tolist()} for column in rows.columns
+        ]
+    }
+    answer = requests.post(f"http://127.0.0.1:{rest_port}/v2/models/wine/infer", json=body, timeout=60)
+    assert answer.status_code == 200, answer.text
+    (output,) = answer.json()["outputs"]
+    assert output["data"] == model.predict(rows).tolist()
     assert server.stop() == 0, server.output()
 
 

@@ -27,7 +27,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("core", ("workbench.core",)),
     ("protocol", ("workbench.protocol",)),
     ("config", ("workbench.config",)),
-    ("platforms", ("workbench.platforms",)),
+    ("platforms", ("workbench.platforms", "workbench.mlserver_api")),
     (
         "engine",
         (

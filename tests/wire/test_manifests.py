@@ -242,6 +242,32 @@ def test_deploy_kserve_is_what_render_manifests_writes_for_its_example() -> None
     assert documents(rendered) == deploy_files("kserve")
 
 
+def test_deploy_kserve_mlflow_is_what_render_manifests_writes_for_its_example() -> None:
+    """deploy/kserve-mlflow: the workbench-mlserver runtime and an MLflow model's InferenceService on it."""
+    rendered = render_manifests(
+        "wine",
+        target="kserve",
+        storage_uri="s3://mlflow/1/models/m-0123456789abcdef/artifacts",
+        replicas=1,
+        model_format="mlflow",
+    )
+    assert documents(rendered) == deploy_files("kserve-mlflow")
+
+
+def test_model_formats_choose_the_runtime_and_protocol() -> None:
+    for model_format in ("sklearn", "xgboost", "lightgbm", "mlflow"):
+        manifests = render_manifests("m", target="kserve", storage_uri="s3://b/m", model_format=model_format)
+        runtime = one(manifests, "ClusterServingRuntime")
+        model = one(manifests, "InferenceService")["spec"]["predictor"]["model"]
+        assert (model["runtime"], model["protocolVersion"]) == (runtime["metadata"]["name"], "v2")
+        assert model["modelFormat"]["name"] == model_format
+        assert "/v2/models/m/infer" in manifests["inference-service.yaml"]
+    with pytest.raises(ValueError, match="model_format must be one of"):
+        render_manifests("m", target="kserve", model_format="pmml")
+    with pytest.raises(ValueError, match="model_format is KServe's"):
+        render_manifests("m", target="kubernetes", model_format="mlflow")
+
+
 def test_deploy_kubernetes_is_what_the_module_builds_for_its_example() -> None:
     example = [ModelSource(name, f"pvc://workbench-models/{name}") for name in ("half_plus_two", "digits")]
     built = kubernetes_documents(example, name="workbench", replicas=2, max_replicas=8)
@@ -338,6 +364,6 @@ def test_the_command_lines_examples_parse() -> None:
     parser = cli.build_parser()
     help_text = parser._subparsers._group_actions[0].choices["manifests"].format_help()  # type: ignore[union-attr]
     examples = [line.split()[1:] for line in help_text.split("examples:\n", 1)[1].splitlines() if line.strip()]
-    assert len(examples) == 2
+    assert len(examples) == 3
     for words in examples:
         assert parser.parse_args(words).command is cli._manifests

@@ -35,6 +35,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "consume": ("workbench.cli.consume_command", "add_consume_command"),
     "manifests": ("workbench.cli.manifests_command", "add_manifests_command"),
     "ray": ("workbench.cli.ray_command", "add_ray_command"),
+    "mlserver": ("workbench.cli.mlserver_command", "add_mlserver_command"),
 }
 
 

@@ -14,6 +14,7 @@ from workbench.deploy.manifests import MANIFESTS_ARGUMENTS
 MANIFESTS_EXAMPLES = """\
 examples:
   workbench manifests digits --kserve --storage_uri=s3://models/digits --out=deploy-digits
+  workbench manifests wine --kserve --model_format=mlflow --storage_uri=s3://mlflow/1/RUN/artifacts/model
   workbench manifests digits --kubernetes --storage_uri=s3://models/digits --server=http://localhost:8501
 """
 
@@ -44,6 +45,7 @@ def add_manifests_command(sub: argparse._SubParsersAction) -> None:  # type: ign
     )
     MANIFESTS_ARGUMENTS["replicas"].add_to(p)
     MANIFESTS_ARGUMENTS["image"].add_to(p)
+    MANIFESTS_ARGUMENTS["model_format"].add_to(p)
     p.add_argument("--server", metavar="URL", help="a running workbench's REST address, to read MODEL's routing")
     p.add_argument("--out", metavar="DIR", help="write the files into DIR (default: print them)")
     p.set_defaults(command=_manifests)
@@ -68,6 +70,7 @@ def _manifests(args: argparse.Namespace) -> int:
             replicas=args.replicas,
             image=args.image or DEFAULT_IMAGE,
             routing=routing,
+            model_format=args.model_format,
         )
     except Exception as exc:  # noqa: BLE001 - a command line tool: say what went wrong, no traceback
         print(f"workbench manifests: {exc}", file=sys.stderr)

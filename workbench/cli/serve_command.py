@@ -17,10 +17,11 @@ from workbench.config.server_flags import SERVE_PARSER_TEXTS, SERVE_SUMMARY, add
 def add_serve_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     parser = sub.add_parser("serve", help=SERVE_SUMMARY, **SERVE_PARSER_TEXTS)
     add_serve_flags(parser)
-    parser.set_defaults(command=_serve)
+    parser.set_defaults(command=serve)
 
 
-def _serve(args: argparse.Namespace) -> int:
+def serve(args: argparse.Namespace) -> int:
+    """``workbench serve`` with its parsed flags (also ``workbench mlserver start``'s, translated)."""
     try:
         num_workers = check_serve_flags(args)
     except ValueError as exc:

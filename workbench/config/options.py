@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from workbench.config.batching_parameters import BatchingParameters, read_batching_parameters_file
+from workbench.config.mlserver_settings import holds_model_settings
 from workbench.config.request_logging import RequestLogConfig, request_log_config_from_proto
 from workbench.config.text_config import parse_text_config
 from workbench.config.version_policy import VersionPolicy
@@ -27,9 +28,21 @@ log = logging.getLogger(__name__)
 
 # The platforms a model config may name: ``workbench.platforms.names``, given by the floors above.
 PlatformNames = Callable[[], Sequence[str]]
-# Models a repository root holds packed in a platform's own files (TorchServe's .mar archives), given by the floors
-# above (``workbench.platforms.packaged_models``): (root, is a model name) → model name → its versions' folder.
-PackagedModels = Callable[[Path, Callable[[str], bool]], Mapping[str, str]]
+
+
+@dataclasses.dataclass(frozen=True)
+class PackagedModel:
+    """A model a repository root holds in a platform's own files: the folder of its numbered versions, and the
+    version labels its files name (MLServer's version strings, "v0.1.0" → 1)."""
+
+    folder: str
+    labels: Mapping[str, int] = dataclasses.field(default_factory=dict)
+
+
+# Models a repository root holds packed in a platform's own files (TorchServe's .mar archives, MLServer's
+# model-settings.json), given by the floors above (``workbench.platforms.packaged_models``): (root, is a model name)
+# → model name → where its versions are.
+PackagedModels = Callable[[Path, Callable[[str], bool]], Mapping[str, PackagedModel]]
 
 
 # "workbench_null" serves a SavedModel's signatures without running it (zeros of the right types): the
@@ -139,6 +152,7 @@ class ServerOptions:
     # Never shown: not in this dataclass's repr (logs, tracebacks, a notebook printing the options).
     management_token: str = dataclasses.field(default="", repr=False)
     torchserve_allowed_urls: str = ""  # TorchServe's allowed_urls: the archive URLs a registration may name
+    mlflow_scoring_model: str = ""  # the model POST /invocations answers with ("": the server's only model)
     server_name: str = ""  # shown by the Jupyter sidebar; a notebook handle passes its own name
     drain_seconds: float = 30.0  # on SIGTERM/SIGINT: the whole shutdown's budget (Kubernetes' default grace)
     drain_delay_seconds: float = 0.0  # of which: not ready, but still taking new connections
@@ -470,6 +484,10 @@ def discover_models(root: str | os.PathLike[str], packaged: PackagedModels | Non
     Hidden folders (``.workbench``, an export's temporary folder) are skipped. A missing root is created, so a
     server can start on an empty repository and pick up models as they are exported into it. A root in an object
     store is listed by prefix (raises :class:`~workbench.runtime.storage.StorageError` when it cannot be).
+
+    A root laid out for MLServer (a ``model-settings.json`` at any depth) is MLServer's: its models are those files'
+    (found by ``packaged``) and nothing else, as ``mlserver start`` serves it, so its ``models/``, ``mlruns/`` or
+    ``tests/`` folders are not served as models of their own.
     """
     if is_remote(root):
         url = str(root).rstrip("/")
@@ -480,20 +498,24 @@ def discover_models(root: str | os.PathLike[str], packaged: PackagedModels | Non
         ]
     base = Path(root).resolve()
     base.mkdir(parents=True, exist_ok=True)
+    mlserver_layout = holds_model_settings(base)
     models = [
         ModelConfig(name=entry.name, base_path=str(entry), policy=_folder_policy(str(entry)))
         for entry in sorted(base.iterdir())
-        if entry.is_dir() and is_model_name(entry.name)
+        if entry.is_dir() and is_model_name(entry.name) and not mlserver_layout
     ]
     if packaged is None:
         return models
-    # A TorchServe model store: each model of its .mar files serves every version it has, as TorchServe does.
+    # A TorchServe model store (each model of its .mar files) or an MLServer folder (each model of its
+    # model-settings.json files): every version it has serves, as in those servers.
     folders = {model.name for model in models}
-    for name, folder in packaged(base, is_model_name).items():
+    for name, found in packaged(base, is_model_name).items():
         if name in folders:
-            log.error("Model %s is both a folder and .mar archives in %s; the folder is served", name, base)
+            log.error("Model %s is both a folder and a packaged model in %s; the folder is served", name, base)
             continue
-        models.append(ModelConfig(name=name, base_path=folder, policy=VersionPolicy(kind="all")))
+        models.append(
+            ModelConfig(name=name, base_path=found.folder, policy=VersionPolicy(kind="all"), labels=dict(found.labels))
+        )
     return models
 
 

@@ -438,6 +438,12 @@ SERVE_FLAGS: tuple[FlagGroup, ...] = (
                 "REGEX",
             ),
             ServeFlag(
+                "mlflow_scoring_model",
+                "the model MLflow's scoring protocol (POST /invocations, which names none) answers with (default: the "
+                "server's only model)",
+                "NAME",
+            ),
+            ServeFlag(
                 "drain_seconds",
                 "on SIGTERM or SIGINT: turn /readyz false, refuse new connections, give accepted requests up to this "
                 "long in all to finish, then exit 0 (a second signal exits at once); Kubernetes' "

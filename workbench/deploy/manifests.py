@@ -13,7 +13,12 @@ Two targets:
 
 ``kserve``
     An InferenceService on the ``workbench`` ClusterServingRuntime (rendered too: it is cluster-wide and the same
-    for every model, apply it once), with the storage as ``storageUri``.
+    for every model, apply it once), with the storage as ``storageUri``. For the model formats KServe serves with
+    MLServer (``sklearn``, ``xgboost``, ``lightgbm``, ``mlflow``: ``model_format``), the runtime is
+    ``workbench-mlserver`` instead: a drop-in for KServe's ``kserve-mlserver``, taking the same environment KServe
+    gives MLServer (``serving.kserve.io/server-type: mlserver``) and answering as MLServer does, on the v2 protocol;
+    its storageUri is one model's folder (a ``model.joblib``, a booster, an MLflow model's ``MLmodel``), not a
+    folder of numbered versions.
 
 Routing (stable, canary and its weight) is *not* written into either. workbench keeps a model's routing in its
 repository, ``<base_path>/routing.json``, beside the versions, and every replica reads it when it polls; so the
@@ -70,8 +75,26 @@ DEFAULT_IMAGE = "registry.example.com/workbench-serving:0.1.0"
 MANIFESTS_ARGUMENTS: Mapping[str, Argument] = {
     "replicas": Argument.of("--replicas", type=int, default=2, metavar="N", help="replicas (the autoscaler's minimum)"),
     "image": Argument.of("--image", metavar="IMAGE", help="the workbench image (default: deploy/'s example name)"),
+    "model_format": Argument.of(
+        "--model_format",
+        default="tensorflow",
+        metavar="FORMAT",
+        help="KServe's modelFormat: tensorflow (the workbench runtime, versions in storageUri) or sklearn, xgboost, "
+        "lightgbm, mlflow (the workbench-mlserver runtime, one model's folder; default: tensorflow)",
+    ),
 }
 RUNTIME_NAME = "workbench"
+MLSERVER_RUNTIME_NAME = "workbench-mlserver"
+# KServe's model formats as kserve-mlserver declares them (name → versions), with the MLServer runtime class KServe
+# puts in the modelClass label for each (MLSERVER_MODEL_IMPLEMENTATION). MLflow's priority in kserve-mlserver is 1,
+# the others' 2; ours are all 1, so installing workbench-mlserver changes nothing until a service names it.
+MLSERVER_FORMATS: Mapping[str, tuple[str, ...]] = {
+    "sklearn": ("0", "1"),
+    "xgboost": ("1", "2"),
+    "lightgbm": ("3", "4"),
+    "mlflow": ("1", "2", "3"),  # MLflow 3 writes the same MLmodel folders; kserve-mlserver declares 1 and 2
+}
+MODEL_FORMATS = ("tensorflow", *MLSERVER_FORMATS)
 DEFAULT_CLAIM = "workbench-models"
 CONFIG_DIR = "/etc/workbench"  # where the Deployment mounts the ConfigMap
 MODELS_DIR = "/models"  # where it mounts the PVC (the image's MODEL_BASE_PATH)
@@ -158,6 +181,7 @@ def render_manifests(
     routing: Mapping[str, Any] | None = None,
     canary_traffic_percent: int | None = None,
     name: str | None = None,
+    model_format: str = "tensorflow",
 ) -> Manifests:
     """The manifests that deploy ``model`` with workbench: file name → YAML text (see the module's docstring).
 
@@ -167,6 +191,7 @@ def render_manifests(
     replicas from the storage's routing.json. ``canary_traffic_percent`` (KServe only) rolls this apply out as a
     revision canary. ``name`` names the Deployment and its objects (default ``workbench-MODEL``), or the
     InferenceService, which KServe serves the model under (default: MODEL, as a Kubernetes name allows).
+    ``model_format`` (KServe only) is the InferenceService's ``modelFormat``; it chooses the runtime.
     """
     if target not in TARGETS:
         raise ValueError(f"target must be one of {', '.join(TARGETS)}, not {target!r}")
@@ -180,6 +205,10 @@ def render_manifests(
             raise ValueError("canary_traffic_percent is KServe's: a Deployment rolls out with maxSurge instead")
         if not 0 <= canary_traffic_percent <= 100:
             raise ValueError(f"canary_traffic_percent must be from 0 to 100, not {canary_traffic_percent}")
+    if model_format not in MODEL_FORMATS:
+        raise ValueError(f"model_format must be one of {', '.join(MODEL_FORMATS)}, not {model_format!r}")
+    if model_format != "tensorflow" and target != "kserve":
+        raise ValueError("model_format is KServe's: a Deployment serves any platform's numbered versions")
     source = ModelSource(model, storage_uri or f"pvc://{DEFAULT_CLAIM}/{model}", routing)
     if target == "kserve":
         name = dns_name(name or model)
@@ -190,11 +219,12 @@ def render_manifests(
             max_replicas=maximum,
             image=image,
             canary_traffic_percent=canary_traffic_percent,
+            model_format=model_format,
         )
     else:
         name = dns_name(name or f"workbench-{model}")
         documents = kubernetes_documents([source], name=name, replicas=replicas, max_replicas=maximum, image=image)
-    headers = _headers(source, target, name)
+    headers = _headers(source, target, name, model_format)
     return Manifests({file: _dump(docs, headers.get(file, "")) for file, docs in documents.items()})
 
 
@@ -479,14 +509,15 @@ def kserve_documents(
     max_replicas: int = MAX_REPLICAS_FACTOR,
     image: str = DEFAULT_IMAGE,
     canary_traffic_percent: int | None = None,
+    model_format: str = "tensorflow",
 ) -> Documents:
-    """The workbench ClusterServingRuntime and an InferenceService of ``model`` on it (what deploy/kserve holds)."""
-    documents: Documents = {
-        "cluster-serving-runtime.yaml": [cluster_serving_runtime(image)],
-        "inference-service.yaml": [
-            _inference_service(model, name or dns_name(model.name), replicas, max_replicas, canary_traffic_percent)
-        ],
-    }
+    """The workbench ClusterServingRuntime and an InferenceService of ``model`` on it (what deploy/kserve holds); for
+    MLServer's formats, the workbench-mlserver runtime instead (deploy/kserve-mlflow)."""
+    runtime = cluster_serving_runtime(image) if model_format == "tensorflow" else mlserver_serving_runtime(image)
+    service = _inference_service(
+        model, name or dns_name(model.name), replicas, max_replicas, canary_traffic_percent, model_format
+    )
+    documents: Documents = {"cluster-serving-runtime.yaml": [runtime], "inference-service.yaml": [service]}
     if model.storage_uri.startswith("gs://"):
         documents["gcs-credentials.yaml"] = [
             {
@@ -557,8 +588,55 @@ def cluster_serving_runtime(image: str = DEFAULT_IMAGE) -> dict[str, Any]:
     }
 
 
+def mlserver_serving_runtime(image: str = DEFAULT_IMAGE) -> dict[str, Any]:
+    """KServe's runtime for MLServer's formats, served by workbench: ``kserve-mlserver``'s formats, environment and
+    ports (KServe sets MLSERVER_MODEL_NAME and MLSERVER_MODEL_URI for a runtime of server type ``mlserver``, the
+    modelClass label for MLSERVER_MODEL_IMPLEMENTATION), run by ``workbench mlserver start``; the v2 protocol."""
+    container = {
+        "name": "kserve-container",
+        "image": image,
+        "command": ["workbench", "mlserver", "start", KSERVE_MODELS_DIR],
+        "env": [
+            {"name": "MLSERVER_MODEL_IMPLEMENTATION", "value": "{{.Labels.modelClass}}"},
+            {"name": "MLSERVER_HTTP_PORT", "value": str(KSERVE_REST_PORT)},
+            {"name": "MLSERVER_GRPC_PORT", "value": str(KSERVE_GRPC_PORT)},
+            {"name": "MLSERVER_HOST", "value": "0.0.0.0"},  # the kubelet and queue-proxy reach it on the pod's IP
+            MANAGEMENT_TOKEN_ENV,
+        ],
+        "ports": [{"containerPort": KSERVE_REST_PORT, "name": "http1", "protocol": "TCP"}],
+        "readinessProbe": _probe("/readyz", KSERVE_REST_PORT, period=5, failures=3),
+        "livenessProbe": _probe("/healthz", KSERVE_REST_PORT, period=10, failures=6, delay=30),
+        "securityContext": {"runAsUser": 1000, "runAsNonRoot": True} | _LOCKED_DOWN,
+        "resources": {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"cpu": "1", "memory": "2Gi"}},
+    }
+    return {
+        "apiVersion": "serving.kserve.io/v1alpha1",
+        "kind": "ClusterServingRuntime",
+        # KServe gives a runtime of this server type MLServer's environment (model name and URI) and v2 by default.
+        "metadata": {"name": MLSERVER_RUNTIME_NAME, "annotations": {"serving.kserve.io/server-type": "mlserver"}},
+        "spec": {
+            "annotations": {
+                "prometheus.kserve.io/port": str(KSERVE_REST_PORT),
+                "prometheus.kserve.io/path": "/metrics",
+            },
+            "supportedModelFormats": [
+                {"name": name, "version": version, "autoSelect": True, "priority": 1}
+                for name, versions in MLSERVER_FORMATS.items()
+                for version in versions
+            ],
+            "protocolVersions": ["v2", "grpc-v2"],
+            "containers": [container],
+        },
+    }
+
+
 def _inference_service(
-    model: ModelSource, name: str, replicas: int, max_replicas: int, canary_traffic_percent: int | None
+    model: ModelSource,
+    name: str,
+    replicas: int,
+    max_replicas: int,
+    canary_traffic_percent: int | None,
+    model_format: str = "tensorflow",
 ) -> dict[str, Any]:
     metadata: dict[str, Any] = {"name": name}
     predictor: dict[str, Any] = {}
@@ -568,12 +646,20 @@ def _inference_service(
     predictor |= {"minReplicas": replicas, "maxReplicas": max_replicas}
     if model.storage_uri.startswith(("s3://", "gs://")):
         predictor["serviceAccountName"] = MODELS_READER
-    predictor["model"] = {
-        "runtime": RUNTIME_NAME,
-        "modelFormat": {"name": "tensorflow", "version": "2"},
-        "protocolVersion": "v1",
-        "storageUri": model.storage_uri,
-    }
+    if model_format == "tensorflow":
+        predictor["model"] = {
+            "runtime": RUNTIME_NAME,
+            "modelFormat": {"name": "tensorflow", "version": "2"},
+            "protocolVersion": "v1",
+            "storageUri": model.storage_uri,
+        }
+    else:
+        predictor["model"] = {
+            "runtime": MLSERVER_RUNTIME_NAME,
+            "modelFormat": {"name": model_format, "version": MLSERVER_FORMATS[model_format][-1]},
+            "protocolVersion": "v2",
+            "storageUri": model.storage_uri,
+        }
     return {
         "apiVersion": "serving.kserve.io/v1beta1",
         "kind": "InferenceService",
@@ -589,7 +675,7 @@ _TOKEN_NOTE = (
 )
 
 
-def _headers(source: ModelSource, target: Target, name: str) -> dict[str, str]:
+def _headers(source: ModelSource, target: Target, name: str, model_format: str = "tensorflow") -> dict[str, str]:
     """The comments above each file: how to apply it, where the routing comes from, what to replace."""
     local = (
         f"NOTE: {source.storage_uri} is a folder of the machine that rendered this; a cluster cannot read it.\n"
@@ -622,6 +708,8 @@ def _headers(source: ModelSource, target: Target, name: str) -> dict[str, str]:
             "s3-credentials.yaml": "S3 credentials for the replicas (boto's variables). Replace the placeholders,\n"
             "or create the Secret from your secret store and remove this file.\n",
         }
+    if model_format != "tensorflow":
+        return _mlserver_headers(source, name)
     renamed = (
         f"KServe serves the model under the InferenceService's name: requests go to /v1/models/{name}.\n"
         if name != source.name
@@ -635,6 +723,32 @@ def _headers(source: ModelSource, target: Target, name: str) -> dict[str, str]:
         "by it. canaryTrafficPercent is not that canary: KServe splits traffic between revisions of this resource\n"
         "(a changed storageUri or runtime), not between versions inside one storageUri. To change the routing,\n"
         "change routing.json in the store and roll out a new revision.\n",
+        "s3-credentials.yaml": "S3 credentials for KServe's storage initializer. Replace the placeholders, or\n"
+        "create the Secret from your secret store and keep only the ServiceAccount.\n",
+        "gcs-credentials.yaml": "The identity KServe's storage initializer reads GCS with: on GKE, Workload Identity\n"
+        "(replace the placeholder); elsewhere, attach a Secret holding gcloud-application-credentials.json.\n",
+    }
+
+
+def _mlserver_headers(source: ModelSource, name: str) -> dict[str, str]:
+    """The comments of the workbench-mlserver runtime's files: one model's folder, v2, MLServer's environment."""
+    local = (
+        f"NOTE: {source.storage_uri} is a folder of the machine that rendered this; a cluster cannot read it.\n"
+        "Upload the model's folder and render again with --storage_uri s3://BUCKET/PATH, gs://… or pvc://CLAIM/PATH.\n"
+        if source.is_local
+        else ""
+    )
+    return {
+        "cluster-serving-runtime.yaml": "workbench as KServe's MLServer runtime (a drop-in for kserve-mlserver):\n"
+        "scikit-learn, XGBoost, LightGBM and MLflow models on the v2 protocol, with the environment KServe gives\n"
+        "MLServer.\n"
+        "Cluster-wide: apply it once per cluster. Like MLServer, it loads pickles and MLflow's Python models.\n"
+        + _TOKEN_NOTE,
+        "inference-service.yaml": local + f"KServe serves the model under the InferenceService's name: "
+        f"/v2/models/{name}/infer.\n"
+        "storageUri is one model's folder (an MLflow model's artifacts, with MLmodel; a model.joblib), which KServe\n"
+        "copies into /mnt/models. A new model version is a new storageUri: apply it as a new revision\n"
+        "(canaryTrafficPercent splits traffic between this revision and the last ready one).\n",
         "s3-credentials.yaml": "S3 credentials for KServe's storage initializer. Replace the placeholders, or\n"
         "create the Secret from your secret store and keep only the ServiceAccount.\n",
         "gcs-credentials.yaml": "The identity KServe's storage initializer reads GCS with: on GKE, Workload Identity\n"

@@ -36,6 +36,7 @@ from workbench.core.classification import classify
 from workbench.core.errors import Code, ServingError
 from workbench.core.sequence_contract import sequence_request
 from workbench.core.sticky import STICKY_PARAMETER
+from workbench.core.whole_requests import WholeRequestServable
 from workbench.frontends import v2_stream
 from workbench.frontends.grpc import answers_errors, authorization, sticky_key, time_remaining
 from workbench.frontends.sequence_routing import SequenceRouter
@@ -44,9 +45,10 @@ from workbench.frontends.v2_repository import V2Repository, unsupported_paramete
 from workbench.frontends.v2_shared_memory import SharedMemoryAccess
 from workbench.planes.controlplane import ControlPlane
 from workbench.planes.dataplane import Dataplane, ModelSpec
-from workbench.protocol import grpc_services, v2_grpc_messages, v2_models
+from workbench.protocol import grpc_services, v2_grpc_messages, v2_models, v2_whole
 from workbench.protocol.attributions import v2_parameters
 from workbench.protocol.shared_memory_parameters import SharedMemory
+from workbench.protocol.v2_dialects import dialect_of
 
 PROTOCOL = "v2-grpc"  # the protocol label of this frontend's requests in metrics
 
@@ -143,11 +145,27 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         if explaining is not None:  # "explain": true (see workbench.frontends.v2_explain)
             return await explain_infer(dataplane, spec, request, explaining, PROTOCOL, time_remaining(context))
         with await dataplane.admit(spec, "predict", PROTOCOL, time_remaining(context)) as call:
+            if isinstance(call.servable, WholeRequestServable):  # MLServer's runtimes: the request as sent
+                whole = v2_whole.grpc_request(request)
+                answer = await dataplane.answer_whole(call, whole, time_remaining(context))
+                return v2_whole.grpc_response(call.model, call.version, answer, request.id)
             memory = self._memory(context)
             inputs = v2_grpc_messages.decode_inputs(request, memory)
             requested = v2_grpc_messages.requested_outputs(request, memory)
             timeout = time_remaining(context)
             v2_stream.refuse_decoupled(call, "ModelInfer RPC")
+            dialect = dialect_of(call.servable)
+            if dialect is not None:  # a model served as its own server serves it (MLServer's runtimes)
+                fed, wanted = dialect.feed(v2_grpc_messages.as_infer_request(request, inputs))
+                _, outputs = await dataplane.predict(call, "", fed, wanted, timeout=timeout)
+                return v2_grpc_messages.infer_response(
+                    call.model,
+                    dialect.version_name or str(call.version),
+                    request.id,
+                    outputs,
+                    list(outputs),
+                    output_parameters=dialect.output_parameters(outputs),
+                )
             _, outputs = await dataplane.predict(call, "", inputs, requested, timeout=timeout, sequence=sequence)
             outputs = classify(outputs, v2_grpc_messages.classification_counts(request), call.servable)
             order = requested or list(outputs)

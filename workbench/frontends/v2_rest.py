@@ -40,6 +40,7 @@ from workbench.core.errors import Code, ServingError, from_exception
 from workbench.core.sequence_contract import sequence_request
 from workbench.core.signatures import DEFAULT_SIGNATURE
 from workbench.core.sticky import STICKY_HEADER, STICKY_PARAMETER
+from workbench.core.whole_requests import WholeRequestServable
 from workbench.frontends import v2_stream
 from workbench.frontends.rest import error_response, json_response
 from workbench.frontends.sequence_routing import SequenceRouter
@@ -48,10 +49,11 @@ from workbench.frontends.v2_repository import V2Repository, unsupported_paramete
 from workbench.frontends.v2_shared_memory import SharedMemoryAccess, rest_peer, shared_memory_routes
 from workbench.planes.controlplane import ControlPlane
 from workbench.planes.dataplane import Dataplane, ModelSpec
-from workbench.protocol import v2_client, v2_json, v2_models
+from workbench.protocol import v2_client, v2_json, v2_models, v2_whole
 from workbench.protocol.attributions import v2_parameters
 from workbench.protocol.json_tensor import dumps, input_specs, parse_body
 from workbench.protocol.shared_memory_parameters import SharedMemory
+from workbench.protocol.v2_dialects import V2Dialect, dialect_of
 
 log = logging.getLogger(__name__)
 
@@ -188,8 +190,16 @@ class V2Rest:
         spec = dataclasses.replace(await self._infer_spec(model, version), key=key)
         with await dataplane.admit(spec, "predict", PROTOCOL, self.timeout) as call:
             servable = call.servable
+            if isinstance(servable, WholeRequestServable):  # MLServer's runtimes: the request as sent, parameters too
+                if length is not None:
+                    raise ServingError(Code.INVALID_ARGUMENT, f"Model {call.model} takes its tensors as JSON only")
+                whole = await dataplane.answer_whole(call, v2_whole.rest_request(parse_body(body)), self.timeout)
+                return v2_json.EncodedResponse(dumps(v2_whole.rest_response(call.model, call.version, whole)), None)
             decoded = decoded or self._decode(body, length, shared_memory)
             v2_stream.refuse_decoupled(call, "HTTP end point")
+            dialect = dialect_of(servable)
+            if dialect is not None:  # a model served as its own server serves it (MLServer's runtimes)
+                return await self._run_dialect(call, dialect, decoded, shared_memory)
             specs = input_specs(servable.signatures, DEFAULT_SIGNATURE, tuple(decoded.inputs))
             v2_json.check_datatypes(decoded, specs)
             wanted = [output.name for output in decoded.outputs]
@@ -213,6 +223,23 @@ class V2Rest:
             outputs = classify(outputs, counts, servable)
             # call.version, not servable's: a sequence runs on the version it started on
             return v2_json.encode_infer_response(call.model, call.version, decoded, outputs, shared_memory)
+
+    async def _run_dialect(
+        self, call: Any, dialect: V2Dialect, decoded: v2_json.InferRequest, shared_memory: SharedMemory | None
+    ) -> v2_json.EncodedResponse:
+        """A request to a servable that reads v2 its own way: its dialect feeds the signature and names the answer."""
+        inputs, wanted = dialect.feed(decoded)
+        _, outputs = await self.dataplane.predict(
+            call, DEFAULT_SIGNATURE, inputs, wanted, timeout=self._timeout(decoded)
+        )
+        return v2_json.encode_infer_response(
+            call.model,
+            dialect.version_name or call.version,
+            decoded,
+            outputs,
+            shared_memory,
+            output_parameters=dialect.output_parameters(outputs),
+        )
 
     def _decode(self, body: bytes, length: str | None, shared_memory: SharedMemory | None) -> v2_json.InferRequest:
         return v2_json.decode_infer_request(body, v2_json.header_length(length, len(body)), shared_memory)
@@ -382,6 +409,7 @@ def v2_routes(
             (f"{base}/stats", api.statistics, "GET"),
             (f"{base}/generate", generate.generate, "POST"),  # Triton's generate extension: v2_stream
             (f"{base}/generate_stream", generate.generate_stream, "POST"),
+            (f"{base}/infer_stream", generate.infer_stream, "POST"),  # MLServer's: v2 requests, v2 responses
         ]
     if shared_memory is not None:  # Triton's system and CUDA shared-memory extensions
         table += shared_memory_routes(shared_memory)

@@ -55,12 +55,13 @@ from workbench.core.errors import Code, ServingError, from_exception
 from workbench.core.sequence_contract import SequenceId, sequence_request
 from workbench.core.servable import FinalResponse
 from workbench.core.signatures import DEFAULT_SIGNATURE
+from workbench.core.whole_requests import WholeRequest, WholeRequestServable
 from workbench.frontends.grpc import time_remaining
 from workbench.frontends.rest import json_response
 from workbench.frontends.sequence_routing import SequenceRouter
 from workbench.frontends.v2_repository import V2Repository
 from workbench.planes.dataplane import Dataplane, ModelSpec, RequestInFlight
-from workbench.protocol import v2_generate, v2_grpc_messages
+from workbench.protocol import v2_generate, v2_grpc_messages, v2_whole
 from workbench.protocol.json_tensor import dumps, input_specs, parse_body
 from workbench.protocol.shared_memory_parameters import SharedMemory
 
@@ -124,7 +125,55 @@ class StreamInfer:
         self.router = router
 
     async def serve(self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> None:
-        """Answer one stream: its responses are written as its requests are answered (in the order they finish)."""
+        """Answer one stream: its responses are written as its requests are answered (in the order they finish).
+        A stream whose first request names a model answering whole requests (MLServer's runtimes) is that model's
+        alone, as MLServer streams: :meth:`_serve_whole`."""
+        try:
+            first = await anext(requests, None)
+        except Exception as exc:  # noqa: BLE001 - unreadable from its first message: as _read answers a later one
+            message = f"Reading the request stream failed: {type(exc).__name__}: {exc}"
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
+        if first is None:
+            return
+        spec = await self._whole_spec(first, context)
+        if spec is not None:
+            await self._serve_whole(spec, first, requests, context)
+            return
+        await self._serve(_chained(first, requests), context)
+
+    async def _whole_spec(self, first: Any, context: grpc.aio.ServicerContext) -> ModelSpec | None:
+        """The model of the stream's first request if it answers whole requests; None for any other (or one that
+        does not resolve: that request's own answer says why, in the stream)."""
+        try:
+            spec = await self.models.loaded_spec(first.model_name, first.model_version, time_remaining(context))
+            with self.dataplane.handle(spec) as servable:
+                return spec if isinstance(servable, WholeRequestServable) else None
+        except ServingError:
+            return None
+
+    async def _serve_whole(
+        self, spec: ModelSpec, first: Any, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext
+    ) -> None:
+        """MLServer's ``ModelStreamInfer``: the stream's requests are one call of the model's ``predict_stream``, its
+        responses bare ``ModelInferResponse`` messages (MLServer's proto declares the RPC so), and an error ends the
+        stream with its status."""
+
+        async def whole_requests() -> AsyncIterator[WholeRequest]:
+            yield v2_whole.grpc_request(first)
+            async for request in requests:
+                yield v2_whole.grpc_request(request)
+
+        try:
+            with await self.dataplane.admit(spec, "predict", self.protocol, time_remaining(context)) as call:
+                servable = call.servable
+                assert isinstance(servable, WholeRequestServable)
+                async with contextlib.aclosing(servable.answer_stream(whole_requests())) as responses:
+                    async for response in responses:
+                        await context.write(v2_whole.grpc_response(call.model, call.version, response, first.id))
+        except ServingError as exc:
+            await context.abort(grpc.StatusCode[exc.code.name], exc.message)
+
+    async def _serve(self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> None:
         queue: asyncio.Queue[Any] = asyncio.Queue(MAX_QUEUED)
         reader = asyncio.ensure_future(self._read(requests, context, queue))
         # The client went away: stop reading and stop its requests, whatever this coroutine awaits.
@@ -247,6 +296,12 @@ class StreamInfer:
             raise
 
 
+async def _chained(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    yield first
+    async for item in rest:
+        yield item
+
+
 def _sequence_of(request: Any) -> SequenceId | None:
     """The sequence a stream's request continues, to keep its requests in order; None for none, or for parameters
     that do not parse (the request's own answer says what is wrong with them)."""
@@ -325,6 +380,9 @@ class Generate:
         return json_response(dumps(doc))
 
     async def generate_stream(self, request: Request) -> Response:
+        whole = await self._whole(request)
+        if whole is not None:  # MLServer's runtimes take a v2 request on /generate_stream, as on /infer_stream
+            return whole
         spec, inputs, parameters, request_id = await self._prepare(request)
         return StreamingResponse(
             self._events(spec, inputs, parameters, request_id), media_type="text/event-stream; charset=utf-8"
@@ -347,6 +405,52 @@ class Generate:
             yield v2_generate.error_event(exc.message)
         except Exception as exc:  # the status is sent: a bug can only be an error event, and logged
             log.exception("generate_stream of model %r failed", spec.name)
+            yield v2_generate.error_event(from_exception(exc).message)
+
+    async def infer_stream(self, request: Request) -> Response:
+        """MLServer's ``/infer_stream``: a v2 request, answered by server-sent events of v2 responses. Served for
+        models that answer whole requests (MLServer's runtimes); others stream on ``/generate_stream``."""
+        whole = await self._whole(request)
+        if whole is None:
+            raise ServingError(
+                Code.FAILED_PRECONDITION,
+                f"Model {request.path_params['model']} streams on /generate_stream and gRPC ModelStreamInfer; "
+                "/infer_stream serves MLServer's runtimes",
+            )
+        return whole
+
+    async def _whole(self, request: Request) -> Response | None:
+        """The event stream of a model answering whole requests, or None for any other model. Every mistake in the
+        request is found before the stream begins (a JSON error with its status)."""
+        params = request.path_params
+        try:
+            spec = await self.models.loaded_spec(params["model"], params.get("version"), self.timeout)
+        except ServingError as exc:
+            self.dataplane.refused(params["model"], "predict", self.protocol, exc)
+            raise
+        with self.dataplane.handle(spec) as servable:
+            if not isinstance(servable, WholeRequestServable):
+                return None
+        whole = v2_whole.rest_request(parse_body(await self.read_body(request)))
+        return StreamingResponse(self._whole_events(spec, whole), media_type="text/event-stream; charset=utf-8")
+
+    async def _whole_events(self, spec: ModelSpec, whole: WholeRequest) -> AsyncIterator[bytes]:
+        """One event per response of the model's ``predict_stream``, asked for as the client reads."""
+
+        async def one() -> AsyncIterator[WholeRequest]:
+            yield whole
+
+        try:
+            with await self.dataplane.admit(spec, "predict", self.protocol, self.timeout) as call:
+                servable = call.servable
+                assert isinstance(servable, WholeRequestServable)
+                async with contextlib.aclosing(servable.answer_stream(one())) as responses:
+                    async for response in responses:
+                        yield v2_generate.event(v2_whole.rest_response(call.model, call.version, response))
+        except ServingError as exc:
+            yield v2_generate.error_event(exc.message)
+        except Exception as exc:  # the status is sent: a bug can only be an error event, and logged
+            log.exception("infer_stream of model %r failed", spec.name)
             yield v2_generate.error_event(from_exception(exc).message)
 
 

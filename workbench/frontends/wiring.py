@@ -17,6 +17,7 @@ from workbench.config.options import ServerOptions
 from workbench.frontends.explain import ExplainApi
 from workbench.frontends.grpc import ModelService, PredictionService
 from workbench.frontends.management import management_routes
+from workbench.frontends.mlflow_invocations import MlflowScoring
 from workbench.frontends.probes import probe_routes
 from workbench.frontends.rest import create_app
 from workbench.frontends.sequence_routing import SequenceRouter
@@ -52,6 +53,7 @@ class FrontendSettings:
     model_store: str = ""  # the model repository: TorchServe's register-by-URL downloads archives into it
     torchserve_allowed_urls: str = ""  # the URLs it may download from ("": TorchServe's default, any http(s))
     profiler: bool = True  # tensorflow.ProfilerService on the gRPC port (--enable_profiler)
+    mlflow_scoring_model: str = ""  # the model MLflow's POST /invocations answers with ("": the only one)
 
     @classmethod
     def of(
@@ -76,6 +78,7 @@ class FrontendSettings:
             model_store=options.model_repository or "",
             torchserve_allowed_urls=options.torchserve_allowed_urls,
             profiler=options.enable_profiler,
+            mlflow_scoring_model=options.mlflow_scoring_model,
         )
 
 
@@ -139,6 +142,10 @@ class Frontends:
                 *(settings.batch_jobs.routes() if settings.batch_jobs is not None else []),
                 # TorchServe's inference and management APIs (/ping, /predictions, /models) on the same port.
                 *torchserve_routes(self.torchserve, settings.rest_timeout_ms, settings.rest_max_request_bytes),
+                # MLflow's scoring protocol (/invocations, /health, /version; /ping is TorchServe's, above).
+                *MlflowScoring(
+                    dataplane, settings.rest_timeout_ms, settings.rest_max_request_bytes, settings.mlflow_scoring_model
+                ).routes(),
             ],
             more_posts=[
                 *ExplainApi(dataplane, settings.rest_timeout_ms).posts(),  # :explain

@@ -492,6 +492,7 @@ class ServeMagics(Magics):
             replicas=args.replicas,
             image=args.image or DEFAULT_IMAGE,
             routing=model,
+            model_format=args.model_format,
         )
         if args.out is not None:
             for path in manifests.write(args.out):

@@ -297,6 +297,7 @@ def _logs_parser(line: str) -> None:
 )
 @_declared(MANIFESTS_ARGUMENTS["replicas"])
 @_declared(MANIFESTS_ARGUMENTS["image"])
+@_declared(MANIFESTS_ARGUMENTS["model_format"])
 @argument("--out", metavar="DIR", help="also write the files into DIR")
 @_SERVER_OPTION
 def _manifests_parser(line: str) -> None:

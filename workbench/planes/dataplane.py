@@ -26,6 +26,7 @@ from workbench.core.errors import Code, ServingError
 from workbench.core.sequence_contract import SequenceRequest
 from workbench.core.servable import Composite, Servable
 from workbench.core.signatures import DEFAULT_SIGNATURE, Signature, TensorSpec
+from workbench.core.whole_requests import WholeRequest, WholeRequestServable, WholeResponse
 from workbench.models.harness import Harness
 from workbench.models.manager import Manager, ServableHandle, VersionState, VersionStatus
 from workbench.models.readiness import Readiness
@@ -43,6 +44,7 @@ from workbench.planes.sequence_pinning import Sequences
 from workbench.planes.shadowing import DEFAULT_MAX_PENDING, ShadowTraffic
 from workbench.planes.statistics import MetricTotals
 from workbench.platforms import v2_name
+from workbench.protocol.v2_dialects import dialect_of
 from workbench.protocol.v2_models import ModelDescription, ModelStatistics, RepositoryRow
 
 __all__ = ["RequestInFlight", "Dataplane", "ModelSpec", "ServerStatus"]
@@ -347,6 +349,16 @@ class Dataplane:
         )
         return signature, result
 
+    async def answer_whole(
+        self, call: RequestInFlight, request: WholeRequest, timeout: float | None = None
+    ) -> WholeResponse:
+        """A whole v2 request answered by a servable that takes them (MLServer's runtimes), within ``timeout``: never
+        batched across requests; the servable stays held until its answer is made, even past the deadline."""
+        servable = call.servable
+        if not isinstance(servable, WholeRequestServable):
+            raise ServingError(Code.INTERNAL, f"{call.model} does not answer whole requests")
+        return await self._run(call, servable.answer(request), timeout)
+
     def default_version(self, model: str) -> int | None:
         """Where ``model``'s requests naming no version go (before a canary's share)."""
         return self._models.default_version(model)
@@ -505,9 +517,12 @@ class Dataplane:
         ``serving_default`` signature, the model's available versions, its platform's v2 name, batching, and the
         config it declares. Both v2 frontends encode this one description."""
         with self.handle(spec) as servable:
+            # A version its own server names (MLServer's "v0.1.0") is described by that name, as that server does.
+            dialect = dialect_of(servable)
+            named = (dialect.version_name,) if dialect is not None and dialect.version_name else None
             return ModelDescription(
                 name=spec.name,
-                versions=tuple(self.available_versions(spec.name)),
+                versions=named or tuple(self.available_versions(spec.name)),
                 platform=v2_name(servable.platform),
                 signature=servable.signatures.get(DEFAULT_SIGNATURE),
                 max_batch_size=self.max_batch_size(spec.name),

@@ -22,6 +22,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from types import ModuleType
 
+from workbench.config.options import PackagedModel
 from workbench.core.errors import Code, ServingError
 from workbench.core.servable import Servable
 from workbench.platforms.base import HANDLER_FILE, TRITON_CONFIG, VERSION_CONFIG, LoadPolicy
@@ -67,6 +68,9 @@ class Platform:
     # ``module:function`` listing the models a repository root holds packed in the platform's own files (TorchServe's
     # .mar archives): ``function(root, is_model_name)`` → model name → the folder of its unpacked versions.
     packaged_models: str = ""
+    # Its file describes the whole folder (MLflow's MLmodel): the other platforms' files beside it are its parts, so
+    # a folder holding it is this platform's.
+    describes_folder: bool = False
 
     def load(self, name: str, version: int, path: str, policy: LoadPolicy) -> Servable:
         load: PlatformLoader = getattr(self.import_module(), self.loader)
@@ -171,6 +175,8 @@ BUILTIN: tuple[Platform, ...] = (
         framework=("ai_edge_litert.interpreter",),
     ),
     Platform("python", ("model.py",), "workbench.platforms.python"),
+    # An MLflow model folder: its flavors say which of workbench's platforms loads it, else MLflow's pyfunc does.
+    Platform("mlflow", ("MLmodel",), "workbench.platforms.mlflow", extra="mlflow", describes_folder=True),
     Platform("pipeline", ("pipeline.yaml",), "workbench.platforms.pipeline", v2_name="ensemble"),
     # An unpacked TorchServe model archive (workbench.platforms.torchserve_archives writes the second file beside it).
     Platform(
@@ -180,6 +186,17 @@ BUILTIN: tuple[Platform, ...] = (
         extra="pytorch",
         framework=("torch",),
         packaged_models="workbench.platforms.torchserve_archives:store_models",
+    ),
+    # MLServer's custom runtimes: a version folder holding a model-settings.json whose "implementation" is an MLModel
+    # class (workbench.platforms.mlserver_runtime). Chosen by name, as its file is no model of its own.
+    Platform("mlserver_runtime", (), "workbench.platforms.mlserver_runtime", loader="load_version", v2_name="mlserver"),
+    # A folder laid out for MLServer: each model-settings.json a version (workbench.platforms.mlserver_repository
+    # writes the version folders, naming the platform); served by its implementation's native platform.
+    Platform(
+        "mlserver",
+        (),
+        "workbench.platforms.mlserver",
+        packaged_models="workbench.platforms.mlserver_repository:repository_models",
     ),
     # SavedModel signatures answered with zeros: the frontends' ceiling, measured by the benchmarks. Chosen only
     # by name (no files of its own).
@@ -224,14 +241,20 @@ def model_files() -> tuple[str, ...]:
     return tuple(f for platform in registry().values() for f in platform.files)
 
 
-def packaged_models(root: Path, is_model_name: Callable[[str], bool]) -> dict[str, str]:
-    """The models repository root ``root`` holds packed in platforms' own files (TorchServe's ``.mar`` archives),
-    unpacked where they changed: model name → the folder of its versions."""
-    found: dict[str, str] = {}
+def packaged_models(root: Path, is_model_name: Callable[[str], bool]) -> dict[str, PackagedModel]:
+    """The models repository root ``root`` holds packed in platforms' own files (TorchServe's ``.mar`` archives,
+    MLServer's ``model-settings.json``), unpacked where they changed: model name → the folder of its versions (and
+    the labels its files name). A platform's function answers a folder or a :class:`PackagedModel` per model."""
+    found: dict[str, PackagedModel] = {}
     for platform in registry().values():
         if platform.packaged_models:
             module, _, function = platform.packaged_models.partition(":")
-            found.update(getattr(importlib.import_module(module), function)(root, is_model_name))
+            models = getattr(importlib.import_module(module), function)(root, is_model_name)
+            for name, where in models.items():
+                if name in found:
+                    log.error("Model %s is packed in the files of two platforms in %s; the first is served", name, root)
+                    continue
+                found[name] = where if isinstance(where, PackagedModel) else PackagedModel(str(where))
     return found
 
 
@@ -270,6 +293,9 @@ def detect(path: str | Path, prefer_tflite: bool = False) -> Platform:
         return get(declared)
     found = [(p, f) for p in registry().values() for f in p.files if (folder / f).is_file()]
     candidates = {p.name: p for p, _ in found}
+    describing = [p for p in candidates.values() if p.describes_folder]
+    if len(describing) == 1:
+        return describing[0]
     if set(candidates) == {"tensorflow", "tflite"}:
         return candidates["tflite" if prefer_tflite else "tensorflow"]
     if len(candidates) == 1:

@@ -47,6 +47,8 @@ from workbench.platforms.tabular import (
 SKOPS_FILE = "model.skops"
 PICKLE_FILES = ("model.joblib", "model.pkl")
 FILES = (SKOPS_FILE, *PICKLE_FILES)
+# A pickle by its suffix (MLServer's folders name theirs "mnist-svm.joblib", "model.pickle").
+PICKLE_SUFFIXES = (".joblib", ".pkl", ".pickle")
 
 # The methods served as predict signatures, with their output's alias. serving_default is predict's.
 OUTPUTS = {
@@ -141,7 +143,7 @@ def load(name: str, version: int, path: str, policy: LoadPolicy) -> Servable:
 
 # --------------------------------------------------------------------------------------------- reading
 def read_estimator(file: Path, policy: LoadPolicy) -> Any:
-    if file.name in PICKLE_FILES:
+    if file.suffix in PICKLE_SUFFIXES:
         if not policy.allow_pickle:
             raise ServingError(
                 Code.FAILED_PRECONDITION,

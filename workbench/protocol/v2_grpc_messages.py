@@ -28,6 +28,7 @@ from workbench.core.signatures import Signature, shape_text
 from workbench.protocol import shared_memory_parameters, v2_models, v2_types
 from workbench.protocol.bytes_codec import TruncatedElement, TruncatedLength, unpack_bytes
 from workbench.protocol.shared_memory_parameters import SharedMemory, SharedTensor
+from workbench.protocol.v2_json import CONTENT_TYPE, InferRequest, RequestedOutput
 
 # The typed ``InferTensorContents`` field of each datatype, and the numpy type its values arrive in (protobuf
 # widens the small integer types to 32 bits). FP16 and BF16 have no typed field: they travel raw only.
@@ -152,6 +153,21 @@ def requested_outputs(request: Any, shared_memory: SharedMemory | None = None) -
     return [output.name for output in request.outputs]
 
 
+def as_infer_request(request: Any, inputs: dict[str, np.ndarray]) -> InferRequest:
+    """A ModelInferRequest as REST decodes one (its ``inputs`` decoded already): what a servable that reads v2
+    requests its own way is handed (``workbench.protocol.v2_dialects``), with each tensor's content type."""
+
+    def content_type(parameters: Mapping[str, Any]) -> str:
+        value = parameter_values(parameters).get(CONTENT_TYPE, "") if CONTENT_TYPE in parameters else ""
+        return value if isinstance(value, str) else ""
+
+    datatypes = {tensor.name: tensor.datatype for tensor in request.inputs}
+    content_types = {t.name: content_type(t.parameters) for t in request.inputs if content_type(t.parameters)}
+    outputs = tuple(RequestedOutput(o.name, content_type=content_type(o.parameters)) for o in request.outputs)
+    parameters = parameter_values(request.parameters) if request.parameters else {}
+    return InferRequest(inputs, datatypes, outputs, request.id or None, parameters, content_types)
+
+
 def classification_counts(request: Any) -> dict[str, int]:
     """The outputs a request asks to be answered as their top classes (Triton's classification extension)."""
     counts = {}
@@ -176,6 +192,7 @@ def infer_response(
     order: Sequence[str],
     shared: Mapping[str, SharedTensor] | None = None,
     shared_memory: SharedMemory | None = None,
+    output_parameters: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> Any:
     """A ModelInferResponse carrying ``outputs`` (in ``order``) as raw little-endian buffers; those in ``shared``
     are written to ``shared_memory`` instead and answered with their shared-memory parameters and an empty buffer."""
@@ -184,6 +201,8 @@ def infer_response(
         value = outputs[name]
         datatype = v2_types.to_datatype(value.dtype)
         output = response.outputs.add(name=name, datatype=datatype, shape=value.shape)
+        for key, parameter in (output_parameters or {}).get(name, {}).items():
+            output.parameters[key].string_param = str(parameter)
         data = v2_types.raw_contents(value, datatype)
         place = shared.get(name) if shared else None
         if place is not None:

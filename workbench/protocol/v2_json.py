@@ -38,6 +38,9 @@ BINARY_DATA_SIZE = "binary_data_size"
 BINARY_DATA = "binary_data"
 BINARY_DATA_OUTPUT = "binary_data_output"
 CLASSIFICATION = "classification"  # an output's parameter: Triton's classification extension
+CONTENT_TYPE = (
+    "content_type"  # an input's or output's parameter: MLServer's codec for it (np, pd, str, base64, datetime)
+)
 
 # JSON arrays orjson writes straight from numpy (OPT_SERIALIZE_NUMPY); others go through tolist().
 _ORJSON_NUMPY_KINDS = frozenset("biuf")
@@ -49,6 +52,7 @@ class RequestedOutput:
     binary: bool | None = None  # None: as the request's binary_data_output says
     shared: SharedTensor | None = None  # where in shared memory to write it (then the answer carries no data)
     classification: int = 0  # Triton's classification extension: answer the top N classes (0: the values)
+    content_type: str = ""  # parameters.content_type: how MLServer's runtimes encode it (protocol.v2_dialects)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +64,8 @@ class InferRequest:
     outputs: tuple[RequestedOutput, ...] = ()
     id: str | None = None
     parameters: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    # Each input's parameters.content_type where it has one (MLServer's codecs: workbench.protocol.v2_dialects).
+    content_types: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def timeout_seconds(self) -> float | None:
@@ -132,6 +138,7 @@ def decode_infer_request(
     offset = 0
     inputs: dict[str, np.ndarray] = {}
     datatypes: dict[str, str] = {}
+    content_types: dict[str, str] = {}
     for entry in entries:
         name, shape, datatype = _tensor_header(entry)
         if name in inputs:
@@ -139,6 +146,11 @@ def decode_infer_request(
         tensor_parameters = _object(entry.get("parameters"), f'parameters of input "{name}"')
         size = tensor_parameters.get(BINARY_DATA_SIZE)
         shared = shared_memory_parameters.shared_tensor(tensor_parameters, f'Input "{name}"')
+        content_type = tensor_parameters.get(CONTENT_TYPE)
+        if content_type is not None:
+            if not isinstance(content_type, str):
+                raise invalid_argument(f'parameters.{CONTENT_TYPE} of input "{name}" must be a string')
+            content_types[name] = content_type
         if shared is not None:
             if size is not None or "data" in entry:  # Triton's rule: data, binary data or shared memory, one of them
                 raise invalid_argument(
@@ -172,7 +184,7 @@ def decode_infer_request(
     for output in outputs:
         if output.shared is not None:
             shared_memory_parameters.check_output(shared_memory, output.shared, output.name)
-    return InferRequest(inputs, datatypes, outputs, request_id, parameters)
+    return InferRequest(inputs, datatypes, outputs, request_id, parameters, content_types)
 
 
 def _short(value: Any) -> str:
@@ -226,7 +238,10 @@ def _requested_outputs(entries: Any) -> tuple[RequestedOutput, ...]:
             )
         classes = parameters.get(CLASSIFICATION)
         count = requested_count(classes, entry["name"]) if classes is not None else 0
-        requested.append(RequestedOutput(entry["name"], binary, shared, count))
+        content_type = parameters.get(CONTENT_TYPE, "")
+        if not isinstance(content_type, str):
+            raise invalid_argument(f'parameters.{CONTENT_TYPE} of output "{entry["name"]}" must be a string')
+        requested.append(RequestedOutput(entry["name"], binary, shared, count, content_type))
     return tuple(requested)
 
 
@@ -356,15 +371,17 @@ class EncodedResponse:
 
 def encode_infer_response(
     model_name: str,
-    model_version: int,
+    model_version: int | str,
     request: InferRequest,
     outputs: Mapping[str, np.ndarray],
     shared_memory: SharedMemory | None = None,
     parameters: Mapping[str, Any] | None = None,
+    output_parameters: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> EncodedResponse:
     """The response body: each output as JSON data, or raw after the JSON when the request asked for it so; an output
     requested in shared memory is written into ``shared_memory`` and answered with its parameters but no data.
-    ``parameters``: the response's own (an explanation's), if any."""
+    ``parameters``: the response's own (an explanation's), if any; ``output_parameters``: parameters outputs carry
+    (the content type MLServer's runtimes put on each)."""
     requested = {o.name: o for o in request.outputs}
     entries: list[dict[str, Any]] = []
     raw: list[bytes] = []
@@ -375,12 +392,15 @@ def encode_infer_response(
             binary = request.binary_outputs
         datatype = to_datatype(value.dtype)
         entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(value.shape)}
+        own = output_parameters.get(name) if output_parameters else None
+        if own:
+            entry["parameters"] = dict(own)
         if asked is not None and asked.shared is not None:
             shared_memory_parameters.write_output(shared_memory, asked.shared, name, raw_contents(value, datatype))
-            entry["parameters"] = asked.shared.parameters()
+            entry["parameters"] = {**entry.get("parameters", {}), **asked.shared.parameters()}
         elif binary:
             data = raw_contents(value, datatype)
-            entry["parameters"] = {BINARY_DATA_SIZE: len(data)}
+            entry["parameters"] = {**entry.get("parameters", {}), BINARY_DATA_SIZE: len(data)}
             raw.append(data)
         else:
             entry["data"] = _json_data(name, value, datatype)

@@ -76,7 +76,7 @@ class ModelDescription:
     """
 
     name: str
-    versions: tuple[int, ...]  # the model's AVAILABLE versions, oldest first
+    versions: tuple[int | str, ...]  # the model's AVAILABLE versions, oldest first (or the one version's own name)
     platform: str
     signature: Signature | None
     max_batch_size: int  # the most rows one batch runs (0: batching is off)

@@ -1,0 +1,263 @@
+"""Folders laid out for MLServer served unchanged: the requests of MLServer's sklearn, xgboost, lightgbm, mms and
+model-repository examples (their READMEs) answered as MLServer answers them, over REST with ``requests`` and over gRPC
+with ``tritonclient``; its content types, its casting and its refusals; the repository extension on the layout."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import requests
+import tritonclient.grpc as triton_grpc
+from tritonclient.utils import InferenceServerException
+
+from tests.mlserver_folders import (
+    digits,
+    iris_lightgbm,
+    lightgbm_example,
+    mms_example,
+    mnist_svm,
+    mushroom_xgboost,
+    mushrooms,
+    sklearn_example,
+    write_json,
+    xgboost_example,
+)
+from workbench.config.options import ServerOptions
+from workbench.models.configs import discover_models
+from workbench.server import ServerThread
+
+
+@pytest.fixture(scope="module")
+def examples(tmp_path_factory) -> Path:
+    """The sklearn, xgboost and lightgbm examples' folders, side by side under one root (with folders that are not
+    models: an mlruns/ and a tests/, as a project holds)."""
+    root = tmp_path_factory.mktemp("examples")
+    sklearn_example(root / "sklearn") if (root / "sklearn").mkdir() is None else None
+    xgboost_example(root / "xgboost")
+    lightgbm_example(root / "lightgbm")
+    (root / "mlruns" / "0").mkdir(parents=True)
+    (root / "tests").mkdir()
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(examples) -> Iterator[ServerThread]:
+    options = ServerOptions(rest_api_port=-1, port=0, model_repository=str(examples), allow_pickle=True)
+    with ServerThread(options) as running:
+        yield running
+
+
+def infer(server: ServerThread, path: str, body: dict) -> requests.Response:
+    return requests.post(f"{server.rest_url}/v2/models/{path}/infer", json=body, timeout=60)
+
+
+def one_input(x: np.ndarray, name: str = "predict", datatype: str = "FP32") -> dict:
+    """The READMEs' request: one input named as the example names it, FP32, the row's shape."""
+    return {"inputs": [{"name": name, "shape": list(x.shape), "datatype": datatype, "data": x.tolist()}]}
+
+
+# ================================================================================================ discovery
+def test_the_layout_is_discovered_with_versions_as_labels(examples):
+    models = {m.name: m for m in discover_models(examples)}
+    assert set(models) == {"mnist-svm", "mushroom-xgboost", "iris-lgb"}  # not mlruns, tests, sklearn, xgboost...
+    assert all(m.labels == {"v0.1.0": 1} for m in models.values())
+
+
+def test_a_model_without_a_name_takes_its_folder_name(tmp_path):
+    mushroom_xgboost().save_model(tmp_path / "shrooms" / "model.json") if (tmp_path / "shrooms").mkdir() is None else 0
+    write_json(tmp_path / "shrooms" / "model-settings.json", {"implementation": "mlserver_xgboost.XGBoostModel"})
+    (model,) = discover_models(tmp_path)
+    assert model.name == "shrooms" and model.labels == {}
+
+
+def test_versions_of_one_model_are_numbered_in_version_order(tmp_path):
+    for version in ["v0.10.0", "v0.2.0"]:
+        folder = tmp_path / "models" / "m" / version
+        folder.mkdir(parents=True)
+        mushroom_xgboost().save_model(folder / "model.json")
+        write_json(
+            folder / "model-settings.json",
+            {"name": "m", "implementation": "mlserver_xgboost.XGBoostModel", "parameters": {"version": version}},
+        )
+    (model,) = discover_models(tmp_path)
+    assert model.labels == {"v0.2.0": 1, "v0.10.0": 2}
+
+
+# ================================================================================================ the examples
+def test_sklearn_example(server):
+    _, _, x_test, y_test = digits()
+    response = infer(server, "mnist-svm/versions/v0.1.0", one_input(x_test[0:1]))
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["model_name"] == "mnist-svm" and body["model_version"] == "v0.1.0"
+    (output,) = body["outputs"]
+    expected = mnist_svm().predict(x_test[0:1])
+    assert output == {
+        "name": "predict",
+        "datatype": "INT64",
+        "shape": [1, 1],
+        "parameters": {"content_type": "np"},
+        "data": expected.tolist(),
+    }
+    assert output["data"] == [y_test[0]]
+
+
+def test_xgboost_example_answers_the_boosters_probabilities(server):
+    """MLServer loads a booster as an XGBRegressor: predict is binary:logistic's probability, FP32 [N, 1]."""
+    rows, _ = mushrooms()
+    response = infer(server, "mushroom-xgboost/versions/v0.1.0", one_input(rows[0:3]))
+    assert response.status_code == 200, response.text
+    (output,) = response.json()["outputs"]
+    assert output["name"] == "predict" and output["datatype"] == "FP32" and output["shape"] == [3, 1]
+    import xgboost as xgb
+
+    expected = mushroom_xgboost().predict(xgb.DMatrix(rows[0:3].astype(np.float32)))
+    np.testing.assert_allclose(output["data"], expected, rtol=1e-6)
+    assert output["parameters"] == {"content_type": "np"}
+
+
+def test_xgboost_predict_proba(server):
+    rows, _ = mushrooms()
+    body = {**one_input(rows[0:2]), "outputs": [{"name": "predict"}, {"name": "predict_proba"}]}
+    outputs = {o["name"]: o for o in infer(server, "mushroom-xgboost", body).json()["outputs"]}
+    assert outputs["predict_proba"]["shape"] == [2, 2]
+    proba = np.array(outputs["predict_proba"]["data"]).reshape(2, 2)
+    np.testing.assert_allclose(proba[:, 1], outputs["predict"]["data"], rtol=1e-6)
+
+
+def test_lightgbm_example(server):
+    from sklearn.datasets import load_iris
+
+    x = load_iris()["data"][0:1]
+    response = infer(server, "iris-lgb/versions/v0.1.0", one_input(x, name="predict-prob"))
+    assert response.status_code == 200, response.text
+    (output,) = response.json()["outputs"]
+    assert output["name"] == "predict" and output["datatype"] == "FP64" and output["shape"] == [1, 3]
+    np.testing.assert_allclose(output["data"], iris_lightgbm().predict(x.astype(np.float32)).reshape(-1))
+
+
+def test_metadata_names_the_version_string(server):
+    metadata = requests.get(f"{server.rest_url}/v2/models/mnist-svm/versions/v0.1.0", timeout=30).json()
+    assert metadata["name"] == "mnist-svm" and metadata["versions"] == ["v0.1.0"]
+
+
+def test_mms_example(tmp_path):
+    folder = mms_example(tmp_path)
+    _, _, x_digits, _ = digits()
+    rows, _ = mushrooms()
+    options = ServerOptions(rest_api_port=-1, port=0, model_repository=str(folder), allow_pickle=True)
+    with ServerThread(options) as running:
+        svm = infer(running, "mnist-svm/versions/v0.1.0", one_input(x_digits[0:1]))
+        booster = infer(running, "mushroom-xgboost/versions/v0.1.0", one_input(rows[0:1]))
+        assert svm.status_code == 200 and booster.status_code == 200, (svm.text, booster.text)
+        assert svm.json()["outputs"][0]["data"] == mnist_svm().predict(x_digits[0:1]).tolist()
+        # the model-repository example, on the same folder
+        index = requests.post(f"{running.rest_url}/v2/repository/index", json={}, timeout=30).json()
+        assert {(row["name"], row["state"]) for row in index} == {("mnist-svm", "READY"), ("mushroom-xgboost", "READY")}
+
+
+# ================================================================================================ sklearn's outputs
+def test_sklearn_outputs_asked_by_name(tmp_path):
+    import joblib
+    from sklearn.linear_model import LogisticRegression
+
+    x_train, y_train, x_test, _ = digits()
+    model = LogisticRegression(max_iter=200).fit(x_train, y_train)
+    folder = tmp_path / "lr"
+    folder.mkdir()
+    joblib.dump(model, folder / "model.joblib")
+    write_json(
+        folder / "model-settings.json",
+        {"implementation": "mlserver_sklearn.SKLearnModel", "parameters": {"extra": {"predict_fn": "predict_proba"}}},
+    )
+    with ServerThread(ServerOptions(rest_api_port=-1, port=0, model_repository=str(tmp_path), allow_pickle=True)) as s:
+        default = infer(s, "lr", one_input(x_test[0:2])).json()["outputs"]
+        assert [o["name"] for o in default] == ["predict_proba"] and default[0]["shape"] == [2, 10]
+        both = infer(s, "lr", {**one_input(x_test[0:2]), "outputs": [{"name": "predict"}, {"name": "predict_proba"}]})
+        assert [o["name"] for o in both.json()["outputs"]] == ["predict", "predict_proba"]
+        assert both.json()["model_version"] == "1"  # no version string: the number
+        wrong = infer(s, "lr", {**one_input(x_test[0:2]), "outputs": [{"name": "decision_function"}]})
+        assert wrong.status_code == 400
+        assert wrong.json()["error"] == (
+            "SKLearnModel only supports 'predict', 'predict_proba' and 'transform' as outputs "
+            "(decision_function was received)"
+        )
+
+
+# ================================================================================================ inputs
+def test_numbers_are_cast_to_the_models_type(server):
+    _, _, x_test, _ = digits()
+    as_int = infer(server, "mnist-svm", one_input(x_test[0:1].astype(np.int32), datatype="INT32"))
+    as_double = infer(server, "mnist-svm", one_input(x_test[0:1], datatype="FP64"))
+    assert as_int.status_code == as_double.status_code == 200
+    assert as_int.json()["outputs"] == as_double.json()["outputs"]
+
+
+def test_two_inputs_are_refused_as_mlservers_np_codec_refuses_them(server):
+    _, _, x_test, _ = digits()
+    body = one_input(x_test[0:1])
+    body["inputs"].append({"name": "other", "shape": [1], "datatype": "FP32", "data": [1.0]})
+    response = infer(server, "mnist-svm", body)
+    assert response.status_code == 400
+    assert response.json()["error"] == (
+        "There was an error encoding / decoding the payload: The 'np' codec only supports a single input tensor "
+        "(2 were received)"
+    )
+
+
+def test_pandas_content_type_makes_columns_of_the_inputs(server):
+    """``pd``: every input a column of the one DataFrame, in the order sent."""
+    from sklearn.datasets import load_iris
+
+    x = load_iris()["data"][0:2]
+    body = {
+        "parameters": {"content_type": "pd"},
+        "inputs": [
+            {"name": f"f{i}", "shape": [2], "datatype": "FP64", "data": x[:, i].tolist()} for i in range(x.shape[1])
+        ],
+    }
+    response = infer(server, "iris-lgb", body)
+    assert response.status_code == 200, response.text
+    np.testing.assert_allclose(response.json()["outputs"][0]["data"], iris_lightgbm().predict(x).reshape(-1))
+
+
+def test_text_that_is_not_a_number_is_refused(server):
+    body = {"inputs": [{"name": "predict", "shape": [1, 1], "datatype": "BYTES", "data": ["nope"]}]}
+    response = infer(server, "mnist-svm", body)
+    assert response.status_code == 400 and "not numbers" in response.json()["error"]
+
+
+def test_a_row_of_the_wrong_width_is_a_400(server):
+    response = infer(server, "mnist-svm", one_input(np.zeros((1, 3))))
+    assert response.status_code == 400
+
+
+def test_grpc_clients_get_the_same_answers(server):
+    client = triton_grpc.InferenceServerClient(server.grpc_target)
+    _, _, x_test, _ = digits()
+    tensor = triton_grpc.InferInput("predict", list(x_test[0:1].shape), "FP32")
+    tensor.set_data_from_numpy(x_test[0:1].astype(np.float32))
+    result = client.infer("mnist-svm", [tensor], model_version="v0.1.0")
+    response = result.get_response(as_json=True)
+    assert response["model_version"] == "v0.1.0"
+    assert response["outputs"][0]["parameters"] == {"content_type": {"string_param": "np"}}
+    assert result.as_numpy("predict").tolist() == [mnist_svm().predict(x_test[0:1]).tolist()]
+    wrong = triton_grpc.InferRequestedOutput("transform")
+    with pytest.raises(InferenceServerException) as refused:
+        client.infer("mnist-svm", [tensor], outputs=[wrong])
+    assert refused.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert "<class 'sklearn.svm._classes.SVC'> models do not support 'transform" in refused.value.message()
+
+
+# ================================================================================================ failures
+def test_an_unknown_implementation_fails_its_load_naming_it(tmp_path):
+    write_json(tmp_path / "custom" / "model-settings.json", {"implementation": "runtime.EchoRuntime"})
+    write_json(tmp_path / "other" / "model-settings.json", json.loads('{"name": 3}'))  # skipped, logged
+    with ServerThread(ServerOptions(rest_api_port=-1, port=0, model_repository=str(tmp_path))) as running:
+        (row,) = requests.post(f"{running.rest_url}/v2/repository/index", json={}, timeout=30).json()
+    assert row["name"] == "custom" and row["state"] == "UNAVAILABLE"
+    assert "runtime.EchoRuntime" in row["reason"]

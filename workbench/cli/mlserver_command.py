@@ -1,0 +1,57 @@
+"""``workbench mlserver start DIR``: serve a folder laid out for MLServer as ``mlserver start DIR`` serves it.
+
+The folder's ``settings.json`` gives the ports and host (``http_port`` 8080 and ``grpc_port`` 8081 by default, as
+MLServer's) and the models' root (``model_repository_root``); its ``model-settings.json`` files are the models. The
+rest is ``workbench serve``'s defaults; for other flags, run ``workbench serve --model_repository=DIR``.
+Pickles and custom runtimes run code, and MLServer loads
+both from the folder it is given, so this command allows them (``--allow_pickle``, ``--allow_python_models``);
+``workbench serve --model_repository=DIR`` serves the same folder without them. Without a ``host`` in the settings,
+workbench binds 127.0.0.1 where MLServer binds 0.0.0.0: pass ``--host=0.0.0.0`` to be reached from elsewhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+SUMMARY = "serve a folder laid out for MLServer (settings.json, model-settings.json), as `mlserver start DIR` does"
+
+
+def add_mlserver_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    parser = sub.add_parser("mlserver", help=SUMMARY, description=__doc__.split("\n\n", 1)[1].strip())
+    actions = parser.add_subparsers(title="commands", metavar="COMMAND", required=True)
+    start = actions.add_parser("start", help="serve the models of FOLDER with its settings.json")
+    start.add_argument("folder", metavar="FOLDER", help="the folder `mlserver start` would be given")
+    start.set_defaults(command=_start)
+
+
+def serve_flags(folder: str) -> list[str]:
+    """The ``workbench serve`` flags that serve ``folder`` as MLServer would, from its ``settings.json``."""
+    from workbench.config.mlserver_settings import read_server_settings
+
+    settings = read_server_settings(folder)
+    flags = [
+        f"--model_repository={settings.model_repository_root}",
+        f"--rest_api_port={settings.http_port}",
+        f"--port={settings.grpc_port}",
+        "--allow_pickle",
+        "--allow_python_models",
+    ]
+    if settings.host:
+        flags.append(f"--host={settings.host}")
+    return flags
+
+
+def _start(args: argparse.Namespace) -> int:
+    from workbench.cli.serve_command import serve
+    from workbench.config.serve_options import serve_parser
+    from workbench.core.errors import ServingError
+
+    try:
+        flags = serve_flags(args.folder)
+    except ServingError as exc:
+        print(f"workbench mlserver start: {exc.message}", file=sys.stderr)
+        return 1
+    served = serve_parser().parse_args(flags)
+    served.words = ["serve", *flags]  # as if typed: --num_workers' supervisor hands them on to its workers
+    return serve(served)

@@ -1,0 +1,80 @@
+"""The MLServer platform: a version that stands for a ``model-settings.json``, served by the runtime its
+``implementation`` names.
+
+The version folders are written by :mod:`workbench.platforms.mlserver_repository` (their ``workbench.json`` names
+the settings file). At load the settings are read again and the ``implementation`` chooses:
+
+- MLServer's built-in runtimes (``mlserver_sklearn.SKLearnModel``, ``mlserver_xgboost.XGBoostModel``,
+  ``mlserver_lightgbm.LightGBMModel``): workbench's own native platforms with MLServer's semantics
+  (:mod:`workbench.platforms.mlserver_builtins`): the numpy path and dynamic batching, no Python runtime per call;
+- ``mlserver_mlflow.MLflowRuntime``: the ``mlflow`` platform's loader, on the folder at ``parameters.uri``;
+- any other class: a custom runtime written against MLServer's ``MLModel``, run by
+  ``workbench.platforms.mlserver_runtime`` (``load(name, version, settings_file, policy)``).
+
+A built-in runtime's servable answers v2 clients with the settings' version string (``"v0.1.0"``) as its
+``model_version``; the custom runtimes' and MLflow's modules decide their own answers.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from types import ModuleType
+
+from workbench.config.mlserver_settings import ModelSettings, read_model_settings
+from workbench.core.errors import Code, ServingError
+from workbench.core.servable import Servable
+from workbench.platforms.base import LoadPolicy
+from workbench.platforms.mlserver_builtins import RUNTIMES, load_builtin
+from workbench.platforms.tabular import version_config
+
+MLFLOW_RUNTIME = "mlserver_mlflow.MLflowRuntime"
+MLFLOW_PLATFORM = "workbench.platforms.mlflow"
+CUSTOM_RUNTIMES = "workbench.platforms.mlserver_runtime"
+
+
+def load(name: str, version: int, path: str, policy: LoadPolicy) -> Servable:
+    settings = settings_of(Path(path))
+    implementation = settings.implementation
+    if implementation in RUNTIMES:
+        return load_builtin(name, version, settings, policy)
+    if implementation == MLFLOW_RUNTIME:
+        servable = _module(MLFLOW_PLATFORM, implementation, "MLflow models").load(
+            name, version, settings.model_uri, policy
+        )
+    else:
+        servable = _module(CUSTOM_RUNTIMES, implementation, "custom MLServer runtimes").load(
+            name, version, settings.source, policy
+        )
+    return servable
+
+
+def settings_of(folder: Path) -> ModelSettings:
+    """The ``model-settings.json`` the version folder stands for."""
+    source = version_config(folder).get("settings")
+    if not isinstance(source, str) or not source:
+        raise ServingError(
+            Code.FAILED_PRECONDITION, f'{folder} names no model-settings.json (its workbench.json has no "settings")'
+        )
+    settings = read_model_settings(source)
+    if not settings.implementation:
+        raise ServingError(
+            Code.INVALID_ARGUMENT,
+            f'{settings.source} names no implementation (for example "implementation": '
+            f'"mlserver_sklearn.SKLearnModel")',
+        )
+    return settings
+
+
+def _module(module: str, implementation: str, what: str) -> ModuleType:
+    """The platform module serving ``implementation``; UNIMPLEMENTED naming it where this workbench has none."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        if exc.name != module:  # the module is there, and something it needs is not: say that
+            raise
+        raise ServingError(
+            Code.UNIMPLEMENTED,
+            f'implementation "{implementation}" is not supported: this workbench does not serve {what} '
+            f"({module} is missing). Built-in runtimes served: {', '.join(RUNTIMES)}",
+        ) from None
