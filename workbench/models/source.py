@@ -41,7 +41,7 @@ from workbench.config.options import ModelConfig
 from workbench.models.manager import DiskVersion, Manager
 from workbench.platforms import TRITON_CONFIG
 from workbench.platforms import model_files as platform_model_files
-from workbench.runtime.mlflow_uris import MODEL_FILE as MLFLOW_MODEL_FILE
+from workbench.platforms import registry as platform_registry
 from workbench.runtime.storage import RemoteFolder, StorageError, fingerprint, is_remote, join, redact
 
 log = logging.getLogger(__name__)
@@ -114,6 +114,12 @@ def _local_version(path: str) -> DiskVersion:
     return DiskVersion(path=path, fingerprint=fingerprint(watched), contents=describe(files))
 
 
+def folder_model_files() -> tuple[str, ...]:
+    """The files that make a whole folder one model (MLflow's ``MLmodel``): a base path holding one directly, and no
+    numbered version folders, is that model as version 1 (a run's artifacts, a model ``mlflow.save_model`` wrote)."""
+    return tuple(f for platform in platform_registry().values() if platform.describes_folder for f in platform.files)
+
+
 def scan_versions(base_path: str) -> dict[int, DiskVersion]:
     """All version folders under ``base_path`` (empty if it does not exist)."""
     found: dict[int, DiskVersion] = {}
@@ -130,8 +136,8 @@ def scan_versions(base_path: str) -> dict[int, DiskVersion]:
         if version in found:  # "1" and "001": TF Serving takes one of them; be predictable
             continue
         found[version] = _local_version(entry.path)
-    if not found and os.path.isfile(os.path.join(base_path, MLFLOW_MODEL_FILE)):  # one MLflow model: version 1
-        found[1] = _local_version(base_path)
+    if not found and any(os.path.isfile(os.path.join(base_path, f)) for f in folder_model_files()):
+        found[1] = _local_version(base_path)  # one MLflow model, its MLmodel in the base path: version 1
     return found
 
 
@@ -162,7 +168,7 @@ def scan_remote_versions(base_url: str) -> dict[int, DiskVersion]:
             continue
         path, stamps = join(base_url, folder), fingerprint({**files, **triton})
         found[version] = DiskVersion(path=path, fingerprint=stamps, contents=describe(files))
-    if not found and MLFLOW_MODEL_FILE in beside:  # one MLflow model's artifacts: version 1, the whole prefix
+    if not found and any(f in beside for f in folder_model_files()):  # one MLflow model's artifacts: version 1
         found[1] = DiskVersion(path=base_url, fingerprint=fingerprint(beside), contents=describe(beside))
     return found
 

@@ -24,9 +24,6 @@ REGISTERED = "models:/"
 RUNS = "runs:/"
 ARTIFACTS = "mlflow-artifacts:"
 SCHEMES = (REGISTERED, RUNS, ARTIFACTS)
-# An MLflow model folder's description: a base path holding it directly (a local folder, an s3:// or gs:// prefix
-# an MLflow run logged to) is one model, served as version 1.
-MODEL_FILE = "MLmodel"
 
 
 def is_mlflow_uri(path: str | os.PathLike[str]) -> bool:
