@@ -35,8 +35,8 @@ from waiting import wait_until
 
 from workbench.platforms import sklearn as sklearn_platform
 
-# `workbench serve` in a process that writes its loaded tensorflow* and keras* modules (JSON) to argv[1] whenever stdin
-# gets a line.
+# `workbench serve` in a process that writes its loaded tensorflow*, keras* and mlflow* modules (JSON) to argv[1]
+# whenever stdin gets a line.
 CHILD = textwrap.dedent(
     """
     import json, sys, threading
@@ -44,7 +44,7 @@ CHILD = textwrap.dedent(
 
     def report() -> None:
         for _ in sys.stdin:
-            names = sorted(m for m in list(sys.modules) if m.split(".")[0] in ("tensorflow", "keras"))
+            names = sorted(m for m in list(sys.modules) if m.split(".")[0] in ("tensorflow", "keras", "mlflow"))
             with open(sys.argv[1] + ".tmp", "w") as f:
                 json.dump(names, f)
             import os
@@ -146,6 +146,7 @@ def test_a_server_of_scikit_learn_models_answers_every_api_without_importing_ten
 
     loaded = server.tensorflow_modules()
     assert "tensorflow" not in loaded, "a server without TensorFlow models imported TensorFlow"
+    assert "mlflow" not in loaded, "a server without MLflow models imported MLflow"
     # Only TensorFlow's generated protos (and their packages) came in, through TF Serving's.
     packages = {m.rsplit(".", 1)[0] for m in loaded}
     assert [m for m in loaded if not m.endswith("_pb2") and m not in packages] == []

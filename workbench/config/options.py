@@ -20,6 +20,8 @@ from workbench.config.request_logging import RequestLogConfig, request_log_confi
 from workbench.config.text_config import parse_text_config
 from workbench.config.version_policy import VersionPolicy
 from workbench.core.errors import Code, ServingError
+from workbench.runtime import mlflow_uris
+from workbench.runtime.mlflow_uris import is_mlflow_uri
 from workbench.runtime.storage import RemoteFolder, is_remote, state_dir
 
 log = logging.getLogger(__name__)
@@ -140,6 +142,13 @@ class ServerOptions:
     model_repository: str = ""
     model_cache_dir: str = ""  # where versions from object stores are downloaded ("": the XDG cache or temp dir)
     management_state_file: str = ""
+    # MLflow as a model source (models:/, runs:/ base paths): its tracking server ("": MLflow's own choice,
+    # $MLFLOW_TRACKING_URI or its default), the aliases that are a registered model's stable and canary versions, and
+    # whether workbench's routing changes may move them (off: the registry alone routes, and changes are refused).
+    mlflow_tracking_uri: str = ""
+    mlflow_stable_alias: str = "champion"
+    mlflow_canary_alias: str = "challenger"
+    mlflow_write_aliases: bool = False
     # Never shown: not in this dataclass's repr (logs, tracebacks, a notebook printing the options).
     management_token: str = dataclasses.field(default="", repr=False)
     torchserve_allowed_urls: str = ""  # TorchServe's allowed_urls: the archive URLs a registration may name
@@ -226,7 +235,7 @@ class ServerOptions:
         if self.model_base_path:
             base_path = self.model_base_path
             base_path = base_path if is_remote(base_path) else os.path.abspath(base_path)
-            return [ModelConfig(name=self.model_name, base_path=base_path)]
+            return [ModelConfig(name=self.model_name, base_path=checked_base_path(base_path))]
         return []
 
     def batching_parameters(self) -> BatchingParameters | None:
@@ -333,12 +342,12 @@ def model_configs_from_proto(
         if not entry.base_path:
             raise ServingError(Code.INVALID_ARGUMENT, f"Model {entry.name} has no base_path")
         base_path = entry.base_path
-        if base_dir is not None and not os.path.isabs(base_path) and "://" not in base_path:
+        if base_dir is not None and not os.path.isabs(base_path) and not is_remote(base_path):
             base_path = str((base_dir / base_path).resolve())
         models.append(
             ModelConfig(
                 name=entry.name,
-                base_path=base_path,
+                base_path=checked_base_path(base_path),
                 policy=_policy_from_proto(entry)
                 if entry.HasField("model_version_policy")
                 else _folder_policy(base_path),
@@ -350,6 +359,16 @@ def model_configs_from_proto(
             )
         )
     return models
+
+
+def checked_base_path(base_path: str) -> str:
+    """``base_path``, refused (INVALID_ARGUMENT) where it is an MLflow URI naming nothing MLflow can find."""
+    if is_mlflow_uri(base_path):
+        try:
+            mlflow_uris.parse(base_path)
+        except ValueError as exc:
+            raise ServingError(Code.INVALID_ARGUMENT, str(exc)) from None
+    return base_path
 
 
 def _folder_policy(base_path: str) -> VersionPolicy:

@@ -399,6 +399,29 @@ SERVE_FLAGS: tuple[FlagGroup, ...] = (
             ServeFlag(
                 "management_state_file", "an older workbench's routing state, read where a model has none", "FILE"
             ),
+            ServeFlag(
+                "mlflow_tracking_uri",
+                "the MLflow tracking server of models:/ and runs:/ base paths (default: $MLFLOW_TRACKING_URI, else "
+                "MLflow's own default: sqlite:///mlflow.db in the working folder)",
+                "URI",
+            ),
+            ServeFlag(
+                "mlflow_stable_alias",
+                "the alias of a registered model (models:/NAME) that is its stable version: moving it in MLflow moves "
+                "the server",
+                "ALIAS",
+            ),
+            ServeFlag(
+                "mlflow_canary_alias",
+                "the alias of a registered model that is its canary, with its share of traffic in the model's tag "
+                "workbench.canary_weight",
+                "ALIAS",
+            ),
+            ServeFlag(
+                "mlflow_write_aliases",
+                "let promote, canary and rollback set a registered model's aliases in MLflow (off: the registry alone "
+                "routes it, and those changes are refused)",
+            ),
             # The flag, else the environment: resolved (and required beyond loopback) by management_token().
             ServeFlag(
                 "management_token",

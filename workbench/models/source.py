@@ -35,12 +35,13 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from workbench.config.options import ModelConfig
 from workbench.models.manager import DiskVersion, Manager
 from workbench.platforms import TRITON_CONFIG
 from workbench.platforms import model_files as platform_model_files
+from workbench.platforms import registry as platform_registry
 from workbench.runtime.storage import RemoteFolder, StorageError, fingerprint, is_remote, join, redact
 
 log = logging.getLogger(__name__)
@@ -113,6 +114,12 @@ def _local_version(path: str) -> DiskVersion:
     return DiskVersion(path=path, fingerprint=fingerprint(watched), contents=describe(files))
 
 
+def folder_model_files() -> tuple[str, ...]:
+    """The files that make a whole folder one model (MLflow's ``MLmodel``): a base path holding one directly, and no
+    numbered version folders, is that model as version 1 (a run's artifacts, a model ``mlflow.save_model`` wrote)."""
+    return tuple(f for platform in platform_registry().values() if platform.describes_folder for f in platform.files)
+
+
 def scan_versions(base_path: str) -> dict[int, DiskVersion]:
     """All version folders under ``base_path`` (empty if it does not exist)."""
     found: dict[int, DiskVersion] = {}
@@ -129,6 +136,8 @@ def scan_versions(base_path: str) -> dict[int, DiskVersion]:
         if version in found:  # "1" and "001": TF Serving takes one of them; be predictable
             continue
         found[version] = _local_version(entry.path)
+    if not found and any(os.path.isfile(os.path.join(base_path, f)) for f in folder_model_files()):
+        found[1] = _local_version(base_path)  # one MLflow model, its MLmodel in the base path: version 1
     return found
 
 
@@ -159,6 +168,8 @@ def scan_remote_versions(base_url: str) -> dict[int, DiskVersion]:
             continue
         path, stamps = join(base_url, folder), fingerprint({**files, **triton})
         found[version] = DiskVersion(path=path, fingerprint=stamps, contents=describe(files))
+    if not found and any(f in beside for f in folder_model_files()):  # one MLflow model's artifacts: version 1
+        found[1] = DiskVersion(path=base_url, fingerprint=fingerprint(beside), contents=describe(beside))
     return found
 
 
@@ -214,6 +225,18 @@ class Settling:
                 del table[key]
 
 
+class VersionRegistry(Protocol):
+    """A model registry whose API lists a model's versions (MLflow's: :mod:`workbench.models.mlflow_registry`)."""
+
+    def handles(self, base_path: str) -> bool:
+        """Whether ``base_path`` names this registry rather than a folder or store."""
+        ...
+
+    def versions(self, base_path: str) -> dict[int, DiskVersion]:
+        """The versions there now, each whole (a registry lists only what is complete); raises StorageError."""
+        ...
+
+
 class RepositorySource:
     """Feeds the manager the aspired versions of every configured model, once or on a poll loop."""
 
@@ -224,6 +247,7 @@ class RepositorySource:
         models: Callable[[], list[ModelConfig]] | None = None,
         discover: Callable[[], list[ModelConfig]] | None = None,
         on_scan: Callable[[list[ModelConfig]], None] | None = None,
+        registry: VersionRegistry | None = None,
     ) -> None:
         self._manager = manager
         self._poll_wait = poll_wait_seconds
@@ -232,6 +256,8 @@ class RepositorySource:
         self._discover = discover
         # Told the models after every scan: files beside a model (logging_config.txt) are polled with it.
         self._on_scan = on_scan
+        # Base paths naming a registry are listed through its API, polled by this loop like folders.
+        self._registry = registry
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._warned: set[str] = set()
@@ -262,16 +288,18 @@ class RepositorySource:
                     self._manager.set_models(found)
             configs = self._models()
             for config in configs:
-                if is_remote(config.base_path):
+                registry = self._registry if self._registry and self._registry.handles(config.base_path) else None
+                if registry is not None or is_remote(config.base_path):
                     try:
-                        listed = scan_remote_versions(config.base_path)
+                        listed = (registry.versions if registry else scan_remote_versions)(config.base_path)
                     except StorageError as exc:
                         self._unreachable(config.name, str(exc))
                         continue
                     self._manager.set_source_error(config.name, None)
                 else:
                     listed = scan_versions(config.base_path)
-                on_disk = self._settling.settle(config, listed, steady)
+                # A registry lists a version once it is complete: nothing of it is being copied, so nothing settles.
+                on_disk = listed if registry is not None else self._settling.settle(config, listed, steady)
                 if not on_disk and not self._settling.waiting(config) and config.name not in self._warned:
                     log.warning(
                         "No versions of servable %s found under base path %s", config.name, redact(config.base_path)

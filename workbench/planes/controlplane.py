@@ -39,11 +39,12 @@ from workbench.core.errors import Code, ServingError
 from workbench.models.configs import discover_models, initial_models
 from workbench.models.manager import Manager, VersionState
 from workbench.models.routing.changes import RoutingChanges
-from workbench.models.source import RepositorySource
+from workbench.models.source import RepositorySource, VersionRegistry
 from workbench.observability.request_logger import RequestLogger
 from workbench.planes import shadowing
 from workbench.planes.response_cache import ResponseCache
 from workbench.protocol.v2_models import RepositoryRow
+from workbench.runtime.storage import is_remote
 
 log = logging.getLogger(__name__)
 
@@ -63,10 +64,12 @@ class ControlPlane:
         cache: ResponseCache | None = None,
         on_models_changed: Callable[[], None] = lambda: None,
         shadow_records: Callable[[], object] = lambda: None,
+        registry: VersionRegistry | None = None,
     ) -> None:
         """``on_models_changed``: called after a model config was applied (a model may have come or gone without
         any version changing state); ``shadow_records``: each shadowed model's comparison with its primary, by model
-        (the whole server's, as its statistics show them), which a promotion's condition is checked against."""
+        (the whole server's, as its statistics show them), which a promotion's condition is checked against;
+        ``registry``: where base paths naming a model registry (MLflow's ``models:/``) list their versions."""
         self._manager = manager
         self._shadow_records = shadow_records
         self._models = manager.served
@@ -90,6 +93,7 @@ class ControlPlane:
             poll_wait,
             discover=self.model_control.discover if discover is not None else None,
             on_scan=request_log.configure,
+            registry=registry,
         )
 
     # -------------------------------------------------------------------------------------- batching
@@ -104,7 +108,7 @@ class ControlPlane:
         config = next((m for m in self._models.configs() if m.name == name), None)
         if config is None:
             raise ServingError(Code.NOT_FOUND, f"No model {name} is configured")
-        if "://" in config.base_path:
+        if is_remote(config.base_path):
             raise ServingError(
                 Code.FAILED_PRECONDITION,
                 f"Model {name} is served from {config.base_path}: put its {BATCHING_FILE_NAME} there",

@@ -122,7 +122,7 @@ class ModelRunner:
         self.index = index
         # Versions in object stores are downloaded here, once for every worker: the workers name a version by its
         # source (name, version, URL), so they all hold the same copy.
-        self._cache = VersionCache(options.model_cache_dir)
+        self._cache = VersionCache(options.model_cache_dir, options.mlflow_tracking_uri)
         self._loader = caching_loader(
             Loader(
                 LoadPolicy(

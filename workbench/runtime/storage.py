@@ -32,6 +32,9 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
+from workbench.runtime import mlflow_uris
+from workbench.runtime.mlflow_uris import is_mlflow_uri
+
 log = logging.getLogger(__name__)
 
 SAVED_MODEL = "saved_model.pb"
@@ -51,8 +54,9 @@ class StorageError(OSError):
 
 
 def is_remote(path: str | os.PathLike[str]) -> bool:
-    """True for any fsspec URL (``file://`` too: read like a store; a plain path is served in place)."""
-    return "://" in str(path)
+    """True for any fsspec URL (``file://`` too: read like a store) and MLflow's URIs (``models:/``, ``runs:/``:
+    downloaded like a store's versions); a plain path is served in place."""
+    return "://" in str(path) or is_mlflow_uri(path)
 
 
 def redact(url: str) -> str:
@@ -234,8 +238,10 @@ class VersionCache:
     removes a folder another server is loading from.
     """
 
-    def __init__(self, root: str | os.PathLike[str] = "") -> None:
+    def __init__(self, root: str | os.PathLike[str] = "", mlflow_tracking_uri: str = "") -> None:
+        """``mlflow_tracking_uri``: where MLflow's URIs are downloaded from ("": MLflow's own choice)."""
         self.root = Path(root) if root else default_cache_dir()
+        self.mlflow_tracking_uri = mlflow_tracking_uri
         self._lock_fd: int | None = None
         self._folder: Path | None = None
         self._guard = threading.Lock()
@@ -274,7 +280,11 @@ class VersionCache:
         staging = self.folder / f".download-{model}-{version}-{uuid.uuid4().hex[:8]}"
         started = time.perf_counter()
         try:
-            RemoteFolder(url.rsplit("/", 1)[0]).download(url.rsplit("/", 1)[1], staging)
+            if is_mlflow_uri(url):  # a registry version or a run's model, through MLflow's own client
+                with translated(url):
+                    mlflow_uris.download(url, staging, self.mlflow_tracking_uri)
+            else:
+                RemoteFolder(url.rsplit("/", 1)[0]).download(url.rsplit("/", 1)[1], staging)
             self._discard(target)
             target.parent.mkdir(parents=True, exist_ok=True)
             os.rename(staging, target)  # complete, or not there at all

@@ -35,6 +35,7 @@ from workbench.frontends.sequence_routing import SequenceRouter, private_socket
 from workbench.frontends.v2_shared_memory import SharedMemoryAccess
 from workbench.frontends.wiring import Frontends, FrontendSettings
 from workbench.models.manager import Manager, VersionState
+from workbench.models.mlflow_registry import MlflowRegistry
 from workbench.models.readiness import Phase, ServerReadiness
 from workbench.models.routing.routing_file import read_legacy_state
 from workbench.models.warmup_replay import warm_up
@@ -95,7 +96,7 @@ class ModelServer:
             self.peers = self.metrics.peers = peers(views)
         self.stats = RollingStats()
         # Versions in object stores load from a local copy, downloaded per load and removed on unload.
-        self.model_cache = VersionCache(options.model_cache_dir)
+        self.model_cache = VersionCache(options.model_cache_dir, options.mlflow_tracking_uri)
         loader: Loader = PlatformLoader(
             LoadPolicy(
                 options.allow_pickle,
@@ -118,12 +119,16 @@ class ModelServer:
             # Runners are handed a version's source, so every worker names it alike and a runner downloads and
             # holds one copy; a version the runner gives back (LOCAL) is downloaded here.
             loader = RunnerLoader(self.runners, loader)
+        # MLflow's models:/ and runs:/ base paths: listed through its registry (MLflow is imported only for them).
+        self.registry = MlflowRegistry.of(options)
         self.manager = Manager(
             loader,
             warmup=_warm_up_here if options.enable_model_warmup else None,
             load_threads=options.num_load_threads,
             allow_labels_for_unavailable=options.allow_version_labels_for_unavailable_models,
-            # Routing lives in each model's base path; an older workbench's state file is where it starts.
+            # Routing lives in each model's base path (a registered MLflow model's: its aliases); an older workbench's
+            # state file is where it starts.
+            routing_stores=self.registry.routing_store,
             initial_routing=read_legacy_state(options.routing_state_path()),
             # Many models in bounded memory: evicted versions load again when asked for (docs/memory-budget.md).
             memory=MemoryOptions.of(
@@ -155,6 +160,7 @@ class ModelServer:
             on_models_changed=self._readiness_changed,
             # A promotion's condition is checked against the shadow records the server's statistics show.
             shadow_records=lambda: self.stats_snapshot().get("shadow"),
+            registry=self.registry,
         )
         self.source = self.controlplane.source
         # With --num_workers: a sequence's requests go to the worker that holds it (its private socket).

@@ -189,8 +189,11 @@ class RoutingChanges:
 
 
 def _unwritable(name: str, exc: RoutingStateUnwritable) -> ServingError:
+    advice = exc.advice or (
+        "This server serves the repository but cannot write its routing state; change it where the repository is "
+        "writable"
+    )
     return ServingError(
         Code.FAILED_PRECONDITION,
-        f"The routing of model {name} cannot be changed: {exc.location}: {exc.reason}. This server serves the "
-        "repository but cannot write its routing state; change it where the repository is writable",
+        f"The routing of model {name} cannot be changed: {exc.location}: {exc.reason}. {advice}",
     )

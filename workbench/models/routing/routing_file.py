@@ -69,12 +69,14 @@ class RoutingConflict(Exception):
 
 
 class RoutingStateUnwritable(Exception):
-    """The store cannot be written (a read-only mount, permissions, no credentials); ``reason`` says why."""
+    """The store cannot be written (a read-only mount, permissions, no credentials); ``reason`` says why, and
+    ``advice`` (where given) what to do instead, in place of the repository's advice."""
 
-    def __init__(self, location: str, reason: str) -> None:
+    def __init__(self, location: str, reason: str, advice: str = "") -> None:
         super().__init__(f"{location}: {reason}")
         self.location = location
         self.reason = reason
+        self.advice = advice
 
 
 class RoutingStateStore(Protocol):
