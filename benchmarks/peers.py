@@ -1,6 +1,7 @@
 """workbench against its Python peers, side by side in one run: the same scikit-learn models, the same load client.
 
-Run: `.venv/bin/python benchmarks/peers.py [--quick] [--duration S] [--rounds R] [--peers NAME ...] [--venvs DIR]`
+Run: `.venv/bin/python benchmarks/peers.py [--quick] [--duration S] [--rounds R] [--peers NAME ...] [--models NAME ...]
+[--layouts NAME ...] [--venvs DIR]`
 Writes benchmarks/results/peers.json (or ``--out``). Optional: not part of `make test`. About 10 minutes with the
 defaults on 2 cores once the venvs exist (``--rounds 3``: about 30), 5 with ``--quick`` (2 s rows, 32 connections).
 The first run creates a virtual environment per peer (``python -m venv`` and pip from PyPI, a few minutes each) under
@@ -8,8 +9,10 @@ The first run creates a virtual environment per peer (``python -m venv`` and pip
 
 Models, trained here on scikit-learn's bundled digits (``load_digits``, no download; 64 features a row): ``light``, a
 LogisticRegression (a call is tens of µs), and ``heavy``, a RandomForestClassifier of 200 trees (a call costs
-milliseconds whatever its batch size). Saved once with joblib and loaded from the same files by every server: each
-peer's venv pins the scikit-learn of the venv running this script (checked before anything is measured).
+milliseconds whatever its batch size), the default ``--models``; and ``mnist-svm``, MLServer's sklearn example
+(``docs/examples/sklearn``: ``SVC(gamma=0.001)`` on the first half of digits, ~0.13 ms a row). Saved once with
+joblib and loaded from the same files by every server: each peer's venv pins the scikit-learn of the venv running
+this script (checked before anything is measured).
 
 Servers, one at a time so that they never compete, each on the same CPUs (``--cpus``, default: all of them), one
 process each as shipped (plus whatever helpers the server starts by default):
@@ -29,7 +32,26 @@ process each as shipped (plus whatever helpers the server starts by default):
   ``RAY_SERVE_ENABLE_DIRECT_INGRESS=1``: no proxy) on a local single-node Ray; batching on: ``serve.batch``
   (max_batch_size 64, batch_wait_timeout_s 0); max_ongoing_requests 256 so that 32 connections reach the replica;
 - ``starlette``: the floor, a hand-written Starlette app on uvicorn (uvloop, httptools), orjson, calling
-  ``estimator.predict`` in its handler: no validation, no batching, no metrics. Measured once.
+  ``estimator.predict`` in its handler: no validation, no batching, no metrics. Measured once, whatever the layouts:
+  the bare stack the other rows are read against (``workbench_over_bare``, ``peer_over_bare``);
+- ``mlflow``: `mlflow models serve --env-manager local -m DIR -h 127.0.0.1 -p PORT` (MLflow 3.17.2, FastAPI on
+  uvicorn, its default one worker: ``--workers`` / ``MLFLOW_MODELS_WORKERS`` unset), in a venv of its own with
+  ``pip install mlflow==3.17.2`` as it resolves (plain ``uvicorn``: asyncio and h11), like every peer pinned and apart
+  from workbench's packages. Only in the ``mlflow-model`` layout.
+
+Layouts (``--layouts``, default all three): ``repository``, each server's own (the rows above); ``mlserver-folder``,
+per model the folder of MLServer's sklearn example: its ``model-settings.json`` as the example writes it
+(``mlserver_sklearn.SKLearnModel``, ``parameters.uri`` ``./<model>.joblib``, ``version`` ``v0.1.0``; the example's
+own for ``mnist-svm``), the joblib beside it and a ``settings.json`` (ports, host, MLServer's defaults otherwise:
+``debug`` off where the example turns on its access log, metrics off as in the repository rows), served unchanged by
+``mlserver start DIR`` and by ``workbench mlserver start DIR``, both asked the example's request
+(``/v2/models/<m>/versions/v0.1.0/infer``, one input ``predict``, FP32, shape [1, 64], the row as a nested list); and
+``mlflow-model``, the same estimator fit on the digits DataFrame and saved by ``mlflow.sklearn.save_model`` (skops,
+MLflow 3's default; a signature of 64 double columns, an input example) as ``mlflow-models/<m>/1``, served by
+``mlflow models serve`` and by ``workbench serve --model_base_path=mlflow-models/<m>``, both asked
+``POST /invocations`` with ``{"dataframe_split": {"columns": [...64], "data": [[...]]}}``. Neither layout batches
+(neither folder asks for it). ``layout_ratios`` in the JSON: workbench over MLServer on the folder (target ≥ 2x
+requests/s and a lower p99), over MLflow on the MLflow model (target ≥ 3x), and each over the bare stack.
 
 Each server is started, waited on until it answers, checked (``--check_rows`` rows, one request each, must give the
 labels scikit-learn gives in this process), warmed up (``--warmup`` s at each load), then measured for
