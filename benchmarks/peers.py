@@ -1,6 +1,7 @@
 """workbench against its Python peers, side by side in one run: the same scikit-learn models, the same load client.
 
-Run: `.venv/bin/python benchmarks/peers.py [--quick] [--duration S] [--rounds R] [--peers NAME ...] [--venvs DIR]`
+Run: `.venv/bin/python benchmarks/peers.py [--quick] [--duration S] [--rounds R] [--peers NAME ...] [--models NAME ...]
+[--layouts NAME ...] [--venvs DIR]`
 Writes benchmarks/results/peers.json (or ``--out``). Optional: not part of `make test`. About 10 minutes with the
 defaults on 2 cores once the venvs exist (``--rounds 3``: about 30), 5 with ``--quick`` (2 s rows, 32 connections).
 The first run creates a virtual environment per peer (``python -m venv`` and pip from PyPI, a few minutes each) under
@@ -8,8 +9,10 @@ The first run creates a virtual environment per peer (``python -m venv`` and pip
 
 Models, trained here on scikit-learn's bundled digits (``load_digits``, no download; 64 features a row): ``light``, a
 LogisticRegression (a call is tens of µs), and ``heavy``, a RandomForestClassifier of 200 trees (a call costs
-milliseconds whatever its batch size). Saved once with joblib and loaded from the same files by every server: each
-peer's venv pins the scikit-learn of the venv running this script (checked before anything is measured).
+milliseconds whatever its batch size), the default ``--models``; and ``mnist-svm``, MLServer's sklearn example
+(``docs/examples/sklearn``: ``SVC(gamma=0.001)`` on the first half of digits, ~0.13 ms a row). Saved once with
+joblib and loaded from the same files by every server: each peer's venv pins the scikit-learn of the venv running
+this script (checked before anything is measured).
 
 Servers, one at a time so that they never compete, each on the same CPUs (``--cpus``, default: all of them), one
 process each as shipped (plus whatever helpers the server starts by default):
@@ -29,7 +32,26 @@ process each as shipped (plus whatever helpers the server starts by default):
   ``RAY_SERVE_ENABLE_DIRECT_INGRESS=1``: no proxy) on a local single-node Ray; batching on: ``serve.batch``
   (max_batch_size 64, batch_wait_timeout_s 0); max_ongoing_requests 256 so that 32 connections reach the replica;
 - ``starlette``: the floor, a hand-written Starlette app on uvicorn (uvloop, httptools), orjson, calling
-  ``estimator.predict`` in its handler: no validation, no batching, no metrics. Measured once.
+  ``estimator.predict`` in its handler: no validation, no batching, no metrics. Measured once, whatever the layouts:
+  the bare stack the other rows are read against (``workbench_over_bare``, ``peer_over_bare``);
+- ``mlflow``: `mlflow models serve --env-manager local -m DIR -h 127.0.0.1 -p PORT` (MLflow 3.17.2, FastAPI on
+  uvicorn, its default one worker: ``--workers`` / ``MLFLOW_MODELS_WORKERS`` unset), in a venv of its own with
+  ``pip install mlflow==3.17.2`` as it resolves (plain ``uvicorn``: asyncio and h11), like every peer pinned and apart
+  from workbench's packages. Only in the ``mlflow-model`` layout.
+
+Layouts (``--layouts``, default all three): ``repository``, each server's own (the rows above); ``mlserver-folder``,
+per model the folder of MLServer's sklearn example: its ``model-settings.json`` as the example writes it
+(``mlserver_sklearn.SKLearnModel``, ``parameters.uri`` ``./<model>.joblib``, ``version`` ``v0.1.0``; the example's
+own for ``mnist-svm``), the joblib beside it and a ``settings.json`` (ports, host, MLServer's defaults otherwise:
+``debug`` off where the example turns on its access log, metrics off as in the repository rows), served unchanged by
+``mlserver start DIR`` and by ``workbench mlserver start DIR``, both asked the example's request
+(``/v2/models/<m>/versions/v0.1.0/infer``, one input ``predict``, FP32, shape [1, 64], the row as a nested list); and
+``mlflow-model``, the same estimator fit on the digits DataFrame and saved by ``mlflow.sklearn.save_model`` (skops,
+MLflow 3's default; a signature of 64 double columns, an input example) as ``mlflow-models/<m>/1``, served by
+``mlflow models serve`` and by ``workbench serve --model_base_path=mlflow-models/<m>``, both asked
+``POST /invocations`` with ``{"dataframe_split": {"columns": [...64], "data": [[...]]}}``. Neither layout batches
+(neither folder asks for it). ``layout_ratios`` in the JSON: workbench over MLServer on the folder (target ≥ 2x
+requests/s and a lower p99), over MLflow on the MLflow model (target ≥ 3x), and each over the bare stack.
 
 Each server is started, waited on until it answers, checked (``--check_rows`` rows, one request each, must give the
 labels scikit-learn gives in this process), warmed up (``--warmup`` s at each load), then measured for
@@ -74,8 +96,14 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _common import BATCHING, free_port, median_row, save_results
 
 ROOT = Path(__file__).resolve().parent.parent
-MODELS = ("light", "heavy")
-PEERS = ("workbench", "mlserver", "kserve", "ray", "starlette")
+MODELS = ("light", "heavy", "mnist-svm")
+PEERS = ("workbench", "mlserver", "kserve", "ray", "starlette", "mlflow")
+# How the models are laid out on disk: each server's own repository (the comparisons above), the folder of
+# MLServer's sklearn example (served by `mlserver start` and by `workbench mlserver start`), an MLflow model (served
+# by `mlflow models serve` and by `workbench serve --model_base_path`).
+LAYOUTS = ("repository", "mlserver-folder", "mlflow-model")
+# MLServer's sklearn example (docs/examples/sklearn): its model-settings.json, whatever the model's name.
+EXAMPLE_VERSION = "v0.1.0"
 BATCH_SIZE = 64
 MLSERVER_BATCH_TIME_S = 0.0001  # MLServer's adaptive batching is off at 0
 RAY_MAX_ONGOING = 256
@@ -91,6 +119,7 @@ REQUIREMENTS: dict[str, tuple[str, ...]] = {
     "kserve": ("kserve==0.21.0",),
     "ray": ("ray[serve]==2.60.0",),
     "starlette": ("starlette", "uvicorn[standard]", "orjson"),
+    "mlflow": ("mlflow==3.17.2",),
 }
 # The distributions whose versions the JSON records, per peer.
 REPORTED = {
@@ -99,34 +128,64 @@ REPORTED = {
     "kserve": ("kserve", "scikit-learn", "numpy", "fastapi", "uvicorn"),
     "ray": ("ray", "scikit-learn", "numpy", "starlette", "uvicorn"),
     "starlette": ("starlette", "uvicorn", "uvloop", "httptools", "orjson", "scikit-learn", "numpy"),
+    "mlflow": (
+        "mlflow",
+        "mlflow-skinny",
+        "skops",
+        "scikit-learn",
+        "numpy",
+        "pandas",
+        "fastapi",
+        "uvicorn",
+        "uvloop",
+        "httptools",
+    ),
 }
 
 
 # --------------------------------------------------------------------------------------------- models
-def train_models(folder: Path, check_rows: int) -> dict[str, Any]:
-    """Train the two models on digits, save them as joblib files, and time one call of each in-process."""
+def train_models(folder: Path, check_rows: int, names: tuple[str, ...] = MODELS) -> dict[str, Any]:
+    """Train the models ``names`` on digits, save them as joblib files, and time one call of each in-process."""
     import joblib
     import numpy as np
+    import pandas as pd
+    from sklearn.base import clone
     from sklearn.datasets import load_digits
     from sklearn.ensemble import RandomForestClassifier
     from sklearn.linear_model import LogisticRegression
+    from sklearn.svm import SVC
 
-    x, y = load_digits(return_X_y=True)
+    digits = load_digits(as_frame=True)
+    x, y = digits.data.to_numpy(), digits.target.to_numpy()
+    half = len(x) // 2  # MLServer's example: train_test_split(test_size=0.5, shuffle=False), the first half
     estimators = {
-        "light": LogisticRegression(max_iter=5000),
-        "heavy": RandomForestClassifier(n_estimators=200, random_state=0),
+        "light": (LogisticRegression(max_iter=5000), len(x) - check_rows),
+        "heavy": (RandomForestClassifier(n_estimators=200, random_state=0), len(x) - check_rows),
+        "mnist-svm": (SVC(gamma=0.001), len(x) - half),  # MLServer's sklearn example, as its README trains it
     }
     rows = x[-check_rows:].astype(np.float64)
-    info: dict[str, Any] = {"rows": rows.tolist(), "models": {}}
+    info: dict[str, Any] = {"rows": rows.tolist(), "columns": list(digits.feature_names), "models": {}}
     folder.mkdir(parents=True, exist_ok=True)
-    for name, estimator in estimators.items():
-        estimator.fit(x[:-check_rows], y[:-check_rows])
+    for name, (estimator, trained) in estimators.items():
+        if name not in names:
+            continue
+        estimator.fit(x[:trained], y[:trained])
         path = folder / f"{name}.joblib"
         joblib.dump(estimator, path)
+        # The MLflow model: the same estimator fit on the same rows as a DataFrame (its columns the signature's,
+        # as mlflow.sklearn.save_model is usually given one), saved by the MLflow layout's servers.
+        framed = clone(estimator).fit(pd.DataFrame(x[:trained], columns=digits.feature_names), y[:trained])
+        frame_path = folder / f"{name}-dataframe.joblib"
+        joblib.dump(framed, frame_path)
+        labels = [int(v) for v in estimator.predict(rows)]
+        if [int(v) for v in framed.predict(pd.DataFrame(rows, columns=digits.feature_names))] != labels:
+            raise AssertionError(f"{name}: the estimator fit on a DataFrame answers otherwise")
         info["models"][name] = {
             "path": str(path),
+            "dataframe_path": str(frame_path),
             "estimator": repr(estimator),
-            "labels": [int(v) for v in estimator.predict(rows)],
+            "trained_rows": trained,
+            "labels": labels,
             "in_process_ms": {str(b): round(_call_ms(estimator, x[:b]), 3) for b in (1, 32)},
         }
     return info
@@ -157,6 +216,21 @@ def v2_body(rows: list[list[float]]) -> bytes:
     ).encode()
 
 
+def example_body(rows: list[list[float]]) -> bytes:
+    """The request of MLServer's sklearn example (its README): ``X_test[0:1]`` as FP32, its nested list as data."""
+    return json.dumps(
+        {"inputs": [{"name": "predict", "shape": [len(rows), len(rows[0])], "datatype": "FP32", "data": rows}]}
+    ).encode()
+
+
+DIGITS_COLUMNS: list[str] = []  # load_digits' feature names, the MLflow models' signature (set by train_models' caller)
+
+
+def invocations_body(rows: list[list[float]]) -> bytes:
+    """MLflow's scoring protocol: ``dataframe_split``, the columns of the model's signature."""
+    return json.dumps({"dataframe_split": {"columns": DIGITS_COLUMNS, "data": rows}}).encode()
+
+
 def tfs_labels(answer: dict) -> list[int]:
     return [int(v[0] if isinstance(v, list) else v) for v in answer["predictions"]]
 
@@ -175,6 +249,13 @@ class Protocol:
 
 TFS = Protocol("TF Serving REST (v1)", lambda m: f"/v1/models/{m}:predict", tfs_body, tfs_labels)
 V2 = Protocol("Open Inference Protocol REST (v2)", lambda m: f"/v2/models/{m}/infer", v2_body, v2_labels)
+V2_EXAMPLE = Protocol(
+    "Open Inference Protocol REST (v2), MLServer's sklearn example request",
+    lambda m: f"/v2/models/{m}/versions/{EXAMPLE_VERSION}/infer",
+    example_body,
+    v2_labels,
+)
+INVOCATIONS = Protocol("MLflow scoring (POST /invocations)", lambda m: "/invocations", invocations_body, tfs_labels)
 
 
 # --------------------------------------------------------------------------------------------- servers
@@ -304,6 +385,8 @@ class Server:
     protocols: tuple[Protocol, ...]
     env: dict[str, str] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)
+    layout: str = "repository"  # one of LAYOUTS
+    models: tuple[str, ...] | None = None  # the models it serves (None: every model of the run)
 
 
 def workbench_server(work: Path, models: dict[str, str], batching: bool) -> Server:
@@ -352,6 +435,97 @@ def mlserver_server(work: Path, python: Path, models: dict[str, str], batching: 
     return Server("mlserver", batching, command, port, (V2,), {}, {"settings.json": settings, **batch})
 
 
+def mlserver_folder(work: Path, name: str, path: str) -> Path:
+    """MLServer's sklearn example folder for one model: its ``model-settings.json`` as the example writes it (the
+    model's name for "mnist-svm", ``parameters.uri`` "./<name>.joblib", ``version`` "v0.1.0"), the joblib file beside
+    it, and a ``settings.json`` both servers read: the ports, the host, MLServer's defaults otherwise (the example's
+    ``"debug": "true"`` turns on MLServer's access log, a development setting) and its metrics server off as in the
+    repository rows (less work for MLServer)."""
+    folder = work / "mlserver-folders" / name
+    if folder.exists():
+        return folder
+    folder.mkdir(parents=True)
+    shutil.copy(path, folder / f"{name}.joblib")
+    model = {
+        "name": name,
+        "implementation": "mlserver_sklearn.SKLearnModel",
+        "parameters": {"uri": f"./{name}.joblib", "version": EXAMPLE_VERSION},
+    }
+    (folder / "model-settings.json").write_text(json.dumps(model, indent=4) + "\n")
+    settings = {**MLSERVER_SETTINGS, "http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port()}
+    (folder / "settings.json").write_text(json.dumps(settings, indent=4) + "\n")
+    return folder
+
+
+def mlserver_folder_server(peer: str, python: Path, folder: Path, name: str) -> Server:
+    """``mlserver start FOLDER`` or ``workbench mlserver start FOLDER``: the same folder, unchanged."""
+    settings = json.loads((folder / "settings.json").read_text())
+    if peer == "mlserver":
+        command = [str(python.parent / "mlserver"), "start", str(folder)]
+        env: dict[str, str] = {}
+    else:
+        command = [sys.executable, "-m", "workbench", "mlserver", "start", str(folder)]
+        env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    described = {
+        "settings.json": settings,
+        "model-settings.json": json.loads((folder / "model-settings.json").read_text()),
+    }
+    return Server(
+        peer, False, command, settings["http_port"], (V2_EXAMPLE,), env, described, "mlserver-folder", (name,)
+    )
+
+
+MLFLOW_SAVE = """
+import sys, joblib, pandas as pd, mlflow.sklearn
+from mlflow.models import infer_signature
+from sklearn.datasets import load_digits
+
+model, target = joblib.load(sys.argv[1]), sys.argv[2]
+frame = load_digits(as_frame=True).data
+mlflow.sklearn.save_model(
+    model, target, signature=infer_signature(frame, model.predict(frame)), input_example=frame.head(3)
+)
+"""
+
+
+def mlflow_model(work: Path, python: Path, name: str, path: str) -> Path:
+    """The model saved by ``mlflow.sklearn.save_model`` (MLflow's default serialization, skops in MLflow 3), with a
+    signature and an input example, as version 1 of a repository: ``mlflow-models/<name>/1/MLmodel``."""
+    version = work / "mlflow-models" / name / "1"
+    if not (version / "MLmodel").exists():
+        version.parent.mkdir(parents=True, exist_ok=True)
+        done = subprocess.run(
+            [str(python), "-c", MLFLOW_SAVE, path, str(version)], capture_output=True, text=True, cwd=work
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"mlflow.sklearn.save_model failed:\n{done.stderr[-3000:]}")
+    return version
+
+
+def mlflow_server(peer: str, python: Path, version: Path, name: str) -> Server:
+    """``mlflow models serve`` (its defaults: one uvicorn worker) or ``workbench serve --model_base_path``."""
+    port = free_port()
+    if peer == "mlflow":
+        command = [
+            str(python.parent / "mlflow"), "models", "serve", "--env-manager", "local", "-m", str(version),
+            "-h", "127.0.0.1", "-p", str(port),
+        ]  # fmt: skip
+        # MLflow starts `uvicorn` by name: its venv's, first on PATH.
+        env = {"PATH": os.pathsep.join([str(python.parent), os.environ.get("PATH", "")]),
+               "VIRTUAL_ENV": str(python.parent.parent)}  # fmt: skip
+        settings: dict[str, Any] = {"workers": "1 (the default of --workers / MLFLOW_MODELS_WORKERS)",
+                                    "env_manager": "local"}  # fmt: skip
+    else:
+        command = [
+            sys.executable, "-m", "workbench", "serve", f"--model_base_path={version.parent}", f"--model_name={name}",
+            f"--rest_api_port={port}", "--port=0",
+        ]  # fmt: skip
+        env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+        settings = {"processes": "one (--num_workers=1)", "batching": "off (the default)"}
+    batching = None if peer == "mlflow" else False  # MLflow's server has no batching; workbench's is off
+    return Server(peer, batching, command, port, (INVOCATIONS,), env, settings, "mlflow-model", (name,))
+
+
 def script_server(
     peer: str, work: Path, python: Path, source: str, args: list[str], port: int, batching: bool | None, **kw: Any
 ) -> Server:
@@ -360,12 +534,37 @@ def script_server(
     return Server(peer, batching, [str(python), str(script), *args], port, (TFS,), **kw)
 
 
-def servers_of(peer: str, work: Path, python: Path, models: dict[str, str], batching: tuple[bool, ...]) -> list[Server]:
+def servers_of(
+    peer: str,
+    work: Path,
+    python: Path,
+    models: dict[str, str],
+    batching: tuple[bool, ...],
+    layouts: tuple[str, ...],
+    mlflow_models: dict[str, Path],
+) -> list[Server]:
+    """The servers of ``peer``: in each layout it serves (of ``layouts``); the starlette floor whatever they are."""
+    found: list[Server] = []
+    if peer in ("workbench", "mlserver") and "mlserver-folder" in layouts:
+        for name, path in models.items():
+            found.append(mlserver_folder_server(peer, python, mlserver_folder(work, name, path), name))
+    if peer in ("workbench", "mlflow") and "mlflow-model" in layouts:
+        found += [mlflow_server(peer, python, version, name) for name, version in mlflow_models.items()]
+    if "repository" in layouts or peer == "starlette":
+        found += repository_servers(peer, work, python, models, batching)
+    return found
+
+
+def repository_servers(
+    peer: str, work: Path, python: Path, models: dict[str, str], batching: tuple[bool, ...]
+) -> list[Server]:
     paths = json.dumps(models)
     if peer == "workbench":
         return [workbench_server(work, models, b) for b in batching]
     if peer == "mlserver":
         return [mlserver_server(work, python, models, b) for b in batching]
+    if peer == "mlflow":
+        return []
     if peer == "kserve":
         port = free_port()
         settings = {"workers": 1, "grpc": "on (KServe's default)", "latency_logging": False, "access_log": False}
@@ -429,7 +628,7 @@ class Running:
     def answer(self, protocol: Protocol, model: str, rows: list[list[float]], timeout: float = 30) -> list[int]:
         url = f"http://127.0.0.1:{self.server.port}{protocol.path(model)}"
         request = urllib.request.Request(url, protocol.body(rows), {"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=timeout) as response:
+        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - http://127.0.0.1
             return protocol.labels(json.loads(response.read()))
 
     def wait_ready(self, model: str, rows: list[list[float]]) -> float:
@@ -611,29 +810,39 @@ class Plan:
     check_rows: int
     wrk_threads: int
     rounds: int
+    layouts: tuple[str, ...] = ("repository",)
 
 
 def measure_server(server: Server, plan: Plan, reference: dict[str, Any], work: Path, cpus: set[int] | None, load: str,
                    log: Callable[[str], None]) -> tuple[dict[str, Any], list[dict[str, Any]]]:  # fmt: skip
     """Start, check, warm up, measure and stop one server: (what happened, its rows)."""
     label = f"{server.peer} (batching {'n/a' if server.batching is None else 'on' if server.batching else 'off'})"
-    record: dict[str, Any] = {"peer": server.peer, "batching": server.batching, "settings": server.settings}
-    rows: list[dict[str, Any]] = []
     name = f"{server.peer}-{'na' if server.batching is None else int(server.batching)}"
+    if server.layout != "repository":
+        label = f"{server.peer} ({server.layout} {','.join(server.models or ())})"
+        name = f"{server.peer}-{server.layout}-{'-'.join(server.models or ())}"
+    models = tuple(m for m in plan.models if server.models is None or m in server.models)
+    record: dict[str, Any] = {
+        "peer": server.peer,
+        "layout": server.layout,
+        "batching": server.batching,
+        "settings": server.settings,
+    }
+    rows: list[dict[str, Any]] = []
     running = Running(server, work / f"{name}.log", cpus)
     try:
         check = reference["rows"]
-        record["ready_s"] = round(running.wait_ready(plan.models[0], check), 2)
+        record["ready_s"] = round(running.wait_ready(models[0], check), 2)
         log(f"{label}: answering after {record['ready_s']} s")
         for protocol in server.protocols:
-            for model in plan.models:
+            for model in models:
                 expected = reference["models"][model]["labels"]
                 got = [running.answer(protocol, model, [row])[0] for row in check]
                 if got != expected:
                     raise AssertionError(f"{protocol.name} {model}: answered {got}, scikit-learn {expected}")
         record["checked"] = f"{len(check)} rows a model and protocol equal scikit-learn's labels in-process"
         for protocol in server.protocols:
-            for model in plan.models:
+            for model in models:
                 body = protocol.body(check[:1])
                 for connections in plan.connections:
                     url = f"http://127.0.0.1:{server.port}{protocol.path(model)}"
@@ -646,6 +855,7 @@ def measure_server(server: Server, plan: Plan, reference: dict[str, Any], work: 
                     running.check_running()
                     row = {
                         "server": server.peer,
+                        "layout": server.layout,
                         "batching": server.batching,
                         "protocol": protocol.name,
                         "model": model,
@@ -676,6 +886,7 @@ def ratios(rows: list[dict[str, Any]], plan: Plan) -> list[dict[str, Any]]:
                 r
                 for r in rows
                 if r["server"] == server
+                and r["layout"] == "repository"
                 and r["protocol"] == protocol.name
                 and r["model"] == model
                 and r["connections"] == connections
@@ -717,10 +928,55 @@ def ratios(rows: list[dict[str, Any]], plan: Plan) -> list[dict[str, Any]]:
     return found
 
 
+# The targets of the layouts' comparisons: workbench's requests/s over the peer's, on the same folder and body.
+LAYOUT_TARGETS = {"mlserver-folder": ("mlserver", 2.0), "mlflow-model": ("mlflow", 3.0)}
+
+
+def layout_ratios(rows: list[dict[str, Any]], plan: Plan) -> list[dict[str, Any]]:
+    """workbench against MLServer on MLServer's example folder, and against `mlflow models serve` on an MLflow model:
+    the same folder, the same request body, per (model, connections); and each of them over the bare stack."""
+    found = []
+    for layout, (peer, target) in LAYOUT_TARGETS.items():
+        for model in plan.models:
+            for connections in plan.connections:
+                same = [r for r in rows if r["layout"] == layout and r["model"] == model
+                        and r["connections"] == connections]  # fmt: skip
+                ours = next((r for r in same if r["server"] == "workbench"), None)
+                theirs = next((r for r in same if r["server"] == peer), None)
+                bare = next((r for r in rows if r["server"] == "starlette" and r["model"] == model
+                             and r["connections"] == connections), None)  # fmt: skip
+                if ours is None or theirs is None or not theirs["requests_per_second"]:
+                    continue
+                rate = round(ours["requests_per_second"] / theirs["requests_per_second"], 2)
+                p99 = round(ours["p99_ms"] / theirs["p99_ms"], 2)
+                entry: dict[str, Any] = {
+                    "layout": layout,
+                    "model": model,
+                    "connections": connections,
+                    "peer": peer,
+                    "protocol": ours["protocol"],
+                    "workbench_requests_per_second": ours["requests_per_second"],
+                    "peer_requests_per_second": theirs["requests_per_second"],
+                    "workbench_p99_ms": ours["p99_ms"],
+                    "peer_p99_ms": theirs["p99_ms"],
+                    "workbench_over_peer_requests_per_second": rate,
+                    "workbench_p99_over_peer_p99": p99,
+                    "target": f"requests/s >= {target:g}x the peer's" + (", a lower p99" if peer == "mlserver" else ""),
+                    "met": rate >= target and (peer != "mlserver" or p99 < 1),
+                }
+                if bare is not None and bare["requests_per_second"]:
+                    entry["bare_requests_per_second"] = bare["requests_per_second"]
+                    entry["workbench_over_bare"] = round(ours["requests_per_second"] / bare["requests_per_second"], 2)
+                    entry["peer_over_bare"] = round(theirs["requests_per_second"] / bare["requests_per_second"], 2)
+                found.append(entry)
+    return found
+
+
 def tail_ratios(rows: list[dict[str, Any]], connections: int) -> list[dict[str, Any]]:
     return [
         {
             "model": r["model"],
+            "layout": r["layout"],
             "batching": r["batching"],
             "protocol": r["protocol"],
             "connections": connections,
@@ -733,26 +989,36 @@ def tail_ratios(rows: list[dict[str, Any]], connections: int) -> list[dict[str, 
     ]
 
 
-def print_tables(rows: list[dict[str, Any]], found: list[dict[str, Any]], tails: list[dict[str, Any]]) -> None:
+def print_tables(
+    rows: list[dict[str, Any]], found: list[dict[str, Any]], tails: list[dict[str, Any]], layouts: list[dict[str, Any]]
+) -> None:
     def b(v: bool | None) -> str:
         return "n/a" if v is None else "on" if v else "off"
 
-    head = ("server", "batching", "protocol", "model", "conns", "req/s", "p50 ms", "p99 ms", "errors")
-    line = "{:<10} {:<8} {:<8} {:<6} {:>5} {:>9} {:>8} {:>8} {:>6}"
+    short = {TFS.name: "v1", V2.name: "v2", V2_EXAMPLE.name: "v2 ex.", INVOCATIONS.name: "/invoc."}
+    head = ("server", "layout", "batching", "protocol", "model", "conns", "req/s", "p50 ms", "p99 ms", "errors")
+    line = "{:<10} {:<15} {:<8} {:<8} {:<9} {:>5} {:>9} {:>8} {:>8} {:>6}"
     print("\n" + line.format(*head))
     for r in rows:
-        proto = "v2" if r["protocol"] == V2.name else "v1"
         rate, p50, p99 = f"{r['requests_per_second']:,.0f}", f"{r['p50_ms']:.2f}", f"{r['p99_ms']:.2f}"
-        print(line.format(r["server"], b(r["batching"]), proto, r["model"], r["connections"], rate, p50, p99,
-                          r["errors"]))  # fmt: skip
+        print(line.format(r["server"], r["layout"], b(r["batching"]), short[r["protocol"]], r["model"],
+                          r["connections"], rate, p50, p99, r["errors"]))  # fmt: skip
     line = "{:<6} {:>5} {:<8} {:<10} {:>13} {:>11}"
     print("\n" + line.format("model", "conns", "batching", "peer", "wb/peer req/s", "wb/peer p99"))
     for f in found:
         rate, p99 = f["workbench_over_peer_requests_per_second"], f["workbench_p99_over_peer_p99"]
         print(line.format(f["model"], f["connections"], b(f["batching"]), f["peer"], f"{rate:.2f}", f"{p99:.2f}"))
     for t in tails:
-        print(f"workbench {t['model']} batching {b(t['batching'])} {t['protocol']} x{t['connections']}: "
+        print(f"workbench {t['model']} {t['layout']} batching {b(t['batching'])} {t['protocol']} x{t['connections']}: "
               f"p99/p50 {t['p99_over_p50']} (target <= 3)")  # fmt: skip
+    line = "{:<15} {:<9} {:>5} {:<8} {:>13} {:>11} {:>9} {:>10}  {}"
+    print("\n" + line.format("layout", "model", "conns", "peer", "wb/peer req/s", "wb/peer p99", "wb/bare",
+                             "peer/bare", "target"))  # fmt: skip
+    for f in layouts:
+        met = f"{f['target']}: {'met' if f['met'] else 'MISSED'}"
+        rate, p99 = f"{f['workbench_over_peer_requests_per_second']:.2f}", f"{f['workbench_p99_over_peer_p99']:.2f}"
+        bare = (f"{f.get('workbench_over_bare', '-')}", f"{f.get('peer_over_bare', '-')}")
+        print(line.format(f["layout"], f["model"], f["connections"], f["peer"], rate, p99, *bare, met))
 
 
 def main() -> None:
@@ -762,7 +1028,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="2 s rows, 1 s warm-up, 32 connections only")
     parser.add_argument("--peers", nargs="+", choices=PEERS, default=list(PEERS))
     parser.add_argument("--connections", type=int, nargs="+", default=None, help="default: 1 32 (--quick: 32)")
-    parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
+    parser.add_argument("--models", nargs="+", choices=MODELS, default=["light", "heavy"])
+    parser.add_argument("--layouts", nargs="+", choices=LAYOUTS, default=list(LAYOUTS))
     parser.add_argument("--batching", nargs="+", choices=("off", "on"), default=["off", "on"])
     parser.add_argument(
         "--rounds",
@@ -792,6 +1059,7 @@ def main() -> None:
         check_rows=args.check_rows,
         wrk_threads=args.wrk_threads,
         rounds=args.rounds,
+        layouts=tuple(args.layouts),
     )
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     venvs = (args.venvs or cache / "workbench-peers").expanduser().resolve()
@@ -806,10 +1074,25 @@ def main() -> None:
         log("wrk not found (apt-get install wrk): using this script's asyncio HTTP/1.1 client, which loads less")
     work = Path(tempfile.mkdtemp(prefix="workbench-peers-"))
     try:
-        reference = train_models(work / "models", args.check_rows)
+        reference = train_models(work / "models", args.check_rows, plan.models)
         models = {m: reference["models"][m]["path"] for m in plan.models}
+        DIGITS_COLUMNS[:] = reference["columns"]
         for m in plan.models:
             log(f"model {m}: in-process predict, ms at batch 1 / 32: {reference['models'][m]['in_process_ms']}")
+        mlflow_models: dict[str, Path] = {}
+        mlflow_saved: dict[str, Any] = {}
+        if "mlflow-model" in plan.layouts and {"workbench", "mlflow"} & set(args.peers):
+            # Saved by MLflow's venv where it is measured, else by this interpreter's mlflow (workbench's extra).
+            try:
+                saver = ensure_venv("mlflow", venvs, log) if "mlflow" in args.peers else Path(sys.executable)
+                mlflow_saved["python"] = str(saver)
+                mlflow_saved["mlflow"] = versions(saver, ("mlflow",))["mlflow"]
+                for m in plan.models:
+                    mlflow_models[m] = mlflow_model(work, saver, m, reference["models"][m]["dataframe_path"])
+                mlflow_saved["files"] = sorted(p.name for p in next(iter(mlflow_models.values())).iterdir())
+            except Exception as exc:  # noqa: BLE001 - recorded; the other layouts go on
+                mlflow_saved["error"] = f"{type(exc).__name__}: {exc}"
+                log(f"MLflow models: NOT SAVED: {mlflow_saved['error'][-800:]}")
 
         peers: dict[str, Any] = {}
         servers: list[Server] = []
@@ -823,7 +1106,7 @@ def main() -> None:
                 ours = versions(Path(sys.executable), ("scikit-learn",))["scikit-learn"]
                 if entry["versions"].get("scikit-learn") != ours:
                     raise RuntimeError(f"scikit-learn {entry['versions'].get('scikit-learn')} there, {ours} here")
-                servers += servers_of(peer, work, python, models, plan.batching)
+                servers += servers_of(peer, work, python, models, plan.batching, plan.layouts, mlflow_models)
             except Exception as exc:  # noqa: BLE001 - recorded; the other peers go on
                 entry["error"] = f"{type(exc).__name__}: {exc}"
                 log(f"{peer}: NOT RUN: {entry['error'][-800:]}")
@@ -837,13 +1120,15 @@ def main() -> None:
                 record, got = measure_server(server, plan, reference, work, cpus, load, log)
                 records.append({"round": index + 1, **record})
                 for row in got:
-                    key = (row["server"], row["batching"], row["protocol"], row["model"], row["connections"])
+                    key = (row["server"], row["layout"], row["batching"], row["protocol"], row["model"],
+                           row["connections"])  # fmt: skip
                     measured.setdefault(key, []).append(row)
         rows = [median_row(found) if len(found) > 1 else found[0] for found in measured.values()]
 
         found = ratios(rows, plan)
         tails = tail_ratios(rows, max(plan.connections))
-        print_tables(rows, found, tails)
+        by_layout = layout_ratios(rows, plan)
+        print_tables(rows, found, tails, by_layout)
         payload = {
             "benchmark": "workbench against its Python peers: the same scikit-learn models and load client, one run",
             "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
@@ -863,6 +1148,8 @@ def main() -> None:
             "servers": records,
             "rows": rows,
             "ratios": found,
+            "layout_ratios": by_layout,
+            "mlflow_models": mlflow_saved,
             "workbench_p99_over_p50": tails,
             "wall_seconds": round(time.perf_counter() - began, 1),
             "note": "Server and load client share the machine's cores; figures move with other work on it. Read the "
