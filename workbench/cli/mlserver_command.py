@@ -29,6 +29,7 @@ def add_mlserver_command(sub: argparse._SubParsersAction) -> None:  # type: igno
     # workbench serve's flags, after the folder: parsed here so a mistyped one is answered with the nearest.
     add_serve_flags(start)
     start.set_defaults(command=_start)
+    parser.commands = tuple(actions.choices)  # dispatches like the top level: `start`'s parser reads its flags
 
 
 def serve_flags(folder: str) -> list[str]:
