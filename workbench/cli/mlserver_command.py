@@ -59,10 +59,25 @@ def _start(args: argparse.Namespace) -> int:
     except ServingError as exc:
         print(f"workbench mlserver start: {exc.message}", file=sys.stderr)
         return 1
-    flags += typed_serve_flags(list(getattr(args, "words", [])), args.folder)
+    typed = typed_serve_flags(list(getattr(args, "words", [])), args.folder)
+    if not any(word.lstrip("-").replace("-", "_").startswith("model_control_mode") for word in typed):
+        flags += model_control_flags(args.folder)
+    flags += typed
     served = serve_parser().parse_args(flags)
     served.words = ["serve", *flags]  # as if typed: --num_workers' supervisor hands them on to its workers
     return serve(served)
+
+
+def model_control_flags(folder: str) -> list[str]:
+    """MLServer's model control: every model loads at start (unless ``load_models_at_startup`` is false), the folder
+    is read again when a load asks (not polled), and clients load and unload whole models by name: Triton's
+    explicit mode."""
+    from workbench.config.mlserver_settings import read_server_settings
+
+    flags = ["--model_control_mode=explicit"]
+    if read_server_settings(folder).load_models_at_startup:
+        flags.append("--load_model=*")
+    return flags
 
 
 def typed_serve_flags(words: list[str], folder: str) -> list[str]:

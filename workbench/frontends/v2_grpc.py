@@ -160,7 +160,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                 _, outputs = await dataplane.predict(call, "", fed, wanted, timeout=timeout)
                 return v2_grpc_messages.infer_response(
                     call.model,
-                    dialect.version_name or str(call.version),
+                    dialect.version_name,  # "" for a model without one, as MLServer answers it
                     request.id,
                     outputs,
                     list(outputs),

@@ -234,7 +234,7 @@ class V2Rest:
         )
         return v2_json.encode_infer_response(
             call.model,
-            dialect.version_name or call.version,
+            dialect.version_name or None,  # MLServer answers no model_version for a model without one
             decoded,
             outputs,
             shared_memory,
