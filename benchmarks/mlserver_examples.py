@@ -328,21 +328,23 @@ def mlflow(folder: Path, log: Path) -> list[str]:
     values = [7.4, 0.7, 0, 1.9, 0.076, 11, 34, 0.9978, 3.51, 0.56, 9.4]
     v2 = {
         "inputs": [
-            {"name": n, "shape": [1], "datatype": "FP32", "data": [v]} for n, v in zip(WINE_COLUMNS, values, strict=True)
+            {"name": n, "shape": [1], "datatype": "FP32", "data": [v]}
+            for n, v in zip(WINE_COLUMNS, values, strict=True)
         ]
     }
     split_columns = sorted(WINE_COLUMNS, key=str.lower)  # the README's dataframe_split lists them so
     split = {"dataframe_split": {"columns": split_columns, "data": [values]}}
     with serving(folder, ["wine-classifier"], log) as server:
         body = answer(post(server, "/v2/models/wine-classifier/infer", v2))
-        scored = answer(post(server, "/invocations", split))
+        scored = post(server, "/invocations", split)
         metadata = answer(requests.get(f"{server.url}/v2/models/wine-classifier", timeout=30))
     model = mlflow.pyfunc.load_model(str(model_path))
     row = pd.DataFrame([dict(zip(WINE_COLUMNS, np.float32(values).tolist(), strict=True))])
     expected = np.asarray(model.predict(row), dtype=np.float64)
     check_v2(body, "wine-classifier", None, [numpy_output("output-1", expected, "FP64")])
-    frame = pd.DataFrame([values], columns=split_columns)
-    same("/invocations predictions", scored.get("predictions"), np.asarray(model.predict(frame)).tolist())
+    # MLflow's scoring server (which MLServer mounts) parses dataframe_split with the signature's column types.
+    frame = pd.DataFrame([values], columns=split_columns).astype(np.float64)
+    same("/invocations predictions", answer(scored).get("predictions"), np.asarray(model.predict(frame)).tolist())
     same("metadata inputs", [i["name"] for i in metadata.get("inputs", [])], WINE_COLUMNS)
     return ["v2 infer (11 FP32 columns)", "/invocations dataframe_split", "metadata from the signature"]
 
@@ -359,9 +361,8 @@ def custom(folder: Path, log: Path) -> list[str]:
 
 
 def custom_json(folder: Path, log: Path) -> list[str]:
-    from tritonclient.grpc import service_pb2, service_pb2_grpc
-
     import grpc
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
 
     rest_inputs = {"name": "Foo Bar", "message": "Hello from Client (REST)!"}
     text = json.dumps(rest_inputs)
@@ -379,7 +380,11 @@ def custom_json(folder: Path, log: Path) -> list[str]:
     served = "Got your request. Hello from the server."
     output = rest["outputs"][0]
     same("REST output", {k: output[k] for k in ("name", "datatype", "parameters")}, _str_output())
-    same("REST data", json.loads(output["data"][0]), {"request": {"echo_request": rest_inputs}, "server_response": served})
+    same(
+        "REST data",
+        json.loads(output["data"][0]),
+        {"request": {"echo_request": rest_inputs}, "server_response": served},
+    )
     grpc_output = reply.outputs[0]
     got = json.loads(grpc_output.contents.bytes_contents[0] if grpc_output.contents.bytes_contents else b"null")
     if not got and reply.raw_output_contents:
@@ -393,7 +398,7 @@ def _str_output() -> dict[str, Any]:
 
 
 # The content-type README's steps: each writes runtime.py and model-settings.json, restarts, and sends its request.
-_ECHO = '''import json
+_ECHO = """import json
 
 from mlserver import MLModel
 from mlserver.types import InferenceRequest, InferenceResponse, ResponseOutput
@@ -425,8 +430,8 @@ class EchoRuntime(MLModel):
             )
 
         return InferenceResponse(model_name=self.name, outputs=outputs)
-'''
-_ECHO_REQUEST = '''import json
+"""
+_ECHO_REQUEST = """import json
 
 from mlserver import MLModel
 from mlserver.types import InferenceRequest, InferenceResponse, ResponseOutput
@@ -460,7 +465,7 @@ class EchoRuntime(MLModel):
             )
 
         return InferenceResponse(model_name=self.name, outputs=outputs)
-'''
+"""
 
 
 def content_type(folder: Path, log: Path) -> list[str]:
@@ -566,7 +571,9 @@ def mms(folder: Path, log: Path) -> list[str]:
         xgb = answer(post(server, "/v2/models/mushroom-xgboost/versions/v0.1.0/infer", one_row("predict", x_agaricus)))
     models = folder / "models"
     check_v2(svm, "mnist-svm", "v0.1.0", [sklearn_answer(models / "mnist-svm" / "model.joblib", x_digits)])
-    check_v2(xgb, "mushroom-xgboost", "v0.1.0", [xgboost_answer(models / "mushroom-xgboost" / "model.json", x_agaricus)])
+    check_v2(
+        xgb, "mushroom-xgboost", "v0.1.0", [xgboost_answer(models / "mushroom-xgboost" / "model.json", x_agaricus)]
+    )
     return ["both models of models/ on one server, each as its runtime answers"]
 
 
@@ -593,9 +600,8 @@ def model_repository(folder: Path, log: Path) -> list[str]:
 
 
 def streaming(folder: Path, log: Path) -> list[str]:
-    from tritonclient.grpc import service_pb2
-
     import grpc
+    from tritonclient.grpc import service_pb2
 
     words = ["What", " is", " the", " capital", " of", " France?"]
     request = json.loads((folder / "generate-request.json").read_text())

@@ -23,7 +23,9 @@ def add_mlserver_command(sub: argparse._SubParsersAction) -> None:  # type: igno
     parser = sub.add_parser("mlserver", help=SUMMARY, description=__doc__.split("\n\n", 1)[1].strip())
     actions = parser.add_subparsers(title="commands", metavar="COMMAND", required=True)
     start = actions.add_parser(
-        "start", help="serve the models of FOLDER with its settings.json", usage="%(prog)s FOLDER [workbench serve flags]"
+        "start",
+        help="serve the models of FOLDER with its settings.json",
+        usage="%(prog)s FOLDER [workbench serve flags]",
     )
     start.add_argument("folder", metavar="FOLDER", help="the folder `mlserver start` would be given")
     # workbench serve's flags, after the folder: parsed here so a mistyped one is answered with the nearest.

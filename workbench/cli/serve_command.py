@@ -15,7 +15,7 @@ from workbench.config.server_flags import SERVE_PARSER_TEXTS, SERVE_SUMMARY, add
 
 
 def add_serve_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    texts = {**SERVE_PARSER_TEXTS, "usage": SERVE_PARSER_TEXTS["usage"].replace("(", "([DIR] ", 1)}
+    texts = {**SERVE_PARSER_TEXTS, "usage": SERVE_PARSER_TEXTS["usage"].replace("%(prog)s (", "%(prog)s (DIR | ", 1)}
     parser = sub.add_parser("serve", help=SERVE_SUMMARY, **texts)
     parser.add_argument(
         "folder",

@@ -213,7 +213,9 @@ def _set_parameters(target: Any, values: Mapping[str, Any]) -> None:
 def grpc_response(model: str, version: int, response: WholeResponse, request_id: str = "") -> Any:
     """A ``ModelInferResponse`` of a whole response, each output in its typed contents field (MLServer's form); where
     one has none (FP16), every output travels raw, as a response cannot mix the two."""
-    answer = service_pb2.ModelInferResponse(model_name=model, model_version=response.model_version or "", id=response.id or request_id)
+    answer = service_pb2.ModelInferResponse(
+        model_name=model, model_version=response.model_version or "", id=response.id or request_id
+    )
     _set_parameters(answer.parameters, response.parameters)
     raw = any(t.datatype not in _CONTENTS for t in response.outputs)
     for tensor in response.outputs:
