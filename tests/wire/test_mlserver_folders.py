@@ -179,7 +179,7 @@ def test_sklearn_outputs_asked_by_name(tmp_path):
         assert [o["name"] for o in default] == ["predict_proba"] and default[0]["shape"] == [2, 10]
         both = infer(s, "lr", {**one_input(x_test[0:2]), "outputs": [{"name": "predict"}, {"name": "predict_proba"}]})
         assert [o["name"] for o in both.json()["outputs"]] == ["predict", "predict_proba"]
-        assert both.json()["model_version"] == "1"  # no version string: the number
+        assert "model_version" not in both.json()  # no version string: none, as MLServer answers
         wrong = infer(s, "lr", {**one_input(x_test[0:2]), "outputs": [{"name": "decision_function"}]})
         assert wrong.status_code == 400
         assert wrong.json()["error"] == (
@@ -261,3 +261,97 @@ def test_an_unknown_implementation_fails_its_load_naming_it(tmp_path):
         (row,) = requests.post(f"{running.rest_url}/v2/repository/index", json={}, timeout=30).json()
     assert row["name"] == "custom" and row["state"] == "UNAVAILABLE"
     assert "runtime.EchoRuntime" in row["reason"]
+
+
+# ================================================================================================ model-repository
+def test_model_repository_example_unloads_and_loads_whole_models(tmp_path):
+    """MLServer's model-repository README, as `workbench mlserver start` serves it (explicit model control, every
+    model loaded at start): load and unload with no body act on the whole model, and the index lists versions by
+    their strings, with no reason, as MLServer's handler lists them."""
+    folder = mms_example(tmp_path)
+    options = ServerOptions(
+        rest_api_port=-1,
+        port=0,
+        model_repository=str(folder),
+        allow_pickle=True,
+        model_control_mode="explicit",
+        load_model=("*",),
+    )
+
+    def index(running: ServerThread) -> list[dict]:
+        rows = requests.post(f"{running.rest_url}/v2/repository/index", json={}, timeout=30).json()
+        return sorted(rows, key=lambda row: row["name"])
+
+    def expected(xgboost_state: str) -> list[dict]:
+        return [
+            {"name": "mnist-svm", "version": "v0.1.0", "state": "READY", "reason": ""},
+            {"name": "mushroom-xgboost", "version": "v0.1.0", "state": xgboost_state, "reason": ""},
+        ]
+
+    with ServerThread(options) as running:
+        assert index(running) == expected("READY")
+        url = f"{running.rest_url}/v2/repository/models/mushroom-xgboost"
+        assert requests.post(f"{url}/unload", timeout=60).status_code == 200
+        assert index(running) == expected("UNAVAILABLE")
+        assert infer(running, "mushroom-xgboost", one_input(mushrooms()[0][0:1])).status_code in (400, 404, 503)
+        assert requests.post(f"{url}/load", timeout=60).status_code == 200
+        assert index(running) == expected("READY")
+        assert infer(running, "mushroom-xgboost", one_input(mushrooms()[0][0:1])).status_code == 200
+
+
+def test_a_model_without_a_version_answers_none(tmp_path):
+    """The conda example's settings name no version: MLServer's answer has no model_version (REST omits it, gRPC
+    leaves it empty)."""
+    import joblib
+
+    joblib.dump(mnist_svm(), tmp_path / "model.joblib")
+    write_json(
+        tmp_path / "model-settings.json", {"name": "mnist-svm", "implementation": "mlserver_sklearn.SKLearnModel"}
+    )
+    _, _, x_test, _ = digits()
+    options = ServerOptions(rest_api_port=-1, port=0, model_repository=str(tmp_path), allow_pickle=True)
+    with ServerThread(options) as running:
+        answer = infer(running, "mnist-svm", one_input(x_test[0:1]))
+        assert answer.status_code == 200, answer.text
+        assert "model_version" not in answer.json()
+        client = triton_grpc.InferenceServerClient(running.grpc_target)
+        request = triton_grpc.InferInput("predict", [1, 64], "FP32")
+        request.set_data_from_numpy(x_test[0:1].astype(np.float32))
+        assert client.infer("mnist-svm", [request]).get_response().model_version == ""
+
+
+# ================================================================================================ mlflow
+def test_mlflow_example_casts_fp32_columns_and_names_the_output_as_mlserver(tmp_path):
+    """The mlflow README: a model logged with FP64 columns, asked with one FP32 input per column; MLServer's MLflow
+    runtime widens them and answers its numpy codec's ``output-1`` of shape [1, 1]."""
+    import mlflow.sklearn
+    from mlflow.models import infer_signature
+    from sklearn.datasets import load_diabetes
+    from sklearn.linear_model import ElasticNet
+
+    frame, target = load_diabetes(return_X_y=True, as_frame=True)
+    model = ElasticNet(alpha=0.1).fit(frame, target)
+    mlflow.sklearn.save_model(model, tmp_path / "model", signature=infer_signature(frame, model.predict(frame)))
+    write_json(
+        tmp_path / "model-settings.json",
+        {
+            "name": "wine-classifier",
+            "implementation": "mlserver_mlflow.MLflowRuntime",
+            "parameters": {"uri": "./model"},
+        },
+    )
+    row = frame.iloc[0:1].astype(np.float32)
+    body = {
+        "inputs": [
+            {"name": column, "shape": [1], "datatype": "FP32", "data": [float(row[column].iloc[0])]}
+            for column in frame.columns
+        ]
+    }
+    options = ServerOptions(rest_api_port=-1, port=0, model_repository=str(tmp_path), allow_pickle=True)
+    with ServerThread(options) as running:
+        answer = infer(running, "wine-classifier", body)
+        assert answer.status_code == 200, answer.text
+        (output,) = answer.json()["outputs"]
+        assert output["name"] == "output-1" and output["shape"] == [1, 1] and output["datatype"] == "FP64"
+        np.testing.assert_allclose(output["data"], model.predict(row.astype(np.float64)), rtol=1e-5)
+        assert "model_version" not in answer.json()

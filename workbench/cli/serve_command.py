@@ -15,14 +15,46 @@ from workbench.config.server_flags import SERVE_PARSER_TEXTS, SERVE_SUMMARY, add
 
 
 def add_serve_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    parser = sub.add_parser("serve", help=SERVE_SUMMARY, **SERVE_PARSER_TEXTS)
+    texts = {**SERVE_PARSER_TEXTS, "usage": SERVE_PARSER_TEXTS["usage"].replace("%(prog)s (", "%(prog)s (DIR | ", 1)}
+    parser = sub.add_parser("serve", help=SERVE_SUMMARY, **texts)
+    parser.add_argument(
+        "folder",
+        nargs="?",
+        metavar="DIR",
+        help="a model repository to serve, as --model_repository=DIR (an MLServer folder, a Triton repository...)",
+    )
     add_serve_flags(parser)
     parser.set_defaults(command=serve)
+
+
+def repository_of_folder(args: argparse.Namespace) -> None:
+    """``workbench serve DIR`` is ``workbench serve --model_repository=DIR``, in the namespace and in the words the
+    supervisor of --num_workers hands its workers."""
+    folder = getattr(args, "folder", None)
+    if not folder:
+        return
+    if args.model_repository:
+        raise ValueError(f"give the folder {folder} or --model_repository={args.model_repository}, not both")
+    args.model_repository = folder
+    args.folder = None
+    args.words = replace_positional(list(getattr(args, "words", ["serve"])), folder, f"--model_repository={folder}")
+
+
+def replace_positional(words: list[str], value: str, replacement: str | None) -> list[str]:
+    """``words`` with the positional word ``value`` (not an option's separate value) replaced, or dropped when
+    ``replacement`` is None."""
+    for index, word in enumerate(words):
+        previous = words[index - 1] if index else ""
+        takes_value = previous.startswith("--") and "=" not in previous
+        if word == value and not takes_value:
+            return [*words[:index], *([replacement] if replacement else []), *words[index + 1 :]]
+    return words
 
 
 def serve(args: argparse.Namespace) -> int:
     """``workbench serve`` with its parsed flags (also ``workbench mlserver start``'s, translated)."""
     try:
+        repository_of_folder(args)
         num_workers = check_serve_flags(args)
     except ValueError as exc:
         for line in str(exc).splitlines():

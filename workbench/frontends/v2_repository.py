@@ -11,6 +11,7 @@ the event loop; a management token, when the server has one, guards them.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 from collections.abc import Callable
 
@@ -19,6 +20,7 @@ from workbench.core.errors import Code, ServingError
 from workbench.frontends.auth import bearer_matches
 from workbench.planes.controlplane import ControlPlane
 from workbench.planes.dataplane import Dataplane, ModelSpec
+from workbench.protocol.v2_dialects import dialect_of
 from workbench.protocol.v2_models import RepositoryRow, parse_version
 
 
@@ -29,6 +31,8 @@ class V2Repository:
         self.dataplane = dataplane
         self.controlplane = controlplane
         self._token = management_token
+        # Version names (MLServer's "v0.1.0") of the versions listed so far, to list an unloaded model by them.
+        self._version_names: dict[str, dict[int, str]] = {}
 
     # ------------------------------------------------------------------------------------- resolution
     def spec(self, model: str, version: str | None) -> ModelSpec:
@@ -91,12 +95,34 @@ class V2Repository:
 
     def index(self) -> list[RepositoryRow]:
         """The repository index: every version the server knows, and in explicit mode the repository's models that
-        are not loaded (unloaded by request: UNAVAILABLE, "unloaded"; never loaded: no state)."""
-        rows = self.dataplane.repository()
-        not_loaded = self.controlplane.not_loaded_rows()
+        are not loaded (unloaded by request: UNAVAILABLE, "unloaded"; never loaded: no state).
+
+        A version its own server names (MLServer's ``"v0.1.0"``) is listed by that name, and once unloaded by it
+        too, with no reason, as MLServer's index lists it."""
+        rows = [self._named(row) for row in self.dataplane.repository()]
+        not_loaded = [r for row in self.controlplane.not_loaded_rows() for r in self._named_unloaded(row)]
         if not not_loaded:
             return rows
-        return sorted(rows + not_loaded, key=lambda row: (row.name, -1 if row.version is None else row.version))
+        return sorted(rows + not_loaded, key=lambda row: (row.name, "" if row.version is None else str(row.version)))
+
+    def _named(self, row: RepositoryRow) -> RepositoryRow:
+        if row.version is None or not isinstance(row.version, int):
+            return row
+        try:
+            with self.dataplane.handle(ModelSpec(row.name, version=row.version)) as servable:
+                dialect = dialect_of(servable)
+        except ServingError:  # not loaded (yet): listed by number
+            return row
+        if dialect is None:
+            return row
+        self._version_names.setdefault(row.name, {})[row.version] = dialect.version_name
+        return dataclasses.replace(row, version=dialect.version_name or None, reason="")
+
+    def _named_unloaded(self, row: RepositoryRow) -> list[RepositoryRow]:
+        names = self._version_names.get(row.name)
+        if not names or row.version is not None:
+            return [row]
+        return [dataclasses.replace(row, version=name or None, reason="") for name in names.values()]
 
     async def unload(
         self, model: str, version: int | None, how_to_name_it: str, unload_dependents: bool = False

@@ -546,7 +546,7 @@ class Dataplane:
         Read from the server's metrics, so they agree with ``/metrics``; an unknown model or version is NOT_FOUND.
         """
         if model is None:
-            versions = [(row.name, row.version) for row in self.repository() if row.version is not None]
+            versions = [(row.name, row.version) for row in self.repository() if isinstance(row.version, int)]
         else:
             versions = [(model, status.version) for status in self._models.version_status(model, version)]
         # The whole server's with --num_workers (workbench.observability.whole_server), so any worker answers for

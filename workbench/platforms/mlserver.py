@@ -18,15 +18,22 @@ A built-in runtime's servable answers v2 clients with the settings' version stri
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
+from typing import Any
+
+import numpy as np
 
 from workbench.config.mlserver_settings import ModelSettings, read_model_settings
 from workbench.core.errors import Code, ServingError
 from workbench.core.servable import Servable
+from workbench.core.signatures import DEFAULT_SIGNATURE
 from workbench.platforms.base import LoadPolicy
 from workbench.platforms.mlserver_builtins import RUNTIMES, load_builtin
 from workbench.platforms.tabular import version_config
+from workbench.protocol import mlserver_codecs
+from workbench.protocol.v2_json import InferRequest
 
 MLFLOW_RUNTIME = "mlserver_mlflow.MLflowRuntime"
 MLFLOW_PLATFORM = "workbench.platforms.mlflow"
@@ -42,11 +49,44 @@ def load(name: str, version: int, path: str, policy: LoadPolicy) -> Servable:
         servable = _module(MLFLOW_PLATFORM, implementation, "MLflow models").load(
             name, version, settings.model_uri, policy
         )
+        servable.v2_dialect = MLflowDialect(servable, settings.version)  # type: ignore[attr-defined]
     else:
         servable = _module(CUSTOM_RUNTIMES, implementation, "custom MLServer runtimes").load(
             name, version, settings.source, policy
         )
     return servable
+
+
+class MLflowDialect:
+    """How MLServer's MLflow runtime reads v2 requests: each input a column of the model's signature, numbers cast to
+    the column's type (MLServer's DataFrame of FP32 columns meets MLflow's schema, which widens FP32 to FP64), every
+    output answered with MLServer's ``np`` content type."""
+
+    def __init__(self, servable: Servable, version_name: str) -> None:
+        self.servable = servable
+        self.version_name = version_name
+
+    def feed(self, request: InferRequest) -> tuple[dict[str, np.ndarray], list[str]]:
+        signature = self.servable.signatures.get(DEFAULT_SIGNATURE)
+        specs = signature.inputs if signature is not None else {}
+        inputs = {}
+        for name, value in request.inputs.items():
+            spec = specs.get(name)
+            wanted = spec.dtype if spec is not None else value.dtype
+            numbers = value.dtype.kind in "biuf" and wanted.kind in "biuf"
+            inputs[name] = value.astype(wanted) if numbers and value.dtype != wanted else value
+        return inputs, [output.name for output in request.outputs]
+
+    def answer(self, outputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """MLServer encodes the model's array with its numpy codec: one output, ``output-1``, [N] as [N, 1]; a
+        dict of columns keeps its names."""
+        if len(outputs) != 1:
+            return dict(outputs)
+        (value,) = outputs.values()
+        return {"output-1": mlserver_codecs.batch_shaped(value)}
+
+    def output_parameters(self, outputs: Mapping[str, np.ndarray]) -> dict[str, dict[str, Any]]:
+        return {name: mlserver_codecs.output_parameters(value) for name, value in outputs.items()}
 
 
 def settings_of(folder: Path) -> ModelSettings:

@@ -206,6 +206,7 @@ class MLServerServable(WholeRequestServable):
         self._api = _api()
         self._model: Any = None
         self._closed = False
+        self.v2_dialect = RuntimeVersionName(str(getattr(settings.parameters, "version", None) or ""))
 
     # ---------------------------------------------------------------------------------------- lifecycle
     async def load_model(self) -> None:
@@ -295,6 +296,20 @@ class MLServerServable(WholeRequestServable):
             for t in response.outputs
             if not outputs or t.name in outputs
         }
+
+
+class RuntimeVersionName:
+    """The v2 dialect of a custom runtime, for what v2 says of the version (metadata, the repository index): its
+    settings' version string. Its requests are whole (:meth:`MLServerServable.answer`), never fed a signature."""
+
+    def __init__(self, version_name: str) -> None:
+        self.version_name = version_name
+
+    def feed(self, request: Any) -> tuple[dict[str, np.ndarray], list[str]]:
+        raise ServingError(Code.INTERNAL, "a custom MLServer runtime answers whole requests")
+
+    def output_parameters(self, outputs: Mapping[str, np.ndarray]) -> dict[str, dict[str, Any]]:
+        return {}
 
 
 _END = object()

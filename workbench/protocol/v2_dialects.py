@@ -35,3 +35,9 @@ def dialect_of(servable: object) -> V2Dialect | None:
     """The servable's dialect, or None: the v2 protocol as Triton and KServe speak it."""
     dialect: V2Dialect | None = getattr(servable, "v2_dialect", None)
     return dialect
+
+
+def answered_outputs(dialect: V2Dialect, outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The outputs as the model's own server names and shapes them, where the dialect says (``answer``)."""
+    answer = getattr(dialect, "answer", None)
+    return outputs if answer is None else dict(answer(outputs))

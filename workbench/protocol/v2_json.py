@@ -371,7 +371,7 @@ class EncodedResponse:
 
 def encode_infer_response(
     model_name: str,
-    model_version: int | str,
+    model_version: int | str | None,
     request: InferRequest,
     outputs: Mapping[str, np.ndarray],
     shared_memory: SharedMemory | None = None,
@@ -405,7 +405,9 @@ def encode_infer_response(
         else:
             entry["data"] = _json_data(name, value, datatype)
         entries.append(entry)
-    doc: dict[str, Any] = {"model_name": model_name, "model_version": str(model_version), "outputs": entries}
+    doc: dict[str, Any] = {"model_name": model_name, "outputs": entries}
+    if model_version is not None:  # None: a model its own server names no version (MLServer omits the field)
+        doc["model_version"] = str(model_version)
     if request.id is not None:
         doc["id"] = request.id
     if parameters:

@@ -217,7 +217,7 @@ class RepositoryRow:
     index; one unloaded by request has no version and the state ``END`` with its reason."""
 
     name: str
-    version: int | None
+    version: int | str | None  # str: a version as its own server names it (MLServer's "v0.1.0")
     state: str
     reason: str = ""
 

@@ -143,7 +143,10 @@ def _text(item: Any) -> Any:
 
 def rest_response(model: str, version: int, response: WholeResponse) -> dict[str, Any]:
     """The JSON of a whole response: every output with its parameters, and the response's own."""
-    doc: dict[str, Any] = {"model_name": model, "model_version": str(version)}
+    # The runtime's own model_version, as MLServer answers it (none when the runtime sets none).
+    doc: dict[str, Any] = {"model_name": model}
+    if response.model_version is not None:
+        doc["model_version"] = str(response.model_version)
     if response.id is not None:
         doc["id"] = response.id
     if response.parameters:
@@ -210,7 +213,9 @@ def _set_parameters(target: Any, values: Mapping[str, Any]) -> None:
 def grpc_response(model: str, version: int, response: WholeResponse, request_id: str = "") -> Any:
     """A ``ModelInferResponse`` of a whole response, each output in its typed contents field (MLServer's form); where
     one has none (FP16), every output travels raw, as a response cannot mix the two."""
-    answer = service_pb2.ModelInferResponse(model_name=model, model_version=str(version), id=response.id or request_id)
+    answer = service_pb2.ModelInferResponse(
+        model_name=model, model_version=response.model_version or "", id=response.id or request_id
+    )
     _set_parameters(answer.parameters, response.parameters)
     raw = any(t.datatype not in _CONTENTS for t in response.outputs)
     for tensor in response.outputs:
