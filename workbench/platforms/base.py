@@ -7,6 +7,8 @@ platform's module only when one of its versions loads) and its modules never imp
 from __future__ import annotations
 
 import dataclasses
+import shutil
+from pathlib import Path
 
 from workbench.config.triton_model_config import CONFIG_FILE
 
@@ -37,3 +39,14 @@ class LoadPolicy:
 
 PICKLE_SETTING = "--allow_pickle (Server(allow_pickle=True), %serve start --allow-pickle)"
 PYTHON_SETTING = "--allow_python_models (Server(allow_python_models=True), %serve start --allow-python-models)"
+
+
+def remove_folders_except(store: Path, kept: set[str]) -> None:
+    """Remove the folders of ``store`` not named in ``kept``: what a platform unpacked for models that are gone."""
+    try:
+        entries = list(store.iterdir())
+    except OSError:
+        return
+    for entry in entries:
+        if entry.is_dir() and entry.name not in kept:
+            shutil.rmtree(entry, ignore_errors=True)

@@ -32,6 +32,7 @@ from workbench.config.batching_parameters import BATCHING_FILE_NAME, BatchingPar
 from workbench.config.mlserver_settings import ModelSettings, find_model_settings, read_model_settings
 from workbench.config.options import PackagedModel
 from workbench.core.errors import ServingError
+from workbench.platforms.base import remove_folders_except
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,7 @@ def repository_models(root: str | os.PathLike[str], is_model_name: Callable[[str
                 _log_once(f"The versions of model {name} cannot be written under {folder}: {exc}")
                 continue
             models[name] = PackagedModel(str(folder), labels)
-        _remove_gone(store, set(models))
+        remove_folders_except(store, set(models))
         return models
 
 
@@ -149,16 +150,6 @@ def _write_if_changed(path: Path, text: str) -> None:
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     temporary.write_text(text)
     os.replace(temporary, path)  # a version folder never holds half a file
-
-
-def _remove_gone(store: Path, kept: set[str]) -> None:
-    try:
-        entries = list(store.iterdir())
-    except OSError:
-        return
-    for entry in entries:
-        if entry.is_dir() and entry.name not in kept:
-            shutil.rmtree(entry, ignore_errors=True)
 
 
 def _log_once(message: str) -> None:

@@ -36,6 +36,8 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
+from workbench.platforms.base import remove_folders_except
+
 log = logging.getLogger(__name__)
 
 ARCHIVE_SUFFIX = ".mar"
@@ -203,7 +205,7 @@ def store_models(root: str | os.PathLike[str], is_model_name: Any) -> dict[str, 
                 log.error("The archives of model %s cannot be unpacked into %s: %s", name, folder, exc)
                 continue
             models[name] = str(folder)
-        _remove_gone(store, set(models))
+        remove_folders_except(store, set(models))
         return models
 
 
@@ -304,13 +306,3 @@ def _extract(file: Path, into: Path) -> None:
             archive.extractall(root)
     except (zipfile.BadZipFile, OSError, EOFError) as exc:
         raise ArchiveError(f"{file.name} cannot be unpacked: {exc}") from None
-
-
-def _remove_gone(store: Path, kept: set[str]) -> None:
-    try:
-        entries = list(store.iterdir())
-    except OSError:
-        return
-    for entry in entries:
-        if entry.is_dir() and entry.name not in kept:
-            shutil.rmtree(entry, ignore_errors=True)

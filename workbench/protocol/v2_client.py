@@ -23,7 +23,7 @@ import orjson
 from workbench.core.errors import Code, ServingError
 from workbench.core.signatures import DEFAULT_SIGNATURE, PREDICT_METHOD, Signature, TensorSpec
 from workbench.protocol.bytes_codec import MalformedBytes, unpack_bytes
-from workbench.protocol.v2_types import BYTES, raw_contents, to_datatype, to_numpy_dtype
+from workbench.protocol.v2_types import BYTES, CONTENTS_FIELD, raw_contents, to_datatype, to_numpy_dtype
 
 HEADER_LENGTH = "Inference-Header-Content-Length"  # Triton's binary extension: the JSON header's length in bytes
 INFER_METHOD = "/inference.GRPCInferenceService/ModelInfer"
@@ -224,23 +224,6 @@ def grpc_infer_request(
     return request
 
 
-# Typed contents: the field of InferTensorContents that carries each datatype (FP16 and BF16 only travel raw).
-_CONTENTS_FIELD = {
-    "BOOL": "bool_contents",
-    "INT8": "int_contents",
-    "INT16": "int_contents",
-    "INT32": "int_contents",
-    "INT64": "int64_contents",
-    "UINT8": "uint_contents",
-    "UINT16": "uint_contents",
-    "UINT32": "uint_contents",
-    "UINT64": "uint64_contents",
-    "FP32": "fp32_contents",
-    "FP64": "fp64_contents",
-    BYTES: "bytes_contents",
-}
-
-
 def grpc_infer_answer(response: Any) -> InferAnswer:
     """Read a ``ModelInferResponse``: ``raw_output_contents`` in the order of ``outputs``, else typed contents."""
     outputs = {}
@@ -249,7 +232,7 @@ def grpc_infer_answer(response: Any) -> InferAnswer:
         if response.raw_output_contents:
             outputs[tensor.name] = from_raw(response.raw_output_contents[index], tensor.datatype, shape)
             continue
-        field = _CONTENTS_FIELD.get(tensor.datatype)
+        field = CONTENTS_FIELD.get(tensor.datatype)
         if field is None:
             raise ServingError(Code.DATA_LOSS, f"output {tensor.name!r} ({tensor.datatype}) came without raw data")
         values = getattr(tensor.contents, field)

@@ -32,20 +32,21 @@ from workbench.protocol.v2_json import CONTENT_TYPE, InferRequest, RequestedOutp
 
 # The typed ``InferTensorContents`` field of each datatype, and the numpy type its values arrive in (protobuf
 # widens the small integer types to 32 bits). FP16 and BF16 have no typed field: they travel raw only.
-_CONTENTS: dict[str, tuple[str, np.dtype[Any]]] = {
-    "BOOL": ("bool_contents", np.dtype(np.bool_)),
-    "INT8": ("int_contents", np.dtype(np.int32)),
-    "INT16": ("int_contents", np.dtype(np.int32)),
-    "INT32": ("int_contents", np.dtype(np.int32)),
-    "INT64": ("int64_contents", np.dtype(np.int64)),
-    "UINT8": ("uint_contents", np.dtype(np.uint32)),
-    "UINT16": ("uint_contents", np.dtype(np.uint32)),
-    "UINT32": ("uint_contents", np.dtype(np.uint32)),
-    "UINT64": ("uint64_contents", np.dtype(np.uint64)),
-    "FP32": ("fp32_contents", np.dtype(np.float32)),
-    "FP64": ("fp64_contents", np.dtype(np.float64)),
-    v2_types.BYTES: ("bytes_contents", np.dtype(object)),
+_ARRIVING_AS: dict[str, np.dtype[Any]] = {
+    "BOOL": np.dtype(np.bool_),
+    "INT8": np.dtype(np.int32),
+    "INT16": np.dtype(np.int32),
+    "INT32": np.dtype(np.int32),
+    "INT64": np.dtype(np.int64),
+    "UINT8": np.dtype(np.uint32),
+    "UINT16": np.dtype(np.uint32),
+    "UINT32": np.dtype(np.uint32),
+    "UINT64": np.dtype(np.uint64),
+    "FP32": np.dtype(np.float32),
+    "FP64": np.dtype(np.float64),
+    v2_types.BYTES: np.dtype(object),
 }
+_CONTENTS = {datatype: (v2_types.CONTENTS_FIELD[datatype], dtype) for datatype, dtype in _ARRIVING_AS.items()}
 _CONTENTS_FIELDS = tuple(dict.fromkeys(field for field, _ in _CONTENTS.values()))
 # The datatype Triton names for values in a field meant for another datatype: a shared field's widest type.
 _FIELD_TYPES = {

@@ -19,6 +19,22 @@ from workbench.protocol.bytes_codec import pack_bytes
 BYTES = "BYTES"
 BF16 = "BF16"
 
+# The typed InferTensorContents field of each datatype in gRPC messages (FP16 and BF16 have none: they travel raw).
+CONTENTS_FIELD: dict[str, str] = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    BYTES: "bytes_contents",
+}
+
 _TO_NUMPY: dict[str, np.dtype[Any]] = {
     "BOOL": np.dtype(np.bool_),
     "UINT8": np.dtype(np.uint8),

@@ -19,23 +19,7 @@ from workbench.core.errors import Code, ServingError
 from workbench.core.whole_requests import RequestedOutput, Tensor, WholeRequest, WholeResponse
 from workbench.protocol.bytes_codec import MalformedBytes, from_b64, is_b64, to_b64, unpack_bytes
 from workbench.protocol.v2_grpc_messages import parameter_values
-from workbench.protocol.v2_types import BYTES, raw_contents, to_numpy_dtype
-
-# The typed contents field of each datatype in gRPC messages (FP16 and BF16 have none: they travel raw).
-_CONTENTS = {
-    "BOOL": "bool_contents",
-    "INT8": "int_contents",
-    "INT16": "int_contents",
-    "INT32": "int_contents",
-    "INT64": "int64_contents",
-    "UINT8": "uint_contents",
-    "UINT16": "uint_contents",
-    "UINT32": "uint_contents",
-    "UINT64": "uint64_contents",
-    "FP32": "fp32_contents",
-    "FP64": "fp64_contents",
-    BYTES: "bytes_contents",
-}
+from workbench.protocol.v2_types import BYTES, CONTENTS_FIELD, raw_contents, to_numpy_dtype
 
 
 def _invalid(message: str) -> ServingError:
@@ -182,7 +166,7 @@ def grpc_request(request: Any) -> WholeRequest:
             else:
                 data = np.frombuffer(raw[index], dtype=dtype.newbyteorder("<")).astype(dtype)
         else:
-            field = _CONTENTS.get(datatype)
+            field = CONTENTS_FIELD.get(datatype)
             if field is None:
                 raise _invalid(f'Input "{name}": {datatype} tensors have no typed contents; send them raw')
             values = list(getattr(tensor.contents, field))
@@ -217,12 +201,12 @@ def grpc_response(model: str, version: int, response: WholeResponse, request_id:
         model_name=model, model_version=response.model_version or "", id=response.id or request_id
     )
     _set_parameters(answer.parameters, response.parameters)
-    raw = any(t.datatype not in _CONTENTS for t in response.outputs)
+    raw = any(t.datatype not in CONTENTS_FIELD for t in response.outputs)
     for tensor in response.outputs:
         output = answer.outputs.add(name=tensor.name, datatype=tensor.datatype, shape=list(tensor.shape))
         _set_parameters(output.parameters, tensor.parameters)
         if raw:
             answer.raw_output_contents.append(raw_contents(tensor.data, tensor.datatype))
         else:
-            getattr(output.contents, _CONTENTS[tensor.datatype]).extend(tensor.data.tolist())
+            getattr(output.contents, CONTENTS_FIELD[tensor.datatype]).extend(tensor.data.tolist())
     return answer
