@@ -19,8 +19,9 @@ from sklearn.dummy import DummyRegressor
 from waiting import wait_until
 
 from workbench.models.routing.mlflow_aliases import CANARY_WEIGHT_TAG
-from workbench.notebook.handle import ServerHandle, repository_location
+from workbench.notebook.handle import ServerHandle, models_table_text, repository_location
 from workbench.notebook.magics import ServingStatus
+from workbench.notebook.versions_panel import routing_summary
 from workbench.publishing import ExportResult
 
 mlflow = pytest.importorskip("mlflow")
@@ -96,6 +97,12 @@ def test_export_start_canary_promote_and_rollback_through_the_registry(
     ip.run_line_magic("serve", "canary wine 2 0.5")
     assert aliases(client) == {"champion": 1, "challenger": 2}
     assert float(client.get_registered_model("wine").tags[CANARY_WEIGHT_TAG]) == 0.5
+    # The model's description (what the dashboard and %serve status show) carries the registry and its aliases.
+    described = handle.client.model("wine")
+    assert described["registry"] == {"uri": "models:/wine", "aliases": {"champion": 1, "challenger": 2}}
+    table = models_table_text([described])
+    assert "v1" in table and "@champion" in table.splitlines()[1] and "@challenger" in table.splitlines()[0]
+    assert "models:/wine: @champion v1, @challenger v2" in routing_summary(described)
 
     ip.run_line_magic("serve", "promote wine 2")
     assert aliases(client)["champion"] == 2

@@ -481,7 +481,7 @@ def models_table_html(models: list[dict[str, Any]], title: str = "") -> str:
             rows.append(
                 "<tr>"
                 f"<td>{html.escape(model['name'])}</td><td>{version['version']}</td><td>{version['state']}</td>"
-                f"<td>{html.escape(', '.join(version['labels']))}</td>"
+                f"<td>{html.escape(', '.join(version_marks(model, version)))}</td>"
                 f"<td>{version['traffic_share'] * 100:.0f}%</td>{memory}<td>{error}</td>"
                 "</tr>"
             )
@@ -491,6 +491,12 @@ def models_table_html(models: list[dict[str, Any]], title: str = "") -> str:
         rows.append(f'<tr><td colspan="{len(columns)}">{empty}</td></tr>')
     head = "<tr>" + "".join(f"<th>{column}</th>" for column in columns) + "</tr>"
     return f"<div><b>{title}</b><table>{head}{''.join(rows)}</table></div>"
+
+
+def version_marks(model: dict[str, Any], version: dict[str, Any]) -> list[str]:
+    """A version's labels and, for a model routed by MLflow's registry, the aliases naming it: ``stable, @champion``."""
+    aliases = (model.get("registry") or {}).get("aliases", {})
+    return [*version["labels"], *(f"@{alias}" for alias, number in aliases.items() if number == version["version"])]
 
 
 def memory_summary(memory: dict[str, Any] | None) -> str:
@@ -518,7 +524,7 @@ def models_table_text(models: list[dict[str, Any]]) -> str:
     lines = []
     for model in models:
         for version in model["versions"]:
-            labels = ",".join(version["labels"]) or "-"
+            labels = ",".join(version_marks(model, version)) or "-"
             error = f"  error: {version['error']}" if version["error"] else ""
             memory = memory_summary(version.get("memory"))
             lines.append(
