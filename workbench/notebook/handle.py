@@ -428,6 +428,29 @@ class ServerHandle:
         """
         wait_for_state(self.client, model, version, state, timeout=timeout, alive=self.check)
 
+    def wait_for_model(
+        self, model: str, condition: Callable[[dict[str, Any]], bool], timeout: float = 120.0
+    ) -> dict[str, Any]:
+        """Block until ``condition`` holds for ``model``'s description (``client.model(model)``: its versions,
+        ``stable``, ``canary``, ``registry``); returns that description. For what moves outside the notebook: an alias
+        set in MLflow's registry reaches the server at its next poll. Raises :class:`ServerDied` if the server exits,
+        TimeoutError after ``timeout`` seconds."""
+        deadline = time.perf_counter() + timeout
+        last: Any = "no answer"
+        while True:
+            self.check()
+            try:
+                described = self.client.model(model)
+            except Exception as exc:  # noqa: BLE001 - not listening or not loaded yet: keep polling
+                last = exc
+            else:
+                if condition(described):
+                    return described
+                last = {key: described.get(key) for key in ("stable", "canary", "registry")}
+            if time.perf_counter() > deadline:
+                raise TimeoutError(f"{model}'s description did not meet the condition in {timeout:g}s (last: {last})")
+            time.sleep(0.1)
+
     # ----------------------------------------------------------------------------------- display
     @property
     def serves(self) -> str:
