@@ -8,7 +8,6 @@ The tracking store is a SQLite file in a temporary folder, named by ``MLFLOW_TRA
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -59,7 +58,10 @@ def aliases(client: Any) -> dict[str, int]:
 
 def test_the_handle_serves_a_base_path_naming_mlflow_with_its_flags() -> None:
     handle = ServerHandle(
-        model_base_path="models:/wine", model_name="wine", mlflow_tracking_uri="sqlite:///x.db", mlflow_write_aliases=True
+        model_base_path="models:/wine",
+        model_name="wine",
+        mlflow_tracking_uri="sqlite:///x.db",
+        mlflow_write_aliases=True,
     )
     command = handle.command()
     assert "--model_base_path=models:/wine" in command and "--model_name=wine" in command
@@ -69,9 +71,7 @@ def test_the_handle_serves_a_base_path_naming_mlflow_with_its_flags() -> None:
     assert "model wine from models:/wine" in repr(handle)
 
 
-def test_export_start_canary_promote_and_rollback_through_the_registry(
-    ip: InteractiveShell, tracking_uri: str
-) -> None:
+def test_export_start_canary_promote_and_rollback_through_the_registry(ip: InteractiveShell, tracking_uri: str) -> None:
     client = mlflow.MlflowClient(tracking_uri)
     ip.user_ns.update(first=constant(1.0), second=constant(2.0), rows=load_iris(return_X_y=True)[0][:3])
 

@@ -61,7 +61,9 @@ def flavor_of(model: Any) -> tuple[str, tuple[str, ...] | None]:
     )
 
 
-def log_and_register(model: Any, name: str, examples: Any, options: Mapping[str, Any]) -> tuple[int, str, dict[str, str]]:
+def log_and_register(
+    model: Any, name: str, examples: Any, options: Mapping[str, Any]
+) -> tuple[int, str, dict[str, str]]:
     """Log ``model``, check it, register it as the next version of ``name``; returns the version's number, its
     model URI (``models:/<name>/<version>``) and its signatures as the check described them.
 
