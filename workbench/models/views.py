@@ -42,6 +42,8 @@ class ModelSnapshot:
     error: str = ""  # why the repository could not be listed at the last poll ("" when it could)
     # Under a memory budget: each version's residency and memory (workbench.models.residency), else empty.
     memory: Mapping[int, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+    # A model whose routing a registry holds (MLflow's aliases): the registry's URI and the version each alias names.
+    registry: Mapping[str, Any] | None = None
 
     def available(self) -> frozenset[int]:
         return frozenset(v.version for v in self.versions if v.state == "AVAILABLE")
@@ -73,7 +75,15 @@ def snapshot_of(model: ModelRecord, memory: Mapping[int, Mapping[str, Any]] | No
         routing_state=model.store.location,
         error=model.source_error,
         memory=dict(memory or {}),
+        registry=_registry_view(model),
     )
+
+
+def _registry_view(model: ModelRecord) -> Mapping[str, Any] | None:
+    """The registry's side of the model, where its routing store is a registry's (it has ``registry_view``): a
+    routing file has nothing more to show than the routing itself."""
+    view = getattr(model.store, "registry_view", None)
+    return view(model.routing) if view is not None else None
 
 
 def describe_model(model: ModelSnapshot) -> dict[str, Any]:
@@ -123,4 +133,5 @@ def describe_model(model: ModelSnapshot) -> dict[str, Any]:
         "generation": model.generation,
         "routing_state": model.routing_state,
         "error": model.error,
+        **({"registry": dict(model.registry)} if model.registry is not None else {}),
     }

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec
 
 from workbench.config.server_flags import serve_flag_words
 from workbench.config.vocabulary import SERVER_KEYWORD_ALIASES, Alias, renamed_keywords
+from workbench.runtime.mlflow_uris import is_mlflow_uri
 
 if TYPE_CHECKING:  # imported by start(), while the server process starts beside it (see there)
     from workbench.client import Client
@@ -52,10 +53,11 @@ _folders: list[Path] = []
 def repository_location(model_repository: str | os.PathLike[str]) -> Path | str:
     """A local repository as an absolute path (the server's working folder differs); a store's URL unchanged.
 
-    ``s3://bucket/models``, ``gs://...``: anything with ``://`` is a URL the server reads through its storage layer.
+    ``s3://bucket/models``, ``gs://...``: anything with ``://`` is a URL the server reads through its storage layer;
+    ``models:/NAME``, ``runs:/...`` (which have no ``//``) name MLflow, which the server asks.
     """
     text = os.fspath(model_repository)
-    return text if "://" in text else Path(text).resolve()
+    return text if "://" in text or is_mlflow_uri(text) else Path(text).resolve()
 
 
 class ServerDied(RuntimeError):
@@ -120,6 +122,12 @@ class ServerHandle:
         rest_api_ssl_cert_file: str | os.PathLike[str] | None = None,
         rest_api_ssl_key_file: str | os.PathLike[str] | None = None,
         ca_file: str | os.PathLike[str] | None = None,
+        model_name: str | None = None,
+        model_base_path: str | os.PathLike[str] | None = None,
+        mlflow_tracking_uri: str = "",
+        mlflow_stable_alias: str = "",
+        mlflow_canary_alias: str = "",
+        mlflow_write_aliases: bool = False,
         timeout: float = 180.0,
         extra_args: Sequence[str] = (),
     ) -> None:
@@ -129,6 +137,21 @@ class ServerHandle:
             )
         self.server_name = server_name
         self.model_repository: Path | str = repository_location(model_repository)
+        # One model instead of a repository (`workbench serve --model_base_path`): a folder, a store's URL, or MLflow
+        # (models:/NAME serves a registered model's versions, its aliases routing them).
+        self.model_base_path: Path | str | None = (
+            None if model_base_path is None else repository_location(model_base_path)
+        )
+        self.model_name = model_name
+        # MLflow's registry (docs/production.md): the tracking server (default: the kernel's MLFLOW_TRACKING_URI,
+        # which the server inherits), the aliases that are the stable and canary versions, and whether promote,
+        # canary and rollback may move them.
+        self.mlflow_flags: dict[str, Any] = {
+            "mlflow_tracking_uri": mlflow_tracking_uri,
+            "mlflow_stable_alias": mlflow_stable_alias or None,
+            "mlflow_canary_alias": mlflow_canary_alias or None,
+            "mlflow_write_aliases": mlflow_write_aliases,
+        }
         # None: a free port, picked by the server (-1 for REST, 0 for gRPC, as `workbench serve` takes them).
         self._rest_api_port_asked = -1 if rest_api_port is None else rest_api_port
         self._port_asked = 0 if port is None else port
@@ -181,9 +204,14 @@ class ServerHandle:
     def command(self) -> list[str]:
         """The server's command line: ``workbench serve`` with this handle's options as its flags."""
         batching_file = self.batching_parameters_file
+        source = (
+            {"model_repository": self.model_repository}
+            if self.model_base_path is None
+            else {"model_base_path": self.model_base_path, "model_name": self.model_name}
+        )
         always = serve_flag_words(
             {
-                "model_repository": self.model_repository,
+                **source,
                 "port": self._port_asked,
                 "rest_api_port": self._rest_api_port_asked,
                 "file_system_poll_wait_seconds": self.file_system_poll_wait_seconds,
@@ -204,6 +232,7 @@ class ServerHandle:
                 "response_cache_models": self.response_cache_models,
                 **self.memory_flags,
                 **self.tls_flags,
+                **self.mlflow_flags,
             }
         )
         return [sys.executable, "-m", "workbench", "serve", *always, *given, *self.extra_args]
@@ -214,7 +243,8 @@ class ServerHandle:
         if self.running:
             return self
         timeout = self.timeout if timeout is None else timeout
-        if isinstance(self.model_repository, Path):  # a store's "folder" is a prefix: nothing to create
+        # A store's "folder" is a prefix, and MLflow's registry no folder: nothing to create.
+        if self.model_base_path is None and isinstance(self.model_repository, Path):
             self.model_repository.mkdir(parents=True, exist_ok=True)
         self._ready_path.unlink(missing_ok=True)
         env = dict(os.environ)
@@ -398,7 +428,37 @@ class ServerHandle:
         """
         wait_for_state(self.client, model, version, state, timeout=timeout, alive=self.check)
 
+    def wait_for_model(
+        self, model: str, condition: Callable[[dict[str, Any]], bool], timeout: float = 120.0
+    ) -> dict[str, Any]:
+        """Block until ``condition`` holds for ``model``'s description (``client.model(model)``: its versions,
+        ``stable``, ``canary``, ``registry``); returns that description. For what moves outside the notebook: an alias
+        set in MLflow's registry reaches the server at its next poll. Raises :class:`ServerDied` if the server exits,
+        TimeoutError after ``timeout`` seconds."""
+        deadline = time.perf_counter() + timeout
+        last: Any = "no answer"
+        while True:
+            self.check()
+            try:
+                described = self.client.model(model)
+            except Exception as exc:  # noqa: BLE001 - not listening or not loaded yet: keep polling
+                last = exc
+            else:
+                if condition(described):
+                    return described
+                last = {key: described.get(key) for key in ("stable", "canary", "registry")}
+            if time.perf_counter() > deadline:
+                raise TimeoutError(f"{model}'s description did not meet the condition in {timeout:g}s (last: {last})")
+            time.sleep(0.1)
+
     # ----------------------------------------------------------------------------------- display
+    @property
+    def serves(self) -> str:
+        """What it serves, in words: ``repository /path`` or ``model wine from models:/wine``."""
+        if self.model_base_path is None:
+            return f"repository {self.model_repository}"
+        return f"model {self.model_name or 'default'} from {self.model_base_path}"
+
     def _stopped_state(self) -> str:
         """``stopped`` after ``stop()``; for a server that ended by itself, how, and where its log is."""
         code = self.exit_code
@@ -409,11 +469,11 @@ class ServerHandle:
     def __repr__(self) -> str:
         state = "running" if self.running else self._stopped_state()
         if not self.running:
-            return f"<workbench server {self.server_name!r}: {state}, repository {self.model_repository}>"
+            return f"<workbench server {self.server_name!r}: {state}, {self.serves}>"
         proxied = f", browser {self.proxy_url}" if self.proxy_url else ""
         return (
             f"<workbench server {self.server_name!r}: {state}, REST {self._rest_address()}, "
-            f"gRPC 127.0.0.1:{self.port}{proxied}, repository {self.model_repository}>"
+            f"gRPC 127.0.0.1:{self.port}{proxied}, {self.serves}>"
         )
 
     def _repr_html_(self) -> str:
@@ -444,7 +504,7 @@ def models_table_html(models: list[dict[str, Any]], title: str = "") -> str:
             rows.append(
                 "<tr>"
                 f"<td>{html.escape(model['name'])}</td><td>{version['version']}</td><td>{version['state']}</td>"
-                f"<td>{html.escape(', '.join(version['labels']))}</td>"
+                f"<td>{html.escape(', '.join(version_marks(model, version)))}</td>"
                 f"<td>{version['traffic_share'] * 100:.0f}%</td>{memory}<td>{error}</td>"
                 "</tr>"
             )
@@ -454,6 +514,12 @@ def models_table_html(models: list[dict[str, Any]], title: str = "") -> str:
         rows.append(f'<tr><td colspan="{len(columns)}">{empty}</td></tr>')
     head = "<tr>" + "".join(f"<th>{column}</th>" for column in columns) + "</tr>"
     return f"<div><b>{title}</b><table>{head}{''.join(rows)}</table></div>"
+
+
+def version_marks(model: dict[str, Any], version: dict[str, Any]) -> list[str]:
+    """A version's labels and, for a model routed by MLflow's registry, the aliases naming it: ``stable, @champion``."""
+    aliases = (model.get("registry") or {}).get("aliases", {})
+    return [*version["labels"], *(f"@{alias}" for alias, number in aliases.items() if number == version["version"])]
 
 
 def memory_summary(memory: dict[str, Any] | None) -> str:
@@ -481,7 +547,7 @@ def models_table_text(models: list[dict[str, Any]]) -> str:
     lines = []
     for model in models:
         for version in model["versions"]:
-            labels = ",".join(version["labels"]) or "-"
+            labels = ",".join(version_marks(model, version)) or "-"
             error = f"  error: {version['error']}" if version["error"] else ""
             memory = memory_summary(version.get("memory"))
             lines.append(

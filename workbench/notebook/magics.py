@@ -235,9 +235,11 @@ class ServeMagics(Magics):
             return self._status_of(handle, args.model)
         return ServingStatus(handle.models(), handle.server_name)
 
-    def _export(self, args: Any) -> ServingStatus:
+    def _export(self, args: Any) -> ServingStatus | ExportResult:
         from workbench.publishing import ExportError, export
 
+        if args.mlflow:
+            return self._export_to_mlflow(args)
         handle = self._server(args.server_name)
         model = self._variable(args.model_var, "MODEL_VAR")
         examples = self._data(args.examples, "--examples") if args.examples is not None else None
@@ -247,17 +249,46 @@ class ServeMagics(Magics):
             )
         except ExportError as exc:
             raise UsageError(one_line(str(exc))) from None
+        return self._served_export(handle, args.name, result)
+
+    def _export_to_mlflow(self, args: Any) -> ServingStatus | ExportResult:
+        """``%serve export VAR NAME --mlflow``: registered in MLflow; shown as served where a server of this kernel
+        serves ``models:/NAME`` (it polls the registry), else the export's result."""
+        from workbench.publishing import ExportError, export
+
+        model = self._variable(args.model_var, "MODEL_VAR")
+        examples = self._data(args.examples, "--examples") if args.examples is not None else None
         try:
-            handle.wait_for_version(args.name, result.version)
+            result = export(
+                model, args.name, registry="mlflow", version=args.version, examples=examples, format=args.format
+            )
+        except ExportError as exc:
+            raise UsageError(one_line(str(exc))) from None
+        registered = f"models:/{args.name}"
+        serving = [
+            h
+            for h in self._known().values()
+            if h.running and h.model_base_path == registered and args.server_name in (None, h.server_name)
+        ]
+        if not serving:
+            return result
+        handle = serving[0]
+        return self._served_export(handle, handle.model_name or "default", result)
+
+    def _served_export(self, handle: ServerHandle, served: str, result: ExportResult) -> ServingStatus:
+        """Wait until ``handle`` serves the exported version as ``served``; its status, with what was exported."""
+        try:
+            handle.wait_for_version(served, result.version)
         except ServerDied as exc:
             if not handle.running:
                 raise
             # wait_for_version also says "died" for a version that failed to load: the server itself is fine.
             raise UsageError(one_line(str(exc))) from None
-        self._settle(handle, args.name)
+        self._settle(handle, served)
         signature = result.signatures.get("serving_default", "")
-        note = f"exported {args.name} v{result.version} {signature}".rstrip()
-        return self._status_of(handle, args.name, note, export=result)
+        where = f" (in MLflow: {result.path})" if str(result.path).startswith("models:/") else ""
+        note = f"exported {result.name} v{result.version} {signature}".rstrip() + where
+        return self._status_of(handle, served, note, export=result)
 
     @staticmethod
     def _settle(handle: ServerHandle, model: str, timeout: float = 10.0) -> None:

@@ -62,6 +62,8 @@ _SIGNATURE_OPTION = argument("--signature_name", default="", metavar="NAME", hel
 @kwds(formatter_class=HelpFormatter, epilog=_OPTIONS_NOTE)
 @_flag("server_name", default=DEFAULT_NAME, help="the server's name")
 @_flag("model_repository", help=f"repository folder or s3:// URL (default: {DEFAULT_REPOSITORY})")
+@_flag("model_base_path", help="serve one model instead: its folder, s3:// URL, or MLflow's models:/NAME")
+@_flag("model_name", help="the one model's name (default: default)")
 @_flag("rest_api_port", help="REST API port (default: a free one)")
 @_flag("port", help="gRPC port (default: a free one)")
 @_flag("enable_batching", help="dynamic batching with TF Serving's default parameters")
@@ -79,6 +81,10 @@ _SIGNATURE_OPTION = argument("--signature_name", default="", metavar="NAME", hel
 @_flag("rest_api_ssl_cert_file", help="TLS on REST (https): the server's PEM certificate")
 @_flag("rest_api_ssl_key_file", help="its PEM private key (default: in the certificate's file)")
 @argument("--ca_file", metavar="FILE", help="the PEM CA the notebook checks the server's certificate with")
+@_flag("mlflow_tracking_uri", help="MLflow's tracking server (default: $MLFLOW_TRACKING_URI, else MLflow's own)")
+@_flag("mlflow_stable_alias", help="the registered model's alias that is its stable version (default: champion)")
+@_flag("mlflow_canary_alias", help="the alias that is its canary (default: challenger)")
+@_flag("mlflow_write_aliases", help="let promote, canary and rollback move the aliases in MLflow")
 def _start_parser(line: str) -> None:
     """Start a server on a model repository (every sub-folder is a model); returns its handle."""
 
@@ -120,6 +126,11 @@ def _status_parser(line: str) -> None:
 @argument("--version", type=int, metavar="N", help="the version number (default: the next one)")
 @argument("--examples", metavar="VAR", help="warmup examples: a variable name or a JSON literal")
 @argument("--format", choices=["onnx"], help="convert first: onnx writes a scikit-learn model as ONNX (skl2onnx)")
+@argument(
+    "--mlflow",
+    action="store_true",
+    help="log it to MLflow ($MLFLOW_TRACKING_URI) and register it as NAME's next version there (needs --examples)",
+)
 @_SERVER_OPTION
 def _export_parser(line: str) -> None:
     """Export a model variable as the next version and wait until the server serves it."""

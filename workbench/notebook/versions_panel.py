@@ -158,4 +158,8 @@ def routing_summary(model: dict[str, Any]) -> str:
     canary = model["canary"]
     if canary:
         parts.append(f"canary v{canary['version']} at {canary['weight'] * 100:.0f}%")
+    registry = model.get("registry")
+    if registry:  # routed by MLflow's aliases: a change here moves them there
+        aliases = ", ".join(f"@{alias} v{version}" for alias, version in registry["aliases"].items())
+        parts.append(f"{registry['uri']}: {aliases or 'no alias set'}")
     return f"<small>{html.escape(' · '.join(parts))}</small>"

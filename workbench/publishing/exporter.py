@@ -56,7 +56,7 @@ class ExportResult:
 
     name: str
     version: int
-    path: Path | str  # a URL (str) for a version exported to an object store
+    path: Path | str  # a URL (str) for a version exported to an object store, a model URI for a registry
     signatures: dict[str, str]
     warmup_records: int
 
@@ -79,6 +79,7 @@ def export(
     example_inputs: Any = None,
     background: ArrayLike | None = None,
     reference: Any = None,
+    registry: str | None = None,
 ) -> ExportResult:
     """Save ``model`` as version ``version`` (default: the next one) of ``<model_repository>/<name>``; check it serves.
 
@@ -104,8 +105,29 @@ def export(
     ``reference`` — the training inputs (a batch for the only input, a DataFrame, or a dict of input name → rows) —
     is stored beside the version as the data its served inputs are tested for drift against
     (``GET /workbench/v1/models/{name}/drift``; see :mod:`workbench.publishing.reference`).
+
+    ``registry="mlflow"`` logs the model to MLflow instead (its framework's flavor, the first of ``examples`` as its
+    input example, the signature MLflow infers from it), checks it as above and registers it as the next version of
+    the registered model ``name`` in the tracking server MLflow's own calls use (``MLFLOW_TRACKING_URI``): the
+    result's ``version`` is the registry's number and its ``path`` the model URI, ``models:/<name>/<version>``. A
+    server of ``models:/<name>`` serves it (see :mod:`workbench.publishing.mlflow_versions`).
     """
     check_name(name)
+    if registry is not None:
+        return _export_to_registry(
+            model,
+            name,
+            registry,
+            examples,
+            {
+                "version": version,
+                "signatures": signatures,
+                "format": format,
+                "example_inputs": example_inputs,
+                "background": background,
+                "reference": reference,
+            },
+        )
     store = store_of(str(model_repository), name) if is_remote(model_repository) else None
     # A store's export is built in a local temporary folder, then uploaded (object stores have no rename).
     base = Path(tempfile.mkdtemp(prefix="workbench-export-")) if store else Path(model_repository).absolute() / name
@@ -169,3 +191,16 @@ def export(
         signatures=described,
         warmup_records=records,
     )
+
+
+def _export_to_registry(
+    model: Any, name: str, registry: str, examples: Any, refused: Mapping[str, Any]
+) -> ExportResult:
+    """``export(..., registry=...)``: a registry is a destination of its own, numbering the versions itself."""
+    from workbench.publishing.mlflow_versions import REGISTRIES, log_and_register
+
+    if registry not in REGISTRIES:
+        raise ExportError(f"Unknown registry {registry!r}: workbench exports to {', '.join(REGISTRIES)}")
+    with quiet_tensorflow():
+        number, uri, described = log_and_register(model, name, examples, refused)
+    return ExportResult(name=name, version=number, path=uri, signatures=described, warmup_records=1)

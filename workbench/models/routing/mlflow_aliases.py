@@ -80,6 +80,16 @@ class MlflowAliasStore:
     def location(self) -> str:
         return self._location
 
+    def registry_view(self, routing: Routing) -> dict[str, Any]:
+        """What a model's description shows of the registry (the dashboard reads it there): the registered model's URI
+        and the version each of the routing's aliases names, as the routing last read them (an alias not set is
+        left out)."""
+        named = {self.aliases.stable: routing.stable, self.aliases.canary: routing.canary}
+        return {
+            "uri": f"models:/{self.name}",
+            "aliases": {alias: version for alias, version in named.items() if version is not None},
+        }
+
     # ------------------------------------------------------------------------------------------ reading
     def _registered(self) -> tuple[dict[str, str], dict[str, str]] | None:
         """The model's aliases and tags, or None when it is not registered (yet)."""
