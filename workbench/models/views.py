@@ -75,15 +75,8 @@ def snapshot_of(model: ModelRecord, memory: Mapping[int, Mapping[str, Any]] | No
         routing_state=model.store.location,
         error=model.source_error,
         memory=dict(memory or {}),
-        registry=_registry_view(model),
+        registry=model.store.registry_view(model.routing),
     )
-
-
-def _registry_view(model: ModelRecord) -> Mapping[str, Any] | None:
-    """The registry's side of the model, where its routing store is a registry's (it has ``registry_view``): a
-    routing file has nothing more to show than the routing itself."""
-    view = getattr(model.store, "registry_view", None)
-    return view(model.routing) if view is not None else None
 
 
 def describe_model(model: ModelSnapshot) -> dict[str, Any]:

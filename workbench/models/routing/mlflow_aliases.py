@@ -250,6 +250,9 @@ class FixedRouting:
     def read(self) -> StoredRouting | None:
         return None
 
+    def registry_view(self, routing: Routing) -> None:
+        return None  # one version, named by its URI: no aliases route it
+
     def check_writable(self) -> None:
         raise RoutingStateUnwritable(self._location, self._reason, self._advice)
 

@@ -103,6 +103,10 @@ class RoutingStateStore(Protocol):
         """
         ...
 
+    def registry_view(self, routing: Routing) -> dict[str, Any] | None:
+        """What a model's description shows of a registry that keeps the routing (MLflow's aliases), or None."""
+        ...
+
 
 def routing_store_for(base_path: str) -> RoutingStateStore:
     """The store of the model at ``base_path``: a file for local paths, an object for object-store URLs."""
@@ -163,6 +167,9 @@ class RoutingFile:
         except FileNotFoundError:
             return None
         return decode(data, self.location)
+
+    def registry_view(self, routing: Routing) -> None:
+        return None  # a file beside the versions: the routing is all there is to show
 
     def check_writable(self) -> None:
         with self._locked():
@@ -345,6 +352,9 @@ class RoutingObject:
             except FileNotFoundError:
                 return None
         return decode(data, self.location)
+
+    def registry_view(self, routing: Routing) -> None:
+        return None  # a file beside the versions: the routing is all there is to show
 
     def check_writable(self) -> None:
         if not (self._s3 or self._gcs):
