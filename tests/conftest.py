@@ -190,6 +190,10 @@ LONGEST_FIRST = [
     "notebooks/03-batching-and-latency.ipynb",
     "tests/wire/test_startup.py",
     "tests/wire/test_object_store.py",
+    "tests/wire/test_mlflow_registry.py",  # a real `mlflow server`, two replicas following its aliases
+    "tests/wire/test_mlflow_scoring.py",  # `mlflow models serve` beside workbench, answer for answer
+    "tests/wire/test_mlflow_pyfunc.py",
+    "notebooks/11-mlflow-registry.ipynb",
     "notebooks/09-deciding.ipynb",
     "tests/wire/test_drain_connections.py",
     "tests/wire/test_perf_load.py",
