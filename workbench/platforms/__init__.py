@@ -141,6 +141,15 @@ BUILTIN: tuple[Platform, ...] = (
         inline=True,
         framework=("lightgbm",),
     ),
+    # model.cbm (CatBoost's own format) served by CatBoost; also mlserver_catboost.CatboostModel's.
+    Platform(
+        "catboost",
+        ("model.cbm",),
+        "workbench.platforms.catboost",
+        extra="catboost",
+        inline=True,
+        framework=("catboost",),
+    ),
     Platform(
         "onnx",
         ("model.onnx",),
