@@ -157,3 +157,20 @@ def test_the_environments_model_is_the_repositorys_when_no_file_is(tmp_path, mon
     assert settings.from_environment and settings.name == "iris" and settings.model_uri == str(tmp_path)
     write(tmp_path / "a" / "model-settings.json", {"name": "a"})  # a file: the environment only fills it in
     assert set(repository_models(tmp_path, is_model_name)) == {"a"}
+
+
+def test_editing_a_settings_file_changes_its_versions_folder(tmp_path):
+    # A version's fingerprint covers its folder's files: a version that failed to load is retried once this changes.
+    import os
+
+    from workbench.config.options import is_model_name
+    from workbench.platforms.mlserver_repository import VERSION_FILE, repository_models
+
+    file = write(tmp_path / "m" / "model-settings.json", {"implementation": "nowhere.Model"})
+    (model,) = repository_models(tmp_path, is_model_name).values()
+    written = Path(model.folder) / "1" / VERSION_FILE
+    before = written.read_text()
+    write(file, {"implementation": "mlserver_sklearn.SKLearnModel"})
+    os.utime(file, ns=(1, 1))  # whatever the clock's resolution
+    repository_models(tmp_path, is_model_name)
+    assert written.read_text() != before

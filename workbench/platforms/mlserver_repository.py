@@ -7,7 +7,8 @@ integers, so each model's files are numbered 1, 2, 3… in the order of their ve
 version label of its number: ``/v2/models/m/versions/v0.1.0/infer`` is a request for that label, as it is in MLServer.
 
 Each version is a folder under the repository's hidden ``.workbench/mlserver/<model>/<N>/`` holding only
-``workbench.json``: the platform (``mlserver``), the settings file it stands for and its version string. The models'
+``workbench.json``: the platform (``mlserver``), the settings file it stands for (with its size and mtime, so an edit
+changes the version's folder) and its version string. The models'
 own files stay where they are; ``workbench.platforms.mlserver`` reads the settings when the version loads. A
 model's adaptive batching (``max_batch_size``/``max_batch_time``) is written beside its versions as
 ``batching_parameters.txt``, where the server reads every model's own batching.
@@ -17,6 +18,7 @@ This module reads and writes small files only; what an ``implementation`` runs i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -127,7 +129,13 @@ def _write_model(folder: Path, numbered: dict[int, ModelSettings]) -> dict[str, 
             labels[settings.version] = number
         # The environment's model has no file: its version names the folder, and the environment is read at load.
         key, where = ("environment", settings.folder) if settings.from_environment else ("settings", settings.source)
-        wanted = {"platform": PLATFORM, key: str(where), "version": settings.version}
+        wanted: dict[str, Any] = {"platform": PLATFORM, key: str(where), "version": settings.version}
+        if not settings.from_environment:
+            # The settings file's size and mtime: an edit changes this folder, so a version that failed to load is
+            # retried once its settings are fixed (a version's fingerprint covers its folder's files).
+            with contextlib.suppress(OSError):
+                stat = settings.source.stat()
+                wanted["settings_stamp"] = [stat.st_size, stat.st_mtime_ns]
         _write_if_changed(folder / str(number) / VERSION_FILE, json.dumps(wanted, indent=2) + "\n")
     for entry in folder.iterdir():  # versions whose settings went (or were renumbered away)
         if entry.is_dir() and entry.name.isdigit() and int(entry.name) not in numbered:
