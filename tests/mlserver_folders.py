@@ -122,3 +122,29 @@ def mms_example(folder: Path) -> Path:
             {"name": name, "implementation": implementation, "parameters": {"version": "v0.1.0"}},
         )
     return folder
+
+
+def random_catboost() -> tuple[Any, np.ndarray]:
+    """The catboost example's classifier: 100 rows of 10 random integers, random 0/1 labels, two iterations of depth 2
+    (seeded here); and its training rows."""
+    from catboost import CatBoostClassifier
+
+    rng = np.random.default_rng(0)
+    rows, labels = rng.integers(0, 100, size=(100, 10)), rng.integers(0, 2, size=100)
+    model = CatBoostClassifier(iterations=2, depth=2, learning_rate=1, loss_function="Logloss", verbose=False)
+    return model.fit(rows, labels), rows
+
+
+def catboost_example(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    random_catboost()[0].save_model(str(folder / "model.cbm"))
+    write_json(folder / "settings.json", SETTINGS)
+    write_json(
+        folder / "model-settings.json",
+        {
+            "name": "catboost",
+            "implementation": "mlserver_catboost.CatboostModel",
+            "parameters": {"uri": "./model.cbm", "version": "v0.1.0"},
+        },
+    )
+    return folder

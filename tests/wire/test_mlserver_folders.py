@@ -15,6 +15,7 @@ import tritonclient.grpc as triton_grpc
 from tritonclient.utils import InferenceServerException
 
 from tests.mlserver_folders import (
+    catboost_example,
     digits,
     iris_lightgbm,
     lightgbm_example,
@@ -22,6 +23,7 @@ from tests.mlserver_folders import (
     mnist_svm,
     mushroom_xgboost,
     mushrooms,
+    random_catboost,
     sklearn_example,
     write_json,
     xgboost_example,
@@ -138,6 +140,26 @@ def test_lightgbm_example(server):
     (output,) = response.json()["outputs"]
     assert output["name"] == "predict" and output["datatype"] == "FP64" and output["shape"] == [1, 3]
     np.testing.assert_allclose(output["data"], iris_lightgbm().predict(x.astype(np.float32)).reshape(-1))
+
+
+def test_catboost_example_answers_the_classes(tmp_path):
+    pytest.importorskip("catboost")  # the catboost extra
+    catboost_example(tmp_path)
+    model, rows = random_catboost()
+    x = rows[0:3]
+    options = ServerOptions(rest_api_port=-1, port=0, model_repository=str(tmp_path))
+    with ServerThread(options) as running:
+        response = infer(running, "catboost/versions/v0.1.0", one_input(x[0:1], name="predict-prob"))
+        assert response.status_code == 200, response.text
+        (output,) = response.json()["outputs"]
+        assert output["name"] == "predict" and output["datatype"] == "INT64" and output["shape"] == [1, 1]
+        assert output["data"] == model.predict(x[0:1]).tolist()
+        asked = {**one_input(x, name="predict-prob"), "outputs": [{"name": "predict_proba"}]}
+        response = infer(running, "catboost", asked)  # CatboostModel answers predict whatever is asked
+        assert response.status_code == 200, response.text
+        assert response.json()["model_version"] == "v0.1.0"
+        (output,) = response.json()["outputs"]
+        assert output["name"] == "predict" and output["data"] == model.predict(x).tolist()
 
 
 def test_metadata_names_the_version_string(server):

@@ -1,7 +1,8 @@
 """MLServer's custom runtimes (``class M(MLModel)`` named by a ``model-settings.json``), run unchanged: loaded by
-``workbench.platforms.mlserver_runtime.load`` and served on v2 REST and gRPC, with the requests and answers of
-MLServer's examples (custom, custom-json, content-type, streaming). The runtimes are written here with the
-examples' shapes and imports; MLServer itself is not installed (workbench's layer answers ``import mlserver``)."""
+``workbench.platforms.mlserver_runtime.load`` and served from a folder laid out for MLServer on v2 REST and gRPC, with
+the requests and answers of MLServer's examples (custom, custom-json, content-type, streaming). The runtimes are
+written here with the examples' shapes and imports; MLServer itself is not installed (workbench's layer answers
+``import mlserver``)."""
 
 from __future__ import annotations
 
@@ -212,8 +213,9 @@ class Failing(MLModel):
 
 
 def write_model(root: Path, name: str, file: str, source: str, settings: dict[str, Any]) -> Path:
-    """A model's folder with one version, as MLServer's examples lay a model out, and its settings file."""
-    folder = root / name / "1"
+    """A model's folder as MLServer's examples lay a model out (its runtime's module beside its settings file), and
+    that settings file."""
+    folder = root / name
     folder.mkdir(parents=True)
     (folder / file).write_text(source)
     (folder / "model-settings.json").write_text(json.dumps(settings))
@@ -256,14 +258,10 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
-    names = ["numpyro-divorce", "json-hello-world", "content-type-example", "text-model", "failing"]
-    config = tmp_path_factory.mktemp("config") / "models.config"
-    entries = " ".join(
-        f'config {{ name: "{n}" base_path: "{repository / n}" model_platform: "mlserver_runtime" }}' for n in names
-    )
-    config.write_text(f"model_config_list {{ {entries} }}")
-    options = ServerOptions(rest_api_port=-1, port=0, model_config_file=str(config), allow_python_models=True)
+def server(repository: Path) -> Iterator[ServerThread]:
+    """The folder served as MLServer's layout (each model-settings.json a model, found under the repository), as
+    ``workbench serve DIR --allow_python_models`` and ``workbench mlserver start DIR`` serve it."""
+    options = ServerOptions(rest_api_port=-1, port=0, model_repository=str(repository), allow_python_models=True)
     with ServerThread(options) as running:
         yield running
 
@@ -277,7 +275,7 @@ JSON_INPUT = json.dumps({"name": "Foo Bar", "message": "Hello from Client (REST)
 
 # ------------------------------------------------------------------------------------------- load
 def test_load_runs_the_runtime_load_and_predict_in_process(repository: Path) -> None:
-    settings = repository / "numpyro-divorce" / "1" / "model-settings.json"
+    settings = repository / "numpyro-divorce" / "model-settings.json"
     servable = mlserver_runtime.load("numpyro-divorce", 1, settings, LoadPolicy(allow_python=True))
     try:
         marriage = Tensor("marriage", "FP32", (2,), np.array([1.0, 3.0], dtype=np.float32))
@@ -293,7 +291,7 @@ def test_load_runs_the_runtime_load_and_predict_in_process(repository: Path) -> 
 
 
 def test_a_runtime_loads_only_where_repository_python_may_run(repository: Path) -> None:
-    settings = repository / "json-hello-world" / "1" / "model-settings.json"
+    settings = repository / "json-hello-world" / "model-settings.json"
     with pytest.raises(ServingError) as refused:
         mlserver_runtime.load("json-hello-world", 1, settings, LoadPolicy())
     assert refused.value.code is Code.FAILED_PRECONDITION
@@ -325,7 +323,7 @@ def test_mlserver_is_importable_only_while_a_runtime_is_loaded(repository: Path)
     import importlib.util
 
     assert importlib.util.find_spec("mlserver") is None
-    settings = repository / "json-hello-world" / "1" / "model-settings.json"
+    settings = repository / "json-hello-world" / "model-settings.json"
     servable = mlserver_runtime.load("json-hello-world", 1, settings, LoadPolicy(allow_python=True))
     try:
         assert importlib.util.find_spec("mlserver") is not None

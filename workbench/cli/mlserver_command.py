@@ -1,12 +1,15 @@
 """``workbench mlserver start DIR``: serve a folder laid out for MLServer as ``mlserver start DIR`` serves it.
 
 The folder's ``settings.json`` gives the ports and host (``http_port`` 8080 and ``grpc_port`` 8081 by default, as
-MLServer's) and the models' root (``model_repository_root``); its ``model-settings.json`` files are the models. The
-rest is ``workbench serve``'s defaults; for other flags, run ``workbench serve --model_repository=DIR``.
+MLServer's), MLServer's variables (``MLSERVER_HTTP_PORT``, ``MLSERVER_HOST``...) what it leaves out; the folder is
+the models' root, as in MLServer, and its ``model-settings.json`` files are the models (or, with none, the one model
+``MLSERVER_MODEL_IMPLEMENTATION``, ``MLSERVER_MODEL_URI``... describe: how KServe starts MLServer). The rest is
+``workbench serve``'s defaults; for other flags, run ``workbench serve --model_repository=DIR``.
 Pickles and custom runtimes run code, and MLServer loads
 both from the folder it is given, so this command allows them (``--allow_pickle``, ``--allow_python_models``);
-``workbench serve --model_repository=DIR`` serves the same folder without them. Without a ``host`` in the settings,
-workbench binds 127.0.0.1 where MLServer binds 0.0.0.0: pass ``--host=0.0.0.0`` to be reached from elsewhere.
+``workbench serve --model_repository=DIR`` serves the same folder without them. Without a ``host`` in the settings
+(or ``MLSERVER_HOST``), workbench binds 127.0.0.1 where MLServer binds 0.0.0.0: pass ``--host=0.0.0.0`` to be
+reached from elsewhere.
 """
 
 from __future__ import annotations
@@ -40,7 +43,8 @@ def serve_flags(folder: str) -> list[str]:
 
     settings = read_server_settings(folder)
     flags = [
-        f"--model_repository={settings.model_repository_root}",
+        # `mlserver start FOLDER` makes FOLDER the models' root, whatever model_repository_root says (cli/serve.py).
+        f"--model_repository={folder}",
         f"--rest_api_port={settings.http_port}",
         f"--port={settings.grpc_port}",
         "--allow_pickle",

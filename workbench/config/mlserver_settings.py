@@ -14,7 +14,14 @@ What MLServer does and this reader keeps:
 - ``parameters.version`` is a string (``"v0.1.0"``), which workbench serves as a version label of a numbered
   version (see ``workbench.platforms.mlserver_repository``);
 - ``max_batch_size`` and ``max_batch_time`` (seconds) are adaptive batching, on when the size is over 1 and the
-  time over 0, which is TF Serving-style batching with ``batch_timeout_micros`` the time.
+  time over 0, which is TF Serving-style batching with ``batch_timeout_micros`` the time;
+- MLServer's settings are pydantic settings, so the environment fills every field a file leaves out
+  (``MLSERVER_HTTP_PORT`` for ``settings.json``'s ``http_port``; ``MLSERVER_MODEL_NAME``, ``MLSERVER_MODEL_URI``,
+  ``MLSERVER_MODEL_EXTRA``... for a ``model-settings.json``'s ``name``, ``parameters.uri``, ``parameters.extra``):
+  what a file says wins, then the environment, then the defaults. Names are case-insensitive, lists and objects are
+  JSON, as pydantic reads them. Where no ``model-settings.json`` can be read, the environment alone is the one
+  model when it names an implementation (``MLSERVER_MODEL_IMPLEMENTATION``): what KServe's ``kserve-mlserver``
+  runtime relies on (see :func:`environment_model_settings`).
 """
 
 from __future__ import annotations
@@ -31,6 +38,10 @@ from workbench.core.errors import Code, ServingError
 
 MODEL_SETTINGS = "model-settings.json"
 SETTINGS = "settings.json"
+# MLServer's env_prefix for Settings and for ModelSettings/ModelParameters (mlserver/settings.py).
+SERVER_PREFIX = "MLSERVER_"
+MODEL_PREFIX = "MLSERVER_MODEL_"
+IMPLEMENTATION_VARIABLE = MODEL_PREFIX + "IMPLEMENTATION"
 # How many batches of max_batch_size may wait: MLServer's queue is unbounded; TF Serving's default bound is kept.
 _QUEUED_BATCHES = 10
 
@@ -62,6 +73,7 @@ class ModelSettings:
     versions: tuple[str, ...] = ()  # the metadata's "versions", as declared
     max_batch_size: int = 0
     max_batch_time: float = 0.0  # seconds
+    from_environment: bool = False  # no file: the environment's model (source is where a file would be)
 
     @property
     def folder(self) -> Path:
@@ -102,48 +114,118 @@ class ServerSettings:
 
 
 # ------------------------------------------------------------------------------------------- reading
-def read_model_settings(path: str | os.PathLike[str]) -> ModelSettings:
-    """One ``model-settings.json``; INVALID_ARGUMENT naming the file and field where it cannot be served."""
+def read_model_settings(path: str | os.PathLike[str], environ: Mapping[str, str] | None = None) -> ModelSettings:
+    """One ``model-settings.json``, the environment filling what it leaves out; INVALID_ARGUMENT naming the file (or
+    the variable) and field where it cannot be served."""
     source = Path(path).resolve()
-    document = _document(source)
-    where = str(source)
-    parameters = _object(document.get("parameters"), where, "parameters")
-    name = _text(document.get("name"), where, "name") or source.parent.name
-    extra = _object(parameters.get("extra"), where, "parameters.extra")
+    return _model_settings(_document(source), source, _Environment(environ, MODEL_PREFIX, str(source)))
+
+
+def environment_model_settings(
+    folder: str | os.PathLike[str], environ: Mapping[str, str] | None = None
+) -> ModelSettings | None:
+    """The model MLServer makes of the environment alone, where its repository holds no readable
+    ``model-settings.json``: None unless ``MLSERVER_MODEL_IMPLEMENTATION`` names one (MLServer's ``ModelSettings()``
+    fails validation without it, and serves nothing).
+
+    As MLServer reads it: a relative ``MLSERVER_MODEL_URI`` is against the working directory (there is no file to be
+    relative to). Where MLServer would fail the load for want of a uri, the folder given is the model's (KServe's
+    ``/mnt/models``); a model without ``MLSERVER_MODEL_NAME`` takes the folder's name where MLServer's would be "".
+    """
+    env = _Environment(environ, MODEL_PREFIX, "the environment")
+    if not env.get("implementation"):
+        return None
+    settings = _model_settings({}, Path(folder).resolve() / MODEL_SETTINGS, env)
+    uri = settings.uri
+    if uri and "://" not in uri:
+        uri = os.path.abspath(uri)
+    elif uri.startswith("file://"):
+        uri = os.path.abspath(uri.removeprefix("file://"))
+    return dataclasses.replace(settings, uri=uri, from_environment=True)
+
+
+def environment_names_a_model(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether ``MLSERVER_MODEL_IMPLEMENTATION`` is set: a folder without ``model-settings.json`` is MLServer's."""
+    return bool(_Environment(environ, MODEL_PREFIX, "the environment").get("implementation"))
+
+
+def _model_settings(document: dict[str, Any], source: Path, env: _Environment) -> ModelSettings:
+    where = env.where
+    # An absent "parameters" is MLSERVER_MODEL_PARAMETERS (JSON), and each parameter it leaves out its own variable.
+    parameters = _object(env.fill(document, "parameters", decode=True), where, "parameters")
+    name = _text(env.fill(document, "name"), where, "name") or source.parent.name
     return ModelSettings(
         source=source,
         name=name,
-        implementation=_text(document.get("implementation"), where, "implementation"),
-        uri=_text(parameters.get("uri"), where, "parameters.uri"),
-        version=_text(parameters.get("version"), where, "parameters.version"),
-        extra=extra,
-        content_type=_text(parameters.get("content_type"), where, "parameters.content_type"),
-        inputs=_tensors(document.get("inputs"), where, "inputs"),
-        outputs=_tensors(document.get("outputs"), where, "outputs"),
-        platform=_text(document.get("platform"), where, "platform"),
-        versions=tuple(_text(v, where, "versions") for v in _list(document.get("versions"), where, "versions")),
-        max_batch_size=_number(document.get("max_batch_size"), where, "max_batch_size", int),
-        max_batch_time=_number(document.get("max_batch_time"), where, "max_batch_time", float),
+        implementation=_text(env.fill(document, "implementation"), where, "implementation"),
+        uri=_text(env.fill(parameters, "uri"), where, "parameters.uri"),
+        version=_text(env.fill(parameters, "version"), where, "parameters.version"),
+        extra=_object(env.fill(parameters, "extra", decode=True), where, "parameters.extra"),
+        content_type=_text(env.fill(parameters, "content_type"), where, "parameters.content_type"),
+        inputs=_tensors(env.fill(document, "inputs", decode=True), where, "inputs"),
+        outputs=_tensors(env.fill(document, "outputs", decode=True), where, "outputs"),
+        platform=_text(env.fill(document, "platform"), where, "platform"),
+        versions=tuple(
+            _text(v, where, "versions") for v in _list(env.fill(document, "versions", decode=True), where, "versions")
+        ),
+        max_batch_size=_number(env.fill(document, "max_batch_size", decode=True), where, "max_batch_size", int),
+        max_batch_time=_number(env.fill(document, "max_batch_time", decode=True), where, "max_batch_time", float),
     )
 
 
-def read_server_settings(folder: str | os.PathLike[str]) -> ServerSettings:
-    """The ``settings.json`` in ``folder`` (MLServer's defaults where there is none); a relative
-    ``model_repository_root`` is taken against ``folder``."""
+def read_server_settings(folder: str | os.PathLike[str], environ: Mapping[str, str] | None = None) -> ServerSettings:
+    """The ``settings.json`` in ``folder``, the environment (``MLSERVER_HTTP_PORT``...) filling what it leaves out,
+    then MLServer's defaults; a relative ``model_repository_root`` is taken against ``folder``."""
     source = Path(folder) / SETTINGS
-    if not source.is_file():
-        return ServerSettings(model_repository_root=str(Path(folder)))
-    document = _document(source)
-    where = str(source)
-    root = _text(document.get("model_repository_root"), where, "model_repository_root") or "."
+    document = _document(source) if source.is_file() else {}
+    env = _Environment(environ, SERVER_PREFIX, str(source) if source.is_file() else "the environment")
+    where = env.where
+    root = _text(env.fill(document, "model_repository_root"), where, "model_repository_root") or "."
     return ServerSettings(
-        host=_text(document.get("host"), where, "host"),
-        http_port=_number(document.get("http_port"), where, "http_port", int) or ServerSettings.http_port,
-        grpc_port=_number(document.get("grpc_port"), where, "grpc_port", int) or ServerSettings.grpc_port,
+        host=_text(env.fill(document, "host"), where, "host"),
+        http_port=_number(env.fill(document, "http_port", decode=True), where, "http_port", int)
+        or ServerSettings.http_port,
+        grpc_port=_number(env.fill(document, "grpc_port", decode=True), where, "grpc_port", int)
+        or ServerSettings.grpc_port,
         model_repository_root=os.path.normpath(root if os.path.isabs(root) else os.path.join(folder, root)),
-        load_models_at_startup=_flag(document.get("load_models_at_startup", True), where, "load_models_at_startup"),
-        debug=_flag(document.get("debug", False), where, "debug"),
+        load_models_at_startup=_flag(
+            env.fill(document, "load_models_at_startup", default=True), where, "load_models_at_startup"
+        ),
+        debug=_flag(env.fill(document, "debug", default=False), where, "debug"),
     )
+
+
+class _Environment:
+    """MLServer's variables under one prefix, as pydantic-settings reads them: case-insensitive names, JSON for
+    numbers, lists and objects (a plain string stays a string)."""
+
+    def __init__(self, environ: Mapping[str, str] | None, prefix: str, where: str) -> None:
+        variables = os.environ if environ is None else environ
+        self.prefix = prefix
+        self.values = {k.upper(): v for k, v in variables.items() if k.upper().startswith(prefix)}
+        # Messages name the file and field; where variables are set too, they say so (a field may be theirs).
+        self.where = f"{where} (with {prefix}* variables)" if self.values and where != "the environment" else where
+
+    def get(self, field: str) -> str | None:
+        return self.values.get(self.prefix + field.upper())
+
+    def fill(self, document: Mapping[str, Any], field: str, *, decode: bool = False, default: Any = None) -> Any:
+        """``document[field]`` where the file sets it, else the variable's value, else ``default``."""
+        value = document.get(field)
+        if value is not None:
+            return value
+        text = self.get(field)
+        if text is None:
+            return default
+        if not decode:
+            return text
+        try:
+            return json.loads(text)
+        except ValueError:
+            if text.strip().startswith(("{", "[")):  # meant as JSON: say which variable is not
+                variable = self.prefix + field.upper()
+                raise ServingError(Code.INVALID_ARGUMENT, f"{variable} is not valid JSON: {text!r}") from None
+            return text  # "true", or a number's typo: the field's check names it
 
 
 def find_model_settings(root: str | os.PathLike[str]) -> Iterator[Path]:

@@ -141,6 +141,15 @@ BUILTIN: tuple[Platform, ...] = (
         inline=True,
         framework=("lightgbm",),
     ),
+    # model.cbm (CatBoost's own format) served by CatBoost; also mlserver_catboost.CatboostModel's.
+    Platform(
+        "catboost",
+        ("model.cbm",),
+        "workbench.platforms.catboost",
+        extra="catboost",
+        inline=True,
+        framework=("catboost",),
+    ),
     Platform(
         "onnx",
         ("model.onnx",),
@@ -187,11 +196,9 @@ BUILTIN: tuple[Platform, ...] = (
         framework=("torch",),
         packaged_models="workbench.platforms.torchserve_archives:store_models",
     ),
-    # MLServer's custom runtimes: a version folder holding a model-settings.json whose "implementation" is an MLModel
-    # class (workbench.platforms.mlserver_runtime). Chosen by name, as its file is no model of its own.
-    Platform("mlserver_runtime", (), "workbench.platforms.mlserver_runtime", loader="load_version", v2_name="mlserver"),
     # A folder laid out for MLServer: each model-settings.json a version (workbench.platforms.mlserver_repository
-    # writes the version folders, naming the platform); served by its implementation's native platform.
+    # writes the version folders, naming the platform); served by its implementation's native platform, MLflow's, or
+    # a custom runtime (workbench.platforms.mlserver_runtime).
     Platform(
         "mlserver",
         (),

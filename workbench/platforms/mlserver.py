@@ -25,7 +25,12 @@ from typing import Any
 
 import numpy as np
 
-from workbench.config.mlserver_settings import ModelSettings, read_model_settings
+from workbench.config.mlserver_settings import (
+    IMPLEMENTATION_VARIABLE,
+    ModelSettings,
+    environment_model_settings,
+    read_model_settings,
+)
 from workbench.core.errors import Code, ServingError
 from workbench.core.servable import Servable
 from workbench.core.signatures import DEFAULT_SIGNATURE
@@ -90,8 +95,19 @@ class MLflowDialect:
 
 
 def settings_of(folder: Path) -> ModelSettings:
-    """The ``model-settings.json`` the version folder stands for."""
-    source = version_config(folder).get("settings")
+    """The ``model-settings.json`` the version folder stands for (or the environment's model, read again)."""
+    config = version_config(folder)
+    environment = config.get("environment")
+    if isinstance(environment, str) and environment:
+        from_environment = environment_model_settings(environment)
+        if from_environment is None:
+            raise ServingError(
+                Code.FAILED_PRECONDITION,
+                f"{folder} stands for the model of MLServer's environment variables, and {IMPLEMENTATION_VARIABLE} "
+                "is no longer set",
+            )
+        return from_environment
+    source = config.get("settings")
     if not isinstance(source, str) or not source:
         raise ServingError(
             Code.FAILED_PRECONDITION, f'{folder} names no model-settings.json (its workbench.json has no "settings")'

@@ -1,17 +1,19 @@
-"""MLServer's built-in runtimes (scikit-learn, XGBoost, LightGBM) on workbench's native tabular path.
+"""MLServer's built-in runtimes (scikit-learn, XGBoost, LightGBM, CatBoost) on workbench's native tabular path.
 
 A model MLServer serves with ``mlserver_sklearn.SKLearnModel``, ``mlserver_xgboost.XGBoostModel`` or
 ``mlserver_lightgbm.LightGBMModel`` is loaded here as the native platforms load theirs, and answers as the runtime
 answers (checked against MLServer's source, ``runtimes/*``):
 
 - the model file is ``parameters.uri`` (a file, or a folder holding one of the runtime's well-known names:
-  ``model.joblib``/``model.pickle``/``model.pkl``, ``model.bst``/``model.json``/``model.ubj``, ``model.bst``);
+  ``model.joblib``/``model.pickle``/``model.pkl``, ``model.bst``/``model.json``/``model.ubj``, ``model.bst``,
+  ``model.cbm``/``model.bin``);
 - one input, under any name (MLServer's ``np`` request codec takes the first and only one), its numbers cast to
   the type the library computes in (FP32 sent to a float64 model, as scikit-learn converts it); ``pd``: each input
   a column, by the model's feature names where it keeps them;
 - outputs by method name: scikit-learn ``predict`` (the default, or ``parameters.extra.predict_fn``),
   ``predict_proba``, ``transform``; XGBoost ``predict`` and ``predict_proba``; LightGBM always ``predict``
-  (the booster's values: probabilities for a classifier). Each output is shaped ``[N, 1]`` for one value per row
+  (the booster's values: probabilities for a classifier); CatBoost always ``predict`` (a classifier's class labels,
+  as ``CatBoostClassifier.predict``). Each output is shaped ``[N, 1]`` for one value per row
   and carries ``"content_type": "np"``, as MLServer's numpy codec encodes it;
 - XGBoost loads as MLServer loads it: as an ``XGBRegressor`` unless the file is a scikit-learn classifier's, so a
   booster trained with ``xgb.train`` answers ``predict`` with its *probabilities* (binary:logistic, multi:softprob)
@@ -45,6 +47,7 @@ from workbench.protocol.v2_json import InferRequest
 SKLEARN = "mlserver_sklearn.SKLearnModel"
 XGBOOST = "mlserver_xgboost.XGBoostModel"
 LIGHTGBM = "mlserver_lightgbm.LightGBMModel"
+CATBOOST = "mlserver_catboost.CatboostModel"
 PREDICT, PREDICT_PROBA, TRANSFORM = "predict", "predict_proba", "transform"
 PREDICT_FN = "predict_fn"  # parameters.extra's key naming scikit-learn's default output
 
@@ -289,6 +292,16 @@ def _read_lightgbm(file: Path, policy: LoadPolicy) -> Model:
     return Model(matrix, {PREDICT: Output(predict, np.dtype(np.float64), columns)}, "Booster")
 
 
+def _read_catboost(file: Path, policy: LoadPolicy) -> Model:
+    """MLServer loads any ``.cbm`` as a ``CatBoostClassifier`` and answers its ``predict``: the class labels. A
+    regressor's file fails MLServer's predict (the classifier has no classes); here it answers its values."""
+    from workbench.platforms.catboost import describe, read_model
+
+    described = describe(read_model(file))
+    (predict,) = (m for m in described.methods if m.output == "predictions")
+    return Model(described.matrix, {PREDICT: Output(predict.fn, predict.dtype, 1)}, type(described.source).__name__)
+
+
 def _columns(shape: tuple[int, ...] | None) -> int | None:
     if shape is None:
         return None
@@ -304,4 +317,5 @@ RUNTIMES: dict[str, Runtime] = {
     ),
     XGBOOST: Runtime("XGBoostModel", ("model.bst", "model.json", "model.ubj"), (PREDICT, PREDICT_PROBA), _read_xgboost),
     LIGHTGBM: Runtime("LightGBMModel", ("model.bst",), (), _read_lightgbm),
+    CATBOOST: Runtime("CatboostModel", ("model.cbm", "model.bin"), (), _read_catboost),
 }

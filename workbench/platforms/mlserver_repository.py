@@ -7,7 +7,8 @@ integers, so each model's files are numbered 1, 2, 3… in the order of their ve
 version label of its number: ``/v2/models/m/versions/v0.1.0/infer`` is a request for that label, as it is in MLServer.
 
 Each version is a folder under the repository's hidden ``.workbench/mlserver/<model>/<N>/`` holding only
-``workbench.json``: the platform (``mlserver``), the settings file it stands for and its version string. The models'
+``workbench.json``: the platform (``mlserver``), the settings file it stands for (with its size and mtime, so an edit
+changes the version's folder) and its version string. The models'
 own files stay where they are; ``workbench.platforms.mlserver`` reads the settings when the version loads. A
 model's adaptive batching (``max_batch_size``/``max_batch_time``) is written beside its versions as
 ``batching_parameters.txt``, where the server reads every model's own batching.
@@ -17,6 +18,7 @@ This module reads and writes small files only; what an ``implementation`` runs i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -29,7 +31,12 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from workbench.config.batching_parameters import BATCHING_FILE_NAME, BatchingParameters
-from workbench.config.mlserver_settings import ModelSettings, find_model_settings, read_model_settings
+from workbench.config.mlserver_settings import (
+    ModelSettings,
+    environment_model_settings,
+    find_model_settings,
+    read_model_settings,
+)
 from workbench.config.options import PackagedModel
 from workbench.core.errors import ServingError
 from workbench.platforms.base import remove_folders_except
@@ -48,7 +55,8 @@ def repository_models(root: str | os.PathLike[str], is_model_name: Callable[[str
     """The models of the ``model-settings.json`` files under ``root``: name → its versions' folder and labels.
 
     A file that cannot be read, or names a model whose name is not safe in a URL, is logged and skipped, as MLServer
-    skips it; the other models serve.
+    skips it; the other models serve. Where no file could be read, the environment's model
+    (``MLSERVER_MODEL_IMPLEMENTATION``, ``MLSERVER_MODEL_URI``...) is the one model, as in MLServer.
     """
     base = Path(root)
     with _lock:
@@ -63,6 +71,10 @@ def repository_models(root: str | os.PathLike[str], is_model_name: Callable[[str
                 _log_once(f"{path}: model name {settings.name!r} is not a valid model name; it is not served")
                 continue
             by_model.setdefault(settings.name, []).append(settings)
+        if not by_model:
+            from_environment = _environment_model(base)
+            if from_environment is not None and is_model_name(from_environment.name):
+                by_model[from_environment.name] = [from_environment]
         store = base / STORE_FOLDER
         models = {}
         for name, versions in by_model.items():
@@ -75,6 +87,14 @@ def repository_models(root: str | os.PathLike[str], is_model_name: Callable[[str
             models[name] = PackagedModel(str(folder), labels)
         remove_folders_except(store, set(models))
         return models
+
+
+def _environment_model(base: Path) -> ModelSettings | None:
+    try:
+        return environment_model_settings(base)
+    except ServingError as exc:
+        _log_once(f"The model of MLServer's environment variables is not served: {exc.message}")
+        return None
 
 
 def version_key(text: str) -> tuple[int, Any, str]:
@@ -108,7 +128,15 @@ def _write_model(folder: Path, numbered: dict[int, ModelSettings]) -> dict[str, 
     for number, settings in numbered.items():
         if settings.version:
             labels[settings.version] = number
-        wanted = {"platform": PLATFORM, "settings": str(settings.source), "version": settings.version}
+        # The environment's model has no file: its version names the folder, and the environment is read at load.
+        key, where = ("environment", settings.folder) if settings.from_environment else ("settings", settings.source)
+        wanted: dict[str, Any] = {"platform": PLATFORM, key: str(where), "version": settings.version}
+        if not settings.from_environment:
+            # The settings file's size and mtime: an edit changes this folder, so a version that failed to load is
+            # retried once its settings are fixed (a version's fingerprint covers its folder's files).
+            with contextlib.suppress(OSError):
+                stat = settings.source.stat()
+                wanted["settings_stamp"] = [stat.st_size, stat.st_mtime_ns]
         _write_if_changed(folder / str(number) / VERSION_FILE, json.dumps(wanted, indent=2) + "\n")
     for entry in folder.iterdir():  # versions whose settings went (or were renumbered away)
         if entry.is_dir() and entry.name.isdigit() and int(entry.name) not in numbered:

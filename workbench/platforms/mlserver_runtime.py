@@ -35,7 +35,6 @@ from workbench.platforms.base import LoadPolicy
 from workbench.platforms.model_loop import ModelLoop
 from workbench.protocol.v2_types import to_datatype
 
-SETTINGS_FILE = "model-settings.json"
 DECODED = "_decoded_payload"  # where MLServer's codecs keep what they decoded: never answered
 # HTTP statuses of MLServerError → the engine's codes (frontends translate them back).
 _CODES = {
@@ -94,14 +93,6 @@ def load(name: str, version: int, settings_file: Path, policy: LoadPolicy) -> Wh
         forget_module(module)
         mlserver_imports.release()
         raise
-
-
-def load_version(name: str, version: int, path: str, policy: LoadPolicy) -> WholeRequestServable:
-    """The platform registry's loader: a version folder holding a ``model-settings.json``."""
-    settings_file = Path(path) / SETTINGS_FILE
-    if not settings_file.is_file():
-        raise ServingError(Code.NOT_FOUND, f"No {SETTINGS_FILE} in {path}")
-    return load(name, version, settings_file, policy)
 
 
 def read_settings(settings_file: Path) -> dict[str, Any]:
