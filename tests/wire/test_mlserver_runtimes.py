@@ -1,9 +1,7 @@
 """MLServer's custom runtimes (``class M(MLModel)`` named by a ``model-settings.json``), run unchanged: loaded by
 ``workbench.platforms.mlserver_runtime.load`` and served on v2 REST and gRPC, with the requests and answers of
 MLServer's examples (custom, custom-json, content-type, streaming). The runtimes are written here with the
-examples' shapes and imports. Where MLServer is not installed (CI: it would downgrade Starlette and FastAPI) workbench's
-layer answers ``import mlserver``; run with the real package importable (docs/mlserver.md, "With MLServer installed")
-the same tests check that the runtimes, subclassing the real ``MLModel``, serve alike."""
+examples' shapes and imports; MLServer itself is not installed (workbench's layer answers ``import mlserver``)."""
 
 from __future__ import annotations
 
@@ -324,6 +322,9 @@ def test_a_load_that_fails_in_the_runtime_is_the_load_error(tmp_path: Path) -> N
         mlserver_runtime.load("m", 1, settings, LoadPolicy(allow_python=True))
 
 
+# Where MLServer is not installed (CI: installing it would downgrade Starlette and FastAPI) workbench's layer answers
+# ``import mlserver``. Run with the real package importable (docs/mlserver.md, "With MLServer installed"), this file's
+# tests check that runtimes subclassing the real ``MLModel`` serve alike.
 REAL_MLSERVER = mlserver_imports.real_package_installed()
 
 
@@ -345,7 +346,7 @@ def test_mlserver_is_importable_only_while_a_runtime_is_loaded(repository: Path)
 def test_the_real_package_serves_beside_tritons_grpc_messages(repository: Path) -> None:
     """Its runtimes subclass the real MLModel, and its gRPC messages (the v2 messages in package ``inference``, as
     Triton's, already imported here) import in a pool of their own; both sets stay usable."""
-    settings = repository / "json-hello-world" / "1" / "model-settings.json"
+    settings = next((repository / "json-hello-world").rglob("model-settings.json"))
     servable = mlserver_runtime.load("json-hello-world", 1, settings, LoadPolicy(allow_python=True))
     try:
         import mlserver
