@@ -21,6 +21,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from workbench.config.options import ServerOptions
 from workbench.core.errors import Code, ServingError
 from workbench.core.whole_requests import Tensor, WholeRequest
+from workbench.mlserver_api import mlserver_imports
 from workbench.platforms import mlserver_runtime
 from workbench.platforms.base import LoadPolicy
 from workbench.server import ServerThread
@@ -319,6 +320,13 @@ def test_a_load_that_fails_in_the_runtime_is_the_load_error(tmp_path: Path) -> N
         mlserver_runtime.load("m", 1, settings, LoadPolicy(allow_python=True))
 
 
+# Where MLServer is not installed (CI: installing it would downgrade Starlette and FastAPI) workbench's layer answers
+# ``import mlserver``. Run with the real package importable (docs/mlserver.md, "With MLServer installed"), this file's
+# tests check that runtimes subclassing the real ``MLModel`` serve alike.
+REAL_MLSERVER = mlserver_imports.real_package_installed()
+
+
+@pytest.mark.skipif(REAL_MLSERVER, reason="the real mlserver package is installed: it serves, unmapped")
 def test_mlserver_is_importable_only_while_a_runtime_is_loaded(repository: Path) -> None:
     import importlib.util
 
@@ -330,6 +338,25 @@ def test_mlserver_is_importable_only_while_a_runtime_is_loaded(repository: Path)
     finally:
         servable.close()
     assert importlib.util.find_spec("mlserver") is None
+
+
+@pytest.mark.skipif(not REAL_MLSERVER, reason="needs the real mlserver package importable")
+def test_the_real_package_serves_beside_tritons_grpc_messages(repository: Path) -> None:
+    """Its runtimes subclass the real MLModel, and its gRPC messages (the v2 messages in package ``inference``, as
+    Triton's, already imported here) import in a pool of their own; both sets stay usable."""
+    settings = next((repository / "json-hello-world").rglob("model-settings.json"))
+    servable = mlserver_runtime.load("json-hello-world", 1, settings, LoadPolicy(allow_python=True))
+    try:
+        import mlserver
+        from mlserver.grpc import dataplane_pb2
+
+        assert mlserver.__file__ is not None and "workbench" not in mlserver.__file__
+        assert isinstance(servable._model, mlserver.MLModel)
+        theirs = dataplane_pb2.ModelInferRequest(model_name="m")
+        ours = service_pb2.ModelInferRequest.FromString(theirs.SerializeToString())
+        assert ours.model_name == "m"
+    finally:
+        servable.close()
 
 
 # ------------------------------------------------------------------------------------------- REST
@@ -410,7 +437,8 @@ def test_a_request_content_type_decodes_the_whole_request(server: ServerThread) 
     body = {
         "parameters": {"content_type": "pd"},
         "inputs": [
-            {"name": "metadata-np", "datatype": "INT32", "shape": [2, 2], "data": [1, 2, 3, 4]},
+            # One column each: MLServer's PandasCodec cannot make a column of [2, 2] ("cannot reshape").
+            {"name": "metadata-np", "datatype": "INT32", "shape": [2, 1], "data": [1, 2]},
             {"name": "names", "datatype": "BYTES", "shape": [2, 1], "data": ["a", "b"]},
         ],
     }

@@ -3,7 +3,12 @@
 A meta-path finder maps ``mlserver`` and its submodules (those runtimes import) to :mod:`workbench.mlserver_api`'s
 modules. It is installed while at least one runtime is loaded (:func:`hold` and :func:`release`, counted), so
 a runtime's imports at load and any it makes later, inside ``predict``, resolve alike; a process that serves none
-never sees an ``mlserver`` it did not install. Where the real package is installed nothing is mapped: it serves.
+never sees an ``mlserver`` it did not install. Where the real package is installed nothing is mapped: it serves,
+with one change: its gRPC messages (``mlserver.grpc.dataplane_pb2``) are built in a descriptor pool of their own.
+They declare the v2 messages in package ``inference``, as Triton's ``grpc_service.proto`` does, which workbench's
+gRPC frontend serves (``tritonclient.grpc.service_pb2``); protobuf's default pool takes each name once, so in the
+default pool whichever imports second fails, and ``import mlserver`` imports its gRPC server. Runtimes never send
+those messages; workbench's frontends answer gRPC.
 """
 
 from __future__ import annotations
@@ -41,6 +46,10 @@ MODULES: dict[str, str] = {
     "mlserver.codecs.pandas": f"{_CODECS}.pandas_codec",
 }
 
+# The real package's modules of generated protos that clash with Triton's in protobuf's default pool.
+_OWN_POOL_MODULES = ("mlserver.grpc.dataplane_pb2",)
+_DEFAULT_POOL = "_descriptor_pool.Default()"  # how protoc's Python output names the pool it adds its file to
+
 _lock = threading.Lock()
 _holders = 0
 
@@ -72,6 +81,43 @@ class _Finder(importlib.abc.MetaPathFinder):
 _FINDER = _Finder()
 
 
+class _OwnPoolLoader(importlib.abc.Loader):
+    """Runs a generated ``_pb2`` module with its file added to a pool of its own instead of the default one."""
+
+    def __init__(self, origin: str) -> None:
+        self.origin = origin
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> None:
+        return None  # the default module object
+
+    def exec_module(self, module: ModuleType) -> None:
+        from google.protobuf import descriptor_pool
+
+        with open(self.origin, encoding="utf-8") as source_file:
+            source = source_file.read()
+        module.__dict__["_workbench_pool"] = descriptor_pool.DescriptorPool()
+        code = compile(source.replace(_DEFAULT_POOL, "_workbench_pool"), self.origin, "exec")
+        exec(code, module.__dict__)  # noqa: S102 - the installed package's own file, as its import would run it
+
+
+class _OwnPoolFinder(importlib.abc.MetaPathFinder):
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in _OWN_POOL_MODULES:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
+            return spec  # not the generated source this knows: imported as it is
+        with open(spec.origin, encoding="utf-8") as source_file:
+            if _DEFAULT_POOL not in source_file.read():
+                return spec
+        return importlib.util.spec_from_file_location(fullname, spec.origin, loader=_OwnPoolLoader(spec.origin))
+
+
+_OWN_POOL_FINDER = _OwnPoolFinder()
+
+
 def real_package_installed() -> bool:
     """Whether an ``mlserver`` other than ours would import (it then serves, unmapped)."""
     if _FINDER in sys.meta_path:
@@ -84,7 +130,12 @@ def hold() -> None:
     global _holders
     with _lock:
         _holders += 1
-        if _holders == 1 and not real_package_installed():
+        if _holders != 1:
+            return
+        if real_package_installed():
+            if _OWN_POOL_FINDER not in sys.meta_path:  # stays: modules imported through it stay imported too
+                sys.meta_path.insert(0, _OWN_POOL_FINDER)
+        else:
             sys.meta_path.insert(0, _FINDER)
 
 
