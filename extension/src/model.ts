@@ -128,6 +128,8 @@ export interface IVersionRow {
   /** The state as the server names it, lower case, or the load error. */
   statusText: string;
   labels: string[];
+  /** The registry's aliases naming the version, '@champion' (empty for a model no registry routes). */
+  aliases: string[];
   /** '75%' of the default traffic, or '' when the version gets none. */
   traffic: string;
   isStable: boolean;
@@ -149,6 +151,8 @@ export interface IModelView {
   platform: string;
   /** 'stable v2 · canary v3 at 10%', or how the default version is chosen without a stable one. */
   routing: string;
+  /** The registered model whose aliases route this one, 'models:/iris', or null without a registry. */
+  registry: string | null;
   /** The version a rollback returns to, or null when there is none. */
   rollbackTo: number | null;
   current: IModelRate | null;
@@ -212,6 +216,7 @@ function modelView(serverId: string, model: IModelInfo, history: StatsHistory): 
     name: model.name,
     platform: model.platform,
     routing: routingText(model),
+    registry: model.registry?.uri ?? null,
     rollbackTo: model.previous_stable,
     current: series.length ? series[series.length - 1] : null,
     rpsSeries: series.map(point => point.rps),
@@ -266,6 +271,7 @@ function versionRow(
     status,
     statusText: status === 'failed' ? `failed: ${version.error}` : version.state.toLowerCase().replace('_', ' '),
     labels: version.labels,
+    aliases: aliasesOf(model, version.version),
     traffic: version.traffic_share > 0 ? percent(version.traffic_share) : '',
     isStable,
     isCanary,
@@ -276,6 +282,15 @@ function versionRow(
     canUnload: unloadBlockedBy === '',
     unloadBlockedBy
   };
+}
+
+/** The aliases naming `version`, sorted, as MLflow writes them in a URI (models:/iris@champion). */
+function aliasesOf(model: IModelInfo, version: number): string[] {
+  const aliases = Object.entries(model.registry?.aliases ?? {});
+  return aliases
+    .filter(([, named]) => named === version)
+    .map(([alias]) => `@${alias}`)
+    .sort();
 }
 
 function versionStatus(version: IVersionInfo): VersionStatus {

@@ -248,6 +248,11 @@ function ModelCard(props: { server: IServerView; model: IModelView; pending: Set
           {model.name}
         </span>
         <span className="jp-WorkbenchModel-routing">{model.routing}</span>
+        {model.registry !== null && (
+          <span className="jp-WorkbenchModel-registry" title="the registry's aliases route this model">
+            {model.registry}
+          </span>
+        )}
         {model.rollbackTo !== null && (
           <button
             className="jp-WorkbenchPanel-action"
@@ -319,6 +324,11 @@ function VersionRow(props: {
         {row.labels.map(label => (
           <span key={label} className={`jp-WorkbenchLabel jp-mod-${LABEL_STYLES.has(label) ? label : 'other'}`}>
             {label}
+          </span>
+        ))}
+        {row.aliases.map(alias => (
+          <span key={alias} className="jp-WorkbenchLabel jp-mod-alias" title="the registry's alias naming this version">
+            {alias}
           </span>
         ))}
       </span>

@@ -34,6 +34,14 @@ export interface IModelInfo {
   labels: Record<string, number>;
   /** Newest first. */
   versions: IVersionInfo[];
+  /** Only for a model routed by a registry (MLflow's aliases): the registered model and the version each alias names. */
+  registry?: IRegistryInfo;
+}
+
+/** `"registry": {"uri": "models:/iris", "aliases": {"champion": 1, "challenger": 2}}`; an alias not set is absent. */
+export interface IRegistryInfo {
+  uri: string;
+  aliases: Record<string, number>;
 }
 
 export interface IServerInfo {

@@ -6,7 +6,7 @@ The tracking store is a SQLite file in the test's folder, as a notebook's embedd
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +20,10 @@ from waiting import version_states, wait_until
 
 import workbench
 from workbench.publishing import ExportError
+from workbench.server import ServerThread
 
 mlflow = pytest.importorskip("mlflow")
+pytestmark = pytest.mark.timeout(600)
 
 
 @pytest.fixture
@@ -92,3 +94,103 @@ def test_a_registry_export_refuses_what_only_a_folder_holds_and_registers_nothin
     with pytest.raises(ExportError, match="is none of these"):
         workbench.export(object(), "refused", registry="mlflow", examples=x[:2])
     assert mlflow.MlflowClient(tracking_uri).search_registered_models() == []
+
+
+# ------------------------------------------------------------------------------------------------ each flavor
+# A model of each flavor a registry export logs natively besides scikit-learn's: the model, its examples, and what it
+# answers in-process (MLflow's pyfunc answers the same: the wrapper's predict, or a booster's own).
+Flavored = tuple[Any, Any, Callable[[np.ndarray], np.ndarray]]
+
+
+def _xgb_classifier(x: np.ndarray, y: np.ndarray) -> Flavored:
+    import xgboost
+
+    model = xgboost.XGBClassifier(n_estimators=8, max_depth=3, n_jobs=1).fit(x, y)
+    return model, x[:5], model.predict
+
+
+def _xgb_booster(x: np.ndarray, y: np.ndarray) -> Flavored:
+    import xgboost
+
+    params = {"objective": "multi:softprob", "num_class": 3, "max_depth": 3, "nthread": 1}
+    booster = xgboost.train(params, xgboost.DMatrix(x, label=y), num_boost_round=8)
+    return booster, x[:5], lambda rows: booster.predict(xgboost.DMatrix(rows))  # the probabilities
+
+
+def _lgbm_classifier(x: np.ndarray, y: np.ndarray) -> Flavored:
+    import lightgbm
+
+    model = lightgbm.LGBMClassifier(n_estimators=8, num_leaves=7, n_jobs=1, verbose=-1).fit(x, y)
+    return model, x[:5], model.predict
+
+
+def _lgbm_booster(x: np.ndarray, y: np.ndarray) -> Flavored:
+    import lightgbm
+
+    params = {"objective": "multiclass", "num_class": 3, "num_leaves": 7, "num_threads": 1, "verbose": -1}
+    booster = lightgbm.train(params, lightgbm.Dataset(x, label=y), num_boost_round=8)
+    return booster, x[:5], booster.predict  # the probabilities
+
+
+def _onnx_from_skl2onnx(x: np.ndarray, y: np.ndarray) -> Flavored:
+    import onnxruntime
+    from skl2onnx import to_onnx
+
+    fitted = LogisticRegression(max_iter=500).fit(x.astype(np.float32), y)
+    # No ZipMap: the probabilities as a tensor, which MLflow's onnx flavor and a server both answer.
+    model = to_onnx(fitted, x[:1].astype(np.float32), options={id(fitted): {"zipmap": False}})
+    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    (feed,) = (i.name for i in session.get_inputs())
+    return model, {feed: x[:5].astype(np.float32)}, lambda rows: session.run(None, {feed: rows.astype(np.float32)})
+
+
+FLAVORED: dict[str, Callable[[np.ndarray, np.ndarray], Flavored]] = {
+    "xgb-classifier": _xgb_classifier,
+    "xgb-booster": _xgb_booster,
+    "lgbm-classifier": _lgbm_classifier,
+    "lgbm-booster": _lgbm_booster,
+    "onnx": _onnx_from_skl2onnx,
+}
+
+
+@pytest.mark.parametrize("kind", sorted(FLAVORED))
+def test_each_flavor_exports_to_the_registry_and_serves_from_models_uri_as_it_answers_in_process(
+    kind: str, tracking_uri: str, iris: tuple[np.ndarray, np.ndarray], serve: Callable[..., ServerThread]
+) -> None:
+    x, y = iris
+    model, examples, in_process = FLAVORED[kind](x, y)
+    exported = workbench.export(model, kind, registry="mlflow", examples=examples)
+    assert (exported.version, exported.path) == (1, f"models:/{kind}/1")
+    rows = x[::15]  # every class
+    expected = in_process(rows)
+    # What `mlflow models serve` answers: MLflow's own pyfunc on the registered version.
+    feed = {next(iter(examples)): rows.astype(np.float32)} if kind == "onnx" else rows  # ONNX: its named input
+    pyfunc = mlflow.pyfunc.load_model(exported.path).predict(feed)
+
+    # A LightGBM estimator is logged as skops, which only MLflow's Python loads; the others load natively.
+    server = serve(
+        model_name=kind,
+        model_base_path=f"models:/{kind}",
+        mlflow_tracking_uri=tracking_uri,
+        allow_python_models=kind == "lgbm-classifier",
+    )
+    # Settled either way: a version that fails to load says why at once, instead of after the whole timeout.
+    wait_until(
+        lambda: version_states(server.rest_url, kind).get("1") in ("AVAILABLE", "END"),
+        timeout=120,
+        what=f"{kind} v1 loaded from the registry",
+    )
+    (status,) = requests.get(f"{server.rest_url}/v1/models/{kind}", timeout=10).json()["model_version_status"]
+    assert status["state"] == "AVAILABLE", status["status"]
+    answer = requests.post(f"{server.rest_url}/v1/models/{kind}:predict", json={"inputs": rows.tolist()}, timeout=30)
+    assert answer.status_code == 200, answer.text
+    outputs = answer.json()["outputs"]
+    if kind == "onnx":
+        label, probabilities = expected
+        assert set(outputs) == {"label", "probabilities"}
+        assert outputs["label"] == label.tolist() == np.asarray(pyfunc["label"]).tolist()
+        np.testing.assert_array_equal(np.asarray(outputs["probabilities"], np.float32), probabilities)
+        return
+    served = np.asarray(outputs, dtype=np.asarray(expected).dtype)
+    np.testing.assert_array_equal(served, expected)
+    np.testing.assert_array_equal(served, np.asarray(pyfunc, dtype=served.dtype).reshape(served.shape))

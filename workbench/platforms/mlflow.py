@@ -2,7 +2,9 @@
 
 A flavor workbench runs natively is loaded by workbench's own platform for it, from the flavor's files, with no
 pyfunc layer per call: ``sklearn`` (``model.skops``, or the pickle ``model.pkl`` where the server allows pickles, as
-the scikit-learn platform requires), ``xgboost`` (``model.ubj``, ``model.json``) and ``onnx`` (``model.onnx``). Any
+the scikit-learn platform requires), ``xgboost`` (``model.ubj``, ``model.json``), ``onnx`` (``model.onnx``) and a
+LightGBM ``Booster`` of the ``lightgbm`` flavor (``model.lgb``); a logged booster (XGBoost's or LightGBM's) answers
+its own ``predict``, as MLflow's pyfunc does (:mod:`workbench.platforms.mlflow_boosters`). Any
 other model loads through its ``python_function`` flavor (``mlflow.pyfunc.load_model``), which runs the model's
 Python and so loads only where the server runs Python models (a custom ``PythonModel``, PyTorch's and Keras' flavors).
 
@@ -16,6 +18,7 @@ warning and kept on the servable (:attr:`MlflowServable.environment_mismatches`)
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -44,12 +47,41 @@ from workbench.runtime.tensorflow_runtime import import_all_of_tensorflow
 
 log = logging.getLogger(__name__)
 
-# The flavors loaded natively: flavor → (the setting naming its file, the workbench platform module, its files).
-NATIVE_FLAVORS: dict[str, tuple[str, str, tuple[str, ...]]] = {
-    "sklearn": ("pickled_model", "workbench.platforms.sklearn", ("model.skops", "model.pkl")),
-    "xgboost": ("data", "workbench.platforms.xgboost", ("model.ubj", "model.json")),
-    "onnx": ("data", "workbench.platforms.onnx", ("model.onnx",)),
-}
+
+@dataclasses.dataclass(frozen=True)
+class NativeFlavor:
+    """A flavor loaded natively: ``loader`` ("module:function") loads the version's folder where the flavor's
+    ``setting`` names one of ``files``, and, with ``model_class``, only a model of that class (``MLmodel``'s
+    ``model_class``): a booster answers its own predict where MLflow's scikit-learn wrappers answer classes."""
+
+    flavor: str
+    setting: str
+    files: tuple[str, ...]
+    loader: str
+    model_class: str | None = None
+
+
+# The first entry that fits a model loads it; a model none fits loads as a pyfunc. LightGBM's scikit-learn wrappers
+# (model.skops, or a pickle) stay pyfunc: workbench's scikit-learn platform does not trust LightGBM's types.
+NATIVE_FLAVORS: tuple[NativeFlavor, ...] = (
+    NativeFlavor("sklearn", "pickled_model", ("model.skops", "model.pkl"), "workbench.platforms.sklearn:load"),
+    NativeFlavor(
+        "xgboost",
+        "data",
+        ("model.ubj", "model.json"),
+        "workbench.platforms.mlflow_boosters:load_xgboost",
+        "xgboost.core.Booster",
+    ),
+    NativeFlavor("xgboost", "data", ("model.ubj", "model.json"), "workbench.platforms.xgboost:load"),
+    NativeFlavor(
+        "lightgbm",
+        "data",
+        ("model.lgb",),
+        "workbench.platforms.mlflow_boosters:load_lightgbm",
+        "lightgbm.basic.Booster",
+    ),
+    NativeFlavor("onnx", "data", ("model.onnx",), "workbench.platforms.onnx:load"),
+)
 PYFUNC = "python_function"
 
 # The function serving_default runs: its inputs by alias → its outputs by alias.
@@ -119,14 +151,16 @@ def _native(
 ) -> MlflowServable | None:
     """The model through workbench's own platform for its flavor, where its files are ones that platform reads and
     its signature can be fed to the platform's; None where not (it then loads as a pyfunc)."""
-    for flavor, (setting, module_name, files) in NATIVE_FLAVORS.items():
-        settings = model.flavors.get(flavor)
-        if settings is None or str(settings.get(setting, "")) not in files:
+    for entry in NATIVE_FLAVORS:
+        settings = model.flavors.get(entry.flavor)
+        if settings is None or str(settings.get(entry.setting, "")) not in entry.files:
+            continue
+        if entry.model_class is not None and settings.get("model_class") != entry.model_class:
             continue
         import importlib
 
-        module = importlib.import_module(module_name)
-        native: Servable = module.load(name, version, path, policy)
+        module_name, _, function = entry.loader.partition(":")
+        native: Servable = getattr(importlib.import_module(module_name), function)(name, version, path, policy)
         try:
             adapted = _adapt(native, model.signature)
         except BaseException:
@@ -136,7 +170,7 @@ def _native(
             native.close()
             return None
         serving, serve = adapted
-        return MlflowServable(name, version, path, flavor, serving, serve, native, mismatches)
+        return MlflowServable(name, version, path, entry.flavor, serving, serve, native, mismatches)
     return None
 
 
@@ -179,10 +213,11 @@ def _pyfunc(
     name: str, version: int, path: str, policy: LoadPolicy, model: MlflowModel, mismatches: Sequence[str]
 ) -> MlflowServable:
     if PYFUNC not in model.flavors:
+        native = ", ".join(dict.fromkeys(entry.flavor for entry in NATIVE_FLAVORS))
         raise ServingError(
             Code.FAILED_PRECONDITION,
             f"{Path(path) / 'MLmodel'} has neither a python_function flavor nor one workbench serves natively "
-            f"({', '.join(NATIVE_FLAVORS)} in their files); its flavors: {', '.join(model.flavors)}",
+            f"({native} in their files); its flavors: {', '.join(model.flavors)}",
         )
     require_python(policy, Path(path) / "MLmodel")
     signature = model.signature

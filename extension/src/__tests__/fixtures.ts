@@ -105,6 +105,29 @@ export function yolo(): IModelInfo {
   };
 }
 
+/**
+ * Routed by MLflow's registry (`--model_base_path models:/iris`): champion (the stable) names v1, challenger (the
+ * canary) v2; v3 is registered with no alias. The server's labels are the roles, the aliases come in `registry`.
+ */
+export function iris(): IModelInfo {
+  return {
+    name: 'iris',
+    base_path: 'models:/iris',
+    platform: 'mlflow',
+    default_version: 1,
+    stable: 1,
+    previous_stable: null,
+    canary: { version: 2, weight: 0.25 },
+    labels: { canary: 2, stable: 1 },
+    versions: [
+      version({ version: 3, state: 'AVAILABLE' }),
+      version({ version: 2, state: 'AVAILABLE', labels: ['canary'], traffic_share: 0.25 }),
+      version({ version: 1, state: 'AVAILABLE', labels: ['stable'], traffic_share: 0.75 })
+    ],
+    registry: { uri: 'models:/iris', aliases: { champion: 1, challenger: 2 } }
+  };
+}
+
 /** The older server: answers, four models (describe sorts them by name). */
 export function localServer(): IServerInfo {
   return {

@@ -20,6 +20,7 @@ import {
   entry,
   FRAUD,
   fraud,
+  iris,
   listing,
   localServer,
   mnist,
@@ -621,6 +622,44 @@ describe('buildView: version rows', () => {
       versions: [version({ version: 5, state: 'AVAILABLE', labels: ['stable'], traffic_share: 1 })]
     };
     expect(rowOf(viewModel(solo), 5).unloadBlockedBy).toBe('the stable version: promote another first');
+  });
+});
+
+describe('buildView: a model routed by a registry', () => {
+  it('names the registered model', () => {
+    expect(viewModel(iris()).registry).toBe('models:/iris');
+  });
+
+  it('has no registry for a model routed by its own stored routing', () => {
+    expect(modelOf(view(), 'mnist').registry).toBeNull();
+    expect(modelOf(view(), 'mnist').versions.every(row => row.aliases.length === 0)).toBe(true);
+  });
+
+  it('marks each version with the aliases naming it, beside its roles', () => {
+    expect(viewModel(iris()).versions.map(row => [row.version, row.labels, row.aliases])).toEqual([
+      [3, [], []],
+      [2, ['canary'], ['@challenger']],
+      [1, ['stable'], ['@champion']]
+    ]);
+  });
+
+  it('marks a version named by two aliases with both, sorted', () => {
+    const model: IModelInfo = {
+      ...iris(),
+      registry: { uri: 'models:/iris', aliases: { production: 3, champion: 3, challenger: 2 } }
+    };
+    expect(rowOf(viewModel(model), 3).aliases).toEqual(['@champion', '@production']);
+  });
+
+  it('keeps the registered model with no alias set, and marks no version', () => {
+    const model: IModelInfo = { ...iris(), registry: { uri: 'models:/iris', aliases: {} } };
+    expect(viewModel(model).registry).toBe('models:/iris');
+    expect(viewModel(model).versions.map(row => row.aliases)).toEqual([[], [], []]);
+  });
+
+  it('marks no row for an alias naming a version the server does not list', () => {
+    const model: IModelInfo = { ...iris(), registry: { uri: 'models:/iris', aliases: { champion: 9 } } };
+    expect(viewModel(model).versions.flatMap(row => row.aliases)).toEqual([]);
   });
 });
 
