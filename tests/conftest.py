@@ -193,6 +193,8 @@ LONGEST_FIRST = [
     "tests/wire/test_mlflow_registry.py",  # a real `mlflow server`, two replicas following its aliases
     "tests/wire/test_mlflow_scoring.py",  # `mlflow models serve` beside workbench, answer for answer
     "tests/wire/test_mlflow_pyfunc.py",
+    "tests/wire/test_export_mlflow.py",
+    "tests/wire/test_mlflow_boosters.py",
     "notebooks/11-mlflow-registry.ipynb",
     "notebooks/09-deciding.ipynb",
     "tests/wire/test_drain_connections.py",
