@@ -102,18 +102,24 @@ def _first(codecs: Iterable[Any], fits: Any, what: Any) -> Any:
     return matching[0] if matching else None
 
 
-def find_input_codec(content_type: str | None = None, payload: Any = None, type_hint: Any = None) -> Any:
+def _find(registry: dict[str, Any], content_type: str | None, payload: Any, type_hint: Any) -> Any:
+    """The codec of ``registry`` for a content type, else the first that can encode ``payload``, else the first
+    whose type hint is ``type_hint``: MLServer's order of lookups, for input and request codecs alike."""
     if content_type:
-        return _input_codecs.get(content_type)
+        return registry.get(content_type)
     if payload is not None:
-        return find_input_codec_by_payload(payload)
+        return _by_payload(registry, payload)
     if type_hint is not None:
-        return find_input_codec_by_type_hint(type_hint)
+        return _by_type_hint(registry, type_hint)
     return None
 
 
-def find_input_codec_by_payload(payload: Any) -> Any:
-    return _first(_input_codecs.values(), lambda codec: codec.can_encode(payload), type(payload))
+def _by_payload(registry: dict[str, Any], payload: Any) -> Any:
+    return _first(registry.values(), lambda codec: codec.can_encode(payload), type(payload))
+
+
+def _by_type_hint(registry: dict[str, Any], type_hint: Any) -> Any:
+    return _first(registry.values(), lambda codec: same_hint(codec.TypeHint, type_hint), type_hint)
 
 
 def same_hint(one: Any, other: Any) -> bool:
@@ -124,26 +130,28 @@ def same_hint(one: Any, other: Any) -> bool:
     )
 
 
+def find_input_codec(content_type: str | None = None, payload: Any = None, type_hint: Any = None) -> Any:
+    return _find(_input_codecs, content_type, payload, type_hint)
+
+
+def find_input_codec_by_payload(payload: Any) -> Any:
+    return _by_payload(_input_codecs, payload)
+
+
 def find_input_codec_by_type_hint(type_hint: Any) -> Any:
-    return _first(_input_codecs.values(), lambda codec: same_hint(codec.TypeHint, type_hint), type_hint)
+    return _by_type_hint(_input_codecs, type_hint)
 
 
 def find_request_codec(content_type: str | None = None, payload: Any = None, type_hint: Any = None) -> Any:
-    if content_type:
-        return _request_codecs.get(content_type)
-    if payload is not None:
-        return find_request_codec_by_payload(payload)
-    if type_hint is not None:
-        return find_request_codec_by_type_hint(type_hint)
-    return None
+    return _find(_request_codecs, content_type, payload, type_hint)
 
 
 def find_request_codec_by_payload(payload: Any) -> Any:
-    return _first(_request_codecs.values(), lambda codec: codec.can_encode(payload), type(payload))
+    return _by_payload(_request_codecs, payload)
 
 
 def find_request_codec_by_type_hint(type_hint: Any) -> Any:
-    return _first(_request_codecs.values(), lambda codec: same_hint(codec.TypeHint, type_hint), type_hint)
+    return _by_type_hint(_request_codecs, type_hint)
 
 
 def register_input_codec(codec: C) -> C:
