@@ -13,6 +13,7 @@ import pytest
 import requests
 import tritonclient.grpc as triton_grpc
 from tritonclient.utils import InferenceServerException
+from waiting import wait_until
 
 from tests.mlserver_folders import (
     catboost_example,
@@ -377,3 +378,47 @@ def test_mlflow_example_casts_fp32_columns_and_names_the_output_as_mlserver(tmp_
         assert output["name"] == "output-1" and output["shape"] == [1, 1] and output["datatype"] == "FP64"
         np.testing.assert_allclose(output["data"], model.predict(row.astype(np.float64)), rtol=1e-5)
         assert "model_version" not in answer.json()
+
+
+# ============================================================================ models and versions found later
+def test_a_model_and_a_version_added_while_serving_answer_under_their_version_strings(tmp_path):
+    """A polling server finds a model-settings.json added after start-up, and a second version of a model: each is
+    addressed by its version string once loaded, as at start-up, and the server stays ready."""
+    import joblib
+
+    root = tmp_path / "models"
+    root.mkdir()
+    (root / "first").mkdir()
+    sklearn_example(root / "first")
+    x = digits()[2][:1]
+    options = ServerOptions(rest_api_port=-1, port=0, model_repository=str(root), allow_pickle=True)
+    with ServerThread(options) as server:
+        assert infer(server, "mnist-svm/versions/v0.1.0", one_input(x)).status_code == 200
+        (root / "second").mkdir()
+        joblib.dump(mnist_svm(), root / "second" / "svm.joblib")
+        write_json(
+            root / "second" / "model-settings.json",
+            {
+                "name": "svm-two",
+                "implementation": "mlserver_sklearn.SKLearnModel",
+                "parameters": {"uri": "./svm.joblib", "version": "v1.0.0"},
+            },
+        )
+        (root / "first" / "v2").mkdir()
+        joblib.dump(mnist_svm(), root / "first" / "v2" / "mnist-svm.joblib")
+        write_json(
+            root / "first" / "v2" / "model-settings.json",
+            {
+                "name": "mnist-svm",
+                "implementation": "mlserver_sklearn.SKLearnModel",
+                "parameters": {"uri": "./mnist-svm.joblib", "version": "v0.2.0"},
+            },
+        )
+        for path in ("svm-two/versions/v1.0.0", "mnist-svm/versions/v0.2.0", "mnist-svm/versions/v0.1.0"):
+            answered = wait_until(
+                lambda path=path: infer(server, path, one_input(x)).status_code == 200,
+                timeout=120,
+                what=f"{path} to answer",
+            )
+            assert answered
+        assert requests.get(f"{server.rest_url}/v2/health/ready", timeout=10).status_code == 200

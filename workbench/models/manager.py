@@ -128,6 +128,8 @@ class Manager:
                 else:
                     if model.config.base_path != config.base_path:
                         model.store = self._routing_stores(config.base_path)
+                    if config.labels and config.labels != model.config.labels:
+                        model.labels_pending = True  # a repository's new version names (MLServer's strings)
                     model.config = config
                 self._publish(model)
             for name, model in self._state.models.items():
@@ -161,6 +163,33 @@ class Manager:
                     if settled is not None and settled.labels_pending:
                         settled.labels_pending = False
                         self._settle_first_load(settled)
+
+    def apply_pending_labels(self) -> None:
+        """The labels a model's config names, applied once its versions have loaded or failed, for models the
+        repository brought in or renamed versions of after start-up (MLServer's version strings); a config applied
+        as a whole (:meth:`ControlPlane.apply_models`) sets its own. A label that cannot be set is logged."""
+        with self._state.lock:
+            ready = {
+                name: dict(model.config.labels)
+                for name, model in self._state.models.items()
+                if model.labels_pending
+                and not model.removed
+                and model.scanned
+                and set(model.config.labels.values()) <= set(model.aspired)  # a version still settling: next poll
+                and self._aspired_settled(model)
+            }
+        for name, labels in ready.items():  # one model at a time: one model's bad label keeps no other's back
+            try:
+                self.set_labels({name: labels})
+            except ServingError as exc:
+                log.warning("The version labels of model %s were not applied: %s", name, exc.message)
+
+    @staticmethod
+    def _aspired_settled(model: ModelRecord) -> bool:
+        """Every version the source aspires to has loaded or failed (none aspired: nothing to label yet)."""
+        done = (VersionState.AVAILABLE, VersionState.END)
+        states = [model.versions[v].state if v in model.versions else None for v in model.aspired]
+        return bool(states) and all(state in done for state in states)
 
     # ---------------------------------------------------------------------------------------- source
     def set_aspired_versions(

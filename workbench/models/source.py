@@ -284,7 +284,8 @@ class RepositorySource:
                 except StorageError as exc:  # keep the models we have; the next poll tries again
                     log.error("The model repository cannot be listed: %s", exc)
                     found = self._models()
-                if {c.name for c in found} != {c.name for c in self._models()}:
+                known = {c.name: c.labels for c in self._models()}
+                if {c.name: c.labels for c in found} != known:  # models came or went, or their versions' labels
                     self._manager.set_models(found)
             configs = self._models()
             for config in configs:
@@ -311,6 +312,7 @@ class RepositorySource:
                 aspired = config.policy.select(on_disk)
                 self._manager.set_aspired_versions(config.name, {v: on_disk[v] for v in aspired}, on_disk)
             self._settling.keep_only(configs)
+            self._manager.apply_pending_labels()  # a model found after start-up: its labels, once it has loaded
             if self._on_scan is not None:
                 self._on_scan(self._models())
 
