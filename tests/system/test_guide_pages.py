@@ -177,6 +177,16 @@ def check_command(line: str) -> None:
         _check_curl(words)
     elif program == "export":  # an environment variable for the commands after it
         assert re.fullmatch(r"[A-Z_]+=.+", words[1]), line
+    elif program == "uv" and words[1:3] == ["pip", "install"]:  # another package, into a folder of its own
+        assert "--target" in words, f"uv installs into the environment itself: {line}"
+        skipped = {words.index("--target") + 1}
+        for i, word in enumerate(words[3:], start=3):
+            if not word.startswith("-") and i not in skipped:
+                Requirement(word)  # well-formed, pinned where the page pins it
+    elif program == "python":  # the project's own scripts and test files
+        paths = words[3:] if words[1:3] == ["-m", "pytest"] else words[1:2]
+        for path in paths:
+            assert (ROOT / path).exists(), f"{path} is not in the repository"
     else:
         raise AssertionError(f"no check for `{program}`: run the block, or teach check_command this command")
 
