@@ -454,20 +454,16 @@ class TritonPythonModel:
 
 
 def test_dynamic_batching_set_by_auto_complete_config_batches(tmp_path: Path) -> None:
-    from concurrent.futures import ThreadPoolExecutor
-
     write(tmp_path / "batched", {"config.pbtxt": 'backend: "python"\n', "1/model.py": BATCHED_PY})
     options = ServerOptions(rest_api_port=-1, port=0, model_repository=str(tmp_path), allow_python_models=True)
     with ServerThread(options) as server:
         client = triton_http.InferenceServerClient(server.rest_url.removeprefix("http://"), concurrency=8)
         try:
-
-            def ask(_: int) -> int:
-                x = http_input("X", np.ones((1, 1), np.float32))
-                return int(client.infer("batched", [x]).as_numpy("SEEN")[0, 0])
-
-            with ThreadPoolExecutor(8) as pool:
-                seen = list(pool.map(ask, range(16)))
+            # 16 requests in flight from the client's own greenlets: its connections belong to this thread's gevent
+            # hub, so one client is never shared between threads (gevent cannot switch a socket's waiter across them).
+            x = http_input("X", np.ones((1, 1), np.float32))
+            pending = [client.async_infer("batched", [x]) for _ in range(16)]
+            seen = [int(p.get_result().as_numpy("SEEN")[0, 0]) for p in pending]
         finally:
             client.close()
     assert max(seen) > 1, seen  # several requests reached one execute: the completed config's batching ran
