@@ -131,7 +131,9 @@ def random_catboost() -> tuple[Any, np.ndarray]:
 
     rng = np.random.default_rng(0)
     rows, labels = rng.integers(0, 100, size=(100, 10)), rng.integers(0, 2, size=100)
-    model = CatBoostClassifier(iterations=2, depth=2, learning_rate=1, loss_function="Logloss", verbose=False)
+    model = CatBoostClassifier(  # no catboost_info/ training logs in the working folder
+        iterations=2, depth=2, learning_rate=1, loss_function="Logloss", verbose=False, allow_writing_files=False
+    )
     return model.fit(rows, labels), rows
 
 

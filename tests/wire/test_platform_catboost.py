@@ -14,7 +14,8 @@ from workbench.core.errors import Code, ServingError  # noqa: E402
 from workbench.platforms import catboost as platform  # noqa: E402
 
 DIGITS, SMALL_OR_LARGE, DIABETES = "digits", "small_or_large", "diabetes"
-PARAMS = {"iterations": 20, "depth": 3, "thread_count": 1, "verbose": False}
+# allow_writing_files=False: CatBoost writes its training logs into catboost_info/ in the working folder otherwise.
+PARAMS = {"iterations": 20, "depth": 3, "thread_count": 1, "verbose": False, "allow_writing_files": False}
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +74,8 @@ def test_a_regressor_answers_its_values(server, regressor):
 
 def test_categorical_features_are_refused_at_load_naming_them(tmp_path):
     rows = [["a", 1.0], ["b", 2.0], ["a", 3.0], ["b", 4.0]]
-    model = catboost.CatBoostRegressor(iterations=2, verbose=False, cat_features=[0]).fit(rows, [1, 2, 3, 4])
+    model = catboost.CatBoostRegressor(iterations=2, verbose=False, cat_features=[0], allow_writing_files=False)
+    model.fit(rows, [1, 2, 3, 4])
     folder = save(model, tmp_path / "m" / "1")
     with pytest.raises(ServingError) as refused:
         platform.read_model(folder / platform.FILE)
