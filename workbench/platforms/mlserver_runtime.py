@@ -33,7 +33,7 @@ from workbench.core.whole_requests import RequestedOutput, Tensor, WholeRequest,
 from workbench.platforms._user_code import forget_module, import_file, require_python
 from workbench.platforms.base import LoadPolicy
 from workbench.platforms.model_loop import ModelLoop
-from workbench.protocol.v2_types import to_datatype
+from workbench.protocol.v2_types import BF16, to_datatype, to_numpy_dtype
 
 DECODED = "_decoded_payload"  # where MLServer's codecs keep what they decoded: never answered
 # HTTP statuses of MLServerError → the engine's codes (frontends translate them back).
@@ -45,21 +45,6 @@ _CODES = {
     501: Code.UNIMPLEMENTED,
     503: Code.UNAVAILABLE,
     504: Code.DEADLINE_EXCEEDED,
-}
-_NUMPY = {
-    "BOOL": np.bool_,
-    "UINT8": np.uint8,
-    "UINT16": np.uint16,
-    "UINT32": np.uint32,
-    "UINT64": np.uint64,
-    "INT8": np.int8,
-    "INT16": np.int16,
-    "INT32": np.int32,
-    "INT64": np.int64,
-    "FP16": np.float16,
-    "FP32": np.float32,
-    "FP64": np.float64,
-    "BYTES": object,
 }
 
 
@@ -164,7 +149,7 @@ def _settings(api: Any, document: dict[str, Any], name: str, source: Path, runti
 def _signature(settings: Any) -> dict[str, Signature]:
     def specs(tensors: Sequence[Any]) -> dict[str, TensorSpec]:
         return {
-            t.name: TensorSpec(t.name, t.name, np.dtype(_NUMPY.get(str(t.datatype), object)), (-1, *t.shape[1:]))
+            t.name: TensorSpec(t.name, t.name, _numpy_dtype(str(t.datatype)) or np.dtype(object), (-1, *t.shape[1:]))
             for t in tensors
         }
 
@@ -356,9 +341,20 @@ def _whole_response(response: Any, who: str) -> WholeResponse:
     return WholeResponse(outputs, getattr(response, "id", None), _parameters(response.parameters), version)
 
 
+def _numpy_dtype(datatype: str) -> np.dtype[Any] | None:
+    """The numpy type of a datatype MLServer's types name (v2's, BF16 aside, as MLServer has none), or None."""
+    if datatype == BF16:
+        return None
+    try:
+        return to_numpy_dtype(datatype)
+    except ServingError:
+        return None
+
+
 def _tensor(output: Any, who: str) -> Tensor:
     datatype = str(getattr(output.datatype, "value", output.datatype))
-    if datatype not in _NUMPY:
+    dtype = _numpy_dtype(datatype)
+    if dtype is None:
         raise ServingError(Code.INTERNAL, f'{who}: output "{output.name}" has the unknown datatype {datatype!r}')
     elements = _flat(getattr(output.data, "root", output.data))
     try:
@@ -366,7 +362,7 @@ def _tensor(output: Any, who: str) -> Tensor:
             data = np.empty(len(elements), dtype=object)
             data[:] = [e.encode() if isinstance(e, str) else bytes(e) for e in elements]
         else:
-            data = np.asarray([math.nan if e is None else e for e in elements], dtype=_NUMPY[datatype])
+            data = np.asarray([math.nan if e is None else e for e in elements], dtype=dtype)
     except (TypeError, ValueError) as exc:
         raise ServingError(Code.INTERNAL, f'{who}: output "{output.name}" is not {datatype}: {exc}') from None
     shape = tuple(int(d) for d in output.shape)
