@@ -19,6 +19,7 @@ warning and kept on the servable (:attr:`MlflowServable.environment_mismatches`)
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -157,8 +158,6 @@ def _native(
             continue
         if entry.model_class is not None and settings.get("model_class") != entry.model_class:
             continue
-        import importlib
-
         module_name, _, function = entry.loader.partition(":")
         native: Servable = getattr(importlib.import_module(module_name), function)(name, version, path, policy)
         try:
