@@ -19,8 +19,11 @@ import requests
 T = TypeVar("T")
 
 
-def wait_until(predicate: Callable[[], T], timeout: float = 30.0, interval: float = 0.02, what: str = "") -> T:
-    """Call ``predicate`` until it returns something truthy (returned) or ``timeout`` passes (AssertionError)."""
+def wait_until(
+    predicate: Callable[[], T], timeout: float = 30.0, interval: float = 0.02, what: str | Callable[[], str] = ""
+) -> T:
+    """Call ``predicate`` until it returns something truthy (returned) or ``timeout`` passes (AssertionError).
+    ``what`` names what was awaited; a callable is asked at the timeout, to say how things stood then."""
     deadline = time.monotonic() + timeout
     last: object = None
     while True:
@@ -31,7 +34,8 @@ def wait_until(predicate: Callable[[], T], timeout: float = 30.0, interval: floa
         if last and not isinstance(last, Exception):
             return last  # type: ignore[return-value]
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate!r}; last value: {last!r}")
+            awaited = (what() if callable(what) else what) or repr(predicate)
+            raise AssertionError(f"timed out after {timeout}s waiting for {awaited}; last value: {last!r}")
         time.sleep(interval)
 
 

@@ -26,6 +26,7 @@ What Ray guarantees when a replica's node goes away (read in ``ray/serve/_privat
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import json
 import re
@@ -106,8 +107,26 @@ class RayCluster:
 
 @pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[RayCluster]:
-    with patient_ray_nodes():  # the module's nodes, the ones tests add included, on a busy machine too
-        yield from _ray_cluster()
+    with patient_ray_nodes(), monkeypatched_environment(AUTOSCALING_METRICS_EVERY_HALF_SECOND):
+        yield from _ray_cluster()  # the module's nodes, the ones tests add included, patient on a busy machine too
+
+
+# Serve's handles and replicas push their request counts to the controller every 10 s, and the controller drops a
+# handle's counts not renewed within 10 s: on a busy machine a push came late, the counts were dropped as often as
+# they came, and the autoscaling test waited in vain for the second replica. Ray's own autoscaling tests push faster.
+AUTOSCALING_METRICS_EVERY_HALF_SECOND = {
+    "RAY_SERVE_HANDLE_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "0.5",
+    "RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "0.5",
+}
+
+
+@contextlib.contextmanager
+def monkeypatched_environment(settings: dict[str, str]) -> Iterator[None]:
+    """``settings`` in ``os.environ`` while inside (the Ray processes started meanwhile inherit them)."""
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in settings.items():
+            patch.setenv(name, value)
+        yield
 
 
 def _ray_cluster() -> Iterator[RayCluster]:
@@ -484,7 +503,15 @@ def test_autoscaling_goes_from_one_to_two_replicas_under_load(deploy: Callable[.
     )
     assert replica_states(deployment) == running(1)
     with ClientLoad(deployment, clients=6) as load:
-        wait_until(lambda: replica_states(deployment) == running(2), 120, 0.2, "a second replica under load")
+        wait_until(
+            lambda: replica_states(deployment) == running(2),
+            120,
+            0.2,
+            lambda: (
+                f"a second replica under load (replicas: {replica_states(deployment)}, "
+                f"{len(load.answers)} answers, failures: {load.failures()[-3:]})"
+            ),
+        )
         wait_until(lambda: len(answering_replicas(deployment)) == 2, 60, 0.1, "both replicas answering")
     assert load.failures() == []
     assert len(load.answers) > 0
