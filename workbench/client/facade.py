@@ -11,16 +11,18 @@ of the signature's dtypes.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import requests
 
+from workbench.client import openai_chat
 from workbench.client.async_requests import AsyncPrediction
 from workbench.client.grpc_channels import GRPC_CHANNELS, GrpcChannels
 from workbench.client.http import HttpConnection
 from workbench.client.management_transport import ManagementAPI
+from workbench.client.openai_chat import ChatAnswer
 from workbench.client.prediction import Prediction
 from workbench.client.protocols import GRPC_PROTOCOLS, V2_PROTOCOLS, canonical_protocol
 from workbench.client.tfs_grpc import TfsGrpcTransport
@@ -228,6 +230,26 @@ class Client:
         return Prediction(
             answer.outputs, model=model, version=answer.version, protocol=chosen, latency_ms=answer.latency_ms
         )
+
+    def chat(
+        self,
+        model: str,
+        messages: str | Sequence[Mapping[str, Any]],
+        *,
+        on_piece: Callable[[str], None] | None = None,
+        key: str | None = None,
+        **parameters: Any,
+    ) -> ChatAnswer:
+        """The next message of a chat with ``model`` over its OpenAI-compatible endpoint, streamed (REST only).
+
+        ``messages`` is OpenAI's list (``{"role": "user", "content": "..."}``) or one user message as a string;
+        ``on_piece`` gets each piece of text as it comes; ``parameters`` are OpenAI's (``max_tokens``,
+        ``temperature``, ``seed``...). The answer says how fast it came (:class:`ChatAnswer`)."""
+        if not self.url:
+            raise ValueError("chat goes over REST (the OpenAI-compatible endpoints): this client has no REST url")
+        if isinstance(messages, str):
+            messages = [{"role": "user", "content": messages}]
+        return openai_chat.chat(self._http, model, messages, on_piece, key, **parameters)
 
     def predict_async(
         self,

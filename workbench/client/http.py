@@ -47,6 +47,22 @@ class HttpConnection:
         assert self.url is not None
         return self._session.get(self.url + path, params=params, stream=True, timeout=timeout, **self._tls_options)
 
+    def post_stream(self, path: str, body: Any, headers: Mapping[str, str] | None = None) -> requests.Response:
+        """``POST path`` with a JSON body, its answer read as a stream (server-sent events); any status is returned.
+        The read timeout bounds each wait for the next bytes, not the whole stream."""
+        assert self.url is not None
+        try:
+            return self._session.post(
+                self.url + path,
+                json=body,
+                headers=with_trace_headers(dict(headers) if headers else None),
+                stream=True,
+                timeout=self.timeout,
+                **self._tls_options,
+            )
+        except requests.RequestException as exc:
+            raise ServingError(Code.UNAVAILABLE, f"Could not reach {self.url}: {exc}") from None
+
     def json(self, method: str, path: str, body: Any = None) -> Any:
         """The JSON document of a successful answer (a ServingError otherwise)."""
         return self.json_answer(method, path, body)[0]

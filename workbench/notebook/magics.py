@@ -346,6 +346,22 @@ class ServeMagics(Magics):
             key=args.key,
         )
 
+    def _chat(self, args: Any) -> Any:
+        from workbench.notebook.chat_widget import ChatWidget
+
+        handle = self._server(args.server_name)
+        parameters = {"max_tokens": args.max_tokens, "temperature": args.temperature, "seed": args.seed}
+        parameters = {name: value for name, value in parameters.items() if value is not None}
+        if not args.message:
+            return ChatWidget(handle.client, args.model, system=args.system, key=args.key, **parameters)
+        messages = [{"role": "system", "content": args.system}] if args.system else []
+        messages.append({"role": "user", "content": " ".join(args.message)})
+        answer = handle.client.chat(
+            args.model, messages, on_piece=lambda piece: print(piece, end="", flush=True), key=args.key, **parameters
+        )
+        print()  # the streamed text's line ends before the answer's summary
+        return answer
+
     def _bench(self, args: Any) -> Any:
         from workbench.client import perf
         from workbench.client.bench import format_table, run_load

@@ -197,6 +197,20 @@ def _predict_parser(line: str) -> None:
     """Run a predict; returns the outputs (a dict of numpy arrays with .latency_ms)."""
 
 
+@magic_arguments(name="%serve chat")
+@kwds(formatter_class=HelpFormatter, epilog=_OPTIONS_NOTE)
+@argument("model", metavar="MODEL")
+@argument("message", nargs="*", metavar="MESSAGE", help="a question, answered into the cell (none: a chat widget)")
+@argument("--max_tokens", type=int, metavar="N", help="at most N new tokens per answer")
+@argument("--temperature", type=float, metavar="T", help="sampling temperature (0: greedy)")
+@argument("--seed", type=int, metavar="S", help="the sampling seed, for an answer that repeats")
+@argument("--system", metavar="TEXT", help="a system message that opens the conversation")
+@argument("--key", metavar="K", help="a stickiness key: under a canary split, the same key gets the same version")
+@_SERVER_OPTION
+def _chat_parser(line: str) -> None:
+    """Chat with a served text generator over its OpenAI-compatible endpoint, the answer streamed."""
+
+
 @magic_arguments(name="%serve bench")
 @kwds(formatter_class=HelpFormatter, epilog=_OPTIONS_NOTE)
 @argument("model", metavar="MODEL")
@@ -335,6 +349,7 @@ PARSERS: dict[str, Callable[..., Any]] = {
     "canary": _canary_parser,
     "shadow": _shadow_parser,
     "predict": _predict_parser,
+    "chat": _chat_parser,
     "bench": _bench_parser,
     "batch": _batch_parser,
     "analyze": _analyze_parser,
