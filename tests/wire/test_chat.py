@@ -64,7 +64,7 @@ def served(ipython_shell: InteractiveShell, tmp_path_factory: pytest.TempPathFac
     repo: Path = tmp_path_factory.mktemp("chat-repo")
     (repo / "backwards" / "1").mkdir(parents=True)
     (repo / "backwards" / "1" / "model.py").write_text(BACKWARDS)
-    handle = ipython_shell.run_line_magic("serve", f"start --repo {repo} --server_name chat")
+    handle = ipython_shell.run_line_magic("serve", f"start --repo {repo} --server_name chat --allow_python_models")
     try:
         handle.wait_for_version("backwards")
         yield handle
