@@ -16,45 +16,20 @@ from workbench.client.openai_chat import ChatAnswer
 from workbench.notebook.chat_widget import ChatWidget
 from workbench.notebook.handle import ServerHandle
 
-# Answers the last line of its prompt backwards, word by word: "user: big red ball" → "ball red big"; a system
-# message shows as "[system]" first. Counts are words, as its own tokenizer would count them.
+# A workbench.TextGenerator that answers the last line of its prompt backwards, word by word ("user: big red ball" →
+# "ball red big"); a system message shows as "[system]" first. A word is a token.
 BACKWARDS = textwrap.dedent(
     """
-    import json
     import workbench
 
-    class Backwards(workbench.PythonModel):
-        inputs = {
-            "text_input": ("string", [1]),
-            "sampling_parameters": ("string", [1]),
-            "return_num_input_tokens": ("bool", [1]),
-            "return_num_output_tokens": ("bool", [1]),
-            "return_finish_reason": ("bool", [1]),
-        }
-        outputs = {
-            "text_output": ("string", [1]),
-            "num_input_tokens": ("uint32", [1]),
-            "num_output_tokens": ("uint32", [1]),
-            "finish_reason": ("string", [1]),
-        }
-        decoupled = True
-
-        def predict(self, inputs):
-            prompt = inputs["text_input"][0].decode()
-            params = json.loads(inputs["sampling_parameters"][0]) if "sampling_parameters" in inputs else {}
+    class Backwards(workbench.TextGenerator):
+        def generate(self, prompt, params):
             lines = [line for line in prompt.splitlines() if line.startswith("user: ")]
             words = lines[-1][len("user: "):].split()[::-1]
             if "system: " in prompt:
                 words.insert(0, "[system]")
-            limit = params.get("max_tokens") or len(words)
-            for i, word in enumerate(words[:limit]):
-                last = i == min(limit, len(words)) - 1
-                out = {"text_output": [(" " if i else "") + word]}
-                if last:
-                    out["num_input_tokens"] = [len(prompt.split())]
-                    out["num_output_tokens"] = [i + 1]
-                    out["finish_reason"] = ["length" if limit < len(words) else "stop"]
-                yield out
+            for i, word in enumerate(words):
+                yield (" " if i else "") + word
     """
 )
 
