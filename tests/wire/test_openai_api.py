@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import json
 import socket
+import ssl
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,9 +19,11 @@ import openai
 import pandas as pd
 import pytest
 import requests
+import trustme
 from text_models import HASHER, PARROT, SCORED, TICKER, hashed, write_model
 from waiting import wait_until
 
+import workbench
 from workbench.config.options import ServerOptions
 from workbench.server import ServerThread
 
@@ -263,6 +266,24 @@ def test_embeddings_as_floats_and_base64_with_usage(client: openai.OpenAI) -> No
     assert dimensions.value.param == "dimensions"
 
 
+# ------------------------------------------------------------------------------------------- a notebook's class
+class Shouter(workbench.TextGenerator):
+    """A notebook's generator: exported as model.py, it is a chat model."""
+
+    def generate(self, prompt, params):  # type: ignore[no-untyped-def]
+        for word in prompt.split():
+            yield word.upper() + "! "
+
+
+def test_an_exported_text_generator_is_a_chat_model(client: openai.OpenAI, repository: Path) -> None:
+    result = workbench.export(Shouter, "shouter", repository)
+    source = (Path(result.path) / "model.py").read_text()
+    assert "class Shouter(workbench.TextGenerator):" in source and "import workbench" in source
+    wait_until(lambda: "shouter" in {m.id for m in client.models.list()}, timeout=60, what="shouter served")
+    answer = client.completions.create(model="shouter", prompt="hey you", max_tokens=1)
+    assert answer.choices[0].text == "HEY! " and answer.choices[0].finish_reason == "length"
+
+
 # -------------------------------------------------------------------------------------------------- disconnects
 def test_a_client_leaving_mid_stream_closes_the_models_generator(
     client: openai.OpenAI, repository: Path, server: ServerThread
@@ -283,6 +304,16 @@ def test_a_client_leaving_mid_stream_closes_the_models_generator(
         return 'workbench_requests_total{api="completions",code="CANCELLED",model="ticker"' in metrics
 
     wait_until(cancelled, timeout=30, what="the request counted as cancelled")
+
+
+def test_a_client_leaving_before_a_whole_answer_closes_the_models_generator(
+    repository: Path, server: ServerThread
+) -> None:
+    closed = repository / "ticker" / "1" / "closed.txt"
+    closed.unlink(missing_ok=True)
+    with pytest.raises(requests.exceptions.ReadTimeout):  # the client gives up and closes its connection
+        requests.post(f"{server.rest_url}/v1/completions", json={"model": "ticker", "prompt": "go"}, timeout=1.0)
+    wait_until(closed.exists, timeout=30, what="the generator's finally to run")
 
 
 # ------------------------------------------------------------------------------------------------- the data plane
@@ -360,10 +391,20 @@ def test_generations_are_logged_with_their_text(client: openai.OpenAI, repositor
     assert frame["input.text_input"].iloc[0][0].decode() == "user: log me\nassistant:"
 
 
-# ------------------------------------------------------------------------------------- the token, its own port
+# -------------------------------------------------------------------------------- the token, TLS, its own port
 @pytest.fixture(scope="module")
-def guarded(repository: Path) -> Iterator[ServerThread]:
-    """A server with a management token, the endpoints on a port of their own."""
+def ca_file(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A test CA's certificate, and a server certificate for 127.0.0.1 (with its key) that it issued."""
+    folder = tmp_path_factory.mktemp("openai-tls")
+    authority = trustme.CA()
+    authority.cert_pem.write_to_path(str(folder / "ca.pem"))
+    authority.issue_cert("127.0.0.1").private_key_and_cert_chain_pem.write_to_path(str(folder / "server.pem"))
+    return folder / "ca.pem", folder / "server.pem"
+
+
+@pytest.fixture(scope="module")
+def guarded(repository: Path, ca_file: tuple[Path, Path]) -> Iterator[ServerThread]:
+    """A server with a management token and TLS, the endpoints on a port of their own."""
     options = ServerOptions(
         model_repository=str(repository),
         rest_api_port=-1,
@@ -371,40 +412,50 @@ def guarded(repository: Path) -> Iterator[ServerThread]:
         openai_port=-1,
         allow_python_models=True,
         management_token=TOKEN,
+        rest_api_ssl_cert_file=str(ca_file[1]),
     )
     with ServerThread(options) as running:
         yield running
 
 
-def test_the_management_token_is_the_api_key(guarded: ServerThread) -> None:
-    with openai.OpenAI(base_url=guarded.openai_url, api_key="wrong", max_retries=0) as stranger:
+def tls_client(server: ServerThread, ca: Path, key: str) -> openai.OpenAI:
+    http = openai.DefaultHttpxClient(verify=ssl.create_default_context(cafile=str(ca)))
+    return openai.OpenAI(base_url=server.openai_url, api_key=key, max_retries=0, http_client=http)
+
+
+def test_the_management_token_is_the_api_key(guarded: ServerThread, ca_file: tuple[Path, Path]) -> None:
+    ca = ca_file[0]
+    with tls_client(guarded, ca, "wrong") as stranger:
         with pytest.raises(openai.AuthenticationError) as refused:
             stranger.models.list()
         with pytest.raises(openai.AuthenticationError):
             chat(stranger, "hi")
     assert refused.value.status_code == 401 and refused.value.code == "invalid_api_key"
-    keyless = requests.get(f"{guarded.openai_url}/models", timeout=30)
+    keyless = requests.get(f"{guarded.openai_url}/models", timeout=30, verify=str(ca))
     assert keyless.status_code == 401 and keyless.json()["error"]["type"] == "invalid_request_error"
-    with openai.OpenAI(base_url=guarded.openai_url, api_key=TOKEN, max_retries=0) as holder:
+    with tls_client(guarded, ca, TOKEN) as holder:
         assert chat(holder, "let me in", temperature=0).choices[0].message.content == "in me let "
 
 
-def test_the_endpoints_on_a_port_of_their_own(guarded: ServerThread) -> None:
+def test_the_endpoints_on_a_port_of_their_own_with_rests_tls(guarded: ServerThread, ca_file: tuple[Path, Path]) -> None:
+    ca = str(ca_file[0])
     port = guarded.server.openai_port
     assert port and port != guarded.server.rest_port
-    assert guarded.openai_url == f"http://127.0.0.1:{port}/v1"
-    health = requests.get(f"{guarded.rest_url}/workbench/v1/health", timeout=30).json()
+    assert guarded.openai_url == f"https://127.0.0.1:{port}/v1"
+    health = requests.get(f"{guarded.rest_url}/workbench/v1/health", timeout=30, verify=ca).json()
     assert health["openai_port"] == port
-    with openai.OpenAI(base_url=guarded.openai_url, api_key=TOKEN, max_retries=0) as own:
+    with tls_client(guarded, ca_file[0], TOKEN) as own:
         assert own.models.retrieve("parrot").id == "parrot"  # /v1/models/{m} is OpenAI's here
         assert own.embeddings.create(model="hasher", input="x").data[0].embedding == pytest.approx(hashed("x"))
+    with pytest.raises(requests.exceptions.ConnectionError):  # TLS only
+        requests.get(f"http://127.0.0.1:{port}/v1/models", timeout=30)
     # The REST port no longer has them, and the OpenAI port nothing else.
     headers = {"Authorization": f"Bearer {TOKEN}"}
-    moved = requests.post(f"{guarded.rest_url}/v1/completions", json={}, headers=headers, timeout=30)
+    moved = requests.post(f"{guarded.rest_url}/v1/completions", json={}, headers=headers, timeout=30, verify=ca)
     assert moved.status_code in (400, 404) and "error" in moved.json()
-    other = requests.get(f"http://127.0.0.1:{port}/v1/models/parrot/metadata", timeout=30)
+    other = requests.get(f"https://127.0.0.1:{port}/v1/models/parrot/metadata", timeout=30, verify=ca)
     assert other.status_code in (401, 404)
-    elsewhere = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=30)
+    elsewhere = requests.get(f"https://127.0.0.1:{port}/metrics", timeout=30, verify=ca)
     assert elsewhere.status_code == 404 and elsewhere.json()["error"]["message"] == "Invalid URL (GET /metrics)"
 
 

@@ -26,8 +26,8 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 from starlette.applications import Starlette
@@ -71,6 +71,7 @@ from workbench.protocol.openai_requests import (
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
 PROTOCOL = "openai"  # the metrics' protocol label
 PREFIXES = ("/v1", "/openai/v1")  # OpenAI's own, and KServe's (its huggingface runtime's) on a shared port
 EVENT_STREAM = "text/event-stream; charset=utf-8"
@@ -362,8 +363,9 @@ class OpenAIApi:
             return _EventStream(sse, calls, outcome, headers)
         failure: BaseException | None = None
         try:
-            async with contextlib.aclosing(merged(streams)) as events:
-                collected, usage = await _collect(events, parsed.n, len(prompts))
+            collected, usage = await _unless_the_client_leaves(
+                request, _collect(merged(streams), parsed.n, len(prompts))
+            )
         except BaseException as exc:
             failure = exc
             raise
@@ -435,20 +437,44 @@ def _created(path: str) -> int:
         return 0
 
 
-async def _collect(events: AsyncIterator[Event], n: int, prompts: int) -> tuple[list[_Collected], answers.Usage]:
-    """Every choice whole, and the usage (each prompt's tokens counted once, however many choices it has)."""
+async def _unless_the_client_leaves(request: Request, work: Awaitable[T]) -> T:
+    """``work``'s result; a client that disconnects first cancels it (the models' streams close) and the request
+    ends CANCELLED. Once its body is read, a request's ``receive`` answers only when its client leaves."""
+    task = asyncio.ensure_future(work)
+    left = asyncio.ensure_future(_disconnected(request.receive))
+    try:
+        await asyncio.wait([task, left], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        left.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    if task.cancelled():
+        raise ServingError(Code.CANCELLED, "The client left before the answer was ready")
+    return task.result()
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _collect(events: AsyncGenerator[Event, None], n: int, prompts: int) -> tuple[list[_Collected], answers.Usage]:
+    """Every choice whole, and the usage (each prompt's tokens counted once, however many choices it has);
+    ``events`` are closed when this ends, however it ends."""
     collected = [_Collected() for _ in range(n * prompts)]
     prompt_tokens = completion_tokens = 0
-    async for item in events:
-        choice = collected[item.index]
-        if isinstance(item, Piece):
-            choice.text.append(item.text)
-            choice.logprobs.extend(item.logprobs)
-        else:
-            choice.finish_reason = item.finish_reason
-            completion_tokens += item.completion_tokens
-            if item.index % n == 0:
-                prompt_tokens += item.prompt_tokens
+    async with contextlib.aclosing(events):
+        async for item in events:
+            choice = collected[item.index]
+            if isinstance(item, Piece):
+                choice.text.append(item.text)
+                choice.logprobs.extend(item.logprobs)
+            else:
+                choice.finish_reason = item.finish_reason
+                completion_tokens += item.completion_tokens
+                if item.index % n == 0:
+                    prompt_tokens += item.prompt_tokens
     return collected, answers.Usage(prompt_tokens, completion_tokens)
 
 

@@ -108,6 +108,7 @@ class EmbeddingRequest:
 
 def parse_chat(body: bytes) -> ChatRequest:
     doc = _document(body)
+    _model(doc)  # the first thing a client must say
     _refuse_unsupported(doc, _CHAT_REFUSALS)
     messages = _messages(doc)
     logprobs = bool(_boolean(doc, "logprobs"))
@@ -120,6 +121,7 @@ def parse_chat(body: bytes) -> ChatRequest:
 
 def parse_completion(body: bytes) -> CompletionRequest:
     doc = _document(body)
+    _model(doc)
     _refuse_unsupported(doc, _COMPLETION_REFUSALS)
     suffix = doc.get("suffix")
     if suffix not in (None, ""):
