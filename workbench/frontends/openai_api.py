@@ -40,6 +40,7 @@ from workbench.core import text_generation as tg
 from workbench.core.errors import Code, ServingError, from_exception
 from workbench.core.signatures import DEFAULT_SIGNATURE
 from workbench.core.sticky import STICKY_HEADER
+from workbench.core.text_generation import SamplingParameters
 from workbench.frontends import rest_asgi
 from workbench.frontends.auth import bearer_matches
 from workbench.frontends.openai_generation import (
@@ -239,12 +240,16 @@ class OpenAIApi:
         return ModelSpec(name.model, name.version, name.label, key=request.headers.get(STICKY_HEADER))
 
     async def _admit(self, spec: ModelSpec, api: str, requested: str) -> RequestInFlight:
+        """The request admitted on the data plane; a model, version or label that does not exist is OpenAI's 404."""
+        dataplane = self.dataplane
+        if spec.label is not None and dataplane.knows(spec.name) and spec.label not in dataplane.labels(spec.name):
+            error = ServingError(Code.NOT_FOUND, f"The model '{requested}' does not exist: no label {spec.label}")
+            dataplane.refused(spec.name, api, PROTOCOL, error)
+            raise error
         try:
-            return await self.dataplane.admit(spec, api, PROTOCOL, self.settings.timeout)
+            return await dataplane.admit(spec, api, PROTOCOL, self.settings.timeout)
         except ServingError as exc:
-            # A label the model lacks is a name that does not exist, as an unknown model or version is.
-            unknown_label = spec.label is not None and exc.code == Code.INVALID_ARGUMENT and "label" in exc.message
-            if exc.code == Code.NOT_FOUND or unknown_label:
+            if exc.code == Code.NOT_FOUND:
                 raise ServingError(
                     Code.NOT_FOUND, f"The model '{requested}' does not exist on this server ({exc.message})"
                 ) from None
@@ -310,8 +315,52 @@ class OpenAIApi:
         return await self._generate(request, parsed, "completions", arrived)
 
     async def _generate(self, request: Request, parsed: GenerationRequest, api: str, arrived: float) -> Response:
-        prompts_count = len(parsed.prompts) if isinstance(parsed, CompletionRequest) else 1
-        if prompts_count * parsed.n > MAX_N:
+        """Every choice's generation admitted, then answered whole or as server-sent events."""
+        calls, prompts = await self._admit_choices(request, parsed, api)
+        streams = [
+            generate(
+                self.dataplane,
+                calls[index],
+                index,
+                prompts[index // parsed.n],
+                _sampling_of(parsed, index),
+                parsed.logprobs,
+                self.settings.timeout,
+                arrived,
+            )
+            for index in range(len(calls))
+        ]
+        first = calls[0]
+        answered = model_id(first.model, first.version)
+        headers = answered_by(first.model, first.version)
+        chat = isinstance(parsed, ChatRequest)
+        echo = prompts if isinstance(parsed, CompletionRequest) and parsed.echo else None
+        if parsed.stream:
+            outcome = _Outcome()
+            chunks = answers.Chunks(_answer_id(chat), int(time.time()), answered, chat, parsed.include_usage)
+            sse = _stream_events(merged(streams), chunks, parsed.n, len(prompts), echo, outcome)
+            return _EventStream(sse, calls, outcome, headers)
+        failure: BaseException | None = None
+        try:
+            collecting = _collect(merged(streams), parsed.n, len(prompts))
+            collected, usage = await _unless_the_client_leaves(request, collecting)
+        except BaseException as exc:
+            failure = exc
+            raise
+        finally:
+            for call in calls:
+                call.__exit__(type(failure) if failure is not None else None, failure, None)
+        choices = [_whole_choice(parsed, index, choice, echo) for index, choice in enumerate(collected)]
+        build = answers.chat_completion if chat else answers.completion
+        return _json(build(_answer_id(chat), int(time.time()), answered, choices, usage), headers=headers)
+
+    async def _admit_choices(
+        self, request: Request, parsed: GenerationRequest, api: str
+    ) -> tuple[list[RequestInFlight], list[str]]:
+        """One admitted request per choice (choice ``i`` of prompt ``p`` is ``p * n + i``), all on the version the
+        first resolved to (one answer, one version), and the prompts; a refusal ends those already admitted."""
+        count = (len(parsed.prompts) if isinstance(parsed, CompletionRequest) else 1) * parsed.n
+        if count > MAX_N:
             raise InvalidParameter(f"At most {MAX_N} choices a request (prompts times n)", "n")
         spec = self._spec(parsed.model, request)
         first = await self._admit(spec, api, parsed.model)
@@ -325,69 +374,14 @@ class OpenAIApi:
             else:
                 assert isinstance(parsed, CompletionRequest)
                 prompts = list(parsed.prompts)
-            # The other choices run on the version the first one resolved to: one answer, one version.
             pinned = ModelSpec(spec.name, version=first.version, key=spec.key)
-            for _ in range(len(prompts) * parsed.n - 1):
+            for _ in range(count - 1):
                 calls.append(await self._admit(pinned, api, parsed.model))
         except BaseException as exc:
             for call in calls:
                 call.__exit__(type(exc), exc, None)
             raise
-        streams = []
-        for p, prompt in enumerate(prompts):
-            for j in range(parsed.n):
-                index = p * parsed.n + j
-                sampling = parsed.sampling
-                if sampling.seed is not None and j:  # n seeded choices differ, and each is reproducible
-                    sampling = dataclasses.replace(sampling, seed=sampling.seed + j)
-                streams.append(
-                    generate(
-                        self.dataplane,
-                        calls[index],
-                        index,
-                        prompt,
-                        sampling,
-                        parsed.logprobs,
-                        self.settings.timeout,
-                        arrived,
-                    )
-                )
-        answered = model_id(first.model, first.version)
-        headers = answered_by(first.model, first.version)
-        chat = isinstance(parsed, ChatRequest)
-        echo = prompts if isinstance(parsed, CompletionRequest) and parsed.echo else None
-        if parsed.stream:
-            outcome = _Outcome()
-            chunks = answers.Chunks(_answer_id(chat), int(time.time()), answered, chat, parsed.include_usage)
-            sse = _stream_events(merged(streams), chunks, parsed.n, len(prompts), echo, outcome)
-            return _EventStream(sse, calls, outcome, headers)
-        failure: BaseException | None = None
-        try:
-            collected, usage = await _unless_the_client_leaves(
-                request, _collect(merged(streams), parsed.n, len(prompts))
-            )
-        except BaseException as exc:
-            failure = exc
-            raise
-        finally:
-            for call in calls:
-                call.__exit__(type(failure) if failure is not None else None, failure, None)
-        choices = []
-        for index, choice in enumerate(collected):
-            text = "".join(choice.text)
-            start = len(echo[index // parsed.n]) if echo else 0
-            if echo:
-                text = echo[index // parsed.n] + text
-            logprobs = None
-            if parsed.logprobs:
-                logprobs = (
-                    answers.chat_logprobs(choice.logprobs)
-                    if chat
-                    else answers.completion_logprobs(choice.logprobs, start)
-                )
-            choices.append(answers.Choice(index, text, choice.finish_reason, logprobs))
-        build = answers.chat_completion if chat else answers.completion
-        return _json(build(_answer_id(chat), int(time.time()), answered, choices, usage), headers=headers)
+        return calls, prompts
 
     # ------------------------------------------------------------------------------------------ embeddings
     async def embeddings(self, request: Request) -> Response:
@@ -423,6 +417,29 @@ class OpenAIApi:
             answered = model_id(call.model, call.version)
             doc = answers.embedding_list(answered, vectors, parsed.encoding_format, tokens)
             return _json(doc, headers=answered_by(call.model, call.version))
+
+
+def _sampling_of(parsed: GenerationRequest, index: int) -> SamplingParameters:
+    """Choice ``index``'s sampling: with a seed, choice ``i`` of a prompt samples with ``seed + i``, so that ``n``
+    seeded choices differ and each is reproducible."""
+    sampling, offset = parsed.sampling, index % parsed.n
+    if sampling.seed is None or not offset:
+        return sampling
+    return dataclasses.replace(sampling, seed=sampling.seed + offset)
+
+
+def _whole_choice(
+    parsed: GenerationRequest, index: int, choice: _Collected, echo: Sequence[str] | None
+) -> answers.Choice:
+    """A choice of a whole answer: its text (after its prompt with ``echo``) and its log-probabilities if asked."""
+    prompt = echo[index // parsed.n] if echo else ""
+    logprobs = None
+    if parsed.logprobs:
+        if isinstance(parsed, ChatRequest):
+            logprobs = answers.chat_logprobs(choice.logprobs)
+        else:
+            logprobs = answers.completion_logprobs(choice.logprobs, len(prompt))
+    return answers.Choice(index, prompt + "".join(choice.text), choice.finish_reason, logprobs)
 
 
 def _answer_id(chat: bool) -> str:
