@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from workbench.notebook.widgets import Dashboard
     from workbench.platforms.pipeline import Pipeline, Step
     from workbench.platforms.python import PythonModel
+    from workbench.platforms.python_text import TextEmbedder, TextGenerator
     from workbench.publishing import ExportError, export
     from workbench.runtime.version import __version__
 
@@ -30,6 +31,8 @@ __all__ = [
     "Pipeline",
     "PythonModel",
     "ServerHandle",
+    "TextEmbedder",
+    "TextGenerator",
     "__version__",
     "analyze",
     "batch_predict",
@@ -69,6 +72,10 @@ def __getattr__(name: str) -> Any:
         from workbench.platforms.python import PythonModel
 
         return PythonModel
+    if name in ("TextGenerator", "TextEmbedder"):  # Python text models (workbench.platforms.python_text)
+        from workbench.platforms import python_text
+
+        return getattr(python_text, name)
     if name in ("Pipeline", "Step"):  # a pipeline description, for workbench.export
         from workbench.platforms import pipeline
 

@@ -120,6 +120,7 @@ def _supervise(args: argparse.Namespace, num_workers: int, model_runners: int) -
         host=args.host,
         grpc_port=args.port,
         rest_api_port=args.rest_api_port,
+        openai_port=args.openai_port,
         drain_seconds=args.drain_seconds,
         ready_file=args.ready_file,
         parent_pid=args.parent_pid,

@@ -92,6 +92,8 @@ class ServerOptions:
     port: int = 8500
     grpc_socket_path: str = ""
     rest_api_port: int = 0
+    # OpenAI's endpoints (frontends/openai_api.py): 0 on the REST port; else a port of their own (-1: a free one).
+    openai_port: int = 0
     rest_api_host: str = "127.0.0.1"
     grpc_host: str = "127.0.0.1"
     rest_api_timeout_in_ms: int = 30000

@@ -344,6 +344,12 @@ SERVE_FLAGS: tuple[FlagGroup, ...] = (
                 "mutual TLS on REST: require client certificates issued by this PEM CA",
                 "FILE",
             ),
+            ServeFlag(
+                "openai_port",
+                "OpenAI-compatible endpoints (/v1/chat/completions ...) on a port of their own, with REST's TLS "
+                "(0: on the REST port; -1 picks a free one)",
+                "PORT",
+            ),
             ServeFlag("rest_api_max_request_bytes", "largest REST request body accepted", "BYTES"),
             ServeFlag("grpc_max_message_bytes", "largest gRPC message received or sent", "BYTES"),
             ServeFlag("num_inference_threads", "threads running TensorFlow (0: twice the cores, at least 4)", "N"),

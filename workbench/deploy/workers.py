@@ -97,6 +97,7 @@ class Supervisor:
     host: str
     grpc_port: int
     rest_api_port: int  # 0: REST off; -1: a free port
+    openai_port: int = 0  # 0: OpenAI's endpoints on the REST port; -1: a free port of their own
     drain_seconds: float = 30.0
     ready_file: str = ""
     parent_pid: int = 0
@@ -111,6 +112,9 @@ class Supervisor:
         rest_socket = reserve_port(self.host, max(self.rest_api_port, 0)) if self.rest_api_port != 0 else None
         self.grpc_port = grpc_socket.getsockname()[1]
         self.rest_api_port = rest_socket.getsockname()[1] if rest_socket is not None else 0
+        # Picked once here, so every worker joins the same port.
+        openai_socket = reserve_port(self.host, max(self.openai_port, 0)) if self.openai_port != 0 else None
+        self.openai_port = openai_socket.getsockname()[1] if openai_socket is not None else 0
         run_dir = Path(tempfile.mkdtemp(prefix="workbench-workers-"))
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
         try:
@@ -140,6 +144,8 @@ class Supervisor:
             grpc_socket.close()
             if rest_socket is not None:
                 rest_socket.close()
+            if openai_socket is not None:
+                openai_socket.close()
             shutil.rmtree(run_dir, ignore_errors=True)
 
     def _on_signal(self, signum: int, _frame: object) -> None:
@@ -163,6 +169,7 @@ class Supervisor:
             *common,
             f"--port={self.grpc_port}",
             f"--rest_api_port={self.rest_api_port}",
+            f"--openai_port={self.openai_port}",
             f"--model_runners={self.model_runners or 'in_process'}",
             f"--worker_of={run_dir}",
             f"--worker_index={worker.index}",

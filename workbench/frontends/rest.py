@@ -246,9 +246,13 @@ def create_app(
     prometheus_path: str | None = None,
     extra_routes: list[Route] | None = None,
     more_posts: Sequence[tuple[re.Pattern[str], PostHandler]] = (),
+    first_routes: Sequence[Route] = (),
 ) -> RestApp:
+    """``first_routes`` are matched before TF Serving's ``/v1`` (OpenAI's endpoints under it), ``extra_routes``
+    after everything of TF Serving's."""
     api = RestApi(dataplane, timeout_ms, max_request_bytes, more_posts)
-    routes = [Route("/v1/{rest:path}", api.v1, methods=["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD"])]
+    routes = [*first_routes]
+    routes.append(Route("/v1/{rest:path}", api.v1, methods=["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD"]))
     routes.append(Route("/v1", api.v1, methods=["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD"]))
 
     async def prometheus(_: Request) -> Response:

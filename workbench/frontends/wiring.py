@@ -18,6 +18,7 @@ from workbench.frontends.explain import ExplainApi
 from workbench.frontends.grpc import ModelService, PredictionService
 from workbench.frontends.management import management_routes
 from workbench.frontends.mlflow_invocations import MlflowScoring
+from workbench.frontends.openai_api import OpenAIApi, OpenAISettings, openai_app
 from workbench.frontends.probes import probe_routes
 from workbench.frontends.rest import create_app
 from workbench.frontends.sequence_routing import SequenceRouter
@@ -54,6 +55,7 @@ class FrontendSettings:
     torchserve_allowed_urls: str = ""  # the URLs it may download from ("": TorchServe's default, any http(s))
     profiler: bool = True  # tensorflow.ProfilerService on the gRPC port (--enable_profiler)
     mlflow_scoring_model: str = ""  # the model MLflow's POST /invocations answers with ("": the only one)
+    openai_port: int = 0  # OpenAI's endpoints: 0 on the REST port, else on a port of their own (--openai_port)
 
     @classmethod
     def of(
@@ -79,6 +81,7 @@ class FrontendSettings:
             torchserve_allowed_urls=options.torchserve_allowed_urls,
             profiler=options.enable_profiler,
             mlflow_scoring_model=options.mlflow_scoring_model,
+            openai_port=options.openai_port,
         )
 
 
@@ -117,12 +120,27 @@ class Frontends:
             allowed_urls=settings.torchserve_allowed_urls,
         )
 
+    def openai(self) -> OpenAIApi:
+        """OpenAI's endpoints (frontends/openai_api.py), the management token as their API key."""
+        settings = self.settings
+        return OpenAIApi(
+            self.dataplane,
+            OpenAISettings(settings.rest_timeout_ms, settings.rest_max_request_bytes, settings.management_token),
+        )
+
+    def openai_app(self) -> Starlette:
+        """OpenAI's endpoints on a port of their own (--openai_port)."""
+        return openai_app(self.openai())
+
     def rest_app(self) -> Starlette:
-        """The REST API as an ASGI app: TF Serving's /v1, v2, management, stats, probes and metrics."""
+        """The REST API as an ASGI app: TF Serving's /v1, v2, management, stats, probes and metrics, and OpenAI's
+        endpoints unless they have a port of their own."""
         dataplane, controlplane, settings = self.dataplane, self.controlplane, self.settings
         asynchronous = settings.asynchronous
         return create_app(
             dataplane,
+            # Before TF Serving's /v1, which answers every other path under it; GET /v1/models/{m} stays its.
+            first_routes=self.openai().routes(retrieve=False) if settings.openai_port == 0 else (),
             timeout_ms=settings.rest_timeout_ms,
             max_request_bytes=settings.rest_max_request_bytes,
             enable_cors=settings.enable_cors,

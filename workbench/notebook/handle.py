@@ -106,6 +106,7 @@ class ServerHandle:
         server_name: str = DEFAULT_SERVER_NAME,
         rest_api_port: int | None = None,
         port: int | None = None,
+        openai_port: int = 0,
         enable_batching: bool = False,
         batching_parameters_file: str | os.PathLike[str] | None = None,
         file_system_poll_wait_seconds: float = 0.5,
@@ -155,6 +156,9 @@ class ServerHandle:
         # None: a free port, picked by the server (-1 for REST, 0 for gRPC, as `workbench serve` takes them).
         self._rest_api_port_asked = -1 if rest_api_port is None else rest_api_port
         self._port_asked = 0 if port is None else port
+        # OpenAI's endpoints: 0 on the REST port, else a port of their own (-1: a free one); read back once started.
+        self._openai_port_asked = openai_port
+        self.openai_port: int | None = None
         self.enable_batching = enable_batching
         self.batching_parameters_file = batching_parameters_file
         self.file_system_poll_wait_seconds = file_system_poll_wait_seconds
@@ -227,6 +231,7 @@ class ServerHandle:
                 "batching_parameters_file": Path(batching_file).resolve() if batching_file else None,
                 "allow_pickle": self.allow_pickle,
                 "allow_python_models": self.allow_python_models,
+                "openai_port": self._openai_port_asked,
                 "num_workers": str(self.num_workers),
                 "response_cache_bytes": self.response_cache_bytes,
                 "response_cache_models": self.response_cache_models,
@@ -281,6 +286,7 @@ class ServerHandle:
             time.sleep(0.05)
         ready = json.loads(self._ready_path.read_text())
         self.rest_api_port, self.port = ready["rest_port"], ready["grpc_port"]
+        self.openai_port = ready.get("openai_port")
         self._rest_scheme, self._grpc_tls = ready.get("rest_scheme", "http"), bool(ready.get("grpc_tls"))
         self.started_seconds = time.perf_counter() - started
         self._client = None
@@ -322,10 +328,12 @@ class ServerHandle:
         the repository (``routing.json``) and is read back at start. A port another process took meanwhile makes
         this raise :class:`ServerDied` naming it. From then on the handle keeps asking for these ports.
         """
-        rest_api_port, port = self.rest_api_port, self.port
+        rest_api_port, port, openai_port = self.rest_api_port, self.port, self.openai_port
         self.stop()
         if rest_api_port is not None and port is not None:  # it ran: ask for its ports from now on
             self._rest_api_port_asked, self._port_asked = rest_api_port, port
+            if openai_port:
+                self._openai_port_asked = openai_port
         return self.start(timeout)
 
     @property
@@ -370,6 +378,15 @@ class ServerHandle:
 
     def _rest_address(self) -> str:
         return f"{self._rest_scheme}://127.0.0.1:{self.rest_api_port}"
+
+    @property
+    def openai_url(self) -> str:
+        """The base URL of the OpenAI-compatible endpoints, for ``openai.OpenAI(base_url=...)``: ``/v1`` on their
+        own port (``openai_port``), else ``/openai/v1`` on the REST port (docs/openai.md)."""
+        self.check()
+        if self.openai_port:
+            return f"{self._rest_scheme}://127.0.0.1:{self.openai_port}/v1"
+        return f"{self._rest_address()}/openai/v1"
 
     @property
     def grpc_target(self) -> str:
@@ -594,7 +611,9 @@ def serve(model_repository: str | os.PathLike[str] = DEFAULT_REPOSITORY, **optio
     for the ``response_cache_models`` that opt in: a repeated request is answered from memory. Many models in
     bounded memory: ``memory_budget`` (``"4Gi"``, ``"0.5"``, ``"gpu:0.8"``) evicts the least recently used versions,
     which load again when asked for, as do all of them with ``load_on_demand=True``; ``unload_after_idle`` seconds
-    unloads idle versions; ``pin`` names models (or ``"model:version"``) never evicted. TLS:
+    unloads idle versions; ``pin`` names models (or ``"model:version"``) never evicted. ``openai_port`` gives the
+    OpenAI-compatible endpoints a port of their own (-1: a free one; default: the REST port's), and the handle's
+    ``openai_url`` is their base URL either way. TLS:
     ``ssl_config_file`` (TF Serving's SSLConfig) secures gRPC, ``rest_api_ssl_cert_file`` and
     ``rest_api_ssl_key_file`` make REST https, and the handle's client checks the server's certificate against
     ``ca_file`` (default: the default trust store). The server stops with the kernel.

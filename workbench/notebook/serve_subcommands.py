@@ -66,6 +66,7 @@ _SIGNATURE_OPTION = argument("--signature_name", default="", metavar="NAME", hel
 @_flag("model_name", help="the one model's name (default: default)")
 @_flag("rest_api_port", help="REST API port (default: a free one)")
 @_flag("port", help="gRPC port (default: a free one)")
+@_flag("openai_port", help="OpenAI-compatible endpoints on a port of their own (-1: a free one; default: REST's)")
 @_flag("enable_batching", help="dynamic batching with TF Serving's default parameters")
 @_flag("batching_parameters_file", help="a BatchingParameters text proto (turns batching on)")
 @_flag("allow_pickle", help="load scikit-learn pickles (model.joblib, model.pkl): they run code")

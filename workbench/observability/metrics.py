@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
 from workbench.batching.scheduler import BatchRecord
+from workbench.observability.generation_metrics import GenerationMetrics
 from workbench.observability.triton_metrics import TritonMetrics
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -230,6 +231,8 @@ class ServingMetrics:
             ["protocol"],
             registry=self.registry,
         )
+        # Text generation's series (time to first token, per output token, tokens in and out).
+        self.generation = GenerationMetrics(self.registry)
 
     def observe_request(
         self, model: str, version: int | None, api: str, protocol: str, code: str, seconds: float

@@ -200,6 +200,10 @@ class RequestLogger:
             for name, config in sorted(self._configs.items())
         }
 
+    def configured(self, model: str) -> bool:
+        """Whether ``model``'s requests may be logged (it has a logging config)."""
+        return model in self._configs
+
     # ---------------------------------------------------------------------------------- the serving path
     def log(self, model: str, entry: Callable[[], LogEntry], protocol: str = "", latency_seconds: float = 0.0) -> None:
         """Maybe log one answered request of ``model``: sampled here, written later; never blocks.

@@ -376,8 +376,48 @@ class Dataplane:
         timeout: float | None = None,
     ) -> AsyncGenerator[dict[str, np.ndarray], None]:
         """Run a decoupled servable: its responses to one request as they come (see
-        :func:`workbench.planes.decoupled.stream`)."""
-        return decoupled.stream(call, self._executor, signature_name, inputs, output_filter, timeout)
+        :func:`workbench.planes.decoupled.stream`).
+
+        A stream that ends (not one its caller left) is logged as a predict is and mirrored to the model's shadow,
+        its answer being its responses' outputs joined (:func:`workbench.planes.decoupled.joined`); its responses
+        are kept for that only where the model is logged or shadowed."""
+        responses = decoupled.stream(call, self._executor, signature_name, inputs, output_filter, timeout)
+        logged = self.request_log is not None and self.request_log.configured(call.servable.name)
+        mirrored = call.default and self.shadows.shadowed(call.model)
+        if not (logged or mirrored):
+            return responses
+        return self._recorded(call, signature_name, inputs, output_filter, responses, logged, mirrored)
+
+    async def _recorded(
+        self,
+        call: RequestInFlight,
+        signature_name: str,
+        inputs: Mapping[str, np.ndarray],
+        output_filter: Sequence[str],
+        responses: AsyncGenerator[dict[str, np.ndarray], None],
+        logged: bool,
+        mirrored: bool,
+    ) -> AsyncGenerator[dict[str, np.ndarray], None]:
+        """``responses`` passed on, then, once they ended, the stream logged and mirrored."""
+        seen = []
+        async with contextlib.aclosing(responses):
+            async for response in responses:
+                seen.append(response)
+                yield response
+        answer = decoupled.joined(seen)
+        servable = call.servable
+        if logged and self.request_log is not None:
+            name = inference.predict_signature(servable, signature_name).name
+            self.request_log.log(
+                servable.name,
+                lambda: prediction_logs.PredictEntry(
+                    servable.name, servable.version, name, inputs, output_filter, answer
+                ),
+                call.protocol,
+                call.elapsed_seconds,
+            )
+        if mirrored:
+            self.shadows.mirror(call, signature_name, inputs, output_filter, answer)
 
     async def classify(
         self, call: RequestInFlight, signature_name: str, examples: Sequence[bytes], timeout: float | None = None

@@ -80,3 +80,13 @@ async def _close_responses(step: asyncio.Future[Any] | None, responses: Iterator
     if callable(close):
         with contextlib.suppress(Exception):  # the request is over; platforms log their model's own failure
             await asyncio.get_running_loop().run_in_executor(executor, close)
+
+
+def joined(responses: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """A decoupled request's responses as one answer, for its request log and its shadow's comparison: each output
+    its responses' values joined along the first dimension (a generator's text pieces, in order), for the outputs
+    every response has."""
+    if not responses:
+        return {}
+    shared = [alias for alias in responses[0] if all(alias in r for r in responses)]
+    return {alias: np.concatenate([np.atleast_1d(np.asarray(r[alias])) for r in responses]) for alias in shared}

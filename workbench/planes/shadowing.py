@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -31,6 +32,7 @@ import numpy as np
 from workbench.core.answer_diff import OutputDiff, compare, output_summary
 from workbench.observability.metrics import ServingMetrics
 from workbench.planes.calls import ModelSpec, RequestInFlight
+from workbench.planes.decoupled import joined
 
 
 class _Plane(Protocol):
@@ -52,6 +54,15 @@ class _Plane(Protocol):
     ) -> tuple[Any, dict[str, np.ndarray]]: ...
 
     def default_version(self, model: str) -> int | None: ...
+
+    def stream(
+        self,
+        call: RequestInFlight,
+        signature_name: str,
+        inputs: Mapping[str, np.ndarray],
+        output_filter: Sequence[str] = (),
+        timeout: float | None = None,
+    ) -> AsyncGenerator[dict[str, np.ndarray], None]: ...
 
 
 PROTOCOL = "shadow"  # the protocol label of a copy's request metrics
@@ -178,6 +189,10 @@ class ShadowTraffic:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def shadowed(self, model: str) -> bool:
+        """Whether ``model`` has a shadow now (a decoupled stream keeps its responses for it only then)."""
+        return self._shadow_of(model) is not None
+
     def _sampled(self, model: str, shadow: tuple[int, float]) -> bool:
         """Exactly ``fraction`` of the model's default requests, as the canary's split counts them."""
         key, requests, copies = self._shares.get(model, (shadow, 0, 0))
@@ -212,7 +227,12 @@ class ShadowTraffic:
                 started = time.perf_counter()
                 spec = ModelSpec(record.model, version=record.version, signature_name=signature_name)
                 with await dataplane.admit(spec, "predict", PROTOCOL) as call:
-                    _, outputs = await dataplane.predict(call, signature_name, inputs, output_filter)
+                    if call.servable.decoupled:  # a generator's shadow: its responses joined, as the primary's were
+                        stream = dataplane.stream(call, signature_name, inputs, output_filter)
+                        async with contextlib.aclosing(stream) as responses:
+                            outputs = joined([response async for response in responses])
+                    else:
+                        _, outputs = await dataplane.predict(call, signature_name, inputs, output_filter)
         except Exception:  # noqa: BLE001 - a shadow's failure is counted (its request metrics say why), never raised
             record.failed += 1
             dataplane.metrics.observe_shadow(record.model, record.version, "failed")

@@ -255,6 +255,11 @@ class ModelServer:
     def grpc_port(self) -> int | None:
         return self._ports.grpc_port
 
+    @property
+    def openai_port(self) -> int | None:
+        """OpenAI's endpoints' own port (--openai_port); None when they are on the REST port."""
+        return self._ports.openai_port
+
     def _on_state_change(self, model: str, version: int, state: VersionState) -> None:
         self.metrics.set_version_state(model, version, state == VersionState.AVAILABLE)
         if state == VersionState.END:
@@ -322,6 +327,7 @@ class ModelServer:
             "pid": os.getpid(),
             "grpc_port": self.grpc_port,
             "rest_port": self.rest_port,
+            "openai_port": self.openai_port,  # None: OpenAI's endpoints are on the REST port
             # How to reach the ports: https or http, and whether gRPC wants a TLS channel (secure_channel)
             "rest_scheme": "https" if self.options.rest_api_ssl_cert_file else "http",
             "grpc_tls": bool(self.options.ssl_config_file),
@@ -386,6 +392,7 @@ class ModelServer:
                 self._health,
                 self.frontends.rest_app,
                 private_socket=str(private_socket(options.worker_dir, options.worker_index)) if self.router else "",
+                openai_app=self.frontends.openai_app,
             )
         if not joins_late:  # loading blocks (TensorFlow): off the loop, which meanwhile answers probes
             await self._loop.run_in_executor(None, self.controlplane.apply_models, models)

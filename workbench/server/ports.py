@@ -47,15 +47,16 @@ def bind(host: str, port: int, reuse_port: bool = False) -> socket.socket:
 
 
 class Ports:
-    """A server's open ports: gRPC (TF Serving's services and v2's, on one port) and REST."""
+    """A server's open ports: gRPC (TF Serving's services and v2's, on one port), REST, and OpenAI's endpoints when
+    they have a port of their own (``--openai_port``), which takes REST's TLS."""
 
     def __init__(self, options: ServerOptions) -> None:
         self._options = options
         self.rest_port: int | None = None
         self.grpc_port: int | None = None
+        self.openai_port: int | None = None
         self._grpc: grpc.aio.Server | None = None
-        self._uvicorn: uvicorn.Server | None = None
-        self._sockets: list[socket.socket] = []
+        self._http: list[tuple[uvicorn.Server, list[socket.socket]]] = []  # REST's, then OpenAI's
 
     async def open(
         self,
@@ -63,9 +64,11 @@ class Ports:
         health: ReadinessHealth,
         rest_app: Callable[[], Starlette],
         private_socket: str = "",
+        openai_app: Callable[[], Starlette] | None = None,
     ) -> None:
-        """Open gRPC with ``services`` and ``health`` then, unless it is off, REST with ``rest_app()``;
-        ``private_socket``: a worker's own socket, where its siblings hand it the requests of its sequences."""
+        """Open gRPC with ``services`` and ``health`` then, unless it is off, REST with ``rest_app()``, then
+        ``openai_app()`` on ``--openai_port`` where it is not 0; ``private_socket``: a worker's own socket, where its
+        siblings hand it the requests of its sequences."""
         options = self._options
         grpc_tls = options.grpc_tls()  # raises on a bad --ssl_config_file or --rest_api_ssl_* flag, before binding
         options.rest_tls()
@@ -85,13 +88,15 @@ class Ports:
             tls_note = " with TLS, client certificates required" if grpc_tls.client_verify else " with TLS"
         log.info("Running gRPC ModelServer at %s:%d%s", options.grpc_host, self.grpc_port, tls_note)
         if options.rest_api_port != 0:  # 0 is off, as in TF Serving; -1 picks a free port
-            await self._start_rest(rest_app(), max(options.rest_api_port, 0))
+            self.rest_port = await self._start_http(rest_app(), max(options.rest_api_port, 0), "REST API")
+        if options.openai_port != 0 and openai_app is not None:  # 0: on the REST port; -1 picks a free port
+            self.openai_port = await self._start_http(openai_app(), max(options.openai_port, 0), "OpenAI API")
 
-    async def _start_rest(self, app: Starlette, port: int) -> None:
+    async def _start_http(self, app: Starlette, port: int, what: str) -> int:
+        """Serve ``app`` on ``port`` of the REST host, with REST's TLS; the port it bound."""
         options = self._options
         sock = bind(options.rest_api_host, port, reuse_port=bool(options.worker_dir))
-        self._sockets.append(sock)
-        self.rest_port = sock.getsockname()[1]
+        bound: int = sock.getsockname()[1]
         tls = options.rest_tls()
         ssl_options: dict[str, Any] = {}
         if tls is not None:
@@ -111,14 +116,16 @@ class Ports:
         try:
             config.load()  # builds the SSL context: reads the certificate, key and client CA
         except (OSError, ssl.SSLError) as exc:
+            sock.close()
             files = ", ".join(f"{k}={v}" for k, v in ssl_options.items() if isinstance(v, str))
             raise ServingError(Code.INVALID_ARGUMENT, f"REST TLS cannot use {files}: {exc}") from None
         server = uvicorn.Server(config)
         server.lifespan = config.lifespan_class(config)
         await server.startup(sockets=[sock])
-        self._uvicorn = server
+        self._http.append((server, [sock]))
         scheme = "HTTPS" if tls is not None else "HTTP"
-        log.info("Exporting %s/REST API at %s:%d", scheme, options.rest_api_host, self.rest_port)
+        log.info("Exporting %s/%s at %s:%d", scheme, what, options.rest_api_host, bound)
+        return bound
 
     async def close(self, grace: float) -> bool:
         """Stop accepting on both ports at once; wait up to ``grace`` seconds for accepted requests to finish. True
@@ -134,7 +141,7 @@ class Ports:
         if self._grpc is not None:
             closing.append(drain_grpc(self._grpc, grace))
             self._grpc = None
-        if self._uvicorn is not None:
-            closing.append(drain(self._uvicorn, self._sockets, grace))
-            self._uvicorn = None
+        for server, sockets in self._http:
+            closing.append(drain(server, sockets, grace))
+        self._http = []
         return all(await asyncio.gather(*closing))

@@ -125,6 +125,15 @@ class ServerThread:
         return f"{scheme}://{self.server.options.rest_api_host}:{self.server.rest_port}"
 
     @property
+    def openai_url(self) -> str:
+        """The base URL of OpenAI's endpoints (an OpenAI client's ``base_url``): ``/v1`` on their own port, else
+        ``/openai/v1`` on the REST port (where ``/v1/models/{m}`` is TF Serving's)."""
+        own = self.server.openai_port
+        scheme = "https" if self.server.options.rest_api_ssl_cert_file else "http"
+        host = self.server.options.rest_api_host
+        return f"{scheme}://{host}:{own}/v1" if own else f"{scheme}://{host}:{self.server.rest_port}/openai/v1"
+
+    @property
     def grpc_target(self) -> str:
         return f"{self.server.options.grpc_host}:{self.server.grpc_port}"
 
