@@ -29,8 +29,8 @@ from workbench.notebook.handle import ServerHandle, models_table_text, running_s
 from workbench.runtime.loop import new_event_loop
 
 SUBCOMMANDS = [
-    "start", "stop", "restart", "status", "export", "promote", "rollback", "canary", "shadow", "predict", "chat", "bench",
-    "batch", "analyze", "dashboard", "logs", "profile", "manifests",
+    "start", "stop", "restart", "status", "export", "promote", "rollback", "canary", "shadow", "predict", "chat",
+    "bench", "batch", "analyze", "dashboard", "logs", "profile", "manifests",
 ]  # fmt: skip
 V1, V2 = 3.0, 10.0  # answers to x=1 of model_v1 (2x + 1) and model_v2 (10x)
 
