@@ -9,10 +9,9 @@ from typing import Any
 
 import pytest
 
+from tests.waiting import wait_until
 from workbench.core.errors import Code, ServingError
 from workbench.platforms.generation_scheduler import GenerationScheduler
-from tests.waiting import wait_until
-
 
 ENDLESS = 10**9
 
