@@ -124,6 +124,8 @@ class ServerOptions:
     # the server already runs --num_inference_threads calls at once; 0: PyTorch's default, one per core).
     pytorch_device: str = "auto"
     pytorch_threads: int = 1
+    # Text generators (Hugging Face): the tokens one iteration of a model's continuous batching runs (0: 512).
+    max_batched_tokens: int = 0
     # How long a request for a model whose first load is under way waits for it (0: answered at once, NOT_FOUND).
     wait_for_model_load_seconds: float = 60.0
     # Many models in bounded memory (docs/memory-budget.md): the budget ("": none; bytes, a share of memory, gpu:...),

@@ -366,6 +366,12 @@ SERVE_FLAGS: tuple[FlagGroup, ...] = (
                 "N",
             ),
             ServeFlag(
+                "max_batched_tokens",
+                "tokens a text generator's iteration runs at most: one per sequence decoding, the rest for a chunk of "
+                "new prompts (0: 512); a version's workbench.json may set its own",
+                "N",
+            ),
+            ServeFlag(
                 "inline_cheap_calls",
                 "run a native model's calls (TensorFlow, scikit-learn, XGBoost, LightGBM, ONNX) on the event loop once "
                 "they prove cheap (under 200 us), saving each a hop to an inference thread; false keeps every call on "

@@ -35,6 +35,8 @@ class LoadPolicy:
     auto_complete_config: bool = True  # Triton's config auto-complete (--disable_auto_complete_config turns it off)
     prefer_tflite_model: bool = False  # TF Serving's: a folder's model.tflite serves instead of its SavedModel
     tflite_interpreters: int = 1  # TF Lite interpreters per version (each runs one call at a time)
+    # Tokens a generator's iteration runs at most (decode steps and a chunk of prompts; 0: the platform's default).
+    max_batched_tokens: int = 0
 
 
 PICKLE_SETTING = "--allow_pickle (Server(allow_pickle=True), %serve start --allow-pickle)"

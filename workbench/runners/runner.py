@@ -133,6 +133,7 @@ class ModelRunner:
                     auto_complete_config=not options.disable_auto_complete_config,
                     prefer_tflite_model=options.prefer_tflite_model,
                     tflite_interpreters=options.tflite_interpreters,
+                    max_batched_tokens=options.max_batched_tokens,
                 )
             ),
             self._cache,

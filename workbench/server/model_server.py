@@ -106,6 +106,7 @@ class ModelServer:
                 auto_complete_config=not options.disable_auto_complete_config,
                 prefer_tflite_model=options.prefer_tflite_model,
                 tflite_interpreters=options.tflite_interpreters,
+                max_batched_tokens=options.max_batched_tokens,
             )
         )
         # A worker with model runners: the runners load the versions (and warm them up) and run their batches.
