@@ -17,12 +17,11 @@ from typing import Any
 import numpy as np
 import requests
 
-from workbench.client import openai_chat
 from workbench.client.async_requests import AsyncPrediction
 from workbench.client.grpc_channels import GRPC_CHANNELS, GrpcChannels
 from workbench.client.http import HttpConnection
 from workbench.client.management_transport import ManagementAPI
-from workbench.client.openai_chat import ChatAnswer
+from workbench.client.openai_chat import ChatAnswer, stream_chat
 from workbench.client.prediction import Prediction
 from workbench.client.protocols import GRPC_PROTOCOLS, V2_PROTOCOLS, canonical_protocol
 from workbench.client.tfs_grpc import TfsGrpcTransport
@@ -249,7 +248,7 @@ class Client:
             raise ValueError("chat goes over REST (the OpenAI-compatible endpoints): this client has no REST url")
         if isinstance(messages, str):
             messages = [{"role": "user", "content": messages}]
-        return openai_chat.chat(self._http, model, messages, on_piece, key, **parameters)
+        return stream_chat(self._http, model, messages, on_piece, key, **parameters)
 
     def predict_async(
         self,

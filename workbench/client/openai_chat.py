@@ -62,7 +62,7 @@ class ChatAnswer:
         printer.text(f"<{self.summary() or 'no answer'}>")
 
 
-def chat(
+def stream_chat(
     http: HttpConnection,
     model: str,
     messages: Sequence[Mapping[str, Any]],
