@@ -33,7 +33,9 @@ def test_serve_export_writes_pipelines_and_models_with_their_tokenizer(ip, tmp_p
     try:
         status = ip.run_line_magic("serve", "export classifier sentiment")
         assert "exported sentiment v1 (text: string[?]) -> (label: string[?]" in str(status)
-        r = requests.post(f"{handle.rest_url}/v1/models/sentiment:predict", json={"instances": ["I hate trains"]})
+        r = requests.post(
+            f"{handle.rest_url}/v1/models/sentiment:predict", json={"instances": ["I hate trains"]}, timeout=60
+        )
         assert r.status_code == 200, r.text
         want = classifier("I hate trains")[0]
         (got,) = r.json()["predictions"]
@@ -44,7 +46,7 @@ def test_serve_export_writes_pipelines_and_models_with_their_tokenizer(ip, tmp_p
         status = ip.run_line_magic("serve", "export nli topics --tokenizer tok --task zero-shot-classification")
         assert "candidate_labels: string[?, ?]" in str(status)
         body = {"instances": [{"text": "I hate trains", "candidate_labels": ["travel", "food"]}]}
-        r = requests.post(f"{handle.rest_url}/v1/models/topics:predict", json=body)
+        r = requests.post(f"{handle.rest_url}/v1/models/topics:predict", json=body, timeout=60)
         assert r.status_code == 200, r.text
         assert sorted(r.json()["predictions"][0]["labels"]) == ["food", "travel"]
     finally:

@@ -524,3 +524,73 @@ def test_an_export_writes_safetensors_the_tokenizer_and_the_task(repository):
     }
     # examples= became the version's warmup requests
     assert (repository / "question_answering" / "1" / "assets.extra" / "tf_serving_warmup_requests").is_file()
+
+
+# ======================================================================================= MLServer's runtime
+def test_mlserver_huggingface_runtime_answers_as_mlserver_does(tmp_path, pipelines):
+    """model-settings.json naming mlserver_huggingface.HuggingFaceRuntime: the pipeline called with the request's
+    inputs (args positional, the others by name), its answer one JSON element per item of output "output"."""
+    classifier, nli = pipelines["text-classification"], pipelines["zero-shot-classification"]
+    qa_model, tokenizer = pipelines["question-answering"]
+    classifier.save_pretrained(str(tmp_path / "sentiment" / "model"))
+    nli.save_pretrained(str(tmp_path / "topics" / "weights"))
+    qa_model.save_pretrained(str(tmp_path / "qa" / "model"))
+    tokenizer.save_pretrained(str(tmp_path / "qa" / "tokenizer"))
+    runtime = "mlserver_huggingface.HuggingFaceRuntime"
+    for name, extra in {
+        "sentiment": {"task": "text-classification", "pretrained_model": "./model"},
+        "topics": {"task": "zero-shot-classification", "pretrained_model": "weights"},
+        "qa": {"task": "question-answering", "pretrained_model": "model", "pretrained_tokenizer": "tokenizer"},
+    }.items():
+        settings = {"name": name, "implementation": runtime, "parameters": {"version": "v1.2", "extra": extra}}
+        (tmp_path / name / "model-settings.json").write_text(json.dumps(settings))
+    options = ServerOptions(rest_api_port=-1, port=0, model_repository=str(tmp_path))
+    with ServerThread(options) as running:
+        for name in ("sentiment", "topics", "qa"):
+            wait_until(
+                lambda m=name: "AVAILABLE" in version_states(running.rest_url, m).values(), timeout=120, what=name
+            )
+
+        def infer(model: str, *inputs: dict[str, Any]) -> requests.Response:
+            return requests.post(
+                f"{running.rest_url}/v2/models/{model}/infer", json={"inputs": list(inputs)}, timeout=60
+            )
+
+        def text(name: str, *values: str) -> dict[str, Any]:
+            return {"name": name, "shape": [len(values)], "datatype": "BYTES", "data": list(values)}
+
+        r = infer("sentiment", text("args", TEXTS[1]))
+        assert r.status_code == 200, r.text
+        body = r.json()
+        (output,) = body["outputs"]
+        assert body["model_version"] == "v1.2"
+        assert (output["name"], output["shape"], output["datatype"]) == ("output", [1, 1], "BYTES")
+        assert output["parameters"] == {"content_type": "hg_jsonlist"}
+        assert output["data"][0].startswith('{"label": ')  # json.dumps' separators, as MLServer writes it
+        assert_same(json.loads(output["data"][0]), classifier(TEXTS[1])[0])
+
+        r = infer("topics", text("args", TEXTS[0]), text("candidate_labels", "history", "weather"))
+        assert r.status_code == 200, r.text
+        want = nli(TEXTS[0], candidate_labels=["history", "weather"])
+        assert_same(json.loads(r.json()["outputs"][0]["data"][0]), want)
+
+        question = QUESTIONS[1]
+        r = infer("qa", text("question", question["question"]), text("context", question["context"]))
+        assert r.status_code == 200, r.text
+        assert_same(json.loads(r.json()["outputs"][0]["data"][0]), qa_reference(qa_model, tokenizer, **question))
+
+        # Several texts go as array_inputs (one list argument); in args they are several positional arguments,
+        # which the pipeline refuses, in MLServer as here.
+        client = grpcclient.InferenceServerClient(running.grpc_target)
+        texts = grpcclient.InferInput("array_inputs", [2], "BYTES")
+        texts.set_data_from_numpy(np.array([t.encode() for t in TEXTS[:2]], dtype=object))
+        result = client.infer("sentiment", [texts])
+        (output,) = result.get_response().outputs  # in contents, as MLServer's (tritonclient's as_numpy fails there)
+        assert (output.name, list(output.shape)) == ("output", [2, 1])
+        got = [json.loads(b) for b in output.contents.bytes_contents]
+        assert_same(got, [classifier(t)[0] for t in TEXTS[:2]])
+        client.close()
+        assert infer("sentiment", text("args", *TEXTS[:2])).status_code == 400
+
+        r = infer("topics", text("args", TEXTS[0]))  # the pipeline refuses: no candidate labels
+        assert r.status_code == 400, r.text

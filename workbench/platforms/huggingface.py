@@ -84,10 +84,8 @@ class HuggingFaceServable(PerRequestServable):
         self._threads = policy.pytorch_threads
         self.device = pytorch.resolve_device(policy.pytorch_device)
         task_class = TASK_CLASSES[folder.task]
-        model, tokenizer = _load(folder, task_class.model_class, self.device)
-        self.task: Task | None = task_class(
-            Model(model, tokenizer, self.device, model_max_length(tokenizer, model.config)), folder.settings
-        )
+        model = load_model(folder.path, folder.path, task_class.model_class, self.device, folder.safetensors)
+        self.task: Task | None = task_class(model, folder.settings)
         self.signatures = {DEFAULT_SIGNATURE: self.task.signature}
         self.labels = self.task.labels()
 
@@ -139,22 +137,23 @@ class HuggingFaceServable(PerRequestServable):
 load_lock = threading.Lock()
 
 
-def _load(folder: folders.Folder, model_class: str, device: Any) -> tuple[Any, Any]:
-    """The folder's model (by the task's Auto class, on ``device``, in eval mode) and its tokenizer."""
+def load_model(model: Path, tokenizer: Path, model_class: str, device: Any, safetensors: bool) -> Model:
+    """A model folder's model (by ``model_class``, transformers' Auto class for its task, on ``device``, in eval mode)
+    with the tokenizer of folder ``tokenizer``."""
     import transformers
 
-    path = str(folder.path)
     try:
         with load_lock, quiet_transformers():
-            tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
-            model = getattr(transformers, model_class).from_pretrained(
-                path, local_files_only=True, use_safetensors=folder.safetensors, trust_remote_code=False
+            loaded_tokenizer = transformers.AutoTokenizer.from_pretrained(str(tokenizer), local_files_only=True)
+            loaded = getattr(transformers, model_class).from_pretrained(
+                str(model), local_files_only=True, use_safetensors=safetensors, trust_remote_code=False
             )
     except (OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
-        raise ServingError(Code.DATA_LOSS, f"transformers cannot load {path}: {_first_line(exc)}") from None
-    if tokenizer.pad_token is None:  # GPT-2-like tokenizers pad with their end of text, as the pipelines do
-        tokenizer.pad_token = tokenizer.eos_token
-    return model.to(device).eval(), tokenizer
+        raise ServingError(Code.DATA_LOSS, f"transformers cannot load {model}: {_first_line(exc)}") from None
+    if loaded_tokenizer.pad_token is None:  # GPT-2-like tokenizers pad with their end of text, as the pipelines do
+        loaded_tokenizer.pad_token = loaded_tokenizer.eos_token
+    placed = loaded.to(device).eval()
+    return Model(placed, loaded_tokenizer, device, model_max_length(loaded_tokenizer, placed.config))
 
 
 def _first_line(exc: BaseException) -> str:
