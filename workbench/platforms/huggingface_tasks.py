@@ -387,23 +387,29 @@ class FillMask(Task):
             encoded = self.model.tokenize(rows)
         logits = self.model.forward(encoded).logits
         ids = encoded["input_ids"]
+        # Each text's one mask position (the other rows' are errors), gathered where the logits are: only those rows
+        # of the vocabulary's logits come back to the CPU, never the whole [texts, tokens, vocabulary].
+        found = [torch.nonzero(ids[row] == tokenizer.mask_token_id).flatten() for row in range(len(rows))]
+        filled_rows = [row for row, positions in enumerate(found) if positions.numel() == 1]
+        positions = torch.tensor([int(found[row][0]) for row in filled_rows], dtype=torch.long)
+        selected = logits[torch.tensor(filled_rows, dtype=torch.long).to(logits.device), positions.to(logits.device)]
+        probabilities = selected.to(torch.float32).softmax(dim=-1).cpu()
+        best = dict(zip(filled_rows, zip(*probabilities.topk(self.top_k), strict=True), strict=True))
         results: list[Any] = []
         with self.model.lock:
             for row in range(len(rows)):
-                masked = torch.nonzero(ids[row] == tokenizer.mask_token_id, as_tuple=False).squeeze(-1)
-                if masked.numel() != 1:
+                if row not in best:
                     results.append(
                         invalid_argument(
                             f"A text's {self.mask} token lies past the model's {self.model.max_length} tokens"
                         )
                     )
                     continue
-                probabilities = logits[row, masked, :].to(torch.float32).cpu().softmax(dim=-1)
-                values, predictions = probabilities.topk(self.top_k)
+                values, predictions = best[row]
                 fillers = []
-                for value, token in zip(values[0].tolist(), predictions[0].tolist(), strict=True):
+                for value, token in zip(values.tolist(), predictions.tolist(), strict=True):
                     filled = ids[row].numpy().copy()
-                    filled[int(masked[0])] = token
+                    filled[int(found[row][0])] = token
                     filled = filled[np.where(filled != tokenizer.pad_token_id)]
                     fillers.append(
                         (value, token, tokenizer.decode([token]), tokenizer.decode(filled, skip_special_tokens=True))
