@@ -243,9 +243,17 @@ class ServeMagics(Magics):
         handle = self._server(args.server_name)
         model = self._variable(args.model_var, "MODEL_VAR")
         examples = self._data(args.examples, "--examples") if args.examples is not None else None
+        tokenizer = self._variable(args.tokenizer, "--tokenizer") if args.tokenizer is not None else None
         try:
             result = export(
-                model, args.name, handle.model_repository, version=args.version, examples=examples, format=args.format
+                model,
+                args.name,
+                handle.model_repository,
+                version=args.version,
+                examples=examples,
+                format=args.format,
+                tokenizer=tokenizer,
+                task=args.task,
             )
         except ExportError as exc:
             raise UsageError(one_line(str(exc))) from None

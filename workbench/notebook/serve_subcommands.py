@@ -121,12 +121,14 @@ def _status_parser(line: str) -> None:
     "model_var",
     metavar="MODEL_VAR",
     help="the variable holding the model (Keras, tf.Module, tf.function, scikit-learn, XGBoost, LightGBM, ONNX, "
-    "a PythonModel class, a pipeline)",
+    "a PythonModel class, a pipeline, a transformers pipeline or model)",
 )
 @argument("name", metavar="NAME", help="the served model's name")
 @argument("--version", type=int, metavar="N", help="the version number (default: the next one)")
 @argument("--examples", metavar="VAR", help="warmup examples: a variable name or a JSON literal")
 @argument("--format", choices=["onnx"], help="convert first: onnx writes a scikit-learn model as ONNX (skl2onnx)")
+@argument("--tokenizer", metavar="VAR", help="a transformers model's tokenizer (a pipeline holds its own)")
+@argument("--task", metavar="TASK", help="the task a transformers model serves (default: its pipeline's or config's)")
 @argument(
     "--mlflow",
     action="store_true",

@@ -160,6 +160,24 @@ BUILTIN: tuple[Platform, ...] = (
         framework=("onnxruntime", "onnx"),
         export_formats=("onnx",),  # scikit-learn models converted with skl2onnx
     ),
+    # A save_pretrained folder (a pipeline's, or a model's with its tokenizer) served by transformers on PyTorch;
+    # pickled and TensorFlow weights are named so that their folders are refused with a reason. Before pytorch: its
+    # writer takes a transformers model (an nn.Module too) first, and leaves it to pytorch's for torch.export.
+    Platform(
+        "huggingface",
+        (
+            "model.safetensors",
+            "model.safetensors.index.json",
+            "pytorch_model.bin",
+            "pytorch_model.bin.index.json",
+            "tf_model.h5",
+        ),  # fmt: skip
+        "workbench.platforms.huggingface",
+        extra="huggingface",
+        framework=("torch", "transformers"),
+        export_options=("tokenizer", "task"),
+        exported_objects="transformers pipelines and models",
+    ),
     # model.pt2 (torch.export) or model.pt (TorchScript); v2 metadata names it as Triton names its libtorch backend.
     Platform(
         "pytorch",

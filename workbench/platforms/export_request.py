@@ -27,6 +27,9 @@ class ExportRequest:
     signatures: Mapping[str, Any] | None
     examples: Any
     example_inputs: Any
+    # The keywords only some platforms take (a transformers model's ``tokenizer`` and ``task``), those given: a
+    # platform entry's ``export_options`` names those its writer reads.
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
 class ExportRefused(Exception):

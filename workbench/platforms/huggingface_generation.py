@@ -28,7 +28,8 @@ from workbench.core import text_generation as tg
 from workbench.core.errors import Code, ServingError, invalid_argument
 from workbench.core.servable import Servable, streams_only
 from workbench.core.signatures import DEFAULT_SIGNATURE, PREDICT_METHOD, Signature, TensorSpec
-from workbench.platforms.base import PICKLE_SETTING, LoadPolicy
+from workbench.platforms import huggingface_folders as folders
+from workbench.platforms.base import LoadPolicy
 from workbench.platforms.generation_requests import GenerationRequest, GenerationResponses, RequestOptions
 from workbench.platforms.generation_scheduler import (
     DEFAULT_MAX_BATCHED_TOKENS,
@@ -36,6 +37,7 @@ from workbench.platforms.generation_scheduler import (
     GenerationScheduler,
 )
 from workbench.platforms.huggingface_decoding import BatchedDecoder, ModelCalls
+from workbench.platforms.huggingface_loading import load_lock, quiet_transformers
 from workbench.platforms.pytorch import configure_threads, resolve_device
 from workbench.platforms.tabular import version_config
 
@@ -45,11 +47,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-TEXT_GENERATION = "text-generation"
-TEXT2TEXT_GENERATION = "text2text-generation"
-TASKS = (TEXT_GENERATION, TEXT2TEXT_GENERATION)
-SAFE_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
-PICKLED_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json")
+TEXT_GENERATION = folders.TEXT_GENERATION
+TEXT2TEXT_GENERATION = folders.TEXT2TEXT_GENERATION
+TASKS = folders.GENERATIVE_TASKS
 # Where a model names no limit of its own (an encoder-decoder with relative positions and no max_length set).
 FALLBACK_MAX_NEW_TOKENS = 256
 
@@ -237,36 +237,16 @@ def _batching_settings(folder: Path, policy: LoadPolicy) -> dict[str, int]:
     return settings
 
 
-def _weights_format(folder: Path, allow_pickle: bool) -> bool:
-    """Whether the weights are safetensors (True) or an allowed pickle (False); refused otherwise."""
-    if any((folder / name).is_file() for name in SAFE_WEIGHTS):
-        return True
-    pickled = [name for name in PICKLED_WEIGHTS if (folder / name).is_file()]
-    if pickled and not allow_pickle:
-        raise ServingError(
-            Code.FAILED_PRECONDITION,
-            f"{folder} holds its weights as a pickle ({pickled[0]}), which runs code when loaded: save them as "
-            f"safetensors (save_pretrained's default), or load it only if you trust it, with {PICKLE_SETTING}",
-        )
-    if not pickled:
-        raise ServingError(
-            Code.NOT_FOUND, f"No weights in {folder}: expected {' or '.join(SAFE_WEIGHTS + PICKLED_WEIGHTS)}"
-        )
-    return False
-
-
 def _model(path: str, task: str, policy: LoadPolicy, device: torch.device) -> PreTrainedModel:
     from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
-    from transformers.utils import logging as transformers_logging
 
-    transformers_logging.disable_progress_bar()  # a server prints nothing from its load threads
-
-    safetensors = _weights_format(Path(path), policy.allow_pickle)
+    safetensors = folders.weights_are_safetensors(Path(path), policy.allow_pickle)
     auto = AutoModelForSeq2SeqLM if task == TEXT2TEXT_GENERATION else AutoModelForCausalLM
     try:
-        model = auto.from_pretrained(
-            path, local_files_only=True, use_safetensors=safetensors, trust_remote_code=False, dtype="auto"
-        )
+        with load_lock, quiet_transformers():
+            model = auto.from_pretrained(
+                path, local_files_only=True, use_safetensors=safetensors, trust_remote_code=False, dtype="auto"
+            )
     except (OSError, ValueError, KeyError) as exc:
         raise ServingError(
             Code.INVALID_ARGUMENT, f"{path} is not a {task} model transformers can load: {exc}"
@@ -279,7 +259,8 @@ def _tokenizer(path: str) -> PreTrainedTokenizerBase:
     from transformers import AutoTokenizer
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+        with load_lock, quiet_transformers():
+            tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
     except (OSError, ValueError, KeyError) as exc:
         raise ServingError(Code.INVALID_ARGUMENT, f"{path} has no tokenizer transformers can load: {exc}") from None
     return tokenizer  # type: ignore[no-any-return]

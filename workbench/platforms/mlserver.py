@@ -8,6 +8,8 @@ the settings file). At load the settings are read again and the ``implementation
   ``mlserver_lightgbm.LightGBMModel``): workbench's own native platforms with MLServer's semantics
   (:mod:`workbench.platforms.mlserver_builtins`): the numpy path and dynamic batching, no Python runtime per call;
 - ``mlserver_mlflow.MLflowRuntime``: the ``mlflow`` platform's loader, on the folder at ``parameters.uri``;
+- ``mlserver_huggingface.HuggingFaceRuntime``: a transformers pipeline answering as MLServer's runtime does
+  (:mod:`workbench.platforms.mlserver_huggingface`);
 - any other class: a custom runtime written against MLServer's ``MLModel``, run by
   ``workbench.platforms.mlserver_runtime`` (``load(name, version, settings_file, policy)``).
 
@@ -43,6 +45,8 @@ from workbench.protocol.v2_json import InferRequest
 MLFLOW_RUNTIME = "mlserver_mlflow.MLflowRuntime"
 MLFLOW_PLATFORM = "workbench.platforms.mlflow"
 CUSTOM_RUNTIMES = "workbench.platforms.mlserver_runtime"
+HUGGINGFACE_RUNTIME = "mlserver_huggingface.HuggingFaceRuntime"
+HUGGINGFACE_PLATFORM = "workbench.platforms.mlserver_huggingface"
 
 
 def load(name: str, version: int, path: str, policy: LoadPolicy) -> Servable:
@@ -55,6 +59,10 @@ def load(name: str, version: int, path: str, policy: LoadPolicy) -> Servable:
             name, version, settings.model_uri, policy
         )
         servable.v2_dialect = MLflowDialect(servable, settings.version)  # type: ignore[attr-defined]
+    elif implementation == HUGGINGFACE_RUNTIME:
+        servable = _module(HUGGINGFACE_PLATFORM, implementation, "Hugging Face models").load(
+            name, version, settings, policy
+        )
     else:
         servable = _module(CUSTOM_RUNTIMES, implementation, "custom MLServer runtimes").load(
             name, version, settings.source, policy

@@ -80,6 +80,8 @@ def export(
     background: ArrayLike | None = None,
     reference: Any = None,
     registry: str | None = None,
+    tokenizer: Any = None,
+    task: str | None = None,
 ) -> ExportResult:
     """Save ``model`` as version ``version`` (default: the next one) of ``<model_repository>/<name>``; check it serves.
 
@@ -93,6 +95,10 @@ def export(
     program (``model.pt2``, with a dynamic batch dimension) or, with ``format="torchscript"``, as TorchScript; it is
     traced with ``example_inputs`` (a tuple of forward()'s inputs, a dict of them by name, or one batch), else with
     ``examples`` (see :mod:`workbench.platforms.pytorch`).
+
+    A ``transformers`` pipeline is written with ``save_pretrained`` (safetensors) with its tokenizer and task; a
+    ``transformers`` model needs ``tokenizer`` (and ``task`` where its architecture does not say it), see
+    :mod:`workbench.platforms.huggingface`.
 
     ``examples`` — one dict of input alias → batch, a list of such dicts (one warmup request each, at most
     1000), or a bare batch when ``serving_default`` has one input — are cast to the signature's types, written
@@ -126,6 +132,8 @@ def export(
                 "example_inputs": example_inputs,
                 "background": background,
                 "reference": reference,
+                "tokenizer": tokenizer,
+                "task": task,
             },
         )
     store = store_of(str(model_repository), name) if is_remote(model_repository) else None
@@ -148,7 +156,9 @@ def export(
     with quiet_tensorflow():
         try:
             # Understood before mkdir (a TensorFlow model is traced): a model nobody can export makes nothing.
-            write = platform_writer(model, format, signatures, examples, example_inputs)
+            write = platform_writer(
+                model, format, signatures, examples, example_inputs, {"tokenizer": tokenizer, "task": task}
+            )
             try:
                 base.mkdir(parents=True, exist_ok=True)
             except OSError as exc:

@@ -28,13 +28,20 @@ _NOT_WRITERS = (_FALLBACK, "workbench_null")
 
 
 def platform_writer(
-    model: Any, format: str | None, signatures: Mapping[str, Any] | None, examples: Any, example_inputs: Any = None
+    model: Any,
+    format: str | None,
+    signatures: Mapping[str, Any] | None,
+    examples: Any,
+    example_inputs: Any = None,
+    options: Mapping[str, Any] | None = None,
 ) -> VersionWriter:
     """How to write ``model``: its platform's writer, else the fallback platform's (TensorFlow's SavedModel route).
 
-    ``example_inputs`` are what a platform that traces its models takes (else it reads ``examples``).
+    ``example_inputs`` are what a platform that traces its models takes (else it reads ``examples``); ``options``
+    the keywords only some platforms take (given ones only: ``tokenizer``, ``task``).
     """
-    request = ExportRequest(format, signatures, examples, example_inputs)
+    given = {key: value for key, value in (options or {}).items() if value is not None}
+    request = ExportRequest(format, signatures, examples, example_inputs, given)
     try:
         found = _writer(model, request)
         if found is None:
@@ -67,6 +74,9 @@ def _writer(model: Any, request: ExportRequest) -> VersionWriter | None:
             if own is not None:
                 return own
     registry = platforms.registry().values()
+    for option in request.options:  # given for a model whose platform does not take it
+        takers = [p.name for p in registry if option in p.export_options]
+        raise ExportRefused(f"{option}= is for {', '.join(takers) or 'no'} models; this is a {type(model).__name__}")
     asked = next((p for p in registry if request.format and request.format in p.export_formats), None)
     takes_example_inputs = [p for p in registry if "example_inputs" in p.export_options]
     if request.example_inputs is not None and (asked is None or asked not in takes_example_inputs):
