@@ -90,3 +90,46 @@ def model(task: str, vocab_size: int, seed: int = 0) -> Any:
     torch.manual_seed(seed)
     built = getattr(transformers, name)(config(vocab_size, labels))
     return built.eval()
+
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def chat_tokenizer() -> Any:
+    """A byte-level BPE tokenizer trained on :data:`SENTENCES`, with a chat template (no end token: random weights
+    would end generations at random)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    raw = Tokenizer(models.BPE())
+    raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    raw.decoder = decoders.ByteLevel()
+    raw.train_from_iterator(SENTENCES * 5, trainers.BpeTrainer(vocab_size=300, special_tokens=["<s>"]))
+    made = PreTrainedTokenizerFast(tokenizer_object=raw, bos_token="<s>")
+    made.chat_template = CHAT_TEMPLATE
+    return made
+
+
+def chat_model(vocab_size: int, seed: int = 0) -> Any:
+    """A random-weight Llama-like causal language model (seeded, 2 layers), in eval mode."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        num_hidden_layers=2,
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        vocab_size=vocab_size,
+        max_position_embeddings=256,
+        initializer_range=0.3,
+        bos_token_id=0,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
+    return LlamaForCausalLM(config).eval()

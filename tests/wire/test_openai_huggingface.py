@@ -1,0 +1,154 @@
+"""Hugging Face models, exported from Python as a notebook would, served by one server and driven by the official
+OpenAI client: a chat model (a tiny Llama with its tokenizer's chat template) and an embedder (a BERT encoder), the
+answers equal to what the same models give in-process, concurrent streams batched without changing any of them."""
+
+from __future__ import annotations
+
+import base64
+import concurrent.futures
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("transformers")
+import openai
+import torch
+
+import workbench
+from tests import hf_models
+from workbench.server.running import ServerThread
+
+QUESTIONS = [
+    "Who wrote the first program?",
+    "What is the capital of France?",
+    "Tell me about the weather in Paris today, and about the trains.",
+    "Models answer questions.",
+]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
+    repository = tmp_path_factory.mktemp("hf-openai")
+    chat_tokenizer = hf_models.chat_tokenizer()
+    chat_model = hf_models.chat_model(len(chat_tokenizer))
+    encoder_tokenizer = hf_models.tokenizer()
+    encoder = hf_models.model("feature-extraction", len(encoder_tokenizer))
+    workbench.export(chat_model, "chat", tokenizer=chat_tokenizer, task="text-generation", model_repository=repository)
+    workbench.export(
+        encoder, "embed", tokenizer=encoder_tokenizer, task="feature-extraction", model_repository=repository
+    )
+    return SimpleNamespace(
+        repository=repository,
+        chat_tokenizer=chat_tokenizer,
+        chat_model=chat_model,
+        encoder_tokenizer=encoder_tokenizer,
+        encoder=encoder,
+    )
+
+
+@pytest.fixture(scope="module")
+def server(models: SimpleNamespace) -> Iterator[ServerThread]:
+    from workbench.config.options import ServerOptions
+
+    started = ServerThread(
+        ServerOptions(model_repository=str(models.repository), rest_api_port=-1, port=0, enable_batching=True)
+    ).start()
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server: ServerThread) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=server.rest_url + "/v1", api_key="unused", max_retries=0, timeout=120) as made:
+        yield made
+
+
+def greedy_in_process(models: SimpleNamespace, question: str, max_tokens: int) -> tuple[str, int]:
+    """The chat model's greedy answer to ``question`` by ``model.generate``, and its prompt's token count."""
+    prompt = models.chat_tokenizer.apply_chat_template(
+        [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
+    )
+    ids = models.chat_tokenizer(prompt, return_tensors="pt").input_ids
+    with torch.inference_mode():
+        out = models.chat_model.generate(ids, max_new_tokens=max_tokens, do_sample=False)
+    return models.chat_tokenizer.decode(out[0, ids.shape[1] :]), ids.shape[1]
+
+
+def ask(client: openai.OpenAI, question: str, **params: Any) -> Any:
+    return client.chat.completions.create(
+        model="chat", messages=[{"role": "user", "content": question}], temperature=0, **params
+    )
+
+
+def test_both_models_are_listed(client: openai.OpenAI) -> None:
+    assert {"chat", "embed"} <= {model.id for model in client.models.list()}
+
+
+def test_a_chat_answer_is_the_models_greedy_generation_with_its_usage(
+    client: openai.OpenAI, models: SimpleNamespace
+) -> None:
+    expected, prompt_tokens = greedy_in_process(models, QUESTIONS[0], 12)
+    answer = ask(client, QUESTIONS[0], max_tokens=12)
+    assert answer.choices[0].message.content == expected
+    assert answer.choices[0].finish_reason == "length"
+    assert answer.usage.prompt_tokens == prompt_tokens
+    assert answer.usage.completion_tokens == 12
+
+
+def test_a_stream_adds_up_to_the_same_answer_and_ends_with_the_usage(
+    client: openai.OpenAI, models: SimpleNamespace
+) -> None:
+    expected, prompt_tokens = greedy_in_process(models, QUESTIONS[1], 10)
+    chunks = list(ask(client, QUESTIONS[1], max_tokens=10, stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == expected
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["length"]
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 10
+    assert chunks[-1].usage.prompt_tokens == prompt_tokens
+
+
+def test_concurrent_streams_share_the_model_and_each_gets_its_own_answer(
+    client: openai.OpenAI, models: SimpleNamespace
+) -> None:
+    asked = QUESTIONS * 2
+    expected = [greedy_in_process(models, q, 16)[0] for q in asked]
+
+    def streamed(question: str) -> str:
+        return "".join(
+            c.choices[0].delta.content or "" for c in ask(client, question, max_tokens=16, stream=True) if c.choices
+        )
+
+    with concurrent.futures.ThreadPoolExecutor(len(asked)) as pool:
+        assert list(pool.map(streamed, asked)) == expected
+
+
+def embeddings_in_process(models: SimpleNamespace, texts: list[str]) -> np.ndarray:
+    """Mean pooling over the attention mask, then L2 normalisation: what sentence-transformers does."""
+    batch = models.encoder_tokenizer(texts, padding=True, return_tensors="pt")
+    with torch.inference_mode():
+        hidden = models.encoder(**batch).last_hidden_state
+    mask = batch["attention_mask"].unsqueeze(-1).float()
+    pooled = (hidden * mask).sum(1) / mask.sum(1)
+    return torch.nn.functional.normalize(pooled, dim=-1).numpy()
+
+
+def test_embeddings_as_floats_and_base64_are_the_encoders(client: openai.OpenAI, models: SimpleNamespace) -> None:
+    texts = ["The capital of France is Paris.", "Grace Hopper built compilers."]
+    expected = embeddings_in_process(models, texts)
+    floats = client.embeddings.create(model="embed", input=texts)
+    assert np.allclose(np.array([d.embedding for d in floats.data]), expected, atol=1e-5)
+    assert floats.usage.prompt_tokens == sum(len(models.encoder_tokenizer(t).input_ids) for t in texts)
+    encoded = client.embeddings.create(model="embed", input=texts, encoding_format="base64")
+    decoded = [np.frombuffer(base64.b64decode(d.embedding), "<f4") for d in encoded.data]  # type: ignore[arg-type]
+    assert np.allclose(np.array(decoded), expected, atol=1e-5)
+
+
+def test_the_embedder_is_not_a_chat_model(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.APIStatusError) as refused:
+        client.chat.completions.create(model="embed", messages=[{"role": "user", "content": "hi"}])
+    assert 400 <= refused.value.status_code < 500
