@@ -134,12 +134,25 @@ def _start(workdir: Path, tracking_uri: str, models: dict[str, str], *flags: str
 
 
 @pytest.fixture(scope="module")
-def replicas(tmp_path_factory: pytest.TempPathFactory, tracking_uri: str, first_run: str) -> Iterator[Any]:
+def logged_model_id(client: Any, first_run: str) -> str:
+    """The id MLflow 3 gave the model the first run logged ("m-" and 32 hex digits)."""
+    run = client.get_run(first_run)
+    (logged,) = client.search_logged_models(
+        experiment_ids=[run.info.experiment_id], filter_string=f"source_run_id = '{first_run}'"
+    )
+    return str(logged.model_id)
+
+
+@pytest.fixture(scope="module")
+def replicas(
+    tmp_path_factory: pytest.TempPathFactory, tracking_uri: str, first_run: str, logged_model_id: str
+) -> Iterator[Any]:
     root = tmp_path_factory.mktemp("replicas")
     reader_models = {
         "iris": f"models:/{MODEL}",
         "champion": f"models:/{MODEL}@champion",
         "run": f"runs:/{first_run}/model",
+        "logged": f"models:/{logged_model_id}",
     }
     reader = _start(root / "reader", tracking_uri, reader_models)
     writer = _start(root / "writer", tracking_uri, {"iris": f"models:/{MODEL}"}, "--mlflow_write_aliases")
@@ -190,6 +203,14 @@ def test_the_registry_versions_serve_and_the_stable_alias_routes(replicas, clien
     client.delete_registered_model_alias(MODEL, "challenger")
     client.delete_registered_model_tag(MODEL, CANARY_WEIGHT_TAG)
     follows(both, lambda r: r.model("iris")["canary"] is None, "the challenger's end")
+
+
+def test_an_mlflow_3_logged_model_serves_by_its_id(replicas, logged_model_id):
+    """models:/m-<id> names a logged model, as MLflow resolves it (not a registered model of that name)."""
+    reader, _ = replicas
+    assert logged_model_id.startswith("m-")
+    wait_until(lambda: reader.states("logged") == {"1": "AVAILABLE"}, timeout=REACH_TIMEOUT_S, what="the logged model")
+    assert answer(reader, "logged") == 1.0
 
 
 def test_without_alias_writes_the_registry_owns_the_routing(replicas, client):

@@ -9,7 +9,8 @@ the manager the aspired versions the model's version policy picks, as for folder
   moving an alias in MLflow moves the server within one poll;
 - ``models:/<name>/<version>``: that version; ``models:/<name>@<alias>``: the version the alias points at, by its
   number (when the alias moves, the new version loads and the old one goes once it serves);
-- ``runs:/<run_id>/<path>`` and ``mlflow-artifacts:/...``: one logged model, version 1.
+- ``models:/m-<model_id>`` (MLflow 3's logged models), ``runs:/<run_id>/<path>`` and ``mlflow-artifacts:/...``: one
+  logged model, version 1.
 
 A version is listed as its registry URI (``models:/<name>/<version>``); the server's loader downloads it when it loads
 (:class:`~workbench.runtime.storage.VersionCache`: into a hidden folder, renamed into ``<slot>/<model>/<version>``
