@@ -37,6 +37,9 @@ class PackagedModel:
 
     folder: str
     labels: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    # Its versions stand for files the platform reads at load (MLServer's model-settings.json): a version whose
+    # files change while it serves loads again and replaces itself (ModelConfig.reload_changed).
+    reload_changed: bool = False
 
 
 # Models a repository root holds packed in a platform's own files (TorchServe's .mar archives, MLServer's
@@ -57,6 +60,9 @@ class ModelConfig:
     labels: Mapping[str, int] = dataclasses.field(default_factory=dict)
     platform: str = ""  # model_platform; "" lets each version folder say (workbench.platforms.detect)
     logging: RequestLogConfig | None = None  # the config file's logging_config (request logging)
+    # A version whose files change while it serves is loaded again, and the new load replaces it once it serves
+    # (MLServer reloads a model whose settings changed); TF Serving's versions never reload (False).
+    reload_changed: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -518,7 +524,13 @@ def discover_models(root: str | os.PathLike[str], packaged: PackagedModels | Non
             log.error("Model %s is both a folder and a packaged model in %s; the folder is served", name, base)
             continue
         models.append(
-            ModelConfig(name=name, base_path=found.folder, policy=VersionPolicy(kind="all"), labels=dict(found.labels))
+            ModelConfig(
+                name=name,
+                base_path=found.folder,
+                policy=VersionPolicy(kind="all"),
+                labels=dict(found.labels),
+                reload_changed=found.reload_changed,
+            )
         )
     return models
 

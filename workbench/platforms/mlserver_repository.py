@@ -86,7 +86,8 @@ def repository_models(root: str | os.PathLike[str], is_model_name: Callable[[str
             except OSError as exc:
                 _log_once(f"The versions of model {name} cannot be written under {folder}: {exc}")
                 continue
-            models[name] = PackagedModel(str(folder), labels)
+            # An edited model-settings.json reloads the version that serves, as MLServer's load does.
+            models[name] = PackagedModel(str(folder), labels, reload_changed=True)
         remove_folders_except(store, set(models))
         return models
 
