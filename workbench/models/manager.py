@@ -4,7 +4,10 @@ A source (the repository poller) tells the manager which versions each model *sh
 each model's routing state; the manager asks :func:`~workbench.models.routing.policy.decide` what that means, loads new
 versions on its load threads (warming them up), and only then unloads the versions they replace, so a model that
 was serving never stops serving. A version that fails to load ends in END with its error, and the versions
-already serving keep serving. A composite version (a pipeline) becomes AVAILABLE only once the models it runs on
+already serving keep serving. A model whose versions stand for files read at load (``ModelConfig.reload_changed``:
+MLServer's model-settings.json) reloads a serving version whose files changed: the new load replaces the old one in
+one route once it serves, and the old one unloads after its requests. A composite version (a pipeline) becomes
+AVAILABLE only once the models it runs on
 serve: it waits, loaded, while they load, and a version that failed for lack of them is retried when they serve
 (:mod:`~workbench.models.composites`).
 
