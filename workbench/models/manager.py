@@ -304,8 +304,10 @@ class Manager:
             return
         for version, disk in model.aspired.items():
             record = model.versions.get(version)
-            if record is not None and record.state == VersionState.AVAILABLE and record.fingerprint != disk.fingerprint:
-                self._replace(model, version, disk)
+            changed = (
+                record is not None and record.state == VersionState.AVAILABLE and record.fingerprint != disk.fingerprint
+            )
+            if changed and self._replace(model, version, disk):
                 continue
             retry = (
                 record is not None
@@ -348,21 +350,22 @@ class Manager:
         self.budgeted_loads.wake_claims()
         self._state.settled.notify_all()
 
-    def _replace(self, model: ModelRecord, version: int, disk: DiskVersion) -> None:
+    def _replace(self, model: ModelRecord, version: int, disk: DiskVersion) -> bool:
         """Load serving ``version`` anew from its changed files, where its model reloads changed versions (lock
         held). The new load replaces it once it serves (:meth:`_finish_replacement`), so requests never find the
         version missing; one at a time, and a failed one is not retried until the files change again. Under a
-        memory budget a version does not reload (two copies would have to fit)."""
+        memory budget a version does not reload (two copies would have to fit). Whether it is this model's way."""
         if not model.config.reload_changed or self._state.memory.active:
-            return
+            return False
         pending = model.replacing.get(version)
         if pending is not None and (pending.state == VersionState.LOADING or pending.fingerprint == disk.fingerprint):
-            return  # loading (a newer change loads after it), or failed for these very files
+            return True  # loading (a newer change loads after it), or failed for these very files
         replacement = VersionRecord.of(version, disk)
         replacement.state = VersionState.LOADING
         model.replacing[version] = replacement
         log.info("Reloading %s version %d: its files changed", model.config.name, version)
         self._executor.submit(self._load, model, replacement)
+        return True
 
     def _finish_replacement(
         self, model: ModelRecord, record: VersionRecord, harness: Harness | None, error: ServingError | None
