@@ -20,6 +20,11 @@ def test_each_uri_names_a_registered_model_a_version_an_alias_or_one_logged_mode
     assert parse("models:/iris").version_uri(7) == "models:/iris/7"
     for one in ("runs:/0123abc/model", "mlflow-artifacts:/0/models/m-1/artifacts"):
         assert parse(one) == MlflowSource(one) and not parse(one).name
+    # MLflow 3's logged models: "m-" and 32 hex digits is a model's id, as MLflow's own parser reads it
+    logged = "models:/m-e0f2936613784dee83b31e9a2a6d60f4"
+    assert parse(logged) == MlflowSource(logged, model_id="m-e0f2936613784dee83b31e9a2a6d60f4")
+    assert not parse(logged).registered and not parse(logged).name
+    assert parse("models:/m-iris").registered  # any other name stays a registered model's
 
 
 @pytest.mark.parametrize(

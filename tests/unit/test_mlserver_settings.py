@@ -174,3 +174,22 @@ def test_editing_a_settings_file_changes_its_versions_folder(tmp_path):
     os.utime(file, ns=(1, 1))  # whatever the clock's resolution
     repository_models(tmp_path, is_model_name)
     assert written.read_text() != before
+
+
+def test_a_tf_serving_repository_stays_one_where_the_environment_names_a_model(tmp_path, monkeypatch):
+    """MLServer reads the environment's model only for a folder without model-settings.json; a pod that sets
+    MLSERVER_MODEL_IMPLEMENTATION keeps serving a TF Serving layout (models of numbered versions) as such."""
+    from workbench.config.options import discover_models, is_model_name
+    from workbench.platforms import packaged_models
+    from workbench.platforms.mlserver_repository import repository_models
+
+    monkeypatch.setenv("MLSERVER_MODEL_IMPLEMENTATION", "mlserver_sklearn.SKLearnModel")
+    for name in ("half_plus_two", "iris"):
+        (tmp_path / "tf" / name / "1").mkdir(parents=True)
+    assert {m.name for m in discover_models(tmp_path / "tf", packaged_models)} == {"half_plus_two", "iris"}
+    assert repository_models(tmp_path / "tf", is_model_name) == {}
+    # KServe's /mnt/models: the model's own files, no version folders: the environment's model.
+    (tmp_path / "mnt").mkdir()
+    (tmp_path / "mnt" / "model.joblib").write_bytes(b"")
+    (model,) = discover_models(tmp_path / "mnt", packaged_models)
+    assert model.name == "mnt"

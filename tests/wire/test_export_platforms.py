@@ -71,6 +71,27 @@ def test_every_tabular_framework_exports_and_serves_the_notebooks_answers(
             assert best == model.predict(rows[:3]).tolist(), (name, protocol)
 
 
+def test_a_catboost_model_exports_as_model_cbm_and_serves_its_answers(
+    tmp_path: Path, serve, digits: tuple[np.ndarray, np.ndarray]
+) -> None:
+    catboost = pytest.importorskip("catboost")
+    x, y = digits
+    rows = x[:16]
+    settings = {"iterations": 10, "depth": 3, "verbose": False, "allow_writing_files": False, "thread_count": 1}
+    models = {
+        "cb-classes": catboost.CatBoostClassifier(**settings).fit(x, y),
+        "cb-values": catboost.CatBoostRegressor(**settings).fit(x, y.astype(np.float64)),
+    }
+    repository = tmp_path / "models"
+    for name, model in models.items():
+        result = workbench.export(model, name, repository, examples=rows)
+        assert (result.version, (result.path / "model.cbm").is_file()) == (1, True)
+    server = serve(model_repository=str(repository))
+    expected_classes = models["cb-classes"].predict(rows).reshape(-1).tolist()
+    assert served_predictions(server, "cb-classes", rows) == expected_classes
+    np.testing.assert_allclose(served_predictions(server, "cb-values", rows), models["cb-values"].predict(rows))
+
+
 def test_an_onnx_model_and_a_converted_estimator_export_and_serve(
     tmp_path: Path, serve, digits: tuple[np.ndarray, np.ndarray], classifier: object
 ) -> None:

@@ -8,6 +8,7 @@ to the registry (``--mlflow_write_aliases`` off) and serves the model three ways
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import signal
@@ -23,6 +24,10 @@ import requests
 from replica import REACH_TIMEOUT_S, Replica
 from waiting import wait_until
 
+from workbench.config.options import ModelConfig
+from workbench.core.errors import Code, ServingError
+from workbench.models.manager import Manager
+from workbench.models.mlflow_registry import MlflowRegistry
 from workbench.models.routing.mlflow_aliases import (
     CANARY_WEIGHT_TAG,
     ROUTING_TAG,
@@ -31,6 +36,8 @@ from workbench.models.routing.mlflow_aliases import (
 )
 from workbench.models.routing.policy import Routing
 from workbench.models.routing.routing_file import RoutingConflict
+from workbench.models.source import RepositorySource
+from workbench.runtime import mlflow_uris
 
 mlflow = pytest.importorskip("mlflow")
 
@@ -134,12 +141,25 @@ def _start(workdir: Path, tracking_uri: str, models: dict[str, str], *flags: str
 
 
 @pytest.fixture(scope="module")
-def replicas(tmp_path_factory: pytest.TempPathFactory, tracking_uri: str, first_run: str) -> Iterator[Any]:
+def logged_model_id(client: Any, first_run: str) -> str:
+    """The id MLflow 3 gave the model the first run logged ("m-" and 32 hex digits)."""
+    run = client.get_run(first_run)
+    (logged,) = client.search_logged_models(
+        experiment_ids=[run.info.experiment_id], filter_string=f"source_run_id = '{first_run}'"
+    )
+    return str(logged.model_id)
+
+
+@pytest.fixture(scope="module")
+def replicas(
+    tmp_path_factory: pytest.TempPathFactory, tracking_uri: str, first_run: str, logged_model_id: str
+) -> Iterator[Any]:
     root = tmp_path_factory.mktemp("replicas")
     reader_models = {
         "iris": f"models:/{MODEL}",
         "champion": f"models:/{MODEL}@champion",
         "run": f"runs:/{first_run}/model",
+        "logged": f"models:/{logged_model_id}",
     }
     reader = _start(root / "reader", tracking_uri, reader_models)
     writer = _start(root / "writer", tracking_uri, {"iris": f"models:/{MODEL}"}, "--mlflow_write_aliases")
@@ -190,6 +210,14 @@ def test_the_registry_versions_serve_and_the_stable_alias_routes(replicas, clien
     client.delete_registered_model_alias(MODEL, "challenger")
     client.delete_registered_model_tag(MODEL, CANARY_WEIGHT_TAG)
     follows(both, lambda r: r.model("iris")["canary"] is None, "the challenger's end")
+
+
+def test_an_mlflow_3_logged_model_serves_by_its_id(replicas, logged_model_id):
+    """models:/m-<id> names a logged model, as MLflow resolves it (not a registered model of that name)."""
+    reader, _ = replicas
+    assert logged_model_id.startswith("m-")
+    wait_until(lambda: reader.states("logged") == {"1": "AVAILABLE"}, timeout=REACH_TIMEOUT_S, what="the logged model")
+    assert answer(reader, "logged") == 1.0
 
 
 def test_without_alias_writes_the_registry_owns_the_routing(replicas, client):
@@ -287,3 +315,57 @@ def _nothing() -> Any:
     from workbench.models.routing.routing_file import NOTHING_STORED
 
     return NOTHING_STORED
+
+
+class CountingClient:
+    """An ``MlflowClient`` that counts the calls made of it: each one call is one request to the tracking server
+    (a version search of fewer than a page of versions included)."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.calls: collections.Counter[str] = collections.Counter()
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self.client, name)
+        if not callable(attribute):
+            return attribute
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.calls[name] += 1
+            return attribute(*args, **kwargs)
+
+        return counted
+
+
+def _refuse_to_load(name: str, version: int, path: str, platform: str) -> Any:
+    raise ServingError(Code.UNAVAILABLE, "this test counts the registry's requests and loads nothing")
+
+
+def test_a_poll_asks_the_registry_once_about_a_registered_model(tracking_uri, first_run):
+    """A poll of a server of models:/NAME, models:/NAME@champion and models:/NAME/1 asks the registry for NAME's
+    versions once and for the registered model (its aliases and tags) once: the version listing, the routing and
+    the other two models share the answers. A management change's read asks afresh."""
+    registry = MlflowRegistry(tracking_uri)
+    counting = CountingClient(mlflow_uris.client(tracking_uri))
+    registry._client = counting
+    manager = Manager(_refuse_to_load, routing_stores=registry.routing_store)
+    try:
+        manager.set_models(
+            [
+                ModelConfig("iris", f"models:/{MODEL}"),
+                ModelConfig("champion", f"models:/{MODEL}@champion"),
+                ModelConfig("first", f"models:/{MODEL}/1"),
+            ]
+        )
+        source = RepositorySource(manager, poll_wait_seconds=60.0, registry=registry)
+        for _ in range(2):
+            counting.calls.clear()
+            source.poll()
+            assert counting.calls == {"search_model_versions": 1, "get_registered_model": 1}
+        listed = {entry["version"] for entry in manager.served.describe("iris")[0]["versions"]}
+        assert {1, 2} <= listed and {v["version"] for v in manager.served.describe("first")[0]["versions"]} == {1}
+        counting.calls.clear()
+        manager.reread_routing("iris")
+        assert counting.calls == {"get_registered_model": 1}
+    finally:
+        manager.stop()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -422,3 +423,176 @@ def test_a_model_and_a_version_added_while_serving_answer_under_their_version_st
             )
             assert answered
         assert requests.get(f"{server.rest_url}/v2/health/ready", timeout=10).status_code == 200
+
+
+# ================================================================================================ output content types
+def test_an_output_declared_or_asked_as_str_answers_as_mlservers_string_codec(tmp_path):
+    """MLServer's scikit-learn runtime encodes each output by the content type the request asks for it, else the one
+    model-settings.json declares (``MLModel.encode``): ``str`` is its StringCodec's BYTES, one text per row, with the
+    content type on the output."""
+    import joblib
+    from sklearn.datasets import load_iris
+    from sklearn.linear_model import LogisticRegression
+
+    iris = load_iris()
+    species = np.asarray(iris.target_names)[iris.target]
+    model = LogisticRegression(max_iter=1000).fit(iris.data, species)
+    joblib.dump(model, tmp_path / "model.joblib")
+    write_json(
+        tmp_path / "model-settings.json",
+        {
+            "name": "species",
+            "implementation": "mlserver_sklearn.SKLearnModel",
+            "outputs": [{"name": "predict", "datatype": "BYTES", "parameters": {"content_type": "str"}}],
+        },
+    )
+    write_json(
+        tmp_path / "digits" / "model-settings.json",
+        {"name": "digits", "implementation": "mlserver_sklearn.SKLearnModel", "parameters": {"uri": "../svm.joblib"}},
+    )
+    joblib.dump(mnist_svm(), tmp_path / "svm.joblib")
+    rows = iris.data[[0, 60, 120]]
+    options = ServerOptions(rest_api_port=-1, port=0, model_repository=str(tmp_path), allow_pickle=True)
+    with ServerThread(options) as running:
+        answer = infer(running, "species", one_input(rows))
+        assert answer.status_code == 200, answer.text
+        (output,) = answer.json()["outputs"]
+        assert output == {
+            "name": "predict",
+            "shape": [3, 1],
+            "datatype": "BYTES",
+            "parameters": {"content_type": "str"},
+            "data": model.predict(rows).tolist(),
+        }
+        # asked by the request: a number's text (MLServer's StringCodec encodes only text)
+        x = digits()[2][:2]
+        body = {**one_input(x), "outputs": [{"name": "predict", "parameters": {"content_type": "str"}}]}
+        (asked,) = infer(running, "digits", body).json()["outputs"]
+        expected = [str(label) for label in mnist_svm().predict(x)]
+        assert (asked["datatype"], asked["shape"], asked["data"]) == ("BYTES", [2, 1], expected)
+        assert asked["parameters"] == {"content_type": "str"}
+        (plain,) = infer(running, "digits", one_input(x)).json()["outputs"]  # not asked: numpy's
+        assert plain["datatype"] == "INT64" and plain["parameters"] == {"content_type": "np"}
+        # gRPC: the same BYTES, its content type among the output's parameters
+        client = triton_grpc.InferenceServerClient(running.grpc_target)
+        request = triton_grpc.InferInput("predict", [3, 4], "FP64")
+        request.set_data_from_numpy(rows)
+        response = client.infer("species", [request]).get_response()
+        (grpc_output,) = response.outputs
+        assert grpc_output.datatype == "BYTES" and grpc_output.parameters["content_type"].string_param == "str"
+        texts = [t.decode() for t in client.infer("species", [request]).as_numpy("predict").reshape(-1)]
+        assert texts == model.predict(rows).tolist()
+
+
+# ================================================================================================ edited settings
+def _iris_classifier(folder: Path, uri: str = "./model.joblib", **parameters: object) -> Any:
+    import joblib
+    from sklearn.datasets import load_iris
+    from sklearn.linear_model import LogisticRegression
+
+    iris = load_iris()
+    model = LogisticRegression(max_iter=1000).fit(iris.data, iris.target)
+    joblib.dump(model, folder / "model.joblib")
+    _iris_settings(folder, uri, **parameters)
+    return model
+
+
+def _iris_settings(folder: Path, uri: str = "./model.joblib", **parameters: object) -> None:
+    write_json(
+        folder / "model-settings.json",
+        {
+            "name": "iris",
+            "implementation": "mlserver_sklearn.SKLearnModel",
+            "parameters": {"uri": uri, "version": "v0.1.0", **parameters},
+        },
+    )
+
+
+IRIS_ROW = np.asarray([[5.1, 3.5, 1.4, 0.2]])
+
+
+def _answered_output(server: ServerThread) -> str | None:
+    answer = infer(server, "iris/versions/v0.1.0", one_input(IRIS_ROW))
+    return answer.json()["outputs"][0]["name"] if answer.status_code == 200 else None
+
+
+def test_an_edited_model_settings_reloads_the_serving_version_without_a_failed_request(tmp_path):
+    """A polling server reloads a version whose model-settings.json changed, as MLServer reloads a model whose settings
+    changed: the new load replaces the old one once it serves, and no request fails in between."""
+    import threading
+
+    _iris_classifier(tmp_path)
+    options = ServerOptions(
+        rest_api_port=-1, port=0, model_repository=str(tmp_path), allow_pickle=True, file_system_poll_wait_seconds=0.2
+    )
+    with ServerThread(options) as server:
+        assert _answered_output(server) == "predict"
+        failures: list[str] = []
+        answered = [0]
+        stop = threading.Event()
+
+        def keep_asking() -> None:
+            with requests.Session() as session:
+                while not stop.is_set():
+                    url = f"{server.rest_url}/v2/models/iris/versions/v0.1.0/infer"
+                    answer = session.post(url, json=one_input(IRIS_ROW), timeout=60)
+                    if answer.status_code != 200:
+                        failures.append(f"{answer.status_code} {answer.text}")
+                    answered[0] += 1
+
+        asking = threading.Thread(target=keep_asking)
+        asking.start()
+        try:
+            wait_until(lambda: answered[0] >= 3, timeout=60, what="requests before the edit")
+            _iris_settings(tmp_path, extra={"predict_fn": "predict_proba"})
+            wait_until(lambda: _answered_output(server) == "predict_proba", timeout=120, what="the reloaded version")
+            counted = answered[0]
+            wait_until(lambda: answered[0] >= counted + 3, timeout=60, what="requests after the reload")
+        finally:
+            stop.set()
+            asking.join(timeout=60)
+        assert failures == []
+        (row,) = requests.post(f"{server.rest_url}/v2/repository/index", json={}, timeout=30).json()
+        assert (row["version"], row["state"]) == ("v0.1.0", "READY")
+
+
+def test_a_version_that_failed_to_load_loads_once_its_settings_are_fixed(tmp_path):
+    """A model added while the server polls, whose settings name a file that is not there, fails its load (the
+    index says why); fixing its model-settings.json loads it, addressed by its version string."""
+    sklearn_example(tmp_path / "first") if (tmp_path / "first").mkdir() is None else None
+    options = ServerOptions(
+        rest_api_port=-1, port=0, model_repository=str(tmp_path), allow_pickle=True, file_system_poll_wait_seconds=0.2
+    )
+    with ServerThread(options) as server:
+        (tmp_path / "iris").mkdir()
+        _iris_classifier(tmp_path / "iris", uri="./missing.joblib")
+
+        def iris_row() -> dict | None:
+            rows = requests.post(f"{server.rest_url}/v2/repository/index", json={}, timeout=30).json()
+            return next((row for row in rows if row["name"] == "iris"), None)
+
+        wait_until(lambda: (iris_row() or {}).get("state") == "UNAVAILABLE", timeout=120, what="the failed load")
+        assert "missing.joblib" in iris_row()["reason"]
+        _iris_settings(tmp_path / "iris")
+        wait_until(lambda: _answered_output(server) == "predict", timeout=120, what="the fixed version")
+        assert iris_row() == {"name": "iris", "version": "v0.1.0", "state": "READY", "reason": ""}
+
+
+def test_mlserver_start_reloads_an_edited_model_when_a_client_asks_its_load(tmp_path):
+    """Under `workbench mlserver start` (explicit model control), MLServer's load reloads the model's versions: the
+    edited settings serve once the load has answered."""
+    _iris_classifier(tmp_path)
+    options = ServerOptions(
+        rest_api_port=-1,
+        port=0,
+        model_repository=str(tmp_path),
+        allow_pickle=True,
+        model_control_mode="explicit",
+        load_model=("*",),
+    )
+    with ServerThread(options) as server:
+        assert _answered_output(server) == "predict"
+        _iris_settings(tmp_path, extra={"predict_fn": "predict_proba"})
+        loaded = requests.post(f"{server.rest_url}/v2/repository/models/iris/load", timeout=120)
+        assert loaded.status_code == 200, loaded.text
+        assert _answered_output(server) == "predict_proba"

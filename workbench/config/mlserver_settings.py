@@ -21,7 +21,8 @@ What MLServer does and this reader keeps:
   what a file says wins, then the environment, then the defaults. Names are case-insensitive, lists and objects are
   JSON, as pydantic reads them. Where no ``model-settings.json`` can be read, the environment alone is the one
   model when it names an implementation (``MLSERVER_MODEL_IMPLEMENTATION``): what KServe's ``kserve-mlserver``
-  runtime relies on (see :func:`environment_model_settings`).
+  runtime relies on (see :func:`environment_model_settings`); not in a folder laid out for TF Serving
+  (:func:`environment_model_serves`).
 """
 
 from __future__ import annotations
@@ -145,8 +146,30 @@ def environment_model_settings(
 
 
 def environment_names_a_model(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether ``MLSERVER_MODEL_IMPLEMENTATION`` is set: a folder without ``model-settings.json`` is MLServer's."""
+    """Whether ``MLSERVER_MODEL_IMPLEMENTATION`` is set (see :func:`environment_model_serves` for where it counts)."""
     return bool(_Environment(environ, MODEL_PREFIX, "the environment").get("implementation"))
+
+
+def environment_model_serves(folder: str | os.PathLike[str], environ: Mapping[str, str] | None = None) -> bool:
+    """Whether ``folder`` serves the environment's model: ``MLSERVER_MODEL_IMPLEMENTATION`` is set and the folder
+    holds no ``model-settings.json`` (MLServer reads the environment only then) and no TF Serving-style model (a
+    sub-folder of numbered version folders). A pod's variable thus never turns a TF Serving or Triton repository
+    into MLServer's one model: the variable is KServe's way to name the model of a folder of its files."""
+    if not environment_names_a_model(environ) or holds_model_settings(folder):
+        return False
+    return not holds_version_folders(folder)
+
+
+def holds_version_folders(folder: str | os.PathLike[str]) -> bool:
+    """Whether a (non-hidden) sub-folder of ``folder`` holds a numbered version folder, as a TF Serving model does."""
+    try:
+        models = [entry for entry in os.scandir(folder) if entry.is_dir() and not entry.name.startswith(".")]
+        for model in models:
+            if any(entry.is_dir() and entry.name.isdigit() for entry in os.scandir(model.path)):
+                return True
+    except OSError:
+        return False
+    return False
 
 
 def _model_settings(document: dict[str, Any], source: Path, env: _Environment) -> ModelSettings:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from workbench.config.batching_parameters import BatchingParameters, read_batching_parameters_file
-from workbench.config.mlserver_settings import environment_names_a_model, holds_model_settings
+from workbench.config.mlserver_settings import environment_model_serves, holds_model_settings
 from workbench.config.request_logging import RequestLogConfig, request_log_config_from_proto
 from workbench.config.text_config import parse_text_config
 from workbench.config.version_policy import VersionPolicy
@@ -37,6 +37,9 @@ class PackagedModel:
 
     folder: str
     labels: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    # Its versions stand for files the platform reads at load (MLServer's model-settings.json): a version whose
+    # files change while it serves loads again and replaces itself (ModelConfig.reload_changed).
+    reload_changed: bool = False
 
 
 # Models a repository root holds packed in a platform's own files (TorchServe's .mar archives, MLServer's
@@ -57,6 +60,9 @@ class ModelConfig:
     labels: Mapping[str, int] = dataclasses.field(default_factory=dict)
     platform: str = ""  # model_platform; "" lets each version folder say (workbench.platforms.detect)
     logging: RequestLogConfig | None = None  # the config file's logging_config (request logging)
+    # A version whose files change while it serves is loaded again, and the new load replaces it once it serves
+    # (MLServer reloads a model whose settings changed); TF Serving's versions never reload (False).
+    reload_changed: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -492,7 +498,8 @@ def discover_models(root: str | os.PathLike[str], packaged: PackagedModels | Non
     A root laid out for MLServer (a ``model-settings.json`` at any depth) is MLServer's: its models are those files'
     (found by ``packaged``) and nothing else, as ``mlserver start`` serves it, so its ``models/``, ``mlruns/`` or
     ``tests/`` folders are not served as models of their own. So is a root when MLServer's environment names a model
-    (``MLSERVER_MODEL_IMPLEMENTATION``): KServe's ``/mnt/models`` holds that model's files.
+    (``MLSERVER_MODEL_IMPLEMENTATION``) and the root holds no TF Serving-style model (numbered version folders):
+    KServe's ``/mnt/models`` holds that model's files.
     """
     if is_remote(root):
         url = str(root).rstrip("/")
@@ -503,8 +510,9 @@ def discover_models(root: str | os.PathLike[str], packaged: PackagedModels | Non
         ]
     base = Path(root).resolve()
     base.mkdir(parents=True, exist_ok=True)
-    # MLSERVER_MODEL_IMPLEMENTATION makes a folder MLServer's too: it holds the environment's one model.
-    mlserver_layout = holds_model_settings(base) or environment_names_a_model()
+    # MLSERVER_MODEL_IMPLEMENTATION makes a folder MLServer's too (it holds the environment's one model), unless it
+    # is laid out for TF Serving: a pod's variable does not turn a repository of numbered versions into one model.
+    mlserver_layout = holds_model_settings(base) or environment_model_serves(base)
     models = [
         ModelConfig(name=entry.name, base_path=str(entry), policy=_folder_policy(str(entry)))
         for entry in sorted(base.iterdir())
@@ -520,7 +528,13 @@ def discover_models(root: str | os.PathLike[str], packaged: PackagedModels | Non
             log.error("Model %s is both a folder and a packaged model in %s; the folder is served", name, base)
             continue
         models.append(
-            ModelConfig(name=name, base_path=found.folder, policy=VersionPolicy(kind="all"), labels=dict(found.labels))
+            ModelConfig(
+                name=name,
+                base_path=found.folder,
+                policy=VersionPolicy(kind="all"),
+                labels=dict(found.labels),
+                reload_changed=found.reload_changed,
+            )
         )
     return models
 

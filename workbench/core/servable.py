@@ -44,6 +44,10 @@ class Servable(abc.ABC):
     decoupled: bool = False
     # Class labels of outputs (output alias → one label per index), for Triton's classification extension.
     labels: Mapping[str, Sequence[str]] = MappingProxyType({})
+    # What its load found that did not stop it serving and that the operator must see (an MLflow model logged with
+    # other packages than the server runs): the version's status says it (the model's description, v2's repository
+    # index reason and its REST metadata's parameters), beside the load's log line.
+    load_warnings: tuple[str, ...] = ()
 
     @abc.abstractmethod
     def run(

@@ -48,7 +48,7 @@ from workbench.planes.dataplane import Dataplane, ModelSpec
 from workbench.protocol import grpc_services, v2_grpc_messages, v2_models, v2_whole
 from workbench.protocol.attributions import v2_parameters
 from workbench.protocol.shared_memory_parameters import SharedMemory
-from workbench.protocol.v2_dialects import answered_outputs, dialect_of
+from workbench.protocol.v2_dialects import dialect_of
 
 PROTOCOL = "v2-grpc"  # the protocol label of this frontend's requests in metrics
 
@@ -156,16 +156,17 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             v2_stream.refuse_decoupled(call, "ModelInfer RPC")
             dialect = dialect_of(call.servable)
             if dialect is not None:  # a model served as its own server serves it (MLServer's runtimes)
-                fed, wanted = dialect.feed(v2_grpc_messages.as_infer_request(request, inputs))
+                decoded = v2_grpc_messages.as_infer_request(request, inputs)
+                fed, wanted = dialect.feed(decoded)
                 _, outputs = await dataplane.predict(call, "", fed, wanted, timeout=timeout)
-                outputs = answered_outputs(dialect, outputs)
+                outputs, parameters = dialect.answer(decoded, outputs)
                 return v2_grpc_messages.infer_response(
                     call.model,
                     dialect.version_name,  # "" for a model without one, as MLServer answers it
                     request.id,
                     outputs,
                     list(outputs),
-                    output_parameters=dialect.output_parameters(outputs),
+                    output_parameters=parameters,
                 )
             _, outputs = await dataplane.predict(call, "", inputs, requested, timeout=timeout, sequence=sequence)
             outputs = classify(outputs, v2_grpc_messages.classification_counts(request), call.servable)

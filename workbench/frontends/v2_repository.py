@@ -116,7 +116,9 @@ class V2Repository:
         if dialect is None:
             return row
         self._version_names.setdefault(row.name, {})[row.version] = dialect.version_name
-        return dataclasses.replace(row, version=dialect.version_name or None, reason="")
+        # MLServer's index has no reason for a loaded model; what its load warned of is kept (an MLflow model's
+        # environment mismatches), as for every other loaded version.
+        return dataclasses.replace(row, version=dialect.version_name or None)
 
     def _named_unloaded(self, row: RepositoryRow) -> list[RepositoryRow]:
         names = self._version_names.get(row.name)

@@ -53,7 +53,7 @@ from workbench.protocol import v2_client, v2_json, v2_models, v2_whole
 from workbench.protocol.attributions import v2_parameters
 from workbench.protocol.json_tensor import dumps, input_specs, parse_body
 from workbench.protocol.shared_memory_parameters import SharedMemory
-from workbench.protocol.v2_dialects import V2Dialect, answered_outputs, dialect_of
+from workbench.protocol.v2_dialects import V2Dialect, dialect_of
 
 log = logging.getLogger(__name__)
 
@@ -232,14 +232,14 @@ class V2Rest:
         _, outputs = await self.dataplane.predict(
             call, DEFAULT_SIGNATURE, inputs, wanted, timeout=self._timeout(decoded)
         )
-        outputs = answered_outputs(dialect, outputs)
+        outputs, parameters = dialect.answer(decoded, outputs)
         return v2_json.encode_infer_response(
             call.model,
             dialect.version_name or None,  # MLServer answers no model_version for a model without one
             decoded,
             outputs,
             shared_memory,
-            output_parameters=dialect.output_parameters(outputs),
+            output_parameters=parameters,
         )
 
     def _decode(self, body: bytes, length: str | None, shared_memory: SharedMemory | None) -> v2_json.InferRequest:

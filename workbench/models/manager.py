@@ -4,7 +4,10 @@ A source (the repository poller) tells the manager which versions each model *sh
 each model's routing state; the manager asks :func:`~workbench.models.routing.policy.decide` what that means, loads new
 versions on its load threads (warming them up), and only then unloads the versions they replace, so a model that
 was serving never stops serving. A version that fails to load ends in END with its error, and the versions
-already serving keep serving. A composite version (a pipeline) becomes AVAILABLE only once the models it runs on
+already serving keep serving. A model whose versions stand for files read at load (``ModelConfig.reload_changed``:
+MLServer's model-settings.json) reloads a serving version whose files changed: the new load replaces the old one in
+one route once it serves, and the old one unloads after its requests. A composite version (a pipeline) becomes
+AVAILABLE only once the models it runs on
 serve: it waits, loaded, while they load, and a version that failed for lack of them is retried when they serve
 (:mod:`~workbench.models.composites`).
 
@@ -167,22 +170,47 @@ class Manager:
     def apply_pending_labels(self) -> None:
         """The labels a model's config names, applied once its versions have loaded or failed, for models the
         repository brought in or renamed versions of after start-up (MLServer's version strings); a config applied
-        as a whole (:meth:`ControlPlane.apply_models`) sets its own. A label that cannot be set is logged."""
+        as a whole (:meth:`ControlPlane.apply_models`) sets its own. A label whose version failed to load waits for it:
+        the others are set now, and it is set once that version serves (fixed and retried)."""
         with self._state.lock:
             ready = {
                 name: dict(model.config.labels)
                 for name, model in self._state.models.items()
-                if model.labels_pending
-                and not model.removed
+                if not model.removed
                 and model.scanned
-                and set(model.config.labels.values()) <= set(model.aspired)  # a version still settling: next poll
-                and self._aspired_settled(model)
+                and (
+                    (
+                        model.labels_pending
+                        and set(model.config.labels.values()) <= set(model.aspired)  # a version still settling
+                        and self._aspired_settled(model)
+                    )
+                    or (model.labels_waiting and self._servable_labels(model) != model.labels)
+                )
             }
         for name, labels in ready.items():  # one model at a time: one model's bad label keeps no other's back
+            with self._state.lock:
+                model = self._state.models[name]
+                usable = labels if self._allow_unavailable_labels else self._servable_labels(model)
+                waiting = sorted(set(labels) - set(usable))
+                first = not model.labels_waiting
             try:
-                self.set_labels({name: labels})
+                self.set_labels({name: usable})
             except ServingError as exc:
                 log.warning("The version labels of model %s were not applied: %s", name, exc.message)
+            with self._state.lock:
+                model.labels_waiting = bool(waiting)
+            if waiting and first:
+                log.warning(
+                    "The version labels %s of model %s wait for their versions, which do not serve", waiting, name
+                )
+
+    def _servable_labels(self, model: ModelRecord) -> dict[str, int]:
+        """The config's labels whose versions serve (lock held)."""
+        return {
+            label: version
+            for label, version in model.config.labels.items()
+            if (record := model.versions.get(version)) is not None and record.state == VersionState.AVAILABLE
+        }
 
     @staticmethod
     def _aspired_settled(model: ModelRecord) -> bool:
@@ -276,6 +304,11 @@ class Manager:
             return
         for version, disk in model.aspired.items():
             record = model.versions.get(version)
+            changed = (
+                record is not None and record.state == VersionState.AVAILABLE and record.fingerprint != disk.fingerprint
+            )
+            if changed and self._replace(model, version, disk):
+                continue
             retry = (
                 record is not None
                 and record.state == VersionState.END
@@ -316,6 +349,53 @@ class Manager:
         self._settle_first_load(model)
         self.budgeted_loads.wake_claims()
         self._state.settled.notify_all()
+
+    def _replace(self, model: ModelRecord, version: int, disk: DiskVersion) -> bool:
+        """Load serving ``version`` anew from its changed files, where its model reloads changed versions (lock
+        held). The new load replaces it once it serves (:meth:`_finish_replacement`), so requests never find the
+        version missing; one at a time, and a failed one is not retried until the files change again. Under a
+        memory budget a version does not reload (two copies would have to fit). Whether it is this model's way."""
+        if not model.config.reload_changed or self._state.memory.active:
+            return False
+        pending = model.replacing.get(version)
+        if pending is not None and (pending.state == VersionState.LOADING or pending.fingerprint == disk.fingerprint):
+            return True  # loading (a newer change loads after it), or failed for these very files
+        replacement = VersionRecord.of(version, disk)
+        replacement.state = VersionState.LOADING
+        model.replacing[version] = replacement
+        log.info("Reloading %s version %d: its files changed", model.config.name, version)
+        self._executor.submit(self._load, model, replacement)
+        return True
+
+    def _finish_replacement(
+        self, model: ModelRecord, record: VersionRecord, harness: Harness | None, error: ServingError | None
+    ) -> Harness | None:
+        """A replacement load ended (lock held): it takes its version's place if it serves and the version still
+        does; returns the harness to unload (the replaced one, or the replacement when it is not wanted)."""
+        name, version = model.config.name, record.version
+        serving = model.versions.get(version)
+        if error is not None:
+            log.error(
+                "Reloading %s version %d failed; the version loaded before serves on: %s", name, version, error.message
+            )
+            record.error, record.state = error, VersionState.END
+            return None
+        del model.replacing[version]
+        wanted = version in model.aspired and serving is not None and serving.state == VersionState.AVAILABLE
+        if self._closed or model.removed or not wanted or serving is None:
+            record.state = VersionState.END
+            return harness
+        # The swap, in one route: requests find the version serving all along, the new servable from now on.
+        record.harness, record.state = harness, VersionState.AVAILABLE
+        model.versions[version] = record
+        replaced, serving.harness, serving.state = serving.harness, None, VersionState.END
+        self._publish(model)
+        # The old load ended and the new one serves: what keeps per-version state (the response cache's answers, a
+        # sequence's state) forgets the old; the version's downloaded copy stays, as the version still serves.
+        self._notify(model, version, VersionState.END)
+        self._notify(model, version, VersionState.AVAILABLE)
+        log.info("Reloaded %s version %d", name, version)
+        return replaced
 
     def _load(self, model: ModelRecord, record: VersionRecord) -> None:
         name = model.config.name
@@ -371,6 +451,16 @@ class Manager:
         error: ServingError | None,
         awaiting: frozenset[str] = frozenset(),
     ) -> None:
+        with self._state.lock:
+            replacement = model.replacing.get(record.version) is record
+            if replacement:
+                replaced = self._finish_replacement(model, record, harness, error)
+                self._reconcile(model)  # the files may have changed again meanwhile
+                self._state.settled.notify_all()
+        if replacement:
+            if replaced is not None:
+                replaced.unload()  # after the requests that hold it end (new ones take the new load)
+            return
         discard = None
         with self._state.lock:
             if self._state.memory.active:
@@ -438,9 +528,12 @@ class Manager:
         record.since = time.time()
         if serving and self._state.models.get(model.config.name) is model:  # not a model already replaced
             self._publish(model)
+        self._notify(model, record.version, state)
+
+    def _notify(self, model: ModelRecord, version: int, state: VersionState) -> None:
         for listener in list(self._listeners):
             try:
-                listener(model.config.name, record.version, state)
+                listener(model.config.name, version, state)
             except Exception:  # listeners must not break the manager
                 log.exception("state listener failed")
 

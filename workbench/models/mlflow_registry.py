@@ -9,7 +9,8 @@ the manager the aspired versions the model's version policy picks, as for folder
   moving an alias in MLflow moves the server within one poll;
 - ``models:/<name>/<version>``: that version; ``models:/<name>@<alias>``: the version the alias points at, by its
   number (when the alias moves, the new version loads and the old one goes once it serves);
-- ``runs:/<run_id>/<path>`` and ``mlflow-artifacts:/...``: one logged model, version 1.
+- ``models:/m-<model_id>`` (MLflow 3's logged models), ``runs:/<run_id>/<path>`` and ``mlflow-artifacts:/...``: one
+  logged model, version 1.
 
 A version is listed as its registry URI (``models:/<name>/<version>``); the server's loader downloads it when it loads
 (:class:`~workbench.runtime.storage.VersionCache`: into a hidden folder, renamed into ``<slot>/<model>/<version>``
@@ -18,12 +19,21 @@ when complete, so nothing half downloaded is ever loaded) and serves the copy by
 serving, the error shows in the version's status, and the version is retried once it changes in the registry (its
 fingerprint is its ``last_updated_timestamp``: a tag or description set on it retries it). A registry that cannot be
 reached changes nothing: the model keeps its versions, and the next poll asks again.
+
+A poll asks the registry once about each registered model (:meth:`MlflowRegistry.scan`): its versions (one search)
+and the registered model itself (its aliases and tags, one get: MLflow has no request answering both), and every
+part of that poll shares the answers: the version listing, the alias store's routing read, and every other model of
+the server that names the same registered model (``models:/<name>@<alias>``, ``models:/<name>/<version>``). Reads
+outside a poll (a management change's compare-and-write) always ask afresh.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 from workbench.config.options import ServerOptions
@@ -38,6 +48,18 @@ DEFAULT_ALIASES = AliasNames()
 _PAGE = 1000  # model versions asked for at a time
 
 
+_UNASKED: Any = object()  # a part of a registered model this poll has not asked for yet
+
+
+@dataclasses.dataclass
+class _Polled:
+    """What one poll asked the registry of one registered model: its versions (``search_model_versions``) and the
+    registered model (``get_registered_model``, or the MlflowException it raised), each asked at most once."""
+
+    versions: Any = _UNASKED
+    registered: Any = _UNASKED
+
+
 class MlflowRegistry:
     """The MLflow tracking server (and its model registry) that this server's MLflow base paths name."""
 
@@ -50,6 +72,7 @@ class MlflowRegistry:
         self.write_aliases = write_aliases
         self._client: Any = None
         self._lock = threading.Lock()
+        self._poll = threading.local()  # the answers of the poll running on this thread (see scan())
 
     @classmethod
     def of(cls, options: ServerOptions) -> MlflowRegistry:
@@ -68,6 +91,60 @@ class MlflowRegistry:
             if self._client is None:
                 self._client = mlflow_uris.client(self.tracking_uri)
             return self._client
+
+    # ---------------------------------------------------------------------------------------------- polls
+    @contextlib.contextmanager
+    def scan(self) -> Iterator[None]:
+        """One poll of the source (on this thread): each registered model is asked about once within it, and its
+        answers are shared by every model and routing read of the poll."""
+        self._poll.models = {}
+        try:
+            yield
+        finally:
+            self._poll.models = None
+
+    def _polled(self, name: str) -> _Polled | None:
+        """What this thread's poll asked of ``name`` so far; None outside a poll (ask afresh)."""
+        models: dict[str, _Polled] | None = getattr(self._poll, "models", None)
+        return None if models is None else models.setdefault(name, _Polled())
+
+    def model_versions(self, name: str) -> list[Any]:
+        """Every version of registered model ``name`` (the MLflow ``ModelVersion``s), once per poll."""
+        polled = self._polled(name)
+        if polled is not None and polled.versions is not _UNASKED:
+            return list(polled.versions)
+        client = self.client()
+        found: list[Any] = []
+        token = None
+        while True:
+            page = client.search_model_versions(_name_filter(name), max_results=_PAGE, page_token=token)
+            found += list(page)
+            token = page.token
+            if not token:
+                break
+        if polled is not None:
+            polled.versions = found
+        return found
+
+    def registered_model(self, name: str) -> Any:
+        """The registered model ``name`` (its aliases and tags), once per poll; raises as ``get_registered_model``
+        does (RESOURCE_DOES_NOT_EXIST for a model not registered yet), and raises it again within the poll."""
+        polled = self._polled(name)
+        if polled is not None and polled.registered is not _UNASKED:
+            if isinstance(polled.registered, BaseException):
+                raise polled.registered
+            return polled.registered
+        from mlflow.exceptions import MlflowException
+
+        try:
+            model = self.client().get_registered_model(name)
+        except MlflowException as exc:
+            if polled is not None:
+                polled.registered = exc
+            raise
+        if polled is not None:
+            polled.registered = model
+        return model
 
     # ------------------------------------------------------------------------------------------- versions
     def handles(self, base_path: str) -> bool:
@@ -89,15 +166,11 @@ class MlflowRegistry:
         from mlflow.exceptions import MlflowException
 
         client = self.client()
+        shared = None if source.registered else self._shared_version(source)
         if source.registered:
-            found = []
-            token = None
-            while True:
-                page = client.search_model_versions(_name_filter(source.name), max_results=_PAGE, page_token=token)
-                found += list(page)
-                token = page.token
-                if not token:
-                    break
+            found = self.model_versions(source.name)
+        elif shared is not None:
+            found = shared
         else:
             try:
                 if source.alias:
@@ -124,6 +197,28 @@ class MlflowRegistry:
             )
         return versions
 
+    def _shared_version(self, source: MlflowSource) -> list[Any] | None:
+        """Within a poll, the version ``models:/<name>/<version>`` or ``models:/<name>@<alias>`` names, out of the
+        registered model's versions and aliases that the poll asks once and shares (with ``models:/<name>`` and its
+        routing, where the server serves that too): ``[version]``, or ``[]`` for none. None outside a poll."""
+        if self._polled(source.name) is None:
+            return None
+        from mlflow.exceptions import MlflowException
+
+        number: int | None = source.version
+        if source.alias:
+            try:
+                aliases = dict(self.registered_model(source.name).aliases or {})
+            except MlflowException as exc:
+                if exc.error_code != "RESOURCE_DOES_NOT_EXIST":
+                    raise
+                return []  # not registered (yet): nothing to serve
+            named = aliases.get(source.alias)
+            if named is None:  # an alias deleted by mistake must not take the model down: keep what serves
+                raise StorageError(f"{source.uri} at {self.location}", f"the alias {source.alias!r} names no version")
+            number = int(named)
+        return [v for v in self.model_versions(source.name) if int(v.version) == number]
+
     # -------------------------------------------------------------------------------------------- routing
     def routing_store(self, base_path: str) -> RoutingStateStore:
         """The routing store of ``base_path``: a registered model's aliases, else none (one version, nothing to
@@ -136,7 +231,12 @@ class MlflowRegistry:
             source = MlflowSource(base_path)
         if source.registered:
             return MlflowAliasStore(
-                self.client, source.name, self.aliases, writable=self.write_aliases, registry=self.location
+                self.client,
+                source.name,
+                self.aliases,
+                writable=self.write_aliases,
+                registry=self.location,
+                registered=self.registered_model,
             )
         if source.alias:
             advice = (

@@ -59,6 +59,11 @@ class VersionRecord:
     parked: Servable | None = None
     since: float = dataclasses.field(default_factory=time.time)
 
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """What the load of the servable it holds warned of (none while it holds none)."""
+        return self.harness.servable.load_warnings if self.harness is not None else ()
+
     @classmethod
     def of(cls, version: int, disk: DiskVersion) -> VersionRecord:
         """A load of ``version`` as the source listed it."""
@@ -82,6 +87,7 @@ class VersionStatus:
     state: VersionState
     error: ServingError | None
     since: float
+    warnings: tuple[str, ...] = ()  # the loaded servable's load_warnings
 
 
 @dataclasses.dataclass
@@ -93,6 +99,10 @@ class ModelRecord:
     on_disk: dict[int, DiskVersion] = dataclasses.field(default_factory=dict)
     policy_versions: set[int] = dataclasses.field(default_factory=set)
     versions: dict[int, VersionRecord] = dataclasses.field(default_factory=dict)
+    # A serving version's new load, when its files changed (config.reload_changed): it replaces the version's record
+    # once it serves, and the old servable is unloaded; one that failed stays here (the old one serves on) until the
+    # files change again.
+    replacing: dict[int, VersionRecord] = dataclasses.field(default_factory=dict)
     labels: dict[str, int] = dataclasses.field(default_factory=dict)  # the model config file's version_labels
     label_map: dict[str, int] = dataclasses.field(default_factory=dict)  # every label: labels_of(labels, routing)
     # Versions a management change in progress is loading: kept loaded until the change is stored (or failed).
@@ -107,6 +117,8 @@ class ModelRecord:
     scanned: bool = False  # the source has listed its versions at least once
     # The model config's version labels have not been applied yet (they come once its versions have loaded).
     labels_pending: bool = False
+    # Some of those labels name versions that failed to load: set once they serve (Manager.apply_pending_labels).
+    labels_waiting: bool = False
 
     @property
     def routing(self) -> Routing:

@@ -241,7 +241,7 @@ class ServedModels:
         elif not records:
             raise ServingError(Code.NOT_FOUND, f"Could not find any versions of model {name}")
         return [
-            VersionStatus(r.version, r.state, r.error, r.since)
+            VersionStatus(r.version, r.state, r.error, r.since, r.warnings)
             for r in sorted(records, key=lambda r: r.version, reverse=True)
         ]
 
@@ -271,7 +271,7 @@ class ServedModels:
 
     def _settled_locked(self) -> bool:
         for model in self._state.models.values():
-            for record in model.versions.values():
+            for record in [*model.versions.values(), *model.replacing.values()]:
                 if record.state in (VersionState.START, VersionState.LOADING, VersionState.UNLOADING):
                     return False
         return True

@@ -236,6 +236,10 @@ class VersionRegistry(Protocol):
         """The versions there now, each whole (a registry lists only what is complete); raises StorageError."""
         ...
 
+    def scan(self) -> contextlib.AbstractContextManager[None]:
+        """One poll: within it the registry is asked about each model once, and the answers are shared."""
+        ...
+
 
 class RepositorySource:
     """Feeds the manager the aspired versions of every configured model, once or on a poll loop."""
@@ -277,7 +281,8 @@ class RepositorySource:
     def _scan(self, steady: bool) -> None:
         if self._poll_wait < 0:
             return
-        with self._scan_lock:
+        polling = self._registry.scan() if self._registry is not None else contextlib.nullcontext()
+        with self._scan_lock, polling:
             if self._discover is not None:
                 try:
                     found = self._discover()

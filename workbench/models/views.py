@@ -21,6 +21,7 @@ class VersionSnapshot:
     state: str  # a VersionState name
     error: str = ""
     error_code: str = "OK"
+    warnings: tuple[str, ...] = ()  # what its load warned of (see Servable.load_warnings)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +58,7 @@ def snapshot_of(model: ModelRecord, memory: Mapping[int, Mapping[str, Any]] | No
             r.state.name,
             r.error.message if r.error else "",
             r.error.code.name if r.error else "OK",
+            r.warnings,
         )
         for r in model.versions.values()
     )
@@ -99,6 +101,7 @@ def describe_model(model: ModelSnapshot) -> dict[str, Any]:
                 "state": record.state,
                 "error": record.error,
                 "error_code": record.error_code,
+                **({"warnings": list(record.warnings)} if record.warnings else {}),
                 "labels": sorted(label for label, v in labels.items() if v == version),
                 "traffic_share": round(decision.shares.get(version, 0.0), 6),
                 "pinned": version in routing.pinned,

@@ -568,6 +568,7 @@ class Dataplane:
                 max_batch_size=self.max_batch_size(spec.name),
                 declared=servable.model_config,
                 decoupled=servable.decoupled,
+                warnings=servable.load_warnings,
             )
 
     def repository(self) -> list[RepositoryRow]:
@@ -576,7 +577,8 @@ class Dataplane:
         for name in self._models.model_names():
             with contextlib.suppress(ServingError):  # a model with no versions (yet) has no rows
                 for status in self._models.version_status(name):
-                    reason = status.error.message if status.error is not None else ""
+                    # why it failed, else what its load warned of (an MLflow model's environment mismatches)
+                    reason = status.error.message if status.error is not None else "; ".join(status.warnings)
                     rows.append(RepositoryRow(name, status.version, status.state.name, reason))
         return sorted(rows, key=lambda row: (row.name, row.version))
 

@@ -6,10 +6,15 @@ class labels the file keeps; ``predict_proba``: one column per class, binary mod
 regressor (predict: the model's values). The matrix is float32, the type CatBoost turns every feature into, so
 answers equal in-process ones. Categorical and text features need columns of strings, which a tabular matrix is not:
 such a model is refused at load, naming them.
+
+``workbench.export`` writes a CatBoost model (``CatBoostClassifier``, ``CatBoostRegressor``, or a plain ``CatBoost``)
+as ``model.cbm`` with its own ``save_model``: the file keeps the loss, the class labels and the feature names, so
+the served version answers as the object does.
 """
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +32,8 @@ from workbench.platforms.tabular import (
     TabularServable,
     label_dtype,
     model_file,
+    module_of,
+    refuse_options,
 )
 
 FILE = "model.cbm"
@@ -101,3 +108,19 @@ def describe(model: Any) -> TabularModel:
         Method("predict_proba", "probabilities", np.dtype(np.float64), (-1, len(labels)), probabilities),
     ]
     return TabularModel(matrix, methods, Classes(labels, probabilities, predict), source=model)
+
+
+# --------------------------------------------------------------------------------------------- export
+def exports(obj: Any) -> bool:
+    """A CatBoost model (``CatBoostClassifier``, ``CatBoostRegressor``, ``CatBoostRanker``, ``CatBoost``)."""
+    if module_of(obj) != "catboost" or "catboost" not in sys.modules:
+        return False
+    import catboost
+
+    return isinstance(obj, catboost.CatBoost)
+
+
+def write(obj: Any, folder: Path, **options: Any) -> None:
+    """``model.cbm``, CatBoost's own format, with ``save_model``."""
+    refuse_options("CatBoost", options)
+    obj.save_model(str(Path(folder) / FILE))

@@ -13,7 +13,8 @@ column-based signature, one per tensor of a tensor-based one, and one per param,
 ``predict(model_input, params=...)`` is given. A natively loaded model keeps its platform's other signatures
 (``predict_proba``, ``classify``...). The model's input example (``serving_input_example.json``) runs once before the
 version is AVAILABLE, as a warmup request; packages that differ from those the model was logged with are logged as a
-warning and kept on the servable (:attr:`MlflowServable.environment_mismatches`), never installed.
+warning and kept on the servable (:attr:`MlflowServable.environment_mismatches`, and its ``load_warnings``, which the
+version's status shows), never installed.
 """
 
 from __future__ import annotations
@@ -106,6 +107,7 @@ class MlflowServable(Servable):
         self.name, self.version, self.path = name, version, path
         self.flavor = flavor  # the flavor that serves: "sklearn", ..., or "python_function"
         self.environment_mismatches = tuple(environment)
+        self.load_warnings = tuple(f"environment mismatch (not installed): {m}" for m in environment)
         self.signatures = {**(native.signatures if native is not None else {}), DEFAULT_SIGNATURE: serving}
         self._serving = serving
         self._serve = serve

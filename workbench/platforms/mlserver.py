@@ -90,16 +90,16 @@ class MLflowDialect:
             inputs[name] = value.astype(wanted) if numbers and value.dtype != wanted else value
         return inputs, [output.name for output in request.outputs]
 
-    def answer(self, outputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """MLServer encodes the model's array with its numpy codec: one output, ``output-1``, [N] as [N, 1]; a
-        dict of columns keeps its names."""
-        if len(outputs) != 1:
-            return dict(outputs)
-        (value,) = outputs.values()
-        return {"output-1": mlserver_codecs.batch_shaped(value)}
-
-    def output_parameters(self, outputs: Mapping[str, np.ndarray]) -> dict[str, dict[str, Any]]:
-        return {name: mlserver_codecs.output_parameters(value) for name, value in outputs.items()}
+    def answer(
+        self, request: InferRequest, outputs: Mapping[str, np.ndarray]
+    ) -> tuple[dict[str, np.ndarray], dict[str, dict[str, Any]]]:
+        """MLServer encodes the model's array with its numpy codec whatever content type is asked (its MLflow
+        runtime's ``encode_response`` reads none): one output, ``output-1``, [N] as [N, 1]; a dict of columns keeps
+        its names."""
+        if len(outputs) == 1:
+            (value,) = outputs.values()
+            outputs = {"output-1": mlserver_codecs.batch_shaped(value)}
+        return dict(outputs), {name: mlserver_codecs.output_parameters(value) for name, value in outputs.items()}
 
 
 def settings_of(folder: Path) -> ModelSettings:

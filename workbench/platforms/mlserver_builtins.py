@@ -14,7 +14,9 @@ answers (checked against MLServer's source, ``runtimes/*``):
   ``predict_proba``, ``transform``; XGBoost ``predict`` and ``predict_proba``; LightGBM always ``predict``
   (the booster's values: probabilities for a classifier); CatBoost always ``predict`` (a classifier's class labels,
   as ``CatBoostClassifier.predict``). Each output is shaped ``[N, 1]`` for one value per row
-  and carries ``"content_type": "np"``, as MLServer's numpy codec encodes it;
+  and carries ``"content_type": "np"``, as MLServer's numpy codec encodes it; scikit-learn's and XGBoost's outputs
+  take the content type the request asks for them, else the one the settings declare (``str``: MLServer's
+  StringCodec, BYTES of the values' text), as their runtimes' ``MLModel.encode`` does;
 - XGBoost loads as MLServer loads it: as an ``XGBRegressor`` unless the file is a scikit-learn classifier's, so a
   booster trained with ``xgb.train`` answers ``predict`` with its *probabilities* (binary:logistic, multi:softprob)
   where workbench's own xgboost platform answers classes. ``predict_proba`` answers the classes' probabilities
@@ -60,6 +62,12 @@ class Runtime:
     files: tuple[str, ...]
     outputs: tuple[str, ...]  # those a request may ask for (empty: the runtime answers "predict" whatever is asked)
     read: Callable[[Path, LoadPolicy], Model]
+
+    @property
+    def outputs_by_name(self) -> bool:
+        """Whether it answers the outputs asked by name, each encoded by its content type (``MLModel.encode``), as
+        scikit-learn's and XGBoost's runtimes do; LightGBM's and CatBoost's always encode with the numpy codec."""
+        return bool(self.outputs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,8 +147,20 @@ class MLServerDialect:
             matrix = self._cast(name, value)
         return {MATRIX: matrix}, self._outputs([output.name for output in request.outputs])
 
-    def output_parameters(self, outputs: Mapping[str, np.ndarray]) -> dict[str, dict[str, Any]]:
-        return {name: mlserver_codecs.output_parameters(value) for name, value in outputs.items()}
+    def answer(
+        self, request: InferRequest, outputs: Mapping[str, np.ndarray]
+    ) -> tuple[dict[str, np.ndarray], dict[str, dict[str, Any]]]:
+        """Each output encoded as MLServer's ``MLModel.encode`` does for the runtimes that answer outputs by name
+        (scikit-learn, XGBoost): by the content type the request asks for it, else the one the settings declare for
+        it (``outputs[].parameters.content_type``), else numpy; LightGBM and CatBoost always encode with numpy."""
+        asked = {output.name: output.content_type for output in request.outputs if output.content_type}
+        declared = {t.name: t.content_type for t in self.servable.settings.outputs if t.content_type}
+        by_name = self.servable.runtime.outputs_by_name
+        answered, parameters = {}, {}
+        for name, value in outputs.items():
+            content_type = (asked.get(name) or declared.get(name, "")) if by_name else ""
+            answered[name], parameters[name] = mlserver_codecs.encode_output(value, content_type)
+        return answered, parameters
 
     # ------------------------------------------------------------------------------------------- inputs
     def _cast(self, name: str, value: np.ndarray) -> np.ndarray:

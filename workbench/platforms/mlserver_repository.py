@@ -33,6 +33,7 @@ from packaging.version import InvalidVersion, Version
 from workbench.config.batching_parameters import BATCHING_FILE_NAME, BatchingParameters
 from workbench.config.mlserver_settings import (
     ModelSettings,
+    environment_model_serves,
     environment_model_settings,
     find_model_settings,
     read_model_settings,
@@ -56,7 +57,8 @@ def repository_models(root: str | os.PathLike[str], is_model_name: Callable[[str
 
     A file that cannot be read, or names a model whose name is not safe in a URL, is logged and skipped, as MLServer
     skips it; the other models serve. Where no file could be read, the environment's model
-    (``MLSERVER_MODEL_IMPLEMENTATION``, ``MLSERVER_MODEL_URI``...) is the one model, as in MLServer.
+    (``MLSERVER_MODEL_IMPLEMENTATION``, ``MLSERVER_MODEL_URI``...) is the one model, as in MLServer, unless ``root`` is
+    laid out for TF Serving (:func:`~workbench.config.mlserver_settings.environment_model_serves`).
     """
     base = Path(root)
     with _lock:
@@ -71,7 +73,7 @@ def repository_models(root: str | os.PathLike[str], is_model_name: Callable[[str
                 _log_once(f"{path}: model name {settings.name!r} is not a valid model name; it is not served")
                 continue
             by_model.setdefault(settings.name, []).append(settings)
-        if not by_model:
+        if not by_model and environment_model_serves(base):
             from_environment = _environment_model(base)
             if from_environment is not None and is_model_name(from_environment.name):
                 by_model[from_environment.name] = [from_environment]
@@ -84,7 +86,8 @@ def repository_models(root: str | os.PathLike[str], is_model_name: Callable[[str
             except OSError as exc:
                 _log_once(f"The versions of model {name} cannot be written under {folder}: {exc}")
                 continue
-            models[name] = PackagedModel(str(folder), labels)
+            # An edited model-settings.json reloads the version that serves, as MLServer's load does.
+            models[name] = PackagedModel(str(folder), labels, reload_changed=True)
         remove_folders_except(store, set(models))
         return models
 

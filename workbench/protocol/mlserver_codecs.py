@@ -81,6 +81,28 @@ def output_parameters(value: np.ndarray) -> dict[str, Any]:
     return {"content_type": NUMPY}
 
 
+def encode_output(value: np.ndarray, content_type: str) -> tuple[np.ndarray, dict[str, Any]]:
+    """An output as MLServer's codec for ``content_type`` encodes it, with the parameters it puts on it.
+
+    ``str`` is MLServer's ``StringCodec``: BYTES, each value its UTF-8 text, one per row (``[N, 1]``), and
+    ``"content_type": "str"``. MLServer encodes only text so (a number's ``encode`` fails there, a 500): here a
+    number is sent as its text. Every other content type (``np``, none, those MLServer has no output codec for) is
+    MLServer's numpy codec: the array as it is, one value per row as ``[N, 1]``, ``"content_type": "np"``.
+    """
+    if content_type != STRING:
+        return batch_shaped(value), output_parameters(value)
+    shaped = batch_shaped(value)
+    texts = np.empty(shaped.shape, dtype=object)
+    texts.reshape(-1)[:] = [_utf8(item) for item in shaped.reshape(-1).tolist()]
+    return texts, {"content_type": STRING}
+
+
+def _utf8(item: Any) -> bytes:
+    if isinstance(item, bytes):
+        return item
+    return str(item).encode("utf-8")
+
+
 def batch_shaped(value: np.ndarray) -> np.ndarray:
     """An output as MLServer's ``np`` codec shapes it: one value per row is ``[N, 1]``, not ``[N]``."""
     return value.reshape(-1, 1) if value.ndim == 1 else value

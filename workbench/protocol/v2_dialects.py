@@ -27,17 +27,14 @@ class V2Dialect(Protocol):
         """The serving_default signature's inputs and the outputs to fetch for ``request``; INVALID_ARGUMENT, in the
         words of the model's own server, for one it refuses."""
 
-    def output_parameters(self, outputs: Mapping[str, np.ndarray]) -> dict[str, dict[str, Any]]:
-        """The parameters each answered output carries (its content type)."""
+    def answer(
+        self, request: InferRequest, outputs: Mapping[str, np.ndarray]
+    ) -> tuple[dict[str, np.ndarray], dict[str, dict[str, Any]]]:
+        """The outputs as the model's own server names, shapes and encodes them for ``request`` (its outputs'
+        content types), and the parameters each carries (its content type)."""
 
 
 def dialect_of(servable: object) -> V2Dialect | None:
     """The servable's dialect, or None: the v2 protocol as Triton and KServe speak it."""
     dialect: V2Dialect | None = getattr(servable, "v2_dialect", None)
     return dialect
-
-
-def answered_outputs(dialect: V2Dialect, outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The outputs as the model's own server names and shapes them, where the dialect says (``answer``)."""
-    answer = getattr(dialect, "answer", None)
-    return outputs if answer is None else dict(answer(outputs))

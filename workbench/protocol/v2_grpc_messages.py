@@ -63,7 +63,7 @@ _FIELD_TYPES = {
 
 def model_metadata_response(model: v2_models.ModelDescription) -> Any:
     """``ModelMetadataResponse`` of ``model``: :func:`v2_models.model_metadata` as the message."""
-    described = v2_models.model_metadata(model, _default_signature(model))
+    described = v2_models.grpc_metadata(v2_models.model_metadata(model, _default_signature(model)))
     return json_format.ParseDict(described, service_pb2.ModelMetadataResponse())
 
 

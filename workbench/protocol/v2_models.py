@@ -47,6 +47,7 @@ REPOSITORY_STATES: Mapping[str, str] = {
     "END": "UNAVAILABLE",
 }
 READY = "READY"
+LOAD_WARNINGS = "load_warnings"  # metadata's parameter naming what a version's load warned of
 
 
 def server_metadata() -> dict[str, Any]:
@@ -82,6 +83,7 @@ class ModelDescription:
     max_batch_size: int  # the most rows one batch runs (0: batching is off)
     declared: Mapping[str, Any] | None = None
     decoupled: bool = False
+    warnings: tuple[str, ...] = ()  # what the version's load warned of: metadata's parameters.load_warnings
 
 
 def default_signature(model: ModelDescription) -> Signature:
@@ -92,14 +94,24 @@ def default_signature(model: ModelDescription) -> Signature:
 
 
 def model_metadata(model: ModelDescription, signature: Signature) -> dict[str, Any]:
-    """``ModelMetadataResponse``: the model's versions (as strings) and its ``signature``'s tensors."""
-    return {
+    """``ModelMetadataResponse``: the model's versions (as strings) and its ``signature``'s tensors; where the
+    version's load warned of something, ``parameters.load_warnings`` says it (MLServer's metadata has
+    ``parameters``; REST only: the gRPC message has no such field, see :func:`grpc_metadata`)."""
+    described: dict[str, Any] = {
         "name": model.name,
         "versions": [str(v) for v in model.versions],
         "platform": model.platform,
         "inputs": [_tensor_metadata(spec) for spec in signature.inputs.values()],
         "outputs": [_tensor_metadata(spec) for spec in signature.outputs.values()],
     }
+    if model.warnings:
+        described["parameters"] = {LOAD_WARNINGS: "; ".join(model.warnings)}
+    return described
+
+
+def grpc_metadata(described: Mapping[str, Any]) -> dict[str, Any]:
+    """:func:`model_metadata` as Triton's ``ModelMetadataResponse`` holds it: without ``parameters``."""
+    return {key: value for key, value in described.items() if key != "parameters"}
 
 
 def _batched(specs: Iterable[TensorSpec]) -> bool:

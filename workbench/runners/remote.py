@@ -89,6 +89,7 @@ class RunnerServable(Servable):
         self.platform = description["platform"]
         self.signatures = description["signatures"]
         self.model_config = description["model_config"]
+        self.load_warnings = tuple(description.get("load_warnings", ()))
         self._signature_defs: bytes | None = description["signature_defs"]
         self._closed = False
 

@@ -85,6 +85,7 @@ def describe(servable: Servable) -> dict[str, Any]:
         "signatures": dict(servable.signatures),
         "model_config": servable.model_config,
         "signature_defs": _serialized(getattr(servable, "signature_defs", None)),
+        "load_warnings": servable.load_warnings,
     }
 
 

@@ -5,6 +5,8 @@ A model's base path may name MLflow instead of a folder:
 - ``models:/<name>``: every version of a registered model (the model's version policy picks which serve);
 - ``models:/<name>/<version>``: that version alone; ``models:/<name>@<alias>``: the version the alias points at,
   followed when the alias moves;
+- ``models:/m-<model_id>``: MLflow 3's logged model of that id (MLflow names logged models ``m-`` and 32 hex
+  digits, and resolves such a URI to the model's artifact location), served as version 1;
 - ``runs:/<run_id>/<path>``, ``mlflow-artifacts:/<path>``: one logged model, served as version 1.
 
 The tracking server is ``--mlflow_tracking_uri``, else MLflow's own choice (``MLFLOW_TRACKING_URI``, else its default:
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -24,6 +27,8 @@ REGISTERED = "models:/"
 RUNS = "runs:/"
 ARTIFACTS = "mlflow-artifacts:"
 SCHEMES = (REGISTERED, RUNS, ARTIFACTS)
+# An MLflow 3 logged model's id, as its stores make it: "m-" and a uuid4's 32 hex digits.
+LOGGED_MODEL_ID = re.compile(r"m-[0-9a-f]{32}")
 
 
 def is_mlflow_uri(path: str | os.PathLike[str]) -> bool:
@@ -39,6 +44,7 @@ class MlflowSource:
     name: str = ""  # the registered model's ("" for runs:/ and artifact URIs)
     version: int | None = None  # models:/<name>/<version>
     alias: str = ""  # models:/<name>@<alias>
+    model_id: str = ""  # models:/m-<id>: an MLflow 3 logged model
 
     @property
     def registered(self) -> bool:
@@ -67,6 +73,8 @@ def parse(uri: str) -> MlflowSource:
             source = MlflowSource(uri, name=name, alias=alias)
             if not alias:
                 raise ValueError(f"{uri}: models:/<name>@<alias> names no alias")
+        elif LOGGED_MODEL_ID.fullmatch(rest):
+            return MlflowSource(uri, model_id=rest)
         else:
             source = MlflowSource(uri, name=rest)
         if not source.name:
@@ -103,12 +111,15 @@ def artifact_location(uri: str, mlflow_client: Any) -> str:
 
     MLflow's own download of a ``models:/`` or ``runs:/`` URI asks the process-wide tracking and registry URIs, not
     the ones it is given, so a server with ``--mlflow_tracking_uri`` (maybe in a notebook's process, whose own MLflow
-    must not be redirected) resolves them with its client first: a registry version to its download URI, a run's
+    must not be redirected) resolves them with its client first: a logged model's id to its artifact location, a
+    registry version to its download URI, a run's
     ``<path>`` to the logged model of that name (MLflow 3 keeps a model's artifacts apart from its run's), else to
     the run's artifacts.
     """
     if uri.startswith(REGISTERED):
         source = parse(uri)
+        if source.model_id:  # MLflow 3's logged model: its own artifact location, as MLflow resolves it
+            return str(mlflow_client.get_logged_model(source.model_id).artifact_location)
         if source.version is not None:
             return str(mlflow_client.get_model_version_download_uri(source.name, str(source.version)))
         return uri

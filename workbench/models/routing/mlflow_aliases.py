@@ -66,11 +66,21 @@ class MlflowAliasStore:
     """The routing of registered model ``name``, read from and written to the registry ``client()`` reaches."""
 
     def __init__(
-        self, client: Callable[[], Any], name: str, aliases: AliasNames, *, writable: bool, registry: str
+        self,
+        client: Callable[[], Any],
+        name: str,
+        aliases: AliasNames,
+        *,
+        writable: bool,
+        registry: str,
+        registered: Callable[[str], Any] | None = None,
     ) -> None:
         """``client``: an ``MlflowClient`` (made on first use: MLflow is imported only then); ``writable``:
-        ``--mlflow_write_aliases``; ``registry``: the (redacted) tracking URI, for messages."""
+        ``--mlflow_write_aliases``; ``registry``: the (redacted) tracking URI, for messages; ``registered``: how
+        the registered model is read (the registry's, which a poll asks once and shares with its version listing),
+        else ``client().get_registered_model``."""
         self._client = client
+        self._registered_model = registered
         self.name = name
         self.aliases = aliases
         self.writable = writable
@@ -96,7 +106,8 @@ class MlflowAliasStore:
         from mlflow.exceptions import MlflowException
 
         try:
-            model = self._client().get_registered_model(self.name)
+            fetch = self._registered_model or self._client().get_registered_model
+            model = fetch(self.name)
         except MlflowException as exc:
             if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
                 return None
