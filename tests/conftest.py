@@ -196,6 +196,7 @@ LONGEST_FIRST = [
     "tests/wire/test_export_mlflow.py",
     "tests/wire/test_mlflow_boosters.py",
     "notebooks/11-mlflow-registry.ipynb",
+    "notebooks/12-language-models.ipynb",
     "notebooks/09-deciding.ipynb",
     "tests/wire/test_drain_connections.py",
     "tests/wire/test_perf_load.py",

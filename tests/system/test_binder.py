@@ -58,7 +58,7 @@ def test_requirements_resolve_with_pip(tmp_path: Path) -> None:
     assert "workbench-serving" in installs, f"pip would not install the project: {sorted(installs)}"
     project = installs["workbench-serving"]
     assert project["download_info"]["url"] == ROOT.as_uri()
-    assert project.get("requested_extras") == ["notebook", "pytorch"]
+    assert project.get("requested_extras") == ["huggingface", "notebook", "pytorch"]
     # Installed already here, or to be installed: either way resolvable.
     assert "jupyter-server-proxy" in installs or _installed("jupyter_server_proxy")
 

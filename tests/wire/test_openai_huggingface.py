@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import concurrent.futures
 from collections.abc import Iterator
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -152,3 +153,18 @@ def test_the_embedder_is_not_a_chat_model(client: openai.OpenAI) -> None:
     with pytest.raises(openai.APIStatusError) as refused:
         client.chat.completions.create(model="embed", messages=[{"role": "user", "content": "hi"}])
     assert 400 <= refused.value.status_code < 500
+
+
+def test_the_exports_check_asks_a_generator_for_a_token_not_an_empty_prompt(
+    models: SimpleNamespace, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level("WARNING"):
+        result = workbench.export(
+            models.chat_model,
+            "checked",
+            tokenizer=models.chat_tokenizer,
+            task="text-generation",
+            model_repository=tmp_path,
+        )
+    assert result.version == 1
+    assert not [r for r in caplog.records if "rejected" in r.getMessage()]

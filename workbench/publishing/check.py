@@ -78,7 +78,7 @@ def _check_unbatched(servable: Any, signature: Signature, examples: Any) -> None
     from workbench.core.errors import Code, ServingError
     from workbench.core.sequence_contract import Controls
 
-    batches = [_zero_example(signature)] if examples is None else example_requests(examples, signature)
+    batches = [_made_up_example(servable, signature)] if examples is None else example_requests(examples, signature)
     for number, batch in enumerate(batches):
         try:
             if servable.decoupled:
@@ -109,6 +109,22 @@ def _describe(signature: Signature) -> str:
     inputs = ", ".join(one(s) for s in signature.inputs.values())
     outputs = ", ".join(one(s) for s in signature.outputs.values())
     return f"({inputs}) -> ({outputs})"
+
+
+def _made_up_example(servable: Any, signature: Signature) -> dict[str, np.ndarray]:
+    """Zeros, or for a text generator a short prompt asking for one token: an empty prompt is rightly refused, and
+    the model's own limit (hundreds of tokens) would make the check a long generation."""
+    from workbench.core import text_generation as tg
+
+    batch = _zero_example(signature)
+    if tg.is_text_generator(signature, servable.decoupled):
+        batch[tg.TEXT_INPUT] = np.array([b"Hello"], dtype=object).reshape(batch[tg.TEXT_INPUT].shape)
+        if tg.SAMPLING_PARAMETERS in batch:
+            parameters = tg.SamplingParameters(max_tokens=1, temperature=0.0).to_json()
+            batch[tg.SAMPLING_PARAMETERS] = np.array([parameters], dtype=object).reshape(
+                batch[tg.SAMPLING_PARAMETERS].shape
+            )
+    return batch
 
 
 def _zero_example(signature: Signature) -> dict[str, np.ndarray]:
