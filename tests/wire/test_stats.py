@@ -148,6 +148,7 @@ def test_health_lists_models_and_ports(two_versions):
         "pid": os.getpid(),
         "grpc_port": server.server.grpc_port,
         "rest_port": server.server.rest_port,
+        "openai_port": None,  # OpenAI's endpoints on the REST port
         "rest_scheme": "http",
         "grpc_tls": False,
         "models": ["m"],
@@ -296,3 +297,46 @@ def test_merged_workers_stats_add_up_cache_hits_and_misses_and_recompute_the_hit
     # A model without the cache on any worker has none of the cache fields.
     assert not {"cache_hits", "cache_misses", "cache_hit_rate"} & set(merged["plain"]["1"])
     assert set(merged["plain"]["1"]) == ENTRY_KEYS
+
+
+def test_a_generators_time_to_first_token_and_tokens_per_second_over_the_window():
+    clock = FakeClock()
+    rolling = RollingStats(window_seconds=10.0, clock=clock)
+    rolling.record_request("plain", 1, 0.010, ok=True)
+    for first_token_ms, tokens in ((20, (1, 1, 1)), (40, (2, 2))):
+        rolling.record_first_token("gen", 1, first_token_ms / 1000)
+        for count in tokens:
+            rolling.record_tokens("gen", 1, count)
+        rolling.record_request("gen", 1, 0.5, ok=True)
+    clock.now += 4  # 4 s after the start: 7 tokens in the window
+    entry = rolling.snapshot()["models"]["gen"]["1"]
+    assert set(entry) == ENTRY_KEYS | {"time_to_first_token_p50_ms", "time_to_first_token_p95_ms", "tokens_per_second"}
+    assert entry["time_to_first_token_p50_ms"] == 30.0
+    assert 30.0 < entry["time_to_first_token_p95_ms"] <= 40.0
+    assert entry["tokens_per_second"] == 1.75
+    assert set(rolling.snapshot()["models"]["plain"]["1"]) == ENTRY_KEYS  # never generated: no generation fields
+
+    clock.now += 100  # out of the window: the fields stay, with nothing in them
+    entry = rolling.snapshot()["models"]["gen"]["1"]
+    assert entry["time_to_first_token_p50_ms"] is None and entry["time_to_first_token_p95_ms"] is None
+    assert entry["tokens_per_second"] == 0
+
+
+def test_merged_workers_stats_add_up_tokens_and_weigh_the_time_to_first_token_by_requests():
+    clock = FakeClock()
+    workers = [RollingStats(window_seconds=10.0, clock=clock) for _ in range(3)]
+    for rolling, (requests_made, first_token_ms) in zip(workers[:2], ((1, 10), (3, 50)), strict=True):
+        for _ in range(requests_made):
+            rolling.record_first_token("gen", 1, first_token_ms / 1000)
+            rolling.record_tokens("gen", 1, 5)
+            rolling.record_request("gen", 1, 0.1, ok=True)
+    workers[2].record_request("gen", 1, 0.1, ok=True)  # a request that ended before its first token
+    clock.now += 10
+    merged = merge_stats([rolling.snapshot() for rolling in workers])["models"]["gen"]["1"]
+    assert merged["tokens_per_second"] == 2.0  # 20 tokens over 10 s, all workers together
+    assert merged["time_to_first_token_p50_ms"] == 40.0  # 10 ms once, 50 ms three times (weighted by requests)
+    assert merged["total_requests"] == 5
+    plain = [RollingStats(window_seconds=10.0, clock=clock) for _ in range(2)]
+    for rolling in plain:
+        rolling.record_request("plain", 1, 0.1, ok=True)
+    assert set(merge_stats([rolling.snapshot() for rolling in plain])["models"]["plain"]["1"]) == ENTRY_KEYS

@@ -143,6 +143,7 @@ def test_live_chart_fills_from_the_stats_stream_and_stops(client):
         assert names == {"hp v2"}
         assert len(chart.figure.data) == 5  # p50, p95, p99, requests/s, mean batch size
         assert not chart.cache_row and len(chart.figure.layout.annotations) == 3  # no cache: no cache row
+        assert not chart.generation_rows  # no text generator: no time to first token, no tokens/s
         assert chart.figure.data[3].y[-1] > 0  # requests/s
         assert chart.figure.data[4].y[-1] == 1.0  # unbatched: one request a call
         # The window is bounded: 5 s at 10 snapshots a second.

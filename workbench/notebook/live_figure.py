@@ -120,5 +120,11 @@ class LiveFigure:
             "a chart's browser side drew none of its changes for %.0f s (the browser took too long to load it); "
             "rebuilding it (%d of %d)", STALL_SECONDS, self.rebuilds, MAX_REBUILDS,
         )  # fmt: skip
-        self._attach(figure_widget(stuck))
-        stuck.close()
+        self.replace(stuck)
+
+    def replace(self, figure: Any) -> None:
+        """Put a new ``FigureWidget`` of ``figure`` (a figure, a dict, a ``FigureWidget``) in :attr:`figure`'s place:
+        a stuck one's copy, or a figure laid out anew (a live chart's rows added)."""
+        old = self.figure
+        self._attach(figure_widget(figure))
+        old.close()

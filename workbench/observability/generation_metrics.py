@@ -3,8 +3,9 @@ out, per model version (vLLM's series, in workbench's names).
 
 Tokens per second is ``rate(workbench_generation_tokens_total[1m])``; a model's mean time to first token is
 ``rate(workbench_time_to_first_token_seconds_sum[1m]) / rate(workbench_time_to_first_token_seconds_count[1m])``.
-The OpenAI-compatible frontend records them (:mod:`workbench.frontends.openai_generation`); any frontend that
-drives a generator may.
+Every generation is recorded once, where every decoupled stream passes (:mod:`workbench.planes.generation_watch`,
+which feeds the live charts' rolling stats from the same observation), whichever frontend it came through; the
+OpenAI-compatible frontend records the tokens of the texts it embeds.
 """
 
 from __future__ import annotations
@@ -50,15 +51,18 @@ class GenerationMetrics:
     def observe_first_token(self, model: str, version: int, seconds: float) -> None:
         self.first_token.labels(model, str(version)).observe(seconds)
 
-    def observe_generation(
+    def observe_tokens(self, model: str, version: int, tokens: int) -> None:
+        """``tokens`` more tokens generated (counted as they come, so that their rate is live)."""
+        self.generation_tokens.labels(model, str(version)).inc(tokens)
+
+    def observe_end(
         self, model: str, version: int, prompt_tokens: int, completion_tokens: int, decode_seconds: float
     ) -> None:
-        """One finished generation: its tokens, and ``decode_seconds`` from its first output to its last."""
+        """One generation ended: its prompt's tokens, and the time per output token from ``decode_seconds`` (its
+        first token to its last) over its ``completion_tokens`` (already counted by :meth:`observe_tokens`)."""
         labels = (model, str(version))
         if prompt_tokens:
             self.prompt_tokens.labels(*labels).inc(prompt_tokens)
-        if completion_tokens:
-            self.generation_tokens.labels(*labels).inc(completion_tokens)
         if completion_tokens > 1:
             self.per_output_token.labels(*labels).observe(decode_seconds / (completion_tokens - 1))
 

@@ -2,7 +2,9 @@
 
 Recording is an append to a deque, with no lock (a deque's appends and pops are atomic, and the request path
 runs it for every request); a snapshot trims what fell out of the window, under the lock that snapshots share,
-and computes requests/s, p50/p95/p99 latency, errors, mean batch size and queue depth.
+and computes requests/s, p50/p95/p99 latency, errors, mean batch size and queue depth; for a version that has
+generated text, its time to first token (p50, p95) and the tokens it generated per second
+(:mod:`workbench.planes.generation_watch` records them, for every generation whichever frontend it came through).
 """
 
 from __future__ import annotations
@@ -28,6 +30,10 @@ class _Series:
         # Response cache lookups since the start (counters: a plain += under the GIL from the loop thread).
         self.cache_hits = 0
         self.cache_misses = 0
+        # Text generation: each first token's time from the request's arrival, and the tokens as they came.
+        self.first_tokens: collections.deque[tuple[float, float]] = collections.deque()  # (t, seconds)
+        self.tokens: collections.deque[tuple[float, int]] = collections.deque()  # (t, tokens)
+        self.generated = False  # once true, the version's entry has the generation fields
 
 
 class RollingStats:
@@ -58,11 +64,25 @@ class RollingStats:
         else:
             series.cache_misses += 1
 
+    def record_first_token(self, model: str, version: int, seconds: float) -> None:
+        """A generation's first token came, ``seconds`` after its request arrived."""
+        series = self._series_of((model, version))
+        series.generated = True
+        series.first_tokens.append((self._clock(), seconds))
+
+    def record_tokens(self, model: str, version: int, tokens: int) -> None:
+        """``tokens`` more tokens generated, now (a response's worth, as it came)."""
+        series = self._series_of((model, version))
+        series.generated = True
+        series.tokens.append((self._clock(), tokens))
+
     def snapshot(self, queue_depths: Mapping[tuple[str, int], int] | None = None) -> dict[str, Any]:
         """``{"time", "window_seconds", "models": {name: {version: {...}}}}``, JSON-ready.
 
         ``queue_depths`` gives the rows waiting per (model, version); a version with rows waiting is listed
-        even before its first request has finished.
+        even before its first request has finished. A version that has generated text has three more fields:
+        ``time_to_first_token_p50_ms`` and ``_p95_ms`` (None when no first token came in the window) and
+        ``tokens_per_second``; one that never did has none of them.
         """
         queue_depths = queue_depths or {}
         now = self._clock()
@@ -79,6 +99,10 @@ class RollingStats:
                     series.trimmed_requests += 1
                 while series.batches and series.batches[0][0] < horizon:
                     series.batches.popleft()
+                while series.first_tokens and series.first_tokens[0][0] < horizon:
+                    series.first_tokens.popleft()
+                while series.tokens and series.tokens[0][0] < horizon:
+                    series.tokens.popleft()
             # Copies (each taken at once): requests recorded meanwhile count in the next snapshot.
             rows = [
                 (
@@ -88,10 +112,11 @@ class RollingStats:
                     series.trimmed_requests,
                     series.trimmed_errors,
                     (series.cache_hits, series.cache_misses),
+                    (list(series.first_tokens), list(series.tokens)) if series.generated else None,
                 )
                 for key, series in items
             ]
-        for (model, version), requests, batches, trimmed, trimmed_errors, (hits, misses) in rows:
+        for (model, version), requests, batches, trimmed, trimmed_errors, (hits, misses), generation in rows:
             latencies = np.array([r[1] for r in requests if r[2]], dtype=np.float64) * 1000
             errors = sum(1 for r in requests if not r[2])
             total, total_errors = trimmed + len(requests), trimmed_errors + errors
@@ -111,8 +136,22 @@ class RollingStats:
             }
             if hits or misses:  # a model with the response cache on
                 entry.update(cache_hits=hits, cache_misses=misses, cache_hit_rate=round(hits / (hits + misses), 4))
+            if generation is not None:  # a version that has generated text
+                entry.update(_generation_fields(*generation, span))
             models.setdefault(model, {})["" if version is None else str(version)] = entry
         return {"time": time.time(), "window_seconds": self.window, "models": models}
+
+
+def _generation_fields(
+    first_tokens: list[tuple[float, float]], tokens: list[tuple[float, int]], span: float
+) -> dict[str, float | None]:
+    seconds = np.array([f[1] for f in first_tokens], dtype=np.float64) * 1000
+    p50, p95 = np.percentile(seconds, [50, 95]).tolist() if seconds.size else (None, None)
+    return {
+        "time_to_first_token_p50_ms": _round(p50),
+        "time_to_first_token_p95_ms": _round(p95),
+        "tokens_per_second": round(sum(t[1] for t in tokens) / span, 3),
+    }
 
 
 def _round(value: float | None) -> float | None:

@@ -213,8 +213,10 @@ _SUMMED_STATS = (
     "total_errors",
     "cache_hits",  # the response cache's lookups: each worker has its own cache and counts its own
     "cache_misses",
+    "tokens_per_second",  # a generator's: each worker counts the tokens it generated
 )
 _PERCENTILES = ("p50_ms", "p95_ms", "p99_ms")
+_FIRST_TOKEN_PERCENTILES = ("time_to_first_token_p50_ms", "time_to_first_token_p95_ms")
 
 
 def merge_stats(snapshots: list[dict[str, Any]]) -> dict[str, Any]:
@@ -223,7 +225,9 @@ def merge_stats(snapshots: list[dict[str, Any]]) -> dict[str, Any]:
     Rates, counts and queue depths add up. Percentiles cannot be merged exactly from percentiles: each is the
     workers' percentiles weighted by their request rates (exact when the workers see alike latencies, as the
     kernel spreads connections evenly). The mean batch size is weighted by batch rates. Response cache hits and
-    misses add up and the hit rate is theirs; an entry has them only when a worker's has.
+    misses add up and the hit rate is theirs; an entry has them only when a worker's has. So have a generator's
+    fields: tokens per second add up, the time to first token's percentiles are weighted by request rates (one
+    request is one generation).
     """
     if not snapshots:
         return {"models": {}}
@@ -298,6 +302,9 @@ def _merge_entry(rows: list[dict[str, Any]]) -> dict[str, Any]:
             merged[key] = round(sum(values), 3) if any(isinstance(v, float) for v in values) else sum(values)
     for key in _PERCENTILES:
         merged[key] = _weighted(rows, key, "requests_per_second")
+    for key in _FIRST_TOKEN_PERCENTILES:
+        if any(key in row for row in rows):
+            merged[key] = _weighted(rows, key, "requests_per_second")
     merged["mean_batch_size"] = _weighted(rows, "mean_batch_size", "batches_per_second")
     # The server's hit rate: all its workers' hits over all their lookups (rates cannot be added or averaged).
     lookups = merged.get("cache_hits", 0) + merged.get("cache_misses", 0)

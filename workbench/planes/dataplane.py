@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -35,7 +36,7 @@ from workbench.observability.drift_monitor import DriftMonitor
 from workbench.observability.metrics import ServingMetrics
 from workbench.observability.request_logger import RequestLogger
 from workbench.observability.stats import RollingStats
-from workbench.planes import decoupled
+from workbench.planes import decoupled, generation_watch
 from workbench.planes.calls import ModelSpec, RequestInFlight, WireRequest, answering, expire, until_answered
 from workbench.planes.first_load_waits import FirstLoadWaits
 from workbench.planes.on_demand import hold_on_demand
@@ -374,15 +375,23 @@ class Dataplane:
         inputs: Mapping[str, np.ndarray],
         output_filter: Sequence[str] = (),
         timeout: float | None = None,
+        arrived: float | None = None,
     ) -> AsyncGenerator[dict[str, np.ndarray], None]:
         """Run a decoupled servable: its responses to one request as they come (see
         :func:`workbench.planes.decoupled.stream`).
 
+        A text generation is recorded here, once for every frontend (:mod:`workbench.planes.generation_watch`), its
+        time to first token counted from ``arrived`` (``time.perf_counter()``; None: when ``call`` began).
         A stream that ends (not one its caller left) is logged as a predict is and mirrored to the model's shadow,
         its answer being its responses' outputs joined (:func:`workbench.planes.decoupled.joined`); its responses
         are kept for that only where the model is logged or shadowed."""
         responses = decoupled.stream(call, self._executor, signature_name, inputs, output_filter, timeout)
-        logged = self.request_log is not None and self.request_log.configured(call.servable.name)
+        servable = call.servable
+        if generation_watch.is_generation(servable, signature_name):
+            started = arrived if arrived is not None else time.perf_counter() - call.elapsed_seconds
+            generation = self.metrics.generation
+            responses = generation_watch.watched(responses, servable, inputs, started, generation, self.stats)
+        logged = self.request_log is not None and self.request_log.configured(servable.name)
         mirrored = call.default and self.shadows.shadowed(call.model)
         if not (logged or mirrored):
             return responses
