@@ -255,3 +255,65 @@ def test_a_killed_runner_fails_what_was_in_flight_at_once_and_serves_again_once_
     new_pid = int(served.lines("loads")[-1])
     assert new_pid != runner["pid"] and new_pid not in worker_pids(served)
     assert served.predict(3.0).json()["predictions"][0] == {"y": [6.0], "pid": [new_pid]}
+
+
+# A Triton Python model answers each request with its own row count: a runner that merged requests before the
+# batcher would hand execute() one request of several clients' rows, and each would hear the group's count.
+ROWS_MODEL = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            rows = np.full((len(x), 1), len(x), dtype=np.int64)
+            responses.append(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("ROWS", rows)]))
+        return responses
+"""
+ROWS_CONFIG = """
+backend: "python"
+max_batch_size: 64
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "ROWS" data_type: TYPE_INT64 dims: [ 1 ] } ]
+dynamic_batching { }
+"""
+
+
+def test_a_runner_hands_a_model_that_answers_per_request_each_request_as_its_own(tmp_path: Path) -> None:
+    repository = tmp_path / "repo"
+    (repository / "rows" / "1").mkdir(parents=True)
+    (repository / "rows" / "1" / "model.py").write_text(ROWS_MODEL)
+    (repository / "rows" / "config.pbtxt").write_text(ROWS_CONFIG)
+    ready = tmp_path / "ready.json"
+    (tmp_path / "cwd").mkdir()
+    wb = Workbench(
+        tmp_path / "cwd",
+        f"--model_repository={repository}",
+        "--allow_python_models",
+        "--rest_api_port=-1",
+        "--port=0",
+        "--num_workers=2",
+        "--model_runners=1",
+        f"--ready_file={ready}",
+    )
+    try:
+        wait_until(lambda: ready.exists() or wb.proc.poll() is not None, START_DEADLINE_S, 0.1, "the ready file")
+        assert wb.proc.poll() is None, wb.stderr[-3000:]
+        url = f"http://127.0.0.1:{json.loads(ready.read_text())['rest_port']}/v2/models/rows/infer"
+        body = {"inputs": [{"name": "X", "shape": [1, 1], "datatype": "FP32", "data": [1.0]}]}
+
+        def rows(_: int) -> list[int]:
+            answer = requests.post(url, json=body, timeout=60)
+            assert answer.status_code == 200, answer.text
+            return answer.json()["outputs"][0]["data"]
+
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            answers = list(pool.map(rows, range(160)))
+        assert answers == [[1]] * 160
+    finally:
+        if wb.proc.poll() is None:
+            wb.proc.send_signal(signal.SIGTERM)
+            assert wb.wait(120) == 0, wb.stderr[-3000:]

@@ -40,7 +40,7 @@ from workbench.batching.threads import InferenceThreads
 from workbench.config.batching_parameters import BatchingParameters
 from workbench.config.options import ServerOptions
 from workbench.core.errors import Code, ServingError, from_exception
-from workbench.core.servable import Composite, Servable
+from workbench.core.servable import Composite, PerRequestServable, Servable
 from workbench.core.signatures import Signature
 from workbench.models.warmup_replay import warm_up
 from workbench.observability import tracing
@@ -304,7 +304,9 @@ class ModelRunner:
         if version is None or servable is None or params is None:
             return members
         signature = servable.signatures.get(signature_name)
-        if signature is None or not signature.batchable:
+        # A model that answers each request on its own (Triton's Python backend, a handler, Hugging Face's tasks)
+        # must get each as its own: merged, execute() would see one request of several clients' rows.
+        if signature is None or not signature.batchable or isinstance(servable, PerRequestServable):
             return members
         alone: list[Arrival] = []
         by_shape: dict[tuple[Any, ...], list[Arrival]] = {}
