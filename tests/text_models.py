@@ -4,8 +4,11 @@ with log-probabilities, an endless one that notes when its generator closed, and
 
 from __future__ import annotations
 
+import contextlib
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 # Reverses the last message's words at temperature 0; samples seeded words from a vocabulary above it. Each word
 # is a piece (a token to the API); the prompt's tokens are its words.
@@ -124,3 +127,17 @@ def write_model(repository: Path, name: str, source: str, versions: tuple[int, .
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "model.py").write_text(textwrap.dedent(source))
     return repository / name
+
+
+@contextlib.contextmanager
+def openai_client(rest_url: str) -> Iterator[Any]:
+    """The official client on a server's REST port, failing at once (no retries) so that a test sees each answer."""
+    import openai
+
+    with openai.OpenAI(base_url=rest_url + "/v1", api_key="anything", max_retries=0, timeout=60) as made:
+        yield made
+
+
+def chat(client: Any, text: str, model: str = "parrot", **options: Any) -> Any:
+    """One user message to ``model``; ``options`` are the call's other parameters."""
+    return client.chat.completions.create(model=model, messages=[{"role": "user", "content": text}], **options)

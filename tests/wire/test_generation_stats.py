@@ -14,7 +14,7 @@ import openai
 import pytest
 import requests
 from test_stats import ENTRY_KEYS
-from text_models import HASHER, PARROT, write_model
+from text_models import HASHER, PARROT, chat, openai_client, write_model
 from waiting import wait_until
 
 from workbench.client import Client
@@ -44,12 +44,8 @@ def server(repository: Path) -> Iterator[ServerThread]:
 
 @pytest.fixture(scope="module")
 def client(server: ServerThread) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=server.rest_url + "/v1", api_key="anything", max_retries=0, timeout=60) as made:
+    with openai_client(server.rest_url) as made:
         yield made
-
-
-def chat(client: openai.OpenAI, text: str, model: str = "parrot", **options: Any) -> Any:
-    return client.chat.completions.create(model=model, messages=[{"role": "user", "content": text}], **options)
 
 
 def entry(server: ServerThread, model: str) -> dict[str, Any]:

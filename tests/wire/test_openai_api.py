@@ -20,7 +20,7 @@ import pandas as pd
 import pytest
 import requests
 import trustme
-from text_models import HASHER, PARROT, SCORED, TICKER, hashed, write_model
+from text_models import HASHER, PARROT, SCORED, TICKER, chat, hashed, openai_client, write_model
 from waiting import wait_until
 
 import workbench
@@ -64,12 +64,8 @@ def server(repository: Path) -> Iterator[ServerThread]:
 
 @pytest.fixture(scope="module")
 def client(server: ServerThread) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=server.rest_url + "/v1", api_key="anything", max_retries=0, timeout=60) as made:
+    with openai_client(server.rest_url) as made:
         yield made
-
-
-def chat(client: openai.OpenAI, text: str, model: str = "parrot", **options: Any) -> Any:
-    return client.chat.completions.create(model=model, messages=[{"role": "user", "content": text}], **options)
 
 
 # -------------------------------------------------------------------------------------------------------- models
