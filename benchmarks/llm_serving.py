@@ -31,6 +31,16 @@ max_tokens=64)`` of its own prompt (16 random words from the corpus), all starte
 wall time, the median round. Time to first token: from a stream's request to its first content chunk, p50 and p95
 over every stream of every round.
 
+That burst (every stream's request at the same instant, every answer the same length) is the worst case for time to
+first token: 16 prompts arrive together, so the last waits for all 16 to be prefilled, which on a CPU costs what
+their tokens cost (on 2 cores: the median stream's first token cannot come before half of that work, whatever the
+scheduler). **Sustained load** is also measured (``--sustained_seconds``, 10 by default; 0 leaves it out), on
+workbench and ``transformers-serve-cb`` (the one-at-a-time server queues its requests for seconds): 1 and 16 streams
+kept busy, each sending its next request the moment its last answer ends, ``max_tokens`` drawn from 32 to 96 (a
+mean of 64: answers of one length would keep the streams in step, arriving together every time, as no real load
+does), the same seeds for every server. After 2 s of warm-up, tokens/s is the content chunks received in the window
+over its length, and time to first token is over every request sent in the window (p50, p95); rounds as above.
+
 **Embeddings at 32 clients against the in-process rate.** A BERT-like encoder (4 layers, hidden 256, 4 heads, random
 weights, a WordPiece tokenizer of 1,000 tokens trained here; the feature-extraction task: mean pooling and
 normalisation) served by `workbench serve --enable_batching` (max_batch_size 64, batch_timeout_micros 0, one batch
@@ -248,7 +258,13 @@ def client(running: Running) -> Any:
 
 
 # ============================================================================================= generation
-async def one_stream(openai_client: Any, model: str, prompt: str) -> dict[str, Any]:
+async def one_stream(
+    openai_client: Any,
+    model: str,
+    prompt: str,
+    max_tokens: int = MAX_TOKENS,
+    on_chunk: Callable[[], None] | None = None,
+) -> dict[str, Any]:
     started = time.perf_counter()
     first = 0.0
     chunks = 0
@@ -256,7 +272,7 @@ async def one_stream(openai_client: Any, model: str, prompt: str) -> dict[str, A
     stream = await openai_client.chat.completions.create(
         model=model,
         messages=[{"role": "user", "content": prompt}],
-        max_tokens=MAX_TOKENS,
+        max_tokens=max_tokens,
         temperature=0,
         stream=True,
     )
@@ -265,8 +281,10 @@ async def one_stream(openai_client: Any, model: str, prompt: str) -> dict[str, A
             if choice.delta.content:
                 first = first or time.perf_counter() - started
                 chunks += 1
+                if on_chunk is not None:
+                    on_chunk()
             finish = choice.finish_reason or finish
-    return {"ttft": first, "chunks": chunks, "finish": finish}
+    return {"started": started, "ttft": first, "chunks": chunks, "finish": finish}
 
 
 async def chat_round(openai_client: Any, model: str, prompts: list[str]) -> dict[str, Any]:
@@ -280,6 +298,83 @@ async def chat_round(openai_client: Any, model: str, prompts: list[str]) -> dict
         "ttft": [s["ttft"] for s in streams],
         "chunks": [s["chunks"] for s in streams],
         "unfinished": len(streams) - len(complete),
+    }
+
+
+async def sustained_round(
+    openai_client: Any, model: str, prompts: list[str], streams: int, seconds: float, warmup: float, seed: int
+) -> dict[str, Any]:
+    """``streams`` streams kept going for ``warmup`` + ``seconds``: each sends its next request as soon as its last
+    answer ends, ``max_tokens`` drawn from 32 to 96 (a mean of 64; answers of one length would keep every stream in
+    step, all arriving at once each time, which no real load does). Tokens/s: the content chunks received in the
+    measured window over its length; time to first token: every request sent in the window and answered."""
+    rng = random.Random(seed)
+    window = {"start": 0.0, "end": 0.0}
+    tokens = [0]
+    done: list[dict[str, Any]] = []
+
+    def counted() -> None:
+        if window["start"] <= time.perf_counter() < window["end"]:
+            tokens[0] += 1
+
+    async def stream(index: int) -> None:
+        turn = 0
+        while True:
+            prompt = prompts[(index + turn * streams) % len(prompts)]
+            turn += 1
+            outcome = await one_stream(openai_client, model, prompt, rng.randint(32, 96), counted)
+            if window["start"] <= outcome["started"] < window["end"]:
+                done.append(outcome)
+
+    began = time.perf_counter()
+    window.update(start=began + warmup, end=began + warmup + seconds)
+    tasks = [asyncio.create_task(stream(i)) for i in range(streams)]
+    await asyncio.sleep(warmup + seconds)
+    for task in tasks:  # the streams still open are closed (the server frees their slots at its next step)
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    return {
+        "tokens_per_second": tokens[0] / seconds,
+        "ttft": [d["ttft"] for d in done if d["ttft"]],
+        "requests": len(done),
+        "unfinished": sum(d["finish"] != "length" for d in done),
+    }
+
+
+async def sustained_rounds(
+    running: list[Running], names: dict[str, str], prompts: list[str], args: Any, log: Callable[[str], None]
+) -> dict[tuple[str, int], list[dict[str, Any]]]:
+    """:func:`sustained_round` at 1 stream and at 16 on every server, ``--rounds`` times, the order reversed every
+    other round."""
+    clients = {r.server.peer: client(r) for r in running}
+    plan = [(r.server.peer, n) for r in running for n in (1, STREAMS)]
+    measured: dict[tuple[str, int], list[dict[str, Any]]] = {key: [] for key in plan}
+    for index in range(args.rounds):
+        for peer, n in plan if index % 2 == 0 else reversed(plan):
+            outcome = await sustained_round(
+                clients[peer], names[peer], prompts, n, args.sustained_seconds, 2.0, seed=index
+            )
+            measured[(peer, n)].append(outcome)
+            p50 = 1000 * statistics.median(outcome["ttft"]) if outcome["ttft"] else float("nan")
+            log(
+                f"sustained round {index + 1}: {peer}, {n} streams: {outcome['tokens_per_second']:.0f} tokens/s, "
+                f"time to first token p50 {p50:.1f} ms over {outcome['requests']} requests"
+            )
+    for openai_client in clients.values():
+        await openai_client.close()
+    return measured
+
+
+def sustained_row(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    ttft = [t for r in rounds for t in r["ttft"]]
+    rates = sorted(r["tokens_per_second"] for r in rounds)
+    return {
+        "tokens_per_second": round(statistics.median(rates), 1),
+        "rounds_tokens_per_second": [round(r, 1) for r in rates],
+        "ttft_p50_ms": round(1000 * percentile(ttft, 50), 1),
+        "ttft_p95_ms": round(1000 * percentile(ttft, 95), 1),
+        "requests": sum(r["requests"] for r in rounds),
+        "unfinished_answers": sum(r["unfinished"] for r in rounds),
     }
 
 
@@ -348,6 +443,9 @@ def measure_generation(args: Any, work: Path, log: Callable[[str], None]) -> dic
             log(f"{each.server.peer}: ready in {ready:.1f} s (pid {each.proc.pid})")
             result["servers"][each.server.peer] = {**each.server.settings, "ready_seconds": round(ready, 1)}
         measured, idle_cpu = asyncio.run(generation_rounds(running, names, prompts, args.rounds, log))
+        # Sustained load: the one-at-a-time server is left out (at 16 streams its requests queue for seconds).
+        steady = [r for r in running if r.server.peer != "transformers-serve"]
+        sustained = asyncio.run(sustained_rounds(steady, names, prompts, args, log)) if args.sustained_seconds else {}
         for each in running:  # after the runs: every pool a server starts on demand is there by now
             result["servers"][each.server.peer]["os_threads"] = len(os.listdir(f"/proc/{each.proc.pid}/task"))
     finally:
@@ -368,6 +466,28 @@ def measure_generation(args: Any, work: Path, log: Callable[[str], None]) -> dic
     result["workbench_16_over_1_tokens_per_second"] = round(
         ours[str(STREAMS)]["tokens_per_second"] / ours["1"]["tokens_per_second"], 2
     )
+    result["workbench_16_over_1_ttft_p50"] = round(ours[str(STREAMS)]["ttft_p50_ms"] / ours["1"]["ttft_p50_ms"], 2)
+    if sustained:
+        steady_rows: dict[str, dict[str, Any]] = {}
+        for (peer, n), measured_rounds in sustained.items():
+            steady_rows.setdefault(peer, {})[str(n)] = sustained_row(measured_rounds)
+        ours_steady, theirs_steady = steady_rows["workbench"], steady_rows["transformers-serve-cb"]
+        result["sustained"] = {
+            "what": f"{STREAMS} streams (and 1) kept busy for --sustained_seconds after 2 s, max_tokens 32 to 96",
+            "seconds": args.sustained_seconds,
+            "servers": steady_rows,
+            "workbench_16_over_1_tokens_per_second": round(
+                ours_steady[str(STREAMS)]["tokens_per_second"] / ours_steady["1"]["tokens_per_second"], 2
+            ),
+            "workbench_16_over_1_ttft_p50": round(
+                ours_steady[str(STREAMS)]["ttft_p50_ms"] / ours_steady["1"]["ttft_p50_ms"], 2
+            ),
+            "workbench_over_transformers_serve_cb": {
+                f"{what}_{n}": round(ours_steady[str(n)][key] / theirs_steady[str(n)][key], 2)
+                for what, key in (("tokens_per_second", "tokens_per_second"), ("ttft_p50", "ttft_p50_ms"))
+                for n in (1, STREAMS)
+            },
+        }
     result["transformers_serve_versions"] = versions(python, REPORTED)
     return result
 
@@ -559,6 +679,10 @@ def main() -> None:
     parser.add_argument(
         "--embedding_server_flags", nargs="*", default=[], metavar="FLAG",
         help="more flags for the embeddings' `workbench serve`, e.g. --embedding_server_flags=--model_runners=1",
+    )  # fmt: skip
+    parser.add_argument(
+        "--sustained_seconds", type=float, default=10.0,
+        help="seconds of each sustained-load generation measurement (10; 0 leaves it out)",
     )  # fmt: skip
     parser.add_argument("--venvs", type=Path, default=None, help="where the peers' venvs live (as peers.py)")
     parser.add_argument(

@@ -20,6 +20,7 @@ import torch
 
 import workbench
 from tests import hf_models
+from tests.waiting import wait_until
 from workbench.server.running import ServerThread
 
 QUESTIONS = [
@@ -168,3 +169,17 @@ def test_the_exports_check_asks_a_generator_for_a_token_not_an_empty_prompt(
         )
     assert result.version == 1
     assert not [r for r in caplog.records if "rejected" in r.getMessage()]
+
+
+def test_a_client_that_leaves_a_stream_frees_its_sequence_and_the_next_answer_is_whole(
+    client: openai.OpenAI, server: ServerThread, models: SimpleNamespace
+) -> None:
+    with server.server.manager.served.handle("chat") as servable:
+        scheduler = servable.scheduler  # type: ignore[attr-defined]
+    stream = ask(client, QUESTIONS[2], max_tokens=4000, stream=True)
+    received = [next(iter(stream)) for _ in range(3)]
+    assert all(chunk.choices for chunk in received)
+    stream.close()  # the connection goes: the data plane closes the generation, which leaves the batch
+    wait_until(lambda: scheduler.active == 0 and scheduler.waiting == 0, what="the generation to leave the batch")
+    expected, _ = greedy_in_process(models, QUESTIONS[3], 6)
+    assert ask(client, QUESTIONS[3], max_tokens=6).choices[0].message.content == expected

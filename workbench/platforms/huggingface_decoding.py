@@ -1,11 +1,11 @@
 """The model side of continuous batching for a Hugging Face generator: batched KV caches that rows join and leave.
 
-Sequences decode together in a :class:`RowBatch`: one KV cache for all its rows (``[rows, heads, columns, dim]``
-per layer, the model's own ``DynamicCache``), **left-padded** so every row's next token goes in the same column,
-with the mask of each row's real columns and each row's own position ids. Padding is masked out and positions count
-real tokens only, so a row computes what it would alone: a greedy generation batched with others gives exactly the
-tokens it gives alone. A row leaves by indexing the cache (and the columns no row uses any more are cut); a row that
-finished its prompt joins by padding both caches to the same width and concatenating them.
+Sequences decode together in a :class:`RowBatch`: one KV cache for all its rows (``[rows, heads, columns, dim]`` per
+layer, a ``DynamicCache`` whose columns grow into spare room: ``growing_kv_cache.py``), **left-padded** so every row's
+next token goes in the same column, with the mask of each row's real columns and each row's own position ids. Padding is
+masked out and positions count real tokens only, so a row computes what it would alone: a greedy generation batched with
+others gives exactly the tokens it gives alone. A row leaves by indexing the cache (and the columns no row uses any more
+are cut); a row that finished its prompt joins by padding both caches to the same width and concatenating them.
 
 A prompt is prefilled apart (a :class:`PrefillGroup`: the prompts admitted together, left-padded to the widest), in
 chunks of columns the scheduler sizes to its token budget, then its rows join the decode batch. An encoder-decoder
@@ -150,9 +150,11 @@ class BatchedDecoder:
     def _new_cache(self) -> Cache:
         from transformers import DynamicCache, EncoderDecoderCache
 
-        if self.calls.seq2seq:
-            return EncoderDecoderCache(DynamicCache(), DynamicCache())
-        return DynamicCache()
+        from workbench.platforms.growing_kv_cache import GrowingCache
+
+        if self.calls.seq2seq:  # the cross-attention cache is written once, by the prefill
+            return EncoderDecoderCache(GrowingCache(), DynamicCache())
+        return GrowingCache()
 
     def prefill(self, columns: int) -> list[tuple[Any, TokenDraw]]:
         import torch
