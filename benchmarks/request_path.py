@@ -166,12 +166,12 @@ def bare_rsgi_app() -> Any:
 def workbench_rsgi_app(rest_app: Any) -> Any:
     """workbench's REST inference in RSGI: what `workbench serve` would run were it to switch to granian's interface
     for its hot path (RestApi.inference, as RestApp answers it in ASGI); anything else is a 404 here."""
-    from workbench.frontends.rest import _PREDICTION_PATH, answered_by
+    from workbench.frontends.rest import PREDICTION_PATH, answered_by
 
-    api = rest_app._api
+    api = rest_app.inference_api
 
     async def app(scope: Any, proto: Any) -> None:
-        match = _PREDICTION_PATH.fullmatch(scope.path) if scope.method == "POST" else None
+        match = PREDICTION_PATH.fullmatch(scope.path) if scope.method == "POST" else None
         if match is None:
             proto.response_empty(404, [])
             return
