@@ -78,12 +78,15 @@ class _Exchange:
                     self._body_done = True
                     return {"type": "http.request", "body": await self._proto(), "more_body": False}
                 if self._chunks is None:
-                    self._chunks = self._proto.__aiter__()
-                async for chunk in self._chunks:
+                    self._chunks = aiter(self._proto)  # once: granian's body can be taken once
+                while True:
+                    try:
+                        chunk = await anext(self._chunks)
+                    except StopAsyncIteration:
+                        self._body_done = True
+                        return {"type": "http.request", "body": b"", "more_body": False}
                     if chunk:
                         return {"type": "http.request", "body": chunk, "more_body": True}
-                self._body_done = True
-                return {"type": "http.request", "body": b"", "more_body": False}
             except RuntimeError:  # granian's RSGIProtocolError: the body's stream broke, the client went
                 self._body_done = True
                 return {"type": "http.disconnect"}

@@ -10,21 +10,27 @@ What it keeps of uvicorn's port: TLS (the same PEM files; TLS 1.2 and 1.3, clien
 and HTTP/1.1 pipelining (hyper's), the request-size limit (the app's), the app's headers (granian adds its own
 ``server`` header where uvicorn adds ``server`` and ``date``).
 
-**Draining** (:meth:`GranianHttp.drain`), with :mod:`workbench.server.http_drain`'s guarantees and its first steps:
+**Draining** (:meth:`GranianHttp.drain`) takes :mod:`workbench.server.http_drain`'s first steps, then granian's own:
 
 1. new connections' SYNs are dropped at the listening socket (Linux's socket filter), and the TCP handshakes in
    progress are let finish;
-2. granian keeps accepting until the kernel's accept queue is empty, so every connection a client made is granian's;
-3. granian's graceful shutdown: it stops accepting, closes the keep-alive connections that are idle (no request in
-   them or read from them), and lets every other connection answer its request with ``Connection: close`` (hyper
-   counts a connection accepted but not read yet as busy: its first request is answered, then it closes);
+2. granian keeps accepting until the kernel's accept queue is empty and has stayed so for :data:`SETTLE_SECONDS`
+   (:data:`TLS_SETTLE_SECONDS` over TLS), so every connection a client made is granian's and the requests sent on
+   them have reached it;
+3. granian's graceful shutdown (hyper's): it stops accepting (the port then refuses connections), and every
+   connection with a request in it (its first bytes read, or its answer under way) answers that request with
+   ``Connection: close``; a connection with nothing read (new, or idle between keep-alive requests) is closed at
+   once;
 4. what still runs at the end of the grace is left (the call returns False) and goes with the process.
 
-What differs from uvicorn's drain: a TLS handshake still in progress in granian when it stops accepting (after step 2,
-the client's last handshake message not yet processed) is dropped with its listener, where uvicorn waits up to
-:data:`~workbench.server.http_drain.HANDSHAKE_WAIT_SECONDS` for it; :data:`TLS_SETTLE_SECONDS` of quiet on the accept
-queue before stopping make that window small, not empty. And a keep-alive connection whose next request hyper has not
-begun to read when the drain reaches it is closed (uvicorn's drain also looks in the kernel's receive buffer).
+What uvicorn's drain keeps and this one does not (hyper's graceful shutdown decides, and says nothing of what it has
+not read): a connection accepted before the drain whose client has sent nothing when step 3 comes (a pool's
+connection opened ahead, a client slower than the settling) is closed without an answer, where uvicorn waits
+:data:`~workbench.server.http_drain.FRESH_WAIT_SECONDS` for its request and answers it; the same for a keep-alive
+connection whose next request is in the kernel's receive buffer but not yet read by hyper (uvicorn looks there before
+closing), and for a TLS handshake granian has not finished (uvicorn waits
+:data:`~workbench.server.http_drain.HANDSHAKE_WAIT_SECONDS` for it). Such a client sees its connection closed before
+any answer (never a partial one) and may send again elsewhere; one whose request had reached granian is answered.
 """
 
 from __future__ import annotations
@@ -56,9 +62,10 @@ from workbench.server.http_drain import TCP_HANDSHAKE_WAIT_SECONDS, handshakes_i
 log = logging.getLogger("workbench.server")
 
 BACKLOG = 2048  # ports.bind's listen() backlog; granian's worker takes as many connections at once
-# After the accept queue is empty, how long it must stay empty before granian stops accepting, over TLS: the
-# handshakes granian took from it finish meanwhile (a TLS 1.3 client sends its request right after its last
-# handshake message, before the server has read it).
+# How long the accept queue must stay empty before granian's graceful shutdown, which closes a connection it has read
+# nothing from: the connections just accepted have their requests (sent with the connection) read meanwhile. Over
+# TLS, their handshakes finish too (a TLS 1.3 client sends its request right after its last handshake message).
+SETTLE_SECONDS = 0.05
 TLS_SETTLE_SECONDS = 0.2
 _TCP_INFO_UNACKED = 24  # struct tcp_info's tcpi_unacked: for a listening socket, its accept queue's length
 
@@ -165,7 +172,7 @@ class GranianHttp:
             settle = loop.time() + min(TCP_HANDSHAKE_WAIT_SECONDS, grace)
             while handshakes_in_progress({port}) and loop.time() < settle:
                 await asyncio.sleep(0.002)
-            quiet = TLS_SETTLE_SECONDS if self._server.ssl_ctx[0] else 0.0
+            quiet = TLS_SETTLE_SECONDS if self._server.ssl_ctx[0] else SETTLE_SECONDS
             empty_since = None
             while loop.time() < deadline:
                 if accept_queue_length(listener):
@@ -179,6 +186,10 @@ class GranianHttp:
         # granian waits this long for its worker to finish (asyncio.wait_for, which takes fractions of seconds).
         self._server.workers_kill_timeout = max(deadline - loop.time(), 0.001)  # type: ignore[assignment]
         self._server.stop()
+        # granian's listener (a duplicate) closes as its accept loop ends; this one now, so that the port refuses new
+        # connections (the queue is empty, and SYNs were dropped meanwhile).
+        with contextlib.suppress(OSError):
+            listener.close()
         finished = True
         serving, self._serving = self._serving, None
         if serving is not None:
@@ -190,6 +201,4 @@ class GranianHttp:
             except Exception:  # granian failed to stop: what it held goes with the process
                 log.exception("granian did not stop cleanly")
                 finished = False
-        with contextlib.suppress(OSError):
-            listener.close()
         return finished
