@@ -42,7 +42,7 @@ venv_install = if [ -x $(BIN)/uv ]; then \
 	    $(BIN)/uv pip install --quiet --compile-bytecode --python $(BIN)/python $(1); \
 	else $(BIN)/python -m pip install --quiet $(1); fi
 
-.PHONY: install lab serve docs test test-busy test-fast test-extension wheel lint clean
+.PHONY: install lab serve docs test test-busy test-granian test-fast test-extension wheel lint clean
 
 install: $(STAMP) $(LABEXT)
 
@@ -105,6 +105,14 @@ test: install test-extension
 # --busy), as a shared CI machine's other work, and stops them at its end. Every test passes so too.
 test-busy: install test-extension
 	$(BIN)/python -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) --busy $(PYTEST_ARGS)
+
+# The REST suites (every test of TF Serving's, v2's and TorchServe's REST APIs, TLS, drains) with every server on
+# granian (--http_server=granian, through tests/conftest.py's --http-server) instead of uvicorn.
+GRANIAN_SUITES = tests/wire/test_rest_predict.py tests/wire/test_classify_regress.py tests/wire/test_v2_rest.py \
+	tests/wire/test_torchserve.py tests/wire/test_tls.py tests/wire/test_drain.py tests/wire/test_drain_connections.py
+test-granian: install
+	$(BIN)/python -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) --http-server=granian \
+		$(GRANIAN_SUITES) $(PYTEST_ARGS)
 
 # The unit tier alone (tests/unit: in-process, on fakes, no framework, no sockets): seconds, for the edit loop.
 test-fast: install

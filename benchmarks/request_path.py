@@ -1,6 +1,6 @@
 """The request path: what workbench's server costs over the bare stacks it runs on, granian against uvicorn, start-up.
 
-Run: `.venv/bin/python benchmarks/request_path.py` (about 20 minutes on 2 cores; the bench extra adds granian).
+Run: `.venv/bin/python benchmarks/request_path.py` (about 20 minutes on 2 cores).
 Prints tables and writes benchmarks/results/request_path.json. Everything is measured in this one run, one server
 under load at a time, each a child process on 127.0.0.1, by load generators in this process (and h2load and wrk
 where installed); every row is the median of --rounds measurements:
@@ -28,10 +28,12 @@ ratios (every server measured the same way, in the same minutes) are the result.
 
 `--rest_only` (a few minutes) measures the REST hot path alone at --clients (32) and writes
 benchmarks/results/request_path_rest.json: the bare apps (Starlette under uvicorn and granian, a bare RSGI app under
-granian), `workbench serve` of this checkout and, with `--baseline_tree DIR`, of another one (before and after in
-one run), and workbench's app under uvicorn, granian and granian's RSGI, all up at once and taking turns round by
-round; each row with the CPU µs a request cost the server (``proc_us``) and its event loop (``loop_us``, where that is
-the process's main thread), steadier than requests/s on a shared machine.
+granian), `workbench serve` of this checkout on uvicorn and with `--http_server=granian` and, with `--baseline_tree
+DIR`, of another one (before and after in one run), and workbench's app under uvicorn, granian's ASGI and granian's
+RSGI (workbench/server/granian_http.py's RestRsgi), all up at once and taking turns round by round; each row with
+the CPU µs a request cost the server (``proc_us``) and its event loop (``loop_us``, where that is the process's main
+thread), steadier than requests/s on a shared machine, and its requests/s over bare Starlette on uvicorn's
+(``vs_bare``) and over `workbench serve` on uvicorn's (``vs_serve_uvicorn``).
 """
 
 from __future__ import annotations
@@ -39,7 +41,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
-import importlib.util
 import json
 import os
 import re
@@ -79,10 +80,11 @@ from frontends import in_process_median_ms
 from workbench.client.bench import format_table, grpc_predict_bytes, run_load
 from workbench.demo import save_half_plus_two
 
-# The HTTP servers the REST rows compare: granian where it is installed (the bench extra).
-HTTP_SERVERS = ("uvicorn", "granian") if importlib.util.find_spec("granian") else ("uvicorn",)
+# The HTTP servers the REST rows compare (granian is one of workbench's dependencies: --http_server=granian).
+HTTP_SERVERS = ("uvicorn", "granian")
 HP2 = "half_plus_two"
 HOP = "bare grpc.aio + thread hop"  # the bare server, each request handed to a thread and back
+GRANIAN_SERVE = "workbench serve --http_server=granian"
 REST_BARE = "bare Starlette/uvicorn"  # the REST ceiling every REST row is a share of
 HP2_INPUTS = {"x": np.array([[2.0]], np.float32)}
 HP2_REST_ANSWER = {"outputs": [[3.0]]}  # half_plus_two's answer to workbench bench's columnar body
@@ -163,25 +165,6 @@ def bare_rsgi_app() -> Any:
     return app
 
 
-def workbench_rsgi_app(rest_app: Any) -> Any:
-    """workbench's REST inference in RSGI: what `workbench serve` would run were it to switch to granian's interface
-    for its hot path (RestApi.inference, as RestApp answers it in ASGI); anything else is a 404 here."""
-    from workbench.frontends.rest import _PREDICTION_PATH, answered_by
-
-    api = rest_app._api
-
-    async def app(scope: Any, proto: Any) -> None:
-        match = _PREDICTION_PATH.fullmatch(scope.path) if scope.method == "POST" else None
-        if match is None:
-            proto.response_empty(404, [])
-            return
-        status, body, servable = await api.inference(match, proto, scope.path)
-        headers = list(answered_by(*servable).items()) if servable is not None else []
-        proto.response_bytes(status, [*headers, ("content-type", "application/json")], body)
-
-    return app
-
-
 async def serve_rsgi(app: Any, port: int) -> None:
     from granian.constants import Interfaces
     from granian.server.embed import Server
@@ -219,8 +202,12 @@ def serve_workbench_app_thrice(base_path: str, uvicorn_port: int, granian_port: 
     LongLivedHeap().settle()  # as `workbench serve` does once its models load
     # The app `workbench serve` built for uvicorn (its Ports keep the uvicorn.Server): the same routes, dataplane
     # and loop behind every port, so they differ by the HTTP server (and interface) only.
-    app = running.server._ports._uvicorn.config.app  # type: ignore[union-attr]
-    asyncio.run_coroutine_threadsafe(serve_rsgi(workbench_rsgi_app(app), rsgi_port), running._loop)
+    from workbench.server.granian_http import RestRsgi
+
+    uvicorn_server, _ = running.server._ports._http[0]
+    app = uvicorn_server.config.app
+    # What `workbench serve --http_server=granian` runs: the inference routes in RSGI, the rest through Starlette.
+    asyncio.run_coroutine_threadsafe(serve_rsgi(RestRsgi(app), rsgi_port), running._loop)
     served = asyncio.run_coroutine_threadsafe(serve_asgi(app, granian_port, "granian"), running._loop)
     served.result()
 
@@ -610,7 +597,7 @@ def rest_path_rows(root: Path, config: Path, plan: Plan, baseline: Path | None, 
     app_ports = {"uvicorn": free_port(), "granian": free_port(), "granian RSGI": free_port()}
     children = {kind: Child(kind, port, log=root / f"{kind}.log") for kind, port in ports.items()}
     app_child = Child("workbench-app", root / HP2, *app_ports.values(), log=root / "workbench-app.log")
-    servers = {"workbench serve": ServeProcess(config)}
+    servers = {"workbench serve": ServeProcess(config), GRANIAN_SERVE: ServeProcess(config, "--http_server=granian")}
     if baseline is not None:
         servers["workbench serve (baseline)"] = ServeProcess(config, tree=baseline)
     names = {"bare-rest-uvicorn": REST_BARE, "bare-rest-granian": "bare Starlette/granian"}
@@ -638,9 +625,12 @@ def rest_path_rows(root: Path, config: Path, plan: Plan, baseline: Path | None, 
         for server in servers.values():
             server.stop()
     bare = next(r for r in rows if r["server"] == REST_BARE)
+    on_uvicorn = next(r for r in rows if r["server"] == "workbench serve")
     for r in rows:
         if r.get("requests_per_second") and bare.get("requests_per_second"):
             r["vs_bare"] = round(r["requests_per_second"] / bare["requests_per_second"], 3)
+        if r.get("requests_per_second") and on_uvicorn.get("requests_per_second"):
+            r["vs_serve_uvicorn"] = round(r["requests_per_second"] / on_uvicorn["requests_per_second"], 3)
         if r.get("loop_us") and bare.get("loop_us"):
             r["loop_vs_bare"] = round(bare["loop_us"] / r["loop_us"], 3)  # the loop's rate bound, over the bare one's
     return rows
@@ -658,7 +648,7 @@ def rest_only(args: argparse.Namespace) -> None:
         rows = rest_path_rows(root, config, plan, baseline, args.clients)
     columns = ["server", "protocol", "clients", "requests_per_second", "p50_ms", "p99_ms", "errors"]
     print(f"REST predict, half_plus_two, {args.clients} clients; vs_bare: requests/s over {REST_BARE}'s:")
-    print(format_table(rows, [*columns, "loop_us", "proc_us", "vs_bare", "loop_vs_bare"]))
+    print(format_table(rows, [*columns, "loop_us", "proc_us", "vs_bare", "vs_serve_uvicorn", "loop_vs_bare"]))
     path = save_results(
         "request_path_rest" if args.clients == 32 else f"request_path_rest_{args.clients}_clients",
         {

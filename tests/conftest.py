@@ -18,7 +18,7 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from workbench.config.options import ServerOptions
+from workbench.config.options import HTTP_SERVER_ENV, HTTP_SERVERS, ServerOptions
 from workbench.jupyter import server_records as registry
 from workbench.server import ServerThread
 
@@ -120,6 +120,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "for the whole run, as a shared CI machine's other work; `make test-busy`",
     )  # fmt: skip
     group.addoption("--busy-processes", type=int, default=None, metavar="N", help="how many burners --busy starts")
+    group.addoption(
+        "--http-server", choices=HTTP_SERVERS, default=None,
+        help="the HTTP server of every server the run starts (in process, `workbench serve`, notebooks' kernels) "
+        "where a test does not choose one: sets $WORKBENCH_HTTP_SERVER; `make test-granian`",
+    )  # fmt: skip
 
 
 _RUNTIME_DIRS: list[tuple[str, str | None]] = []  # (this process's folder, the variable's value before it)
@@ -134,17 +139,22 @@ def pytest_configure(config: pytest.Config) -> None:
     folder = tempfile.mkdtemp(prefix="workbench-test-runtime-")
     _RUNTIME_DIRS.append((folder, os.environ.get(registry.RUNTIME_DIR_ENV)))
     os.environ[registry.RUNTIME_DIR_ENV] = folder  # inherited by the server processes tests start
+    if config.getoption("http_server"):  # every server of the run, and the processes it starts (xdist's workers too)
+        os.environ[HTTP_SERVER_ENV] = config.getoption("http_server")
     if config.getoption("busy") and not hasattr(config, "workerinput"):  # the run's own process, once
         count = config.getoption("busy_processes") or len(os.sched_getaffinity(0))
         quiet = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
         _BURNERS.extend(subprocess.Popen([sys.executable, "-c", BURNER], **quiet) for _ in range(count))
 
 
-def pytest_report_header(config: pytest.Config) -> str | None:
-    if not _BURNERS:
-        return None
-    pids = ", ".join(str(burner.pid) for burner in _BURNERS)
-    return f"busy: {len(_BURNERS)} CPU-burning processes at normal priority (pids {pids})"
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    lines = []
+    if os.environ.get(HTTP_SERVER_ENV):
+        lines.append(f"HTTP server: {os.environ[HTTP_SERVER_ENV]} (${HTTP_SERVER_ENV})")
+    if _BURNERS:
+        pids = ", ".join(str(burner.pid) for burner in _BURNERS)
+        lines.append(f"busy: {len(_BURNERS)} CPU-burning processes at normal priority (pids {pids})")
+    return lines
 
 
 def _stop_burners() -> None:

@@ -286,7 +286,12 @@ def test_an_https_drain_answers_a_connection_that_has_not_sent_its_request_yet(r
     connection.request("POST", "/v1/models/hp:predict", body=b'{"instances": [1.0]}')
     response = connection.getresponse()
     assert (response.status, response.read()) == (200, b'{"predictions":[2.5]}')
-    assert response.getheader("connection") == "close"
+    if response.getheader("connection") != "close":
+        # granian answers a request that arrives before its graceful shutdown begins (the drain's first steps take
+        # the accept queue in) as any other, then closes the connection once it is idle: the next read is its end.
+        assert options.chosen_http_server() == "granian", "uvicorn answers it with Connection: close"
+        connection.sock.settimeout(60)
+        assert connection.sock.recv(1) == b""
     connection.close()
     stopping.join(timeout=120)
     assert not stopping.is_alive()

@@ -91,6 +91,12 @@ class RestTLS:
     client_ca_file: str  # "": no client certificates asked for; else required, and checked against this CA
 
 
+# --http_server's choices, the default first; the variable that chooses one for every server a process starts (and
+# its children) where --http_server is not given (a test run under granian: tests/conftest.py's --http-server).
+HTTP_SERVERS = ("uvicorn", "granian")
+HTTP_SERVER_ENV = "WORKBENCH_HTTP_SERVER"
+
+
 @dataclasses.dataclass
 class ServerOptions:
     """Everything ``workbench serve`` was asked for; field names are tensorflow_model_server's flag names."""
@@ -112,6 +118,10 @@ class ServerOptions:
     rest_api_ssl_cert_file: str = ""
     rest_api_ssl_key_file: str = ""
     rest_api_ssl_client_ca_file: str = ""
+    # The HTTP server under the REST port (and --openai_port): "uvicorn", or "granian" (Rust; its RSGI interface
+    # answers the inference routes, everything else reaches the same Starlette app through it); "": $HTTP_SERVER_ENV,
+    # else uvicorn (chosen_http_server()).
+    http_server: str = ""
     model_name: str = "default"
     model_base_path: str = ""
     model_config_file: str = ""
@@ -274,6 +284,14 @@ class ServerOptions:
                 f"({self.drain_seconds:g}), which it is part of: accepted requests need time to finish",
             )
         return self.drain_delay_seconds, self.drain_seconds
+
+    def chosen_http_server(self) -> str:
+        """``--http_server``, else ``$WORKBENCH_HTTP_SERVER``, else uvicorn; one of :data:`HTTP_SERVERS`."""
+        name = self.http_server or os.environ.get(HTTP_SERVER_ENV, "") or HTTP_SERVERS[0]
+        if name not in HTTP_SERVERS:
+            given = f"--http_server={name}" if self.http_server else f"${HTTP_SERVER_ENV}={name}"
+            raise ServingError(Code.INVALID_ARGUMENT, f"{given}: expected {' or '.join(HTTP_SERVERS)}")
+        return name
 
     def grpc_tls(self) -> GrpcTLS | None:
         """``--ssl_config_file``, read and checked (None: plaintext gRPC, TF Serving's default)."""

@@ -139,6 +139,10 @@ def check_serve_flags(args: argparse.Namespace) -> int:
         raise FlagError("--response_cache_bytes cannot be negative (0 turns the cache off)")
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", args.pytorch_device):  # checked again, against the GPUs, at load
         raise FlagError(f"--pytorch_device={args.pytorch_device}: expected auto, cpu, cuda or cuda:N (a GPU's index)")
+    try:
+        ServerOptions(http_server=args.http_server).chosen_http_server()
+    except ServingError as exc:
+        raise FlagError(exc.message) from None
     if args.max_batched_tokens < 0:
         raise FlagError("--max_batched_tokens cannot be negative (0: the default, 512)")
     if args.pytorch_threads < 0:

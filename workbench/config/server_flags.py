@@ -351,6 +351,12 @@ SERVE_FLAGS: tuple[FlagGroup, ...] = (
                 "PORT",
             ),
             ServeFlag("rest_api_max_request_bytes", "largest REST request body accepted", "BYTES"),
+            ServeFlag(
+                "http_server",
+                "the HTTP server of the REST port (and --openai_port): uvicorn, or granian (Rust; answers the "
+                "inference routes in its own interface, RSGI) (default: $WORKBENCH_HTTP_SERVER, else uvicorn)",
+                "SERVER",
+            ),
             ServeFlag("grpc_max_message_bytes", "largest gRPC message received or sent", "BYTES"),
             ServeFlag("num_inference_threads", "threads running TensorFlow (0: twice the cores, at least 4)", "N"),
             ServeFlag(

@@ -50,7 +50,7 @@ MODEL_VERSION_HEADER = "X-Model-Version"
 METRICS_PATH = "/metrics"  # Prometheus metrics, always on
 
 STICKY_HEADER_RAW = STICKY_HEADER.lower().encode()  # as ASGI servers give header names
-_PREDICTION_PATH = re.compile(
+PREDICTION_PATH = re.compile(
     r"/v1/models/([^/:]+)(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?:(classify|regress|predict)",
     re.IGNORECASE,
 )
@@ -125,7 +125,7 @@ class RestApi:
         # The path as the client sent it (percent-decoded), not request.url.path: building a URL drops tabs and
         # newlines (urllib's rule), which made "hp%0A" name the model hp, and re-escapes "\\", "?" and "#".
         path, method = request.scope["path"], request.method
-        match = _PREDICTION_PATH.fullmatch(path)
+        match = PREDICTION_PATH.fullmatch(path)
         if method == "POST" and match:
             key = request.headers.get(STICKY_HEADER)
             status, body, servable = await self.inference(match, functools.partial(self._body, request), path, key)
@@ -152,7 +152,7 @@ class RestApi:
     async def inference(
         self, match: re.Match[str], body: Callable[[], Awaitable[bytes]], path: str, key: str | None = None
     ) -> Answer:
-        """A POST that :data:`_PREDICTION_PATH` matched: ``:predict``, ``:classify`` or ``:regress``, errors
+        """A POST that :data:`PREDICTION_PATH` matched: ``:predict``, ``:classify`` or ``:regress``, errors
         answered too (nothing raises but a cancellation). ``body()`` reads the request's body; ``key`` is its
         stickiness key."""
         try:
@@ -215,6 +215,13 @@ class RestApp(Starlette):
         super().__init__(**kwargs)
         self._api = api if answer_inference else None
 
+    @property
+    def inference_api(self) -> RestApi | None:
+        """The handlers of the inference routes this app answers before Starlette (None with CORS on: then every
+        request is Starlette's), for an HTTP server's own interface to answer them too
+        (:mod:`workbench.frontends.rest_rsgi`)."""
+        return self._api
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if tracing.active is not None and scope["type"] == "http":
             # Its traceparent is read if it reaches the data plane (an inference request), not before. Every HTTP
@@ -224,7 +231,7 @@ class RestApp(Starlette):
         # A root_path (a mount, a proxy's prefix) changes what Starlette's router matches: those go to Starlette.
         if api is not None and scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
             path = scope["path"]
-            match = _PREDICTION_PATH.fullmatch(path) if path.startswith("/v1/") else None
+            match = PREDICTION_PATH.fullmatch(path) if path.startswith("/v1/") else None
             if match is not None:
                 limit = api.max_request_bytes
                 key = rest_asgi.header(scope["headers"], STICKY_HEADER_RAW)

@@ -1,4 +1,5 @@
-"""The server's ports: binding the REST socket, running uvicorn on it, starting gRPC, and closing both at once.
+"""The server's ports: binding the REST socket, running uvicorn (or granian) on it, starting gRPC, and closing both at
+once.
 
 Nothing here decides what the ports answer (that is :mod:`workbench.frontends.wiring`'s): only how they open, with
 which TLS, and how they close within a drain's grace.
@@ -11,7 +12,7 @@ import logging
 import socket
 import ssl
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import uvicorn
@@ -22,6 +23,9 @@ from workbench.core.errors import Code, ServingError
 from workbench.frontends.grpc import ReadinessHealth, start_grpc_server
 from workbench.server.grpc_drain import stop as drain_grpc
 from workbench.server.http_drain import DrainingHttpProtocol, drain
+
+if TYPE_CHECKING:  # imported where --http_server=granian asks for it
+    from workbench.server.granian_http import GranianHttp
 
 log = logging.getLogger("workbench.server")  # the server's log lines, whichever of its modules writes them
 
@@ -56,7 +60,8 @@ class Ports:
         self.grpc_port: int | None = None
         self.openai_port: int | None = None
         self._grpc: grpc.aio.Server | None = None
-        self._http: list[tuple[uvicorn.Server, list[socket.socket]]] = []  # REST's, then OpenAI's
+        self._http: list[tuple[uvicorn.Server, list[socket.socket]]] = []  # REST's, then OpenAI's (uvicorn)
+        self._granian: list[GranianHttp] = []  # the same under --http_server=granian
 
     async def open(
         self,
@@ -70,6 +75,7 @@ class Ports:
         ``openai_app()`` on ``--openai_port`` where it is not 0; ``private_socket``: a worker's own socket, where its
         siblings hand it the requests of its sequences."""
         options = self._options
+        options.chosen_http_server()  # raises on an unknown server, before binding
         grpc_tls = options.grpc_tls()  # raises on a bad --ssl_config_file or --rest_api_ssl_* flag, before binding
         options.rest_tls()
         self._grpc, self.grpc_port = await start_grpc_server(
@@ -98,6 +104,19 @@ class Ports:
         sock = bind(options.rest_api_host, port, reuse_port=bool(options.worker_dir))
         bound: int = sock.getsockname()[1]
         tls = options.rest_tls()
+        scheme = "HTTPS" if tls is not None else "HTTP"
+        if options.chosen_http_server() == "granian":
+            from workbench.server.granian_http import GranianHttp
+
+            try:
+                granian = GranianHttp(app, sock, tls)
+            except BaseException:
+                sock.close()
+                raise
+            await granian.start()
+            self._granian.append(granian)
+            log.info("Exporting %s/%s at %s:%d (granian)", scheme, what, options.rest_api_host, bound)
+            return bound
         ssl_options: dict[str, Any] = {}
         if tls is not None:
             ssl_options = {"ssl_certfile": tls.cert_file, "ssl_keyfile": tls.key_file or None}
@@ -123,7 +142,6 @@ class Ports:
         server.lifespan = config.lifespan_class(config)
         await server.startup(sockets=[sock])
         self._http.append((server, [sock]))
-        scheme = "HTTPS" if tls is not None else "HTTP"
         log.info("Exporting %s/%s at %s:%d", scheme, what, options.rest_api_host, bound)
         return bound
 
@@ -135,7 +153,8 @@ class Ports:
         (:func:`workbench.server.grpc_drain.stop`). REST takes in
         the connections waiting to be accepted, closes its listening socket and the keep-alive connections that
         are idle, answers every other accepted connection's request with ``Connection: close``, and cancels what
-        still runs at the end of the grace (:func:`workbench.server.http_drain.drain`).
+        still runs at the end of the grace (:func:`workbench.server.http_drain.drain`); under granian, see
+        :meth:`workbench.server.granian_http.GranianHttp.drain`.
         """
         closing = []
         if self._grpc is not None:
@@ -144,4 +163,6 @@ class Ports:
         for server, sockets in self._http:
             closing.append(drain(server, sockets, grace))
         self._http = []
+        closing.extend(granian.drain(grace) for granian in self._granian)
+        self._granian = []
         return all(await asyncio.gather(*closing))
