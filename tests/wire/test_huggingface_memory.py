@@ -87,6 +87,7 @@ def server(repository: Path) -> Iterator[ServerThread]:
         memory_budget=str(BUDGET),
         load_on_demand=True,
         pytorch_device="cpu",
+        rest_api_timeout_in_ms=300_000,  # each request waits for a load (and an unload) on a machine that may be busy
     )
     with ServerThread(options) as running:
         yield running
@@ -154,11 +155,14 @@ def test_with_model_runners_every_runners_copy_is_counted(
     wb = Workbench(
         tmp_path / "cwd",
         f"--model_repository={tmp_path / 'repo'}",
-        "--num_workers=2",
+        "--num_workers=1",  # one frontend: the ledger a request and a status read see is the same
         "--model_runners=2",
         f"--memory_budget={BUDGET}",
         "--load_on_demand",
         "--pytorch_device=cpu",
+        # Two runner processes import transformers and load the copies: minutes on a busy 2-core machine.
+        "--rest_api_timeout_in_ms=600000",
+        "--wait_for_model_load_seconds=600",
         "--rest_api_port=-1",
         "--port=0",
         f"--ready_file={ready}",
@@ -167,7 +171,7 @@ def test_with_model_runners_every_runners_copy_is_counted(
         wait_until(lambda: ready.exists() or wb.proc.poll() is not None, START_DEADLINE_S, 0.1, "the ready file")
         assert wb.proc.poll() is None, wb.stderr[-3000:]
         url = f"http://127.0.0.1:{json.loads(ready.read_text())['rest_port']}"
-        r = requests.post(f"{url}/v1/models/clf_a:predict", json={"instances": ["Ada wrote."]}, timeout=120)
+        r = requests.post(f"{url}/v1/models/clf_a:predict", json={"instances": ["Ada wrote."]}, timeout=600)
         assert r.status_code == 429, r.text
         assert "took" in r.json()["error"] and "more than the whole memory budget" in r.json()["error"], r.text
         doc = requests.get(f"{url}/workbench/v1/models/clf_a", timeout=10).json()
