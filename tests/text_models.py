@@ -1,6 +1,7 @@
 """Python text models for the OpenAI-compatible endpoints' tests, as ``model.py`` sources that follow the text
 conventions (workbench.core.text_generation): a generator built on ``workbench.TextGenerator``, one written by hand
-with log-probabilities, an endless one that notes when its generator closed, and an embedder."""
+with log-probabilities, an endless one that notes when its generator closed, two that make their own chat prompts
+(a Jinja chat template, a Python method), and an embedder."""
 
 from __future__ import annotations
 
@@ -87,6 +88,44 @@ class Ticker(workbench.TextGenerator):
                 time.sleep(0.02)
         finally:
             (self.folder / "closed.txt").write_text("closed")
+"""
+
+# Its chat prompt comes from its own Jinja template (ChatML-like; a system message first, then user and assistant
+# turns that must alternate, as many templates on the Hub insist); it answers with the prompt it was given, whole.
+CHATML = (
+    "{% if messages[0]['role'] == 'system' %}{% set rest = messages[1:] %}"
+    "<|im_start|>system\n{{ messages[0]['content'] }}<|im_end|>\n{% else %}{% set rest = messages %}{% endif %}"
+    "{% for m in rest %}"
+    "{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "<|im_start|>{{ m['role'] }}\n{{ m['content'] | trim }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+TEMPLATED = f"""
+import workbench
+
+
+class Templated(workbench.TextGenerator):
+    chat_template = {CHATML!r}
+
+    def generate(self, prompt, params):
+        yield prompt
+"""
+
+# Its chat prompt is built in Python: the last user message, in brackets, after how many messages came before.
+PROMPTED = """
+import workbench
+
+
+class Prompted(workbench.TextGenerator):
+    def chat_prompt(self, messages):
+        users = [m["content"] for m in messages if m["role"] == "user"]
+        if not users:
+            raise ValueError("a chat needs a user message")
+        return f"{len(messages) - 1} before: [{users[-1]}]"
+
+    def generate(self, prompt, params):
+        yield prompt
 """
 
 # Hashes each word into one of 8 dimensions; the vector is normalised.

@@ -28,6 +28,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import itertools
 import json
 import re
 import shutil
@@ -41,6 +42,7 @@ from typing import Any
 
 import grpc
 import numpy as np
+import openai
 import pytest
 import ray
 import ray._private.state
@@ -62,6 +64,7 @@ from tensorflow_serving.apis import (
 from tritonclient.utils import InferenceServerException
 
 import workbench.ray
+from tests.text_models import HASHER, PARROT, TEMPLATED, TICKER, chat, hashed, openai_client, write_model
 from tests.waiting import free_port, patient_ray_nodes, process_gone, start_ray_node, wait_until
 from workbench import demo
 from workbench.jupyter import server_records as registry
@@ -344,12 +347,15 @@ class ClientLoad:
 
 # --------------------------------------------------------------------------------------------------------- tests
 def test_two_replicas_answer_every_protocol_export_their_series_and_shut_down_clean(
-    ray_cluster: RayCluster, deploy: Callable[..., RayDeployment], runtime_dir: Path
+    ray_cluster: RayCluster, deploy: Callable[..., RayDeployment], runtime_dir: Path, repository: Path
 ) -> None:
-    """One deployment, three looks at it in turn (a deployment takes ~20 s to start, more on a busy machine)."""
-    deployment = deploy(num_replicas=2)
+    """One deployment, four looks at it in turn (a deployment takes ~20 s to start, more on a busy machine)."""
+    for name, source in (("parrot", PARROT), ("hasher", HASHER), ("ticker", TICKER), ("templated", TEMPLATED)):
+        write_model(repository, name, source)
+    deployment = deploy(num_replicas=2, serve_flags=["--allow_python_models"])
     assert len(set(replica_nodes().values())) == 2, "one replica on each worker node"
     _answers_every_protocol_through_rays_proxies(deployment)
+    _answers_openais_client_through_rays_http_proxy(deployment, repository)
     _exports_the_per_version_series_on_each_replicas_node(ray_cluster, deployment)
     _is_listed_for_jupyter_and_shuts_down_leaving_no_actor_or_process(deployment)
 
@@ -441,6 +447,46 @@ def _answers_every_protocol_through_rays_proxies(deployment: RayDeployment) -> N
         assert triton_status(lambda: http_client.infer("nope", [v2_input_http])) == "404"
     finally:
         http_client.close()
+
+
+def _answers_openais_client_through_rays_http_proxy(deployment: RayDeployment, repository: Path) -> None:
+    """OpenAI's endpoints on the application's REST address, with OpenAI's own client: chat (whole, streamed with
+    the usage chunk, with the model's own chat template), completions, embeddings, the models, errors in OpenAI's
+    shape, and a client leaving mid-stream, which closes the model's generator in the replica."""
+    with openai_client(deployment.rest_url) as client:
+        assert {"parrot", "parrot:1", "hasher", "templated"} <= {model.id for model in client.models.list()}
+        answer = chat(client, "one two three", temperature=0)
+        assert answer.choices[0].message.content == "three two one " and answer.usage.completion_tokens == 3
+        streamed = list(
+            client.chat.completions.create(
+                model="parrot",
+                messages=[{"role": "user", "content": "a b c"}],
+                temperature=0,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        )
+        assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == "c b a "
+        assert streamed[-1].choices == [] and streamed[-1].usage.completion_tokens == 3
+        templated = chat(client, "hi", model="templated")
+        assert templated.choices[0].message.content == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+        assert client.completions.create(model="parrot", prompt="x y", temperature=0).choices[0].text == "y x "
+        vectors = client.embeddings.create(model="hasher", input=["a b", "c"])
+        np.testing.assert_allclose(vectors.data[0].embedding, hashed("a b"), rtol=1e-6)
+        with pytest.raises(openai.NotFoundError):
+            chat(client, "hi", model="nope")
+        with pytest.raises(openai.BadRequestError) as refused:
+            chat(client, "hi", logit_bias={"1": 5})
+        assert refused.value.param == "logit_bias"
+
+        go = [{"role": "user", "content": "go"}]
+        ticks = client.chat.completions.create(model="ticker", messages=go, stream=True)
+        assert len(list(itertools.islice(ticks, 3))) == 3
+        ticks.close()
+    closed = repository / "ticker" / "1" / "closed.txt"
+    wait_until(closed.exists, 60, 0.1, "the ticker's generator closed in the replica once its client left")
+    retrieved = requests.get(f"{deployment.rest_url}/openai/v1/models/parrot", timeout=30)
+    assert retrieved.status_code == 200 and retrieved.json()["id"] == "parrot", retrieved.text
 
 
 def test_a_promotion_through_the_management_api_reaches_every_replica(
@@ -776,5 +822,9 @@ def test_the_command_line_refuses_bad_flags_before_starting_ray(repository: Path
         "deploy", f"--model_repository={repository}", "--num_replicas=2", "--max_replicas=3", timeout=120
     )
     assert both.returncode == 2 and "not both" in both.stderr, both.stderr
+    # Ray's proxies own the ports: --openai_port is refused rather than leave OpenAI's endpoints nowhere.
+    openai_port = workbench_ray("deploy", f"--model_repository={repository}", "--", "--openai_port=8001", timeout=120)
+    assert openai_port.returncode == 2, openai_port.stderr
+    assert "--openai_port: an embedded server (a Ray Serve replica) opens no ports" in openai_port.stderr
     typo = workbench_ray("deplyo", timeout=120)
     assert typo.returncode == 2 and "deploy" in typo.stderr

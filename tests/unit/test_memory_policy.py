@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.config.memory_budget import Budget, Footprint, MemoryOptions, PinRule, parse_budget
+from workbench.config.memory_budget import Budget, MemoryOptions, PinRule, parse_budget
 from workbench.core.errors import Code, ServingError
+from workbench.core.footprint import Footprint
 from workbench.models import memory_policy as policy
 from workbench.models.memory_policy import Tenant, Verdict
 
@@ -104,6 +105,18 @@ def test_charge_is_the_measurement_with_the_files_as_floor() -> None:
     # Never loaded, bound for a GPU: its files' size is counted there, so a GPU budget holds from its first load.
     assert policy.charge_of(None, 1000, on_gpu=True) == Footprint(0, 1000)
     assert policy.charge_of(Footprint(100, 900), 1000, on_gpu=True) == Footprint(100, 900)
+
+
+def test_what_a_version_says_it_holds_is_a_floor_per_kind_of_memory() -> None:
+    # Loaded in another process (a model runner): nothing measured here, its tensors' bytes stand.
+    assert policy.charge_of(Footprint(0, 0), 1000, held=Footprint(3000, 0)) == Footprint(3000, 0)
+    # The measurement saw more (its tokenizer, the library's caches): the measurement stands.
+    assert policy.charge_of(Footprint(5000, 0), 1000, held=Footprint(3000, 0)) == Footprint(5000, 0)
+    # Other GPU work freed memory while it loaded: the GPU growth reads low, its weights on the GPU stand, and the
+    # files' size is not counted on the host for weights that are on the GPU.
+    assert policy.charge_of(Footprint(100, 10), 1000, held=Footprint(0, 900)) == Footprint(100, 900)
+    # Known without a measurement (a platform that measures nothing): the held bytes, not the estimate's GPU guess.
+    assert policy.charge_of(None, 1000, on_gpu=True, held=Footprint(0, 1200)) == Footprint(0, 1200)
 
 
 @pytest.mark.parametrize(

@@ -74,6 +74,11 @@ def test_serve_options_says_what_is_wrong() -> None:
         serve_options(["--model_repository=models", "--rest_api_prot=1"])
     with pytest.raises(FlagError, match="one embedded server is one process"):
         serve_options(["--model_repository=models", "--num_workers=2"])
+    # Ray's proxy owns the ports: OpenAI's endpoints stay on the REST app rather than vanish for a port never opened.
+    for port in ("8001", "-1"):
+        with pytest.raises(FlagError, match=r"--openai_port: an embedded server \(a Ray Serve replica\)"):
+            serve_options(["--model_repository=models", f"--openai_port={port}"])
+    assert serve_options(["--model_repository=models", "--openai_port=0"]).openai_port == 0
 
 
 def test_a_flag_knows_its_earlier_spellings() -> None:

@@ -20,7 +20,18 @@ import pandas as pd
 import pytest
 import requests
 import trustme
-from text_models import HASHER, PARROT, SCORED, TICKER, chat, hashed, openai_client, write_model
+from text_models import (
+    HASHER,
+    PARROT,
+    PROMPTED,
+    SCORED,
+    TEMPLATED,
+    TICKER,
+    chat,
+    hashed,
+    openai_client,
+    write_model,
+)
 from waiting import wait_until
 
 import workbench
@@ -37,6 +48,8 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_model(root, "scored", SCORED)
     write_model(root, "ticker", TICKER)
     write_model(root, "hasher", HASHER)
+    write_model(root, "templated", TEMPLATED)
+    write_model(root, "prompted", PROMPTED)
     write_model(root, "routed", PARROT, versions=(1, 2))
     write_model(root, "shadowed", PARROT, versions=(1, 2))
     logged = write_model(root, "logged", PARROT)
@@ -278,6 +291,51 @@ def test_an_exported_text_generator_is_a_chat_model(client: openai.OpenAI, repos
     wait_until(lambda: "shouter" in {m.id for m in client.models.list()}, timeout=60, what="shouter served")
     answer = client.completions.create(model="shouter", prompt="hey you", max_tokens=1)
     assert answer.choices[0].text == "HEY! " and answer.choices[0].finish_reason == "length"
+
+
+# ------------------------------------------------------------------------------------------------ chat prompts
+CONVERSATION = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Who wrote the first program?"},
+    {"role": "assistant", "content": "Ada Lovelace. "},
+    {"role": "user", "content": [{"type": "text", "text": "When?"}]},  # content parts: their text
+]
+
+
+def test_a_python_generator_renders_its_chat_template(client: openai.OpenAI) -> None:
+    """TEMPLATED answers with the prompt it was given: its own Jinja template's, not the plain role lines."""
+    expected = (
+        "<|im_start|>system\nBe brief.<|im_end|>\n"
+        "<|im_start|>user\nWho wrote the first program?<|im_end|>\n"
+        "<|im_start|>assistant\nAda Lovelace.<|im_end|>\n"
+        "<|im_start|>user\nWhen?<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    answer = client.chat.completions.create(model="templated", messages=CONVERSATION)
+    assert answer.choices[0].message.content == expected
+    assert answer.usage.prompt_tokens == len(expected.split())  # its count_tokens, of the rendered prompt
+    streamed = client.chat.completions.create(model="templated", messages=CONVERSATION, stream=True)
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in streamed if chunk.choices) == expected
+    # Completions take the prompt as it is: no template.
+    assert client.completions.create(model="templated", prompt="as is").choices[0].text == "as is"
+
+
+def test_a_chat_its_template_refuses_is_400_with_the_templates_words(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(
+            model="templated", messages=[{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
+        )
+    assert "Conversation roles must alternate" in refused.value.message
+    assert refused.value.body["type"] == "invalid_request_error"
+
+
+def test_a_python_generator_builds_its_chat_prompt_in_python(client: openai.OpenAI) -> None:
+    answer = client.chat.completions.create(model="prompted", messages=CONVERSATION)
+    assert answer.choices[0].message.content == "3 before: [When?]"
+    # Its ValueError is the request's fault: 400, in OpenAI's shape, with the model's words.
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model="prompted", messages=[{"role": "system", "content": "x"}])
+    assert "a chat needs a user message" in refused.value.message
 
 
 # -------------------------------------------------------------------------------------------------- disconnects

@@ -16,23 +16,7 @@ import re
 from collections.abc import Callable, Sequence
 
 from workbench.core.errors import Code, ServingError
-
-
-@dataclasses.dataclass(frozen=True)
-class Footprint:
-    """Bytes of host memory and of GPU memory (all devices together)."""
-
-    host: int = 0
-    gpu: int = 0
-
-    def __add__(self, other: Footprint) -> Footprint:
-        return Footprint(self.host + other.host, self.gpu + other.gpu)
-
-    def __sub__(self, other: Footprint) -> Footprint:
-        return Footprint(self.host - other.host, self.gpu - other.gpu)
-
-    def describe(self) -> str:
-        return format_bytes(self.host) + (f" (+{format_bytes(self.gpu)} on GPUs)" if self.gpu else "")
+from workbench.core.footprint import Footprint, format_bytes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,16 +122,6 @@ def parse_budget(
                 raise ServingError(Code.INVALID_ARGUMENT, f"--memory_budget={text}: host memory is given twice")
             host = parse_amount(part, ram, "this machine's memory")
     return Budget(host, device, text.strip())
-
-
-def format_bytes(count: int) -> str:
-    """``123456789`` → ``117.7 MiB``."""
-    value = float(count)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(value) < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} GiB"  # pragma: no cover - the loop always returns
 
 
 # -------------------------------------------------------------------------------------------------------- pins

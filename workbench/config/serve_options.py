@@ -209,4 +209,11 @@ def serve_options(flags: Sequence[str]) -> ServerOptions:
         raise FlagError("--num_workers: one embedded server is one process")
     if resolve_model_runners(args.model_runners, 1):
         raise FlagError("--model_runners: one embedded server is one process")
+    if args.openai_port:
+        # An embedded server opens no port of its own; with this flag its REST app would leave OpenAI's endpoints
+        # out, for a port that never opens, and the endpoints would be nowhere.
+        raise FlagError(
+            "--openai_port: an embedded server (a Ray Serve replica) opens no ports, Ray's proxy owns them; "
+            "OpenAI's endpoints are served on the REST address, under /v1 and /openai/v1: leave --openai_port out"
+        )
     return options_from_flags(args, 1)

@@ -16,6 +16,7 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 
 from workbench.core.errors import Code, ServingError
+from workbench.core.footprint import Footprint
 from workbench.core.sequence_contract import SequenceSettings
 from workbench.core.signatures import Signature
 
@@ -69,6 +70,13 @@ class Servable(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - optional: most platforms hold nothing to free by hand
         """Free what the model holds (sessions, native handles, GPU memory)."""
+
+    def memory_held(self) -> Footprint | None:
+        """The host and GPU bytes this version knows it holds (its tensors), asked once it has loaded; None where it
+        does not say. A memory budget charges at least this (:func:`~workbench.models.memory_policy.charge_of`),
+        beside what the load was measured to add, so a version counts for its weights also where the measurement
+        cannot see them (another process, an allocator that reuses freed memory, other GPU work meanwhile)."""
+        return None
 
 
 class PerRequestServable(Servable):

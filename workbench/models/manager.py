@@ -46,7 +46,7 @@ from workbench.models import composites
 from workbench.models.budgeted_loads import BudgetedLoads, Transitions
 from workbench.models.harness import Harness
 from workbench.models.records import DiskVersion, ModelRecord, VersionRecord, VersionState, VersionStatus
-from workbench.models.residency import Residency
+from workbench.models.residency import Residency, memory_held
 from workbench.models.routes import ServableHandle, check_labels, route_of
 from workbench.models.routing import policy as decisions
 from workbench.models.routing.policy import Routing
@@ -407,8 +407,9 @@ class Manager:
                     prepare(name, record.version, record.path, model.config.platform)
                 with self._state.memory.meter.measure() as measured:
                     servable = self._loader(name, record.version, record.path, model.config.platform)
+                measured.held = memory_held(servable)
                 with self._state.lock:
-                    self._state.memory.measurements[id(record)] = measured.footprint
+                    self._state.memory.measurements[id(record)] = measured
             else:
                 servable = self._loader(name, record.version, record.path, model.config.platform)
         except BaseException as exc:  # noqa: BLE001 - a load failure must never kill the load thread

@@ -10,9 +10,12 @@ Serving's ``AspiredVersionPolicy`` is fed the versions' states.
 What is counted: each version holding memory (loading, serving or unloading) is charged a :class:`Footprint`: host
 bytes and GPU bytes. Before its first load, a version's estimate is its files' size on disk (on the GPU where its
 platform will place it there, so a GPU budget is kept from its first load on); once loaded, it is
-what its load was seen to add (resident memory and GPU memory, :mod:`workbench.models.memory_use`), with the files'
-size as the floor for the part not on the GPU: allocators keep and reuse freed memory, so the process's growth
-around one load can read low (or 0), while a model's weights take at least their files' size somewhere. The budget
+what its load was seen to add (resident memory and GPU memory, :class:`~workbench.models.residency.LoadMeter`), with
+two floors: what the version says it holds, where its servable says (``Servable.memory_held``: a Hugging Face
+model's parameters and buffers, on the device each is on), and the files' size for the part not on the GPU.
+Allocators keep and reuse freed memory, so the process's growth around one load can read low (or 0), and a version
+loaded in another process (a model runner) adds nothing here, while a model's weights take at least their files'
+size somewhere, and exactly their tensors' bytes. The budget
 holds when the charges' sum fits it, per kind of memory.
 """
 
@@ -22,7 +25,8 @@ import dataclasses
 import enum
 from collections.abc import Iterable, Sequence
 
-from workbench.config.memory_budget import Budget, Footprint, PinRule
+from workbench.config.memory_budget import Budget, PinRule
+from workbench.core.footprint import Footprint
 
 
 def total(footprints: Iterable[Footprint]) -> Footprint:
@@ -33,13 +37,19 @@ def total(footprints: Iterable[Footprint]) -> Footprint:
 
 
 # ---------------------------------------------------------------------------------------------- what is charged
-def charge_of(measured: Footprint | None, disk_bytes: int, on_gpu: bool = False) -> Footprint:
-    """What a version is counted for: its files' size before its first load (``measured`` None), in GPU memory
-    where its platform places it on a GPU (``on_gpu``), else in host memory; once measured, what its load added,
-    with the files' size not accounted for on the GPU as the floor of its host part."""
-    if measured is None:
+def charge_of(
+    measured: Footprint | None, disk_bytes: int, on_gpu: bool = False, held: Footprint | None = None
+) -> Footprint:
+    """What a version is counted for: its files' size before its first load (``measured`` and ``held`` None), in
+    GPU memory where its platform places it on a GPU (``on_gpu``), else in host memory; once loaded, what its load
+    was measured to add, with two floors: what the version says it holds (``held``: a Hugging Face model's
+    parameters and buffers, per device), and its files' size not accounted for on the GPU, for the host part."""
+    if measured is None and held is None:
         return Footprint(0, max(0, disk_bytes)) if on_gpu else Footprint(max(0, disk_bytes), 0)
-    return Footprint(max(measured.host, disk_bytes - measured.gpu, 0), max(0, measured.gpu))
+    measured = measured or Footprint()
+    held = held or Footprint()
+    gpu = max(0, measured.gpu, held.gpu)
+    return Footprint(max(measured.host, held.host, disk_bytes - gpu, 0), gpu)
 
 
 def pinned(model: str, version: int, rules: Sequence[PinRule], routed: Iterable[int]) -> bool:

@@ -4,7 +4,7 @@ The manager's ledger for ``--memory_budget``, ``--load_on_demand``, ``--unload_a
 records changed only under the manager's lock (:class:`~workbench.models.manager.Manager` is their one writer),
 turned into the :class:`~workbench.models.memory_policy.Tenant` views the policy decides on, and into the
 documents that status, the stats stream and Prometheus read. The decisions themselves are
-:mod:`workbench.models.memory_policy`'s; the measuring, :mod:`workbench.models.memory_use`'s.
+:mod:`workbench.models.memory_policy`'s; the measuring, :class:`LoadMeter`'s.
 """
 
 from __future__ import annotations
@@ -12,24 +12,30 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-from workbench.config.memory_budget import Budget, Footprint, MemoryOptions, format_bytes
+from workbench.config.memory_budget import Budget, MemoryOptions
+from workbench.core.footprint import Footprint, format_bytes
+from workbench.core.servable import Servable
 from workbench.models.memory_policy import Tenant, charge_of, pinned, total
 from workbench.models.records import DiskVersion, ModelRecord, VersionRecord, VersionState
 from workbench.runtime.memory import folder_bytes, gpu_bytes, resident_bytes, return_freed_memory
 
 Key = tuple[str, int]
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
 class Measured:
-    """What one load added: filled in when the ``with`` block of :meth:`LoadMeter.measure` ends."""
+    """What one load added: filled in when the ``with`` block of :meth:`LoadMeter.measure` ends; and what the
+    version loaded says it holds (``Servable.memory_held``), which the loader fills in."""
 
     footprint: Footprint | None = None  # None: nothing could be measured here
+    held: Footprint | None = None  # None: the version does not say
 
 
 class LoadMeter:
@@ -62,6 +68,16 @@ class LoadMeter:
         measured.footprint = Footprint(host, max(0, gpu_after - gpu_before))
 
 
+def memory_held(servable: Servable) -> Footprint | None:
+    """What a loaded version says it holds (None: it does not say, or asking failed, which only the log tells: the
+    load itself went well, and its measured growth still counts)."""
+    try:
+        return servable.memory_held()
+    except Exception:
+        log.exception("%s version %s: memory_held() failed", servable.name, servable.version)
+        return None
+
+
 @dataclasses.dataclass
 class VersionMemory:
     """What the ledger knows of one version; kept across its evictions (its size, its counts)."""
@@ -69,6 +85,7 @@ class VersionMemory:
     disk: int = -1  # its files' size (-1: not read yet)
     fingerprint: tuple[int, ...] = ()  # of the files whose size ``disk`` is
     measured: Footprint | None = None  # what its last load added (None: never loaded, or not measurable)
+    held: Footprint | None = None  # what its last load says it holds (None: never loaded, or it does not say)
     charge: Footprint = Footprint()  # what it holds of the budget now (0 unless loading, serving or unloading)
     loads: int = 0
     evictions: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)  # by reason
@@ -96,8 +113,8 @@ class Residency:
         self.versions: dict[Key, VersionMemory] = {}
         # Versions waiting for memory to load (records in START): asked again whenever memory may have freed.
         self.waiting: dict[Key, tuple[ModelRecord, VersionRecord]] = {}
-        # What each load under way was measured to add, by its record's id, until the load is charged.
-        self.measurements: dict[int, Footprint | None] = {}
+        # What each load under way was measured to add (and says it holds), by its record's id, until it is charged.
+        self.measurements: dict[int, Measured] = {}
 
     @property
     def active(self) -> bool:
@@ -134,13 +151,14 @@ class Residency:
             entry.disk, entry.fingerprint = folder_bytes(disk.path), disk.fingerprint
 
     def estimate(self, name: str, version: int, path: str, platform: str = "") -> Footprint:
-        """What a version will hold once loaded: its last measurement, else its files' size (on the GPU where it
-        will load onto one, asked only while a GPU budget is set and it was never measured)."""
+        """What a version will hold once loaded: its last load's charge, else its files' size (on the GPU where it
+        will load onto one, asked only while a GPU budget is set and it never loaded)."""
         entry = self.of(name, version)
         if entry.disk < 0:
             entry.disk = folder_bytes(path)
-        on_gpu = entry.measured is None and self.budget.gpu is not None and self._on_gpu(path, platform)
-        return charge_of(entry.measured, entry.disk, on_gpu)
+        never = entry.measured is None and entry.held is None
+        on_gpu = never and self.budget.gpu is not None and self._on_gpu(path, platform)
+        return charge_of(entry.measured, entry.disk, on_gpu, entry.held)
 
     def charged(self) -> Footprint:
         return total(entry.charge for entry in self.versions.values())
@@ -176,14 +194,17 @@ class Residency:
         entry.refused = False
         self.waiting.pop((name, version), None)
 
-    def loaded(self, name: str, version: int, measured: Footprint | None) -> Footprint:
-        """A load ended well: counted, charged what it was measured to take; returns that charge."""
+    def loaded(self, name: str, version: int, measured: Measured | None) -> Footprint:
+        """A load ended well: counted, charged what it was measured to take (and at least what it says it holds);
+        returns that charge."""
         entry = self.of(name, version)
         if measured is not None:
-            entry.measured = measured
+            if measured.footprint is not None:
+                entry.measured = measured.footprint
+            entry.held = measured.held
         entry.loads += 1
         entry.last_used = self.clock()
-        entry.charge = charge_of(entry.measured, max(entry.disk, 0))
+        entry.charge = charge_of(entry.measured, max(entry.disk, 0), held=entry.held)
         return entry.charge
 
     def released(self, name: str, version: int) -> None:
@@ -224,6 +245,8 @@ class Residency:
             "charged_gpu_bytes": entry.charge.gpu,
             "measured_bytes": entry.measured.host if entry.measured is not None else None,
             "measured_gpu_bytes": entry.measured.gpu if entry.measured is not None else None,
+            "held_bytes": entry.held.host if entry.held is not None else None,
+            "held_gpu_bytes": entry.held.gpu if entry.held is not None else None,
             "disk_bytes": entry.disk if entry.disk >= 0 else None,
             "loads": entry.loads,
             "evictions": sum(entry.evictions.values()),

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from workbench.core.errors import Code, ServingError
+from workbench.core.footprint import Footprint
 from workbench.core.inference import prepare_predict
 from workbench.core.servable import Composite, Members, Servable
 from workbench.core.signatures import Signature
@@ -113,6 +114,9 @@ class HandledServable(Composite):
         feed, fetch = self._before(signature, inputs, outputs)
         result = self.inner.run(self._routes[signature.name].inner, feed, fetch)
         return self._after(signature, result, outputs)
+
+    def memory_held(self) -> Footprint | None:
+        return self.inner.memory_held()  # the model's tensors; the handler's own code holds nothing counted
 
     def close(self) -> None:
         try:

@@ -14,7 +14,8 @@ its own rows (its padding never depends on the others, and its bad row fails it 
 
 The model is placed once, at load, on ``--pytorch_device`` (``auto``: the first CUDA GPU, else the CPU), sized by
 ``--pytorch_threads`` as the PyTorch platform's models are, and counted by a memory budget as they are (what its load
-adds to the process, or to the GPU's allocations). Remote code (``trust_remote_code``) is never run.
+adds to the process, or to the GPU's allocations), and at least its parameters' and buffers' bytes on the device they
+are on, which the servable reports (``memory_held``). Remote code (``trust_remote_code``) is never run.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from workbench.core.errors import Code, ServingError
+from workbench.core.footprint import Footprint
 from workbench.core.servable import PerRequestServable, Servable
 from workbench.core.signatures import DEFAULT_SIGNATURE, Signature
 from workbench.platforms import huggingface_folders as folders
@@ -103,6 +105,11 @@ class HuggingFaceServable(PerRequestServable):
             answer = task.assemble(mine)
             answers.append({alias: answer[alias] for alias in outputs})
         return answers
+
+    def memory_held(self) -> Footprint | None:
+        """The model's parameters and buffers, on the device they were placed on (the tokenizer is not counted)."""
+        task = self.task
+        return pytorch.module_held(task.model.model) if task is not None else None
 
     def close(self) -> None:
         import torch

@@ -26,6 +26,7 @@ import numpy as np
 
 from workbench.core import text_generation as tg
 from workbench.core.errors import Code, ServingError, invalid_argument
+from workbench.core.footprint import Footprint
 from workbench.core.servable import Servable, streams_only
 from workbench.core.signatures import DEFAULT_SIGNATURE, PREDICT_METHOD, Signature, TensorSpec
 from workbench.platforms import huggingface_folders as folders
@@ -38,7 +39,7 @@ from workbench.platforms.generation_scheduler import (
 )
 from workbench.platforms.huggingface_decoding import BatchedDecoder, ModelCalls
 from workbench.platforms.huggingface_loading import load_lock, quiet_transformers
-from workbench.platforms.pytorch import configure_threads, resolve_device
+from workbench.platforms.pytorch import configure_threads, module_held, resolve_device
 from workbench.platforms.tabular import version_config
 
 if TYPE_CHECKING:
@@ -210,6 +211,13 @@ class HuggingFaceGenerator(Servable):
         special = not (bos and text.startswith(bos))
         ids: list[int] = self.tokenizer(text, add_special_tokens=special)["input_ids"]
         return ids
+
+    def memory_held(self) -> Footprint | None:
+        """The model's parameters and buffers on its device. Not its KV caches: nothing is reserved for them at load
+        (each batch's cache grows a column a step and shrinks as sequences leave), so a memory budget charges the
+        weights, and the caches of the generations running take room beside them (see docs/memory-budget.md)."""
+        model = getattr(self, "model", None)
+        return module_held(model) if model is not None else None
 
     def close(self) -> None:
         self.scheduler.close()

@@ -87,6 +87,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from workbench.core import text_generation as tg
 from workbench.core.errors import Code, ServingError
 from workbench.core.sequence_contract import Controls, SequenceSettings, Strategy
 from workbench.core.servable import Servable, streams_only
@@ -100,6 +101,7 @@ from workbench.platforms._user_code import (
     require_python,
 )
 from workbench.platforms.base import LoadPolicy
+from workbench.platforms.chat_templates import compile_chat_template, render_chat_template
 
 log = logging.getLogger(__name__)
 
@@ -292,6 +294,53 @@ class PythonServable(Servable):
             forget_module(self._module)
 
 
+class ChatPythonServable(PythonServable):
+    """A Python text generator that makes its own chat prompts (``core.text_generation.ChatTemplating``): its
+    ``chat_prompt(messages)`` method (a :class:`~workbench.platforms.python_text.TextGenerator`'s renders its
+    ``chat_template``), else its ``chat_template`` alone (a model written without workbench); and counts tokens with
+    its ``count_tokens`` where it has one. Both run on the server's event loop, outside the model's lock: they must
+    be quick, as a tokenizer's template is."""
+
+    def __init__(self, name: str, version: int, path: str, module: types.ModuleType | None, model: Any) -> None:
+        super().__init__(name, version, path, module, model)
+        template = getattr(model, "chat_template", None)
+        if template is not None and not isinstance(template, str):
+            what = type(template).__name__
+            raise ServingError(Code.INVALID_ARGUMENT, f"{self._label}: chat_template must be a Jinja str, not {what}")
+        self._template = template or None
+        if self._template is not None:
+            try:
+                compile_chat_template(self._template)  # a template Jinja cannot read fails the load, not a request
+            except ServingError as exc:
+                raise ServingError(exc.code, f"{self._label}: {exc.message}") from None
+
+    def chat_prompt(self, messages: Sequence[Mapping[str, Any]]) -> str:
+        plain = [{**m, "content": tg.message_text(m)} for m in messages]
+        own = getattr(self._model, "chat_prompt", None)
+        if callable(own):
+            prompt = call_user(own, f"{self._label}.chat_prompt", plain)
+            if not isinstance(prompt, str):
+                what = type(prompt).__name__
+                raise ServingError(Code.INTERNAL, f"{self._label}.chat_prompt must return a str, not {what}")
+            return prompt
+        assert self._template is not None  # chosen for one or the other (chat_model)
+        return render_chat_template(self._template, plain, self._label)
+
+    def count_tokens(self, text: str) -> int:
+        own = getattr(self._model, "count_tokens", None)
+        if not callable(own):
+            return len(text.split())
+        return int(call_user(own, f"{self._label}.count_tokens", text))
+
+
+def chat_model(model: Any) -> bool:
+    """Whether a model makes its own chat prompts: a decoupled model with a ``chat_prompt`` method or a
+    ``chat_template``."""
+    if not getattr(type(model), "decoupled", False):
+        return False
+    return callable(getattr(model, "chat_prompt", None)) or getattr(model, "chat_template", None) is not None
+
+
 def stateful_settings(cls: type, label: str) -> SequenceSettings:
     """A stateful model's ``sequence_batching``, checked: a mistake fails the load, naming the key."""
     given = dict(getattr(cls, "sequence_batching", None) or {})
@@ -342,6 +391,8 @@ def load(name: str, version: int, path: str, policy: LoadPolicy) -> Servable:
         load_files = getattr(model, "load", None)
         if callable(load_files):
             call_user(load_files, f"{where}: load({path})", Path(path))
+        if chat_model(model):
+            return ChatPythonServable(name, version, path, module, model)
         return PythonServable(name, version, path, module, model)
     except BaseException:
         forget_module(module)

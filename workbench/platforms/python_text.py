@@ -15,6 +15,10 @@ writes them as any Python model (``model.py``)::
 
     workbench.export(Echo, "echo")                # then: chat with model="echo" (docs/openai.md)
 
+A chat's messages become the prompt by :meth:`TextGenerator.chat_prompt`: the class's ``chat_template`` (a Jinja
+template, as a Hugging Face tokenizer's) where it sets one, its own ``chat_prompt`` where it overrides it, else
+``role: content`` lines then ``assistant:``.
+
 ``max_tokens`` and ``stop`` are honoured here (the text ends before a stop string; a piece is a token), so
 ``generate`` only needs to read ``params`` for what it samples (``temperature``, ``top_p``, ``seed``).
 """
@@ -29,6 +33,7 @@ import numpy as np
 from workbench.core import text_generation as tg
 from workbench.core.signatures import DEFAULT_SIGNATURE, PREDICT_METHOD, Signature
 from workbench.platforms._user_code import tensor_specs
+from workbench.platforms.chat_templates import render_chat_template
 from workbench.platforms.python import PythonModel
 
 _FLAGS = (tg.STREAM, tg.EXCLUDE_INPUT_IN_OUTPUT, tg.RETURN_FINISH_REASON, tg.RETURN_NUM_INPUT_TOKENS)
@@ -69,11 +74,24 @@ class TextGenerator(PythonModel):
     """A chat and completion model from a Python generator of text: implement :meth:`generate`.
 
     Each piece ``generate`` yields is one token to the API (``max_tokens`` counts them, usage reports them) and one
-    streamed chunk. Chat messages reach it as one prompt (``role: content`` lines, then ``assistant:``).
+    streamed chunk. Chat messages reach it as one prompt, which :meth:`chat_prompt` makes: ``role: content`` lines,
+    then ``assistant:``, unless the class sets :attr:`chat_template` or overrides :meth:`chat_prompt`.
     """
 
     signatures: ClassVar[Mapping[str, Any]] = {DEFAULT_SIGNATURE: _GENERATOR_SIGNATURE}
     decoupled: ClassVar[bool] = True
+    # A Jinja template that makes the chat's prompt, as a Hugging Face tokenizer's chat_template does (the same
+    # sandboxed environment; variables: messages, add_generation_prompt): None keeps the plain prompt.
+    chat_template: ClassVar[str | None] = None
+
+    def chat_prompt(self, messages: list[dict[str, Any]]) -> str:
+        """The chat's messages (OpenAI's, each ``content`` as text) as this model's prompt, ending where its answer
+        begins: :attr:`chat_template` rendered with ``add_generation_prompt`` true, or else ``role: content`` lines
+        then ``assistant:``. Override it to build the prompt in Python; it runs on the server's event loop, so keep
+        it quick. A ``ValueError`` it raises is the request's fault (HTTP 400)."""
+        if self.chat_template:
+            return render_chat_template(self.chat_template, messages, type(self).__name__)
+        return tg.plain_chat_prompt(messages)
 
     def generate(self, prompt: str, params: tg.SamplingParameters) -> Iterator[str]:
         """The text that follows ``prompt``, piece by piece."""

@@ -40,12 +40,13 @@ import dataclasses
 import functools
 import inspect
 import io
+import itertools
 import json
 import logging
 import re
 import threading
 import zipfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +54,7 @@ import numpy as np
 
 from workbench.core.differentiable import Gradients
 from workbench.core.errors import Code, ServingError, from_exception
+from workbench.core.footprint import Footprint
 from workbench.core.servable import Servable
 from workbench.core.signatures import (
     DEFAULT_SIGNATURE,
@@ -169,6 +171,32 @@ def configure_threads(intra_op: int) -> None:
             except RuntimeError:  # only settable before the first inter-op work of the process
                 log.debug("PyTorch's inter-op threads were already started; left as they are")
         _threads_set = intra_op
+
+
+def tensors_held(tensors: Iterable[torch.Tensor]) -> Footprint:
+    """The bytes ``tensors`` hold, on the host and on CUDA GPUs: each storage once (tied weights, views), its whole
+    size; tensors on PyTorch's ``meta`` device hold nothing."""
+    seen: set[tuple[str, int]] = set()
+    host = gpu = 0
+    for tensor in tensors:
+        device = tensor.device
+        if device.type == "meta":
+            continue
+        storage = tensor.untyped_storage()
+        key = (str(device), storage.data_ptr())
+        if key in seen:
+            continue
+        seen.add(key)
+        if device.type == "cuda":
+            gpu += storage.nbytes()
+        else:
+            host += storage.nbytes()
+    return Footprint(host, gpu)
+
+
+def module_held(module: torch.nn.Module) -> Footprint:
+    """What a module's parameters and buffers hold, per kind of memory (:func:`tensors_held`)."""
+    return tensors_held(itertools.chain(module.parameters(), module.buffers()))
 
 
 def to_tensor(value: np.ndarray, device: torch.device) -> torch.Tensor:

@@ -22,6 +22,7 @@ from workbench.batching.interest import CURRENT_INTEREST, Interest
 from workbench.batching.scheduler import BatchRecord, BatchScheduler
 from workbench.config.batching_parameters import BatchingParameters
 from workbench.core.errors import Code, ServingError
+from workbench.core.footprint import Footprint
 from workbench.core.servable import Loader, Servable
 from workbench.core.signatures import Signature
 from workbench.observability import tracing
@@ -46,7 +47,13 @@ class RunnerPool:
     def load(self, key: Key, platform: str) -> Any:
         """Load ``key`` on every runner (from a load thread): its description, or LOCAL."""
         answers = [link.load(key, platform) for link in self.links]
-        return answers[0]
+        first = answers[0]
+        if first == LOCAL:
+            return first
+        # Each runner holds a copy: a memory budget counts them all (where every runner says what its copy holds).
+        held = [answer.get("memory_held") for answer in answers]
+        total = sum(held, Footprint()) if all(h is not None for h in held) else None
+        return {**first, "memory_held": total}
 
     def unload(self, key: Key) -> None:
         for link in self.links:
@@ -91,6 +98,7 @@ class RunnerServable(Servable):
         self.model_config = description["model_config"]
         self.load_warnings = tuple(description.get("load_warnings", ()))
         self._signature_defs: bytes | None = description["signature_defs"]
+        self._memory_held: Footprint | None = description.get("memory_held")
         self._closed = False
 
     @property
@@ -110,6 +118,10 @@ class RunnerServable(Servable):
     ) -> dict[str, np.ndarray]:
         result: dict[str, np.ndarray] = self.pool.run_sync(self.key, signature, inputs, outputs)
         return result
+
+    def memory_held(self) -> Footprint | None:
+        """What the runners' copies of the version say they hold, all together."""
+        return self._memory_held
 
     def close(self) -> None:
         if not self._closed:

@@ -42,6 +42,7 @@ from workbench.config.options import ServerOptions
 from workbench.core.errors import Code, ServingError, from_exception
 from workbench.core.servable import Composite, PerRequestServable, Servable
 from workbench.core.signatures import Signature
+from workbench.models.residency import memory_held
 from workbench.models.warmup_replay import warm_up
 from workbench.observability import tracing
 from workbench.platforms import Loader
@@ -86,6 +87,8 @@ def describe(servable: Servable) -> dict[str, Any]:
         "model_config": servable.model_config,
         "signature_defs": _serialized(getattr(servable, "signature_defs", None)),
         "load_warnings": servable.load_warnings,
+        # For the frontends' memory budgets, which measure nothing of a load in another process.
+        "memory_held": memory_held(servable),
     }
 
 
