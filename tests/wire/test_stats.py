@@ -12,7 +12,7 @@ import pytest
 import requests
 from waiting import model_config_text
 
-from workbench.observability.stats import RollingStats
+from workbench.observability.stats import TOKEN_BUCKET_SECONDS, RollingStats
 from workbench.observability.whole_server import merge_stats
 
 ENTRY_KEYS = {
@@ -320,6 +320,19 @@ def test_a_generators_time_to_first_token_and_tokens_per_second_over_the_window(
     entry = rolling.snapshot()["models"]["gen"]["1"]
     assert entry["time_to_first_token_p50_ms"] is None and entry["time_to_first_token_p95_ms"] is None
     assert entry["tokens_per_second"] == 0
+
+
+def test_tokens_at_thousands_of_responses_a_second_keep_one_entry_a_bucket():
+    clock = FakeClock()
+    rolling = RollingStats(window_seconds=10.0, clock=clock)
+    for _ in range(20_000):  # 20,000 responses of 2 tokens over 4 s: 10,000 tokens/s
+        rolling.record_tokens("gen", 1, 2)
+        clock.now += 0.0002
+    assert len(rolling._series[("gen", 1)].tokens) <= 4 / TOKEN_BUCKET_SECONDS + 1
+    entry = rolling.snapshot()["models"]["gen"]["1"]
+    assert entry["tokens_per_second"] == 10_000.0  # 40,000 tokens over the 4 s since the start
+    clock.now += 8  # the buckets of the first 2 s leave the window: 20,000 tokens over its 10 s, give or take a bucket
+    assert abs(rolling.snapshot()["models"]["gen"]["1"]["tokens_per_second"] - 2_000.0) <= 100
 
 
 def test_merged_workers_stats_add_up_tokens_and_weigh_the_time_to_first_token_by_requests():

@@ -36,6 +36,11 @@ class _Series:
         self.generated = False  # once true, the version's entry has the generation fields
 
 
+# Tokens that come within this long of a bucket's start are added to it: a generator at GPU rates answers thousands
+# of responses a second, and the window keeps (and each snapshot copies) one entry a bucket instead of one each.
+TOKEN_BUCKET_SECONDS = 0.1
+
+
 class RollingStats:
     def __init__(self, window_seconds: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.window = window_seconds
@@ -74,7 +79,13 @@ class RollingStats:
         """``tokens`` more tokens generated, now (a response's worth, as it came)."""
         series = self._series_of((model, version))
         series.generated = True
-        series.tokens.append((self._clock(), tokens))
+        now, counted = self._clock(), series.tokens
+        # Only the loop's thread records; a snapshot trims buckets older than the window, never the newest one.
+        if counted and now - counted[-1][0] < TOKEN_BUCKET_SECONDS:
+            started, so_far = counted[-1]
+            counted[-1] = (started, so_far + tokens)
+        else:
+            counted.append((now, tokens))
 
     def snapshot(self, queue_depths: Mapping[tuple[str, int], int] | None = None) -> dict[str, Any]:
         """``{"time", "window_seconds", "models": {name: {version: {...}}}}``, JSON-ready.
