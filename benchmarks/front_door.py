@@ -735,7 +735,9 @@ def main() -> None:
 
         # Triton: installed (or why not), its repository, started.
         perf_reason: str | None = "Triton left out (--no_triton), and perf_analyzer with it" if args.no_triton else None
-        if not args.no_triton:
+        if args.no_triton:
+            triton_info["skipped"] = "--no_triton"
+        else:
             try:
                 install = install_triton(venvs, log)
                 triton_info["versions"] = versions(install.python, REPORTED)
