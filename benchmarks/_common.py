@@ -72,6 +72,28 @@ def process_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) process ``pid`` and every live process below it have used: a server's whole cost,
+    with the helpers it starts (Triton's Python-backend stubs, model runner processes). Read from Linux's /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):  # gone meanwhile
+                continue
+            children.setdefault(parent, []).append(int(entry.name))
+    total, found = 0.0, [pid]
+    while found:
+        current = found.pop()
+        try:
+            total += process_cpu_seconds(current)
+        except OSError:  # exited meanwhile
+            continue
+        found += children.get(current, [])
+    return total
+
+
 def taking_turns(rounds: int, measures: Sequence[Callable[[], dict[str, Any]]]) -> list[dict[str, Any]]:
     """Rows of servers compared with each other: ``rounds`` rounds in which each measure runs once, the order
     reversed every other round; each row is :func:`median_row` of its rounds. A burst of other work on a shared

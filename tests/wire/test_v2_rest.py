@@ -320,6 +320,10 @@ def test_statistics_count_v2_requests_from_the_server_metrics(
     assert after["inference_count"] == before["inference_count"] + 6  # rows
     assert after["execution_count"] == before["execution_count"] + 3
     assert after["inference_stats"]["compute_infer"]["count"] == after["execution_count"]
+    # perf_analyzer stops unless the three compute stages count alike (input and output are timed inside infer).
+    stages = [after["inference_stats"][stage] for stage in ("compute_input", "compute_infer", "compute_output")]
+    assert [s["count"] for s in stages] == [after["execution_count"]] * 3
+    assert stages[0]["ns"] == stages[2]["ns"] == 0
     assert metric(server, "workbench_requests_total", model="multi", protocol="v2-rest", code="OK") >= 3
 
     everything = client.get_inference_statistics()["model_stats"]

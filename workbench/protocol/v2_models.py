@@ -190,8 +190,14 @@ class ModelStatistics:
     batches: Mapping[int, Duration] = dataclasses.field(default_factory=dict)
 
 
+def _untimed(timed: Duration) -> dict[str, int]:
+    """A stage workbench does not time apart (input and output handling are inside ``compute_infer``): ``timed``'s
+    count with no time. perf_analyzer stops ("Server side statistics compute counts must be the same") unless
+    compute_input, compute_infer and compute_output count alike."""
+    return Duration(timed.count).as_json()
+
+
 def _statistics_json(row: ModelStatistics) -> dict[str, Any]:
-    empty = Duration().as_json()
     return {
         "name": row.name,
         "version": str(row.version),
@@ -203,14 +209,19 @@ def _statistics_json(row: ModelStatistics) -> dict[str, Any]:
             "fail": row.fail.as_json(),
             "queue": row.queue.as_json(),
             # workbench times a model run as a whole: input and output handling are inside compute_infer.
-            "compute_input": empty,
+            "compute_input": _untimed(row.compute_infer),
             "compute_infer": row.compute_infer.as_json(),
-            "compute_output": empty,
+            "compute_output": _untimed(row.compute_infer),
             "cache_hit": row.cache_hit.as_json(),
             "cache_miss": row.cache_miss.as_json(),
         },
         "batch_stats": [
-            {"batch_size": size, "compute_input": empty, "compute_infer": runs.as_json(), "compute_output": empty}
+            {
+                "batch_size": size,
+                "compute_input": _untimed(runs),
+                "compute_infer": runs.as_json(),
+                "compute_output": _untimed(runs),
+            }
             for size, runs in sorted(row.batches.items())
         ],
     }
