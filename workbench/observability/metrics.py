@@ -269,45 +269,41 @@ class ServingMetrics:
 
     def _fold(self, items: list[tuple[Any, ...]]) -> None:
         """What :meth:`observe_request` and :meth:`observe_batch` recorded, added to the series in bulk (under the
-        statistics lock: a batch's rows and its run land together)."""
-        values: dict[int, tuple[Any, list[float]]] = {}  # per histogram child (by id): the values it observes
-
-        def observe(child: Any, value: float) -> None:
-            found = values.get(id(child))
-            if found is None:
-                values[id(child)] = (child, [value])
-            else:
-                found[1].append(value)
-
-        request_counts: dict[int, tuple[Any, int]] = {}
-        tf_counts: dict[tuple[str, str], int] = {}
-        triton_requests: list[tuple[str, int, str, float]] = []
-        batches: list[BatchRecord] = []
+        statistics lock: a batch's rows and its run land together). Grouped first by label set (the children's
+        tuple), so that each value costs one append here and each series one update."""
+        requests: dict[int, tuple[tuple[Any, ...], list[float]]] = {}  # by label set: its first item, its seconds
+        batches: dict[int, tuple[tuple[Any, Any, Any], list[BatchRecord]]] = {}
         for item in items:
+            children = item[0]
             if len(item) == 2:
-                (batch_size, inference_seconds, queue_seconds), record = item
-                observe(batch_size, record.size)
-                observe(inference_seconds, record.run_seconds)
-                for waited in record.queue_seconds:
-                    observe(queue_seconds, waited)
-                batches.append(record)
-                continue
-            (tf_latency, requests, latency), model, version, code, seconds = item
-            tf_counts[(model, code)] = tf_counts.get((model, code), 0) + 1
+                found = batches.get(id(children))
+                if found is None:
+                    batches[id(children)] = (children, [item[1]])
+                else:
+                    found[1].append(item[1])
+            else:
+                group = requests.get(id(children))
+                if group is None:
+                    requests[id(children)] = (item, [item[4]])
+                else:
+                    group[1].append(item[4])
+        tf_counts: dict[tuple[str, str], int] = {}
+        triton_requests: list[tuple[str, int, str, int, float]] = []
+        for ((tf_latency, counter, latency), model, version, code, _), seconds in requests.values():
+            tf_counts[(model, code)] = tf_counts.get((model, code), 0) + len(seconds)
             if version is not None:  # Triton counts the requests that reached a model version
-                triton_requests.append((model, version, code, seconds))
-            observe(tf_latency, seconds * 1e6)
-            counted = request_counts.get(id(requests))
-            request_counts[id(requests)] = (requests, 1 if counted is None else counted[1] + 1)
+                triton_requests.append((model, version, code, len(seconds), sum(seconds)))
+            fold_histogram(tf_latency, [s * 1e6 for s in seconds])
+            counter.inc(len(seconds))
             if latency is not None:
-                observe(latency, seconds)
+                fold_histogram(latency, seconds)
         self._tf_request_count.add(tf_counts)
         self.triton.requests(triton_requests)
-        self.triton.batches(batches)
-        for child, observed in values.values():
-            fold_histogram(child, observed)
-        for child, count in request_counts.values():
-            child.inc(count)
+        for (batch_size, inference_seconds, queue_seconds), records in batches.values():
+            fold_histogram(batch_size, [r.size for r in records])
+            fold_histogram(inference_seconds, [r.run_seconds for r in records])
+            fold_histogram(queue_seconds, [waited for r in records for waited in r.queue_seconds])
+            self.triton.batches(records)
 
     def observe_cache_lookup(self, model: str, version: int, hit: bool, seconds: float) -> None:
         self.triton.cache_lookup(model, version, hit, seconds)

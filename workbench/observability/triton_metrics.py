@@ -84,16 +84,17 @@ class TritonMetrics:
     def _labels(model: str, version: int) -> _Labels:
         return (("model", model), ("version", str(version)))
 
-    def requests(self, requests: Iterable[tuple[str, int, str, float]]) -> None:
-        """Requests answered by a model version: (model, version, canonical status code, seconds) each."""
+    def requests(self, requests: Iterable[tuple[str, int, str, int, float]]) -> None:
+        """Requests answered by model versions: (model, version, canonical status code, how many, their seconds
+        in all) each."""
         with self._lock:
-            for model, version, code, seconds in requests:
+            for model, version, code, count, seconds in requests:
                 labels = self._labels(model, version)
                 if code == "OK":
-                    self._add("nv_inference_request_success", labels, 1)
+                    self._add("nv_inference_request_success", labels, count)
                     self._add("nv_inference_request_duration_us", labels, seconds * 1e6)
                 else:
-                    self._add("nv_inference_request_failure", (*labels, ("reason", failure_reason(code))), 1)
+                    self._add("nv_inference_request_failure", (*labels, ("reason", failure_reason(code))), count)
 
     def batches(self, records: Iterable[BatchRecord]) -> None:
         with self._lock:
