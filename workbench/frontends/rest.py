@@ -60,6 +60,13 @@ _STATUS_PATH = re.compile(
 )
 _MAX_INT64 = (1 << 63) - 1
 
+
+@functools.lru_cache(maxsize=1024)  # a port sees a few paths over and over: the regex once per path, not per request
+def prediction_match(path: str) -> re.Match[str] | None:
+    """:data:`PREDICTION_PATH`'s match of a request's whole path (None: not an inference route)."""
+    return PREDICTION_PATH.fullmatch(path)
+
+
 # A POST under /v1 another module answers (asynchronous inference): the path's match, the path, the body, the headers.
 PostHandler = Callable[[re.Match[str], str, bytes, Mapping[str, str]], Awaitable[Response]]
 # An inference request's answer: HTTP status, JSON body, and the servable that answered, (name, version), or None.
@@ -125,7 +132,7 @@ class RestApi:
         # The path as the client sent it (percent-decoded), not request.url.path: building a URL drops tabs and
         # newlines (urllib's rule), which made "hp%0A" name the model hp, and re-escapes "\\", "?" and "#".
         path, method = request.scope["path"], request.method
-        match = PREDICTION_PATH.fullmatch(path)
+        match = prediction_match(path)
         if method == "POST" and match:
             key = request.headers.get(STICKY_HEADER)
             status, body, servable = await self.inference(match, functools.partial(self._body, request), path, key)
@@ -160,8 +167,9 @@ class RestApi:
             spec = ModelSpec(name=name, version=_version(version), label=label, key=key)
             data = await body()
             verb = verb.lower()
-            if verb == "predict":
-                return await self._predict(spec, data)
+            if verb == "predict":  # here, not in a coroutine of its own: nearly every request is one
+                answered, answer = await self.dataplane.infer(spec, "rest", json_tensor.PredictBody(data), self.timeout)
+                return 200, answer, (spec.name, answered)
             return await self._examples(verb, spec, data)
         except ServingError as exc:
             return exc.http_status, json_tensor.encode_error(exc.message), None
@@ -169,10 +177,6 @@ class RestApi:
             log.exception("REST %s %s failed", "POST", path)
             error = from_exception(exc)
             return error.http_status, json_tensor.encode_error(error.message), None
-
-    async def _predict(self, spec: ModelSpec, body: bytes) -> Answer:
-        version, answer = await self.dataplane.infer(spec, "rest", json_tensor.PredictBody(body), self.timeout)
-        return 200, answer, (spec.name, version)
 
     async def _examples(self, api: str, spec: ModelSpec, body: bytes) -> Answer:
         """``:classify`` and ``:regress``: tf.Examples from JSON in, ``{"results": …}`` out."""
@@ -231,7 +235,7 @@ class RestApp(Starlette):
         # A root_path (a mount, a proxy's prefix) changes what Starlette's router matches: those go to Starlette.
         if api is not None and scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
             path = scope["path"]
-            match = PREDICTION_PATH.fullmatch(path) if path.startswith("/v1/") else None
+            match = prediction_match(path) if path.startswith("/v1/") else None
             if match is not None:
                 limit = api.max_request_bytes
                 key = rest_asgi.header(scope["headers"], STICKY_HEADER_RAW)

@@ -19,7 +19,7 @@ from starlette.requests import ClientDisconnect
 
 from workbench.core.sticky import STICKY_HEADER
 from workbench.frontends import rest_asgi
-from workbench.frontends.rest import PREDICTION_PATH, RestApi, answered_by
+from workbench.frontends.rest import RestApi, answered_by, prediction_match
 from workbench.observability import tracing
 
 _STICKY = STICKY_HEADER.lower()  # RSGI's header names are lower case (hyper's)
@@ -72,7 +72,7 @@ class RsgiInference:
         if scope.method != "POST" or scope.proto != "http":
             return None
         path: str = scope.path
-        return PREDICTION_PATH.fullmatch(path) if path.startswith("/v1/") else None
+        return prediction_match(path) if path.startswith("/v1/") else None
 
     async def answer(self, match: re.Match[str], scope: Any, proto: Any) -> None:
         """Answer the request :meth:`match` matched (errors included: nothing raises but a cancellation)."""

@@ -19,6 +19,7 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
 from workbench.batching.scheduler import BatchRecord
 from workbench.observability.generation_metrics import GenerationMetrics
+from workbench.observability.pending_observations import FoldFirst, PendingObservations, fold_histogram
 from workbench.observability.triton_metrics import TritonMetrics
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -69,9 +70,11 @@ class _TFServingRequestCount:
         self._lock = threading.Lock()
         self._counts: dict[tuple[str, str], int] = defaultdict(int)
 
-    def inc(self, model_name: str, status: str) -> None:
+    def add(self, counts: Mapping[tuple[str, str], int]) -> None:
+        """Requests counted by (model name, status)."""
         with self._lock:
-            self._counts[(model_name, status)] += 1
+            for key, count in counts.items():
+                self._counts[key] += count
 
     def collect(self) -> Iterator[Metric]:
         metric = Metric(":tensorflow:serving:request_count", "The total number of requests.", "unknown")
@@ -120,6 +123,14 @@ class ServingMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        # A statistics answer reads the batch series under this lock and a batch is recorded under it, so a
+        # snapshot counts a batch's rows and its run together (prometheus_client adds a histogram's sum before its
+        # bucket): perf_analyzer's mean batch between two snapshots is exact.
+        self._statistics_lock = threading.Lock()
+        # Requests and batches are observed by one append each and folded into the series below in bulk; first in
+        # the registry, so that every read of it folds what is pending before reading a series.
+        self._pending: PendingObservations[tuple[Any, ...]] = PendingObservations(self._fold, self._statistics_lock)
+        self.registry.register(FoldFirst(self._pending))
         self._tf_request_count = _TFServingRequestCount()
         self.registry.register(self._tf_request_count)
         self.triton = TritonMetrics()
@@ -165,10 +176,6 @@ class ServingMetrics:
             buckets=_LATENCY_BUCKETS_S,
             registry=self.registry,
         )
-        # A statistics answer reads the batch series under this lock and a batch is recorded under it, so a
-        # snapshot counts a batch's rows and its run together (prometheus_client adds a histogram's sum before its
-        # bucket): perf_analyzer's mean batch between two snapshots is exact.
-        self._statistics_lock = threading.Lock()
         self._request_children: dict[tuple[object, ...], tuple[Any, Any, Any]] = {}
         self._batch_children: dict[tuple[str, int], tuple[Any, Any, Any]] = {}
         self._queue_depths: Callable[[], Iterable[tuple[str, int, int]]] = lambda: ()
@@ -246,14 +253,7 @@ class ServingMetrics:
                 self.requests.labels(model, version_label, api, protocol, code),
                 self.latency.labels(model, version_label, api, protocol) if code == "OK" else None,
             )
-        tf_latency, requests, latency = children
-        self._tf_request_count.inc(model, code)
-        if version is not None:  # Triton counts the requests that reached a model version
-            self.triton.request(model, version, code, seconds)
-        tf_latency.observe(seconds * 1e6)
-        requests.inc()
-        if latency is not None:
-            latency.observe(seconds)
+        self._pending.add((children, model, version, code, seconds))
 
     def observe_batch(self, record: BatchRecord) -> None:
         key = (record.model, record.version)
@@ -265,13 +265,45 @@ class ServingMetrics:
                 self.inference_seconds.labels(record.model, version),
                 self.queue_seconds.labels(record.model, version),
             )
-        batch_size, inference_seconds, queue_seconds = children
-        with self._statistics_lock:
-            batch_size.observe(record.size)
-            inference_seconds.observe(record.run_seconds)
-            for seconds in record.queue_seconds:
-                queue_seconds.observe(seconds)
-            self.triton.batch(record)
+        self._pending.add((children, record))
+
+    def _fold(self, items: list[tuple[Any, ...]]) -> None:
+        """What :meth:`observe_request` and :meth:`observe_batch` recorded, added to the series in bulk (under the
+        statistics lock: a batch's rows and its run land together). Grouped first by label set (the children's
+        tuple), so that each value costs one append here and each series one update."""
+        requests: dict[int, tuple[tuple[Any, ...], list[float]]] = {}  # by label set: its first item, its seconds
+        batches: dict[int, tuple[tuple[Any, Any, Any], list[BatchRecord]]] = {}
+        for item in items:
+            children = item[0]
+            if len(item) == 2:
+                found = batches.get(id(children))
+                if found is None:
+                    batches[id(children)] = (children, [item[1]])
+                else:
+                    found[1].append(item[1])
+            else:
+                group = requests.get(id(children))
+                if group is None:
+                    requests[id(children)] = (item, [item[4]])
+                else:
+                    group[1].append(item[4])
+        tf_counts: dict[tuple[str, str], int] = {}
+        triton_requests: list[tuple[str, int, str, int, float]] = []
+        for ((tf_latency, counter, latency), model, version, code, _), seconds in requests.values():
+            tf_counts[(model, code)] = tf_counts.get((model, code), 0) + len(seconds)
+            if version is not None:  # Triton counts the requests that reached a model version
+                triton_requests.append((model, version, code, len(seconds), sum(seconds)))
+            fold_histogram(tf_latency, [s * 1e6 for s in seconds])
+            counter.inc(len(seconds))
+            if latency is not None:
+                fold_histogram(latency, seconds)
+        self._tf_request_count.add(tf_counts)
+        self.triton.requests(triton_requests)
+        for (batch_size, inference_seconds, queue_seconds), records in batches.values():
+            fold_histogram(batch_size, [r.size for r in records])
+            fold_histogram(inference_seconds, [r.run_seconds for r in records])
+            fold_histogram(queue_seconds, [waited for r in records for waited in r.queue_seconds])
+            self.triton.batches(records)
 
     def observe_cache_lookup(self, model: str, version: int, hit: bool, seconds: float) -> None:
         self.triton.cache_lookup(model, version, hit, seconds)
@@ -322,4 +354,5 @@ class ServingMetrics:
         """What Triton's statistics extension is read from: requests, latencies, queueing, runs, batch sizes."""
         families = (self.requests, self.latency, self.queue_seconds, self.inference_seconds, self.batch_size)
         with self._statistics_lock:
+            self._pending.fold_locked()
             return [metric for family in (*families, self.triton) for metric in family.collect()]

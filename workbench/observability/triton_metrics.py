@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from prometheus_client.metrics_core import Metric
 
@@ -84,22 +84,26 @@ class TritonMetrics:
     def _labels(model: str, version: int) -> _Labels:
         return (("model", model), ("version", str(version)))
 
-    def request(self, model: str, version: int, code: str, seconds: float) -> None:
-        labels = self._labels(model, version)
+    def requests(self, requests: Iterable[tuple[str, int, str, int, float]]) -> None:
+        """Requests answered by model versions: (model, version, canonical status code, how many, their seconds
+        in all) each."""
         with self._lock:
-            if code == "OK":
-                self._add("nv_inference_request_success", labels, 1)
-                self._add("nv_inference_request_duration_us", labels, seconds * 1e6)
-            else:
-                self._add("nv_inference_request_failure", (*labels, ("reason", failure_reason(code))), 1)
+            for model, version, code, count, seconds in requests:
+                labels = self._labels(model, version)
+                if code == "OK":
+                    self._add("nv_inference_request_success", labels, count)
+                    self._add("nv_inference_request_duration_us", labels, seconds * 1e6)
+                else:
+                    self._add("nv_inference_request_failure", (*labels, ("reason", failure_reason(code))), count)
 
-    def batch(self, record: BatchRecord) -> None:
-        labels = self._labels(record.model, record.version)
+    def batches(self, records: Iterable[BatchRecord]) -> None:
         with self._lock:
-            self._add("nv_inference_count", labels, record.size)
-            self._add("nv_inference_exec_count", labels, 1)
-            self._add("nv_inference_queue_duration_us", labels, sum(record.queue_seconds) * 1e6)
-            self._add("nv_inference_compute_infer_duration_us", labels, record.run_seconds * 1e6 * record.tasks)
+            for record in records:
+                labels = self._labels(record.model, record.version)
+                self._add("nv_inference_count", labels, record.size)
+                self._add("nv_inference_exec_count", labels, 1)
+                self._add("nv_inference_queue_duration_us", labels, sum(record.queue_seconds) * 1e6)
+                self._add("nv_inference_compute_infer_duration_us", labels, record.run_seconds * 1e6 * record.tasks)
 
     def cache_lookup(self, model: str, version: int, hit: bool, seconds: float) -> None:
         labels = self._labels(model, version)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import Executor
@@ -248,9 +249,8 @@ class Dataplane:
             interest = Interest(timeout, loop)
             interest.trace = call.trace
             call.hold_for(interest)
-            expiry = loop.call_later(timeout, interest.expire) if timeout is not None else None
             waiting = self.scheduler.run(servable, signature, feed, outputs, interest)
-            result = await until_answered(waiting, interest, expiry)
+            result = await until_answered(waiting, interest, interest.deadline, interest.expire)
         if call.trace is not None:
             call.trace.ran(signature.name)  # the answer's encoding starts
         return result
@@ -273,8 +273,7 @@ class Dataplane:
         interest = Interest(timeout, loop)  # what it still has queued for a batch when the caller gives up never runs
         interest.trace = call.trace  # member requests' batches link to the request's span
         call.hold_until_done(interest.start(answering(work, answer)))
-        expiry = loop.call_later(timeout, expire, answer) if timeout is not None else None
-        return await until_answered(answer, interest, expiry)
+        return await until_answered(answer, interest, interest.deadline, functools.partial(expire, answer))
 
     async def infer(
         self, spec: ModelSpec, protocol: str, request: WireRequest[A], timeout: float | None = None
