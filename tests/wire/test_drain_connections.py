@@ -148,10 +148,8 @@ class FreshChannels(threading.Thread):
                 return
 
 
-@pytest.fixture(scope="module")
-def repository(model_store: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """hp (a SavedModel) and halfplus (a TorchServe model archive), both y = x / 2 + 2."""
-    root = tmp_path_factory.mktemp("drain-connections")
+def write_halfplus_repository(root: Path, model_store: Path) -> Path:
+    """hp (a SavedModel) and halfplus (a TorchServe model archive) in ``root``, both y = x / 2 + 2."""
     shutil.copytree(model_store / "hp2_tf2", root / "hp" / "1")
     write_mar(
         root / "halfplus.mar",
@@ -161,16 +159,24 @@ def repository(model_store: Path, tmp_path_factory: pytest.TempPathFactory) -> P
     return root
 
 
-@pytest.fixture(scope="module")
-def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
-    """(CA, the server's chain, its key) for 127.0.0.1."""
-    folder = tmp_path_factory.mktemp("drain-pki")
+def write_server_certificate(folder: Path) -> tuple[Path, Path, Path]:
+    """(CA, the server's chain, its key) for 127.0.0.1, written in ``folder``."""
     ca = trustme.CA()
     issued = ca.issue_cert("127.0.0.1")
     (folder / "ca.pem").write_bytes(ca.cert_pem.bytes())
     (folder / "server.pem").write_bytes(b"".join(blob.bytes() for blob in issued.cert_chain_pems))
     (folder / "server.key").write_bytes(issued.private_key_pem.bytes())
     return folder / "ca.pem", folder / "server.pem", folder / "server.key"
+
+
+@pytest.fixture(scope="module")
+def repository(model_store: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_halfplus_repository(tmp_path_factory.mktemp("drain-connections"), model_store)
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    return write_server_certificate(tmp_path_factory.mktemp("drain-pki"))
 
 
 @contextlib.contextmanager

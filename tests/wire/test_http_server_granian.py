@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
-import shutil
 import signal
 import socket
 import ssl
@@ -22,10 +21,14 @@ from pathlib import Path
 
 import pytest
 import requests
-import trustme
-from model_archives import write_mar
 from test_cli import START_DEADLINE_S, Workbench
-from test_drain_connections import HANDLER, ROUTES, assert_nothing_lost, clients_of
+from test_drain_connections import (
+    ROUTES,
+    assert_nothing_lost,
+    clients_of,
+    write_halfplus_repository,
+    write_server_certificate,
+)
 from waiting import wait_until
 
 from workbench.config.options import HTTP_SERVER_ENV, ServerOptions
@@ -39,27 +42,12 @@ PREDICT = ("/v1/models/hp:predict", b'{"instances": [1.0, 2.0]}', b'{"prediction
 
 @pytest.fixture(scope="module")
 def repository(model_store: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """hp (a SavedModel) and halfplus (a TorchServe model archive), both y = x / 2 + 2."""
-    root = tmp_path_factory.mktemp("granian-models")
-    shutil.copytree(model_store / "hp2_tf2", root / "hp" / "1")
-    write_mar(
-        root / "halfplus.mar",
-        {"modelName": "halfplus", "modelVersion": "1.0", "handler": "handler.py"},
-        {"handler.py": HANDLER},
-    )
-    return root
+    return write_halfplus_repository(tmp_path_factory.mktemp("granian-models"), model_store)
 
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
-    """(CA, the server's chain, its key) for 127.0.0.1."""
-    folder = tmp_path_factory.mktemp("granian-pki")
-    ca = trustme.CA()
-    issued = ca.issue_cert("127.0.0.1")
-    (folder / "ca.pem").write_bytes(ca.cert_pem.bytes())
-    (folder / "server.pem").write_bytes(b"".join(blob.bytes() for blob in issued.cert_chain_pems))
-    (folder / "server.key").write_bytes(issued.private_key_pem.bytes())
-    return folder / "ca.pem", folder / "server.pem", folder / "server.key"
+    return write_server_certificate(tmp_path_factory.mktemp("granian-pki"))
 
 
 class Served:
