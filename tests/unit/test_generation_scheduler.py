@@ -171,7 +171,7 @@ def test_admission_fills_the_budget_with_prompts_padded_to_the_widest(engine: Fa
 def test_a_cancelled_sequence_leaves_at_the_next_step(engine: FakeEngine) -> None:
     running = scheduler(engine)
     try:
-        job = Job("long", 3, 10_000)
+        job = Job("long", 3, ENDLESS)  # never done by its tokens, however many steps a busy machine runs first
         running.submit(job)
         wait_until(lambda: len(job.got) > 3)
         running.cancel(job)

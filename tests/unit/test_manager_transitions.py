@@ -315,8 +315,14 @@ def test_a_model_nobody_configured_is_unknown_and_has_no_first_load_to_wait_for(
 
 
 def test_the_first_load_is_over_only_once_the_configs_labels_are_applied(bench: Bench) -> None:
+    # The version loads after the scan has ended: a scan applies the labels of a model whose versions have loaded
+    # (Manager.apply_pending_labels), and a load that beat the scan's end would end the first load there.
+    gate = bench.hold("m", 1)
     bench.configure("m", 1, labels={"prod": 1})
-    bench.rescan()
+    bench.source.poll_once()
+    gate.set()
+    bench.states.wait_for("m", 1, AVAILABLE)
+    assert bench.manager.served.wait_until_settled(WAIT)
 
     assert bench.serving("m") == {1: AVAILABLE}
     assert bench.manager.served.loading_first("m")  # a request for label "prod" must not be refused yet
