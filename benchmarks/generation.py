@@ -42,8 +42,9 @@ WORDS = [
 ]  # fmt: skip
 
 
-def build(folder: Path) -> list[str]:
-    """The generator's version folder, and one prompt per stream."""
+def build(folder: Path, chat_template: str | None = None) -> list[str]:
+    """The generator's version folder (its tokenizer with ``chat_template`` where given), and one prompt per
+    stream."""
     import random
 
     import torch
@@ -57,6 +58,8 @@ def build(folder: Path) -> list[str]:
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=1000))
     fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer)
+    if chat_template is not None:
+        fast.chat_template = chat_template
     torch.manual_seed(0)
     config = GPT2Config(
         n_layer=4, n_embd=256, n_head=4, vocab_size=len(fast), n_positions=512, bos_token_id=None, eos_token_id=None

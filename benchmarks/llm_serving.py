@@ -81,6 +81,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import generation
 from _common import (
     BATCHING,
     MONITORING,
@@ -112,26 +113,8 @@ def corpus(rng: random.Random) -> list[str]:
 
 
 def build_generator(version: Path) -> list[str]:
-    """The generator's version folder (as benchmarks/generation.py's, with a chat template), and a prompt a stream."""
-    import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
-
-    rng = random.Random(0)
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.train_from_iterator(corpus(rng), trainers.BpeTrainer(vocab_size=1000))
-    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer)
-    fast.chat_template = CHAT_TEMPLATE
-    torch.manual_seed(0)
-    config = GPT2Config(
-        n_layer=4, n_embd=256, n_head=4, vocab_size=len(fast), n_positions=512, bos_token_id=None, eos_token_id=None
-    )
-    GPT2LMHeadModel(config).save_pretrained(version)
-    fast.save_pretrained(version)
-    (version / "workbench.json").write_text(json.dumps({"platform": "huggingface", "task": "text-generation"}))
-    return [" ".join(rng.choice(WORDS) for _ in range(16)) for _ in range(STREAMS)]
+    """The generator's version folder (benchmarks/generation.py's, with a chat template), and a prompt a stream."""
+    return generation.build(version, CHAT_TEMPLATE)
 
 
 def build_encoder(version: Path) -> list[str]:
