@@ -611,6 +611,50 @@ def test_only_a_cheap_call_of_an_inline_platform_moves_onto_the_event_loop(
     assert b.shapes() == [(1, 1, 1)] * count, "a call on the loop is recorded as one on a thread is"
 
 
+@pytest.mark.parametrize("why", ["no batching", "a signature that cannot batch"])
+def test_run_now_answers_a_cheap_unbatched_call_at_once_and_records_it_as_run_does(
+    bench: Callable[..., Bench], monkeypatch: pytest.MonkeyPatch, why: str
+):
+    monkeypatch.setattr(RunCost, "INLINE_BUDGET_SECONDS", 0.5)  # a busy test machine's hiccups stay in budget
+    servable = Gated(batchable=why == "no batching")
+    servable.platform = "tensorflow"
+    b = bench(None if why == "no batching" else params(max_batch_size=8), servable, inline_cheap_calls=True)
+    signature = servable.signatures["serving_default"]
+
+    def now(value: float) -> dict[str, np.ndarray] | None:
+        return b.scheduler.run_now(servable, signature, {"x": column(value)}, ["y"])
+
+    async def main() -> None:
+        assert now(-1.0) is None, "a signature not yet proven cheap is awaited through run(), on a thread"
+        for value in range(RunCost.SETTLE_RUNS):
+            await asyncio.wait_for(b.ask(value), WAIT)
+        calls, records = len(servable.calls), len(b.records)
+        answered = now(7.0)
+        assert answered is not None and set(answered) == {"y"}
+        np.testing.assert_array_equal(answered["y"], answer(7.0))
+        assert servable.threads[-1] == threading.current_thread().name, "run on the loop's own thread"
+        assert len(servable.calls) == calls + 1
+        assert b.records[records:] and b.shapes()[-1] == (1, 1, 1), "recorded as a batch of one, as run() records it"
+
+    asyncio.run(main())
+
+
+def test_run_now_leaves_a_batched_call_to_the_queue(bench: Callable[..., Bench], monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(RunCost, "INLINE_BUDGET_SECONDS", 0.5)
+    servable = Gated()
+    servable.platform = "tensorflow"
+    b = bench(params(max_batch_size=8), servable, inline_cheap_calls=True)
+
+    async def main() -> None:
+        for value in range(RunCost.SETTLE_RUNS + 2):  # proven cheap: its batches run on the loop, through the queue
+            await asyncio.wait_for(b.ask(value), WAIT)
+        calls = len(servable.calls)
+        assert b.scheduler.run_now(servable, servable.signatures["serving_default"], {"x": column(1.0)}, ["y"]) is None
+        assert len(servable.calls) == calls, "nothing ran: batched requests share batches through the queue"
+
+    asyncio.run(main())
+
+
 class FakeClock:
     """time.monotonic as the test sets it."""
 
@@ -787,7 +831,7 @@ def test_a_model_whose_calls_cost_mostly_their_fixed_part_and_compete_fills_a_ba
             await pair(size)
         # Learnt from wall times: on a busy machine a batch alone can be preempted into looking as slow as a pair.
         # More of both, until the curve has seen the calls compete (a bounded number of rounds).
-        known = next(iter(b.scheduler._known[model].values()))  # what it learnt
+        known = next(iter(b.scheduler._known[id(model)].values()))  # what it learnt
         for round_ in range(200):
             if known.curve.fills_first(1):
                 break
@@ -947,7 +991,7 @@ async def teach(b: Bench, model: Concurrency) -> None:
     for value in range(Contention.MIN_CALLS + 1):
         await pair(value)
     for value in range(200 if model.contended else 0):
-        known = next(iter(b.scheduler._known[model].values()))  # what it learnt
+        known = next(iter(b.scheduler._known[id(model)].values()))  # what it learnt
         if known.contention.contended():
             break
         await asyncio.wait_for(b.ask(value), WAIT)
@@ -993,7 +1037,7 @@ def test_calls_already_side_by_side_when_turns_begin_finish_and_then_one_runs_at
         await asyncio.gather(*(client(range(k * 10, k * 10 + 6)) for k in range(4)))
         # Learnt from wall times: on a busy machine a call alone can be preempted into looking as slow as those side
         # by side. More of the same load, until the calls were seen to contend (a bounded number of rounds).
-        known = next(iter(b.scheduler._known[model].values()))  # what it learnt
+        known = next(iter(b.scheduler._known[id(model)].values()))  # what it learnt
         for _ in range(50):
             if known.contention.contended():
                 break
@@ -1003,7 +1047,7 @@ def test_calls_already_side_by_side_when_turns_begin_finish_and_then_one_runs_at
     asyncio.run(main())
     assert max(model.entries[:4]) > 1, "the first calls ran side by side"
     assert model.entries[-10:] == [1] * 10, f"calls still started beside others: {model.entries}"
-    known = next(iter(b.scheduler._known[model].values()))  # what it learnt
+    known = next(iter(b.scheduler._known[id(model)].values()))  # what it learnt
     assert known.contention.contended(), "the calls that took turns were seen alone"
 
 
@@ -1039,7 +1083,7 @@ def test_a_request_waiting_its_turn_whose_caller_gives_up_leaves_without_running
         interest = Interest()
         given_up = asyncio.ensure_future(b.ask(2, interest=interest))
         third = asyncio.ensure_future(b.ask(3))
-        known = next(iter(b.scheduler._known[model].values()))  # its turns queue
+        known = next(iter(b.scheduler._known[id(model)].values()))  # its turns queue
         await until(lambda: len(known.turns) == 2, "both waiting their turn")
         assert model.calls == [[1]], "a call started beside a contending one"
         interest.give_up(ServingError(Code.CANCELLED, "Cancelled"))
@@ -1067,7 +1111,7 @@ def test_turns_do_not_stall_behind_a_call_that_waits_instead_of_computing(
 
     async def main() -> None:
         await teach(b, model)
-        known = next(iter(b.scheduler._known[model].values()))  # what it learnt
+        known = next(iter(b.scheduler._known[id(model)].values()))  # what it learnt
         assert known.contention.contended()
         model.calls.clear()
         model.hold()

@@ -97,6 +97,11 @@ class Batcher(Protocol):
         interest: Interest | None = None,
     ) -> Outputs: ...
 
+    def run_now(self, servable: Servable, signature: Signature, feed: Feed, outputs: Sequence[str]) -> Outputs | None:
+        """The answer at once when the call needs neither a queue nor a thread (see :meth:`BatchScheduler.run_now`);
+        None when it must be awaited through :meth:`run`."""
+        ...
+
     def queue_depths(self) -> list[tuple[str, int, int]]: ...
 
 
@@ -168,7 +173,9 @@ class BatchScheduler:
         self._params_for = params_for
         self._listener = listener
         self._queues: dict[tuple[int, str, tuple[str, ...]], _Queue] = {}
-        self._known: weakref.WeakKeyDictionary[Servable, dict[str, _SignatureState]] = weakref.WeakKeyDictionary()
+        # By id(servable): a WeakKeyDictionary's get is Python code, on every request. An entry goes when its servable
+        # is collected (weakref.finalize), before its id can be reused.
+        self._known: dict[int, dict[str, _SignatureState]] = {}
         self._said_unbatched: set[tuple[str, int, str]] = set()
 
     def queue_depths(self) -> list[tuple[str, int, int]]:
@@ -262,6 +269,40 @@ class BatchScheduler:
             raise
         return {alias: np.concatenate([part[alias] for part in parts], axis=0) for alias in parts[0]}
 
+    def run_now(self, servable: Servable, signature: Signature, feed: Feed, outputs: Sequence[str]) -> Outputs | None:
+        """The answer here and now when :meth:`run` would run the call on the loop without queueing it: an unbatched
+        call (no batching for the servable, or a signature that cannot batch) of a signature proven cheap
+        (:class:`RunCost`); None otherwise, and the caller awaits :meth:`run`.
+
+        For the data plane's hot path: a call answered here costs no coroutine, no interest and no deadline timer,
+        none of which a call that never waits can use. It runs and is recorded exactly as :meth:`run` would.
+        """
+        params = self._params_for(servable)
+        if params is not None and signature.batchable:
+            return None
+        known = self._know(servable, signature)
+        if not known.cost.runs_on_loop():
+            return None
+        return self._alone_here(known, servable, signature, feed, outputs)
+
+    def _alone_here(
+        self,
+        known: _SignatureState,
+        servable: Servable,
+        signature: Signature,
+        feed: Feed,
+        outputs: Sequence[str],
+        interest: Interest | None = None,
+    ) -> Outputs:
+        """One unbatched call of a cheap signature, on the loop: run, timed for its cost, traced where ``interest``
+        is."""
+        result, seconds = self._run_alone(servable, signature, feed, outputs)
+        known.cost.record(seconds, True)
+        spans = _tracing.batches
+        if spans is not None and interest is not None and interest.trace is not None:
+            spans.ran_alone(interest.trace, time.perf_counter() - seconds, seconds)
+        return result
+
     async def _run_unbatched(
         self,
         loop: asyncio.AbstractEventLoop,
@@ -277,14 +318,8 @@ class BatchScheduler:
         when the thread has returned, exactly as for a batched request.
         """
         known = self._know(servable, signature)
-        cost = known.cost
-        if cost.runs_on_loop():
-            result, seconds = self._run_alone(servable, signature, feed, outputs)
-            cost.record(seconds, True)
-            spans = _tracing.batches
-            if spans is not None and interest is not None and interest.trace is not None:
-                spans.ran_alone(interest.trace, time.perf_counter() - seconds, seconds)
-            return result
+        if known.cost.runs_on_loop():
+            return self._alone_here(known, servable, signature, feed, outputs, interest)
         if interest is not None and interest.error is not None:  # its caller already gave up
             raise interest.error
         submitted = time.perf_counter()  # its wait for a turn and a thread is its queue time, as Triton's
@@ -445,9 +480,10 @@ class BatchScheduler:
         return result, seconds
 
     def _know(self, servable: Servable, signature: Signature) -> _SignatureState:
-        by_signature = self._known.get(servable)
+        by_signature = self._known.get(id(servable))
         if by_signature is None:
-            by_signature = self._known[servable] = {}
+            by_signature = self._known[id(servable)] = {}
+            weakref.finalize(servable, self._known.pop, id(servable), None)
         known = by_signature.get(signature.name)
         if known is None:
             known = by_signature[signature.name] = _SignatureState(

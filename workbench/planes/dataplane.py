@@ -244,6 +244,8 @@ class Dataplane:
         servable = call.servable
         if isinstance(servable, Composite):
             result = await self._run(call, servable.run_with(self._members, signature, feed, outputs), timeout)
+        elif call.trace is None and (now := self.scheduler.run_now(servable, signature, feed, outputs)) is not None:
+            return now  # a cheap unbatched call, answered on the loop: nothing to wait for, so no deadline to arm
         else:
             loop = asyncio.get_running_loop()
             interest = Interest(timeout, loop)

@@ -180,6 +180,15 @@ class RunnerDispatch:
             if traced and tracing.active is not None and interest is not None:
                 tracing.active.ran_remotely(interest.trace, f"runner-{link.index}", started, records or ())
 
+    def run_now(
+        self, servable: Servable, signature: Signature, feed: Mapping[str, np.ndarray], outputs: Sequence[str]
+    ) -> dict[str, np.ndarray] | None:
+        """A version this process serves itself may answer at once (:meth:`BatchScheduler.run_now`); a runner's never
+        does: its answer comes from another process."""
+        if isinstance(servable, RunnerServable):
+            return None
+        return self.local.run_now(servable, signature, feed, outputs)
+
     def queue_depths(self) -> list[tuple[str, int, int]]:
         """Rows waiting here and in flight to the runners, per model version."""
         depths = {(model, version): rows for model, version, rows in self.local.queue_depths()}
