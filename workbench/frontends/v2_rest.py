@@ -220,7 +220,7 @@ class V2Rest:
             decoded = decoded or self._decode(body, length, shared_memory)
             given = decoded.parameters.get(STICKY_PARAMETER)
             key = given if isinstance(given, str) and given else None
-        spec = dataclasses.replace(await self._infer_spec(model, version), key=key)
+        spec = await self._infer_spec(model, version, key)
         with await dataplane.admit(spec, "predict", PROTOCOL, self.timeout) as call:
             servable = call.servable
             if isinstance(servable, WholeRequestServable):  # MLServer's runtimes: the request as sent, parameters too
@@ -308,10 +308,11 @@ class V2Rest:
         )
         return _answer(encoded)
 
-    async def _infer_spec(self, model: str, version: str | None) -> ModelSpec:
-        """The servable an inference request names; one it cannot name (an unknown label) is counted as refused."""
+    async def _infer_spec(self, model: str, version: str | None, key: str | None) -> ModelSpec:
+        """The servable an inference request names (``key``: its stickiness key); one it cannot name (an unknown
+        label) is counted as refused."""
         try:
-            return await self.models.loaded_spec(model, version, self.timeout)
+            return await self.models.loaded_spec(model, version, self.timeout, key)
         except ServingError as exc:
             self.dataplane.refused(model, "predict", PROTOCOL, exc)
             raise
