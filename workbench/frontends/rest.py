@@ -30,6 +30,7 @@ from starlette.types import Receive, Scope, Send
 from workbench.core.errors import Code, ServingError, from_exception
 from workbench.core.sticky import STICKY_HEADER
 from workbench.frontends import rest_asgi
+from workbench.frontends.hot_routes import HotRoute, answer_asgi, hot_match
 from workbench.observability import tracing
 from workbench.observability.metrics import CONTENT_TYPE as PROMETHEUS_CONTENT_TYPE
 from workbench.planes.dataplane import Dataplane, ModelSpec
@@ -215,9 +216,13 @@ class RestApp(Starlette):
     CORS on, every request goes through Starlette's CORS middleware instead.
     """
 
-    def __init__(self, api: RestApi, *, answer_inference: bool, **kwargs: Any) -> None:
+    def __init__(
+        self, api: RestApi, *, answer_inference: bool, hot_routes: Sequence[HotRoute] = (), **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self._api = api if answer_inference else None
+        # More routes answered before Starlette (v2 …/infer, TorchServe /predictions): frontends/hot_routes.py
+        self._hot = tuple(hot_routes) if answer_inference else ()
 
     @property
     def inference_api(self) -> RestApi | None:
@@ -226,6 +231,12 @@ class RestApp(Starlette):
         (:mod:`workbench.frontends.rest_rsgi`)."""
         return self._api
 
+    @property
+    def hot_routes(self) -> tuple[HotRoute, ...]:
+        """The other routes this app answers before Starlette (none with CORS on), for an HTTP server's own interface
+        to answer them too (:mod:`workbench.frontends.hot_routes_rsgi`)."""
+        return self._hot
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if tracing.active is not None and scope["type"] == "http":
             # Its traceparent is read if it reaches the data plane (an inference request), not before. Every HTTP
@@ -233,9 +244,9 @@ class RestApp(Starlette):
             tracing.active.http_arrived(scope)
         api = self._api
         # A root_path (a mount, a proxy's prefix) changes what Starlette's router matches: those go to Starlette.
-        if api is not None and scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
-            path = scope["path"]
-            match = prediction_match(path) if path.startswith("/v1/") else None
+        if api is not None and scope["type"] == "http" and not scope.get("root_path"):
+            path, method = scope["path"], scope["method"]
+            match = prediction_match(path) if method == "POST" and path.startswith("/v1/") else None
             if match is not None:
                 limit = api.max_request_bytes
                 key = rest_asgi.header(scope["headers"], STICKY_HEADER_RAW)
@@ -244,6 +255,10 @@ class RestApp(Starlette):
                 )
                 headers = _raw_answered_by(*servable) if servable is not None else ()
                 await rest_asgi.send_json(send, status, body, headers)
+                return
+            hot = hot_match(self._hot, method, path) if self._hot else None
+            if hot is not None:
+                await answer_asgi(*hot, scope, receive, send)
                 return
         await super().__call__(scope, receive, send)
 
@@ -258,9 +273,11 @@ def create_app(
     extra_routes: list[Route] | None = None,
     more_posts: Sequence[tuple[re.Pattern[str], PostHandler]] = (),
     first_routes: Sequence[Route] = (),
+    hot_routes: Sequence[HotRoute] = (),
 ) -> RestApp:
     """``first_routes`` are matched before TF Serving's ``/v1`` (OpenAI's endpoints under it), ``extra_routes``
-    after everything of TF Serving's."""
+    after everything of TF Serving's; ``hot_routes`` are answered before Starlette (each has its Starlette route
+    among the others too, which answers the same)."""
     api = RestApi(dataplane, timeout_ms, max_request_bytes, more_posts)
     routes = [*first_routes]
     routes.append(Route("/v1/{rest:path}", api.v1, methods=["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD"]))
@@ -301,6 +318,7 @@ def create_app(
     app = RestApp(
         api,
         answer_inference=not enable_cors,
+        hot_routes=hot_routes,
         routes=routes,
         middleware=middleware,
         exception_handlers=handlers,  # type: ignore[arg-type]

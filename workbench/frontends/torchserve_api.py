@@ -169,7 +169,8 @@ class TorchServeApi:
     ) -> Prediction:
         """One request through the archive's handler: ``data`` its input, ``meta`` what the frontend knows of it
         (:func:`workbench.platforms.torchserve.request_meta`)."""
-        await self.dataplane.loaded(model, timeout)
+        if self.dataplane.waits(model):  # else loaded() would return at once: skipped on every request
+            await self.dataplane.loaded(model, timeout)
         self.known(model)
         number = self.version_number(model, version) if version else None
         spec = ModelSpec(model, version=number, key=key)

@@ -23,18 +23,36 @@ import email.parser
 import email.policy
 import functools
 import json
+import logging
+import re
 from collections.abc import Callable
 from typing import Any
 
+from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from workbench.core.errors import ServingError
+from workbench.core.errors import Code, ServingError
+from workbench.core.sticky import STICKY_HEADER
+from workbench.frontends.hot_routes import (
+    Answer,
+    Arrival,
+    StarletteArrival,
+    answer_of,
+    answer_of_response,
+    as_response,
+    route_pattern,
+)
 from workbench.frontends.torchserve_api import DEFAULT_LIMIT, TYPES, TorchServeApi, TorchServeError, http_status
 from workbench.platforms import torchserve as ts_platform
 
 PROTOCOL = "torchserve"
+_STICKY = STICKY_HEADER.lower()  # hot routes read header names in lower case
+_PREDICTIONS = route_pattern("/predictions/{model:str}")
+_VERSION_PREDICTIONS = route_pattern("/predictions/{model:str}/{version:str}")
+
+log = logging.getLogger(__name__)
 
 
 def error_response(status: int, message: str, kind: str = "") -> Response:
@@ -85,26 +103,44 @@ class TorchServeRest:
 
     @_answers
     async def predict(self, request: Request) -> Response:
-        model = request.path_params["model"]
-        version = request.path_params.get("version")
-        body = await self._body(request)
-        data, meta = _request_input(body, request)
-        answer = await self.api.predict(
-            model, version, data, meta, PROTOCOL, self.timeout, request.headers.get("x-workbench-key")
-        )
-        return Response(answer.body, answer.status, media_type=answer.content_type)
+        """``/predictions`` through Starlette (with CORS on, or under a root path); :meth:`answer` takes it
+        otherwise."""
+        params = request.path_params
+        return as_response(await self._predict(params["model"], params.get("version"), StarletteArrival(request)))
 
-    async def _body(self, request: Request) -> bytes:
-        declared = request.headers.get("content-length")
-        if declared and declared.isdigit() and int(declared) > self.max_request_bytes:
-            raise TorchServeError(413, "BadRequestException", "Request body exceeds the server's limit")
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > self.max_request_bytes:
-                raise TorchServeError(413, "BadRequestException", "Request body exceeds the server's limit")
-            chunks.append(chunk)
-        return b"".join(chunks)
+    def match(self, method: str, path: str) -> re.Match[str] | None:
+        """A :class:`~workbench.frontends.hot_routes.HotRoute`: ``POST|PUT /predictions/…``, answered before
+        Starlette."""
+        if (method == "POST" or method == "PUT") and path.startswith("/predictions/"):
+            return _prediction_match(path)
+        return None
+
+    async def answer(self, match: re.Match[str], request: Arrival) -> Answer:
+        """The answer to a ``/predictions`` request :meth:`match` matched, as its Starlette route answers it (a bug
+        is Starlette's plain 500, logged)."""
+        try:
+            return await self._predict(match["model"], match.groupdict().get("version"), request)
+        except TorchServeError as exc:
+            return answer_of_response(error_response(exc.status, exc.message, exc.kind))
+        except ServingError as exc:
+            return answer_of_response(error_response(http_status(exc), exc.message))
+        except Exception:
+            log.exception("TorchServe REST %s failed", match.string)
+            return answer_of(b"Internal Server Error", 500, "text/plain")
+
+    async def _predict(self, model: str, version: str | None, request: Arrival) -> Answer:
+        body = await self._body(request)
+        data, meta = _request_input(body, request.header("content-type") or "", request.headers())
+        answer = await self.api.predict(model, version, data, meta, PROTOCOL, self.timeout, request.header(_STICKY))
+        return answer_of(answer.body, answer.status, answer.content_type)
+
+    async def _body(self, request: Arrival) -> bytes:
+        try:
+            return await request.body(self.max_request_bytes)
+        except ServingError as exc:
+            if exc.code is not Code.RESOURCE_EXHAUSTED:
+                raise
+            raise TorchServeError(413, "BadRequestException", "Request body exceeds the server's limit") from None
 
     # ------------------------------------------------------------------------------------- management
     @_answers
@@ -150,6 +186,12 @@ class TorchServeRest:
         return _status_response(await self.api.set_default(model, version))
 
 
+@functools.lru_cache(maxsize=1024)  # a port sees a few paths over and over: the regex once per path, not per request
+def _prediction_match(path: str) -> re.Match[str] | None:
+    """``/predictions``' match, as Starlette's routes match it (the model's first, then a version's)."""
+    return _PREDICTIONS.match(path) or _VERSION_PREDICTIONS.match(path)
+
+
 def _int_param(request: Request, name: str, default: int) -> int:
     value = request.query_params.get(name)
     if value is None or value == "":
@@ -160,11 +202,10 @@ def _int_param(request: Request, name: str, default: int) -> int:
         raise TorchServeError(400, "BadRequestException", f"Invalid value for {name}: {value}") from None
 
 
-def _request_input(body: bytes, request: Request) -> tuple[bytes, bytes]:
+def _request_input(body: bytes, content_type: str, sent: Headers) -> tuple[bytes, bytes]:
     """The request's input and its description (``request`` input): a multipart form's ``data`` field (else its
     first field), or the whole body, named ``body`` as TorchServe names it."""
-    content_type = request.headers.get("content-type", "")
-    headers = {k: v for k, v in request.headers.items()}
+    headers = {k: v for k, v in sent.items()}
     if content_type.startswith("multipart/form-data"):
         message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
             b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n" + body
@@ -181,8 +222,7 @@ def _request_input(body: bytes, request: Request) -> tuple[bytes, bytes]:
     return body, ts_platform.request_meta("body", content_type.split(";")[0].strip(), headers)
 
 
-def torchserve_routes(api: TorchServeApi, timeout_ms: int, max_request_bytes: int) -> list[Route]:
-    rest = TorchServeRest(api, timeout_ms, max_request_bytes)
+def torchserve_routes(rest: TorchServeRest) -> list[Route]:
     return [
         Route("/ping", rest.ping, methods=["GET", "POST"]),
         Route("/predictions/{model:str}", rest.predict, methods=["POST", "PUT"]),

@@ -35,8 +35,9 @@ class V2Repository:
         self._version_names: dict[str, dict[int, str]] = {}
 
     # ------------------------------------------------------------------------------------- resolution
-    def spec(self, model: str, version: str | None) -> ModelSpec:
-        """What a request's model and version string select, once its label (if any) is known."""
+    def spec(self, model: str, version: str | None, key: str | None = None) -> ModelSpec:
+        """What a request's model and version string select, once its label (if any) is known; ``key``: its
+        stickiness key."""
         if not model:
             raise ServingError(Code.INVALID_ARGUMENT, "A model name is required")
         if not self.dataplane.knows(model):  # Triton's words, which its users match on, for a model it never heard of
@@ -51,18 +52,25 @@ class V2Repository:
                 f"failed to get model version from specified version string '{label}': it is neither a version "
                 f"number nor a version label of model {model}",
             )
-        return ModelSpec(model, version=number, label=label)
+        return ModelSpec(model, version=number, label=label, key=key)
 
-    async def loaded_spec(self, model: str, version: str | None, timeout: float | None) -> ModelSpec:
+    async def loaded_spec(
+        self, model: str, version: str | None, timeout: float | None, key: str | None = None
+    ) -> ModelSpec:
         """:meth:`spec`, once the model's first load is over (its labels are known only then), and the first load
         of the version it names (or a version evicted under a memory budget loaded again): see
         :meth:`Dataplane.loaded <workbench.planes.dataplane.Dataplane.loaded>`."""
+        dataplane = self.dataplane
+        if not dataplane.waits(model):  # nearly always: nothing to wait for, read at once
+            spec = self.spec(model, version, key)
+            if not dataplane.waits(model, spec):
+                return spec
         loop = asyncio.get_running_loop()
         started = loop.time()
-        await self.dataplane.loaded(model, timeout)
-        spec = self.spec(model, version)
+        await dataplane.loaded(model, timeout)
+        spec = self.spec(model, version, key)
         left = None if timeout is None else max(0.0, timeout - (loop.time() - started))
-        await self.dataplane.loaded(model, left, spec)
+        await dataplane.loaded(model, left, spec)
         return spec
 
     def version_of(self, spec: ModelSpec) -> int | None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import re
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -42,16 +43,26 @@ from workbench.core.signatures import DEFAULT_SIGNATURE
 from workbench.core.sticky import STICKY_HEADER, STICKY_PARAMETER
 from workbench.core.whole_requests import WholeRequestServable
 from workbench.frontends import v2_stream
+from workbench.frontends.hot_routes import (
+    Answer,
+    Arrival,
+    StarletteArrival,
+    answer_of,
+    answer_of_response,
+    as_response,
+    route_pattern,
+    with_header,
+)
 from workbench.frontends.rest import error_response, json_response
 from workbench.frontends.sequence_routing import SequenceRouter
 from workbench.frontends.v2_explain import explained_outputs
 from workbench.frontends.v2_repository import V2Repository, unsupported_parameters
-from workbench.frontends.v2_shared_memory import SharedMemoryAccess, rest_peer, shared_memory_routes
+from workbench.frontends.v2_shared_memory import SharedMemoryAccess, shared_memory_routes
 from workbench.planes.controlplane import ControlPlane
 from workbench.planes.dataplane import Dataplane, ModelSpec
 from workbench.protocol import v2_client, v2_json, v2_models, v2_whole
 from workbench.protocol.attributions import v2_parameters
-from workbench.protocol.json_tensor import dumps, input_specs, parse_body
+from workbench.protocol.json_tensor import dumps, encode_error, input_specs, parse_body
 from workbench.protocol.shared_memory_parameters import SharedMemory
 from workbench.protocol.v2_dialects import V2Dialect, dialect_of
 
@@ -63,6 +74,11 @@ _MODEL = "/v2/models/{model:str}"
 _VERSION = "/v2/models/{model:str}/versions/{version:str}"
 _LOAD_TIMEOUT_S = 300.0
 _STICKY_PARAMETER_BYTES = f'"{STICKY_PARAMETER}"'.encode()
+_STICKY = STICKY_HEADER.lower()  # hot routes read header names in lower case
+_HEADER_LENGTH = v2_json.HEADER_LENGTH.lower()
+_HEADER_LENGTH_RAW = _HEADER_LENGTH.encode()
+_INFER_PATH = route_pattern(f"{_MODEL}/infer")
+_INFER_VERSION_PATH = route_pattern(f"{_VERSION}/infer")
 
 Handler = Callable[[Request], Awaitable[Response]]
 # Queues an inference request asking for it (parameters.async): (model, version, body, headers) → the 202 answer.
@@ -150,22 +166,39 @@ class V2Rest:
 
     # ------------------------------------------------------------------------------------ inference
     async def infer(self, request: Request) -> Response:
-        body = await self._body(request)
+        """``…/infer`` through Starlette (with CORS on, or under a root path); :meth:`answer` takes it otherwise."""
         params = request.path_params
-        length = request.headers.get(v2_json.HEADER_LENGTH)
+        return as_response(await self._infer(params["model"], params.get("version"), StarletteArrival(request)))
+
+    def match(self, method: str, path: str) -> re.Match[str] | None:
+        """A :class:`~workbench.frontends.hot_routes.HotRoute`: ``POST …/infer``, answered before Starlette."""
+        return _infer_match(path) if method == "POST" and path.startswith("/v2/models/") else None
+
+    async def answer(self, match: re.Match[str], request: Arrival) -> Answer:
+        """The answer to an ``…/infer`` request :meth:`match` matched, as its Starlette route answers it."""
+        try:
+            return await self._infer(match["model"], match.groupdict().get("version"), request)
+        except ServingError as exc:
+            return _error_answer(exc)
+        except Exception as exc:  # a bug must still answer JSON, and be logged (as _answering does)
+            log.exception("v2 REST %s %s failed", "POST", match.string)
+            return _error_answer(from_exception(exc))
+
+    async def _infer(self, model: str, version: str | None, request: Arrival) -> Answer:
+        body = await request.body(self.settings.max_request_bytes)
+        length = request.header(_HEADER_LENGTH)
         if self.hand_off_async is not None and v2_json.asks_async(body, length):
-            return await self.hand_off_async(params["model"], params.get("version"), body, request.headers)
-        shared_memory = self._shared_memory(request)
+            return answer_of_response(await self.hand_off_async(model, version, body, request.headers()))
+        shared_memory = self._shared_memory(request.peer)
         decoded = None
         if self.router is not None:  # with --num_workers: read the request first, its sequence may live elsewhere
             decoded = self._decode(body, length, shared_memory)
             sequence = sequence_request(decoded.parameters)
             owner = self.router.owner(sequence.id) if sequence is not None else None
             if owner is not None:
-                return await self._forward(request, decoded, owner)
-        key = request.headers.get(STICKY_HEADER)
-        encoded = await self.run(params["model"], params.get("version"), body, length, shared_memory, decoded, key)
-        return _response(encoded)
+                return await self._forward(model, version, decoded, owner, shared_memory)
+        key = request.header(_STICKY)
+        return _answer(await self.run(model, version, body, length, shared_memory, decoded, key))
 
     async def run(
         self,
@@ -187,7 +220,7 @@ class V2Rest:
             decoded = decoded or self._decode(body, length, shared_memory)
             given = decoded.parameters.get(STICKY_PARAMETER)
             key = given if isinstance(given, str) and given else None
-        spec = dataclasses.replace(await self._infer_spec(model, version), key=key)
+        spec = await self._infer_spec(model, version, key)
         with await dataplane.admit(spec, "predict", PROTOCOL, self.timeout) as call:
             servable = call.servable
             if isinstance(servable, WholeRequestServable):  # MLServer's runtimes: the request as sent, parameters too
@@ -245,33 +278,41 @@ class V2Rest:
     def _decode(self, body: bytes, length: str | None, shared_memory: SharedMemory | None) -> v2_json.InferRequest:
         return v2_json.decode_infer_request(body, v2_json.header_length(length, len(body)), shared_memory)
 
-    def _shared_memory(self, request: Request) -> SharedMemory | None:
-        """The regions this request's inputs and outputs may name (refusals, for a client on another host)."""
-        return self.shared_memory.for_peer(rest_peer(request)) if self.shared_memory is not None else None
+    def _shared_memory(self, peer: str) -> SharedMemory | None:
+        """The regions a request from ``peer`` may name in its inputs and outputs (refusals, for a client on another
+        host)."""
+        return self.shared_memory.for_peer(peer) if self.shared_memory is not None else None
 
-    async def _forward(self, request: Request, decoded: v2_json.InferRequest, owner: int) -> Response:
+    async def _forward(
+        self,
+        model: str,
+        version: str | None,
+        decoded: v2_json.InferRequest,
+        owner: int,
+        shared_memory: SharedMemory | None,
+    ) -> Answer:
         """Have worker ``owner``, which holds the request's sequence, answer it (over its private gRPC socket)."""
         assert self.router is not None
-        model, version = request.path_params["model"], request.path_params.get("version", "")
         parameters = {k: v for k, v in decoded.parameters.items() if isinstance(v, (bool, int, str))}
         message = v2_client.grpc_infer_request(
             model,
             decoded.inputs,
             [output.name for output in decoded.outputs],
-            version=version,
+            version=version or "",
             request_id=decoded.id or "",
             parameters=parameters,
         )
         answer = v2_client.grpc_infer_answer(await self.router.infer(owner, message, self._timeout(decoded)))
         encoded = v2_json.encode_infer_response(
-            model, answer.model_version or 0, decoded, answer.outputs, self._shared_memory(request)
+            model, answer.model_version or 0, decoded, answer.outputs, shared_memory
         )
-        return _response(encoded)
+        return _answer(encoded)
 
-    async def _infer_spec(self, model: str, version: str | None) -> ModelSpec:
-        """The servable an inference request names; one it cannot name (an unknown label) is counted as refused."""
+    async def _infer_spec(self, model: str, version: str | None, key: str | None) -> ModelSpec:
+        """The servable an inference request names (``key``: its stickiness key); one it cannot name (an unknown
+        label) is counted as refused."""
         try:
-            return await self.models.loaded_spec(model, version, self.timeout)
+            return await self.models.loaded_spec(model, version, self.timeout, key)
         except ServingError as exc:
             self.dataplane.refused(model, "predict", PROTOCOL, exc)
             raise
@@ -324,10 +365,23 @@ class V2Rest:
         return Response(status_code=200)
 
 
-def _response(encoded: v2_json.EncodedResponse) -> Response:
+def _answer(encoded: v2_json.EncodedResponse) -> Answer:
+    """An inference answer as Starlette's Response sent it: JSON, or with raw tensors after the JSON, the header's
+    length in Inference-Header-Content-Length (before the others, as a Response given that header sends it)."""
     if encoded.json_length is None:
-        return json_response(encoded.body)
-    return Response(encoded.body, media_type=BINARY, headers={v2_json.HEADER_LENGTH: str(encoded.json_length)})
+        return answer_of(encoded.body)
+    return with_header(_HEADER_LENGTH_RAW, str(encoded.json_length).encode(), answer_of(encoded.body, 200, BINARY))
+
+
+def _error_answer(error: ServingError) -> Answer:
+    """:func:`~workbench.frontends.rest.error_response`'s answer."""
+    return answer_of(encode_error(error.message), error.http_status)
+
+
+@functools.lru_cache(maxsize=1024)  # a port sees a few paths over and over: the regex once per path, not per request
+def _infer_match(path: str) -> re.Match[str] | None:
+    """``…/infer``'s match, as Starlette's routes match it (the model's first, then a version's)."""
+    return _INFER_PATH.match(path) or _INFER_VERSION_PATH.match(path)
 
 
 def _too_large(limit: int) -> ServingError:
@@ -377,20 +431,26 @@ def _answering(handler: Handler) -> Handler:
     return answer
 
 
-def v2_routes(
+def v2_api(
     dataplane: Dataplane,
     controlplane: ControlPlane,
     settings: V2Settings | None = None,
     router: SequenceRouter | None = None,
     shared_memory: SharedMemoryAccess | None = None,
     hand_off_async: AsyncHandOff | None = None,
-) -> list[Route]:
-    """The v2 routes for the REST app: reads and inference through ``dataplane``, repository loads and unloads
+) -> V2Rest:
+    """The v2 handlers for the REST app: reads and inference through ``dataplane``, repository loads and unloads
     through ``controlplane``; ``router`` hands a sequence's requests to the worker that holds it (with
     --num_workers); ``shared_memory``: the server's shared-memory regions (None: no shared-memory routes, and
     requests naming a region are UNIMPLEMENTED); ``hand_off_async`` queues requests whose ``parameters.async`` is
-    true (None: it is an ordinary parameter)."""
-    api = V2Rest(dataplane, controlplane, settings or V2Settings(), router, shared_memory, hand_off_async)
+    true (None: it is an ordinary parameter). :func:`v2_routes` mounts them; the API is also the hot route of
+    ``…/infer`` (:mod:`workbench.frontends.hot_routes`)."""
+    return V2Rest(dataplane, controlplane, settings or V2Settings(), router, shared_memory, hand_off_async)
+
+
+def v2_routes(api: V2Rest) -> list[Route]:
+    """``api``'s routes."""
+    dataplane, shared_memory = api.dataplane, api.shared_memory
     generate = v2_stream.Generate(dataplane, api.models, api._body, api.timeout, PROTOCOL)  # noqa: SLF001 - the stream reads bodies as the REST API does
     table: list[tuple[str, Handler, str]] = [
         ("/v2", api.server_metadata, "GET"),

@@ -16,6 +16,7 @@ unregister succeeds, because Triton's clients unregister everything when they st
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable
 from typing import Any, NoReturn
 
@@ -31,6 +32,10 @@ from workbench.protocol.shared_memory_parameters import SharedMemory, SharedTens
 
 Handler = Callable[[Request], Awaitable[Response]]
 
+# Whether a peer is on this host, once per peer address (a REST client's host, a gRPC connection's peer): every
+# inference request asks, and parsing the address took as long as decoding a small request.
+_is_local = functools.lru_cache(maxsize=4096)(is_local_peer)
+
 
 class SharedMemoryAccess:
     """The server's registry, behind the rule of who may use it; one for both v2 frontends."""
@@ -44,13 +49,13 @@ class SharedMemoryAccess:
 
     def for_peer(self, peer: str) -> SharedMemory:
         """What an inference request from ``peer`` reads and writes regions through (refusals, for a remote one)."""
-        if self.allow_remote or is_local_peer(peer):
+        if self.allow_remote or _is_local(peer):
             return self.registry
         return _Refused(_remote(peer))
 
     def authorize(self, peer: str, authorization: str = "", changes: bool = False) -> None:
         """Refuse a shared-memory call from ``peer``; ``changes``: it registers or unregisters."""
-        if not (self.allow_remote or is_local_peer(peer)):
+        if not (self.allow_remote or _is_local(peer)):
             raise _remote(peer)
         if changes and self.allow_remote and self._token and not bearer_matches(authorization, self._token):
             raise ServingError(

@@ -25,9 +25,9 @@ from workbench.frontends.sequence_routing import SequenceRouter
 from workbench.frontends.tf_profiler import TfProfiler
 from workbench.frontends.torchserve_api import TorchServeApi
 from workbench.frontends.torchserve_grpc import TorchServeInference, TorchServeManagement
-from workbench.frontends.torchserve_rest import torchserve_routes
+from workbench.frontends.torchserve_rest import TorchServeRest, torchserve_routes
 from workbench.frontends.v2_grpc import InferenceService
-from workbench.frontends.v2_rest import V2Settings, v2_routes
+from workbench.frontends.v2_rest import V2Settings, v2_api, v2_routes
 from workbench.frontends.v2_shared_memory import SharedMemoryAccess
 from workbench.planes.controlplane import ControlPlane
 from workbench.planes.dataplane import Dataplane
@@ -137,6 +137,15 @@ class Frontends:
         endpoints unless they have a port of their own."""
         dataplane, controlplane, settings = self.dataplane, self.controlplane, self.settings
         asynchronous = settings.asynchronous
+        v2 = v2_api(
+            dataplane,
+            controlplane,
+            V2Settings(settings.rest_timeout_ms, settings.rest_max_request_bytes, settings.management_token),
+            settings.router,
+            settings.shared_memory,
+            asynchronous.accept_v2 if asynchronous is not None else None,
+        )
+        torchserve = TorchServeRest(self.torchserve, settings.rest_timeout_ms, settings.rest_max_request_bytes)
         return create_app(
             dataplane,
             # Before TF Serving's /v1, which answers every other path under it; GET /v1/models/{m} stays its.
@@ -148,18 +157,11 @@ class Frontends:
             extra_routes=[
                 *probe_routes(dataplane),
                 *management_routes(dataplane, controlplane, settings.management_token),
-                *v2_routes(
-                    dataplane,
-                    controlplane,
-                    V2Settings(settings.rest_timeout_ms, settings.rest_max_request_bytes, settings.management_token),
-                    settings.router,
-                    settings.shared_memory,
-                    asynchronous.accept_v2 if asynchronous is not None else None,
-                ),
+                *v2_routes(v2),
                 *(asynchronous.routes() if asynchronous is not None else []),
                 *(settings.batch_jobs.routes() if settings.batch_jobs is not None else []),
                 # TorchServe's inference and management APIs (/ping, /predictions, /models) on the same port.
-                *torchserve_routes(self.torchserve, settings.rest_timeout_ms, settings.rest_max_request_bytes),
+                *torchserve_routes(torchserve),
                 # MLflow's scoring protocol (/invocations, /health, /version; /ping is TorchServe's, above).
                 *MlflowScoring(
                     dataplane, settings.rest_timeout_ms, settings.rest_max_request_bytes, settings.mlflow_scoring_model
@@ -169,6 +171,7 @@ class Frontends:
                 *ExplainApi(dataplane, settings.rest_timeout_ms).posts(),  # :explain
                 *(asynchronous.posts() if asynchronous is not None else ()),
             ],
+            hot_routes=[v2, torchserve],  # v2's …/infer and TorchServe's /predictions, answered before Starlette
         )
 
     def grpc_servicers(self, direct: bool = True) -> GrpcServicers:

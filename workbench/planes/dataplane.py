@@ -167,6 +167,13 @@ class Dataplane:
             if harness is not None:
                 harness.release()  # loaded, and the most recently used: the caller's handle() finds it
 
+    def waits(self, name: str, spec: ModelSpec | None = None) -> bool:
+        """Whether :meth:`loaded` of ``name`` (and ``spec``) may have to wait or load; False (nearly always): it
+        would return at once, and a frontend may skip it."""
+        if self._models.loading_first(name) or self._budgeted_loads.on_demand:
+            return True
+        return spec is not None and self._version_loading_first(spec) is not None
+
     def _version_loading_first(self, spec: ModelSpec) -> int | None:
         """The version ``spec`` names when it is still in its first load (see :meth:`Manager.version_loading_first
         <workbench.models.served.ServedModels.version_loading_first>`); a request naming none never waits for one."""

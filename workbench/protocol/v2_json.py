@@ -18,6 +18,8 @@ output's go there (:mod:`workbench.protocol.shared_memory_parameters`); such an 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -41,6 +43,9 @@ CLASSIFICATION = "classification"  # an output's parameter: Triton's classificat
 CONTENT_TYPE = (
     "content_type"  # an input's or output's parameter: MLServer's codec for it (np, pd, str, base64, datetime)
 )
+
+_MAX_BYTES = (1 << 63) - 1  # numpy's limit on an array's bytes (impossible_shape's)
+_SHARED_KEYS = (shared_memory_parameters.REGION, shared_memory_parameters.BYTE_SIZE, shared_memory_parameters.OFFSET)
 
 # JSON arrays orjson writes straight from numpy (OPT_SERIALIZE_NUMPY); others go through tolist().
 _ORJSON_NUMPY_KINDS = frozenset("biuf")
@@ -143,9 +148,10 @@ def decode_infer_request(
         name, shape, datatype = _tensor_header(entry)
         if name in inputs:
             raise invalid_argument(f'Input "{name}" is sent twice')
-        tensor_parameters = _object(entry.get("parameters"), f'parameters of input "{name}"')
+        given = entry.get("parameters")
+        tensor_parameters = {} if given is None else _object(given, f'parameters of input "{name}"')
         size = tensor_parameters.get(BINARY_DATA_SIZE)
-        shared = shared_memory_parameters.shared_tensor(tensor_parameters, f'Input "{name}"')
+        shared = _shared_tensor(tensor_parameters, name, "Input")
         content_type = tensor_parameters.get(CONTENT_TYPE)
         if content_type is not None:
             if not isinstance(content_type, str):
@@ -207,15 +213,33 @@ def _tensor_header(entry: Any) -> tuple[str, tuple[int, ...], str]:
     if not isinstance(name, str) or not name:
         raise invalid_argument(f'Each input needs a "name" string; got {_short(entry.get("name"))}')
     shape = entry.get("shape")
-    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+    if not isinstance(shape, list) or not _dimensions(shape):
         raise invalid_argument(f'Input "{name}" needs a "shape": a list of non-negative integers; got {_short(shape)}')
     datatype = entry.get("datatype")
     if not isinstance(datatype, str):
         raise invalid_argument(f'Input "{name}" needs a "datatype" string such as "FP32"; got {_short(datatype)}')
     dtype = to_numpy_dtype(datatype)  # an unknown datatype is refused here, listing the known ones
-    if impossible_shape(shape, dtype.itemsize):
+    # impossible_shape's question, asked of the whole product first: it differs only with a 0 among the dimensions
+    elements = math.prod(shape)
+    if (elements == 0 or elements * dtype.itemsize > _MAX_BYTES) and impossible_shape(shape, dtype.itemsize):
         raise invalid_argument(f'Input "{name}": shape {shape} is larger than any tensor can be')
     return name, tuple(shape), datatype
+
+
+def _dimensions(shape: list[Any]) -> bool:
+    """Whether every dimension is a non-negative integer (booleans are not)."""
+    for dim in shape:  # noqa: SIM110 - a loop, not all() of a generator: half the time on every request
+        if type(dim) is not int or dim < 0:
+            return False
+    return True
+
+
+def _shared_tensor(parameters: Mapping[str, Any], name: str, kind: str) -> SharedTensor | None:
+    """:func:`~workbench.protocol.shared_memory_parameters.shared_tensor` of an input's or output's parameters,
+    asked only of those that name one of its keys (every other tensor names no region)."""
+    if not parameters or not any(key in parameters for key in _SHARED_KEYS):
+        return None
+    return shared_memory_parameters.shared_tensor(parameters, f'{kind} "{name}"')
 
 
 def _requested_outputs(entries: Any) -> tuple[RequestedOutput, ...]:
@@ -227,11 +251,12 @@ def _requested_outputs(entries: Any) -> tuple[RequestedOutput, ...]:
     for entry in entries:
         if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
             raise invalid_argument(f'Each requested output needs a "name" string; got {_short(entry)}')
-        parameters = _object(entry.get("parameters"), f'parameters of output "{entry["name"]}"')
+        given = entry.get("parameters")
+        parameters = {} if given is None else _object(given, f'parameters of output "{entry["name"]}"')
         binary = parameters.get(BINARY_DATA)
         if binary is not None and not isinstance(binary, bool):
             raise invalid_argument(f'{BINARY_DATA} of output "{entry["name"]}" must be true or false')
-        shared = shared_memory_parameters.shared_tensor(parameters, f'Output "{entry["name"]}"')
+        shared = _shared_tensor(parameters, entry["name"], "Output")
         if shared is not None and binary:
             raise invalid_argument(
                 f'Output "{entry["name"]}" asks for both {shared_memory_parameters.REGION} and {BINARY_DATA}: give one'
@@ -246,10 +271,7 @@ def _requested_outputs(entries: Any) -> tuple[RequestedOutput, ...]:
 
 
 def _elements(shape: Sequence[int]) -> int:
-    count = 1
-    for dim in shape:
-        count *= dim
-    return count
+    return math.prod(shape)
 
 
 def _shape_error(name: str, shape: Sequence[int], detail: str) -> Exception:
@@ -260,12 +282,18 @@ def _from_raw(name: str, raw: memoryview, shape: tuple[int, ...], datatype: str)
     count = _elements(shape)
     if datatype == BYTES:
         return _bytes_from_raw(name, raw, shape, count)
-    dtype = to_numpy_dtype(datatype)
+    dtype = _little_endian(datatype)
     if len(raw) != count * dtype.itemsize:
         raise _shape_error(
             name, shape, f"its {len(raw)} bytes of binary data hold {len(raw) / dtype.itemsize:g} {datatype} elements"
         )
-    return np.frombuffer(raw, dtype=dtype.newbyteorder("<")).reshape(shape)
+    return np.frombuffer(raw, dtype=dtype).reshape(shape)
+
+
+@functools.lru_cache(maxsize=64)  # a dozen datatypes: each one's raw dtype made once, not once per tensor
+def _little_endian(datatype: str) -> np.dtype[Any]:
+    """The numpy type of a raw tensor of ``datatype`` (raw tensors are little-endian)."""
+    return to_numpy_dtype(datatype).newbyteorder("<")
 
 
 def _bytes_from_raw(name: str, raw: memoryview, shape: tuple[int, ...], count: int) -> np.ndarray:

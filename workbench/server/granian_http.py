@@ -54,6 +54,8 @@ from starlette.types import ASGIApp
 
 from workbench.config.options import RestTLS
 from workbench.core.errors import Code, ServingError
+from workbench.frontends.hot_routes import hot_match
+from workbench.frontends.hot_routes_rsgi import answer_rsgi
 from workbench.frontends.rest import RestApp
 from workbench.frontends.rest_rsgi import RsgiInference
 from workbench.server.asgi_over_rsgi import AsgiOverRsgi
@@ -87,6 +89,7 @@ class RestRsgi:
     def __init__(self, app: ASGIApp) -> None:
         api = app.inference_api if isinstance(app, RestApp) else None
         self._inference = RsgiInference(api) if api is not None else None
+        self._hot = app.hot_routes if isinstance(app, RestApp) else ()  # v2's …/infer, TorchServe's /predictions
         self._asgi = AsgiOverRsgi(app)
 
     async def __rsgi__(self, scope: Any, proto: Any) -> None:
@@ -95,6 +98,10 @@ class RestRsgi:
             match = inference.match(scope)
             if match is not None:
                 await inference.answer(match, scope, proto)
+                return
+            hot = hot_match(self._hot, scope.method, scope.path) if scope.proto == "http" else None
+            if hot is not None:
+                await answer_rsgi(*hot, scope, proto)
                 return
         await self._asgi(scope, proto)
 
