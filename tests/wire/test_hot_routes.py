@@ -1,4 +1,4 @@
-"""v2's ``…/infer`` and TorchServe's ``/predictions`` answered before Starlette (workbench/frontends/hot_routes.py,
+"""v2's ``…/infer``, TorchServe's ``/predictions`` and OpenAI's ``/embeddings`` answered before Starlette (workbench/frontends/hot_routes.py,
 and hot_routes_rsgi.py under granian) against the same requests through Starlette's routes, byte for byte.
 
 With CORS on, every request goes through Starlette (its middleware, router and the routes' own handlers), so a server
@@ -19,8 +19,10 @@ from typing import Any
 
 import pytest
 from test_torchserve import CUSTOM_HANDLER, write_mar
+from text_models import HASHER, PARROT, write_model
 
 from workbench.config.options import ServerOptions
+from workbench.frontends.openai_api import OpenAIApi
 from workbench.frontends.torchserve_rest import TorchServeRest
 from workbench.frontends.v2_rest import V2Rest
 from workbench.server import ServerThread
@@ -31,8 +33,11 @@ LENGTH = "Inference-Header-Content-Length"
 
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory: pytest.TempPathFactory, model_store: Path) -> Path:
-    """hp: y = x/2 + 2 (TensorFlow, FP32 [batch, 1]); doubler: a TorchServe archive ({"x": [...]} → {"y": [...]})."""
+    """hp: y = x/2 + 2 (TensorFlow, FP32 [batch, 1]); doubler: a TorchServe archive ({"x": [...]} → {"y": [...]});
+    hasher: a text embedder and parrot a text generator (Python models)."""
     root = tmp_path_factory.mktemp("hot-models")
+    write_model(root, "hasher", HASHER)
+    write_model(root, "parrot", PARROT)
     shutil.copytree(model_store / "hp2_tf2", root / "hp" / "1")
     write_mar(
         root / "doubler.mar",
@@ -116,6 +121,17 @@ REQUESTS: list[tuple[str, str, bytes, dict[str, str]]] = [
     ("POST", "/predictions/nope", b'{"x": [1.0]}', {}),
     ("POST", "/predictions/doubler/7.0", b'{"x": [1.0]}', {}),
     ("POST", "/predictions/doubler", b'{"x": "' + b"a" * LIMIT + b'"}', {}),  # over the limit: TorchServe's 413
+    ("POST", "/v1/embeddings", b'{"model": "hasher", "input": ["one", "two"]}', {}),
+    ("POST", "/openai/v1/embeddings", b'{"model": "hasher:1", "input": "x", "encoding_format": "base64"}', {}),
+    ("POST", "/v1/embeddings", b'{"model": "hasher", "input": "x"}', {"X-Workbench-Key": "user-7"}),
+    ("POST", "/v1/embeddings", b'{"model": "nope", "input": "x"}', {}),  # OpenAI's 404
+    ("POST", "/v1/embeddings", b'{"model": "hasher:canary", "input": "x"}', {}),  # no such label
+    ("POST", "/v1/embeddings", b'{"model": "parrot", "input": "x"}', {}),  # not an embedder: 400 naming the model
+    ("POST", "/v1/embeddings", b'{"model": "hasher", "input": "x", "dimensions": 4}', {}),  # a parameter it refuses
+    ("POST", "/v1/embeddings", b'{"model": "hasher"', {}),
+    ("POST", "/v1/embeddings", b'{"model": "hasher", "input": "' + b"a" * LIMIT + b'"}', {}),  # over the limit
+    ("POST", "/v1/embeddings/", b'{"model": "hasher", "input": "x"}', {}),  # no such route
+    ("GET", "/v1/embeddings", b"", {}),  # another method
 ]
 
 
@@ -148,7 +164,7 @@ def test_a_torchserve_answer_keeps_the_handlers_type(servers) -> None:
 
 def test_only_the_server_without_cors_takes_the_hot_routes(servers, monkeypatch: pytest.MonkeyPatch) -> None:
     taken: list[str] = []
-    for kind in (V2Rest, TorchServeRest):
+    for kind in (V2Rest, TorchServeRest, OpenAIApi):
         original = kind.answer
 
         async def counting(self: Any, match: Any, request: Any, original: Any = original) -> Any:
@@ -160,4 +176,5 @@ def test_only_the_server_without_cors_takes_the_hot_routes(servers, monkeypatch:
     for server in (starlette, hot):
         assert exchange(server, "POST", "/v2/models/hp/infer", v2([X]), {})[0] == 200
         assert exchange(server, "POST", "/predictions/doubler", b'{"x": [1.0]}', {})[0] == 200
-    assert taken == ["/v2/models/hp/infer", "/predictions/doubler"]
+        assert exchange(server, "POST", "/v1/embeddings", b'{"model": "hasher", "input": "x"}', {})[0] == 200
+    assert taken == ["/v2/models/hp/infer", "/predictions/doubler", "/v1/embeddings"]

@@ -24,6 +24,7 @@ import dataclasses
 import functools
 import logging
 import os
+import re
 import time
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
@@ -43,6 +44,7 @@ from workbench.core.sticky import STICKY_HEADER
 from workbench.core.text_generation import SamplingParameters
 from workbench.frontends import rest_asgi
 from workbench.frontends.auth import bearer_matches
+from workbench.frontends.hot_routes import Answer, Arrival, StarletteArrival, answer_of, as_response, route_pattern
 from workbench.frontends.openai_generation import (
     Event,
     Finished,
@@ -89,6 +91,10 @@ class OpenAISettings:
         return self.timeout_ms / 1000 if self.timeout_ms > 0 else None
 
 
+_EMBEDDINGS = tuple(route_pattern(f"{prefix}/embeddings") for prefix in PREFIXES)
+_STICKY = STICKY_HEADER.lower()  # hot routes read header names in lower case
+
+
 def _json(doc: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
     return Response(answers.json_bytes(doc), status_code=status, media_type="application/json", headers=headers)
 
@@ -96,6 +102,18 @@ def _json(doc: Any, status: int = 200, headers: dict[str, str] | None = None) ->
 def error_response(error: ServingError) -> Response:
     status, doc = answers.error_answer(error)
     return _json(doc, status)
+
+
+def _error_answer(error: ServingError) -> Answer:
+    """:func:`error_response`'s answer, as a hot route gives it."""
+    status, doc = answers.error_answer(error)
+    return answer_of(answers.json_bytes(doc), status)
+
+
+@functools.lru_cache(maxsize=1024)  # once per version, not once per request
+def _model_headers(name: str, version: int) -> tuple[tuple[bytes, bytes], ...]:
+    """:func:`answered_by`'s headers as a Response given them sends them (lower-case names, before its own)."""
+    return tuple((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in answered_by(name, version).items())
 
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -225,8 +243,11 @@ class OpenAIApi:
 
     # ------------------------------------------------------------------------------------------ requests
     def _authorize(self, request: Request) -> None:
+        self._authorize_header(request.headers.get("authorization"))
+
+    def _authorize_header(self, authorization: str | None) -> None:
         key = self.settings.api_key
-        if key and not bearer_matches(request.headers.get("authorization", ""), key):
+        if key and not bearer_matches(authorization or "", key):
             raise ServingError(
                 Code.UNAUTHENTICATED, "This server's OpenAI endpoints need its management token as the API key"
             )
@@ -236,8 +257,11 @@ class OpenAIApi:
         return await rest_asgi.read_body(request.scope, request.receive, self.settings.max_request_bytes)
 
     def _spec(self, text: str, request: Request) -> ModelSpec:
+        return self._spec_keyed(text, request.headers.get(STICKY_HEADER))
+
+    def _spec_keyed(self, text: str, key: str | None) -> ModelSpec:
         name = parse_model_name(text, self.dataplane.knows)
-        return ModelSpec(name.model, name.version, name.label, key=request.headers.get(STICKY_HEADER))
+        return ModelSpec(name.model, name.version, name.label, key=key)
 
     async def _admit(self, spec: ModelSpec, api: str, requested: str) -> RequestInFlight:
         """The request admitted on the data plane; a model, version or label that does not exist is OpenAI's 404."""
@@ -385,8 +409,38 @@ class OpenAIApi:
 
     # ------------------------------------------------------------------------------------------ embeddings
     async def embeddings(self, request: Request) -> Response:
-        parsed = parse_embedding(await self._body(request))
-        spec = self._spec(parsed.model, request)
+        """``POST …/embeddings`` through Starlette (with CORS on, under a root path, or on the OpenAI port);
+        :meth:`answer` takes it otherwise, with the same bytes."""
+        return as_response(await self._embed(StarletteArrival(request)))
+
+    def match(self, method: str, path: str) -> re.Match[str] | None:
+        """A :class:`~workbench.frontends.hot_routes.HotRoute`: ``POST /v1/embeddings`` (and KServe's
+        ``/openai/v1/embeddings``), answered before Starlette: an embedding request is small and many come at once,
+        so Starlette's layers are a good part of what each costs the event loop its forward pass shares the GIL with.
+        Generation's routes stay Starlette's: a generation's own work dwarfs them."""
+        if method != "POST" or not path.endswith("/embeddings"):
+            return None
+        for pattern in _EMBEDDINGS:
+            found = pattern.match(path)
+            if found is not None:
+                return found
+        return None
+
+    async def answer(self, match: re.Match[str], request: Arrival) -> Answer:
+        """The answer to an embedding request :meth:`match` matched, in OpenAI's error shape when it fails (a bug is
+        a 500 there too, and logged, as :func:`_answering` does)."""
+        try:
+            return await self._embed(request)
+        except ServingError as exc:
+            return _error_answer(exc)
+        except Exception as exc:
+            log.exception("OpenAI POST %s failed", match.string)
+            return _error_answer(from_exception(exc))
+
+    async def _embed(self, request: Arrival) -> Answer:
+        self._authorize_header(request.header("authorization"))
+        parsed = parse_embedding(await request.body(self.settings.max_request_bytes))
+        spec = self._spec_keyed(parsed.model, request.header(_STICKY))
         with await self._admit(spec, "embeddings", parsed.model) as call:
             servable = call.servable
             signature = servable.signatures.get(DEFAULT_SIGNATURE)
@@ -416,7 +470,8 @@ class OpenAIApi:
                 )
             answered = model_id(call.model, call.version)
             doc = answers.embedding_list(answered, vectors, parsed.encoding_format, tokens)
-            return _json(doc, headers=answered_by(call.model, call.version))
+            status, headers, body = answer_of(answers.json_bytes(doc))
+            return status, [*_model_headers(call.model, call.version), *headers], body
 
 
 def _sampling_of(parsed: GenerationRequest, index: int) -> SamplingParameters:

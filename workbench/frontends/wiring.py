@@ -146,10 +146,11 @@ class Frontends:
             asynchronous.accept_v2 if asynchronous is not None else None,
         )
         torchserve = TorchServeRest(self.torchserve, settings.rest_timeout_ms, settings.rest_max_request_bytes)
+        openai = self.openai() if settings.openai_port == 0 else None  # on this port unless they have their own
         return create_app(
             dataplane,
             # Before TF Serving's /v1, which answers every other path under it; GET /v1/models/{m} stays its.
-            first_routes=self.openai().routes(retrieve=False) if settings.openai_port == 0 else (),
+            first_routes=openai.routes(retrieve=False) if openai is not None else (),
             timeout_ms=settings.rest_timeout_ms,
             max_request_bytes=settings.rest_max_request_bytes,
             enable_cors=settings.enable_cors,
@@ -171,7 +172,8 @@ class Frontends:
                 *ExplainApi(dataplane, settings.rest_timeout_ms).posts(),  # :explain
                 *(asynchronous.posts() if asynchronous is not None else ()),
             ],
-            hot_routes=[v2, torchserve],  # v2's …/infer and TorchServe's /predictions, answered before Starlette
+            # v2's …/infer, TorchServe's /predictions and OpenAI's /embeddings, answered before Starlette
+            hot_routes=[v2, torchserve, *([openai] if openai is not None else [])],
         )
 
     def grpc_servicers(self, direct: bool = True) -> GrpcServicers:
