@@ -109,7 +109,8 @@ test-busy: install test-extension
 # The REST suites (every test of TF Serving's, v2's and TorchServe's REST APIs, TLS, drains) with every server on
 # granian (--http_server=granian, through tests/conftest.py's --http-server) instead of uvicorn.
 GRANIAN_SUITES = tests/wire/test_rest_predict.py tests/wire/test_classify_regress.py tests/wire/test_v2_rest.py \
-	tests/wire/test_torchserve.py tests/wire/test_tls.py tests/wire/test_drain.py tests/wire/test_drain_connections.py
+	tests/wire/test_torchserve.py tests/wire/test_tls.py tests/wire/test_drain.py tests/wire/test_drain_connections.py \
+	tests/wire/test_hot_routes.py
 test-granian: install
 	$(BIN)/python -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) --http-server=granian \
 		$(GRANIAN_SUITES) $(PYTEST_ARGS)
