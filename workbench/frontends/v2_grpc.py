@@ -138,7 +138,9 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                 return await self.router.infer(owner, request, time_remaining(context))
         spec = await self._infer_spec(request, time_remaining(context))
         key = request.parameters[STICKY_PARAMETER].string_param if STICKY_PARAMETER in request.parameters else None
-        spec = dataclasses.replace(spec, key=key or sticky_key(context))
+        key = key or sticky_key(context)
+        if key is not None:  # (a spec without a key is the one resolved already: no copy of it per request)
+            spec = dataclasses.replace(spec, key=key)
         explaining = (
             v2_parameters(v2_grpc_messages.parameter_values(request.parameters)) if request.parameters else None
         )
@@ -149,7 +151,8 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                 whole = v2_whole.grpc_request(request)
                 answer = await dataplane.answer_whole(call, whole, time_remaining(context))
                 return v2_whole.grpc_response(call.model, call.version, answer, request.id)
-            memory = self._memory(context)
+            # The client's address is read (and parsed) only for a request that names a shared-memory region.
+            memory = self._memory(context) if v2_grpc_messages.names_shared_memory(request) else None
             inputs = v2_grpc_messages.decode_inputs(request, memory)
             requested = v2_grpc_messages.requested_outputs(request, memory)
             timeout = time_remaining(context)
