@@ -129,9 +129,9 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
     @answers_errors
     async def ModelInfer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
         dataplane = self.dataplane
-        sequence = (
-            sequence_request(v2_grpc_messages.parameter_values(request.parameters)) if request.parameters else None
-        )
+        # The request's parameters as plain values, read once: its sequence and its explanation are both in them.
+        parameters = v2_grpc_messages.parameter_values(request.parameters) if request.parameters else None
+        sequence = sequence_request(parameters) if parameters is not None else None
         if sequence is not None and self.router is not None:
             owner = self.router.owner(sequence.id)
             if owner is not None:  # another worker holds this sequence: it answers
@@ -141,9 +141,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         key = key or sticky_key(context)
         if key is not None:  # (a spec without a key is the one resolved already: no copy of it per request)
             spec = dataclasses.replace(spec, key=key)
-        explaining = (
-            v2_parameters(v2_grpc_messages.parameter_values(request.parameters)) if request.parameters else None
-        )
+        explaining = v2_parameters(parameters) if parameters is not None else None
         if explaining is not None:  # "explain": true (see workbench.frontends.v2_explain)
             return await explain_infer(dataplane, spec, request, explaining, PROTOCOL, time_remaining(context))
         with await dataplane.admit(spec, "predict", PROTOCOL, time_remaining(context)) as call:
