@@ -183,7 +183,11 @@ def install_triton(venvs: Path, log: Callable[[str], None]) -> TritonInstall:
     ):
         if not source.exists():
             raise RuntimeError(f"the nvidia-pytriton wheel has no {source.relative_to(site)}")
-        shutil.copy2(source, backend / source.name)
+        # Copied beside, then renamed over: another run's Triton may be running the stub (overwriting a running
+        # executable in place fails, ETXTBSY), and the rename leaves its open file alone.
+        staged = backend / f".{source.name}.{os.getpid()}"
+        shutil.copy2(source, staged)
+        os.replace(staged, backend / source.name)
     bundled = site / "nvidia_pytriton.libs"
     libpython = Path(sysconfig.get_config_var("LIBDIR") or "")
     if not (libpython / str(sysconfig.get_config_var("INSTSONAME"))).exists():

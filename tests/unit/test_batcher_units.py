@@ -724,6 +724,39 @@ def test_one_call_a_little_over_budget_on_the_loop_is_a_hiccup_and_two_in_a_row_
     assert not cost.inline, "two in a row over budget"
 
 
+def test_calls_on_the_loop_that_another_process_preempted_stay_there_while_their_own_cpu_is_cheap(clock: FakeClock):
+    budget = RunCost.INLINE_BUDGET_SECONDS
+    cost = RunCost()
+    cost.record(budget * 10, on_loop=False, cpu_seconds=budget / 4)
+    cost.record(budget / 2, on_loop=True)
+    assert cost.inline
+    for _ in range(5):  # a busy machine: the loop's core taken during call after call, far past the hiccup bound
+        cost.record(RunCost.HICCUP_SECONDS * 3, on_loop=True, cpu_seconds=budget / 4, preempted=True)
+        assert cost.inline
+    # Preempted, but its own CPU time over budget: the model is slow (two in a row, as without preemption)
+    cost.record(budget * 3, on_loop=True, cpu_seconds=budget * 2, preempted=True)
+    cost.record(budget * 3, on_loop=True, cpu_seconds=budget * 2, preempted=True)
+    assert not cost.inline
+    waiting = RunCost()  # not preempted: it waited on its own (the framework's threads, I/O): its wall time counts
+    waiting.record(budget * 10, on_loop=False, cpu_seconds=budget / 4)
+    waiting.record(budget / 2, on_loop=True)
+    waiting.record(RunCost.HICCUP_SECONDS * 3, on_loop=True, cpu_seconds=budget / 4, preempted=False)
+    assert not waiting.inline
+
+
+def test_a_threads_marks_say_its_cpu_time_and_whether_it_was_preempted():
+    mark = run_cost.thread_mark()
+    deadline = time.thread_time() + 0.02
+    while time.thread_time() < deadline:  # 20 ms of this thread's own CPU
+        pass
+    cpu, _ = run_cost.since(mark)
+    assert 0.015 <= cpu < 5.0
+    quiet = run_cost.thread_mark()
+    time.sleep(0.01)  # a wait of its own accord: no CPU, and never taken for a preemption, whatever the OS did
+    cpu, preempted = run_cost.since(quiet)
+    assert cpu < 0.005 and not preempted
+
+
 def test_no_probe_for_a_call_that_waited_long_or_used_its_cpu_or_whose_platform_may_wait_on_io(clock: FakeClock):
     budget = RunCost.INLINE_BUDGET_SECONDS
     waited = RunCost()  # little CPU, a long wall time: a wait on I/O rather than for the GIL

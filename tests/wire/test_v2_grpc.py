@@ -152,6 +152,20 @@ def test_typed_contents_of_every_family_decode_and_small_integers_are_range_chec
         v2_grpc_messages.decode_inputs(narrow)
 
 
+def test_only_a_request_naming_a_shared_memory_region_needs_the_clients_regions():
+    # ModelInfer reads (and parses) the client's address for such requests only; every other one skips it.
+    plain = service_pb2.ModelInferRequest(model_name="m")
+    plain.inputs.add(name="x", datatype="FP32", shape=[1]).parameters["binary_data_size"].int64_param = 4
+    plain.outputs.add(name="y").parameters["classification"].int64_param = 1
+    assert not v2_grpc_messages.names_shared_memory(plain)
+    for where, key in [("inputs", "shared_memory_region"), ("outputs", "shared_memory_byte_size"),
+                       ("outputs", "shared_memory_offset")]:  # fmt: skip
+        request = service_pb2.ModelInferRequest()
+        request.CopyFrom(plain)
+        getattr(request, where).add(name="z").parameters[key].string_param = "r"
+        assert v2_grpc_messages.names_shared_memory(request), (where, key)
+
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [("", (None, None)), ("3", (3, None)), ("stable", (None, "stable")), ("-1", (None, "-1")), ("²", (None, "²"))],

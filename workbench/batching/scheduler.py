@@ -51,7 +51,7 @@ import numpy as np
 
 from workbench.batching.interest import CURRENT_INTEREST, BatchTask, Interest, deadline_exceeded
 from workbench.batching.merge import Feed, Outputs, batch_key, check_batched_outputs, merge, padded_size, split
-from workbench.batching.run_cost import Contention, CostCurve, RunCost
+from workbench.batching.run_cost import Contention, CostCurve, RunCost, since, thread_mark
 from workbench.batching.threads import caller
 from workbench.config.batching_parameters import BatchingParameters
 from workbench.core.errors import Code, ServingError, from_exception
@@ -296,8 +296,9 @@ class BatchScheduler:
     ) -> Outputs:
         """One unbatched call of a cheap signature, on the loop: run, timed for its cost, traced where ``interest``
         is."""
+        mark = thread_mark()
         result, seconds = self._run_alone(servable, signature, feed, outputs)
-        known.cost.record(seconds, True)
+        known.cost.record(seconds, True, *since(mark))
         spans = _tracing.batches
         if spans is not None and interest is not None and interest.trace is not None:
             spans.ran_alone(interest.trace, time.perf_counter() - seconds, seconds)
@@ -530,11 +531,13 @@ class BatchScheduler:
             queue.known.last_batch_tasks = len(batch)
             started = time.perf_counter()
             if queue.cost.runs_on_loop():  # a cheap call: here and now (this loop turn goes on with the next batch)
+                mark = thread_mark()
                 try:
                     outcome: Ran | BaseException = self._execute(queue, batch)
                 except BaseException as exc:  # noqa: BLE001 - every caller of the batch gets the error
                     outcome = exc
-                self._deliver(queue, batch, started, outcome, on_loop=True)
+                cpu_seconds, preempted = since(mark)
+                self._deliver(queue, batch, started, outcome, True, cpu_seconds=cpu_seconds, preempted=preempted)
                 continue
             queue.running += 1
             if queue.running > 1:
@@ -702,9 +705,10 @@ class BatchScheduler:
         on_loop: bool,
         beside: bool = False,
         cpu_seconds: float | None = None,
+        preempted: bool = False,
     ) -> None:
         """Answer every caller of ``batch`` with its rows (or the batch's error); a batch run on the loop is recorded
-        here too (a thread records its own)."""
+        here too (a thread records its own). ``cpu_seconds`` and ``preempted``: see :meth:`RunCost.record`."""
         if isinstance(outcome, BaseException):
             if _tracing.batches is not None:
                 self._trace(queue, batch, started, outcome)
@@ -715,7 +719,7 @@ class BatchScheduler:
                 task.finished()
             return
         results, rows, run_seconds = outcome
-        queue.cost.record(run_seconds, on_loop, cpu_seconds)
+        queue.cost.record(run_seconds, on_loop, cpu_seconds, preempted)
         queue.known.curve.record(rows, run_seconds, beside)
         for task, result in zip(batch, results, strict=True):
             if task.future.done():

@@ -129,19 +129,19 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
     @answers_errors
     async def ModelInfer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
         dataplane = self.dataplane
-        sequence = (
-            sequence_request(v2_grpc_messages.parameter_values(request.parameters)) if request.parameters else None
-        )
+        # The request's parameters as plain values, read once: its sequence and its explanation are both in them.
+        parameters = v2_grpc_messages.parameter_values(request.parameters) if request.parameters else None
+        sequence = sequence_request(parameters) if parameters is not None else None
         if sequence is not None and self.router is not None:
             owner = self.router.owner(sequence.id)
             if owner is not None:  # another worker holds this sequence: it answers
                 return await self.router.infer(owner, request, time_remaining(context))
         spec = await self._infer_spec(request, time_remaining(context))
         key = request.parameters[STICKY_PARAMETER].string_param if STICKY_PARAMETER in request.parameters else None
-        spec = dataclasses.replace(spec, key=key or sticky_key(context))
-        explaining = (
-            v2_parameters(v2_grpc_messages.parameter_values(request.parameters)) if request.parameters else None
-        )
+        key = key or sticky_key(context)
+        if key is not None:  # (a spec without a key is the one resolved already: no copy of it per request)
+            spec = dataclasses.replace(spec, key=key)
+        explaining = v2_parameters(parameters) if parameters is not None else None
         if explaining is not None:  # "explain": true (see workbench.frontends.v2_explain)
             return await explain_infer(dataplane, spec, request, explaining, PROTOCOL, time_remaining(context))
         with await dataplane.admit(spec, "predict", PROTOCOL, time_remaining(context)) as call:
@@ -149,7 +149,8 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                 whole = v2_whole.grpc_request(request)
                 answer = await dataplane.answer_whole(call, whole, time_remaining(context))
                 return v2_whole.grpc_response(call.model, call.version, answer, request.id)
-            memory = self._memory(context)
+            # The client's address is read (and parsed) only for a request that names a shared-memory region.
+            memory = self._memory(context) if v2_grpc_messages.names_shared_memory(request) else None
             inputs = v2_grpc_messages.decode_inputs(request, memory)
             requested = v2_grpc_messages.requested_outputs(request, memory)
             timeout = time_remaining(context)

@@ -21,13 +21,16 @@ class Harness:
     used version) and, when ``on_idle`` is set, says when the last request let go (a load waiting for memory may
     evict it now)."""
 
-    __slots__ = ("servable", "_holders", "_unloading", "_idle", "last_used", "on_idle")
+    __slots__ = ("servable", "_holders", "_unloading", "_lock", "_idle", "last_used", "on_idle")
 
     def __init__(self, servable: Servable) -> None:
         self.servable = servable
         self._holders = 0
         self._unloading = False
-        self._idle = threading.Condition()
+        # Every request takes and lets go of it: ``with`` on the plain lock runs no Python code (a Condition's own
+        # __enter__ and notify_all are Python functions), and only an unload ever waits on the Condition.
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
         self.last_used = time.monotonic()
         self.on_idle: Callable[[], None] | None = None
 
@@ -38,7 +41,7 @@ class Harness:
 
     def acquire(self) -> bool:
         """Hold the servable for one request; False once it is unloading."""
-        with self._idle:
+        with self._lock:
             if self._unloading:
                 return False
             self._holders += 1
@@ -46,11 +49,11 @@ class Harness:
             return True
 
     def release(self) -> None:
-        with self._idle:
+        with self._lock:
             self._holders -= 1
             self.last_used = time.monotonic()  # a long request keeps its version recent until it ends
             idle = self._holders == 0
-            if idle:
+            if idle and self._unloading:  # set under this lock before unload() waits: it is told
                 self._idle.notify_all()
         if idle and self.on_idle is not None:
             self.on_idle()

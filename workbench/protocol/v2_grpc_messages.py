@@ -133,6 +133,18 @@ def decode_inputs(request: Any, shared_memory: SharedMemory | None = None) -> di
     return tensors
 
 
+def names_shared_memory(request: Any) -> bool:
+    """Whether any input or requested output of a ModelInferRequest names a shared-memory region (or its size or
+    offset): only such a request needs the client's regions (:func:`decode_inputs`, :func:`infer_response`)."""
+    keys = shared_memory_parameters.PARAMETERS
+    for tensors in (request.inputs, request.outputs):
+        for tensor in tensors:
+            parameters = tensor.parameters
+            if parameters and any(key in parameters for key in keys):
+                return True
+    return False
+
+
 def parameter_values(parameters: Mapping[str, Any]) -> dict[str, Any]:
     """A map of ``InferParameter`` as plain values (bool, int, str, float, bytes): what v2 REST's JSON would hold."""
     values: dict[str, Any] = {}
