@@ -228,10 +228,12 @@ class BatchedDecoder:
         return batch, output.logits[:, -1]
 
     def _join(self, batch: RowBatch) -> None:
-        if self.calls.rows_pad_freely and self.batches:
+        if not self.batches or not self.calls.rows_pad_freely:
+            self.batches.append(batch)
+        elif self.calls.seq2seq:
             self.batches[0] = _concatenate(self.batches[0], batch)
         else:
-            self.batches.append(batch)
+            self.batches[0] = _append(self.batches[0], batch)
 
     def decode(self) -> list[tuple[Any, TokenDraw]]:
         import torch
@@ -272,14 +274,19 @@ class BatchedDecoder:
         return list(zip(batch.jobs, draws, strict=True))
 
     def release(self, jobs: Collection[Any]) -> None:
-        gone = set(jobs)
+        import torch
+
+        with torch.inference_mode():  # the caches are inference tensors, moved in place
+            self._release(set(jobs))
+
+    def _release(self, gone: set[Any]) -> None:
         kept_batches = []
         for batch in self.batches:
             keep = [i for i, job in enumerate(batch.jobs) if job not in gone]
             if len(keep) == len(batch.jobs):
                 kept_batches.append(batch)
             elif keep:
-                kept_batches.append(_select(batch, keep))
+                kept_batches.append(_select(batch, keep) if self.calls.seq2seq else _leave(batch, keep))
         self.batches = kept_batches
         group = self.prefilling
         if group is not None:
@@ -343,6 +350,59 @@ def _select(batch: RowBatch, keep: list[int]) -> RowBatch:
         batch.tokens.index_select(0, index),
         encoder_states,
         encoder_mask,
+    )
+
+
+def _leave(batch: RowBatch, keep: list[int]) -> RowBatch:
+    """A causal batch's rows ``keep``, moved in place: each row that leaves has a kept row from the end moved into
+    its slot (one row's columns copied, not the whole cache re-indexed), and the columns none of them uses any more
+    are dropped from the left."""
+    import torch
+
+    kept, rows = set(keep), len(keep)
+    holes = [i for i in range(rows) if i not in kept]
+    movers = [i for i in range(rows, len(batch.jobs)) if i in kept]
+    order = list(range(rows))
+    for hole, mover in zip(holes, movers, strict=True):
+        order[hole] = mover
+    device = batch.mask.device
+    into = torch.tensor(holes, dtype=torch.long, device=device)
+    source = torch.tensor(movers, dtype=torch.long, device=device)
+    layers = [layer for layer, _ in _layers(batch.cache)]
+    for layer in layers:
+        layer.move_rows(into, source, rows)
+    index = torch.tensor(order, device=device)
+    mask = batch.mask.index_select(0, index)
+    first = int(mask.any(dim=0).nonzero()[0])  # the left padding every remaining row has
+    for layer in layers:
+        layer.drop_left(first)
+    return RowBatch(
+        [batch.jobs[i] for i in order],
+        [batch.sampling[i] for i in order],
+        batch.cache,
+        mask[:, first:],
+        batch.positions.index_select(0, index),
+        batch.tokens.index_select(0, index),
+    )
+
+
+def _append(into: RowBatch, joining: RowBatch) -> RowBatch:
+    """A causal batch with ``joining``'s rows written after its last (their cache columns copied once, aligned on
+    the right; the batch's own rows stay where they are unless the joining rows are wider)."""
+    import torch
+    from torch.nn import functional
+
+    for (layer, _), (other, _) in zip(_layers(into.cache), _layers(joining.cache), strict=True):
+        layer.append_rows(other.keys, other.values)
+    width = max(into.mask.shape[1], joining.mask.shape[1])
+    masks = [functional.pad(m, (width - m.shape[1], 0)) if m.shape[1] < width else m for m in (into.mask, joining.mask)]
+    return RowBatch(
+        into.jobs + joining.jobs,
+        into.sampling + joining.sampling,
+        into.cache,
+        torch.cat(masks),
+        torch.cat([into.positions, joining.positions]),
+        torch.cat([into.tokens, joining.tokens]),
     )
 
 
