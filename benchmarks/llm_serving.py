@@ -197,9 +197,7 @@ def thread_env(threads: int) -> dict[str, str]:
     return {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1"}
 
 
-def workbench_server(
-    repository: Path, threads: int, *extra: str, tree: Path = ROOT, peer: str = "workbench"
-) -> Server:
+def workbench_server(repository: Path, threads: int, *extra: str, tree: Path = ROOT, peer: str = "workbench") -> Server:
     """`workbench serve` of ``tree`` (this checkout, or ``--baseline_tree``'s) on ``repository``."""
     port = free_port()
     command = [

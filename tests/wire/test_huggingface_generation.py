@@ -400,3 +400,29 @@ def test_pickled_weights_load_only_when_allowed(folders: dict[str, str], tmp_pat
     assert refused.value.code == Code.FAILED_PRECONDITION and "--allow_pickle" in refused.value.message
     for servable in loaded(str(folder), policy=LoadPolicy(allow_pickle=True, pytorch_device="cpu")):
         assert text(start(servable, TEXTS[0], **GREEDY))
+
+
+def test_a_versions_hold_settings_reach_its_scheduler_and_arrivals_held_answer_as_alone(
+    folders: dict[str, str], gpt2: hg.HuggingFaceGenerator, tmp_path: Path
+) -> None:
+    source = Path(folders["gpt2"])
+    folder = tmp_path / "held" / "1"
+    folder.mkdir(parents=True)
+    for item in source.iterdir():
+        (folder / item.name).write_bytes(item.read_bytes())
+    settings = {"platform": "huggingface", "task": hg.TEXT_GENERATION}
+    (folder / "workbench.json").write_text(json.dumps({**settings, "hold_steps": 3, "admit_together": 2}))
+    for servable in loaded(str(folder)):
+        assert (servable.scheduler.hold_steps, servable.scheduler.admit_together) == (3, 2)
+        running = start(servable, TEXTS[0], stream=True, temperature=0, max_tokens=40)
+        next(running)
+        # arrivals while a sequence decodes: held (prefilled together when they come within the hold), each answer
+        # still what it is alone
+        arrivals = [start(servable, p, **GREEDY) for p in TEXTS[1:3]]
+        assert [text(responses) for responses in arrivals] == [text(start(gpt2, p, **GREEDY)) for p in TEXTS[1:3]]
+        running.close()  # type: ignore[attr-defined]
+    for bad in ({"hold_steps": -1}, {"admit_together": 0}, {"hold_steps": True}):
+        (folder / "workbench.json").write_text(json.dumps({**settings, **bad}))
+        with pytest.raises(ServingError) as refused:
+            hg.load("held", 1, str(folder), CPU, hg.TEXT_GENERATION)
+        assert refused.value.code == Code.INVALID_ARGUMENT and next(iter(bad)) in refused.value.message
