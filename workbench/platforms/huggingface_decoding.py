@@ -4,8 +4,10 @@ Sequences decode together in a :class:`RowBatch`: one KV cache for all its rows 
 layer, a ``DynamicCache`` whose columns grow into spare room: ``growing_kv_cache.py``), **left-padded** so every row's
 next token goes in the same column, with the mask of each row's real columns and each row's own position ids. Padding is
 masked out and positions count real tokens only, so a row computes what it would alone: a greedy generation batched with
-others gives exactly the tokens it gives alone. A row leaves by indexing the cache (and the columns no row uses any more
-are cut); a row that finished its prompt joins by padding both caches to the same width and concatenating them.
+others gives exactly the tokens it gives alone. A causal model's rows leave and join in place (``growing_kv_cache.py``):
+a leaving row's slot takes the last row, the columns no row uses any more are dropped on the left, and the rows of a
+finished prompt are written after the last. An encoder-decoder's rows leave by indexing the cache and join by
+padding both caches to the same width and concatenating them.
 
 A prompt is prefilled apart (a :class:`PrefillGroup`: the prompts admitted together, left-padded to the widest), in
 chunks of columns the scheduler sizes to its token budget, then its rows join the decode batch. An encoder-decoder
@@ -387,8 +389,8 @@ def _leave(batch: RowBatch, keep: list[int]) -> RowBatch:
 
 
 def _append(into: RowBatch, joining: RowBatch) -> RowBatch:
-    """A causal batch with ``joining``'s rows written after its last (their cache columns copied once, aligned on
-    the right; the batch's own rows stay where they are unless the joining rows are wider)."""
+    """A causal batch with ``joining``'s rows written after its last: their cache columns copied once, aligned on
+    the right (wider rows widen every row's columns on the left, masked out for the rows already there)."""
     import torch
     from torch.nn import functional
 
