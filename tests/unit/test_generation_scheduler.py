@@ -86,9 +86,8 @@ class FakeEngine:
         return [(j, len(j.got)) for j in self.decoding_jobs]
 
     def _through_gate(self) -> None:
-        if not self.gate.is_set():
+        while not self.gate.wait(0.01):  # the gate may close between a check and the wait: say so while waiting
             self.blocked.set()
-        self.gate.wait()
         self.blocked.clear()
 
     def release(self, jobs: Collection[Job]) -> None:
