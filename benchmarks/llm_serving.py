@@ -58,6 +58,10 @@ thread) and of its other threads (the inference thread), and the in-process call
 the model then hold no GIL in common; the server's CPU figures then count the serving process alone, not its
 runner).
 
+``--baseline_tree DIR`` serves another workbench checkout (a worktree of main, say) beside this one as
+``workbench-baseline``, in every generation round, burst and sustained: a change's ratios taken in the same minutes
+(``workbench_over_workbench_baseline``, and the baseline's own 16-over-1 ratios).
+
 The machine's load average before and after, the versions and the ratios are in the JSON. On a 2-core machine the
 client shares the cores with the server: the ratios, taken in the same minutes, are the result.
 """
@@ -96,6 +100,7 @@ from generation import WORDS
 from peers import Running, Server, versions
 
 ROOT = Path(__file__).resolve().parent.parent
+BASELINE = "workbench-baseline"  # --baseline_tree's server
 MAX_TOKENS = 64
 STREAMS = 16
 EMBED_CLIENTS = 32
@@ -192,7 +197,8 @@ def thread_env(threads: int) -> dict[str, str]:
     return {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1"}
 
 
-def workbench_server(repository: Path, threads: int, *extra: str) -> Server:
+def workbench_server(repository: Path, threads: int, *extra: str, tree: Path = ROOT, peer: str = "workbench") -> Server:
+    """`workbench serve` of ``tree`` (this checkout, or ``--baseline_tree``'s) on ``repository``."""
     port = free_port()
     command = [
         sys.executable, "-m", "workbench", "serve", f"--model_repository={repository}", f"--rest_api_port={port}",
@@ -200,10 +206,13 @@ def workbench_server(repository: Path, threads: int, *extra: str) -> Server:
         "--drain_seconds=5", *extra,
     ]  # fmt: skip
     env = {
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")])),
         **thread_env(threads),
     }
-    return Server("workbench", None, command, port, (), env, {"command": " ".join(command[1:])})
+    settings = {"command": " ".join(command[1:])}
+    if tree != ROOT:
+        settings["tree"] = str(tree)
+    return Server(peer, None, command, port, (), env, settings)
 
 
 def transformers_server(python: Path, folder: Path, threads: int, continuous: bool) -> Server:
@@ -409,8 +418,10 @@ def measure_generation(args: Any, work: Path, log: Callable[[str], None]) -> dic
     prompts = build_generator(folder)
     python = ensure_transformers_serve(args.venvs, log)
     servers = [workbench_server(repository, args.threads)]
+    if args.baseline_tree:
+        servers.append(workbench_server(repository, args.threads, tree=args.baseline_tree, peer=BASELINE))
     servers += [transformers_server(python, folder, args.threads, cb) for cb in (True, False)]
-    names = {"workbench": "generator"} | {s.peer: str(folder) for s in servers[1:]}  # as each lists the model
+    names = {s.peer: "generator" if s.peer.startswith("workbench") else str(folder) for s in servers}  # as listed
     running: list[Running] = []
     result: dict[str, Any] = {"servers": {}}
     try:
@@ -434,7 +445,7 @@ def measure_generation(args: Any, work: Path, log: Callable[[str], None]) -> dic
     for peer, seconds in idle_cpu.items():
         result["servers"][peer]["cpu_seconds_while_others_measured"] = round(seconds, 2)
     ours = result["servers"]["workbench"]
-    for peer in ("transformers-serve-cb", "transformers-serve"):
+    for peer in ("transformers-serve-cb", "transformers-serve", *((BASELINE,) if args.baseline_tree else ())):
         theirs = result["servers"][peer]
         result[f"workbench_over_{peer.replace('-', '_')}"] = {
             f"{what}_{n}": round(ours[str(n)][key] / theirs[str(n)][key], 2)
@@ -445,11 +456,17 @@ def measure_generation(args: Any, work: Path, log: Callable[[str], None]) -> dic
         ours[str(STREAMS)]["tokens_per_second"] / ours["1"]["tokens_per_second"], 2
     )
     result["workbench_16_over_1_ttft_p50"] = round(ours[str(STREAMS)]["ttft_p50_ms"] / ours["1"]["ttft_p50_ms"], 2)
+    if args.baseline_tree:
+        base = result["servers"][BASELINE]
+        result["baseline_16_over_1_tokens_per_second"] = round(
+            base[str(STREAMS)]["tokens_per_second"] / base["1"]["tokens_per_second"], 2
+        )
+        result["baseline_16_over_1_ttft_p50"] = round(base[str(STREAMS)]["ttft_p50_ms"] / base["1"]["ttft_p50_ms"], 2)
     if sustained:
         steady_rows: dict[str, dict[str, Any]] = {}
         for (peer, n), measured_rounds in sustained.items():
             steady_rows.setdefault(peer, {})[str(n)] = sustained_row(measured_rounds)
-        ours_steady, theirs_steady = steady_rows["workbench"], steady_rows["transformers-serve-cb"]
+        ours_steady = steady_rows["workbench"]
         result["sustained"] = {
             "what": f"{STREAMS} streams (and 1) kept busy for --sustained_seconds after 2 s, max_tokens 32 to 96",
             "seconds": args.sustained_seconds,
@@ -460,12 +477,22 @@ def measure_generation(args: Any, work: Path, log: Callable[[str], None]) -> dic
             "workbench_16_over_1_ttft_p50": round(
                 ours_steady[str(STREAMS)]["ttft_p50_ms"] / ours_steady["1"]["ttft_p50_ms"], 2
             ),
-            "workbench_over_transformers_serve_cb": {
-                f"{what}_{n}": round(ours_steady[str(n)][key] / theirs_steady[str(n)][key], 2)
-                for what, key in (("tokens_per_second", "tokens_per_second"), ("ttft_p50", "ttft_p50_ms"))
-                for n in (1, STREAMS)
-            },
         }
+        for peer in steady_rows:
+            if peer == BASELINE:
+                base_steady = steady_rows[peer]
+                result["sustained"]["baseline_16_over_1_tokens_per_second"] = round(
+                    base_steady[str(STREAMS)]["tokens_per_second"] / base_steady["1"]["tokens_per_second"], 2
+                )
+                result["sustained"]["baseline_16_over_1_ttft_p50"] = round(
+                    base_steady[str(STREAMS)]["ttft_p50_ms"] / base_steady["1"]["ttft_p50_ms"], 2
+                )
+            if peer != "workbench":
+                result["sustained"][f"workbench_over_{peer.replace('-', '_')}"] = {
+                    f"{what}_{n}": round(ours_steady[str(n)][key] / steady_rows[peer][str(n)][key], 2)
+                    for what, key in (("tokens_per_second", "tokens_per_second"), ("ttft_p50", "ttft_p50_ms"))
+                    for n in (1, STREAMS)
+                }
     result["transformers_serve_versions"] = versions(python, REPORTED)
     return result
 
@@ -664,12 +691,19 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument("--venvs", type=Path, default=None, help="where the peers' venvs live (as peers.py)")
     parser.add_argument(
+        "--baseline_tree", type=Path, default=None,
+        help="another workbench checkout (e.g. a worktree of main) served beside this one as workbench-baseline, "
+        "in every generation round: the ratios of a change, taken in the same minutes",
+    )  # fmt: skip
+    parser.add_argument(
         "--out", type=Path, default=None, help="results file (default benchmarks/results/llm_serving.json)"
     )
     args = parser.parse_args()
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     args.venvs = (args.venvs or cache / "workbench-peers").expanduser().resolve()
     args.venvs.mkdir(parents=True, exist_ok=True)
+    if args.baseline_tree is not None:
+        args.baseline_tree = args.baseline_tree.expanduser().resolve()
     os.environ.update(thread_env(args.threads))  # this process's in-process rates: the servers' thread count
     began = time.perf_counter()
 
@@ -692,6 +726,11 @@ def main() -> None:
             ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
         ).stdout.strip(),
     }
+    if args.baseline_tree is not None:
+        results["baseline_tree"] = str(args.baseline_tree)
+        results["baseline_commit"] = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=args.baseline_tree, capture_output=True, text=True
+        ).stdout.strip()
     with tempfile.TemporaryDirectory(prefix="workbench-llm-") as temporary:
         work = Path(temporary)
         if "generation" in args.parts:

@@ -52,6 +52,7 @@ class FakeEngine:
         self.log: list[dict[str, Any]] = []  # per iteration: decoded rows, prefill rows x columns
         self.gate = threading.Event()
         self.gate.set()
+        self.blocked = threading.Event()  # the scheduler waits at the closed gate
         self.fail_next = False
         self.released: list[Job] = []
 
@@ -66,7 +67,7 @@ class FakeEngine:
         self.group_left = max(j.prompt_tokens for j in jobs)
 
     def prefill(self, columns: int) -> list[tuple[Job, Any]]:
-        self.gate.wait()
+        self._through_gate()
         ran = min(columns, self.group_left)
         self.log.append({"prefill": (len(self.group), ran), "decode": 0})
         self.group_left -= ran
@@ -77,12 +78,17 @@ class FakeEngine:
         return [(j, "first") for j in joined]
 
     def decode(self) -> list[tuple[Job, Any]]:
-        self.gate.wait()
+        self._through_gate()
         if self.fail_next:
             self.fail_next = False
             raise RuntimeError("the device fell over")
         self.log.append({"decode": len(self.decoding_jobs), "prefill": None})
         return [(j, len(j.got)) for j in self.decoding_jobs]
+
+    def _through_gate(self) -> None:
+        while not self.gate.wait(0.01):  # the gate may close between a check and the wait: say so while waiting
+            self.blocked.set()
+        self.blocked.clear()
 
     def release(self, jobs: Collection[Job]) -> None:
         self.released += jobs
@@ -237,3 +243,69 @@ def test_a_failed_step_fails_its_sequences_and_the_scheduler_goes_on(engine: Fak
         assert fine.done.wait(30) and fine.error is None
     finally:
         running.close()
+
+
+def test_arrivals_within_the_hold_are_prefilled_together_while_the_running_sequence_decodes(
+    engine: FakeEngine,
+) -> None:
+    running = scheduler(engine, hold_steps=10**9, admit_together=2)
+    try:
+        busy = Job("busy", 1, ENDLESS)
+        running.submit(busy)  # nothing decodes yet: admitted at once, however long the hold
+        wait_until(lambda: len(busy.got) >= 2)
+        first = Job("first", 3, 1)
+        running.submit(first)
+        got = len(busy.got)
+        wait_until(lambda: len(busy.got) >= got + 20)  # the hold never stops the running sequence's steps
+        assert running.waiting == 1 and not first.got  # a lone arrival is held (for a second to come)
+        second = Job("second", 5, 1)
+        running.submit(second)
+        assert first.done.wait(30) and second.done.wait(30)
+        groups = [e["prefill"] for e in engine.log if e["prefill"]]
+        assert groups[-1] == (2, 5)  # the two prompts in one prefill pass, padded to the wider
+        running.cancel(busy)
+    finally:
+        running.close()
+
+
+def test_a_lone_arrival_is_held_no_longer_than_the_bound(engine: FakeEngine) -> None:
+    running = scheduler(engine, hold_steps=5, admit_together=4)
+    try:
+        busy = Job("busy", 1, ENDLESS)
+        running.submit(busy)
+        wait_until(lambda: len(busy.got) >= 2)
+        engine.gate.clear()
+        wait_until(engine.blocked.is_set)  # the scheduler stopped within an iteration's decode, before its log entry
+        arrived = len(engine.log)
+        lone = Job("lone", 3, 1)
+        running.submit(lone)
+        engine.gate.set()
+        assert lone.done.wait(30)
+        after = engine.log[arrived:]
+        prefilled = next(i for i, e in enumerate(after) if e["prefill"])
+        # the iteration under way when it came, then hold_steps more, and it is admitted at the last of them
+        assert 5 <= sum(1 for e in after[:prefilled] if e["decode"]) <= 6
+        running.cancel(busy)
+    finally:
+        running.close()
+
+
+def test_with_nothing_decoding_an_arrival_is_not_held(engine: FakeEngine) -> None:
+    running = scheduler(engine, hold_steps=10**9, admit_together=8)
+    try:
+        alone = Job("alone", 3, 2)
+        running.submit(alone)
+        assert alone.done.wait(30) and alone.error is None
+        several = [Job(f"j{i}", 3, 2) for i in range(3)]  # fewer than admit_together, the scheduler idle
+        for job in several:
+            running.submit(job)
+        assert all(job.done.wait(30) for job in several)
+    finally:
+        running.close()
+
+
+def test_hold_settings_are_checked(engine: FakeEngine) -> None:
+    with pytest.raises(ValueError, match="hold_steps"):
+        scheduler(engine, hold_steps=-1)
+    with pytest.raises(ValueError, match="admit_together"):
+        scheduler(engine, admit_together=0)

@@ -199,6 +199,32 @@ def test_a_greedy_generation_batched_with_others_is_exactly_what_it_is_alone(
         wait_until(lambda s=servable: s.scheduler.active == 0)
 
 
+def test_rows_that_leave_mid_batch_and_wider_prompts_that_join_leave_every_answer_as_it_is_alone(
+    gpt2: hg.HuggingFaceGenerator, llama: hg.HuggingFaceGenerator
+) -> None:
+    # (prompt, max_tokens): short answers leave while the others go on, their slots taken by the batch's last rows;
+    # then prompts wider than the batch's columns join, and the running rows' columns widen on the left
+    waves = [
+        [("a", 20), (TEXTS[0], 3), ("hello", 16), (TEXTS[3], 5)],
+        [(TEXTS[1] + " " + TEXTS[2], 9), ("to be", 2)],
+        [(" ".join(TEXTS), 6), (TEXTS[2], 12)],
+    ]
+    for servable in (gpt2, llama):
+        alone = [[text(start(servable, p, temperature=0, max_tokens=m)) for p, m in wave] for wave in waves]
+        streams: list[Any] = []
+        got: list[list[dict[str, np.ndarray]]] = []
+        for wave in waves:
+            streams += [start(servable, p, stream=True, temperature=0, max_tokens=m) for p, m in wave]
+            got += [[next(stream)] for stream in streams[len(got) :]]
+            for responses, stream in zip(got, streams, strict=True):  # a few steps before the next wave
+                if len(responses) < 3 and not isinstance(responses[-1], FinalResponse):
+                    responses.append(next(stream, {tg.TEXT_OUTPUT: np.array([b""], dtype=object)}))
+        for responses, stream in zip(got, streams, strict=True):
+            responses.extend(stream)
+        assert [text(responses) for responses in got] == [answer for wave in alone for answer in wave]
+        wait_until(lambda s=servable: s.scheduler.active == 0)
+
+
 def test_greedy_decoding_is_what_model_generate_gives(gpt2: hg.HuggingFaceGenerator) -> None:
     ids = gpt2.encode(TEXTS[3])
     with torch.inference_mode():
@@ -374,3 +400,29 @@ def test_pickled_weights_load_only_when_allowed(folders: dict[str, str], tmp_pat
     assert refused.value.code == Code.FAILED_PRECONDITION and "--allow_pickle" in refused.value.message
     for servable in loaded(str(folder), policy=LoadPolicy(allow_pickle=True, pytorch_device="cpu")):
         assert text(start(servable, TEXTS[0], **GREEDY))
+
+
+def test_a_versions_hold_settings_reach_its_scheduler_and_arrivals_held_answer_as_alone(
+    folders: dict[str, str], gpt2: hg.HuggingFaceGenerator, tmp_path: Path
+) -> None:
+    source = Path(folders["gpt2"])
+    folder = tmp_path / "held" / "1"
+    folder.mkdir(parents=True)
+    for item in source.iterdir():
+        (folder / item.name).write_bytes(item.read_bytes())
+    settings = {"platform": "huggingface", "task": hg.TEXT_GENERATION}
+    (folder / "workbench.json").write_text(json.dumps({**settings, "hold_steps": 3, "admit_together": 2}))
+    for servable in loaded(str(folder)):
+        assert (servable.scheduler.hold_steps, servable.scheduler.admit_together) == (3, 2)
+        running = start(servable, TEXTS[0], stream=True, temperature=0, max_tokens=40)
+        next(running)
+        # arrivals while a sequence decodes: held (prefilled together when they come within the hold), each answer
+        # still what it is alone
+        arrivals = [start(servable, p, **GREEDY) for p in TEXTS[1:3]]
+        assert [text(responses) for responses in arrivals] == [text(start(gpt2, p, **GREEDY)) for p in TEXTS[1:3]]
+        running.close()  # type: ignore[attr-defined]
+    for bad in ({"hold_steps": -1}, {"admit_together": 0}, {"hold_steps": True}):
+        (folder / "workbench.json").write_text(json.dumps({**settings, **bad}))
+        with pytest.raises(ServingError) as refused:
+            hg.load("held", 1, str(folder), CPU, hg.TEXT_GENERATION)
+        assert refused.value.code == Code.INVALID_ARGUMENT and next(iter(bad)) in refused.value.message

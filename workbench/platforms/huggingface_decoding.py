@@ -4,8 +4,10 @@ Sequences decode together in a :class:`RowBatch`: one KV cache for all its rows 
 layer, a ``DynamicCache`` whose columns grow into spare room: ``growing_kv_cache.py``), **left-padded** so every row's
 next token goes in the same column, with the mask of each row's real columns and each row's own position ids. Padding is
 masked out and positions count real tokens only, so a row computes what it would alone: a greedy generation batched with
-others gives exactly the tokens it gives alone. A row leaves by indexing the cache (and the columns no row uses any more
-are cut); a row that finished its prompt joins by padding both caches to the same width and concatenating them.
+others gives exactly the tokens it gives alone. A causal model's rows leave and join in place (``growing_kv_cache.py``):
+a leaving row's slot takes the last row, the columns no row uses any more are dropped on the left, and the rows of a
+finished prompt are written after the last. An encoder-decoder's rows leave by indexing the cache and join by
+padding both caches to the same width and concatenating them.
 
 A prompt is prefilled apart (a :class:`PrefillGroup`: the prompts admitted together, left-padded to the widest), in
 chunks of columns the scheduler sizes to its token budget, then its rows join the decode batch. An encoder-decoder
@@ -228,10 +230,12 @@ class BatchedDecoder:
         return batch, output.logits[:, -1]
 
     def _join(self, batch: RowBatch) -> None:
-        if self.calls.rows_pad_freely and self.batches:
+        if not self.batches or not self.calls.rows_pad_freely:
+            self.batches.append(batch)
+        elif self.calls.seq2seq:
             self.batches[0] = _concatenate(self.batches[0], batch)
         else:
-            self.batches.append(batch)
+            self.batches[0] = _append(self.batches[0], batch)
 
     def decode(self) -> list[tuple[Any, TokenDraw]]:
         import torch
@@ -272,14 +276,19 @@ class BatchedDecoder:
         return list(zip(batch.jobs, draws, strict=True))
 
     def release(self, jobs: Collection[Any]) -> None:
-        gone = set(jobs)
+        import torch
+
+        with torch.inference_mode():  # the caches are inference tensors, moved in place
+            self._release(set(jobs))
+
+    def _release(self, gone: set[Any]) -> None:
         kept_batches = []
         for batch in self.batches:
             keep = [i for i, job in enumerate(batch.jobs) if job not in gone]
             if len(keep) == len(batch.jobs):
                 kept_batches.append(batch)
             elif keep:
-                kept_batches.append(_select(batch, keep))
+                kept_batches.append(_select(batch, keep) if self.calls.seq2seq else _leave(batch, keep))
         self.batches = kept_batches
         group = self.prefilling
         if group is not None:
@@ -343,6 +352,59 @@ def _select(batch: RowBatch, keep: list[int]) -> RowBatch:
         batch.tokens.index_select(0, index),
         encoder_states,
         encoder_mask,
+    )
+
+
+def _leave(batch: RowBatch, keep: list[int]) -> RowBatch:
+    """A causal batch's rows ``keep``, moved in place: each row that leaves has a kept row from the end moved into
+    its slot (one row's columns copied, not the whole cache re-indexed), and the columns none of them uses any more
+    are dropped from the left."""
+    import torch
+
+    kept, rows = set(keep), len(keep)
+    holes = [i for i in range(rows) if i not in kept]
+    movers = [i for i in range(rows, len(batch.jobs)) if i in kept]
+    order = list(range(rows))
+    for hole, mover in zip(holes, movers, strict=True):
+        order[hole] = mover
+    device = batch.mask.device
+    into = torch.tensor(holes, dtype=torch.long, device=device)
+    source = torch.tensor(movers, dtype=torch.long, device=device)
+    layers = [layer for layer, _ in _layers(batch.cache)]
+    for layer in layers:
+        layer.move_rows(into, source, rows)
+    index = torch.tensor(order, device=device)
+    mask = batch.mask.index_select(0, index)
+    first = int(mask.any(dim=0).nonzero()[0])  # the left padding every remaining row has
+    for layer in layers:
+        layer.drop_left(first)
+    return RowBatch(
+        [batch.jobs[i] for i in order],
+        [batch.sampling[i] for i in order],
+        batch.cache,
+        mask[:, first:],
+        batch.positions.index_select(0, index),
+        batch.tokens.index_select(0, index),
+    )
+
+
+def _append(into: RowBatch, joining: RowBatch) -> RowBatch:
+    """A causal batch with ``joining``'s rows written after its last: their cache columns copied once, aligned on
+    the right (wider rows widen every row's columns on the left, masked out for the rows already there)."""
+    import torch
+    from torch.nn import functional
+
+    for (layer, _), (other, _) in zip(_layers(into.cache), _layers(joining.cache), strict=True):
+        layer.append_rows(other.keys, other.values)
+    width = max(into.mask.shape[1], joining.mask.shape[1])
+    masks = [functional.pad(m, (width - m.shape[1], 0)) if m.shape[1] < width else m for m in (into.mask, joining.mask)]
+    return RowBatch(
+        into.jobs + joining.jobs,
+        into.sampling + joining.sampling,
+        into.cache,
+        torch.cat(masks),
+        torch.cat([into.positions, joining.positions]),
+        torch.cat([into.tokens, joining.tokens]),
     )
 
 

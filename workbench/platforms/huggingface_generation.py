@@ -10,8 +10,9 @@ with ``text_output`` out, streamed a step at a time or whole, with the optional 
 Weights are read from safetensors only, unless ``--allow_pickle`` allows a ``pytorch_model.bin`` (a pickle, which
 runs code when loaded). The model goes to ``--pytorch_device``. ``--max_batched_tokens`` bounds the tokens one
 iteration runs (decode steps and a chunk of prompts); a version's ``workbench.json`` may set its own
-``max_batched_tokens``, ``max_sequences`` (sequences in the batch at once) and ``max_queued`` (waiting beyond them
-before requests are refused with RESOURCE_EXHAUSTED).
+``max_batched_tokens``, ``max_sequences`` (sequences in the batch at once), ``max_queued`` (waiting beyond them
+before requests are refused with RESOURCE_EXHAUSTED), and ``hold_steps`` / ``admit_together`` (how long arrivals
+wait for others to share their prefill pass: off by default, see ``generation_scheduler.py``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from workbench.platforms import huggingface_folders as folders
 from workbench.platforms.base import LoadPolicy
 from workbench.platforms.generation_requests import GenerationRequest, GenerationResponses, RequestOptions
 from workbench.platforms.generation_scheduler import (
+    DEFAULT_ADMIT_TOGETHER,
+    DEFAULT_HOLD_STEPS,
     DEFAULT_MAX_BATCHED_TOKENS,
     DEFAULT_MAX_SEQUENCES,
     GenerationScheduler,
@@ -122,6 +125,8 @@ class HuggingFaceGenerator(Servable):
             max_batched_tokens=settings["max_batched_tokens"],
             max_sequences=settings["max_sequences"],
             max_queued=settings.get("max_queued"),
+            hold_steps=settings.get("hold_steps", DEFAULT_HOLD_STEPS),
+            admit_together=settings.get("admit_together", DEFAULT_ADMIT_TOGETHER),
         )
 
     # ------------------------------------------------------------------------------------------------ serving
@@ -235,12 +240,14 @@ def _batching_settings(folder: Path, policy: LoadPolicy) -> dict[str, int]:
         "max_sequences": DEFAULT_MAX_SEQUENCES,
     }
     document = version_config(folder)
-    for key in ("max_batched_tokens", "max_sequences", "max_queued"):
+    for key in ("max_batched_tokens", "max_sequences", "max_queued", "admit_together", "hold_steps"):
         value = document.get(key)
         if value is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ServingError(Code.INVALID_ARGUMENT, f"{folder}/workbench.json: {key} must be a positive integer")
+        least = 0 if key == "hold_steps" else 1
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            kind = "a positive integer" if least else "an integer of at least 0"
+            raise ServingError(Code.INVALID_ARGUMENT, f"{folder}/workbench.json: {key} must be {kind}")
         settings[key] = value
     return settings
 
