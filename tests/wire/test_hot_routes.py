@@ -1,5 +1,6 @@
-"""v2's ``…/infer``, TorchServe's ``/predictions`` and OpenAI's ``/embeddings`` answered before Starlette (workbench/frontends/hot_routes.py,
-and hot_routes_rsgi.py under granian) against the same requests through Starlette's routes, byte for byte.
+"""v2's ``…/infer``, TorchServe's ``/predictions`` and OpenAI's ``/embeddings`` answered before Starlette
+(workbench/frontends/hot_routes.py, and hot_routes_rsgi.py under granian) against the same requests through
+Starlette's routes, byte for byte.
 
 With CORS on, every request goes through Starlette (its middleware, router and the routes' own handlers), so a server
 with CORS on and one without differ by the path a request takes alone: their statuses, headers (names, values,
