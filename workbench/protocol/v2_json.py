@@ -45,7 +45,11 @@ CONTENT_TYPE = (
 )
 
 _MAX_BYTES = (1 << 63) - 1  # numpy's limit on an array's bytes (impossible_shape's)
-_SHARED_KEYS = (shared_memory_parameters.REGION, shared_memory_parameters.BYTE_SIZE, shared_memory_parameters.OFFSET)
+_REGION, _BYTE_SIZE, _OFFSET = (
+    shared_memory_parameters.REGION,
+    shared_memory_parameters.BYTE_SIZE,
+    shared_memory_parameters.OFFSET,
+)
 
 # JSON arrays orjson writes straight from numpy (OPT_SERIALIZE_NUMPY); others go through tolist().
 _ORJSON_NUMPY_KINDS = frozenset("biuf")
@@ -237,7 +241,7 @@ def _dimensions(shape: list[Any]) -> bool:
 def _shared_tensor(parameters: Mapping[str, Any], name: str, kind: str) -> SharedTensor | None:
     """:func:`~workbench.protocol.shared_memory_parameters.shared_tensor` of an input's or output's parameters,
     asked only of those that name one of its keys (every other tensor names no region)."""
-    if not parameters or not any(key in parameters for key in _SHARED_KEYS):
+    if not parameters or (_REGION not in parameters and _BYTE_SIZE not in parameters and _OFFSET not in parameters):
         return None
     return shared_memory_parameters.shared_tensor(parameters, f'{kind} "{name}"')
 
