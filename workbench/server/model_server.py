@@ -445,8 +445,13 @@ class ModelServer:
         await self.asynchronous.stop(max(0.0, deadline - time.monotonic()))
         await self.batch_jobs.stop()  # what they wrote stays: the same job started again finishes the rest
         await self.dataplane.shadows.stop()  # copies to a shadow version answer nobody: a short wait at most
-        if finished and time.monotonic() - started < grace:
-            log.info("Every accepted request finished (%.1fs)", time.monotonic() - started)
+        took = time.monotonic() - started
+        if finished and took < grace:
+            log.info("Every accepted request finished (%.1fs)", took)
+        elif took < grace:
+            # A port's drain ended early with something cancelled, said as it was (gRPC calls core took in and never
+            # handed to the server, an HTTP server that failed to stop): not the budget's end, which says so itself.
+            log.warning("Drain ended after %.1fs, its budget not spent: what was cancelled is said above", took)
         else:
             log.warning("Drain budget (--drain_seconds=%g) spent: requests still running were cancelled", budget)
         self.controlplane.stop_polling()
