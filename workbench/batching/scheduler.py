@@ -277,11 +277,13 @@ class BatchScheduler:
         For the data plane's hot path: a call answered here costs no coroutine, no interest and no deadline timer,
         none of which a call that never waits can use. It runs and is recorded exactly as :meth:`run` would.
         """
-        params = self._params_for(servable)
-        if params is not None and signature.batchable:
-            return None
+        # The cost first: a model not proven cheap (most batched ones) is left to run() without reading its
+        # batching parameters here too, which run() reads again.
         known = self._know(servable, signature)
         if not known.cost.runs_on_loop():
+            return None
+        params = self._params_for(servable)
+        if params is not None and signature.batchable:
             return None
         return self._alone_here(known, servable, signature, feed, outputs)
 
