@@ -7,6 +7,7 @@ refused with the reason."""
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -462,6 +463,42 @@ def test_the_task_comes_from_workbench_json_else_the_architecture(repository):
     assert servable.platform == "huggingface" and servable.task_name == "token-classification"  # type: ignore[attr-defined]
     assert servable.signatures["serving_default"].batchable
     servable.close()
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_each_tasks_forward_pass_is_traced_and_answers_as_the_eager_model(repository, tmp_path, task):
+    """The TorchScript trace serves every task's tiny BERT, and answers what the same folder served eagerly
+    (``"traced": false``) answers, on requests of other lengths and batch sizes than the trace's."""
+    folder = repository / MODEL_NAMES[task] / "1"
+    eager_folder = tmp_path / "eager"
+    shutil.copytree(folder, eager_folder)
+    settings = json.loads((folder / "workbench.json").read_text()) if (folder / "workbench.json").exists() else {}
+    (eager_folder / "workbench.json").write_text(json.dumps({"platform": "huggingface", **settings, "traced": False}))
+    traced, eager = Loader()("t", 1, str(folder)), Loader()("e", 1, str(eager_folder))
+    assert traced.forward_pass == "traced"  # type: ignore[attr-defined]
+    assert eager.forward_pass == 'eager: workbench.json says "traced": false'  # type: ignore[attr-defined]
+    rows = CASES[task]
+    feeds = [columns(task, rows), columns(task, rows[:1]), columns(task, rows[1:])]
+    signature = traced.signatures["serving_default"]
+    outputs = list(signature.outputs)
+    for got, want in zip(
+        traced.run_requests(signature, feeds, outputs), eager.run_requests(signature, feeds, outputs), strict=True
+    ):
+        assert not isinstance(got, ServingError) and not isinstance(want, ServingError)
+        assert_same({k: decoded(v).tolist() for k, v in got.items()}, {k: decoded(v).tolist() for k, v in want.items()})
+    traced.close()
+    eager.close()
+
+
+def test_traced_is_true_or_false(tmp_path, repository):
+    folder = tmp_path / "odd"
+    shutil.copytree(repository / MODEL_NAMES["feature-extraction"] / "1", folder)
+    settings = json.loads((folder / "workbench.json").read_text())
+    (folder / "workbench.json").write_text(json.dumps(settings | {"traced": "yes"}))
+    with pytest.raises(ServingError) as info:
+        Loader()("o", 1, str(folder))
+    assert info.value.code is Code.INVALID_ARGUMENT
+    assert info.value.message == "workbench.json: \"traced\" is true or false; got 'yes'"
 
 
 def test_pickled_weights_load_only_when_allowed_and_tensorflow_weights_never(tmp_path, pipelines):

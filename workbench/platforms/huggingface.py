@@ -21,6 +21,7 @@ are on, which the servable reports (``memory_held``). Remote code (``trust_remot
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ from workbench.platforms.huggingface_tasks import TASK_CLASSES, Model, Task, mod
 from workbench.platforms.tabular import write_version_config
 
 PLATFORM = folders.PLATFORM
+log = logging.getLogger(__name__)
 
 
 def places_on_gpu(policy: LoadPolicy) -> bool:
@@ -67,8 +69,13 @@ class HuggingFaceServable(PerRequestServable):
         self._threads = policy.pytorch_threads
         self.device = pytorch.resolve_device(policy.pytorch_device)
         task_class = TASK_CLASSES[folder.task]
+        traced = traces(folder.settings)
         model = load_model(folder.path, folder.path, task_class.model_class, self.device, folder.safetensors)
         self.task: Task | None = task_class(model, folder.settings)
+        # What serves the forward pass: its TorchScript trace ("traced"), or the eager model and why.
+        with load_lock, quiet_transformers():
+            self.forward_pass = model.trace() if traced else 'eager: workbench.json says "traced": false'
+        log.info("%s version %s: forward pass %s", name, version, self.forward_pass)
         self.signatures = {DEFAULT_SIGNATURE: self.task.signature}
         self.labels = self.task.labels()
 
@@ -117,6 +124,14 @@ class HuggingFaceServable(PerRequestServable):
         self.task = None
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+def traces(settings: Mapping[str, Any]) -> bool:
+    """Whether workbench.json leaves the forward pass to be traced (``"traced"``, true by default)."""
+    traced = settings.get("traced", True)
+    if not isinstance(traced, bool):
+        raise ServingError(Code.INVALID_ARGUMENT, f'workbench.json: "traced" is true or false; got {traced!r}')
+    return traced
 
 
 def load_model(model: Path, tokenizer: Path, model_class: str, device: Any, safetensors: bool) -> Model:

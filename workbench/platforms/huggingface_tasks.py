@@ -40,6 +40,7 @@ from workbench.core.errors import Code, ServingError, from_exception, invalid_ar
 from workbench.core.signatures import DEFAULT_SIGNATURE, PREDICT_METHOD, Signature, TensorSpec
 from workbench.core.text_generation import EMBED_INPUT, EMBED_TOKENS, EMBEDDING
 from workbench.platforms import huggingface_folders as folders
+from workbench.platforms import huggingface_tracing as tracing
 
 if TYPE_CHECKING:  # annotations only: torch is imported when a version loads
     import torch
@@ -110,6 +111,7 @@ class Model:
     device: torch.device
     max_length: int
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    traced: tracing.TracedForward | None = None  # the forward's TorchScript trace, where it answers as the model
 
     @property
     def config(self) -> Any:
@@ -122,19 +124,31 @@ class Model:
             *(list(t) for t in texts), padding=True, max_length=self.max_length, return_tensors="pt", **options
         )
 
-    def forward(self, encoded: Mapping[str, Any]) -> Any:
-        """The model's outputs on ``encoded`` (the tensors the model takes, moved to its device)."""
+    def inputs(self, encoded: Mapping[str, Any]) -> dict[str, Any]:
+        """The tensors of ``encoded`` that the model takes, moved to its device."""
         import torch
 
         names = set(self.tokenizer.model_input_names) | {"input_ids", "attention_mask"}
-        inputs = {k: v.to(self.device) for k, v in encoded.items() if k in names and isinstance(v, torch.Tensor)}
+        return {k: v.to(self.device) for k, v in encoded.items() if k in names and isinstance(v, torch.Tensor)}
+
+    def forward(self, encoded: Mapping[str, Any]) -> Any:
+        """The model's outputs on ``encoded``: by its TorchScript trace where it has one that takes these tensors."""
+        import torch
+
+        inputs, traced = self.inputs(encoded), self.traced
         try:
             with torch.inference_mode():
-                return self.model(**inputs)
+                return traced(inputs) if traced is not None and traced.takes(inputs) else self.model(**inputs)
         except torch.cuda.OutOfMemoryError as exc:
             raise ServingError(Code.RESOURCE_EXHAUSTED, f"PyTorch: {str(exc).splitlines()[0]}") from None
         except Exception as exc:  # noqa: BLE001 - the model's own failure on text it was given
             raise from_exception(exc) from None
+
+    def trace(self) -> str:
+        """Trace the forward pass (:mod:`workbench.platforms.huggingface_tracing`); what became of it, in words."""
+        with self.lock:
+            self.traced, outcome = tracing.trace(self.model, self.tokenize, self.inputs)
+        return outcome
 
 
 def float_numpy(tensor: torch.Tensor) -> np.ndarray:
