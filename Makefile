@@ -124,7 +124,7 @@ test-extension: install
 	cd extension && npm test --silent
 
 lint: install
-	$(BIN)/ruff check workbench tests
+	$(BIN)/ruff check workbench tests benchmarks
 	$(BIN)/mypy workbench
 	cd extension && npx tsc --noEmit -p tsconfig.test.json
 

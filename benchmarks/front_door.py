@@ -36,11 +36,11 @@ compared with Triton through the same client. Without perf_analyzer its rows are
 **Servers**, all up at once for the whole run and taking turns (every measurement once a round, the order reversed
 every other round, each row the median round by requests/s), so that a burst of other work on a shared machine
 falls on all of them: Triton; `workbench serve` with batching (``--enable_batching``, max_batch_size 64,
-batch_timeout_micros 0, one batch thread) and without, each serving ``light``, ``heavy`` and ``half_plus_two``
-(``--workbench_flags`` are added to both; ``--baseline_tree DIR`` serves that checkout's workbench too, a before and
-after in one run); benchmarks/request_path.py's bare stacks answering half_plus_two's answer without a model: a
-Starlette app on uvicorn (httptools, uvloop) and a grpc.aio PredictionService (which answers perf_analyzer's one
-GetModelMetadata with workbench's own answer).
+batch_timeout_micros 0 or ``--batch_timeout_micros``, one batch thread) and without, each serving ``light``,
+``heavy`` and ``half_plus_two`` (``--workbench_flags`` are added to both; ``--baseline_tree DIR`` serves that
+checkout's workbench too, a before and after in one run); benchmarks/request_path.py's bare stacks answering
+half_plus_two's answer without a model: a Starlette app on uvicorn (httptools, uvloop) and a grpc.aio
+PredictionService (which answers perf_analyzer's one GetModelMetadata with workbench's own answer).
 
 Scenarios (``--scenarios``): ``light-1x32`` (the logistic regression, 1 row a request, 32 connections, batching on),
 ``light-32x32`` (32 rows a request), ``heavy-1x32`` (the random forest, milliseconds a call whatever the batch),
@@ -285,15 +285,15 @@ class TritonProcess:
 
 def _status(url: str) -> int:
     try:
-        with urllib.request.urlopen(url, timeout=5) as response:  # noqa: S310 - http://127.0.0.1
+        with urllib.request.urlopen(url, timeout=5) as response:
             return int(response.status)
     except urllib.error.HTTPError as error:
         return int(error.code)
 
 
 def post_json(url: str, body: bytes) -> Any:
-    request = urllib.request.Request(url, body, {"Content-Type": "application/json"})  # noqa: S310 - http://127.0.0.1
-    with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310 - http://127.0.0.1
+    request = urllib.request.Request(url, body, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
         return json.loads(response.read())
 
 
@@ -705,6 +705,10 @@ def main() -> None:
     parser.add_argument(
         "--workbench_flags", default="", help='more `workbench serve` flags, e.g. "--http_server=granian"'
     )
+    parser.add_argument(
+        "--batch_timeout_micros", type=int, default=0,
+        help="workbench's batch_timeout_micros (default 0; Triton's max_queue_delay_microseconds is 1000)",
+    )  # fmt: skip
     parser.add_argument("--baseline_tree", type=Path, default=None, help="also serve this checkout's workbench")
     parser.add_argument("--no_triton", action="store_true", help="leave Triton out (and perf_analyzer with it)")
     parser.add_argument("--venvs", type=Path, default=None, help="where the peers' venvs live")
@@ -776,7 +780,8 @@ def main() -> None:
         entries = [f'  config {{ name: "{m}" base_path: "{repository / m}" model_platform: "{p}" }}\n'
                    for m, p in platforms.items()]  # fmt: skip
         config.write_text("model_config_list {\n" + "".join(entries) + "}\n")
-        (work / "batching.txt").write_text(BATCHING)
+        timeout = f"batch_timeout_micros {{ value: {args.batch_timeout_micros} }}"
+        (work / "batching.txt").write_text(BATCHING.replace("batch_timeout_micros { value: 0 }", timeout))
         batching_flags = ["--enable_batching", f"--batching_parameters_file={work / 'batching.txt'}"]
         extra = ["--allow_pickle", "--num_load_threads=1", *shlex.split(args.workbench_flags)]
         trees: dict[str, Path | None] = {"workbench": None}
@@ -871,6 +876,7 @@ def main() -> None:
             },
             "models": {m: {k: v for k, v in reference["models"][m].items() if "path" not in k} for m in SKLEARN},
             "triton": triton_info,
+            "workbench_batching_parameters": " ".join((work / "batching.txt").read_text().split()),
             "checked": checked,
             "rows": rows,
             "targets": targets_met,

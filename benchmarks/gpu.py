@@ -742,7 +742,7 @@ class Bench:
                     }
                 )
                 self.log(rows[-1])
-        except Exception as error:  # the row says why, and the run goes on to the next server
+        except Exception as error:  # noqa: BLE001 - the row says why, and the run goes on to the next server
             rows.append({**label, "error": f"{type(error).__name__}: {error}"[-4000:]})
             self.log(rows[-1])
             traceback.print_exc()

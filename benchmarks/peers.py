@@ -628,7 +628,7 @@ class Running:
     def answer(self, protocol: Protocol, model: str, rows: list[list[float]], timeout: float = 30) -> list[int]:
         url = f"http://127.0.0.1:{self.server.port}{protocol.path(model)}"
         request = urllib.request.Request(url, protocol.body(rows), {"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - http://127.0.0.1
+        with urllib.request.urlopen(request, timeout=timeout) as response:
             return protocol.labels(json.loads(response.read()))
 
     def wait_ready(self, model: str, rows: list[list[float]]) -> float:

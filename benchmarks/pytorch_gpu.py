@@ -109,7 +109,7 @@ def serve_row(
         if failed:
             raise RuntimeError(f"{failed:.0f} requests to {model} failed")
         row["mean_batch"] = round(examples / batches, 2) if batches else None
-    except Exception as error:  # the row says why; the run goes on
+    except Exception as error:  # noqa: BLE001 - the row says why; the run goes on
         row["error"] = f"{type(error).__name__}: {error}"[-3000:]
         traceback.print_exc()
         print(server.log[-3000:], file=sys.stderr)

@@ -30,10 +30,10 @@ ratios (every server measured the same way, in the same minutes) are the result.
 benchmarks/results/request_path_rest.json: the bare apps (Starlette under uvicorn and granian, a bare RSGI app under
 granian), `workbench serve` of this checkout on uvicorn and with `--http_server=granian` and, with `--baseline_tree
 DIR`, of another one the same two ways (before and after in one run), and workbench's app under uvicorn, granian's
-ASGI and granian's RSGI (workbench/server/granian_http.py's RestRsgi), all up at once and taking turns round by round; each row with
-the CPU µs a request cost the server (``proc_us``) and its event loop (``loop_us``, where that is the process's main
-thread), steadier than requests/s on a shared machine, and its requests/s over bare Starlette on uvicorn's
-(``vs_bare``) and over `workbench serve` on uvicorn's (``vs_serve_uvicorn``).
+ASGI and granian's RSGI (workbench/server/granian_http.py's RestRsgi), all up at once and taking turns round by
+round; each row with the CPU µs a request cost the server (``proc_us``) and its event loop (``loop_us``, where that
+is the process's main thread), steadier than requests/s on a shared machine, and its requests/s over bare Starlette
+on uvicorn's (``vs_bare``) and over `workbench serve` on uvicorn's (``vs_serve_uvicorn``).
 """
 
 from __future__ import annotations

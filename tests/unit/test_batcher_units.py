@@ -924,6 +924,60 @@ def test_the_next_batch_of_a_fixed_cost_model_takes_in_the_requests_its_answers_
     assert sizes[1:-1] == [4] * (len(sizes) - 2), f"the batches did not fill with every client's row: {sizes}"
 
 
+def test_the_answered_callers_of_a_fixed_cost_model_are_awaited_together_when_they_come_back_over_several_turns(
+    bench: Callable[..., Bench], monkeypatch: pytest.MonkeyPatch
+):
+    """As above, but each client sends its next request a different trip after its answer (1 to 4 ms: over a real
+    network's sockets they arrive over several loop turns, not in one). The first back waits for the others: every
+    batch after the first holds every client's row, where the first back used to start a batch of its own and the
+    rest ran as the next one (1, 3, 1, 3...). The wait ends as soon as every answered caller is back."""
+    monkeypatch.setattr(CostCurve, "MIN_BATCHES", 4)
+    # A quiet spell of 50 ms and 100 ms in all: far beyond the clients' trips, even on a busy machine; the batch
+    # starts once all four are back, so the test does not wait them out.
+    monkeypatch.setattr(CostCurve, "GATHER_QUIET_SHARE", 2.5)
+    monkeypatch.setattr(CostCurve, "GATHER_LONGEST_SHARE", 5.0)
+    model = Contended()
+    b = bench(params(max_batch_size=8), model)
+
+    async def client(index: int, values: range) -> None:
+        for value in values:
+            await asyncio.sleep(0.001 * (index + 1))  # its trip: each client's next request a different turn
+            np.testing.assert_array_equal(await asyncio.wait_for(b.ask(value), WAIT), answer(value))
+
+    async def main() -> None:
+        for size in (1, 2, 3, 4, 5):  # the curve: 20 ms whatever the rows
+            await asyncio.wait_for(b.ask(*range(size)), WAIT)
+        b.records.clear()
+        await asyncio.gather(*(client(k, range(k * 10, k * 10 + 6)) for k in range(4)))
+
+    asyncio.run(main())
+    sizes = [record.size for record in b.records]
+    # The first batch is the first client's row alone (then no batch had ended full); the answers of every later
+    # batch come back together, but the last, which lacks the clients done a batch earlier.
+    assert sizes[1:-1] == [4] * (len(sizes) - 2), f"the answered callers did not come back as one batch: {sizes}"
+
+
+def test_a_lone_callers_request_is_not_held_for_others_after_its_answer(
+    bench: Callable[..., Bench], monkeypatch: pytest.MonkeyPatch
+):
+    """One client on the same fixed-cost model: a batch of one answered expects nobody back, so its next request
+    runs at once (as with the waits 100 s long, it would otherwise wait a quiet spell first)."""
+    monkeypatch.setattr(CostCurve, "MIN_BATCHES", 4)
+    monkeypatch.setattr(CostCurve, "GATHER_QUIET_SHARE", 5000.0)
+    monkeypatch.setattr(CostCurve, "GATHER_LONGEST_SHARE", 5000.0)
+    model = Contended()
+    b = bench(params(max_batch_size=8), model)
+
+    async def main() -> None:
+        for size in (1, 2, 3, 4, 5):
+            await asyncio.wait_for(b.ask(*range(size)), WAIT)
+        for value in range(4):
+            await asyncio.sleep(0.001)
+            np.testing.assert_array_equal(await asyncio.wait_for(b.ask(value), WAIT), answer(value))
+
+    asyncio.run(main())
+
+
 def test_a_model_whose_overlapping_calls_cost_what_they_cost_alone_keeps_overlapping(
     bench: Callable[..., Bench], monkeypatch: pytest.MonkeyPatch
 ):

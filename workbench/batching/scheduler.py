@@ -113,6 +113,7 @@ class _SignatureState:
         "cost",
         "curve",
         "last_batch_tasks",
+        "expected_back",
         "contention",
         "alone_running",
         "alone_overlapped",
@@ -125,6 +126,9 @@ class _SignatureState:
         self.cost = cost
         self.curve = CostCurve()  # what its batches cost by size: whether a second concurrent batch should wait
         self.last_batch_tasks = 0  # requests the last batch ran together: more than one, the model is under load
+        # After a batch of several emptied the queue, the answered callers' next requests are awaited together (see
+        # BatchScheduler._finish): None, or (rows expected, the time by which the first must arrive, quiet, longest).
+        self.expected_back: tuple[int, float, float, float] | None = None
         # Unbatched calls: whether they slow each other down, how many run, and those waiting for their turn.
         self.contention = Contention()
         self.alone_running = 0
@@ -258,7 +262,13 @@ class BatchScheduler:
             # Under load, dispatch at the end of this event-loop turn, not now: requests whose handlers run in the
             # same turn (they arrived together) share one batch and one thread hop.
             queue.dispatch_pending = True
-            loop.call_soon(self._dispatch, queue)
+            back = queue.known.expected_back
+            queue.known.expected_back = None
+            if back is not None and now <= back[1]:  # the first of the answered callers back: gather the others
+                expected, _, quiet, longest = back
+                loop.call_soon(self._gathered, queue, queue.pending_rows, now, quiet, now + longest, expected)
+            else:
+                loop.call_soon(self._dispatch, queue)
         try:
             if len(tasks) == 1:
                 return await tasks[0].future
@@ -673,6 +683,8 @@ class BatchScheduler:
         queue.overlapped = queue.running > 0  # those still running ran beside this one
         self._deliver(queue, batch, started, outcome, on_loop=False, beside=beside, cpu_seconds=cpu_seconds)
         rows = queue.pending_rows
+        if rows == 0 and len(batch) > 1 and not queue.dispatch_pending:
+            self._expect_back(queue, batch)
         waiting = rows > 0 and not queue.dispatch_pending and rows < queue.params.execution_batch_size
         gathering = queue.known.curve.gathering(rows) if waiting else None
         if gathering is not None:
@@ -687,16 +699,38 @@ class BatchScheduler:
             return
         self._schedule(queue)
 
-    def _gathered(self, queue: _Queue, rows_before: int, grew: float, quiet: float, deadline: float) -> None:
+    @staticmethod
+    def _expect_back(queue: _Queue, batch: list[BatchTask]) -> None:
+        """A batch of several requests ended with none waiting: its callers are likely to send their next ones
+        (clients in a closed loop), each a trip away, so they arrive over several loop turns. For a model whose call
+        costs mostly its fixed part, the first of them to arrive waits for the others (:meth:`_gathered`) instead of
+        starting a batch of one, after which the rest would run as a second batch, each call costing the whole
+        fixed cost: batches that alternate between one request and all the others, half the answers a second. A
+        first arrival later than the wait's longest is no answered caller's: it runs as usual."""
+        answered = min(sum(task.rows for task in batch), queue.params.execution_batch_size)
+        gathering = queue.known.curve.gathering(answered)
+        if gathering is not None:
+            quiet, longest = gathering
+            queue.known.expected_back = (answered, time.perf_counter() + longest, quiet, longest)
+
+    def _gathered(
+        self, queue: _Queue, rows_before: int, grew: float, quiet: float, deadline: float, expected: int = 0
+    ) -> None:
         """Start the gathered batch once the queue has not grown for ``quiet`` seconds (each loop turn reads the
-        sockets or runs the handlers of what the last one read), once it is full, or at ``deadline``."""
+        sockets or runs the handlers of what the last one read), once it is full or holds the ``expected`` rows,
+        or at ``deadline``."""
         rows, now = queue.pending_rows, time.perf_counter()
         if rows != rows_before:
             grew = now
-        if now - grew >= quiet or rows >= queue.params.execution_batch_size or now > deadline:
+        if (
+            now - grew >= quiet
+            or rows >= queue.params.execution_batch_size
+            or (expected and rows >= expected)
+            or now > deadline
+        ):
             self._dispatch(queue)
             return
-        asyncio.get_running_loop().call_soon(self._gathered, queue, rows, grew, quiet, deadline)
+        asyncio.get_running_loop().call_soon(self._gathered, queue, rows, grew, quiet, deadline, expected)
 
     def _deliver(
         self,
