@@ -1,8 +1,8 @@
 """A non-generative model's forward pass traced with TorchScript, used only where it answers as the model does.
 
 Why: transformers' eager forward is a few hundred small PyTorch calls, and the interpreter lock is taken back after
-each. In a server the event loop holds that lock between them, so under load the forward waits on the loop at every
-call (measured: an eager forward slowed twentyfold beside a thread busy in Python, a traced one by under 2x). A
+each. In a server, while the event loop runs Python, the forward waits for it at every call (measured in one
+process: an eager forward slowed twentyfold beside a thread spinning in Python, a traced one by under 2x). A
 TorchScript module runs the whole graph in C++ with the lock released, so the loop and the model share the cores
 instead of taking turns.
 
@@ -51,8 +51,8 @@ def trace(
     def texts(lengths: Sequence[int]) -> list[str]:
         return [" ".join(["hello", "world"] * (n // 2) + ["hello"] * (n % 2)) for n in lengths]
 
-    example = inputs_of(tokenize(texts(TRACED_ON)))
     try:
+        example = inputs_of(tokenize(texts(TRACED_ON)))
         with torch.inference_mode():
             eager = model(**example)
         if not isinstance(eager, Mapping):
