@@ -957,6 +957,38 @@ def test_the_answered_callers_of_a_fixed_cost_model_are_awaited_together_when_th
     assert sizes[1:-1] == [4] * (len(sizes) - 2), f"the answered callers did not come back as one batch: {sizes}"
 
 
+def test_a_caller_back_alone_runs_once_the_others_stay_away_for_the_quiet_spell(
+    bench: Callable[..., Bench], monkeypatch: pytest.MonkeyPatch
+):
+    """Callers answered together (the first of four on the idle model at once, the other three as one batch), and
+    only one of them comes back: it waits the quiet spell for the others, then runs alone; a request after it (the
+    last batch was of one) runs at once."""
+    monkeypatch.setattr(CostCurve, "MIN_BATCHES", 4)
+    # A quiet spell of half a second: the loop turns below stay well inside it, even on a busy machine.
+    monkeypatch.setattr(CostCurve, "GATHER_QUIET_SHARE", 25.0)
+    monkeypatch.setattr(CostCurve, "GATHER_LONGEST_SHARE", 50.0)
+    model = Contended()
+    b = bench(params(max_batch_size=8), model)
+
+    async def main() -> None:
+        for size in (1, 2, 3, 4, 5):
+            await asyncio.wait_for(b.ask(*range(size)), WAIT)
+        b.records.clear()
+        together = await asyncio.wait_for(asyncio.gather(*(b.ask(v) for v in range(4))), WAIT)
+        for value, got in enumerate(together):
+            np.testing.assert_array_equal(got, answer(value))
+        calls = len(b.servable.calls)
+        back = asyncio.ensure_future(b.ask(7))
+        for _ in range(5):  # loop turns in which a request that did not wait would have been dispatched
+            await asyncio.sleep(0)
+        assert b.queued_rows() == 1 and len(b.servable.calls) == calls, "the caller back did not wait for the others"
+        np.testing.assert_array_equal(await asyncio.wait_for(back, WAIT), answer(7))
+        np.testing.assert_array_equal(await asyncio.wait_for(b.ask(8), WAIT), answer(8))
+
+    asyncio.run(main())
+    assert [record.size for record in b.records] == [1, 3, 1, 1]
+
+
 def test_a_lone_callers_request_is_not_held_for_others_after_its_answer(
     bench: Callable[..., Bench], monkeypatch: pytest.MonkeyPatch
 ):
