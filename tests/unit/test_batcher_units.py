@@ -892,6 +892,23 @@ def test_a_model_whose_calls_cost_mostly_their_fixed_part_and_compete_fills_a_ba
     assert b.servable.calls == [[100], [0, 1, 2, 3, 4, 5]]
 
 
+def fixed_cost_bench(
+    bench: Callable[..., Bench], monkeypatch: pytest.MonkeyPatch, quiet_share: float, longest_share: float
+) -> Bench:
+    """One batch thread on :class:`Contended` (20 ms a call whatever its rows), the cost curve learning from 4
+    batches, its gathering waits ``quiet_share`` and ``longest_share`` of that cost."""
+    monkeypatch.setattr(CostCurve, "MIN_BATCHES", 4)
+    monkeypatch.setattr(CostCurve, "GATHER_QUIET_SHARE", quiet_share)
+    monkeypatch.setattr(CostCurve, "GATHER_LONGEST_SHARE", longest_share)
+    return bench(params(max_batch_size=8), Contended())
+
+
+async def teach_the_fixed_cost(b: Bench) -> None:
+    """Single requests of 1 to 5 rows: the curve learns 20 ms whatever the rows (and no batch of several ran)."""
+    for size in (1, 2, 3, 4, 5):
+        await asyncio.wait_for(b.ask(*range(size)), WAIT)
+
+
 def test_the_next_batch_of_a_fixed_cost_model_takes_in_the_requests_its_answers_bring_back_before_it_starts(
     bench: Callable[..., Bench], monkeypatch: pytest.MonkeyPatch
 ):
@@ -899,12 +916,8 @@ def test_the_next_batch_of_a_fixed_cost_model_takes_in_the_requests_its_answers_
     answered client's next request reaches the queue a loop turn or two after the batch ended (as a server's
     sockets are read once its thread lets go of the GIL): the next batch waits those turns and takes it in, so
     batches settle at every client's row, where they used to alternate between those left waiting and the rest."""
-    monkeypatch.setattr(CostCurve, "MIN_BATCHES", 4)
     # Waits of 10 and 20 ms rather than 2 and 5: a busy test machine's loop turns stay well inside them.
-    monkeypatch.setattr(CostCurve, "GATHER_QUIET_SHARE", 0.5)
-    monkeypatch.setattr(CostCurve, "GATHER_LONGEST_SHARE", 1.0)
-    model = Contended()
-    b = bench(params(max_batch_size=8), model)
+    b = fixed_cost_bench(bench, monkeypatch, 0.5, 1.0)
 
     async def client(values: range) -> None:
         for value in values:
@@ -912,8 +925,7 @@ def test_the_next_batch_of_a_fixed_cost_model_takes_in_the_requests_its_answers_
             np.testing.assert_array_equal(await asyncio.wait_for(b.ask(value), WAIT), answer(value))
 
     async def main() -> None:
-        for size in (1, 2, 3, 4, 5):  # the curve: 20 ms whatever the rows
-            await asyncio.wait_for(b.ask(*range(size)), WAIT)
+        await teach_the_fixed_cost(b)
         b.records.clear()
         await asyncio.gather(*(client(range(k * 10, k * 10 + 6)) for k in range(4)))
 
@@ -931,13 +943,9 @@ def test_the_answered_callers_of_a_fixed_cost_model_are_awaited_together_when_th
     network's sockets they arrive over several loop turns, not in one). The first back waits for the others: every
     batch after the first holds every client's row, where the first back used to start a batch of its own and the
     rest ran as the next one (1, 3, 1, 3...). The wait ends as soon as every answered caller is back."""
-    monkeypatch.setattr(CostCurve, "MIN_BATCHES", 4)
     # A quiet spell of 50 ms and 100 ms in all: far beyond the clients' trips, even on a busy machine; the batch
     # starts once all four are back, so the test does not wait them out.
-    monkeypatch.setattr(CostCurve, "GATHER_QUIET_SHARE", 2.5)
-    monkeypatch.setattr(CostCurve, "GATHER_LONGEST_SHARE", 5.0)
-    model = Contended()
-    b = bench(params(max_batch_size=8), model)
+    b = fixed_cost_bench(bench, monkeypatch, 2.5, 5.0)
 
     async def client(index: int, values: range) -> None:
         for value in values:
@@ -945,8 +953,7 @@ def test_the_answered_callers_of_a_fixed_cost_model_are_awaited_together_when_th
             np.testing.assert_array_equal(await asyncio.wait_for(b.ask(value), WAIT), answer(value))
 
     async def main() -> None:
-        for size in (1, 2, 3, 4, 5):  # the curve: 20 ms whatever the rows
-            await asyncio.wait_for(b.ask(*range(size)), WAIT)
+        await teach_the_fixed_cost(b)
         b.records.clear()
         await asyncio.gather(*(client(k, range(k * 10, k * 10 + 6)) for k in range(4)))
 
@@ -963,16 +970,11 @@ def test_a_caller_back_alone_runs_once_the_others_stay_away_for_the_quiet_spell(
     """Callers answered together (the first of four on the idle model at once, the other three as one batch), and
     only one of them comes back: it waits the quiet spell for the others, then runs alone; a request after it (the
     last batch was of one) runs at once."""
-    monkeypatch.setattr(CostCurve, "MIN_BATCHES", 4)
     # A quiet spell of half a second: the loop turns below stay well inside it, even on a busy machine.
-    monkeypatch.setattr(CostCurve, "GATHER_QUIET_SHARE", 25.0)
-    monkeypatch.setattr(CostCurve, "GATHER_LONGEST_SHARE", 50.0)
-    model = Contended()
-    b = bench(params(max_batch_size=8), model)
+    b = fixed_cost_bench(bench, monkeypatch, 25.0, 50.0)
 
     async def main() -> None:
-        for size in (1, 2, 3, 4, 5):
-            await asyncio.wait_for(b.ask(*range(size)), WAIT)
+        await teach_the_fixed_cost(b)
         b.records.clear()
         together = await asyncio.wait_for(asyncio.gather(*(b.ask(v) for v in range(4))), WAIT)
         for value, got in enumerate(together):
@@ -994,15 +996,10 @@ def test_a_lone_callers_request_is_not_held_for_others_after_its_answer(
 ):
     """One client on the same fixed-cost model: a batch of one answered expects nobody back, so its next request
     runs at once (as with the waits 100 s long, it would otherwise wait a quiet spell first)."""
-    monkeypatch.setattr(CostCurve, "MIN_BATCHES", 4)
-    monkeypatch.setattr(CostCurve, "GATHER_QUIET_SHARE", 5000.0)
-    monkeypatch.setattr(CostCurve, "GATHER_LONGEST_SHARE", 5000.0)
-    model = Contended()
-    b = bench(params(max_batch_size=8), model)
+    b = fixed_cost_bench(bench, monkeypatch, 5000.0, 5000.0)
 
     async def main() -> None:
-        for size in (1, 2, 3, 4, 5):
-            await asyncio.wait_for(b.ask(*range(size)), WAIT)
+        await teach_the_fixed_cost(b)
         for value in range(4):
             await asyncio.sleep(0.001)
             np.testing.assert_array_equal(await asyncio.wait_for(b.ask(value), WAIT), answer(value))

@@ -343,16 +343,7 @@ def _select(batch: RowBatch, keep: list[int]) -> RowBatch:
             layer.keys, layer.values = layer.keys[:, :, :last], layer.values[:, :, :last]
         elif not cross and first:
             layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
-    return RowBatch(
-        [batch.jobs[i] for i in keep],
-        [batch.sampling[i] for i in keep],
-        batch.cache,
-        mask[:, first:],
-        batch.positions.index_select(0, index),
-        batch.tokens.index_select(0, index),
-        encoder_states,
-        encoder_mask,
-    )
+    return _rows_of(batch, keep, index, mask[:, first:], encoder_states, encoder_mask)
 
 
 def _leave(batch: RowBatch, keep: list[int]) -> RowBatch:
@@ -378,13 +369,28 @@ def _leave(batch: RowBatch, keep: list[int]) -> RowBatch:
     first = int(mask.any(dim=0).nonzero()[0])  # the left padding every remaining row has
     for layer in layers:
         layer.drop_left(first)
+    return _rows_of(batch, order, index, mask[:, first:])
+
+
+def _rows_of(
+    batch: RowBatch,
+    rows: list[int],
+    index: torch.Tensor,
+    mask: torch.Tensor,
+    encoder_states: torch.Tensor | None = None,
+    encoder_mask: torch.Tensor | None = None,
+) -> RowBatch:
+    """``batch``'s rows ``rows`` (``index``: the same, as a tensor on the batch's device) over its cache, with
+    ``mask`` (already taken for those rows) and, for a seq2seq batch, its encoder's states and mask."""
     return RowBatch(
-        [batch.jobs[i] for i in order],
-        [batch.sampling[i] for i in order],
+        [batch.jobs[i] for i in rows],
+        [batch.sampling[i] for i in rows],
         batch.cache,
-        mask[:, first:],
+        mask,
         batch.positions.index_select(0, index),
         batch.tokens.index_select(0, index),
+        encoder_states,
+        encoder_mask,
     )
 
 
