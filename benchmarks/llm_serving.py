@@ -60,7 +60,9 @@ runner).
 
 ``--baseline_tree DIR`` serves another workbench checkout (a worktree of main, say) beside this one as
 ``workbench-baseline``, in every generation round, burst and sustained: a change's ratios taken in the same minutes
-(``workbench_over_workbench_baseline``, and the baseline's own 16-over-1 ratios).
+(``workbench_over_workbench_baseline``, and the baseline's own 16-over-1 ratios). The embeddings part serves it too,
+taking turns with this checkout's server in every round (each idle while the other is measured), each against the
+in-process rate measured right after it (``baseline``, and ``served_over_baseline`` a round).
 
 The machine's load average before and after, the versions and the ratios are in the JSON. On a 2-core machine the
 client shares the cores with the server: the ratios, taken in the same minutes, are the result.
@@ -618,50 +620,69 @@ def measure_embeddings(args: Any, work: Path, log: Callable[[str], None]) -> dic
     texts = build_encoder(folder)
     (work / "batching.txt").write_text(BATCHING)
     (work / "monitoring.txt").write_text(MONITORING)
-    server = workbench_server(
-        repository, args.threads, "--enable_batching", f"--batching_parameters_file={work / 'batching.txt'}",
+    flags = (
+        "--enable_batching", f"--batching_parameters_file={work / 'batching.txt'}",
         f"--monitoring_config_file={work / 'monitoring.txt'}", *args.embedding_server_flags,
     )  # fmt: skip
-    server.settings["batching_parameters"] = " ".join(BATCHING.split())
+    servers = [workbench_server(repository, args.threads, *flags)]
+    if args.baseline_tree is not None:
+        servers.append(workbench_server(repository, args.threads, *flags, tree=args.baseline_tree, peer=BASELINE))
+    for server in servers:
+        server.settings["batching_parameters"] = " ".join(BATCHING.split())
     servable = huggingface.load(
         "encoder", 1, str(folder), LoadPolicy(pytorch_device="cpu", pytorch_threads=args.threads)
     )
-    running = Running(server, work / "workbench-embeddings.log", None)
+    runnings: list[Running] = []
+    rows: dict[tuple[str, str], list[tuple[dict[str, Any], dict[str, Any]]]] = {}
+    ready: dict[str, float] = {}
     try:
-        ready = wait_for_model(running, "encoder")
-        log(f"workbench (embeddings): ready in {ready:.1f} s (pid {running.proc.pid})")
+        for server in servers:
+            runnings.append(Running(server, work / f"{server.peer}-embeddings.log", None))
+            ready[server.peer] = wait_for_model(runnings[-1], "encoder")
+            log(f"{server.peer} (embeddings): ready in {ready[server.peer]:.1f} s (pid {runnings[-1].proc.pid})")
         in_process_rate(servable, texts, 8, 1.0)  # warm-up
-        rows: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] = {c: [] for c in args.embedding_clients}
         for index in range(args.rounds):
-            for library in args.embedding_clients if index % 2 == 0 else reversed(args.embedding_clients):
-                served = asyncio.run(embedding_round(running, texts, library, args))
-                batch = max(1, round(served["mean_batch"] or 1))
-                rate = in_process_rate(servable, texts, batch, args.seconds)
-                own = {"batch": batch, "texts_per_second": round(rate, 1)}
-                own["cpu_ms_per_text"] = round(in_process_cpu_ms(servable, texts, batch), 3)
-                rows[library].append((served, own))
-                log(
-                    f"round {index + 1}, {library}: served {served['texts_per_second']:.0f} texts/s (mean batch "
-                    f"{served['mean_batch']}), in-process at batch {batch}: {rate:.0f} texts/s"
-                )
+            for running in runnings if index % 2 == 0 else reversed(runnings):
+                peer = running.server.peer
+                for library in args.embedding_clients if index % 2 == 0 else reversed(args.embedding_clients):
+                    served = asyncio.run(embedding_round(running, texts, library, args))
+                    batch = max(1, round(served["mean_batch"] or 1))
+                    rate = in_process_rate(servable, texts, batch, args.seconds)
+                    own = {"batch": batch, "texts_per_second": round(rate, 1)}
+                    own["cpu_ms_per_text"] = round(in_process_cpu_ms(servable, texts, batch), 3)
+                    rows.setdefault((peer, library), []).append((served, own))
+                    log(
+                        f"round {index + 1}, {peer}, {library}: served {served['texts_per_second']:.0f} texts/s "
+                        f"(mean batch {served['mean_batch']}), in-process at batch {batch}: {rate:.0f} texts/s"
+                    )
         reference = {str(b): round(in_process_rate(servable, texts, b, args.seconds / 2), 1) for b in (1, 32)}
     finally:
-        running.stop()
+        for running in runnings:
+            running.stop()
         servable.close()
     result: dict[str, Any] = {
-        "server": {**server.settings, "ready_seconds": round(ready, 1)},
+        "server": {**servers[0].settings, "ready_seconds": round(ready["workbench"], 1)},
         "clients": EMBED_CLIENTS,
         "in_process_texts_per_second_at_batch": reference,
     }
-    for library, measured in rows.items():
+    for (peer, library), measured in rows.items():
         ratios = [served["texts_per_second"] / local["texts_per_second"] for served, local in measured]
         middle = sorted(range(len(ratios)), key=ratios.__getitem__)[len(ratios) // 2]
-        result[library] = {
+        row = {
             "served": measured[middle][0],
             "in_process": measured[middle][1],
             "rounds_served_over_in_process": [round(r, 3) for r in ratios],
             "served_over_in_process": round(ratios[middle], 3),
         }
+        if peer == BASELINE:
+            result.setdefault("baseline", {"server": servers[1].settings})[library] = row
+        else:
+            result[library] = row
+    for library in args.embedding_clients if args.baseline_tree is not None else ():
+        pairs = zip(rows[("workbench", library)], rows[(BASELINE, library)], strict=True)
+        result[library]["rounds_served_over_baseline"] = [
+            round(ours["texts_per_second"] / theirs["texts_per_second"], 3) for (ours, _), (theirs, _) in pairs
+        ]
     return result
 
 

@@ -1242,3 +1242,194 @@ def test_turns_do_not_stall_behind_a_call_that_waits_instead_of_computing(
         np.testing.assert_array_equal(await asyncio.wait_for(hung, WAIT), answer(1))
 
     asyncio.run(main())
+
+
+# ============================================================================ the next batch, staged for its thread
+def calls_started(model: Gated, count: int) -> bool:
+    """Block this thread (the event loop's, in the tests below) until ``count`` calls started, or :data:`WAIT`."""
+    deadline = time.monotonic() + WAIT
+    while len(model.calls) < count:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.001)
+    return True
+
+
+def test_the_batch_queued_behind_a_running_one_starts_as_it_ends_while_the_event_loop_is_busy(
+    bench: Callable[..., Bench],
+):
+    """Requests that arrive while the only batch thread runs are formed into the next batch at once, and the thread
+    starts it the moment its batch ends, on its own: with the event loop held up (as by a turn full of other
+    requests' sockets) the second call still starts. It used to wait for the loop to form it."""
+    b = bench(params(max_batch_size=8))
+    b.servable.hold()
+
+    async def main() -> tuple[bool, list[np.ndarray]]:
+        first = asyncio.ensure_future(b.ask(1))
+        await until(lambda: b.servable.calls, "the first call at the gate")
+        rest = [asyncio.ensure_future(b.ask(2)), asyncio.ensure_future(b.ask(3, 4))]
+        await until(lambda: b.queued_rows() == 3, "3 rows queued behind the gate")
+        b.servable.gate.set()
+        started_while_busy = calls_started(b.servable, 2)  # the loop blocked here until the second call starts
+        return started_while_busy, list(await asyncio.wait_for(asyncio.gather(first, *rest), WAIT))
+
+    started_while_busy, (one, two, three_four) = asyncio.run(main())
+    assert started_while_busy, "the next batch waited for the event loop"
+    np.testing.assert_array_equal(one, answer(1))
+    np.testing.assert_array_equal(two, answer(2))
+    np.testing.assert_array_equal(three_four, answer(3, 4))
+    assert b.servable.calls == [[1], [2, 3, 4]]
+    assert b.servable.started_on[0] == b.servable.started_on[1], "the next batch did not run on the same thread"
+    assert b.shapes() == [(1, 1, 1), (3, 3, 2)]
+    assert all(seconds >= 0 for record in b.records for seconds in record.queue_seconds)
+    assert b.scheduler.queue_depths() == []
+
+
+def test_a_staged_request_given_up_never_runs_frees_its_rows_and_lets_go_of_its_model_at_once(
+    bench: Callable[..., Bench],
+):
+    """A request formed into the next batch holds its model as a running one does (a thread may take it any
+    moment); given up before the thread takes it, it leaves unrun, its rows free the queue, and its model is let go
+    without waiting for the batch that runs."""
+    b = bench(params(max_batch_size=2, max_enqueued_batches=1))
+    b.servable.hold()
+
+    async def main() -> None:
+        first = asyncio.ensure_future(b.ask(1))
+        await until(lambda: b.servable.calls, "the first call at the gate")
+        interest = Interest()
+        given_up = asyncio.ensure_future(b.ask(2, 3, interest=interest))
+        await until(lambda: b.queued_rows() == 2, "the request queued behind the gate")
+        assert interest.running == 1, "the staged request does not hold its model"
+        full = await asyncio.gather(b.ask(9), return_exceptions=True)
+        assert isinstance(full[0], ServingError) and full[0].code == Code.UNAVAILABLE, "staged rows left the queue"
+        let_go: list[bool] = []
+        interest.answer_early(ServingError(Code.CANCELLED, "Cancelled"))
+        interest.when_idle(lambda: let_go.append(True))
+        assert let_go == [True], "the model stays held for a request that will never run"
+        with pytest.raises(ServingError, match="Cancelled"):
+            await asyncio.wait_for(given_up, WAIT)
+        assert b.queued_rows() == 0
+        later = asyncio.ensure_future(b.ask(4, 5))  # fits only because the given-up rows left the queue
+        await until(lambda: b.queued_rows() == 2, "the later request queued")
+        b.servable.gate.set()
+        np.testing.assert_array_equal(await asyncio.wait_for(first, WAIT), answer(1))
+        np.testing.assert_array_equal(await asyncio.wait_for(later, WAIT), answer(4, 5))
+
+    asyncio.run(main())
+    assert b.servable.calls == [[1], [4, 5]], "the given-up request reached the model"
+    assert b.scheduler.queue_depths() == []
+
+
+def test_a_staged_request_whose_awaiter_is_cancelled_never_runs(bench: Callable[..., Bench]):
+    b = bench(params(max_batch_size=8))
+    b.servable.hold()
+
+    async def main() -> None:
+        first = asyncio.ensure_future(b.ask(1))
+        await until(lambda: b.servable.calls, "the first call at the gate")
+        cancelled = asyncio.ensure_future(b.ask(2))
+        kept = asyncio.ensure_future(b.ask(3))
+        await until(lambda: b.queued_rows() == 2, "2 rows queued behind the gate")
+        cancelled.cancel()
+        await asyncio.wait([cancelled], timeout=WAIT)
+        assert b.queued_rows() == 1
+        b.servable.gate.set()
+        np.testing.assert_array_equal(await asyncio.wait_for(kept, WAIT), answer(3))
+        await asyncio.wait_for(first, WAIT)
+
+    asyncio.run(main())
+    assert b.servable.calls == [[1], [3]]
+
+
+def test_a_staged_batch_still_runs_when_the_threads_shut_down_and_every_caller_is_answered(
+    bench: Callable[..., Bench],
+):
+    b = bench(params(max_batch_size=8))
+    b.servable.hold()
+
+    async def main() -> list[np.ndarray]:
+        first = asyncio.ensure_future(b.ask(1))
+        await until(lambda: b.servable.calls, "the first call at the gate")
+        rest = [asyncio.ensure_future(b.ask(v)) for v in (2, 3)]
+        await until(lambda: b.queued_rows() == 2, "2 rows queued behind the gate")
+        b.executor.shutdown(wait=False, cancel_futures=True)
+        b.servable.gate.set()
+        return list(await asyncio.wait_for(asyncio.gather(first, *rest), WAIT))
+
+    for value, got in zip((1, 2, 3), asyncio.run(main()), strict=True):
+        np.testing.assert_array_equal(got, answer(value))
+
+
+class Tracked(Gated):
+    """A Gated servable that knows which ``x`` values its calls compute right now."""
+
+    def __init__(self) -> None:
+        super().__init__(delay=0.0005)
+        self.computing: set[float] = set()
+
+    def run(
+        self, signature: Signature, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]
+    ) -> dict[str, np.ndarray]:
+        values = set(np.asarray(inputs["x"]).ravel().tolist())
+        with self._calls_lock:
+            self.computing |= values
+        try:
+            return super().run(signature, inputs, outputs)
+        finally:
+            with self._calls_lock:
+                self.computing -= values
+
+
+def test_under_deadlines_and_cancellations_a_model_is_let_go_only_once_no_thread_computes_for_its_request(
+    bench: Callable[..., Bench],
+):
+    """Many clients, one batch thread, each request given a deadline that is as likely to pass before its batch
+    forms, while it is staged, or while it runs (the data plane's early answer), or cancelled: every request is
+    answered exactly (its rows, DEADLINE_EXCEEDED or its cancellation), and when a request lets go of its model
+    (``Interest.when_idle``), no thread computes any of its rows. Nothing is left queued or held."""
+    model = Tracked()
+    b = bench(params(max_batch_size=8), model)
+    violations: list[float] = []
+    interests: list[Interest] = []
+    rng = np.random.default_rng(7)
+
+    async def one(value: float) -> None:
+        loop = asyncio.get_running_loop()
+        timeout = float(rng.choice([0.0002, 0.001, 0.003, 60.0]))
+        interest = Interest(timeout, loop)
+        interests.append(interest)
+        timer = loop.call_later(timeout, interest.expire)
+        asked = asyncio.ensure_future(b.ask(value, interest=interest))
+        if rng.random() < 0.1:
+            loop.call_later(float(rng.random()) * 0.003, asked.cancel)
+        try:
+            got = await asked
+        except ServingError as error:
+            assert error.code == Code.DEADLINE_EXCEEDED, error
+        except asyncio.CancelledError:
+            pass
+        else:
+            np.testing.assert_array_equal(got, answer(value))
+        finally:
+            timer.cancel()
+
+        def let_go() -> None:
+            with model._calls_lock:
+                if value in model.computing:
+                    violations.append(value)
+
+        interest.when_idle(let_go)
+
+    async def client(index: int) -> None:
+        for k in range(25):
+            await one(float(index * 1000 + k))
+
+    async def main() -> None:
+        await asyncio.wait_for(asyncio.gather(*(client(i) for i in range(16))), 60)
+        await until(lambda: all(interest.running == 0 for interest in interests), "every run returned")
+
+    asyncio.run(main())
+    assert violations == [], f"requests let go of their model while a thread computed their rows: {violations}"
+    assert b.scheduler.queue_depths() == []
+    assert len(b.servable.calls) > 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
@@ -25,9 +26,15 @@ class Queued(Protocol):
 
 
 class BatchTask:
-    """One request (or one piece of a split one) in a queue; ``queued`` until a batch takes it or it is withdrawn."""
+    """One request (or one piece of a split one) in a queue; ``queued`` until a batch takes it or it is withdrawn.
 
-    __slots__ = ("feed", "rows", "key", "future", "enqueued", "queue", "interest", "queued")
+    A queued task may be *staged*: put in the batch an inference thread takes next by itself
+    (:class:`~workbench.batching.staging.NextBatch`). It is still queued (withdrawn as any other), but it already
+    counts as running for its interest, and whether the thread takes it or its caller withdraws it is settled under
+    the stage's lock, the one thing the event loop and that thread both touch.
+    """
+
+    __slots__ = ("feed", "rows", "key", "future", "enqueued", "queue", "interest", "queued", "stage_lock")
 
     def __init__(
         self,
@@ -42,16 +49,33 @@ class BatchTask:
         self.feed, self.rows, self.key, self.future, self.enqueued = feed, rows, key, future, enqueued
         self.queue, self.interest = queue, interest
         self.queued = True
+        self.stage_lock: threading.Lock | None = None
 
     def withdraw(self, error: BaseException | None) -> None:
         """Out of its queue unrun (no-op once a batch took it); its awaiter gets ``error`` (None: leave its future)."""
-        if not self.queued:
-            return
-        self.queued = False
+        lock = self.stage_lock
+        if lock is None:
+            if not self.queued:
+                return
+            self.queued = False
+        else:  # staged: the thread may be taking it right now
+            with lock:
+                if not self.queued:
+                    return
+                self.queued = False
         if self.queue is not None:
             self.queue.pending_rows -= self.rows  # the deque entry stays until a batch forms, which skips it
         if error is not None and not self.future.done():
             self.future.set_exception(error)
+        if lock is not None:
+            self.finished()  # staging counted it as running; it never will run
+
+    def staged(self, lock: threading.Lock) -> None:
+        """Put in the next batch a thread takes by itself: its model stays held from now on, as for a taken task,
+        until its run returns or it is withdrawn."""
+        self.stage_lock = lock
+        if self.interest is not None:
+            self.interest.running += 1
 
     def taken(self) -> None:
         """A batch (or, unbatched, a thread) took it: from now on only its run's end lets go of the model."""

@@ -4,9 +4,11 @@ The queues live on the event loop (no locks: one thread touches them); the Tenso
 runs on the inference threads. A queue starts a batch as soon as one of its ``num_batch_threads`` slots is
 free, so an idle model answers at once and batching adds no latency at low load; under load the next batch
 is whatever waited while the running ones ran (or, with ``batch_timeout_micros``, whatever arrives until
-the batch is full or its oldest request has waited that long). An idle model costs what the unbatched path
-does: the request goes to a thread from its own handler (no extra turn of the loop), a batch of one is neither
-merged nor split, and the thread hands its outcome straight back to the loop.
+the batch is full or its oldest request has waited that long). That next batch is formed as its requests arrive,
+and the thread ending first takes it itself (:class:`~workbench.batching.staging.NextBatch`, behind the one lock
+the loop and the threads share), without waiting for the loop's turn to come round. An idle model costs what the
+unbatched path does: the request goes to a thread from its own handler (no extra turn of the loop), a batch of one
+is neither merged nor split, and the thread hands its outcome straight back to the loop.
 
 Where a model's calls cost mostly a fixed part whatever their rows (:class:`CostCurve`, fitted from the batches
 run), a second batch does not start beside a running one while it would be small: it waits for that one to end
@@ -52,6 +54,7 @@ import numpy as np
 from workbench.batching.interest import CURRENT_INTEREST, BatchTask, Interest, deadline_exceeded
 from workbench.batching.merge import Feed, Outputs, batch_key, check_batched_outputs, merge, padded_size, split
 from workbench.batching.run_cost import Contention, CostCurve, RunCost, since, thread_mark
+from workbench.batching.staging import NextBatch
 from workbench.batching.threads import caller
 from workbench.config.batching_parameters import BatchingParameters
 from workbench.core.errors import Code, ServingError, from_exception
@@ -156,6 +159,9 @@ class _Queue:
         self.timer: asyncio.TimerHandle | None = None
         self.dispatch_pending = False
         self.overlapped = False  # a batch started while another ran: the next batch to end ran beside one
+        # The next batch, formed while every thread is busy, for the first thread to end to take (see staging.py).
+        # Its tasks are still queued: counted in pending_rows, no longer in pending.
+        self.staged: NextBatch | None = None
 
 
 class BatchScheduler:
@@ -516,6 +522,15 @@ class BatchScheduler:
     def _schedule(self, queue: _Queue) -> None:
         params = queue.params
         pending = queue.pending
+        staged = queue.staged
+        if staged is not None and staged.tasks and queue.running < params.num_batch_threads:
+            # A thread is free and none took the staged batch: it goes first, its tasks having waited longest.
+            run, back = staged.take(asyncio.get_running_loop().time())
+            self._give_back(back)
+            if run:
+                queue.pending_rows -= sum(task.rows for task in run)
+                queue.known.last_batch_tasks = len(run)
+                self._start_on_thread(queue, run, time.perf_counter())
         while pending and queue.running < params.num_batch_threads:
             while pending and not pending[0].queued:  # withdrawn: its caller gave up
                 pending.popleft()
@@ -551,24 +566,59 @@ class BatchScheduler:
                 cpu_seconds, preempted = since(mark)
                 self._deliver(queue, batch, started, outcome, True, cpu_seconds=cpu_seconds, preempted=preempted)
                 continue
-            queue.running += 1
-            if queue.running > 1:
-                queue.overlapped = True
-            loop = asyncio.get_running_loop()
-            try:
-                self._call(
-                    self._run_batch,
-                    *(loop, queue, batch, started),
-                    dropped=functools.partial(self._batch_dropped, loop, queue, batch, started),
-                )
-            except BaseException as exc:  # noqa: BLE001 - the executor is shut down: the batch's callers get it
-                queue.running -= 1
-                self._deliver(queue, batch, started, exc, on_loop=False)
-                continue
-        if not pending and queue.running == 0 and not queue.dispatch_pending:
+            self._start_on_thread(queue, batch, started)
+        if pending and queue.running >= params.num_batch_threads and self._stages(queue):
+            self._stage(queue)
+        staged = queue.staged
+        if not pending and queue.running == 0 and not queue.dispatch_pending and not (staged and staged.tasks):
             key = (id(queue.servable), queue.signature.name, queue.outputs)
             if self._queues.get(key) is queue:  # a newer queue under the same key stays
                 del self._queues[key]
+
+    def _start_on_thread(self, queue: _Queue, batch: list[BatchTask], started: float) -> None:
+        queue.running += 1
+        if queue.running > 1:
+            queue.overlapped = True
+        loop = asyncio.get_running_loop()
+        try:
+            self._call(
+                self._run_batch,
+                *(loop, queue, batch, started),
+                dropped=functools.partial(self._batch_dropped, loop, queue, batch, started),
+            )
+        except BaseException as exc:  # noqa: BLE001 - the executor is shut down: the batch's callers get it
+            queue.running -= 1
+            self._deliver(queue, batch, started, exc, on_loop=False)
+
+    @staticmethod
+    def _stages(queue: _Queue) -> bool:
+        """Whether the requests waiting while every thread is busy form the next batch now, for a thread to take the
+        moment it ends (:class:`NextBatch`). Not with a batch timeout, whose batch waits for company from its first
+        request's arrival, nor for a model that waits to gather requests after each batch (a call costing mostly its
+        fixed part: each row the loop reads in before it starts is an answer for nothing), nor for a call that runs
+        on the loop (no thread waits for it)."""
+        return (
+            queue.params.batch_timeout_micros == 0
+            and not queue.cost.runs_on_loop()
+            and queue.known.curve.gathering(queue.pending_rows) is None
+        )
+
+    def _stage(self, queue: _Queue) -> None:
+        staged = queue.staged
+        if staged is None:
+            staged = queue.staged = NextBatch()
+        room = queue.params.execution_batch_size - staged.rows
+        if room > 0:
+            tasks = self._take(queue, room, staged.key if staged.tasks else None, staging=True)
+            if tasks:
+                staged.add(tasks)
+
+    @staticmethod
+    def _give_back(tasks: Sequence[BatchTask]) -> None:
+        """Withdraw the staged tasks a thread (or the loop) found abandoned or past their deadline when it took the
+        staged batch."""
+        for task in tasks:
+            task.withdraw(None if task.future.done() else deadline_exceeded())
 
     def _dispatch(self, queue: _Queue) -> None:
         queue.dispatch_pending = False
@@ -578,19 +628,23 @@ class BatchScheduler:
         queue.timer = None
         self._schedule(queue)
 
-    def _take(self, queue: _Queue) -> list[BatchTask]:
-        """The oldest wanted task and every waiting one that merges with it, up to the execution batch size.
+    def _take(
+        self, queue: _Queue, limit: int | None = None, key: object | None = None, staging: bool = False
+    ) -> list[BatchTask]:
+        """The oldest wanted task and every waiting one that merges with it (or with ``key``), up to ``limit`` rows
+        (the execution batch size).
 
         Tasks nobody waits for any more (withdrawn, their deadline passed, their awaiter cancelled) leave the
-        queue here, unrun.
+        queue here, unrun. Those taken for ``staging`` stay queued (see :class:`NextBatch`).
         """
-        limit = queue.params.execution_batch_size
+        if limit is None:
+            limit = queue.params.execution_batch_size
         pending = queue.pending
         now: float | None = None
         batch: list[BatchTask] = []
         skipped: list[BatchTask] = []
         rows = 0
-        first: BatchTask | None = None
+        want = key
         while pending and rows < limit:
             task = pending.popleft()
             if not task.queued:
@@ -605,19 +659,20 @@ class BatchScheduler:
                 if now >= interest.deadline:
                     task.withdraw(deadline_exceeded())
                     continue
-            if first is None:
-                first = task
-            elif task.key != first.key or rows + task.rows > limit:
+            if want is None:
+                want = task.key
+            if task.key != want or rows + task.rows > limit:
                 skipped.append(task)
-                if rows + task.rows > limit and task.key == first.key:
+                if rows + task.rows > limit and task.key == want:
                     break
                 continue
             batch.append(task)
             rows += task.rows
         pending.extendleft(reversed(skipped))
-        for task in batch:
-            task.taken()
-        queue.pending_rows -= rows
+        if not staging:
+            for task in batch:
+                task.taken()
+            queue.pending_rows -= rows
         return batch
 
     def _execute(self, queue: _Queue, batch: list[BatchTask]) -> Ran:
@@ -647,18 +702,33 @@ class BatchScheduler:
         self, loop: asyncio.AbstractEventLoop, queue: _Queue, batch: list[BatchTask], started: float
     ) -> None:
         """On an inference thread: run the batch and record it, then hand its outcome straight to the loop (one hop
-        back). The record is made here, off the event loop that every request shares."""
-        outcome: Ran | BaseException
-        cpu_started = time.thread_time()
-        try:
-            outcome = ran = self._execute(queue, batch)
-        except BaseException as exc:  # noqa: BLE001 - every caller of the batch gets the error
-            outcome = exc
-        else:
-            self._record(queue, batch, started, ran)
-        cpu_seconds = time.thread_time() - cpu_started
-        with contextlib.suppress(RuntimeError):  # the loop is closed (the server stopped): nobody waits any more
-            loop.call_soon_threadsafe(self._finish, queue, batch, started, outcome, cpu_seconds)
+        back). The record is made here, off the event loop that every request shares. A batch the loop staged
+        meanwhile runs next on this thread, at once (:class:`NextBatch`)."""
+        while True:
+            outcome: Ran | BaseException
+            cpu_started = time.thread_time()
+            try:
+                outcome = ran = self._execute(queue, batch)
+            except BaseException as exc:  # noqa: BLE001 - every caller of the batch gets the error
+                outcome = exc
+            else:
+                self._record(queue, batch, started, ran)
+            cpu_seconds = time.thread_time() - cpu_started
+            following: list[BatchTask] | None = None
+            back: list[BatchTask] = []
+            staged = queue.staged
+            if staged is not None and staged.tasks:
+                # The loop's clock, as deadlines are set on it (asyncio's and uvloop's are both CLOCK_MONOTONIC).
+                following, back = staged.take(time.monotonic())
+            try:
+                loop.call_soon_threadsafe(
+                    self._finish, queue, batch, started, outcome, cpu_seconds, following or None, back
+                )
+            except RuntimeError:  # the loop is closed (the server stopped): nobody waits any more
+                return
+            if not following:
+                return
+            batch, started = following, time.perf_counter()
 
     def _batch_dropped(
         self, loop: asyncio.AbstractEventLoop, queue: _Queue, batch: list[BatchTask], started: float
@@ -674,14 +744,26 @@ class BatchScheduler:
         started: float,
         outcome: Ran | BaseException,
         cpu_seconds: float | None = None,
+        following: list[BatchTask] | None = None,
+        back: Sequence[BatchTask] = (),
     ) -> None:
-        """A batch thread is done: answer its callers and start what waited for the thread."""
+        """A batch thread is done: answer its callers and start what waited for the thread. ``following``: the
+        staged batch the thread went on with (it is busy still); ``back``: the staged tasks it left to withdraw."""
         # Whether another batch of the queue ran beside it (started before it ended): the cost curve keeps those
         # runs apart, to learn whether the model's calls slow each other down.
         beside = queue.running > 1 or queue.overlapped
-        queue.running -= 1
-        queue.overlapped = queue.running > 0  # those still running ran beside this one
+        if following is None:
+            queue.running -= 1
+            queue.overlapped = queue.running > 0  # those still running ran beside this one
+        else:  # the thread runs the staged batch: it left the queue
+            queue.overlapped = queue.running > 1
+            queue.pending_rows -= sum(task.rows for task in following)
+            queue.known.last_batch_tasks = len(following)
         self._deliver(queue, batch, started, outcome, on_loop=False, beside=beside, cpu_seconds=cpu_seconds)
+        self._give_back(back)
+        if following is not None:
+            self._schedule(queue)  # stage what arrived meanwhile
+            return
         rows = queue.pending_rows
         if rows == 0 and len(batch) > 1 and not queue.dispatch_pending:
             self._expect_back(queue, batch)
