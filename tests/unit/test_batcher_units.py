@@ -28,10 +28,11 @@ import pytest
 from fakes import FakeServable, X, Y
 
 from workbench.batching import run_cost
-from workbench.batching.interest import Interest, deadline_exceeded
+from workbench.batching.interest import BatchTask, Interest, deadline_exceeded
 from workbench.batching.merge import merge, padded_size, split
 from workbench.batching.run_cost import Contention, CostCurve, RunCost
 from workbench.batching.scheduler import BatchRecord, BatchScheduler
+from workbench.batching.staging import NextBatch
 from workbench.config.batching_parameters import BatchingParameters
 from workbench.core.errors import Code, ServingError
 from workbench.core.signatures import PREDICT_METHOD, Signature
@@ -1245,6 +1246,40 @@ def test_turns_do_not_stall_behind_a_call_that_waits_instead_of_computing(
 
 
 # ============================================================================ the next batch, staged for its thread
+class PerRow(Gated):
+    """A Gated servable whose calls cost ``per_row`` seconds a row and nothing fixed (a forward pass a row), and that
+    knows which ``x`` values its calls compute right now."""
+
+    def __init__(self, per_row: float = 0.002) -> None:
+        super().__init__()
+        self.per_row = per_row
+        self.computing: set[float] = set()
+
+    def run(
+        self, signature: Signature, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]
+    ) -> dict[str, np.ndarray]:
+        values = set(np.asarray(inputs["x"]).ravel().tolist())
+        with self._calls_lock:
+            self.computing |= values
+        try:
+            answered = super().run(signature, inputs, outputs)
+            time.sleep(self.per_row * len(values))
+            return answered
+        finally:
+            with self._calls_lock:
+                self.computing -= values
+
+
+async def teach_the_cost(b: Bench) -> None:
+    """Single requests of 1 to 8 rows: the curve learns what a call costs by its rows (then the calls are
+    forgotten)."""
+    for size in range(1, 9):
+        await asyncio.wait_for(b.ask(*range(100, 100 + size)), WAIT)
+    b.servable.calls.clear()
+    b.servable.started_on.clear()
+    b.records.clear()
+
+
 def calls_started(model: Gated, count: int) -> bool:
     """Block this thread (the event loop's, in the tests below) until ``count`` calls started, or :data:`WAIT`."""
     deadline = time.monotonic() + WAIT
@@ -1258,13 +1293,15 @@ def calls_started(model: Gated, count: int) -> bool:
 def test_the_batch_queued_behind_a_running_one_starts_as_it_ends_while_the_event_loop_is_busy(
     bench: Callable[..., Bench],
 ):
-    """Requests that arrive while the only batch thread runs are formed into the next batch at once, and the thread
-    starts it the moment its batch ends, on its own: with the event loop held up (as by a turn full of other
-    requests' sockets) the second call still starts. It used to wait for the loop to form it."""
-    b = bench(params(max_batch_size=8))
-    b.servable.hold()
+    """For a model whose calls cost their rows, requests that arrive while the only batch thread runs are formed into
+    the next batch at once, and the thread starts it the moment its batch ends, on its own: with the event loop
+    held up (as by a turn full of other requests' sockets) the second call still starts. It used to wait for the
+    loop to form it."""
+    b = bench(params(max_batch_size=8), PerRow())
 
     async def main() -> tuple[bool, list[np.ndarray]]:
+        await teach_the_cost(b)
+        b.servable.hold()
         first = asyncio.ensure_future(b.ask(1))
         await until(lambda: b.servable.calls, "the first call at the gate")
         rest = [asyncio.ensure_future(b.ask(2)), asyncio.ensure_future(b.ask(3, 4))]
@@ -1285,23 +1322,53 @@ def test_the_batch_queued_behind_a_running_one_starts_as_it_ends_while_the_event
     assert b.scheduler.queue_depths() == []
 
 
+@pytest.mark.parametrize("cost", ["fixed", "unknown"])
+def test_the_next_batch_of_a_model_whose_calls_cost_mostly_a_fixed_part_or_are_unknown_is_left_to_the_loop(
+    bench: Callable[..., Bench], cost: str
+):
+    """Where a call is known to cost mostly its fixed part, or its cost is not known yet, the next batch is formed
+    by the loop when the running one ends (and grows meanwhile), never taken by the thread on its own: with the
+    loop held up, the second call cannot start."""
+    b = bench(params(max_batch_size=8), Gated(delay=0.002))
+
+    async def main() -> tuple[bool, list[np.ndarray]]:
+        if cost == "fixed":
+            await teach_the_cost(b)  # 2 ms a call whatever its rows
+        b.servable.hold()
+        first = asyncio.ensure_future(b.ask(1))
+        await until(lambda: b.servable.calls, "the first call at the gate")
+        rest = [asyncio.ensure_future(b.ask(2)), asyncio.ensure_future(b.ask(3))]
+        await until(lambda: b.queued_rows() == 2, "2 rows queued behind the gate")
+        b.servable.gate.set()
+        time.sleep(0.3)  # the loop held up while the first call ends (2 ms): only a thread could start the next
+        left = len(b.servable.calls) == 1
+        return left, list(await asyncio.wait_for(asyncio.gather(first, *rest), WAIT))
+
+    left_to_the_loop, answers = asyncio.run(main())
+    assert left_to_the_loop, "the thread took the next batch on its own"
+    for value, got in zip((1, 2, 3), answers, strict=True):
+        np.testing.assert_array_equal(got, answer(value))
+    assert b.servable.calls == [[1], [2, 3]]
+
+
 def test_a_staged_request_given_up_never_runs_frees_its_rows_and_lets_go_of_its_model_at_once(
     bench: Callable[..., Bench],
 ):
     """A request formed into the next batch holds its model as a running one does (a thread may take it any
     moment); given up before the thread takes it, it leaves unrun, its rows free the queue, and its model is let go
     without waiting for the batch that runs."""
-    b = bench(params(max_batch_size=2, max_enqueued_batches=1))
-    b.servable.hold()
+    b = bench(params(max_batch_size=8, max_enqueued_batches=1), PerRow())
 
     async def main() -> None:
+        await teach_the_cost(b)
+        b.servable.hold()
         first = asyncio.ensure_future(b.ask(1))
         await until(lambda: b.servable.calls, "the first call at the gate")
         interest = Interest()
-        given_up = asyncio.ensure_future(b.ask(2, 3, interest=interest))
-        await until(lambda: b.queued_rows() == 2, "the request queued behind the gate")
+        given_up = asyncio.ensure_future(b.ask(2, 3, 4, 5, 6, 7, 8, 9, interest=interest))
+        await until(lambda: b.queued_rows() == 8, "the request queued behind the gate")
         assert interest.running == 1, "the staged request does not hold its model"
-        full = await asyncio.gather(b.ask(9), return_exceptions=True)
+        full = await asyncio.gather(b.ask(99), return_exceptions=True)
         assert isinstance(full[0], ServingError) and full[0].code == Code.UNAVAILABLE, "staged rows left the queue"
         let_go: list[bool] = []
         interest.answer_early(ServingError(Code.CANCELLED, "Cancelled"))
@@ -1310,22 +1377,23 @@ def test_a_staged_request_given_up_never_runs_frees_its_rows_and_lets_go_of_its_
         with pytest.raises(ServingError, match="Cancelled"):
             await asyncio.wait_for(given_up, WAIT)
         assert b.queued_rows() == 0
-        later = asyncio.ensure_future(b.ask(4, 5))  # fits only because the given-up rows left the queue
+        later = asyncio.ensure_future(b.ask(10, 11))  # fits only because the given-up rows left the queue
         await until(lambda: b.queued_rows() == 2, "the later request queued")
         b.servable.gate.set()
         np.testing.assert_array_equal(await asyncio.wait_for(first, WAIT), answer(1))
-        np.testing.assert_array_equal(await asyncio.wait_for(later, WAIT), answer(4, 5))
+        np.testing.assert_array_equal(await asyncio.wait_for(later, WAIT), answer(10, 11))
 
     asyncio.run(main())
-    assert b.servable.calls == [[1], [4, 5]], "the given-up request reached the model"
+    assert b.servable.calls == [[1], [10, 11]], "the given-up request reached the model"
     assert b.scheduler.queue_depths() == []
 
 
 def test_a_staged_request_whose_awaiter_is_cancelled_never_runs(bench: Callable[..., Bench]):
-    b = bench(params(max_batch_size=8))
-    b.servable.hold()
+    b = bench(params(max_batch_size=8), PerRow())
 
     async def main() -> None:
+        await teach_the_cost(b)
+        b.servable.hold()
         first = asyncio.ensure_future(b.ask(1))
         await until(lambda: b.servable.calls, "the first call at the gate")
         cancelled = asyncio.ensure_future(b.ask(2))
@@ -1345,10 +1413,11 @@ def test_a_staged_request_whose_awaiter_is_cancelled_never_runs(bench: Callable[
 def test_a_staged_batch_still_runs_when_the_threads_shut_down_and_every_caller_is_answered(
     bench: Callable[..., Bench],
 ):
-    b = bench(params(max_batch_size=8))
-    b.servable.hold()
+    b = bench(params(max_batch_size=8), PerRow())
 
     async def main() -> list[np.ndarray]:
+        await teach_the_cost(b)
+        b.servable.hold()
         first = asyncio.ensure_future(b.ask(1))
         await until(lambda: b.servable.calls, "the first call at the gate")
         rest = [asyncio.ensure_future(b.ask(v)) for v in (2, 3)]
@@ -1361,35 +1430,25 @@ def test_a_staged_batch_still_runs_when_the_threads_shut_down_and_every_caller_i
         np.testing.assert_array_equal(got, answer(value))
 
 
-class Tracked(Gated):
-    """A Gated servable that knows which ``x`` values its calls compute right now."""
-
-    def __init__(self) -> None:
-        super().__init__(delay=0.0005)
-        self.computing: set[float] = set()
-
-    def run(
-        self, signature: Signature, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]
-    ) -> dict[str, np.ndarray]:
-        values = set(np.asarray(inputs["x"]).ravel().tolist())
-        with self._calls_lock:
-            self.computing |= values
-        try:
-            return super().run(signature, inputs, outputs)
-        finally:
-            with self._calls_lock:
-                self.computing -= values
-
-
 def test_under_deadlines_and_cancellations_a_model_is_let_go_only_once_no_thread_computes_for_its_request(
-    bench: Callable[..., Bench],
+    bench: Callable[..., Bench], monkeypatch: pytest.MonkeyPatch
 ):
     """Many clients, one batch thread, each request given a deadline that is as likely to pass before its batch
     forms, while it is staged, or while it runs (the data plane's early answer), or cancelled: every request is
     answered exactly (its rows, DEADLINE_EXCEEDED or its cancellation), and when a request lets go of its model
     (``Interest.when_idle``), no thread computes any of its rows. Nothing is left queued or held."""
-    model = Tracked()
+    model = PerRow(per_row=0.0003)
     b = bench(params(max_batch_size=8), model)
+    taken_on_threads: list[int] = []
+    take = NextBatch.take
+
+    def counted_take(staged: NextBatch, now: float) -> tuple[list[BatchTask], list[BatchTask]]:
+        run, back = take(staged, now)
+        if run and threading.current_thread() is not threading.main_thread():
+            taken_on_threads.append(len(run))
+        return run, back
+
+    monkeypatch.setattr(NextBatch, "take", counted_take)
     violations: list[float] = []
     interests: list[Interest] = []
     rng = np.random.default_rng(7)
@@ -1426,10 +1485,12 @@ def test_under_deadlines_and_cancellations_a_model_is_let_go_only_once_no_thread
             await one(float(index * 1000 + k))
 
     async def main() -> None:
+        await teach_the_cost(b)
         await asyncio.wait_for(asyncio.gather(*(client(i) for i in range(16))), 60)
         await until(lambda: all(interest.running == 0 for interest in interests), "every run returned")
 
     asyncio.run(main())
     assert violations == [], f"requests let go of their model while a thread computed their rows: {violations}"
+    assert taken_on_threads, "no thread took a staged batch: nothing here was proved of them"
     assert b.scheduler.queue_depths() == []
     assert len(b.servable.calls) > 1

@@ -181,6 +181,12 @@ class CostCurve:
             return None
         return alone[0] * self.GATHER_QUIET_SHARE, alone[0] * self.GATHER_LONGEST_SHARE
 
+    def rows_dominate(self, rows: int) -> bool:
+        """Whether a batch of ``rows`` is known to cost mostly its rows' own part (a forward pass a row, not a fixed
+        cost a call): a batch started sooner with fewer rows then costs no more a row."""
+        alone = self.line()
+        return alone is not None and alone[0] <= alone[1] * rows
+
     def fills_first(self, rows: int) -> bool:
         """Whether a batch of ``rows`` should wait for a running batch to end and grow meanwhile: its call's fixed
         cost is more than its rows' own, and calls run side by side have been seen to slow each other down (before
