@@ -596,9 +596,8 @@ class BatchScheduler:
         moment it ends (:class:`NextBatch`): only where a batch of them is known to cost mostly its rows' own part
         (:meth:`CostCurve.rows_dominate`), so that starting it at once loses nothing. A call costing mostly its fixed
         part is better started by the loop: by then more requests have joined it for the same cost, and its thread does
-        not take the GIL back from the loop for a few rows (the benchmarks' digits logistic regression, its batches
-        staged too, served 0.84–0.98x the requests/s). Not with a batch timeout either, whose batch waits for company
-        from its first request's arrival, nor for a call that runs on the loop (no thread waits for it)."""
+        not take the GIL back from the loop for a few rows. Not with a batch timeout either, whose batch waits for
+        company from its first request's arrival, nor for a call that runs on the loop (no thread waits for it)."""
         return (
             queue.params.batch_timeout_micros == 0
             and not queue.cost.runs_on_loop()
