@@ -3,6 +3,7 @@ token limit, the end token, and the responses in the generator convention."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Sequence
 
@@ -138,3 +139,55 @@ def test_a_failed_generation_raises_its_error_to_the_client() -> None:
     with pytest.raises(ServingError) as raised:
         next(responses(req, stream=True))
     assert raised.value.code == Code.UNAVAILABLE
+
+
+def test_an_awaited_stream_gets_each_step_from_the_scheduler_thread_with_no_thread_of_its_own() -> None:
+    """``async for`` on the event loop: the tokens a thread accepts reach the coroutine through the loop; it answers
+    what ``next()`` answers, and no thread waits on the request's condition meanwhile."""
+    req = request(tg.SamplingParameters(stop=("!",)))
+    stream = responses(req, stream=True, finish_reason=True)
+
+    async def read() -> list[dict[str, np.ndarray]]:
+        loop = asyncio.get_running_loop()
+        feeder = threading.Thread(target=feed, args=(loop,))
+        feeder.start()
+        got = [response async for response in stream]
+        feeder.join(30)
+        return got
+
+    def feed(loop: asyncio.AbstractEventLoop) -> None:
+        for token in tokens("yo!"):
+            waiting = threading.Event()
+            loop.call_soon_threadsafe(waiting.set)  # the loop got round to it: the coroutine awaits the next step
+            waiting.wait(30)
+            req.accept(TokenDraw(token))
+
+    threads_before = threading.active_count()
+    got = asyncio.run(read())
+    assert threading.active_count() == threads_before
+    assert b"".join(r[tg.TEXT_OUTPUT][0] for r in got) == b"yo"
+    assert isinstance(got[-1], FinalResponse) and got[-1][tg.FINISH_REASON].tolist() == [b"stop"]
+
+
+def test_cancel_ends_an_awaiting_stream_and_a_failure_raises_in_it() -> None:
+    told: list[GenerationRequest] = []
+    req = request(tg.SamplingParameters())
+    stream = GenerationResponses(req, RequestOptions(stream=True), [tg.TEXT_OUTPUT], told.append)
+    failing = request(tg.SamplingParameters())
+
+    async def main() -> None:
+        reading = asyncio.ensure_future(stream.__anext__())
+        await asyncio.sleep(0)  # it awaits its first step
+        assert not reading.done()
+        stream.cancel()
+        with pytest.raises(StopAsyncIteration):
+            await asyncio.wait_for(reading, 30)
+        failed = asyncio.ensure_future(responses(failing, stream=True).__anext__())
+        await asyncio.sleep(0)
+        threading.Thread(target=failing.fail, args=(ServingError(Code.UNAVAILABLE, "unloading"),)).start()
+        with pytest.raises(ServingError) as raised:
+            await asyncio.wait_for(failed, 30)
+        assert raised.value.code == Code.UNAVAILABLE
+
+    asyncio.run(main())
+    assert told == [req]

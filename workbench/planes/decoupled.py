@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping, Sequence
 from concurrent.futures import Executor
 from typing import Any
 
@@ -30,7 +30,9 @@ async def stream(
     iterates it under ``contextlib.aclosing`` inside its ``with call:``, so that leaving stops the model.
 
     The model's generator is advanced on a worker thread one response at a time, and only when the caller asks
-    for the next: a slow client holds the model back rather than filling a buffer. Each request is its own run
+    for the next: a slow client holds the model back rather than filling a buffer. Responses that can be awaited
+    (an async iterator, as a generation's: its steps run on a thread of their own) are awaited on the loop
+    instead, with no worker thread waiting for each. Each request is its own run
     (never batched). ``timeout`` bounds the whole request (DEADLINE_EXCEEDED). A caller that leaves early (closed,
     cancelled, past its deadline) has the generator closed between two responses, once the step under way
     returns; ``call`` holds the servable until then, so an unload never closes a model under its generator.
@@ -43,20 +45,30 @@ async def stream(
     loop = asyncio.get_running_loop()
     deadline = None if timeout is None else loop.time() + timeout
     responses = servable.run_decoupled(signature, feed, outputs)
+    awaited = responses if isinstance(responses, AsyncIterator) else None
     step: asyncio.Future[Any] | None = None
     over = False  # the generator ended or failed: nothing left to close
     try:
         while True:
-            step = loop.run_in_executor(executor, next, responses, _END)
-            call.hold_until_done(step)  # held while a thread runs the model, whatever the caller does
             remaining = None if deadline is None else deadline - loop.time()
-            try:
-                result = await asyncio.wait_for(asyncio.shield(step), remaining)
-            except asyncio.TimeoutError:
-                raise deadline_exceeded() from None
-            except Exception:
-                over = step.done()  # the model's own error ends its generator
-                raise
+            if awaited is not None:  # no thread runs the model for it: leaving ends only the wait
+                try:
+                    result = await asyncio.wait_for(_next_awaited(awaited), remaining)
+                except asyncio.TimeoutError:
+                    raise deadline_exceeded() from None
+                except Exception:
+                    over = True  # the model's own error ends its responses
+                    raise
+            else:
+                step = loop.run_in_executor(executor, next, responses, _END)
+                call.hold_until_done(step)  # held while a thread runs the model, whatever the caller does
+                try:
+                    result = await asyncio.wait_for(asyncio.shield(step), remaining)
+                except asyncio.TimeoutError:
+                    raise deadline_exceeded() from None
+                except Exception:
+                    over = step.done()  # the model's own error ends its generator
+                    raise
             if result is _END:
                 over = True
                 return
@@ -64,6 +76,14 @@ async def stream(
     finally:
         if not over:
             call.hold_until_done(asyncio.ensure_future(_close_responses(step, responses, executor)))
+
+
+async def _next_awaited(responses: AsyncIterator[Any]) -> Any:
+    """The next of awaitable responses, or :data:`_END`."""
+    try:
+        return await responses.__anext__()
+    except StopAsyncIteration:
+        return _END
 
 
 async def _close_responses(step: asyncio.Future[Any] | None, responses: Iterator[Any], executor: Executor) -> None:

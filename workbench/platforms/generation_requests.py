@@ -3,16 +3,20 @@
 The scheduler's thread hands a :class:`GenerationRequest` each token its engine drew (:meth:`GenerationRequest.accept`);
 the request decodes it into text, checks the stop strings, the token limit and the end-of-sequence token, and
 tells the scheduler when it is finished. The client's side is :class:`GenerationResponses`, the decoupled servable's
-iterator: each ``next()`` (on a worker thread) waits for what the steps since the last response added and answers it
-in the generator convention's tensors (``core/text_generation.py``). It needs no framework: only a tokenizer's
-``decode``.
+iterator: each ``next()`` waits for what the steps since the last response added and answers it in the generator
+convention's tensors (``core/text_generation.py``). It is an async iterator too, which the data plane prefers: a
+token then reaches its stream's coroutine through one callback on the event loop, where ``next()`` on a worker thread
+cost a thread's wake-up and a hop back to the loop for every token of every stream. It needs no framework: only a
+tokenizer's ``decode``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import threading
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Iterator, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -150,6 +154,8 @@ class GenerationRequest:
         self._token_text = token_text
         self._text = IncrementalText(decode, context, params.stop)
         self._changed = threading.Condition()
+        # The coroutine awaiting the next change (wait_async), on its event loop: told once, then forgotten.
+        self._waiter: tuple[asyncio.AbstractEventLoop, asyncio.Future[None]] | None = None
         self.output_tokens = 0
         self._logprobs: list[dict[str, Any]] = []
         self._logprobs_sent = 0
@@ -182,8 +188,18 @@ class GenerationRequest:
                     self.finish_reason = tg.FINISHED_BY_LENGTH
             if self.finish_reason is not None:
                 self._text.flush()
-            self._changed.notify_all()
+            self._tell()
             return self.finish_reason is not None
+
+    def _tell(self) -> None:
+        """Under the lock: wake whoever waits for a change, a thread in :meth:`wait` or a coroutine in
+        :meth:`wait_async` (through its event loop, from any thread)."""
+        self._changed.notify_all()
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None:
+            loop, future = waiter
+            with contextlib.suppress(RuntimeError):  # its loop is closed: nobody awaits it any more
+                loop.call_soon_threadsafe(_wake, future)
 
     def _logprob_entry(self, step: TokenDraw) -> dict[str, Any]:
         return {
@@ -196,36 +212,57 @@ class GenerationRequest:
         with self._changed:
             if not self.finished:
                 self.error = error
-            self._changed.notify_all()
+            self._tell()
 
     def cancel(self) -> None:
         with self._changed:
             self.cancelled = True
-            self._changed.notify_all()
+            self._tell()
 
     def wait(self, stream: bool) -> Update | None:
         """Block until there is something to answer (all of it, unless ``stream``); None once cancelled. Raises
         the generation's error."""
         with self._changed:
             while True:
-                if self.cancelled:
-                    return None
-                if self.error is not None:
-                    raise self.error
-                final = self.finish_reason is not None
-                if final or stream:
-                    text = self._text.take(final)
-                    if text or final:
-                        logprobs = self._logprobs[self._logprobs_sent :]
-                        self._logprobs_sent = len(self._logprobs)
-                        return Update(text, logprobs, final, self.output_tokens)
+                ready, update = self._ready(stream)
+                if ready:
+                    return update
                 self._changed.wait()
 
+    async def wait_async(self, stream: bool) -> Update | None:
+        """:meth:`wait`, awaited on the event loop instead of blocking a thread."""
+        loop = asyncio.get_running_loop()
+        while True:
+            with self._changed:
+                ready, update = self._ready(stream)
+                if ready:
+                    return update
+                future = loop.create_future()
+                self._waiter = (loop, future)
+            await future
 
-class GenerationResponses(Iterator[dict[str, np.ndarray]]):
+    def _ready(self, stream: bool) -> tuple[bool, Update | None]:
+        """Under the lock: (whether there is something to answer, what: None once cancelled). Raises the
+        generation's error."""
+        if self.cancelled:
+            return True, None
+        if self.error is not None:
+            raise self.error
+        final = self.finish_reason is not None
+        if final or stream:
+            text = self._text.take(final)
+            if text or final:
+                logprobs = self._logprobs[self._logprobs_sent :]
+                self._logprobs_sent = len(self._logprobs)
+                return True, Update(text, logprobs, final, self.output_tokens)
+        return False, None
+
+
+class GenerationResponses(Iterator[dict[str, np.ndarray]], AsyncIterator[dict[str, np.ndarray]]):
     """A decoupled generator's responses to one request: a response per step that added text when streaming (the
-    steps a slow client missed come as one), else one with the whole text. ``cancel()``/``close()`` (the client
-    left) end it and take its sequence out of the batch before the next step."""
+    steps a slow client missed come as one), else one with the whole text. Iterated with ``next()`` on a thread, or
+    awaited (``async for``) on an event loop. ``cancel()``/``close()`` (the client left) end it and take its
+    sequence out of the batch before the next step."""
 
     def __init__(
         self,
@@ -249,9 +286,29 @@ class GenerationResponses(Iterator[dict[str, np.ndarray]]):
         except ServingError:
             self._over = True
             raise
+        response = self._answering(answer)
+        if response is None:
+            raise StopIteration
+        return response
+
+    async def __anext__(self) -> dict[str, np.ndarray]:
+        if self._over:
+            raise StopAsyncIteration
+        try:
+            answer = await self._request.wait_async(self._options.stream)
+        except ServingError:
+            self._over = True
+            raise
+        response = self._answering(answer)
+        if response is None:
+            raise StopAsyncIteration
+        return response
+
+    def _answering(self, answer: Update | None) -> dict[str, np.ndarray] | None:
+        """The response for ``answer``; None once the request was cancelled (the responses are over)."""
         if answer is None:
             self._over = True
-            raise StopIteration
+            return None
         if self._first and not self._options.stream and not self._options.exclude_input:
             # Triton's vLLM backend: the prompt leads a whole answer
             answer = dataclasses.replace(answer, text=self._request.prompt + answer.text)
@@ -286,3 +343,8 @@ class GenerationResponses(Iterator[dict[str, np.ndarray]]):
     def close(self) -> None:
         self._over = True
         self.cancel()
+
+
+def _wake(future: asyncio.Future[None]) -> None:
+    if not future.done():  # its coroutine may have been cancelled meanwhile
+        future.set_result(None)
