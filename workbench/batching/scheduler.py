@@ -528,8 +528,7 @@ class BatchScheduler:
             run, back = staged.take(asyncio.get_running_loop().time())
             self._give_back(back)
             if run:
-                queue.pending_rows -= sum(task.rows for task in run)
-                queue.known.last_batch_tasks = len(run)
+                self._staged_taken(queue, run)
                 self._start_on_thread(queue, run, time.perf_counter())
         while pending and queue.running < params.num_batch_threads:
             while pending and not pending[0].queued:  # withdrawn: its caller gave up
@@ -613,6 +612,12 @@ class BatchScheduler:
             tasks = self._take(queue, room, staged.key if staged.tasks else None, staging=True)
             if tasks:
                 staged.add(tasks)
+
+    @staticmethod
+    def _staged_taken(queue: _Queue, batch: list[BatchTask]) -> None:
+        """A staged batch was taken to run: its rows left the queue."""
+        queue.pending_rows -= sum(task.rows for task in batch)
+        queue.known.last_batch_tasks = len(batch)
 
     @staticmethod
     def _give_back(tasks: Sequence[BatchTask]) -> None:
@@ -756,10 +761,9 @@ class BatchScheduler:
         if following is None:
             queue.running -= 1
             queue.overlapped = queue.running > 0  # those still running ran beside this one
-        else:  # the thread runs the staged batch: it left the queue
+        else:  # the thread runs the staged batch
             queue.overlapped = queue.running > 1
-            queue.pending_rows -= sum(task.rows for task in following)
-            queue.known.last_batch_tasks = len(following)
+            self._staged_taken(queue, following)
         self._deliver(queue, batch, started, outcome, on_loop=False, beside=beside, cpu_seconds=cpu_seconds)
         self._give_back(back)
         if following is not None:

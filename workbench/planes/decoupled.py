@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Iterator, Mapping, Sequence
 from concurrent.futures import Executor
 from typing import Any
 
@@ -50,25 +50,20 @@ async def stream(
     over = False  # the generator ended or failed: nothing left to close
     try:
         while True:
-            remaining = None if deadline is None else deadline - loop.time()
-            if awaited is not None:  # no thread runs the model for it: leaving ends only the wait
-                try:
-                    result = await asyncio.wait_for(_next_awaited(awaited), remaining)
-                except asyncio.TimeoutError:
-                    raise deadline_exceeded() from None
-                except Exception:
-                    over = True  # the model's own error ends its responses
-                    raise
+            if awaited is not None:  # no thread runs the model for it (step stays None): leaving ends only the wait
+                waiting: Awaitable[Any] = _next_awaited(awaited)
             else:
                 step = loop.run_in_executor(executor, next, responses, _END)
                 call.hold_until_done(step)  # held while a thread runs the model, whatever the caller does
-                try:
-                    result = await asyncio.wait_for(asyncio.shield(step), remaining)
-                except asyncio.TimeoutError:
-                    raise deadline_exceeded() from None
-                except Exception:
-                    over = step.done()  # the model's own error ends its generator
-                    raise
+                waiting = asyncio.shield(step)
+            remaining = None if deadline is None else deadline - loop.time()
+            try:
+                result = await asyncio.wait_for(waiting, remaining)
+            except asyncio.TimeoutError:
+                raise deadline_exceeded() from None
+            except Exception:
+                over = step is None or step.done()  # the model's own error ends its responses
+                raise
             if result is _END:
                 over = True
                 return
