@@ -56,7 +56,8 @@ the server idle while this process computes. Also recorded: the CPU a text of th
 thread) and of its other threads (the inference thread), and the in-process call's own.
 ``--embedding_server_flags=--model_runners=1`` serves the encoder from a model runner process (the event loop and
 the model then hold no GIL in common; the server's CPU figures then count the serving process alone, not its
-runner).
+runner). ``--generation_server_flags`` does the same for this checkout's generator (not the baseline's), e.g.
+``--generation_server_flags=--max_batched_tokens=160``, a setting's effect beside the same tree without it.
 
 ``--baseline_tree DIR`` serves another workbench checkout (a worktree of main, say) beside this one as
 ``workbench-baseline``, in every generation round, burst and sustained: a change's ratios taken in the same minutes
@@ -419,7 +420,7 @@ def measure_generation(args: Any, work: Path, log: Callable[[str], None]) -> dic
     folder.mkdir(parents=True)
     prompts = build_generator(folder)
     python = ensure_transformers_serve(args.venvs, log)
-    servers = [workbench_server(repository, args.threads)]
+    servers = [workbench_server(repository, args.threads, *args.generation_server_flags)]
     if args.baseline_tree:
         servers.append(workbench_server(repository, args.threads, tree=args.baseline_tree, peer=BASELINE))
     servers += [transformers_server(python, folder, args.threads, cb) for cb in (True, False)]
@@ -705,6 +706,11 @@ def main() -> None:
     parser.add_argument(
         "--embedding_server_flags", nargs="*", default=[], metavar="FLAG",
         help="more flags for the embeddings' `workbench serve`, e.g. --embedding_server_flags=--model_runners=1",
+    )  # fmt: skip
+    parser.add_argument(
+        "--generation_server_flags", nargs="*", default=[], metavar="FLAG",
+        help="more flags for this checkout's generator `workbench serve` (not --baseline_tree's), e.g. "
+        "--generation_server_flags=--max_batched_tokens=160",
     )  # fmt: skip
     parser.add_argument(
         "--sustained_seconds", type=float, default=10.0,

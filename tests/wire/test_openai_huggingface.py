@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import concurrent.futures
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -29,6 +30,7 @@ QUESTIONS = [
     "Tell me about the weather in Paris today, and about the trains.",
     "Models answer questions.",
 ]
+ONE_SEAT = "one_seat"
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +44,16 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     workbench.export(
         encoder, "embed", tokenizer=encoder_tokenizer, task="feature-extraction", model_repository=repository
     )
+    # The same weights with one seat and a queue of one, and a context long enough that a generation holds its
+    # seat until its client leaves (rotary positions: a longer context changes no answer).
+    workbench.export(
+        chat_model, ONE_SEAT, tokenizer=chat_tokenizer, task="text-generation", model_repository=repository
+    )
+    folder = repository / ONE_SEAT / "1"
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 1 << 16}))
+    settings = json.loads((folder / "workbench.json").read_text())
+    (folder / "workbench.json").write_text(json.dumps({**settings, "max_sequences": 1, "max_queued": 1}))
     return SimpleNamespace(
         repository=repository,
         chat_tokenizer=chat_tokenizer,
@@ -81,9 +93,9 @@ def greedy_in_process(models: SimpleNamespace, question: str, max_tokens: int) -
     return models.chat_tokenizer.decode(out[0, ids.shape[1] :]), ids.shape[1]
 
 
-def ask(client: openai.OpenAI, question: str, **params: Any) -> Any:
+def ask(client: openai.OpenAI, question: str, model: str = "chat", **params: Any) -> Any:
     return client.chat.completions.create(
-        model="chat", messages=[{"role": "user", "content": question}], temperature=0, **params
+        model=model, messages=[{"role": "user", "content": question}], temperature=0, **params
     )
 
 
@@ -127,6 +139,32 @@ def test_concurrent_streams_share_the_model_and_each_gets_its_own_answer(
 
     with concurrent.futures.ThreadPoolExecutor(len(asked)) as pool:
         assert list(pool.map(streamed, asked)) == expected
+
+
+def test_a_generation_is_queued_before_its_stream_starts_and_a_full_queue_is_429(
+    client: openai.OpenAI, server: ServerThread, models: SimpleNamespace
+) -> None:
+    """Each choice is submitted while its request is handled, before the answer's first byte: a full queue is
+    OpenAI's 429 (not a 200 whose stream carries the error), and a refused choice withdraws its siblings."""
+    with server.server.manager.served.handle(ONE_SEAT) as servable:
+        scheduler = servable.scheduler  # type: ignore[attr-defined]
+    seated = ask(client, QUESTIONS[0], model=ONE_SEAT, max_tokens=60000, stream=True)
+    try:
+        wait_until(lambda: scheduler.active == 1, what="the first generation to take the one seat")
+        with pytest.raises(openai.RateLimitError) as siblings:  # choice 0 queues, choice 1 finds the queue full
+            ask(client, QUESTIONS[1], model=ONE_SEAT, max_tokens=6, n=2, stream=True)
+        assert "queued" in siblings.value.message
+        wait_until(lambda: scheduler.waiting == 0, what="the refused request's first choice to leave the queue")
+        queued = ask(client, QUESTIONS[3], model=ONE_SEAT, max_tokens=6, stream=True)
+        assert scheduler.waiting == 1  # queued before the response began, not when its stream is first read
+        with pytest.raises(openai.RateLimitError):
+            ask(client, QUESTIONS[2], model=ONE_SEAT, max_tokens=6, stream=True)
+        assert scheduler.active == 1
+    finally:
+        seated.close()  # its client leaves: the seat frees at the next step
+    answer = "".join(c.choices[0].delta.content or "" for c in queued if c.choices)
+    assert answer == greedy_in_process(models, QUESTIONS[3], 6)[0]
+    wait_until(lambda: scheduler.active == 0 and scheduler.waiting == 0, what="both generations to end")
 
 
 def embeddings_in_process(models: SimpleNamespace, texts: list[str]) -> np.ndarray:

@@ -58,6 +58,7 @@ from workbench.frontends.openai_generation import (
 from workbench.frontends.rest import answered_by
 from workbench.observability import tracing
 from workbench.planes.dataplane import Dataplane, ModelSpec, RequestInFlight
+from workbench.planes.decoupled import Begun
 from workbench.protocol import openai_responses as answers
 from workbench.protocol.openai_requests import (
     MAX_N,
@@ -152,11 +153,12 @@ class _Outcome:
 
 class _EventStream(StreamingResponse):
     """Server-sent events for admitted requests: whatever happens to the stream (ended, failed, its client gone,
-    never started), its events are closed, which closes the models' streams, and then its requests end."""
+    never started), its events are closed, which ends the models' generations, read or not, and then its requests
+    end."""
 
     def __init__(
         self,
-        events: AsyncGenerator[bytes, None],
+        events: Begun[bytes],
         calls: Sequence[RequestInFlight],
         outcome: _Outcome,
         headers: dict[str, str],
@@ -172,7 +174,13 @@ class _EventStream(StreamingResponse):
             self._outcome.exit(self._calls)
 
 
-async def merged(streams: Sequence[AsyncGenerator[Event, None]]) -> AsyncGenerator[Event, None]:
+async def _closed(streams: Sequence[Begun[Event]]) -> None:
+    """Every choice's stream closed, whether its answer read it or not (closing twice is harmless)."""
+    for stream in streams:
+        await stream.aclose()
+
+
+async def merged(streams: Sequence[Begun[Event]]) -> AsyncGenerator[Event, None]:
     """The events of several choices as they come; one failure ends them all. Leaving closes every stream."""
     if len(streams) == 1:
         async with contextlib.aclosing(streams[0]) as only:
@@ -181,7 +189,7 @@ async def merged(streams: Sequence[AsyncGenerator[Event, None]]) -> AsyncGenerat
         return
     queue: asyncio.Queue[tuple[Event | None, BaseException | None]] = asyncio.Queue(maxsize=1)
 
-    async def pump(stream: AsyncGenerator[Event, None]) -> None:
+    async def pump(stream: Begun[Event]) -> None:
         try:
             async with contextlib.aclosing(stream) as events:
                 async for item in events:
@@ -339,21 +347,24 @@ class OpenAIApi:
         return await self._generate(request, parsed, "completions", arrived)
 
     async def _generate(self, request: Request, parsed: GenerationRequest, api: str, arrived: float) -> Response:
-        """Every choice's generation admitted, then answered whole or as server-sent events."""
+        """Every choice's generation admitted and submitted here, before the answer starts (a burst's first prompt
+        is prefilled while the rest of the burst is still arriving), then answered whole or as server-sent
+        events."""
         calls, prompts = await self._admit_choices(request, parsed, api)
-        streams = [
-            generate(
-                self.dataplane,
-                calls[index],
-                index,
-                prompts[index // parsed.n],
-                _sampling_of(parsed, index),
-                parsed.logprobs,
-                self.settings.timeout,
-                arrived,
-            )
-            for index in range(len(calls))
-        ]
+        streams: list[Begun[Event]] = []
+        try:
+            for index, call in enumerate(calls):
+                sampling = _sampling_of(parsed, index)
+                prompt = prompts[index // parsed.n]
+                timeout = self.settings.timeout
+                streams.append(
+                    generate(self.dataplane, call, index, prompt, sampling, parsed.logprobs, timeout, arrived)
+                )
+        except BaseException as exc:
+            await _closed(streams)
+            for call in calls:
+                call.__exit__(type(exc), exc, None)
+            raise
         first = calls[0]
         answered = model_id(first.model, first.version)
         headers = answered_by(first.model, first.version)
@@ -363,7 +374,7 @@ class OpenAIApi:
             outcome = _Outcome()
             chunks = answers.Chunks(_answer_id(chat), int(time.time()), answered, chat, parsed.include_usage)
             sse = _stream_events(merged(streams), chunks, parsed.n, len(prompts), echo, outcome)
-            return _EventStream(sse, calls, outcome, headers)
+            return _EventStream(Begun(sse, functools.partial(_closed, streams)), calls, outcome, headers)
         failure: BaseException | None = None
         try:
             collecting = _collect(merged(streams), parsed.n, len(prompts))
@@ -372,6 +383,7 @@ class OpenAIApi:
             failure = exc
             raise
         finally:
+            await _closed(streams)
             for call in calls:
                 call.__exit__(type(failure) if failure is not None else None, failure, None)
         choices = [_whole_choice(parsed, index, choice, echo) for index, choice in enumerate(collected)]

@@ -24,6 +24,7 @@ from workbench.core.errors import ServingError
 from workbench.core.servable import Servable
 from workbench.core.signatures import DEFAULT_SIGNATURE, Signature, TensorSpec
 from workbench.planes.dataplane import Dataplane, RequestInFlight
+from workbench.planes.decoupled import Begun
 from workbench.planes.generation_watch import count_tokens
 from workbench.protocol.openai_requests import InvalidParameter
 
@@ -142,7 +143,7 @@ def _logprob_entries(value: np.ndarray | None) -> list[Mapping[str, Any]]:
     return entries
 
 
-async def generate(
+def generate(
     dataplane: Dataplane,
     call: RequestInFlight,
     index: int,
@@ -151,18 +152,31 @@ async def generate(
     logprobs: bool,
     timeout: float | None,
     arrived: float,
-) -> AsyncGenerator[Event, None]:
-    """Choice ``index``: its pieces as the model answers them, then :class:`Finished`. ``arrived``: when the request
-    arrived (``time.perf_counter()``), for the time to first token the data plane records. Iterate under
-    ``contextlib.aclosing``: leaving closes the model's stream at once."""
+) -> Begun[Event]:
+    """Choice ``index``: its pieces as the model answers them, then :class:`Finished`. The generation is submitted
+    now, while its request's handler runs (a refusal is raised here); its events are read later, by the answer.
+    ``arrived``: when the request arrived (``time.perf_counter()``), for the time to first token the data plane
+    records. Read under ``contextlib.aclosing``: closing it ends the model's stream at once, read or not."""
     servable = call.servable
     signature = generator_signature(servable, call.model)
     feed, outputs = generation_request(signature, prompt, sampling, logprobs)
+    stream = dataplane.stream(call, DEFAULT_SIGNATURE, feed, outputs, timeout, arrived)
+    return stream.passed_through(_events(stream, servable, index, prompt, sampling, logprobs))
+
+
+async def _events(
+    stream: Begun[dict[str, np.ndarray]],
+    servable: Servable,
+    index: int,
+    prompt: str,
+    sampling: tg.SamplingParameters,
+    logprobs: bool,
+) -> AsyncGenerator[Event, None]:
+    """A generation's responses read as :func:`generate`'s events."""
     finish_reason = ""
     input_tokens: int | None = None
     output_tokens: int | None = None
     pieces = 0
-    stream = dataplane.stream(call, DEFAULT_SIGNATURE, feed, outputs, timeout, arrived)
     async with contextlib.aclosing(stream) as responses:
         async for response in responses:
             reason = "".join(_texts(response.get(tg.FINISH_REASON)))

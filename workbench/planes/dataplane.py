@@ -384,8 +384,8 @@ class Dataplane:
         output_filter: Sequence[str] = (),
         timeout: float | None = None,
         arrived: float | None = None,
-    ) -> AsyncGenerator[dict[str, np.ndarray], None]:
-        """Run a decoupled servable: its responses to one request as they come (see
+    ) -> decoupled.Begun[dict[str, np.ndarray]]:
+        """Run a decoupled servable: its responses to one request as they come; its run begins now (see
         :func:`workbench.planes.decoupled.stream`).
 
         A text generation is recorded here, once for every frontend (:mod:`workbench.planes.generation_watch`), its
@@ -398,12 +398,14 @@ class Dataplane:
         if generation_watch.is_generation(servable, signature_name):
             started = arrived if arrived is not None else time.perf_counter() - call.elapsed_seconds
             generation = self.metrics.generation
-            responses = generation_watch.watched(responses, servable, inputs, started, generation, self.stats)
+            watched = generation_watch.watched(responses, servable, inputs, started, generation, self.stats)
+            responses = responses.passed_through(watched)
         logged = self.request_log is not None and self.request_log.configured(servable.name)
         mirrored = call.default and self.shadows.shadowed(call.model)
         if not (logged or mirrored):
             return responses
-        return self._recorded(call, signature_name, inputs, output_filter, responses, logged, mirrored)
+        recorded = self._recorded(call, signature_name, inputs, output_filter, responses, logged, mirrored)
+        return responses.passed_through(recorded)
 
     async def _recorded(
         self,
@@ -411,7 +413,7 @@ class Dataplane:
         signature_name: str,
         inputs: Mapping[str, np.ndarray],
         output_filter: Sequence[str],
-        responses: AsyncGenerator[dict[str, np.ndarray], None],
+        responses: decoupled.Begun[dict[str, np.ndarray]],
         logged: bool,
         mirrored: bool,
     ) -> AsyncGenerator[dict[str, np.ndarray], None]:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Executor
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
@@ -15,19 +15,52 @@ from workbench.core import inference
 from workbench.core.errors import Code, ServingError
 from workbench.planes.calls import RequestInFlight
 
+T = TypeVar("T")
+U = TypeVar("U")
 _END = object()  # what next() answers once a decoupled model's generator is over
 
 
-async def stream(
+class Begun(AsyncIterator[T], Generic[T]):
+    """Responses to a request whose run has begun (a generation already submitted to its model's batch), read as
+    an async generator ``events`` is. ``aclose()`` ends the run even where nothing was read, as a stream whose
+    response never started (its client gone first) is: ``events`` closed, then ``end``, which must tolerate being
+    called twice. Iterate under ``contextlib.aclosing``."""
+
+    __slots__ = ("_end", "_events")
+
+    def __init__(self, events: AsyncGenerator[T, None], end: Callable[[], Awaitable[None]]) -> None:
+        self._events, self._end = events, end
+
+    def __aiter__(self) -> Begun[T]:
+        return self
+
+    def __anext__(self) -> Awaitable[T]:
+        return self._events.__anext__()
+
+    async def aclose(self) -> None:
+        try:
+            await self._events.aclose()
+        finally:
+            await self._end()
+
+    def passed_through(self, events: AsyncGenerator[U, None]) -> Begun[U]:
+        """``events``, which read these responses, as responses whose run has begun: closing them ends the run."""
+        return Begun(events, self.aclose)
+
+
+def stream(
     call: RequestInFlight,
     executor: Executor,
     signature_name: str,
     inputs: Mapping[str, np.ndarray],
     output_filter: Sequence[str] = (),
     timeout: float | None = None,
-) -> AsyncGenerator[dict[str, np.ndarray], None]:
-    """Run a decoupled servable: its responses to one request as they come. A caller that may stop early
-    iterates it under ``contextlib.aclosing`` inside its ``with call:``, so that leaving stops the model.
+) -> Begun[dict[str, np.ndarray]]:
+    """Run a decoupled servable: its responses to one request as they come. The run begins now, not at the first
+    read: a generation joins its model's batch while its request's handler runs, so a burst's first prompt is
+    prefilled while the others are still arriving; a refusal (a full queue, bad inputs) is raised here, before any
+    answer is sent. A caller that may stop early reads it under ``contextlib.aclosing`` inside its ``with call:``,
+    so that leaving stops the model.
 
     The model's generator is advanced on a worker thread one response at a time, and only when the caller asks
     for the next: a slow client holds the model back rather than filling a buffer. Responses that can be awaited
@@ -44,33 +77,56 @@ async def stream(
     feed, outputs = inference.prepare_predict(signature, inputs, output_filter)
     loop = asyncio.get_running_loop()
     deadline = None if timeout is None else loop.time() + timeout
-    responses = servable.run_decoupled(signature, feed, outputs)
-    awaited = responses if isinstance(responses, AsyncIterator) else None
-    step: asyncio.Future[Any] | None = None
-    over = False  # the generator ended or failed: nothing left to close
-    try:
-        while True:
-            if awaited is not None:  # no thread runs the model for it (step stays None): leaving ends only the wait
-                waiting: Awaitable[Any] = _next_awaited(awaited)
-            else:
-                step = loop.run_in_executor(executor, next, responses, _END)
-                call.hold_until_done(step)  # held while a thread runs the model, whatever the caller does
-                waiting = asyncio.shield(step)
-            remaining = None if deadline is None else deadline - loop.time()
-            try:
-                result = await asyncio.wait_for(waiting, remaining)
-            except asyncio.TimeoutError:
-                raise deadline_exceeded() from None
-            except Exception:
-                over = step is None or step.done()  # the model's own error ends its responses
-                raise
-            if result is _END:
-                over = True
-                return
-            yield result
-    finally:
-        if not over:
-            call.hold_until_done(asyncio.ensure_future(_close_responses(step, responses, executor)))
+    run = _Run(call, executor, servable.run_decoupled(signature, feed, outputs))
+    return Begun(run.responses(loop, deadline), run.end)
+
+
+class _Run:
+    """One request's run of a decoupled model, from its start to its close."""
+
+    def __init__(self, call: RequestInFlight, executor: Executor, responses: Iterator[Any]) -> None:
+        self.call, self.executor, self.model = call, executor, responses
+        self.step: asyncio.Future[Any] | None = None  # the step a worker thread runs now, if any
+        self.over = False  # the generator ended, failed or was closed: nothing left to close
+
+    async def responses(
+        self, loop: asyncio.AbstractEventLoop, deadline: float | None
+    ) -> AsyncGenerator[dict[str, np.ndarray], None]:
+        call, model = self.call, self.model
+        awaited = model if isinstance(model, AsyncIterator) else None
+        try:
+            while True:
+                if awaited is not None:  # no thread runs the model for it (step stays None): leaving ends the wait
+                    waiting: Awaitable[Any] = _next_awaited(awaited)
+                else:
+                    step = self.step = loop.run_in_executor(self.executor, next, model, _END)
+                    call.hold_until_done(step)  # held while a thread runs the model, whatever the caller does
+                    waiting = asyncio.shield(step)
+                remaining = None if deadline is None else deadline - loop.time()
+                try:
+                    result = await asyncio.wait_for(waiting, remaining)
+                except asyncio.TimeoutError:
+                    raise deadline_exceeded() from None
+                except Exception:
+                    self.over = self.step is None or self.step.done()  # the model's own error ends its responses
+                    raise
+                if result is _END:
+                    self.over = True
+                    return
+                yield result
+        finally:
+            self._close()
+
+    async def end(self) -> None:
+        self._close()
+
+    def _close(self) -> None:
+        """Close the model's generator, unless it is over (or closing)."""
+        if self.over:
+            return
+        self.over = True
+        closing = asyncio.ensure_future(_close_responses(self.step, self.model, self.executor))
+        self.call.hold_until_done(closing)
 
 
 async def _next_awaited(responses: AsyncIterator[Any]) -> Any:

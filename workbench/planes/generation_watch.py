@@ -23,6 +23,7 @@ from workbench.core.inference import signature_name_or_default
 from workbench.core.servable import Servable
 from workbench.observability.generation_metrics import GenerationMetrics
 from workbench.observability.stats import RollingStats
+from workbench.planes import decoupled
 
 
 def is_generation(servable: Servable, signature_name: str) -> bool:
@@ -56,7 +57,7 @@ def _prompt_text(value: np.ndarray | None) -> str:
 
 
 async def watched(
-    responses: AsyncGenerator[dict[str, np.ndarray], None],
+    responses: decoupled.Begun[dict[str, np.ndarray]],
     servable: Servable,
     inputs: Mapping[str, np.ndarray],
     arrived: float,

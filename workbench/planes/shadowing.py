@@ -24,7 +24,7 @@ import contextlib
 import dataclasses
 import math
 import time
-from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -32,7 +32,7 @@ import numpy as np
 from workbench.core.answer_diff import OutputDiff, compare, output_summary
 from workbench.observability.metrics import ServingMetrics
 from workbench.planes.calls import ModelSpec, RequestInFlight
-from workbench.planes.decoupled import joined
+from workbench.planes.decoupled import Begun, joined
 
 
 class _Plane(Protocol):
@@ -62,7 +62,7 @@ class _Plane(Protocol):
         inputs: Mapping[str, np.ndarray],
         output_filter: Sequence[str] = (),
         timeout: float | None = None,
-    ) -> AsyncGenerator[dict[str, np.ndarray], None]: ...
+    ) -> Begun[dict[str, np.ndarray]]: ...
 
 
 PROTOCOL = "shadow"  # the protocol label of a copy's request metrics
