@@ -13,9 +13,10 @@ token, so every answer runs to ``max_tokens``), with a chat template, saved once
 from that one folder by:
 
 - ``workbench``: `workbench serve --model_repository=…` (the folder's ``workbench.json``: the huggingface platform,
-  task text-generation; continuous batching is how it always generates, ``--max_batched_tokens`` 512, its default);
+  task text-generation; continuous batching is how it always generates, ``--max_batched_tokens`` 160, its CPU
+  default);
 - ``transformers-serve-cb``: `transformers serve FOLDER --continuous-batching` (transformers' own
-  ``ContinuousBatchingManager`` with paged attention; ``--cb-max-batch-tokens 512`` like workbench's budget,
+  ``ContinuousBatchingManager`` with paged attention; ``--cb-max-batch-tokens 160`` like workbench's budget,
   ``--cb-block-size 32 --cb-num-blocks 256``, enough for 16 sequences of 100 tokens);
 - ``transformers-serve``: the same without ``--continuous-batching``, its default (``model.generate`` one request
   after another on its inference thread).
@@ -107,7 +108,7 @@ BASELINE = "workbench-baseline"  # --baseline_tree's server
 MAX_TOKENS = 64
 STREAMS = 16
 EMBED_CLIENTS = 32
-CB_FLAGS = ("--cb-block-size", "32", "--cb-num-blocks", "256", "--cb-max-batch-tokens", "512")
+CB_FLAGS = ("--cb-block-size", "32", "--cb-num-blocks", "256", "--cb-max-batch-tokens", "160")
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"

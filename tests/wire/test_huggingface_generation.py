@@ -251,6 +251,17 @@ def test_a_prompt_wider_than_the_token_budget_is_prefilled_in_chunks_to_the_same
         running.close()  # type: ignore[attr-defined]
 
 
+def test_the_token_budget_is_the_flags_else_the_devices_default(
+    folders: dict[str, str], gpt2: hg.HuggingFaceGenerator
+) -> None:
+    # A CPU's passes cost what their tokens cost: a smaller budget than a GPU's, where wide passes are nearly free.
+    assert gpt2.scheduler.max_batched_tokens == hg.CPU_MAX_BATCHED_TOKENS == 160
+    assert hg.default_max_batched_tokens(torch.device("cuda")) == 512
+    for flagged in loaded(folders["gpt2"], policy=LoadPolicy(pytorch_device="cpu", max_batched_tokens=96)):
+        assert flagged.scheduler.max_batched_tokens == 96
+        assert text(start(flagged, TEXTS[1], **GREEDY)) == text(start(gpt2, TEXTS[1], **GREEDY))
+
+
 def test_max_tokens_and_finish_reasons_length_and_stop(gpt2: hg.HuggingFaceGenerator) -> None:
     flags = (tg.RETURN_FINISH_REASON, tg.RETURN_NUM_OUTPUT_TOKENS, tg.RETURN_NUM_INPUT_TOKENS)
     (whole,) = list(start(gpt2, TEXTS[0], flags=flags, temperature=0, max_tokens=7))

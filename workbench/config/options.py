@@ -140,7 +140,8 @@ class ServerOptions:
     # the server already runs --num_inference_threads calls at once; 0: PyTorch's default, one per core).
     pytorch_device: str = "auto"
     pytorch_threads: int = 1
-    # Text generators (Hugging Face): the tokens one iteration of a model's continuous batching runs (0: 512).
+    # Text generators (Hugging Face): the tokens one iteration of a model's continuous batching runs
+    # (0: 160 on a CPU, 512 on a GPU).
     max_batched_tokens: int = 0
     # How long a request for a model whose first load is under way waits for it (0: answered at once, NOT_FOUND).
     wait_for_model_load_seconds: float = 60.0

@@ -144,7 +144,7 @@ def check_serve_flags(args: argparse.Namespace) -> int:
     except ServingError as exc:
         raise FlagError(exc.message) from None
     if args.max_batched_tokens < 0:
-        raise FlagError("--max_batched_tokens cannot be negative (0: the default, 512)")
+        raise FlagError("--max_batched_tokens cannot be negative (0: the default, 160 on a CPU and 512 on a GPU)")
     if args.pytorch_threads < 0:
         raise FlagError("--pytorch_threads cannot be negative (0: PyTorch's default, one per core)")
     if args.async_concurrency < 1 or args.async_max_attempts < 1:

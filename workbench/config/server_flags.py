@@ -374,7 +374,7 @@ SERVE_FLAGS: tuple[FlagGroup, ...] = (
             ServeFlag(
                 "max_batched_tokens",
                 "tokens a text generator's iteration runs at most: one per sequence decoding, the rest for a chunk of "
-                "new prompts (0: 512); a version's workbench.json may set its own",
+                "new prompts (0: 160 on a CPU, 512 on a GPU); a version's workbench.json may set its own",
                 "N",
             ),
             ServeFlag(

@@ -9,10 +9,11 @@ with ``text_output`` out, streamed a step at a time or whole, with the optional 
 
 Weights are read from safetensors only, unless ``--allow_pickle`` allows a ``pytorch_model.bin`` (a pickle, which
 runs code when loaded). The model goes to ``--pytorch_device``. ``--max_batched_tokens`` bounds the tokens one
-iteration runs (decode steps and a chunk of prompts); a version's ``workbench.json`` may set its own
-``max_batched_tokens``, ``max_sequences`` (sequences in the batch at once), ``max_queued`` (waiting beyond them
-before requests are refused with RESOURCE_EXHAUSTED), and ``hold_steps`` / ``admit_together`` (how long arrivals
-wait for others to share their prefill pass: off by default, see ``generation_scheduler.py``).
+iteration runs (decode steps and a chunk of prompts; by default 160 on a CPU, 512 on a GPU); a version's
+``workbench.json`` may set its own ``max_batched_tokens``, ``max_sequences`` (sequences in the batch at once),
+``max_queued`` (waiting beyond them before requests are refused with RESOURCE_EXHAUSTED), and ``hold_steps`` /
+``admit_together`` (how long arrivals wait for others to share their prefill pass: off by default, see
+``generation_scheduler.py``).
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ TEXT2TEXT_GENERATION = folders.TEXT2TEXT_GENERATION
 TASKS = folders.GENERATIVE_TASKS
 # Where a model names no limit of its own (an encoder-decoder with relative positions and no max_length set).
 FALLBACK_MAX_NEW_TOKENS = 256
+CPU_MAX_BATCHED_TOKENS = 160  # an iteration's token budget on a CPU (see default_max_batched_tokens)
 
 _FLAGS = (
     tg.STREAM,
@@ -102,9 +104,9 @@ class HuggingFaceGenerator(Servable):
     def __init__(self, name: str, version: int, path: str, policy: LoadPolicy, task: str) -> None:
         self.name, self.version, self.path, self.task = name, version, path, task
         self.label = f"Model {name} version {version}"
-        settings = _batching_settings(Path(path), policy)
         configure_threads(policy.pytorch_threads)
         self.device = resolve_device(policy.pytorch_device)
+        settings = _batching_settings(Path(path), policy, self.device)
         self.tokenizer = _tokenizer(path)
         self.model = _model(path, task, policy, self.device)
         self.signatures = MappingProxyType({DEFAULT_SIGNATURE: generator_signature()})
@@ -234,9 +236,22 @@ class HuggingFaceGenerator(Servable):
 
 
 # ---------------------------------------------------------------------------------------------------- the folder
-def _batching_settings(folder: Path, policy: LoadPolicy) -> dict[str, int]:
+def default_max_batched_tokens(device: torch.device) -> int:
+    """The token budget of an iteration where neither ``--max_batched_tokens`` nor the version sets one.
+
+    On a GPU a pass costs mostly its fixed overhead, so wide passes are nearly free: 512. On a CPU a pass's cost
+    grows with its tokens from a few rows on (the benchmarks' GPT-2 of 4 layers, one thread, prompts of 40 tokens:
+    5.8 ms for one, 14.8 for 4, 54.6 for 16 in one pass, so 3.7 ms a prompt at 4 against 3.4 at 16), and every
+    prompt in a pass waits for the whole pass for its first token. 160 tokens (4 such prompts) costs at most a tenth
+    more a prompt and lets a burst's first prompts answer while the rest are prefilled: 16 streams arriving together
+    got their median first token 0.79-0.82x as late as with 512, at the same tokens/s
+    (``benchmarks/llm_serving.py --generation_server_flags``, docs/openai.md)."""
+    return DEFAULT_MAX_BATCHED_TOKENS if device.type != "cpu" else CPU_MAX_BATCHED_TOKENS
+
+
+def _batching_settings(folder: Path, policy: LoadPolicy, device: torch.device) -> dict[str, int]:
     settings = {
-        "max_batched_tokens": policy.max_batched_tokens or DEFAULT_MAX_BATCHED_TOKENS,
+        "max_batched_tokens": policy.max_batched_tokens or default_max_batched_tokens(device),
         "max_sequences": DEFAULT_MAX_SEQUENCES,
     }
     document = version_config(folder)
