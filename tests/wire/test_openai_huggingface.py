@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import requests
 
 pytest.importorskip("transformers")
 import openai
@@ -145,7 +146,8 @@ def test_a_generation_is_queued_before_its_stream_starts_and_a_full_queue_is_429
     client: openai.OpenAI, server: ServerThread, models: SimpleNamespace
 ) -> None:
     """Each choice is submitted while its request is handled, before the answer's first byte: a full queue is
-    OpenAI's 429 (not a 200 whose stream carries the error), and a refused choice withdraws its siblings."""
+    OpenAI's 429 (not a 200 whose stream carries the error), a refused choice withdraws its siblings, and v2's
+    generate_stream answers the same refusal with its status."""
     with server.server.manager.served.handle(ONE_SEAT) as servable:
         scheduler = servable.scheduler  # type: ignore[attr-defined]
     seated = ask(client, QUESTIONS[0], model=ONE_SEAT, max_tokens=60000, stream=True)
@@ -159,7 +161,11 @@ def test_a_generation_is_queued_before_its_stream_starts_and_a_full_queue_is_429
         assert scheduler.waiting == 1  # queued before the response began, not when its stream is first read
         with pytest.raises(openai.RateLimitError):
             ask(client, QUESTIONS[2], model=ONE_SEAT, max_tokens=6, stream=True)
-        assert scheduler.active == 1
+        # v2's generate_stream submits in its handler too: the refusal is its status, as Triton answers one
+        url = f"{server.rest_url}/v2/models/{ONE_SEAT}/generate_stream"
+        refused = requests.post(url, json={"text_input": QUESTIONS[2]}, timeout=60)
+        assert refused.status_code == 429 and "queued" in refused.json()["error"]
+        assert scheduler.active == 1 and scheduler.waiting == 1
     finally:
         seated.close()  # its client leaves: the seat frees at the next step
     answer = "".join(c.choices[0].delta.content or "" for c in queued if c.choices)

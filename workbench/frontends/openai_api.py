@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 import numpy as np
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
@@ -43,6 +43,7 @@ from workbench.core.signatures import DEFAULT_SIGNATURE
 from workbench.core.sticky import STICKY_HEADER
 from workbench.core.text_generation import SamplingParameters
 from workbench.frontends import rest_asgi
+from workbench.frontends.admitted_events import AdmittedEvents, Outcome
 from workbench.frontends.auth import bearer_matches
 from workbench.frontends.hot_routes import Answer, Arrival, StarletteArrival, answer_of, as_response, route_pattern
 from workbench.frontends.openai_generation import (
@@ -78,7 +79,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 PROTOCOL = "openai"  # the metrics' protocol label
 PREFIXES = ("/v1", "/openai/v1")  # OpenAI's own, and KServe's (its huggingface runtime's) on a shared port
-EVENT_STREAM = "text/event-stream; charset=utf-8"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,44 +134,6 @@ def _answering(handler: Handler) -> Handler:
             return error_response(from_exception(exc))
 
     return answer
-
-
-class _Outcome:
-    """How a streamed answer ended, for its requests' counts: finished, failed (``error``), or left by its client."""
-
-    def __init__(self) -> None:
-        self.finished = False
-        self.error: BaseException | None = None
-
-    def exit(self, calls: Sequence[RequestInFlight]) -> None:
-        error = self.error
-        if error is None and not self.finished:
-            error = ServingError(Code.CANCELLED, "The client left before the answer ended")
-        for call in calls:
-            call.__exit__(type(error) if error is not None else None, error, None)
-
-
-class _EventStream(StreamingResponse):
-    """Server-sent events for admitted requests: whatever happens to the stream (ended, failed, its client gone,
-    never started), its events are closed, which ends the models' generations, read or not, and then its requests
-    end."""
-
-    def __init__(
-        self,
-        events: Begun[bytes],
-        calls: Sequence[RequestInFlight],
-        outcome: _Outcome,
-        headers: dict[str, str],
-    ) -> None:
-        super().__init__(events, media_type=EVENT_STREAM, headers=headers)
-        self._events, self._calls, self._outcome = events, calls, outcome
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            await self._events.aclose()
-            self._outcome.exit(self._calls)
 
 
 async def _closed(streams: Sequence[Begun[Event]]) -> None:
@@ -371,10 +333,10 @@ class OpenAIApi:
         chat = isinstance(parsed, ChatRequest)
         echo = prompts if isinstance(parsed, CompletionRequest) and parsed.echo else None
         if parsed.stream:
-            outcome = _Outcome()
+            outcome = Outcome()
             chunks = answers.Chunks(_answer_id(chat), int(time.time()), answered, chat, parsed.include_usage)
             sse = _stream_events(merged(streams), chunks, parsed.n, len(prompts), echo, outcome)
-            return _EventStream(Begun(sse, functools.partial(_closed, streams)), calls, outcome, headers)
+            return AdmittedEvents(Begun(sse, functools.partial(_closed, streams)), calls, outcome, headers)
         failure: BaseException | None = None
         try:
             collecting = _collect(merged(streams), parsed.n, len(prompts))
@@ -568,7 +530,7 @@ async def _stream_events(
     n: int,
     prompts: int,
     echo: Sequence[str] | None,
-    outcome: _Outcome,
+    outcome: Outcome,
 ) -> AsyncGenerator[bytes, None]:
     """The chunks of a streamed answer, OpenAI's way: chat's role first, the text as it comes, each choice's
     finish_reason, the usage if asked, then ``[DONE]``. An error once the stream began is an error event."""

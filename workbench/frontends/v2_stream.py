@@ -23,8 +23,9 @@ says only that it "returns exactly 1 response", so for a decoupled model workben
 yields and refuses one that yields none or several (FAILED_PRECONDITION, 400, pointing to ``/generate_stream``)
 rather than keep or drop responses silently. ``/generate_stream`` answers server-sent events, one per response;
 an error before inference begins is a JSON error with its HTTP status (as Triton does), one after is an
-``{"error"}`` event that ends the stream. The model is asked for its next response only once the previous event
-was handed to the connection, so a client that reads slowly slows the model down.
+``{"error"}`` event that ends the stream. A decoupled model's run begins in the handler (a text generation joins
+its batch there), so its refusal (a full queue) is a status too. The model is asked for its next response only
+once the previous event was handed to the connection, so a client that reads slowly slows the model down.
 
 The requests of one **sequence** (``sequence_id``) on a stream run one after another, in the order they were sent,
 as Triton's sequence batcher takes them; requests of other sequences, or of none, run alongside. With
@@ -56,11 +57,13 @@ from workbench.core.sequence_contract import SequenceId, sequence_request
 from workbench.core.servable import FinalResponse
 from workbench.core.signatures import DEFAULT_SIGNATURE
 from workbench.core.whole_requests import WholeRequest, WholeRequestServable
+from workbench.frontends.admitted_events import AdmittedEvents, Outcome
 from workbench.frontends.grpc import time_remaining
 from workbench.frontends.rest import json_response
 from workbench.frontends.sequence_routing import SequenceRouter
 from workbench.frontends.v2_repository import V2Repository
 from workbench.planes.dataplane import Dataplane, ModelSpec, RequestInFlight
+from workbench.planes.decoupled import Begun
 from workbench.protocol import v2_generate, v2_grpc_messages, v2_whole
 from workbench.protocol.json_tensor import dumps, input_specs, parse_body
 from workbench.protocol.shared_memory_parameters import SharedMemory
@@ -102,6 +105,25 @@ async def run_request(
         call, "", inputs, requested, timeout=timeout, sequence=sequence_request(parameters) if parameters else None
     )
     yield outputs
+
+
+def begin_request(
+    dataplane: Dataplane,
+    call: RequestInFlight,
+    inputs: dict[str, Any],
+    requested: list[str],
+    timeout: float | None,
+    parameters: dict[str, Any],
+) -> Begun[Outputs]:
+    """:func:`run_request`'s responses, a decoupled model's run begun now (see
+    :func:`workbench.planes.decoupled.stream`); another model's one answer is asked for when it is first read."""
+    if call.servable.decoupled:
+        return dataplane.stream(call, "", inputs, requested, timeout)
+    return Begun(run_request(dataplane, call, inputs, requested, timeout, parameters), _nothing_begun)
+
+
+async def _nothing_begun() -> None:
+    """The end of a run that begins only when read: closing its responses ends it."""
 
 
 # ============================================================================================= gRPC
@@ -384,28 +406,32 @@ class Generate:
         if whole is not None:  # MLServer's runtimes take a v2 request on /generate_stream, as on /infer_stream
             return whole
         spec, inputs, parameters, request_id = await self._prepare(request)
-        return StreamingResponse(
-            self._events(spec, inputs, parameters, request_id), media_type="text/event-stream; charset=utf-8"
-        )
+        call = await self.dataplane.admit(spec, "predict", self.protocol, self.timeout)
+        try:  # a decoupled model's run begins here: a refusal is this answer's status, not an event
+            answers = begin_request(self.dataplane, call, inputs, [], self.timeout, parameters)
+        except BaseException as exc:
+            call.__exit__(type(exc), exc, None)
+            raise
+        outcome = Outcome()
+        return AdmittedEvents(answers.passed_through(self._events(call, answers, request_id, outcome)), [call], outcome)
 
     async def _events(
-        self, spec: ModelSpec, inputs: dict[str, Any], parameters: dict[str, Any], request_id: str | None
-    ) -> AsyncIterator[bytes]:
+        self, call: RequestInFlight, answers: Begun[Outputs], request_id: str | None, outcome: Outcome
+    ) -> AsyncGenerator[bytes, None]:
         """One event per response. Starlette asks for the next event only once it sent the last one, and only then
         is the model asked for its next response: the client's pace is the model's."""
         try:
-            with await self.dataplane.admit(spec, "predict", self.protocol, self.timeout) as call:
-                answers = run_request(self.dataplane, call, inputs, [], self.timeout, parameters)
-                async with contextlib.aclosing(answers) as responses:
-                    async for outputs in responses:
-                        yield v2_generate.event(
-                            v2_generate.encode_response(call.model, call.version, outputs, request_id)
-                        )
+            async with contextlib.aclosing(answers) as responses:
+                async for outputs in responses:
+                    yield v2_generate.event(v2_generate.encode_response(call.model, call.version, outputs, request_id))
         except ServingError as exc:
+            outcome.error = exc
             yield v2_generate.error_event(exc.message)
         except Exception as exc:  # the status is sent: a bug can only be an error event, and logged
-            log.exception("generate_stream of model %r failed", spec.name)
+            log.exception("generate_stream of model %r failed", call.model)
+            outcome.error = exc
             yield v2_generate.error_event(from_exception(exc).message)
+        outcome.finished = True
 
     async def infer_stream(self, request: Request) -> Response:
         """MLServer's ``/infer_stream``: a v2 request, answered by server-sent events of v2 responses. Served for
