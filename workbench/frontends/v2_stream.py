@@ -107,23 +107,8 @@ async def run_request(
     yield outputs
 
 
-def begin_request(
-    dataplane: Dataplane,
-    call: RequestInFlight,
-    inputs: dict[str, Any],
-    requested: list[str],
-    timeout: float | None,
-    parameters: dict[str, Any],
-) -> Begun[Outputs]:
-    """:func:`run_request`'s responses, a decoupled model's run begun now (see
-    :func:`workbench.planes.decoupled.stream`); another model's one answer is asked for when it is first read."""
-    if call.servable.decoupled:
-        return dataplane.stream(call, "", inputs, requested, timeout)
-    return Begun(run_request(dataplane, call, inputs, requested, timeout, parameters), _nothing_begun)
-
-
 async def _nothing_begun() -> None:
-    """The end of a run that begins only when read: closing its responses ends it."""
+    """The end of a run that begins only when read (one whole answer): closing its responses ends it."""
 
 
 # ============================================================================================= gRPC
@@ -408,7 +393,10 @@ class Generate:
         spec, inputs, parameters, request_id = await self._prepare(request)
         call = await self.dataplane.admit(spec, "predict", self.protocol, self.timeout)
         try:  # a decoupled model's run begins here: a refusal is this answer's status, not an event
-            answers = begin_request(self.dataplane, call, inputs, [], self.timeout, parameters)
+            if call.servable.decoupled:
+                answers = self.dataplane.stream(call, "", inputs, [], self.timeout)
+            else:
+                answers = Begun(run_request(self.dataplane, call, inputs, [], self.timeout, parameters), _nothing_begun)
         except BaseException as exc:
             call.__exit__(type(exc), exc, None)
             raise
