@@ -314,11 +314,11 @@ class OpenAIApi:
         events."""
         calls, prompts = await self._admit_choices(request, parsed, api)
         streams: list[Begun[Event]] = []
+        timeout = self.settings.timeout
         try:
             for index, call in enumerate(calls):
                 sampling = _sampling_of(parsed, index)
                 prompt = prompts[index // parsed.n]
-                timeout = self.settings.timeout
                 streams.append(
                     generate(self.dataplane, call, index, prompt, sampling, parsed.logprobs, timeout, arrived)
                 )

@@ -53,7 +53,7 @@ from tritonclient.grpc import service_pb2
 
 from workbench.core.classification import classify
 from workbench.core.errors import Code, ServingError, from_exception
-from workbench.core.sequence_contract import SequenceId, sequence_request
+from workbench.core.sequence_contract import SequenceId, SequenceRequest, sequence_request
 from workbench.core.servable import FinalResponse
 from workbench.core.signatures import DEFAULT_SIGNATURE
 from workbench.core.whole_requests import WholeRequest, WholeRequestServable
@@ -86,29 +86,33 @@ def refuse_decoupled(call: RequestInFlight, endpoint: str) -> None:
         raise ServingError(Code.UNIMPLEMENTED, f"{endpoint} doesn't support models with decoupled transaction policy")
 
 
-async def run_request(
+def run_request(
     dataplane: Dataplane,
     call: RequestInFlight,
     inputs: dict[str, Any],
     requested: list[str],
     timeout: float | None,
     parameters: dict[str, Any],
-) -> AsyncGenerator[Outputs, None]:
-    """The responses of one request on ``call``: a decoupled model's as it yields them, another model's one answer
-    (through its batcher, its sequence when it is stateful). Iterate under ``contextlib.aclosing``."""
+) -> Begun[Outputs]:
+    """The responses of one request on ``call``: a decoupled model's as it yields them, its run begun now (see
+    :func:`workbench.planes.decoupled.stream`: a refusal is raised here); another model's one answer (through its
+    batcher, its sequence when it is stateful), asked for when first read. Read under ``contextlib.aclosing``."""
     if call.servable.decoupled:
-        async with contextlib.aclosing(dataplane.stream(call, "", inputs, requested, timeout)) as responses:
-            async for outputs in responses:
-                yield outputs
-        return
-    _, outputs = await dataplane.predict(
-        call, "", inputs, requested, timeout=timeout, sequence=sequence_request(parameters) if parameters else None
-    )
+        return dataplane.stream(call, "", inputs, requested, timeout)
+    sequence = sequence_request(parameters) if parameters else None
+    return Begun(_one_answer(dataplane, call, inputs, requested, timeout, sequence))
+
+
+async def _one_answer(
+    dataplane: Dataplane,
+    call: RequestInFlight,
+    inputs: dict[str, Any],
+    requested: list[str],
+    timeout: float | None,
+    sequence: SequenceRequest | None,
+) -> AsyncGenerator[Outputs, None]:
+    _, outputs = await dataplane.predict(call, "", inputs, requested, timeout=timeout, sequence=sequence)
     yield outputs
-
-
-async def _nothing_begun() -> None:
-    """The end of a run that begins only when read (one whole answer): closing its responses ends it."""
 
 
 # ============================================================================================= gRPC
@@ -393,10 +397,7 @@ class Generate:
         spec, inputs, parameters, request_id = await self._prepare(request)
         call = await self.dataplane.admit(spec, "predict", self.protocol, self.timeout)
         try:  # a decoupled model's run begins here: a refusal is this answer's status, not an event
-            if call.servable.decoupled:
-                answers = self.dataplane.stream(call, "", inputs, [], self.timeout)
-            else:
-                answers = Begun(run_request(self.dataplane, call, inputs, [], self.timeout, parameters), _nothing_begun)
+            answers = run_request(self.dataplane, call, inputs, [], self.timeout, parameters)
         except BaseException as exc:
             call.__exit__(type(exc), exc, None)
             raise

@@ -24,11 +24,12 @@ class Begun(AsyncIterator[T], Generic[T]):
     """Responses to a request whose run has begun (a generation already submitted to its model's batch), read as
     an async generator ``events`` is. ``aclose()`` ends the run even where nothing was read, as a stream whose
     response never started (its client gone first) is: ``events`` closed, then ``end``, which must tolerate being
-    called twice. Iterate under ``contextlib.aclosing``."""
+    called twice (none: a run that begins only when read, which closing ``events`` ends). Iterate under
+    ``contextlib.aclosing``."""
 
     __slots__ = ("_end", "_events")
 
-    def __init__(self, events: AsyncGenerator[T, None], end: Callable[[], Awaitable[None]]) -> None:
+    def __init__(self, events: AsyncGenerator[T, None], end: Callable[[], Awaitable[None]] | None = None) -> None:
         self._events, self._end = events, end
 
     def __aiter__(self) -> Begun[T]:
@@ -41,7 +42,8 @@ class Begun(AsyncIterator[T], Generic[T]):
         try:
             await self._events.aclose()
         finally:
-            await self._end()
+            if self._end is not None:
+                await self._end()
 
     def passed_through(self, events: AsyncGenerator[U, None]) -> Begun[U]:
         """``events``, which read these responses, as responses whose run has begun: closing them ends the run."""
