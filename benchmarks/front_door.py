@@ -1,7 +1,7 @@
 """The front door: workbench beside NVIDIA Triton itself, and beside the bare Python stacks, with compiled load clients.
 
 Run: `.venv/bin/python benchmarks/front_door.py [--duration S] [--rounds R] [--scenarios NAME ...]
-[--workbench_flags "--http_server=granian"] [--baseline_tree DIR] [--venvs DIR]`
+[--workbench_flags=--http_server=granian] [--baseline_tree DIR [--baseline_flags FLAGS]] [--venvs DIR]`
 Writes benchmarks/results/front_door.json (or ``--out``). Optional: not part of `make test`. About 15 minutes with
 the defaults on 2 cores once the venv exists (``--quick``: 2 s rows, one round, about 4). The first run creates the
 Triton venv (below) under ``--venvs`` (default ``$XDG_CACHE_HOME/workbench-peers`` or ``~/.cache/workbench-peers``,
@@ -38,9 +38,11 @@ every other round, each row the median round by requests/s), so that a burst of 
 falls on all of them: Triton; `workbench serve` with batching (``--enable_batching``, max_batch_size 64,
 batch_timeout_micros 0 or ``--batch_timeout_micros``, one batch thread) and without, each serving ``light``,
 ``heavy`` and ``half_plus_two`` (``--workbench_flags`` are added to both; ``--baseline_tree DIR`` serves that
-checkout's workbench too, a before and after in one run); benchmarks/request_path.py's bare stacks answering
-half_plus_two's answer without a model: a Starlette app on uvicorn (httptools, uvloop) and a grpc.aio
-PredictionService (which answers perf_analyzer's one GetModelMetadata with workbench's own answer).
+checkout's workbench too, a before and after in one run, with ``--baseline_flags`` instead where given:
+``--baseline_tree . --baseline_flags=--model_runners=1`` is a flag's effect in one run);
+benchmarks/request_path.py's bare stacks answering half_plus_two's answer without a model: a Starlette app on
+uvicorn (httptools, uvloop) and a grpc.aio PredictionService (which answers perf_analyzer's one GetModelMetadata
+with workbench's own answer).
 
 Scenarios (``--scenarios``): ``light-1x32`` (the logistic regression, 1 row a request, 32 connections, batching on),
 ``light-32x32`` (32 rows a request), ``heavy-1x32`` (the random forest, milliseconds a call whatever the batch),
@@ -703,13 +705,20 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="2 s measurements, one round")
     parser.add_argument("--scenarios", nargs="+", choices=list(SCENARIOS), default=list(SCENARIOS))
     parser.add_argument(
-        "--workbench_flags", default="", help='more `workbench serve` flags, e.g. "--http_server=granian"'
+        "--workbench_flags",
+        default="",
+        help="more `workbench serve` flags, e.g. --workbench_flags=--http_server=granian",
     )
     parser.add_argument(
         "--batch_timeout_micros", type=int, default=0,
         help="workbench's batch_timeout_micros (default 0; Triton's max_queue_delay_microseconds is 1000)",
     )  # fmt: skip
     parser.add_argument("--baseline_tree", type=Path, default=None, help="also serve this checkout's workbench")
+    parser.add_argument(
+        "--baseline_flags", default=None,
+        help="the baseline's `workbench serve` flags instead of --workbench_flags: with --baseline_tree . a flag's "
+        'effect in one run, e.g. --baseline_flags=--model_runners=1 (with "=": the value begins with a dash)',
+    )  # fmt: skip
     parser.add_argument("--no_triton", action="store_true", help="leave Triton out (and perf_analyzer with it)")
     parser.add_argument("--venvs", type=Path, default=None, help="where the peers' venvs live")
     parser.add_argument("--keep", action="store_true", help="keep the work folder (models, servers' logs)")
@@ -783,13 +792,14 @@ def main() -> None:
         timeout = f"batch_timeout_micros {{ value: {args.batch_timeout_micros} }}"
         (work / "batching.txt").write_text(BATCHING.replace("batch_timeout_micros { value: 0 }", timeout))
         batching_flags = ["--enable_batching", f"--batching_parameters_file={work / 'batching.txt'}"]
-        extra = ["--allow_pickle", "--num_load_threads=1", *shlex.split(args.workbench_flags)]
-        trees: dict[str, Path | None] = {"workbench": None}
+        extra = ["--allow_pickle", "--num_load_threads=1"]
+        baseline_flags = args.workbench_flags if args.baseline_flags is None else args.baseline_flags
+        trees: dict[str, tuple[Path | None, str]] = {"workbench": (None, args.workbench_flags)}
         if args.baseline_tree is not None:
-            trees["workbench (baseline)"] = args.baseline_tree.resolve()
-        for name, tree in trees.items():
+            trees["workbench (baseline)"] = (args.baseline_tree.resolve(), baseline_flags)
+        for name, (tree, own_flags) in trees.items():
             for batching in (True, False):
-                flags = [*extra, *(batching_flags if batching else [])]
+                flags = [*extra, *shlex.split(own_flags), *(batching_flags if batching else [])]
                 workbenches[f"{name}|{batching}"] = ServeProcess(config, *flags, tree=tree)
         rest_port = free_port()
         bare["rest"] = Child("bare-rest-uvicorn", rest_port, log=work / "bare-rest.log")
@@ -860,6 +870,7 @@ def main() -> None:
             "rounds": args.rounds,
             "workbench_flags": args.workbench_flags,
             "baseline_tree": str(args.baseline_tree) if args.baseline_tree else None,
+            "baseline_flags": baseline_flags if args.baseline_tree else None,
             "machine": {
                 "cpus": os.cpu_count(),
                 "python": sys.version.split()[0],
