@@ -1,7 +1,7 @@
 """The front door: workbench beside NVIDIA Triton itself, and beside the bare Python stacks, with compiled load clients.
 
 Run: `.venv/bin/python benchmarks/front_door.py [--duration S] [--rounds R] [--scenarios NAME ...]
-[--workbench_flags=--http_server=granian] [--baseline_tree DIR [--baseline_flags FLAGS]] [--venvs DIR]`
+[--workbench_flags=--http_server=granian] [--baseline_tree DIR [--baseline_flags=FLAGS]] [--venvs DIR]`
 Writes benchmarks/results/front_door.json (or ``--out``). Optional: not part of `make test`. About 15 minutes with
 the defaults on 2 cores once the venv exists (``--quick``: 2 s rows, one round, about 4). The first run creates the
 Triton venv (below) under ``--venvs`` (default ``$XDG_CACHE_HOME/workbench-peers`` or ``~/.cache/workbench-peers``,
