@@ -149,9 +149,9 @@ class CostCurve:
     GATHER_MIN_SECONDS = 1e-3
     # A gather waits until the queue has not grown for GATHER_QUIET_SHARE of the fixed cost, GATHER_LONGEST_SHARE at
     # most. A tenth was too short: after a batch the loop writes every answer before it reads the callers' next
-    # requests, and for 32 answered callers of a 200-tree forest (11-18 ms a call) that took longer than a tenth, so
-    # gathers ended with two thirds of them back (batches of 25 requests of the 32 in one process, 17 through a
-    # runner). As long as the longest, a gather ends with the rows expected back, a full batch, or a quarter of the
+    # requests, and for 32 answered callers of a 200-tree forest (11-18 ms a call) that often took longer than a
+    # tenth, so gathers ended before they were back (batches of 24-25 requests of the 32 in one process, 17 through
+    # a runner). As long as the longest, a gather ends with the rows expected back, a full batch, or a quarter of the
     # fixed cost: 1.09-1.35x the forest's requests over REST (front_door.py heavy-1x32, this change alone).
     GATHER_QUIET_SHARE = 0.25
     GATHER_LONGEST_SHARE = 0.25
