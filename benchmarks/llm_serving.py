@@ -47,9 +47,11 @@ weights, a WordPiece tokenizer of 1,000 tokens trained here; the feature-extract
 normalisation) served by `workbench serve --enable_batching` (max_batch_size 64, batch_timeout_micros 0, one batch
 thread: benchmarks/_common.py's BATCHING), 32 clients each sending one text (12 to 20 random words) to
 ``/v1/embeddings`` after the other, for ``--seconds`` after a warm-up: texts/s, the mean batch the server formed
-(its ``workbench_batch_size`` metric) and latency p50/p99. Each round measures two client libraries
+(its ``workbench_batch_size`` metric) and latency p50/p99. Each round measures three clients
 (``--embedding_clients``): the ``openai`` package's ``AsyncOpenAI`` (``embeddings.create``; it costs about 2 ms of
-CPU a request, on the cores the server uses) and a bare ``aiohttp`` session sending the same body (about 0.3 ms).
+CPU a request, on the cores the server uses), a bare ``aiohttp`` session sending the same body (about 0.3 ms), and
+``wrk`` (``apt-get install wrk``; compiled, one thread, 32 keep-alive connections POSTing the same bodies in turn:
+a few µs a request, so that the server does not share its cores with its client's Python).
 Against the same version loaded in this process by the platform's loader and called as the batcher calls it
 (``run_requests`` with one feed of one text per request, so tokenizing, padding, the forward pass and pooling all
 count), batches of the served mean batch size, for as long: texts/s. Served and in-process alternate (``--rounds``),
@@ -77,6 +79,8 @@ import asyncio
 import json
 import os
 import random
+import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -527,9 +531,73 @@ def embedding_sender(running: Running, library: str) -> tuple[Callable[[str], An
     return post, session.close
 
 
+# wrk's Lua: the connections POST the bodies in turn, and the summary is one line for run_wrk to read.
+WRK_EMBEDDINGS = """
+local bodies = {%s}
+local next_body = 0
+request = function()
+  next_body = next_body %% #bodies + 1
+  return wrk.format("POST", "/v1/embeddings", {["Content-Type"] = "application/json"}, bodies[next_body])
+end
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format('WRK_RESULT {"requests": %%d, "duration_us": %%d, "errors": %%d, "p50_us": %%d, ' ..
+    '"p99_us": %%d}\\n', summary.requests, summary.duration, e.connect + e.read + e.write + e.status + e.timeout,
+    latency:percentile(50), latency:percentile(99)))
+end
+"""
+
+
+def run_wrk(url: str, script: Path, seconds: float) -> dict[str, Any]:
+    """``EMBED_CLIENTS`` keep-alive connections of one wrk thread for ``seconds``: its summary line."""
+    command = [
+        "wrk", "-t1", f"-c{EMBED_CLIENTS}", f"-d{max(1, round(seconds))}s", "--timeout", "30s", "-s", str(script), url,
+    ]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 120)
+    line = next((ln for ln in done.stdout.splitlines() if ln.startswith("WRK_RESULT ")), None)
+    if line is None:
+        raise RuntimeError(f"wrk gave no result (exit {done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+    return json.loads(line.split(" ", 1)[1])
+
+
+def embedding_round_wrk(running: Running, texts: list[str], args: Any) -> dict[str, Any]:
+    """:func:`embedding_round` with wrk as the 32 clients (compiled: about a hundredth of ``aiohttp``'s CPU a
+    request), the connections POSTing the body ``openai`` sends for each text in turn."""
+    url = f"http://127.0.0.1:{running.server.port}"
+    bodies = [json.dumps({"model": "encoder", "input": t, "encoding_format": "base64"}) for t in texts]
+    with tempfile.TemporaryDirectory(prefix="wrk-embeddings-") as folder:
+        script = Path(folder) / "embeddings.lua"
+        script.write_text(WRK_EMBEDDINGS % ", ".join(f"[==[{b}]==]" for b in bodies))
+        run_wrk(url, script, args.warmup)
+        before = server_counters(url, "encoder")
+        pid = running.proc.pid
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = process_cpu_seconds(pid), loop_cpu_seconds(pid)
+        result = run_wrk(url, script, args.seconds)
+        wall = result["duration_us"] / 1e6
+        served_cpu, loop_cpu = process_cpu_seconds(pid) - cpu[0], loop_cpu_seconds(pid) - cpu[1]
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    client_cpu = after.ru_utime + after.ru_stime - children.ru_utime - children.ru_stime
+    examples, batches, failed = counters_since(url, "encoder", before)
+    answered = max(1, result["requests"])
+    return {
+        "texts_per_second": round(result["requests"] / wall, 1),
+        "mean_batch": round(examples / batches, 2) if batches else None,
+        "p50_ms": round(result["p50_us"] / 1000, 2),
+        "p99_ms": round(result["p99_us"] / 1000, 2),
+        "errors": result["errors"] + int(failed),
+        "server_cpu_per_second": round(served_cpu / wall, 2),
+        "client_cpu_per_second": round(client_cpu / wall, 2),
+        "server_loop_cpu_ms_per_text": round(1000 * loop_cpu / answered, 3),
+        "server_other_cpu_ms_per_text": round(1000 * (served_cpu - loop_cpu) / answered, 3),
+    }
+
+
 async def embedding_round(running: Running, texts: list[str], library: str, args: Any) -> dict[str, Any]:
     """32 clients, each sending one text after the other: ``--warmup`` s, then ``--seconds`` measured (texts/s,
     latency, the server's mean batch from its metrics, the server's and this client's CPU a second)."""
+    if library == "wrk":
+        return await asyncio.to_thread(embedding_round_wrk, running, texts, args)
     url = f"http://127.0.0.1:{running.server.port}"
     send, close = embedding_sender(running, library)
     latencies: list[float] = []
@@ -700,9 +768,9 @@ def main() -> None:
     parser.add_argument(
         "--embedding_clients",
         nargs="+",
-        choices=("openai", "aiohttp"),
-        default=["openai", "aiohttp"],
-        help="the embedding clients' library: each measured in every round (default both)",
+        choices=("openai", "aiohttp", "wrk"),
+        default=["openai", "aiohttp", "wrk"],
+        help="the embedding clients' library: each measured in every round (default all three)",
     )
     parser.add_argument(
         "--embedding_server_flags", nargs="*", default=[], metavar="FLAG",
@@ -727,6 +795,10 @@ def main() -> None:
         "--out", type=Path, default=None, help="results file (default benchmarks/results/llm_serving.json)"
     )
     args = parser.parse_args()
+    if "embeddings" in args.parts and "wrk" in args.embedding_clients and shutil.which("wrk") is None:
+        raise SystemExit(
+            "wrk is not installed (apt-get install wrk); or leave it out: --embedding_clients openai aiohttp"
+        )
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     args.venvs = (args.venvs or cache / "workbench-peers").expanduser().resolve()
     args.venvs.mkdir(parents=True, exist_ok=True)
