@@ -204,20 +204,32 @@ def _raylet_alive(node_id: str) -> bool:
     return False
 
 
-def start_ray_node(start: Callable[[], T], attempts: int = 3) -> T:
+def start_ray_node(start: Callable[[], T], attempts: int = 5, calm_seconds: float = 90.0) -> T:
     """``start()``, a Ray node's start (``cluster.add_node(...)``), again if the node failed to start.
 
     A node's raylet waits about 15 s for its dashboard agent to write its port files (metrics, listen port) and
     aborts when they are late, whatever ports the agent was given (Ray's constant: nothing we found sets it). On a
     machine starting three test workers at once, the agent's Python start took longer, and the module's cluster
-    never came up. The next start finds the agent's modules read and compiled, and the machine past its rush."""
+    never came up. The next start finds the agent's modules read and compiled; before it, the machine's rush is
+    given up to ``calm_seconds`` to pass (:func:`wait_for_calm`): on a slow machine under three workers' start
+    (browsers, wheel builds), three starts in a row, each soon after the last, all failed the same way."""
     for _ in range(attempts - 1):
         try:
             return start()
         except Exception as exc:  # Ray says it with a bare Exception
             if "timed out during startup" not in str(exc):
                 raise
+        wait_for_calm(calm_seconds)
     return start()
+
+
+def wait_for_calm(seconds: float) -> None:
+    """Wait until the machine's last minute averaged fewer runnable processes than it has cores, ``seconds`` at
+    most: not a readiness check (nothing here waits for a state), a pause for a start that must win a race."""
+    deadline = time.monotonic() + seconds
+    cores = os.cpu_count() or 1
+    while time.monotonic() < deadline and os.getloadavg()[0] >= cores:
+        time.sleep(2.0)
 
 
 @contextlib.contextmanager
