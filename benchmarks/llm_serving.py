@@ -106,7 +106,7 @@ from _common import (
     server_counters,
 )
 from generation import WORDS
-from peers import Running, Server, versions
+from peers import Running, Server, versions, wrk_script_load
 
 ROOT = Path(__file__).resolve().parent.parent
 BASELINE = "workbench-baseline"  # --baseline_tree's server
@@ -532,7 +532,7 @@ def embedding_sender(running: Running, library: str) -> tuple[Callable[[str], An
     return post, session.close
 
 
-# wrk's Lua: the connections POST the bodies in turn, and the summary is one line for run_wrk to read.
+# wrk's Lua request: the connections POST the bodies in turn (peers.wrk_script_load adds the summary).
 WRK_EMBEDDINGS = """
 local bodies = {%s}
 local next_body = 0
@@ -540,25 +540,7 @@ request = function()
   next_body = next_body %% #bodies + 1
   return wrk.format("POST", "/v1/embeddings", {["Content-Type"] = "application/json"}, bodies[next_body])
 end
-done = function(summary, latency, requests)
-  local e = summary.errors
-  io.write(string.format('WRK_RESULT {"requests": %%d, "duration_us": %%d, "errors": %%d, "p50_us": %%d, ' ..
-    '"p99_us": %%d}\\n', summary.requests, summary.duration, e.connect + e.read + e.write + e.status + e.timeout,
-    latency:percentile(50), latency:percentile(99)))
-end
 """
-
-
-def run_wrk(url: str, script: Path, seconds: float) -> dict[str, Any]:
-    """``EMBED_CLIENTS`` keep-alive connections of one wrk thread for ``seconds``: its summary line."""
-    command = [
-        "wrk", "-t1", f"-c{EMBED_CLIENTS}", f"-d{max(1, round(seconds))}s", "--timeout", "30s", "-s", str(script), url,
-    ]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 120)
-    line = next((ln for ln in done.stdout.splitlines() if ln.startswith("WRK_RESULT ")), None)
-    if line is None:
-        raise RuntimeError(f"wrk gave no result (exit {done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
-    return json.loads(line.split(" ", 1)[1])
 
 
 def embedding_round_wrk(running: Running, texts: list[str], args: Any) -> dict[str, Any]:
@@ -566,26 +548,26 @@ def embedding_round_wrk(running: Running, texts: list[str], args: Any) -> dict[s
     less), the connections POSTing the body ``openai`` sends for each text in turn."""
     url = f"http://127.0.0.1:{running.server.port}"
     bodies = [json.dumps({"model": "encoder", "input": t, "encoding_format": "base64"}) for t in texts]
+    requests = WRK_EMBEDDINGS % ", ".join(f"[==[{b}]==]" for b in bodies)
     with tempfile.TemporaryDirectory(prefix="wrk-embeddings-") as folder:
-        script = Path(folder) / "embeddings.lua"
-        script.write_text(WRK_EMBEDDINGS % ", ".join(f"[==[{b}]==]" for b in bodies))
-        run_wrk(url, script, args.warmup)
+        work = Path(folder)
+        wrk_script_load(url, requests, EMBED_CLIENTS, max(1, round(args.warmup)), 1, work)
         before = server_counters(url, "encoder")
         pid = running.proc.pid
         children = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu = process_cpu_seconds(pid), loop_cpu_seconds(pid)
-        result = run_wrk(url, script, args.seconds)
-        wall = result["duration_us"] / 1e6
+        result = wrk_script_load(url, requests, EMBED_CLIENTS, max(1, round(args.seconds)), 1, work)
         served_cpu, loop_cpu = process_cpu_seconds(pid) - cpu[0], loop_cpu_seconds(pid) - cpu[1]
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    wall = result["requests"] / result["requests_per_second"] if result["requests_per_second"] else args.seconds
     client_cpu = after.ru_utime + after.ru_stime - children.ru_utime - children.ru_stime
     examples, batches, failed = counters_since(url, "encoder", before)
     answered = max(1, result["requests"])
     return {
-        "texts_per_second": round(result["requests"] / wall, 1),
+        "texts_per_second": result["requests_per_second"],
         "mean_batch": round(examples / batches, 2) if batches else None,
-        "p50_ms": round(result["p50_us"] / 1000, 2),
-        "p99_ms": round(result["p99_us"] / 1000, 2),
+        "p50_ms": round(result["p50_ms"], 2),
+        "p99_ms": round(result["p99_ms"], 2),
         "errors": result["errors"] + int(failed),
         "server_cpu_per_second": round(served_cpu / wall, 2),
         "client_cpu_per_second": round(client_cpu / wall, 2),
@@ -597,8 +579,6 @@ def embedding_round_wrk(running: Running, texts: list[str], args: Any) -> dict[s
 async def embedding_round(running: Running, texts: list[str], library: str, args: Any) -> dict[str, Any]:
     """32 clients, each sending one text after the other: ``--warmup`` s, then ``--seconds`` measured (texts/s,
     latency, the server's mean batch from its metrics, the server's and this client's CPU a second)."""
-    if library == "wrk":
-        return await asyncio.to_thread(embedding_round_wrk, running, texts, args)
     url = f"http://127.0.0.1:{running.server.port}"
     send, close = embedding_sender(running, library)
     latencies: list[float] = []
@@ -716,7 +696,10 @@ def measure_embeddings(args: Any, work: Path, log: Callable[[str], None]) -> dic
             for running in runnings if index % 2 == 0 else reversed(runnings):
                 peer = running.server.peer
                 for library in args.embedding_clients if index % 2 == 0 else reversed(args.embedding_clients):
-                    served = asyncio.run(embedding_round(running, texts, library, args))
+                    if library == "wrk":
+                        served = embedding_round_wrk(running, texts, args)
+                    else:
+                        served = asyncio.run(embedding_round(running, texts, library, args))
                     batch = max(1, round(served["mean_batch"] or 1))
                     rate = in_process_rate(servable, texts, batch, args.seconds)
                     own = {"batch": batch, "texts_per_second": round(rate, 1)}

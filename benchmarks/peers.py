@@ -665,16 +665,18 @@ class Running:
 
 
 # --------------------------------------------------------------------------------------------- load
-WRK_SCRIPT = """
+# wrk's Lua: the request (a fixed JSON POST), and the summary as one line for wrk_script_load to read.
+WRK_REQUEST = """
 wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
 wrk.body = [==[%s]==]
-
+"""
+WRK_DONE = """
 done = function(summary, latency, requests)
   local e = summary.errors
   io.write(string.format(
-    'WRK_RESULT {"requests": %%d, "duration_us": %%d, "connect": %%d, "read": %%d, "write": %%d, "status": %%d, ' ..
-    '"timeout": %%d, "p50_us": %%d, "p90_us": %%d, "p99_us": %%d, "max_us": %%d}\\n',
+    'WRK_RESULT {"requests": %d, "duration_us": %d, "connect": %d, "read": %d, "write": %d, "status": %d, ' ..
+    '"timeout": %d, "p50_us": %d, "p90_us": %d, "p99_us": %d, "max_us": %d}\\n',
     summary.requests, summary.duration, e.connect, e.read, e.write, e.status, e.timeout,
     latency:percentile(50), latency:percentile(90), latency:percentile(99), latency.max))
 end
@@ -682,8 +684,17 @@ end
 
 
 def wrk_load(url: str, body: bytes, connections: int, seconds: int, threads: int, work: Path) -> dict[str, Any]:
+    """``connections`` keep-alive connections POSTing ``body`` to ``url`` for ``seconds``."""
+    return wrk_script_load(url, WRK_REQUEST % body.decode(), connections, seconds, threads, work)
+
+
+def wrk_script_load(
+    url: str, requests: str, connections: int, seconds: int, threads: int, work: Path
+) -> dict[str, Any]:
+    """wrk with ``requests`` (Lua that sets its requests up: ``wrk.body``, or a ``request`` function) for
+    ``seconds``: requests/s, latency percentiles and errors."""
     script = work / "wrk.lua"
-    script.write_text(WRK_SCRIPT % body.decode())
+    script.write_text(requests + WRK_DONE)
     command = [
         "wrk", f"-t{min(threads, connections)}", f"-c{connections}", f"-d{seconds}s", "--timeout", "30s",
         "-s", str(script), url,

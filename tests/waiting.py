@@ -16,6 +16,8 @@ from typing import Any, TypeVar
 
 import requests
 
+from workbench.runtime.process import available_cores
+
 T = TypeVar("T")
 
 
@@ -227,7 +229,7 @@ def wait_for_calm(seconds: float) -> None:
     """Wait until the machine's last minute averaged fewer runnable processes than it has cores, ``seconds`` at
     most: not a readiness check (nothing here waits for a state), a pause for a start that must win a race."""
     deadline = time.monotonic() + seconds
-    cores = os.cpu_count() or 1
+    cores = available_cores()
     while time.monotonic() < deadline and os.getloadavg()[0] >= cores:
         time.sleep(2.0)
 
