@@ -107,10 +107,12 @@ class Bench:
         signature: str = "serving_default",
         outputs: Sequence[str] = ("y",),
         interest: Interest | None = None,
+        one_client: bool = False,
     ) -> np.ndarray:
         result = await self.scheduler.run(
-            self.servable, self.servable.signatures[signature], {"x": column(*values)}, list(outputs), interest
-        )
+            self.servable, self.servable.signatures[signature], {"x": column(*values)}, list(outputs), interest,
+            one_client,
+        )  # fmt: skip
         assert set(result) == {"y"}
         return result["y"]
 
@@ -656,6 +658,94 @@ def test_run_now_leaves_a_batched_call_to_the_queue(bench: Callable[..., Bench],
         assert len(servable.calls) == calls, "nothing ran: batched requests share batches through the queue"
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("batching", [True, False], ids=["batching", "no batching"])
+def test_with_one_client_a_call_over_the_inline_budget_runs_on_the_loop_once_its_cost_is_known(
+    bench: Callable[..., Bench], monkeypatch: pytest.MonkeyPatch, batching: bool
+):
+    """A call too slow to run on the loop under load (over the inline budget) runs there for the server's one client,
+    once a few calls told its cost; every other request's call still goes to a thread, and the calls made for the one
+    client never put the model's calls on the loop for everyone."""
+    monkeypatch.setattr(RunCost, "INLINE_BUDGET_SECONDS", 1e-4)  # a 2 ms call never proves cheap under load
+    monkeypatch.setattr(RunCost, "ONE_CLIENT_BUDGET_SECONDS", 0.5)  # and always does for one client, machine busy
+    servable = Gated(delay=0.002)
+    servable.platform = "tensorflow"
+    b = bench(params(max_batch_size=8) if batching else None, servable, inline_cheap_calls=True)
+    settle = RunCost.SETTLE_RUNS
+
+    async def main() -> None:
+        for value in range(settle + 3):
+            np.testing.assert_array_equal(await asyncio.wait_for(b.ask(value, one_client=True), WAIT), answer(value))
+        for value in range(100, 103):
+            np.testing.assert_array_equal(await asyncio.wait_for(b.ask(value), WAIT), answer(value))
+
+    asyncio.run(main())
+    loop_thread = threading.current_thread().name  # asyncio.run's loop runs on this thread
+    on_loop = [name == loop_thread for name in servable.threads]
+    assert on_loop == [False] * settle + [True] * 3 + [False] * 3, servable.threads
+    assert len(b.records) == settle + 6, "a call run for one client is recorded as any other"
+    assert b.scheduler.queue_depths() == []
+
+
+def test_run_now_answers_the_one_clients_unbatched_call_once_its_cost_is_known(
+    bench: Callable[..., Bench], monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setattr(RunCost, "INLINE_BUDGET_SECONDS", 1e-4)
+    monkeypatch.setattr(RunCost, "ONE_CLIENT_BUDGET_SECONDS", 0.5)
+    servable = Gated(delay=0.002)
+    servable.platform = "tensorflow"
+    b = bench(None, servable, inline_cheap_calls=True)
+    signature = servable.signatures["serving_default"]
+
+    def now(value: float, one_client: bool) -> dict[str, np.ndarray] | None:
+        return b.scheduler.run_now(servable, signature, {"x": column(value)}, ["y"], one_client)
+
+    async def main() -> None:
+        assert now(-1.0, True) is None, "its cost is not known yet"
+        for value in range(RunCost.SETTLE_RUNS):
+            await asyncio.wait_for(b.ask(value), WAIT)
+        assert now(-2.0, False) is None, "over the inline budget: a thread's, but for one client"
+        answered = now(7.0, True)
+        assert answered is not None
+        np.testing.assert_array_equal(answered["y"], answer(7.0))
+        assert servable.threads[-1] == threading.current_thread().name, "run on the loop's own thread"
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("platform", ["fake", "python"])
+def test_a_platform_that_may_not_run_on_the_loop_never_does_for_one_client(
+    bench: Callable[..., Bench], monkeypatch: pytest.MonkeyPatch, platform: str
+):
+    monkeypatch.setattr(RunCost, "ONE_CLIENT_BUDGET_SECONDS", 0.5)
+    servable = Gated()
+    servable.platform = platform  # a Python model's call may wait on I/O: never on the loop
+    b = bench(None, servable, inline_cheap_calls=True)
+
+    async def main() -> None:
+        for value in range(RunCost.SETTLE_RUNS + 3):
+            await asyncio.wait_for(b.ask(value, one_client=True), WAIT)
+
+    asyncio.run(main())
+    assert all(name.startswith(THREAD_PREFIX) for name in servable.threads), servable.threads
+
+
+def test_a_call_for_one_client_is_known_by_its_typical_wall_time_and_leaves_the_inline_rule_alone():
+    cost = RunCost()
+    budget = RunCost.ONE_CLIENT_BUDGET_SECONDS
+    for _ in range(RunCost.SETTLE_RUNS - 1):
+        cost.record(budget / 4, on_loop=False, cpu_seconds=budget / 4)
+    assert not cost.runs_for_one_client(), "not before SETTLE_RUNS calls"
+    cost.record(budget / 4, on_loop=False, cpu_seconds=budget / 4)
+    assert cost.runs_for_one_client()
+    for _ in range(50):
+        cost.record_for_one_client(budget / 2)
+    assert cost.runs_for_one_client() and not cost.runs_on_loop() and not cost.inline
+    for _ in range(50):  # the model grew slow (a bigger batch, a busy machine): back to the threads
+        cost.record(budget * 3, on_loop=False)
+    assert not cost.runs_for_one_client()
+    assert not RunCost(allowed=False).runs_for_one_client()
 
 
 class FakeClock:

@@ -54,8 +54,15 @@ class RunCost:
     LAST_PROBE_WAIT_SECONDS = 60.0
     PROBE_WALL_LIMIT_SECONDS = 5e-3
     HICCUP_SECONDS = 2e-3
+    # With one client (workbench.planes.one_client), a call up to this long runs on the loop: nobody else's request
+    # waits behind it (a second client's first one, at most once, as behind a hiccup).
+    ONE_CLIENT_BUDGET_SECONDS = HICCUP_SECONDS
+    TYPICAL_SHARE = 0.1  # the weight of each new call in the typical call's seconds (after the first few)
 
-    __slots__ = ("inline", "_cheap_runs", "_allowed", "_maybe_cheap", "_next_probe", "_probe_wait", "_slow_on_loop")
+    __slots__ = (
+        "inline", "_cheap_runs", "_allowed", "_maybe_cheap", "_next_probe", "_probe_wait", "_slow_on_loop",
+        "_typical", "_calls",
+    )  # fmt: skip
 
     def __init__(self, allowed: bool = True) -> None:
         self.inline = False
@@ -65,10 +72,13 @@ class RunCost:
         self._next_probe = 0.0  # time.monotonic() from which a probe may run
         self._probe_wait = self.FIRST_PROBE_WAIT_SECONDS
         self._slow_on_loop = False  # the last call on the loop, of calls settled there, was over budget
+        self._typical = 0.0  # a call's wall seconds, wherever it ran (the mean of the first calls, then weighted)
+        self._calls = 0
 
     def record(self, seconds: float, on_loop: bool, cpu_seconds: float | None = None, preempted: bool = False) -> None:
         """One call took ``seconds`` (wall time), on the loop or on a thread; ``cpu_seconds`` is its thread's own
         CPU time for the call, where measured; ``preempted``: the OS took the loop's core during the call."""
+        self.record_for_one_client(seconds)
         budget = self.INLINE_BUDGET_SECONDS
         cheap = seconds < budget
         if on_loop:
@@ -96,6 +106,18 @@ class RunCost:
     def runs_on_loop(self) -> bool:
         """Whether the next call runs on the loop: the calls are there, or it is a probe that is due."""
         return self.inline or (self._maybe_cheap and time.monotonic() >= self._next_probe)
+
+    def record_for_one_client(self, seconds: float) -> None:
+        """One call took ``seconds`` (wall time). A call run on the loop for one client is recorded here alone: it
+        was over the inline budget, and says nothing of whether calls belong on the loop under load."""
+        self._calls += 1
+        self._typical += (seconds - self._typical) * max(1.0 / self._calls, self.TYPICAL_SHARE)
+
+    def runs_for_one_client(self) -> bool:
+        """Whether the next call runs on the loop when the server has one client: the calls may run there at all,
+        and have taken under :data:`ONE_CLIENT_BUDGET_SECONDS` of wall time (where they ran: on a thread that
+        counts its waits for the interpreter lock, so calls seen only under load have to prove cheaper)."""
+        return self._allowed and self._calls >= self.SETTLE_RUNS and self._typical < self.ONE_CLIENT_BUDGET_SECONDS
 
 
 class _Line:

@@ -98,9 +98,12 @@ class Batcher(Protocol):
         feed: Feed,
         outputs: Sequence[str],
         interest: Interest | None = None,
+        one_client: bool = False,
     ) -> Outputs: ...
 
-    def run_now(self, servable: Servable, signature: Signature, feed: Feed, outputs: Sequence[str]) -> Outputs | None:
+    def run_now(
+        self, servable: Servable, signature: Signature, feed: Feed, outputs: Sequence[str], one_client: bool = False
+    ) -> Outputs | None:
         """The answer at once when the call needs neither a queue nor a thread (see :meth:`BatchScheduler.run_now`);
         None when it must be awaited through :meth:`run`."""
         ...
@@ -203,10 +206,13 @@ class BatchScheduler:
         feed: Feed,
         outputs: Sequence[str],
         interest: Interest | None = None,
+        one_client: bool = False,
     ) -> Outputs:
         """Run ``feed`` through ``servable``, batched with other requests when its parameters allow.
 
         The run's tasks belong to ``interest`` (by default, the one the calling task was started under, if any).
+        ``one_client``: the request is the server's one client's (:mod:`workbench.planes.one_client`), and a call
+        that runs now may run on the loop (:meth:`RunCost.runs_for_one_client`).
         """
         loop = asyncio.get_running_loop()
         if interest is None:
@@ -226,7 +232,7 @@ class BatchScheduler:
             params = None
         key = batch_key(feed, params.pad_variable_length_inputs) if params is not None else None
         if params is None or key is None:
-            return await self._run_unbatched(loop, servable, signature, feed, outputs, interest)
+            return await self._run_unbatched(loop, servable, signature, feed, outputs, interest, one_client)
         rows = next(iter(feed.values())).shape[0]
         if rows > params.max_batch_size:
             raise ServingError(
@@ -263,7 +269,7 @@ class BatchScheduler:
                 interest._add(task)  # noqa: SLF001 - may withdraw it at once: its caller already gave up
         if idle:
             # An idle model runs the request now, with no hop through the loop.
-            self._schedule(queue)
+            self._schedule(queue, one_client)
         elif not queue.dispatch_pending:
             # Under load, dispatch at the end of this event-loop turn, not now: requests whose handlers run in the
             # same turn (they arrived together) share one batch and one thread hop.
@@ -285,10 +291,13 @@ class BatchScheduler:
             raise
         return {alias: np.concatenate([part[alias] for part in parts], axis=0) for alias in parts[0]}
 
-    def run_now(self, servable: Servable, signature: Signature, feed: Feed, outputs: Sequence[str]) -> Outputs | None:
+    def run_now(
+        self, servable: Servable, signature: Signature, feed: Feed, outputs: Sequence[str], one_client: bool = False
+    ) -> Outputs | None:
         """The answer here and now when :meth:`run` would run the call on the loop without queueing it: an unbatched
         call (no batching for the servable, or a signature that cannot batch) of a signature proven cheap
-        (:class:`RunCost`); None otherwise, and the caller awaits :meth:`run`.
+        (:class:`RunCost`), or cheap enough for the server's ``one_client``; None otherwise, and the caller awaits
+        :meth:`run`.
 
         For the data plane's hot path: a call answered here costs no coroutine, no interest and no deadline timer,
         none of which a call that never waits can use. It runs and is recorded exactly as :meth:`run` would.
@@ -296,12 +305,15 @@ class BatchScheduler:
         # The cost first: a model not proven cheap (most batched ones) is left to run() without reading its
         # batching parameters here too, which run() reads again.
         known = self._know(servable, signature)
+        for_one_client = False
         if not known.cost.runs_on_loop():
-            return None
+            if not (one_client and known.cost.runs_for_one_client()):
+                return None
+            for_one_client = True
         params = self._params_for(servable)
         if params is not None and signature.batchable:
             return None
-        return self._alone_here(known, servable, signature, feed, outputs)
+        return self._alone_here(known, servable, signature, feed, outputs, for_one_client=for_one_client)
 
     def _alone_here(
         self,
@@ -311,12 +323,16 @@ class BatchScheduler:
         feed: Feed,
         outputs: Sequence[str],
         interest: Interest | None = None,
+        for_one_client: bool = False,
     ) -> Outputs:
         """One unbatched call of a cheap signature, on the loop: run, timed for its cost, traced where ``interest``
-        is."""
+        is; ``for_one_client``: run there only because the server has one client (recorded as such)."""
         mark = thread_mark()
         result, seconds = self._run_alone(servable, signature, feed, outputs)
-        known.cost.record(seconds, True, *since(mark))
+        if for_one_client:
+            known.cost.record_for_one_client(seconds)
+        else:
+            known.cost.record(seconds, True, *since(mark))
         spans = _tracing.batches
         if spans is not None and interest is not None and interest.trace is not None:
             spans.ran_alone(interest.trace, time.perf_counter() - seconds, seconds)
@@ -330,8 +346,10 @@ class BatchScheduler:
         feed: Feed,
         outputs: Sequence[str],
         interest: Interest | None,
+        one_client: bool = False,
     ) -> Outputs:
-        """One call on its own, on an inference thread (or, for a model proven cheap, here on the loop).
+        """One call on its own, on an inference thread (or, for a model proven cheap, or cheap enough for the
+        server's ``one_client``, here on the loop).
 
         A task of its own, never queued, so that its caller's deadline answers it early and its interest knows
         when the thread has returned, exactly as for a batched request.
@@ -339,6 +357,8 @@ class BatchScheduler:
         known = self._know(servable, signature)
         if known.cost.runs_on_loop():
             return self._alone_here(known, servable, signature, feed, outputs, interest)
+        if one_client and not known.alone_running and known.cost.runs_for_one_client():
+            return self._alone_here(known, servable, signature, feed, outputs, interest, for_one_client=True)
         if interest is not None and interest.error is not None:  # its caller already gave up
             raise interest.error
         submitted = time.perf_counter()  # its wait for a turn and a thread is its queue time, as Triton's
@@ -519,7 +539,9 @@ class BatchScheduler:
             queue = self._queues[key] = _Queue(servable, signature, outputs, params, self._know(servable, signature))
         return queue
 
-    def _schedule(self, queue: _Queue) -> None:
+    def _schedule(self, queue: _Queue, one_client: bool = False) -> None:
+        """Start what may start of ``queue``; ``one_client``: its one request is the server's one client's (a call
+        cheap enough for that runs on the loop)."""
         params = queue.params
         pending = queue.pending
         staged = queue.staged
@@ -556,14 +578,20 @@ class BatchScheduler:
                 continue
             queue.known.last_batch_tasks = len(batch)
             started = time.perf_counter()
-            if queue.cost.runs_on_loop():  # a cheap call: here and now (this loop turn goes on with the next batch)
+            # A cheap call runs here and now (this loop turn goes on with the next batch), and so does one cheap enough
+            # for the server's one client (it is this queue's only request, and it starts at once).
+            for_one_client = one_client and not queue.cost.runs_on_loop() and queue.cost.runs_for_one_client()
+            if for_one_client or queue.cost.runs_on_loop():
                 mark = thread_mark()
                 try:
                     outcome: Ran | BaseException = self._execute(queue, batch)
                 except BaseException as exc:  # noqa: BLE001 - every caller of the batch gets the error
                     outcome = exc
                 cpu_seconds, preempted = since(mark)
-                self._deliver(queue, batch, started, outcome, True, cpu_seconds=cpu_seconds, preempted=preempted)
+                self._deliver(
+                    queue, batch, started, outcome, True, cpu_seconds=cpu_seconds, preempted=preempted,
+                    for_one_client=for_one_client,
+                )  # fmt: skip
                 continue
             self._start_on_thread(queue, batch, started)
         if pending and queue.running >= params.num_batch_threads and self._stages(queue):
@@ -829,9 +857,11 @@ class BatchScheduler:
         beside: bool = False,
         cpu_seconds: float | None = None,
         preempted: bool = False,
+        for_one_client: bool = False,
     ) -> None:
         """Answer every caller of ``batch`` with its rows (or the batch's error); a batch run on the loop is recorded
-        here too (a thread records its own). ``cpu_seconds`` and ``preempted``: see :meth:`RunCost.record`."""
+        here too (a thread records its own). ``cpu_seconds`` and ``preempted``: see :meth:`RunCost.record`;
+        ``for_one_client``: it ran on the loop only because the server has one client."""
         if isinstance(outcome, BaseException):
             if _tracing.batches is not None:
                 self._trace(queue, batch, started, outcome)
@@ -842,7 +872,10 @@ class BatchScheduler:
                 task.finished()
             return
         results, rows, run_seconds = outcome
-        queue.cost.record(run_seconds, on_loop, cpu_seconds, preempted)
+        if for_one_client:
+            queue.cost.record_for_one_client(run_seconds)
+        else:
+            queue.cost.record(run_seconds, on_loop, cpu_seconds, preempted)
         queue.known.curve.record(rows, run_seconds, beside)
         for task, result in zip(batch, results, strict=True):
             if task.future.done():

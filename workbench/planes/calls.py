@@ -21,6 +21,7 @@ from workbench.models.harness import Harness
 from workbench.observability import tracing as _tracing
 from workbench.observability.metrics import ServingMetrics
 from workbench.observability.stats import RollingStats
+from workbench.planes.one_client import GRPC_PROTOCOLS, OneClient
 
 T = TypeVar("T")
 A = TypeVar("A", covariant=True)
@@ -55,6 +56,7 @@ class CallSite(Protocol):
 
     metrics: ServingMetrics
     stats: RollingStats
+    one_client: OneClient
 
     def resolve(self, spec: ModelSpec) -> Harness: ...
 
@@ -70,8 +72,8 @@ class RequestInFlight:
     """
 
     __slots__ = (
-        "_dataplane", "_harness", "_started", "_work", "_interest", "servable", "model", "api", "protocol", "default",
-        "trace",
+        "_dataplane", "_harness", "_started", "_work", "_interest", "_grpc_calls", "servable", "model", "api",
+        "protocol", "default", "trace",
     )  # fmt: skip
 
     def __init__(
@@ -96,6 +98,11 @@ class RequestInFlight:
         self.servable: Servable = self._harness.servable
         if self.trace is not None:
             self.trace.resolved(self.servable.version)
+        # A gRPC call in flight: meanwhile the server has no one client (see workbench.planes.one_client).
+        self._grpc_calls: OneClient | None = None
+        if protocol in GRPC_PROTOCOLS:
+            self._grpc_calls = dataplane.one_client
+            self._grpc_calls.grpc_calls += 1
 
     @property
     def version(self) -> int:
@@ -126,6 +133,9 @@ class RequestInFlight:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        if self._grpc_calls is not None:
+            self._grpc_calls.grpc_calls -= 1
+            self._grpc_calls = None
         # Answered; a worker thread may still run the servable for it: hold it until that thread returns.
         work, interest = self._work, self._interest
         if interest is not None and interest.running:

@@ -41,6 +41,7 @@ from workbench.planes import decoupled, generation_watch
 from workbench.planes.calls import ModelSpec, RequestInFlight, WireRequest, answering, expire, until_answered
 from workbench.planes.first_load_waits import FirstLoadWaits
 from workbench.planes.on_demand import hold_on_demand
+from workbench.planes.one_client import OneClient
 from workbench.planes.response_cache import ResponseCache, request_digest
 from workbench.planes.sequence_pinning import Sequences
 from workbench.planes.shadowing import DEFAULT_MAX_PENDING, ShadowTraffic
@@ -103,6 +104,8 @@ class Dataplane:
         self.metrics = metrics
         self.stats = stats
         self.scheduler = scheduler
+        # Whether a request is the server's one client's (the ports count their connections into it).
+        self.one_client = OneClient()
         self.request_log = request_log
         self.drift: DriftMonitor | None = None  # set by the server: served inputs against a reference
         self._executor = executor
@@ -249,16 +252,20 @@ class Dataplane:
         run awaits other models and code of its own, so it runs as a task of its own (:meth:`_run`).
         """
         servable = call.servable
+        one_client = self.one_client.alone(call.protocol)  # a call cheap enough may run on the loop then
         if isinstance(servable, Composite):
             result = await self._run(call, servable.run_with(self._members, signature, feed, outputs), timeout)
-        elif call.trace is None and (now := self.scheduler.run_now(servable, signature, feed, outputs)) is not None:
+        elif (
+            call.trace is None
+            and (now := self.scheduler.run_now(servable, signature, feed, outputs, one_client)) is not None
+        ):
             return now  # a cheap unbatched call, answered on the loop: nothing to wait for, so no deadline to arm
         else:
             loop = asyncio.get_running_loop()
             interest = Interest(timeout, loop)
             interest.trace = call.trace
             call.hold_for(interest)
-            waiting = self.scheduler.run(servable, signature, feed, outputs, interest)
+            waiting = self.scheduler.run(servable, signature, feed, outputs, interest, one_client)
             result = await until_answered(waiting, interest, interest.deadline, interest.expire)
         if call.trace is not None:
             call.trace.ran(signature.name)  # the answer's encoding starts

@@ -163,9 +163,10 @@ class RunnerDispatch:
         feed: Mapping[str, np.ndarray],
         outputs: Sequence[str],
         interest: Interest | None = None,
+        one_client: bool = False,
     ) -> dict[str, np.ndarray]:
         if not isinstance(servable, RunnerServable):
-            return await self.local.run(servable, signature, feed, outputs, interest)
+            return await self.local.run(servable, signature, feed, outputs, interest, one_client)
         if interest is None:
             interest = CURRENT_INTEREST.get()
         link = self.pool.link_for()
@@ -181,13 +182,18 @@ class RunnerDispatch:
                 tracing.active.ran_remotely(interest.trace, f"runner-{link.index}", started, records or ())
 
     def run_now(
-        self, servable: Servable, signature: Signature, feed: Mapping[str, np.ndarray], outputs: Sequence[str]
+        self,
+        servable: Servable,
+        signature: Signature,
+        feed: Mapping[str, np.ndarray],
+        outputs: Sequence[str],
+        one_client: bool = False,
     ) -> dict[str, np.ndarray] | None:
         """A version this process serves itself may answer at once (:meth:`BatchScheduler.run_now`); a runner's never
         does: its answer comes from another process."""
         if isinstance(servable, RunnerServable):
             return None
-        return self.local.run_now(servable, signature, feed, outputs)
+        return self.local.run_now(servable, signature, feed, outputs, one_client)
 
     def queue_depths(self) -> list[tuple[str, int, int]]:
         """Rows waiting here and in flight to the runners, per model version."""

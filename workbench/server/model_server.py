@@ -239,7 +239,7 @@ class ModelServer:
             self.controlplane,
             FrontendSettings.of(options, self.router, self.shared_memory_access, self.asynchronous, self.batch_jobs),
         )
-        self._ports = Ports(options)
+        self._ports = Ports(options, self.dataplane.one_client)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop_task: asyncio.Future[None] | None = None
         self._stopping = threading.Event()

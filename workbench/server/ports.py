@@ -8,6 +8,7 @@ which TLS, and how they close within a drain's grace.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import socket
 import ssl
@@ -21,6 +22,7 @@ from starlette.applications import Starlette
 from workbench.config.options import ServerOptions
 from workbench.core.errors import Code, ServingError
 from workbench.frontends.grpc import ReadinessHealth, start_grpc_server
+from workbench.planes.one_client import OneClient
 from workbench.server.grpc_drain import stop as drain_grpc
 from workbench.server.http_drain import DrainingHttpProtocol, drain
 
@@ -54,8 +56,11 @@ class Ports:
     """A server's open ports: gRPC (TF Serving's services and v2's, on one port), REST, and OpenAI's endpoints when
     they have a port of their own (``--openai_port``), which takes REST's TLS."""
 
-    def __init__(self, options: ServerOptions) -> None:
+    def __init__(self, options: ServerOptions, one_client: OneClient | None = None) -> None:
+        """``one_client``: where the HTTP ports' open connections are counted (see
+        :mod:`workbench.planes.one_client`)."""
         self._options = options
+        self._one_client = one_client
         self.rest_port: int | None = None
         self.grpc_port: int | None = None
         self.openai_port: int | None = None
@@ -115,6 +120,8 @@ class Ports:
                 raise
             await granian.start()
             self._granian.append(granian)
+            if self._one_client is not None:
+                self._one_client.watch(None)  # granian does not say how many connections it holds
             log.info("Exporting %s/%s at %s:%d (granian)", scheme, what, options.rest_api_host, bound)
             return bound
         ssl_options: dict[str, Any] = {}
@@ -142,6 +149,9 @@ class Ports:
         server.lifespan = config.lifespan_class(config)
         await server.startup(sockets=[sock])
         self._http.append((server, [sock]))
+        if self._one_client is not None:
+            # uvicorn keeps each open connection's protocol in this set, from its accept to its close.
+            self._one_client.watch(functools.partial(len, server.server_state.connections))
         log.info("Exporting %s/%s at %s:%d", scheme, what, options.rest_api_host, bound)
         return bound
 
