@@ -2,11 +2,12 @@
 
 Why: a call handed to an inference thread costs two hand-offs, to the thread and back to the event loop, with their
 wake-ups and the interpreter lock changing hands, and one client waiting for each answer before it sends the next
-pays them on every request. For a model call of a fraction of a millisecond that was most of the server's time:
-the logistic regression of ``benchmarks/front_door.py``, one connection, batching off, served 0.87 ms of CPU a
-request with its calls on the loop against 1.34 ms on a thread, and answered in 0.92 ms at the median against
-1.49 ms (Triton's: 0.92 ms). Under many clients the threads are what let the loop take in the next requests while
-a call runs, so only a server with one client runs such calls on the loop (:meth:`RunCost.runs_for_one_client
+pays them on every request. For a model call of a fraction of a millisecond that was much of the server's time:
+the logistic regression of ``benchmarks/front_door.py``, one connection, batching off, over TF Serving REST, cost
+0.96 ms of server CPU a request with its calls on the loop against 1.28 ms on a thread, and answered in 1.05 ms at
+the median against 1.32 ms (over v2 REST: 0.94 against 1.47 ms; Triton's 0.95 ms). Under many clients the threads
+are what let the loop take in the next requests while a call runs, so only a server with one client runs such
+calls on the loop (:meth:`RunCost.runs_for_one_client
 <workbench.batching.run_cost.RunCost.runs_for_one_client>`).
 
 One client is exact on HTTP/1.1: a connection carries one request at a time (pipelined requests are answered in
