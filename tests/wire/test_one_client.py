@@ -23,6 +23,18 @@ DIGITS = "digits"
 LOOP_THREAD = "workbench-server"  # ServerThread's event loop
 
 
+@pytest.fixture(scope="module")
+def classifier() -> LogisticRegression:
+    x, y = tm.digits()
+    return LogisticRegression(max_iter=2000).fit(x, y)
+
+
+@pytest.fixture(scope="module")
+def expected(classifier: LogisticRegression) -> list[int]:
+    """The labels of the first 30 digits, predicted in-process (before any test records predict's threads)."""
+    return [int(label) for label in classifier.predict(tm.digits()[0][:30])]
+
+
 @pytest.fixture
 def predicted_on(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The thread of every LogisticRegression.predict call from now on (the server runs in this process)."""
@@ -39,16 +51,19 @@ def predicted_on(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 @pytest.fixture(params=[False, True], ids=["batching off", "batching on"])
 def server(
-    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, predicted_on: list[str]
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    classifier: LogisticRegression,
+    predicted_on: list[str],
 ) -> Iterator[ServerThread]:
     # No call proves cheap enough for the loop under load, and every call is cheap enough for one client, however
     # busy the machine: which thread runs a call is then the one-client rule's alone.
     monkeypatch.setattr(RunCost, "INLINE_BUDGET_SECONDS", 1e-9)
     monkeypatch.setattr(RunCost, "ONE_CLIENT_BUDGET_SECONDS", 60.0)
-    x, y = tm.digits()
     folder = tmp_path / DIGITS / "1"
     folder.mkdir(parents=True)
-    platform.write(LogisticRegression(max_iter=2000).fit(x, y), folder)
+    platform.write(classifier, folder)
     with tm.serving(tmp_path, enable_batching=request.param) as running:
         tm.available(running, DIGITS)
         yield running
@@ -65,10 +80,9 @@ def open_connections(server: ServerThread) -> int:
 
 
 def test_one_connections_calls_run_on_the_loop_and_a_second_connection_sends_them_to_the_threads(
-    server: ServerThread, predicted_on: list[str]
+    server: ServerThread, expected: list[int], predicted_on: list[str]
 ) -> None:
-    x, y = tm.digits()
-    expected = LogisticRegression(max_iter=2000).fit(x, y).predict(x[:30]).tolist()
+    x, _ = tm.digits()
     predicted_on.clear()
     settle = RunCost.SETTLE_RUNS
     with requests.Session() as one:
@@ -92,9 +106,10 @@ def test_one_connections_calls_run_on_the_loop_and_a_second_connection_sends_the
     assert predicted_on == [LOOP_THREAD] * 3, predicted_on
 
 
-def test_grpc_calls_never_run_on_the_loop_for_one_client(server: ServerThread, predicted_on: list[str]) -> None:
-    x, y = tm.digits()
-    expected = LogisticRegression(max_iter=2000).fit(x, y).predict(x[:20]).tolist()
+def test_grpc_calls_never_run_on_the_loop_for_one_client(
+    server: ServerThread, expected: list[int], predicted_on: list[str]
+) -> None:
+    x, _ = tm.digits()
     with requests.Session() as one:  # the model's cost is known, and one client's calls are on the loop
         for i in range(RunCost.SETTLE_RUNS + 2):
             predict(one, server, x[i : i + 1])

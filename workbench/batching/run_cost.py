@@ -78,7 +78,7 @@ class RunCost:
     def record(self, seconds: float, on_loop: bool, cpu_seconds: float | None = None, preempted: bool = False) -> None:
         """One call took ``seconds`` (wall time), on the loop or on a thread; ``cpu_seconds`` is its thread's own
         CPU time for the call, where measured; ``preempted``: the OS took the loop's core during the call."""
-        self.record_for_one_client(seconds)
+        self._typical_call(seconds)
         budget = self.INLINE_BUDGET_SECONDS
         cheap = seconds < budget
         if on_loop:
@@ -108,8 +108,12 @@ class RunCost:
         return self.inline or (self._maybe_cheap and time.monotonic() >= self._next_probe)
 
     def record_for_one_client(self, seconds: float) -> None:
-        """One call took ``seconds`` (wall time). A call run on the loop for one client is recorded here alone: it
-        was over the inline budget, and says nothing of whether calls belong on the loop under load."""
+        """A call run on the loop for one client took ``seconds`` (wall time). Recorded here alone: it was over the
+        inline budget, and says nothing of whether calls belong on the loop under load."""
+        self._typical_call(seconds)
+
+    def _typical_call(self, seconds: float) -> None:
+        """The typical call's wall seconds, wherever calls ran: the mean of the first calls, then weighted."""
         self._calls += 1
         self._typical += (seconds - self._typical) * max(1.0 / self._calls, self.TYPICAL_SHARE)
 

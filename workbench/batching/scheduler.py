@@ -580,8 +580,9 @@ class BatchScheduler:
             started = time.perf_counter()
             # A cheap call runs here and now (this loop turn goes on with the next batch), and so does one cheap enough
             # for the server's one client (it is this queue's only request, and it starts at once).
-            for_one_client = one_client and not queue.cost.runs_on_loop() and queue.cost.runs_for_one_client()
-            if for_one_client or queue.cost.runs_on_loop():
+            on_loop = queue.cost.runs_on_loop()
+            for_one_client = not on_loop and one_client and queue.cost.runs_for_one_client()
+            if on_loop or for_one_client:
                 mark = thread_mark()
                 try:
                     outcome: Ran | BaseException = self._execute(queue, batch)

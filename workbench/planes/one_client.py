@@ -53,9 +53,4 @@ class OneClient:
         connection open on every HTTP port, with no gRPC call in flight."""
         if self.grpc_calls or self._blind or protocol in GRPC_PROTOCOLS or not self._connections:
             return False
-        total = 0
-        for count in self._connections:
-            total += count()
-            if total > 1:
-                return False
-        return True
+        return self.open_connections() <= 1
