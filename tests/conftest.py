@@ -13,10 +13,13 @@ from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import nbval.kernel
 import pytest
 import requests
 
 sys.path.insert(0, str(Path(__file__).parent))
+
+import notebook_kernels  # tests/notebook_kernels.py, found through the path just set
 
 from workbench.config.options import HTTP_SERVER_ENV, HTTP_SERVERS, ServerOptions
 from workbench.jupyter import server_records as registry
@@ -134,6 +137,8 @@ BURNER = "import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n    f
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # nbval's kernels start past jupyter_client's port race (tests/notebook_kernels.py says how it was lost).
+    nbval.kernel.start_new_kernel = notebook_kernels.start_kernel
     # Servers started by tests register in a folder of this process's, not the user's Jupyter runtime: set before
     # anything runs (a notebook's kernel, started by nbval, inherits it), and one for each pytest-xdist worker.
     folder = tempfile.mkdtemp(prefix="workbench-test-runtime-")
