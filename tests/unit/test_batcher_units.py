@@ -1085,6 +1085,56 @@ def test_a_caller_back_alone_runs_once_the_others_stay_away_for_the_quiet_spell(
     assert [record.size for record in b.records] == [1, 3, 1, 1]
 
 
+def test_the_requests_waiting_when_a_batch_ends_wait_for_its_answered_callers_however_long_the_silence_first(
+    bench: Callable[..., Bench], monkeypatch: pytest.MonkeyPatch
+):
+    """A batch of one runs while three requests queue behind it. When it ends, the three wait for its caller's next
+    request as well, and start with it the moment it arrives: one batch of four, not three then one. The quiet
+    spell (1 ms here) counts from the first arrival after the batch ended, not from its end: the loop writes a
+    batch's answers before it reads a socket again, and over gRPC that silence outlasts a quiet spell."""
+    # A quiet spell of 1 ms, 5 s in all: the silence below lasts 20 times the quiet spell, and the test ends when
+    # the caller comes back, long before the 5 s.
+    b = fixed_cost_bench(bench, monkeypatch, 0.05, 250.0)
+
+    async def main() -> None:
+        await teach_the_fixed_cost(b)
+        b.records.clear()
+        first = asyncio.ensure_future(b.ask(0))  # the model is idle: it runs at once
+        await until(lambda: b.servable.entered > 5, "the first request's call running")
+        waiting = [asyncio.ensure_future(b.ask(value)) for value in (1, 2, 3)]
+        np.testing.assert_array_equal(await asyncio.wait_for(first, WAIT), answer(0))
+        await asyncio.sleep(0.02)  # the answered caller's trip back
+        assert b.queued_rows() == 3 and b.servable.entered == 6, "the three waiting ran without their answered caller"
+        back = asyncio.ensure_future(b.ask(4))
+        answers = await asyncio.wait_for(asyncio.gather(*waiting, back), WAIT)
+        for value, got in zip((1, 2, 3, 4), answers, strict=True):
+            np.testing.assert_array_equal(got, answer(value))
+
+    asyncio.run(main())
+    assert [record.size for record in b.records] == [1, 4]
+
+
+def test_the_requests_waiting_when_a_batch_ends_run_without_an_answered_caller_that_never_comes_back(
+    bench: Callable[..., Bench], monkeypatch: pytest.MonkeyPatch
+):
+    """As above, but the answered caller sends nothing more: the three waiting start together once the gather's
+    longest (50 ms here) has passed, with no arrival to start a quiet spell."""
+    b = fixed_cost_bench(bench, monkeypatch, 0.05, 2.5)
+
+    async def main() -> None:
+        await teach_the_fixed_cost(b)
+        b.records.clear()
+        first = asyncio.ensure_future(b.ask(0))
+        await until(lambda: b.servable.entered > 5, "the first request's call running")
+        waiting = [asyncio.ensure_future(b.ask(value)) for value in (1, 2, 3)]
+        answers = await asyncio.wait_for(asyncio.gather(first, *waiting), WAIT)
+        for value, got in enumerate(answers):
+            np.testing.assert_array_equal(got, answer(value))
+
+    asyncio.run(main())
+    assert [record.size for record in b.records] == [1, 3]
+
+
 def test_a_lone_callers_request_is_not_held_for_others_after_its_answer(
     bench: Callable[..., Bench], monkeypatch: pytest.MonkeyPatch
 ):

@@ -173,14 +173,20 @@ class CostCurve:
     MIN_BATCHES = 8
     CONTENDED = 1.5  # beside another batch, a call's fixed cost grows this much or more: the calls compete
     GATHER_MIN_SECONDS = 1e-3
-    # A gather waits until the queue has not grown for GATHER_QUIET_SHARE of the fixed cost, GATHER_LONGEST_SHARE at
-    # most. A tenth was too short: after a batch the loop writes every answer before it reads the callers' next
-    # requests, and for 32 answered callers of a 200-tree forest (11-18 ms a call) that often took longer than a
-    # tenth, so gathers ended before they were back (batches of 24-25 requests of the 32 in one process, 17 through
-    # a runner). As long as the longest, a gather ends with the rows expected back, a full batch, or a quarter of the
-    # fixed cost: 1.09-1.35x the forest's requests over REST (front_door.py heavy-1x32, this change alone).
+    # A gather waits until the queue has not grown for GATHER_QUIET_SHARE of the fixed cost since its last arrival,
+    # GATHER_LONGEST_SHARE in all, and ends at once with the rows expected back (the callers the batch before
+    # answered, and those that waited for it) or a full batch. A tenth was too short: after a batch the loop writes
+    # every answer before it reads the callers' next requests, and for 32 answered callers of a 200-tree forest
+    # (11-18 ms a call) that often took longer, so gathers ended before they were back (a quarter: 1.09-1.35x the
+    # forest's requests over REST, front_door.py heavy-1x32). Over gRPC, whose answers cost the loop more, a quarter
+    # was still too short: the first caller came back 8 ms (p50) after a 31 ms batch ended, all 32 after 23 ms, and
+    # batches alternated between those who waited and those answered (17 rows on average, a batch of one in seven).
+    # Three quarters, with the quiet spell counted from the first arrival and the expected rows ending it: the
+    # forest's gRPC requests 1.75-1.77x over the quarter, its REST 0.93-1.20x (front_door.py heavy-1x32, 5 rounds;
+    # half served about 0.85x of three quarters over gRPC in a quick A/B). A gather that waits it out still costs
+    # its requests less than a second call would.
     GATHER_QUIET_SHARE = 0.25
-    GATHER_LONGEST_SHARE = 0.25
+    GATHER_LONGEST_SHARE = 0.75
 
     __slots__ = ("_alone", "_beside")
 
@@ -204,10 +210,10 @@ class CostCurve:
         the requests that arrived meanwhile, and if so for how long: None, or (quiet, longest) seconds.
 
         It should where its call costs at least :data:`GATHER_MIN_SECONDS`, mostly its fixed part: each row the
-        wait adds is one more answer from the same call. It waits for one more request until none came for
-        ``quiet`` (:data:`GATHER_QUIET_SHARE` of the fixed cost: an answer's trip to its client and the client's
-        next request, a few loop turns), and ``longest`` in all (:data:`GATHER_LONGEST_SHARE`): a batch that
-        gathers nothing costs its requests that much more latency at most."""
+        wait adds is one more answer from the same call. Once a request has arrived, it waits for one more until
+        none came for ``quiet`` (:data:`GATHER_QUIET_SHARE` of the fixed cost: an answer's trip to its client and
+        the client's next request, a few loop turns), and ``longest`` in all (:data:`GATHER_LONGEST_SHARE`): a batch
+        that gathers nothing costs its requests that much more latency at most, less than a second call."""
         alone = self.line()
         if alone is None or alone[0] < self.GATHER_MIN_SECONDS or alone[0] <= alone[1] * rows:
             return None

@@ -806,12 +806,14 @@ class BatchScheduler:
         if gathering is not None:
             # A call costs mostly its fixed part: before the next batch starts, the loop takes in what reached its
             # sockets while this one ran (its thread held the GIL, so much of it is still unread), and the batch
-            # fills with those rows for the same cost. Requests queued meanwhile wait for this dispatch rather than
-            # start one (see _gathered).
+            # fills with those rows for the same cost; so do the callers this batch answered, whose next requests
+            # are on their way (clients in a closed loop). Requests queued meanwhile wait for this dispatch rather
+            # than start one (see _gathered).
             queue.dispatch_pending = True
-            now = time.perf_counter()
             quiet, longest = gathering
-            asyncio.get_running_loop().call_soon(self._gathered, queue, rows, now, quiet, now + longest)
+            expected = min(rows + sum(task.rows for task in batch), queue.params.execution_batch_size)
+            deadline = time.perf_counter() + longest
+            asyncio.get_running_loop().call_soon(self._gathered, queue, rows, None, quiet, deadline, expected)
             return
         self._schedule(queue)
 
@@ -830,16 +832,20 @@ class BatchScheduler:
             queue.known.expected_back = (answered, time.perf_counter() + longest, quiet, longest)
 
     def _gathered(
-        self, queue: _Queue, rows_before: int, grew: float, quiet: float, deadline: float, expected: int = 0
+        self, queue: _Queue, rows_before: int, grew: float | None, quiet: float, deadline: float, expected: int = 0
     ) -> None:
-        """Start the gathered batch once the queue has not grown for ``quiet`` seconds (each loop turn reads the
-        sockets or runs the handlers of what the last one read), once it is full or holds the ``expected`` rows,
-        or at ``deadline``."""
+        """Start the gathered batch once it is full or holds the ``expected`` rows, once the queue has not grown
+        for ``quiet`` seconds since it last grew (each loop turn reads the sockets or runs the handlers of what the
+        last one read), or at ``deadline``.
+
+        ``grew`` is None while nothing has arrived since the batch before ended: the loop then writes that batch's
+        answers before it reads a socket again (a gRPC answer costs it more than a REST one), so a silence that
+        long says nothing of whether the callers come back; only ``deadline`` bounds it."""
         rows, now = queue.pending_rows, time.perf_counter()
         if rows != rows_before:
             grew = now
         if (
-            now - grew >= quiet
+            (grew is not None and now - grew >= quiet)
             or rows >= queue.params.execution_batch_size
             or (expected and rows >= expected)
             or now > deadline
