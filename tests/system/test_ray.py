@@ -728,8 +728,12 @@ def test_deploy_without_a_cluster_starts_a_local_ray_that_shutdown_stops(
     """
     ray.shutdown()  # leave the module's cluster running, unconnected
     try:
-        deployment = workbench.ray.deploy(
-            repository, num_replicas=1, http_port=free_port(), grpc_port=free_port(), address="local"
+        # Its node is started as the module's are (start_ray_node): on a busy machine a raylet whose dashboard agent
+        # wrote its port files late aborted, and Ray said "The current node timed out during startup".
+        deployment = start_ray_node(
+            lambda: workbench.ray.deploy(
+                repository, num_replicas=1, http_port=free_port(), grpc_port=free_port(), address="local"
+            )
         )
         try:
             r = requests.post(f"{deployment.rest_url}/v1/models/{MODEL}:predict", json=predict_body(1.0), timeout=60)
