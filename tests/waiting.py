@@ -242,7 +242,7 @@ def patient_ray_nodes(seconds: float = 180.0) -> Iterator[None]:
     loop asks ``ray._private.services.get_node`` until it answers; this one asks again inside each of those asks. The
     processes Ray starts meanwhile (raylets, their agents) get the same patience through Ray's own settings, and
     every node started without its agents' ports (``Cluster.add_node``, ``ray.init(address="local")``, which takes
-    none) gets them from :func:`agent_ports`."""
+    none) gets them from :func:`agent_ports`. Ray's worker processes run at the tests' own priority, not niced."""
     import ray._private.parameter as parameter
     import ray._private.services as services
     import ray.serve._private.api as serve_api
@@ -253,6 +253,10 @@ def patient_ray_nodes(seconds: float = 180.0) -> Iterator[None]:
         # Ray Serve's controller kills an HTTP/gRPC proxy not ready in 5 s, or not answering its health check in 10.
         "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": str(seconds / 3),
         "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": str(seconds / 3),
+        # Ray starts its worker processes (Serve's replicas, proxies and controller among them) at nice 15: beside
+        # anything at the default priority (the other test workers, CI's other work) they got a CPU share about 30
+        # times smaller, and a replica took minutes to start; CI saw one STARTING for 5 minutes under load.
+        "RAY_worker_niceness": "0",
     }
     previous = {name: os.environ.get(name) for name in settings}
     os.environ.update(settings)

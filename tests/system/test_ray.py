@@ -88,7 +88,8 @@ PATIENCE = 1500
 # How long Ray's machinery may take on a machine busy with other work (CI's, or `make test-busy`): nets, not
 # expectations, every wait returns as soon as its condition holds. A new replica's start (a worker process importing
 # workbench and loading the model) while clients load the cluster: on a busy CI machine a replica sat STARTING for
-# over two minutes.
+# over two minutes, and once for five, while Ray still started its workers at nice 15 (tests/waiting.py's
+# patient_ray_nodes now starts them at the tests' own priority).
 REPLICA_START = 300
 # A RUNNING replica reached through the proxies (which learn of it by long poll), and what it exports reaching Ray's
 # metrics agents.
