@@ -132,13 +132,23 @@ def failure_screenshot(name: str) -> Path:
 def open_notebook(page, lab_url: str, name: str) -> None:  # type: ignore[no-untyped-def]
     base, _, token = lab_url.partition("/lab?token=")
     page.goto(f"{base}/lab/tree/{name}?token={token}")
-    page.wait_for_selector(".jp-NotebookPanel", timeout=120_000)
+    shown(page, ".jp-NotebookPanel", timeout=120_000)
     # Older settings files or a changed default can still bring up the kernel picker: accept python3.
     picker = page.locator(".jp-Dialog button:has-text('Select')")
     with contextlib.suppress(Exception):  # no dialog: the kernel started by itself
         picker.click(timeout=5_000)
     # The status bar says "Python 3 (ipykernel) | Idle" once the kernel is up and connected.
     page.wait_for_function("() => document.body.innerText.includes('| Idle')", timeout=120_000)
+
+
+def shown(page, selector: str, timeout: float) -> None:  # type: ignore[no-untyped-def]
+    """Wait until the first element ``selector`` matches is visible.
+
+    Not ``page.wait_for_selector``: that one also returns the element, adopting a handle to it into the page's own
+    JavaScript world once it is found, and in CI that step hung for its whole minute after the log had said
+    "locator resolved to visible" (the page was busy drawing live charts). A locator's wait returns when it sees
+    the element, with nothing to adopt."""
+    page.locator(selector).first.wait_for(state="visible", timeout=timeout)
 
 
 def run_all_cells(page, count: int | None = None) -> None:  # type: ignore[no-untyped-def]

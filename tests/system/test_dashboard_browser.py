@@ -10,7 +10,7 @@ import os
 import shutil
 from pathlib import Path
 
-from browser import lab_page, open_notebook, run_all_cells, stderr_outputs
+from browser import lab_page, open_notebook, run_all_cells, shown, stderr_outputs
 
 SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "dashboard.png"
 
@@ -41,8 +41,8 @@ def _drive(page, lab: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-d
     open_notebook(page, lab, "dashboard.ipynb")
     run_all_cells(page)
     # The versions table (server state through the management API) and the canary in it.
-    page.wait_for_selector(".jp-OutputArea-output td:has-text('half_plus_two')", timeout=180_000)
-    page.wait_for_selector(".jp-OutputArea-output td:has-text('canary')", timeout=60_000)
+    shown(page, ".jp-OutputArea-output td:has-text('half_plus_two')", timeout=180_000)
+    shown(page, ".jp-OutputArea-output td:has-text('canary')", timeout=60_000)
     # The versions panel says what the server says: the canary's share on the slider, the canary selected.
     # (The Versions tab comes first in the page: its slider and version list are the first of their kind.)
     # The tables above are the server's own output; the dashboard is the first widget drawn, which took over a
@@ -54,7 +54,7 @@ def _drive(page, lab: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-d
     assert version.evaluate("select => select.options[select.selectedIndex].text") == "2"
     # The live chart: plotly drew lines for both versions from the stats stream, under load.
     # (the "v1 vs v2" tab holds a chart too, hidden until its tab is picked: the live chart is the visible one)
-    page.wait_for_selector(".js-plotly-plot >> visible=true", timeout=120_000)
+    shown(page, ".js-plotly-plot >> visible=true", timeout=120_000)
     page.wait_for_function(
         "() => [...document.querySelectorAll('.js-plotly-plot .scatterlayer .trace path.js-line')]"
         ".filter(p => (p.getAttribute('d') || '').length > 40).length >= 4",

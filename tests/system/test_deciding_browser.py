@@ -9,7 +9,7 @@ import os
 import shutil
 from pathlib import Path
 
-from browser import lab_page, open_notebook, run_all_cells
+from browser import lab_page, open_notebook, run_all_cells, shown
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
@@ -45,12 +45,12 @@ def _drive(page, lab: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-d
     open_notebook(page, lab, "deciding.ipynb")
     run_all_cells(page)
     # The panel: the server's agreement, in words and drawn.
-    page.wait_for_selector(".jp-OutputArea-output h4:has-text('digits: v2 (shadow) vs v1')", timeout=180_000)
-    page.wait_for_selector(".jp-OutputArea-output b:has-text('%')", timeout=60_000)
+    shown(page, ".jp-OutputArea-output h4:has-text('digits: v2 (shadow) vs v1')", timeout=180_000)
+    shown(page, ".jp-OutputArea-output b:has-text('%')", timeout=60_000)
     # The analyzer's answer in its cell: why, the frontier, the table. Its cell holds the kernel, so the panel's
     # draws wait for it (its readings do not: the agreement's line is drawn whole once the kernel is free).
-    page.wait_for_selector(".jp-OutputArea-output p:has-text('wins for digits')", timeout=300_000)
-    page.wait_for_selector(".jp-OutputArea-output table.workbench-analysis", timeout=60_000)
+    shown(page, ".jp-OutputArea-output p:has-text('wins for digits')", timeout=300_000)
+    shown(page, ".jp-OutputArea-output table.workbench-analysis", timeout=60_000)
     page.wait_for_function(
         "() => document.querySelectorAll('.js-plotly-plot .scatterlayer .trace path.js-line').length >= 1",
         timeout=60_000,
@@ -61,7 +61,7 @@ def _drive(page, lab: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-d
     # The report file, opened on its own: plotly is inlined, so the chart draws with no network.
     report = tmp_path / "analysis" / "report.html"
     page.goto(report.as_uri())
-    page.wait_for_selector(".js-plotly-plot .scatterlayer .trace", timeout=60_000)
+    shown(page, ".js-plotly-plot .scatterlayer .trace", timeout=60_000)
     assert page.locator("table.workbench-analysis tr.winner").count() == 1
     report_shot = tmp_path / "analyzer-report.png"
     page.screenshot(path=str(report_shot), full_page=True)

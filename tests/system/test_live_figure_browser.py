@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from browser import lab_page, open_notebook, run_all_cells
+from browser import lab_page, open_notebook, run_all_cells, shown
 
 # While the chart's cell runs, every module the page loads from a large script blob (anywidget loads each figure's
 # plotly.js so) finishes loading 3 s late, as on a busy machine (a CPU slowed 60 times did it too, but not always).
@@ -56,14 +56,14 @@ def test_the_live_chart_draws_in_a_browser_that_loaded_plotly_too_late(tmp_path:
 def _drive(page, lab: str) -> None:  # type: ignore[no-untyped-def]
     open_notebook(page, lab, "slow.ipynb")
     run_all_cells(page, 1)
-    page.wait_for_selector(".jp-OutputArea-output:has-text('serving')", timeout=180_000)
+    shown(page, ".jp-OutputArea-output:has-text('serving')", timeout=180_000)
     page.evaluate(SLOW_MODULES)
     run_all_cells(page, 1)  # the chart's cell: its figures' models are not ready in 2 s
-    page.wait_for_selector(".js-plotly-plot", timeout=60_000)
+    shown(page, ".js-plotly-plot", timeout=60_000)
     time.sleep(2)
     page.evaluate("() => { window.workbenchSlowModules = false; }")  # a rebuilt figure loads as fast as it can
     # The static figure: its bars, from the message that created its model.
-    page.wait_for_selector(".js-plotly-plot .barlayer .trace path", timeout=60_000)
+    shown(page, ".js-plotly-plot .barlayer .trace path", timeout=60_000)
     # The live chart: lines of the traffic's latency and throughput, drawn and growing.
     lines = (
         "() => [...document.querySelectorAll('.js-plotly-plot .scatterlayer .trace path.js-line')]"
