@@ -811,7 +811,7 @@ class BatchScheduler:
             # than start one (see _gathered).
             queue.dispatch_pending = True
             quiet, longest = gathering
-            expected = min(rows + sum(task.rows for task in batch), queue.params.execution_batch_size)
+            expected = _rows_back(queue, batch, rows)
             deadline = time.perf_counter() + longest
             asyncio.get_running_loop().call_soon(self._gathered, queue, rows, None, quiet, deadline, expected)
             return
@@ -825,7 +825,7 @@ class BatchScheduler:
         starting a batch of one, after which the rest would run as a second batch, each call costing the whole
         fixed cost: batches that alternate between one request and all the others, half the answers a second. A
         first arrival later than the wait's longest is no answered caller's: it runs as usual."""
-        answered = min(sum(task.rows for task in batch), queue.params.execution_batch_size)
+        answered = _rows_back(queue, batch)
         gathering = queue.known.curve.gathering(answered)
         if gathering is not None:
             quiet, longest = gathering
@@ -929,3 +929,9 @@ class BatchScheduler:
         tracing.batch_ran(
             servable.name, servable.version, queue.signature.name, batch, started, rows, padded, run_seconds, error
         )
+
+
+def _rows_back(queue: _Queue, batch: list[BatchTask], waiting: int = 0) -> int:
+    """The rows a gather after ``batch`` may expect: ``waiting`` and the next requests of the callers it answered
+    (clients in a closed loop send one as each answer arrives), at most a batch."""
+    return min(waiting + sum(task.rows for task in batch), queue.params.execution_batch_size)
