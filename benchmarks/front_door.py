@@ -29,7 +29,8 @@ server's release, is installed with ``--no-deps`` into the same venv; it needs `
 the Open Inference Protocol over HTTP (binary tensors, as it sends them) and gRPC, and TF Serving's gRPC Predict
 (``--service-kind tfserving``; its sync API: it has no other there); time windows (``-p`` a third of ``--duration``,
 ``-s 999`` so that three windows always count, merged as it reports them); requests of the digits rows
-(``--input-data``). ``wrk`` (``apt-get install wrk``) for every JSON body: TF Serving REST ``:predict``
+(``--input-data``: JSON for the Open Inference Protocol, raw files for TF Serving's, whose JSON tensors perf_analyzer
+sends without their values). ``wrk`` (``apt-get install wrk``) for every JSON body: TF Serving REST ``:predict``
 (``{"instances": [[64 floats]]}``) and the v2 JSON body Triton and workbench both take, so that TF Serving REST is
 compared with Triton through the same client. Without perf_analyzer its rows are left out, with the reason.
 
@@ -82,6 +83,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -308,16 +311,18 @@ def perf_analyzer_load(
     connections: int,
     seconds: float,
     input_data: Path,
-    batch: int,
+    shape: tuple[int, int],
     work: Path,
     batched: bool = True,
 ) -> dict[str, Any]:
     """One perf_analyzer run at ``connections`` (its concurrency, sync API): three windows of ``seconds`` / 3,
     always taken as stable (``-s 999``), which it merges. ``protocol``: "http" or "grpc" (the Open Inference
-    Protocol, ``batch`` rows a request) or "tfserving" (TF Serving's gRPC Predict, the rows as ``input_data``
-    shapes them). ``batched``: the model's config has a max_batch_size (perf_analyzer's ``-b``); without one
-    (workbench without batching) the request's whole shape is given (``--shape``) and the input data is shaped."""
+    Protocol) or "tfserving" (TF Serving's gRPC Predict: ``input_data`` a folder of raw values); ``shape``: a
+    request's rows and their width. ``batched``: the model's config has a max_batch_size (perf_analyzer's
+    ``-b``); without one (workbench without batching) the request's whole shape is given (``--shape``) and the input
+    data is shaped."""
     assert install.perf_analyzer is not None
+    batch, width = shape
     csv = work / f"pa-{os.getpid()}-{time.monotonic_ns()}.csv"
     window_ms = max(200, round(seconds * 1000 / 3))
     command = [
@@ -325,12 +330,12 @@ def perf_analyzer_load(
         f"--measurement-interval={window_ms}", "--stability-percentage=999", "--max-trials=3",
         f"--input-data={input_data}", "-f", str(csv),
     ]  # fmt: skip
-    if protocol == "tfserving":
-        command += ["-i", "grpc", "--service-kind=tfserving"]
+    if protocol == "tfserving":  # input_data is a folder of raw values (perf_analyzer_data): their shape is given
+        command += ["-i", "grpc", "--service-kind=tfserving", f"--shape=x:{batch},{width}"]
     elif batched:
         command += ["-i", protocol, f"-b{batch}"]
     else:
-        command += ["-i", protocol, f"--shape=x:{batch},64"]
+        command += ["-i", protocol, f"--shape=x:{batch},{width}"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=seconds * 4 + 120, env=install.client_env())
     lines = csv.read_text().splitlines() if csv.exists() else []
     csv.unlink(missing_ok=True)
@@ -348,19 +353,26 @@ def perf_analyzer_load(
 
 
 def perf_analyzer_data(work: Path, rows: list[list[float]]) -> dict[str, Path]:
-    """perf_analyzer's ``--input-data`` files: the digits rows as a v2 stream (a batch takes consecutive rows), and
-    one TF Serving tensor of 1 and of 32 rows; half_plus_two's x = [[2.0]]."""
+    """perf_analyzer's ``--input-data``: for the Open Inference Protocol, JSON files of the digits rows as a stream
+    (a batch takes consecutive rows) and as one row a request; for TF Serving's gRPC Predict, folders holding each
+    input's values as one raw little-endian file (sent with their shape, ``--shape``): the digits' first row
+    and all 32 as float64, half_plus_two's x = [[2.0]] as float32. Not JSON there: perf_analyzer 2.51's tfserving
+    client sends a JSON file's tensors with their dtype and shape but no values (TF Serving reads such a tensor as
+    zeros), where it sends a folder's values."""
     files = {
         "v2": {"data": [{"x": row} for row in rows]},
         "v2-1": {"data": [{"x": {"content": row, "shape": [1, len(row)]}} for row in rows]},
-        "tfs-1": {"data": [{"x": {"content": rows[0], "shape": [1, len(rows[0])]}}]},
-        f"tfs-{len(rows)}": {"data": [{"x": {"content": [v for r in rows for v in r], "shape": [len(rows), 64]}}]},
-        "hp2": {"data": [{"x": {"content": [2.0], "shape": [1, 1]}}]},
     }
     paths = {}
     for name, data in files.items():
         paths[name] = work / f"input-{name}.json"
         paths[name].write_text(json.dumps(data))
+    folders = {"tfs-1": np.asarray(rows[:1], "<f8"), f"tfs-{len(rows)}": np.asarray(rows, "<f8"),
+               "hp2": np.asarray([[2.0]], "<f4")}  # fmt: skip
+    for name, values in folders.items():
+        paths[name] = work / f"input-{name}"
+        paths[name].mkdir(exist_ok=True)
+        values.tofile(paths[name] / "x")
     return paths
 
 
@@ -480,8 +492,9 @@ def measure(case: Case, seconds: float, context: Context) -> dict[str, Any]:
                 where, kind = (target.http or "").removeprefix("http://"), "http"
                 if case.protocol == V2_GRPC:
                     where, kind = target.grpc, "grpc"
+            shape = (s.rows, 1 if s.model == HP2 else 64)
             result = perf_analyzer_load(
-                context.triton, str(where), model, kind, s.connections, seconds, data, s.rows, context.work, batched
+                context.triton, str(where), model, kind, s.connections, seconds, data, shape, context.work, batched
             )
             requests = result["requests_per_second"] * (time.perf_counter() - began)
     except Exception as exc:  # noqa: BLE001 - the row records why; the others go on
