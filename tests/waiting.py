@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import shutil
 import threading
 import time
@@ -165,12 +166,14 @@ def agent_ports(taken: Collection[int] = ()) -> dict[str, int]:
     Given port 0, each agent picks one and writes it to a file in the session folder, and the node's raylet waits for
     those files about 15 s (no setting of Ray's that we found changes it), then crashes: "Timed out waiting for file
     .../metrics_agent_port_<node>". On two cores busy with other tests an agent's Python start took longer, and the
-    cluster never came up. With its ports given, nothing waits for the files.
+    cluster never came up. With its ports given, nothing waits for the files: the metrics export port's too (CI lost
+    the Ray Data module, whose head gives none, to "Timed out waiting for file .../metrics_export_port_<node>" four
+    starts in a row, its agent's first line logged 26 s after its start).
 
-    The three differ from each other and from ``taken`` (the node's other given ports): the kernel may hand a port
+    The four differ from each other and from ``taken`` (the node's other given ports): the kernel may hand a port
     just closed out again, and Ray refuses a node two of whose components share one (CI saw the runtime-env agent
     given the metrics-export port picked a moment before)."""
-    names = ("metrics_agent_port", "dashboard_agent_listen_port", "runtime_env_agent_port")
+    names = ("metrics_agent_port", "dashboard_agent_listen_port", "runtime_env_agent_port", "metrics_export_port")
     return dict(zip(names, free_ports(len(names), taken), strict=True))
 
 
@@ -210,7 +213,7 @@ def start_ray_node(start: Callable[[], T], attempts: int = 5, calm_seconds: floa
     """``start()``, a Ray node's start (``cluster.add_node(...)``), again if the node failed to start.
 
     A node's raylet waits about 15 s for its dashboard agent to write its port files (metrics, listen port) and
-    aborts when they are late, whatever ports the agent was given (Ray's constant: nothing we found sets it). On a
+    aborts when they are late, for each port it was not given (:func:`agent_ports`; Ray's constant). On a
     machine starting three test workers at once, the agent's Python start took longer, and the module's cluster
     never came up. The next start finds the agent's modules read and compiled; before it, the machine's rush is
     given up to ``calm_seconds`` to pass (:func:`wait_for_calm`): on a slow machine under three workers' start
@@ -242,8 +245,10 @@ def patient_ray_nodes(seconds: float = 180.0) -> Iterator[None]:
     loop asks ``ray._private.services.get_node`` until it answers; this one asks again inside each of those asks. The
     processes Ray starts meanwhile (raylets, their agents) get the same patience through Ray's own settings, and
     every node started without its agents' ports (``Cluster.add_node``, ``ray.init(address="local")``, which takes
-    none) gets them from :func:`agent_ports`. Ray's worker processes run at the tests' own priority, not niced."""
+    none) gets them from :func:`agent_ports`, its raylet told the dashboard agent's listen port as well, so that it
+    waits for none of their port files. Ray's worker processes run at the tests' own priority, not niced."""
     import ray._private.parameter as parameter
+    import ray._private.ray_constants as ray_constants
     import ray._private.services as services
     import ray.serve._private.api as serve_api
 
@@ -277,20 +282,46 @@ def patient_ray_nodes(seconds: float = 180.0) -> Iterator[None]:
 
     def with_agent_ports(params: Any, *args: Any, **kwargs: Any) -> None:
         make_params(params, *args, **kwargs)
+        if params.dashboard_agent_listen_port == ray_constants.DEFAULT_DASHBOARD_AGENT_LISTEN_PORT:  # every node's
+            params.dashboard_agent_listen_port = 0
         given = {value for name, value in vars(params).items() if name.endswith("_port") and isinstance(value, int)}
         for name, port in agent_ports(taken=given).items():
             if not getattr(params, name, None):
                 setattr(params, name, port)
 
+    start_process = services.start_ray_process
+
+    def raylet_told_its_agents_port(command: list[str], process_type: str, *args: Any, **kwargs: Any) -> Any:
+        # Ray hands the dashboard agent its listen port (0 on a cluster's worker node: the agent picks one) but not
+        # the raylet, which then waits for the agent's file of it; the raylet has the flag, and Ray 2.60's
+        # start_raylet passes it no value. The agent's port is fixed here when it is 0, and the raylet told it.
+        if process_type != ray_constants.PROCESS_TYPE_RAYLET or any(
+            arg.startswith("--dashboard_agent_listen_port=") for arg in command
+        ):
+            return start_process(command, process_type, *args, **kwargs)
+        at = next((i for i, arg in enumerate(command) if arg.startswith("--dashboard_agent_command=")), None)
+        if at is not None:
+            words = command[at].split(" ")
+            given = {int(word) for arg in command for word in re.findall(r"port[=_-]*(\d+)", arg)}
+            for i, word in enumerate(words):
+                if word.startswith("--listen-port="):
+                    port = int(word.split("=", 1)[1]) or free_ports(1, given)[0]
+                    words[i] = f"--listen-port={port}"
+                    command = [*command[:at], " ".join(words), *command[at + 1 :]]
+                    command.append(f"--dashboard_agent_listen_port={port}")
+        return start_process(command, process_type, *args, **kwargs)
+
     # serve.start gives up on proxies not ready in 60 s (HTTP_PROXY_TIMEOUT, a constant, which api.py imports).
     proxy_timeout = serve_api.HTTP_PROXY_TIMEOUT
     services.get_node = get_node
+    services.start_ray_process = raylet_told_its_agents_port
     parameter.RayParams.__init__ = with_agent_ports  # type: ignore[method-assign]
     serve_api.HTTP_PROXY_TIMEOUT = seconds
     try:
         yield
     finally:
         services.get_node = original
+        services.start_ray_process = start_process
         parameter.RayParams.__init__ = make_params  # type: ignore[method-assign]
         serve_api.HTTP_PROXY_TIMEOUT = proxy_timeout
         for name, value in previous.items():
