@@ -16,8 +16,9 @@ def test_ports_picked_together_differ_and_avoid_the_ones_taken() -> None:
         assert len(set(ports)) == 8
         assert taken not in ports
         agents = agent_ports(taken=[taken])
-        assert set(agents) == {"metrics_agent_port", "dashboard_agent_listen_port", "runtime_env_agent_port"}
-        assert len(set(agents.values())) == 3 and taken not in agents.values()
+        names = {"metrics_agent_port", "dashboard_agent_listen_port", "runtime_env_agent_port", "metrics_export_port"}
+        assert set(agents) == names
+        assert len(set(agents.values())) == 4 and taken not in agents.values()
 
 
 def test_a_picked_port_is_free_to_listen_on() -> None:
