@@ -35,6 +35,7 @@ from fakes import FakeRepository, FakeServable, version_folders
 
 from workbench.batching.scheduler import BatchRecord, BatchScheduler
 from workbench.batching.threads import InferenceThreads
+from workbench.config.batching_parameters import BatchingParameters
 from workbench.config.version_policy import VersionPolicy
 from workbench.core.errors import Code, ServingError
 from workbench.core.signatures import Signature
@@ -91,12 +92,15 @@ class Engine(FakeRepository):
         cache_models: Sequence[str] = (),
         first_load_wait: float = WAIT,
         allow_labels_for_unavailable: bool = False,
+        batching: BatchingParameters | None = None,
     ) -> None:
+        """``batching``: every model's batching parameters (None: no model batches)."""
         super().__init__(root, allow_labels_for_unavailable=allow_labels_for_unavailable)
         self.metrics = ServingMetrics()
         self.stats = RollingStats()
         self.threads = InferenceThreads(2, "unit-dataplane")
-        self.scheduler = BatchScheduler(self.threads, lambda servable: None, listener=self._on_batch)
+        self.scheduler = BatchScheduler(self.threads, lambda servable: batching, listener=self._on_batch)
+        self.batch_records: list[BatchRecord] = []
         counts = CacheCounts(self.stats, self.metrics)
         self.cache = ResponseCache(1 << 20, cache_models, counts) if cache_models else None
         self.dataplane = Dataplane(
@@ -111,6 +115,7 @@ class Engine(FakeRepository):
         self.manager.add_listener(self._on_state_change)
 
     def _on_batch(self, record: BatchRecord) -> None:
+        self.batch_records.append(record)
         self.metrics.observe_batch(record)
         self.stats.record_batch(record.model, record.version, record.size, record.tasks)
 

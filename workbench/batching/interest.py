@@ -34,7 +34,7 @@ class BatchTask:
     the stage's lock, the one thing the event loop and that thread both touch.
     """
 
-    __slots__ = ("feed", "rows", "key", "future", "enqueued", "queue", "interest", "queued", "stage_lock")
+    __slots__ = ("feed", "rows", "key", "future", "enqueued", "queue", "interest", "queued", "stage_lock", "requests")
 
     def __init__(
         self,
@@ -45,11 +45,15 @@ class BatchTask:
         enqueued: float,
         queue: Queued | None,  # None: an unbatched call, never queued
         interest: Interest | None,
+        requests: int = 1,
     ) -> None:
+        """``requests``: how many requests its rows are (a group's, :mod:`workbench.planes.coalescing`), as the
+        batch's records count them."""
         self.feed, self.rows, self.key, self.future, self.enqueued = feed, rows, key, future, enqueued
         self.queue, self.interest = queue, interest
         self.queued = True
         self.stage_lock: threading.Lock | None = None
+        self.requests = requests
 
     def withdraw(self, error: BaseException | None) -> None:
         """Out of its queue unrun (no-op once a batch took it); its awaiter gets ``error`` (None: leave its future)."""

@@ -99,7 +99,11 @@ class Batcher(Protocol):
         outputs: Sequence[str],
         interest: Interest | None = None,
         one_client: bool = False,
-    ) -> Outputs: ...
+        requests: int = 1,
+    ) -> Outputs:
+        """``requests``: how many requests ``feed``'s rows are (a group's, which fits in one batch: see
+        :meth:`largest_batch`)."""
+        ...
 
     def run_now(
         self, servable: Servable, signature: Signature, feed: Feed, outputs: Sequence[str], one_client: bool = False
@@ -109,6 +113,11 @@ class Batcher(Protocol):
         ...
 
     def queue_depths(self) -> list[tuple[str, int, int]]: ...
+
+    def largest_batch(self, servable: Servable) -> int:
+        """The most rows one batch of ``servable`` runs (one call of its model); 0 when its requests are not
+        batched."""
+        ...
 
 
 class _SignatureState:
@@ -191,6 +200,10 @@ class BatchScheduler:
         self._known: dict[int, dict[str, _SignatureState]] = {}
         self._said_unbatched: set[tuple[str, int, str]] = set()
 
+    def largest_batch(self, servable: Servable) -> int:
+        params = self._params_for(servable)
+        return params.execution_batch_size if params is not None else 0
+
     def queue_depths(self) -> list[tuple[str, int, int]]:
         """(model, version, rows waiting) for every servable with a live queue."""
         depths: dict[tuple[str, int], int] = {}
@@ -207,10 +220,12 @@ class BatchScheduler:
         outputs: Sequence[str],
         interest: Interest | None = None,
         one_client: bool = False,
+        requests: int = 1,
     ) -> Outputs:
         """Run ``feed`` through ``servable``, batched with other requests when its parameters allow.
 
         The run's tasks belong to ``interest`` (by default, the one the calling task was started under, if any).
+        ``requests``: how many requests ``feed``'s rows are (a group's: one task, counted as that many).
         ``one_client``: the request is the server's one client's (:mod:`workbench.planes.one_client`), and a call
         that runs now may run on the loop (:meth:`RunCost.runs_for_one_client`).
         """
@@ -245,7 +260,7 @@ class BatchScheduler:
         now = time.perf_counter()
         step = params.execution_batch_size
         if rows <= step:
-            tasks = [BatchTask(feed, rows, key, loop.create_future(), now, queue, interest)]
+            tasks = [BatchTask(feed, rows, key, loop.create_future(), now, queue, interest, requests)]
         else:
             tasks = [
                 BatchTask(piece, next(iter(piece.values())).shape[0], key, loop.create_future(), now, queue, interest)
@@ -576,7 +591,7 @@ class BatchScheduler:
             batch = self._take(queue)
             if not batch:
                 continue
-            queue.known.last_batch_tasks = len(batch)
+            queue.known.last_batch_tasks = _requests_in(batch)
             started = time.perf_counter()
             # A cheap call runs here and now (this loop turn goes on with the next batch), and so does one cheap enough
             # for the server's one client (it is this queue's only request, and it starts at once).
@@ -646,7 +661,7 @@ class BatchScheduler:
     def _staged_taken(queue: _Queue, batch: list[BatchTask]) -> None:
         """A staged batch was taken to run: its rows left the queue."""
         queue.pending_rows -= sum(task.rows for task in batch)
-        queue.known.last_batch_tasks = len(batch)
+        queue.known.last_batch_tasks = _requests_in(batch)
 
     @staticmethod
     def _give_back(tasks: Sequence[BatchTask]) -> None:
@@ -908,8 +923,8 @@ class BatchScheduler:
                     signature=queue.signature.name,
                     size=sum(t.rows for t in batch),
                     padded_size=target,
-                    tasks=len(batch),
-                    queue_seconds=[started - t.enqueued for t in batch],
+                    tasks=_requests_in(batch),
+                    queue_seconds=[started - t.enqueued for t in batch for _ in range(t.requests)],
                     run_seconds=run_seconds,
                 )
             )
@@ -935,3 +950,8 @@ def _rows_back(queue: _Queue, batch: list[BatchTask], waiting: int = 0) -> int:
     """The rows a gather after ``batch`` may expect: ``waiting`` and the next requests of the callers it answered
     (clients in a closed loop send one as each answer arrives), at most a batch."""
     return min(waiting + sum(task.rows for task in batch), queue.params.execution_batch_size)
+
+
+def _requests_in(batch: list[BatchTask]) -> int:
+    """The requests a batch runs (a group's task is as many as its members)."""
+    return sum(task.requests for task in batch)

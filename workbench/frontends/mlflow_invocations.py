@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 from starlette.requests import Request
@@ -33,6 +33,8 @@ PROTOCOL = "mlflow"
 class ScoringBody:
     """A read ``/invocations`` request, laid onto the signature of the version it resolved to."""
 
+    stacks = False  # each request runs as its own task (MLflow's columns are not checked to stack)
+
     def __init__(self, request: mlflow_scoring.ScoringRequest) -> None:
         self.request = request
 
@@ -44,6 +46,10 @@ class ScoringBody:
 
     def encode(self, outputs: Mapping[str, np.ndarray]) -> bytes:
         return mlflow_scoring.encode_predictions(outputs)
+
+    @staticmethod
+    def decode_together(requests: Sequence[ScoringBody], signatures: Mapping[str, Signature]) -> None:
+        """Never called: its requests do not stack."""
 
 
 class MlflowScoring:

@@ -214,6 +214,12 @@ class ServedModels:
         why = self.why_not_serving(name, version)
         raise ServingError(Code.NOT_FOUND, f"Servable not found for request: {wanted}" + (f": {why}" if why else ""))
 
+    def routed_one_way(self, name: str) -> bool:
+        """Whether every request for ``name`` naming no version goes to one version now: one serves it, and no canary
+        takes a share (lock-free)."""
+        route = self._state.routes.get(name)
+        return route is not None and route.default is not None
+
     def shadow_of(self, name: str) -> tuple[int, float] | None:
         """The version that gets a copy of ``name``'s default traffic and its share, while it serves (lock-free)."""
         route = self._state.routes.get(name)

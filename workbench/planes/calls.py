@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Awaitable, Callable, Generator, Mapping
+from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from typing import Any, Protocol, TypeVar, cast
 
 import numpy as np
@@ -42,7 +42,18 @@ class ModelSpec:
 class WireRequest(Protocol[A]):
     """A request body in a wire format, as :meth:`Dataplane.infer <workbench.planes.dataplane.Dataplane.infer>` runs
     it: decoded against the signatures of the servable the request resolved to (a format whose decoding needs the
-    inputs' types, as TF Serving's REST JSON does), and its outputs encoded into the answer ``A``."""
+    inputs' types, as TF Serving's REST JSON does), and its outputs encoded into the answer ``A``.
+
+    ``stacks``: its inputs may run stacked with other requests' (:mod:`workbench.planes.coalescing`), its answer
+    encoded from its own rows of the outputs, as it would be from a run of its own."""
+
+    stacks: bool
+
+    @staticmethod
+    def decode_together(requests: Sequence[Any], signatures: Mapping[str, Signature]) -> None:
+        """Decode a group's requests (``stacks`` ones, all of this type) in one pass where the format can, so that
+        each one's :meth:`decode` returns its part; or do nothing, and each decodes alone."""
+        ...
 
     def decode(self, signatures: Mapping[str, Signature]) -> tuple[str, Mapping[str, np.ndarray]]:
         """The signature name the request names and its inputs."""

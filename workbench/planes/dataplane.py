@@ -33,12 +33,14 @@ from workbench.models.harness import Harness
 from workbench.models.manager import Manager, ServableHandle, VersionState, VersionStatus
 from workbench.models.readiness import Readiness
 from workbench.observability import prediction_logs
+from workbench.observability import tracing as _tracing
 from workbench.observability.drift_monitor import DriftMonitor
 from workbench.observability.metrics import ServingMetrics
 from workbench.observability.request_logger import RequestLogger
 from workbench.observability.stats import RollingStats
 from workbench.planes import decoupled, generation_watch
 from workbench.planes.calls import ModelSpec, RequestInFlight, WireRequest, answering, expire, until_answered
+from workbench.planes.coalescing import Coalescer
 from workbench.planes.first_load_waits import FirstLoadWaits
 from workbench.planes.on_demand import hold_on_demand
 from workbench.planes.one_client import OneClient
@@ -115,6 +117,8 @@ class Dataplane:
         # takes: copies never run more than half of them at once, so the clients' own calls always find one.
         threads = executor.threads if isinstance(executor, InferenceThreads) else 2 * DEFAULT_MAX_PENDING
         self.shadows = ShadowTraffic(self, manager.served.shadow_of, max_running=max(1, threads // 2))
+        # Requests for one model that arrive together, answered as one call (planes/coalescing.py).
+        self._coalescer = Coalescer(self)
 
     @property
     def first_load_wait(self) -> float:
@@ -244,8 +248,10 @@ class Dataplane:
         feed: Mapping[str, np.ndarray],
         outputs: Sequence[str],
         timeout: float | None,
+        requests: int = 1,
     ) -> dict[str, np.ndarray]:
-        """:meth:`execute` for ``call``, answered DEADLINE_EXCEEDED once ``timeout`` seconds pass.
+        """:meth:`execute` for ``call``, answered DEADLINE_EXCEEDED once ``timeout`` seconds pass; ``requests``: how
+        many requests ``feed``'s rows are (a group's).
 
         A plain servable's request awaits its own batch tasks: the deadline answers them early
         (``Interest.answer_early``) and ``call`` keeps the servable held until their runs return. A composite's
@@ -265,7 +271,7 @@ class Dataplane:
             interest = Interest(timeout, loop)
             interest.trace = call.trace
             call.hold_for(interest)
-            waiting = self.scheduler.run(servable, signature, feed, outputs, interest, one_client)
+            waiting = self.scheduler.run(servable, signature, feed, outputs, interest, one_client, requests)
             result = await until_answered(waiting, interest, interest.deadline, interest.expire)
         if call.trace is not None:
             call.trace.ran(signature.name)  # the answer's encoding starts
@@ -300,12 +306,68 @@ class Dataplane:
         and the encoded answer.
 
         The order is the wire API's order of checks: an unknown model or version is refused before the body is read
-        as JSON, a body that does not decode before anything runs.
+        as JSON, a body that does not decode before anything runs. Requests for one model that arrive together may
+        be answered as one group, each as it would be alone (:mod:`workbench.planes.coalescing`).
         """
+        if request.stacks and spec.version is None and spec.label is None and spec.key is None:
+            return await self._coalescer.infer(spec, protocol, request, timeout, self._infer_alone)
+        return await self._infer_alone(spec, protocol, request, timeout)
+
+    async def _infer_alone(
+        self, spec: ModelSpec, protocol: str, request: WireRequest[A], timeout: float | None
+    ) -> tuple[int, A]:
         with await self.admit(spec, "predict", protocol, timeout) as call:
             signature_name, inputs = request.decode(call.servable.signatures)
             _, outputs = await self.predict(call, signature_name, inputs, timeout=timeout)
             return call.version, request.encode(outputs)
+
+    def coalescable(self, model: str) -> bool:
+        """Whether ``model``'s requests naming no version may be answered as a group now: nothing that a group would
+        change is on for it (a canary's split, the response cache, request logging, a shadow, tracing), and it is
+        loaded (no first load or load on demand to wait for). Asked on every such request."""
+        cache, request_log = self.cache, self.request_log
+        return (
+            _tracing.active is None
+            and not self._budgeted_loads.on_demand
+            and self._models.routed_one_way(model)
+            and (cache is None or not cache.enabled(model))
+            and (request_log is None or not request_log.configured(model))
+            and not self.shadows.shadowed(model)
+        )
+
+    def merges(self, servable: Servable) -> int:
+        """The most rows a group's run of ``servable`` may stack: its batches' (0 when it does not batch, or runs
+        otherwise: a composite, a stateful model)."""
+        if isinstance(servable, Composite) or servable.sequence is not None:
+            return 0
+        return self.scheduler.largest_batch(servable)
+
+    async def run_group(
+        self,
+        call: RequestInFlight,
+        signature: Signature,
+        feed: Mapping[str, np.ndarray],
+        outputs: list[str],
+        timeout: float | None,
+        requests: int,
+    ) -> dict[str, np.ndarray]:
+        """A group's validated feed, the rows of ``requests`` requests, run for ``call``
+        (:mod:`workbench.planes.coalescing`) as :meth:`predict` runs one request's."""
+        return await self._execute_for(call, signature, feed, outputs, timeout, requests)
+
+    def answered(
+        self,
+        call: RequestInFlight,
+        signature: Signature,
+        inputs: Mapping[str, np.ndarray],
+        outputs: dict[str, np.ndarray],
+    ) -> None:
+        """A group's member answered with ``outputs``, its rows: offered to drift monitoring as a predict is."""
+        servable = call.servable
+        self._log(
+            call,
+            lambda: prediction_logs.PredictEntry(servable.name, servable.version, signature.name, inputs, (), outputs),
+        )
 
     async def predict(
         self,

@@ -164,9 +164,11 @@ class RunnerDispatch:
         outputs: Sequence[str],
         interest: Interest | None = None,
         one_client: bool = False,
+        requests: int = 1,
     ) -> dict[str, np.ndarray]:
         if not isinstance(servable, RunnerServable):
-            return await self.local.run(servable, signature, feed, outputs, interest, one_client)
+            return await self.local.run(servable, signature, feed, outputs, interest, one_client, requests)
+        # A runner's batch records count the tasks it was sent: a group's rows count there as one request.
         if interest is None:
             interest = CURRENT_INTEREST.get()
         link = self.pool.link_for()
@@ -194,6 +196,12 @@ class RunnerDispatch:
         if isinstance(servable, RunnerServable):
             return None
         return self.local.run_now(servable, signature, feed, outputs, one_client)
+
+    def largest_batch(self, servable: Servable) -> int:
+        if not isinstance(servable, RunnerServable):
+            return self.local.largest_batch(servable)
+        params = self._batching_for(servable.name)  # the runner batches with the parameters it is sent
+        return params.execution_batch_size if params is not None else 0
 
     def queue_depths(self) -> list[tuple[str, int, int]]:
         """Rows waiting here and in flight to the runners, per model version."""
