@@ -23,6 +23,7 @@ from test_dataplane_resolution import PROTOCOL, WAIT, Engine
 
 from workbench.config.batching_parameters import BatchingParameters
 from workbench.core.errors import Code, ServingError
+from workbench.core.servable import PerRequestServable
 from workbench.planes.dataplane import ModelSpec
 from workbench.protocol import json_tensor
 from workbench.protocol.json_tensor import PredictBody
@@ -224,3 +225,21 @@ def test_a_group_with_any_other_body_decodes_one_by_one(odd: Any) -> None:
     signatures = FakeServable().signatures
     text = json.dumps(odd, allow_nan=True).encode()
     assert json_tensor.decode_rows([body(rows(1.0)), text], signatures) is None
+
+
+class _EachOnItsOwn(PerRequestServable):
+    """A model that answers each request on its own, as Triton's Python backend and Hugging Face's tasks do."""
+
+    def __init__(self) -> None:
+        self.name, self.version, self.path = "m", 1, ""
+        self.signatures = FakeServable().signatures
+
+    def run_requests(self, signature: Any, feeds: Sequence[Any], outputs: Sequence[str]) -> list[Any]:
+        return [{"y": feed["x"]} for feed in feeds]
+
+
+def test_a_model_that_answers_each_request_on_its_own_takes_no_group(engine: Engine) -> None:
+    """Its batches hand it the requests one by one; a group would be one request of several clients' rows (and a
+    token classifier's answer padded to another client's longest text)."""
+    assert engine.dataplane.merges(FakeServable()) == BATCHING.max_batch_size
+    assert engine.dataplane.merges(_EachOnItsOwn()) == 0

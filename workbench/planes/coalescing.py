@@ -25,8 +25,9 @@ per group):
   request's, the same for every member (they arrived in the same turn, with the same timeout);
 - a cancelled leader (its client gone) sends the members it has not answered the usual way.
 
-One difference is left: a model runner (``--model_runners``) records a group's rows as one request in its batch
-records, as it is sent them in one call.
+A model that answers each request on its own (Triton's Python backend, Hugging Face's tasks: a
+:class:`~workbench.core.servable.PerRequestServable`) and a version a model runner serves (the runner merges what it
+is sent itself) take no group.
 
 A request joins only while another request for the same model is in flight: one client's requests never wait for a
 turn's end, and its latency is what it was.

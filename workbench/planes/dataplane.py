@@ -26,7 +26,7 @@ from workbench.config.batching_parameters import BatchingParameters
 from workbench.core import inference
 from workbench.core.errors import Code, ServingError
 from workbench.core.sequence_contract import SequenceRequest
-from workbench.core.servable import Composite, Servable
+from workbench.core.servable import Composite, PerRequestServable, Servable
 from workbench.core.signatures import DEFAULT_SIGNATURE, Signature, TensorSpec
 from workbench.core.whole_requests import WholeRequest, WholeRequestServable, WholeResponse
 from workbench.models.harness import Harness
@@ -337,8 +337,9 @@ class Dataplane:
 
     def merges(self, servable: Servable) -> int:
         """The most rows a group's run of ``servable`` may stack: its batches' (0 when it does not batch, or runs
-        otherwise: a composite, a stateful model)."""
-        if isinstance(servable, Composite) or servable.sequence is not None:
+        otherwise: a composite, a stateful model, one that answers each request on its own, whose batches hand it
+        the requests one by one)."""
+        if isinstance(servable, (Composite, PerRequestServable)) or servable.sequence is not None:
             return 0
         return self.scheduler.largest_batch(servable)
 

@@ -168,7 +168,6 @@ class RunnerDispatch:
     ) -> dict[str, np.ndarray]:
         if not isinstance(servable, RunnerServable):
             return await self.local.run(servable, signature, feed, outputs, interest, one_client, requests)
-        # A runner's batch records count the tasks it was sent: a group's rows count there as one request.
         if interest is None:
             interest = CURRENT_INTEREST.get()
         link = self.pool.link_for()
@@ -198,10 +197,11 @@ class RunnerDispatch:
         return self.local.run_now(servable, signature, feed, outputs, one_client)
 
     def largest_batch(self, servable: Servable) -> int:
+        """A runner's version takes no group (0): the runner merges the requests it is sent itself, knowing which
+        of its models must see each request on its own; a version served here batches as the local batcher does."""
         if not isinstance(servable, RunnerServable):
             return self.local.largest_batch(servable)
-        params = self._batching_for(servable.name)  # the runner batches with the parameters it is sent
-        return params.execution_batch_size if params is not None else 0
+        return 0
 
     def queue_depths(self) -> list[tuple[str, int, int]]:
         """Rows waiting here and in flight to the runners, per model version."""
