@@ -44,6 +44,7 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 
 from workbench.batching.interest import Interest
+from workbench.batching.merge import batch_key, merge
 from workbench.core import inference
 from workbench.core.errors import Code, ServingError, from_exception
 from workbench.core.servable import Servable
@@ -282,12 +283,12 @@ class Coalescer:
                 log.exception("decoding a request to %s failed", servable.name)
                 member.tell((version, None, from_exception(exc)))
                 continue
-            stacking = _stack_key(signature_name, inputs)
-            if stacking is None:
+            shapes = batch_key(inputs, False)  # what the batcher merges on: names, dtypes, row shapes
+            if shapes is None:
                 member.tell((None, ALONE, None))
                 continue
-            key, member.rows = stacking
-            member.inputs = inputs
+            key = (inference.signature_name_or_default(signature_name), shapes)
+            member.inputs, member.rows = inputs, next(iter(inputs.values())).shape[0]
             stacks.setdefault(key, []).append(member)
         for (signature_name, _), members in stacks.items():
             await self._run_stack(call, signature_name, members, most_rows, timeout)
@@ -318,7 +319,7 @@ class Coalescer:
     async def _run_part(
         self, call: RequestInFlight, signature: Signature, part: list[_Member], timeout: float | None
     ) -> None:
-        stacked = {alias: np.concatenate([m.inputs[alias] for m in part]) for alias in part[0].inputs}
+        stacked = merge([m.inputs for m in part], False, sum(m.rows for m in part))
         try:
             feed, outputs = inference.prepare_predict(signature, stacked)
         except ServingError:  # each member alone hears its own words for it
@@ -342,22 +343,6 @@ class Coalescer:
                 member.tell((version, member.request.encode(rows), None))
             except ServingError as exc:  # an answer its format cannot say (the usual way fails the same)
                 member.tell((version, None, exc))
-
-
-def _stack_key(signature_name: str, inputs: Mapping[str, np.ndarray]) -> tuple[tuple[Any, ...], int] | None:
-    """What members must share to stack along the first dimension (the signature, the inputs' names, dtypes and row
-    shapes), and the member's rows; None when its inputs do not stack (none, a scalar, inputs of different row
-    counts, no rows)."""
-    rows = -1
-    described: list[tuple[str, np.dtype[Any], tuple[int, ...]]] = []
-    for alias, value in inputs.items():
-        if not isinstance(value, np.ndarray) or value.ndim == 0 or (rows >= 0 and value.shape[0] != rows):
-            return None
-        rows = value.shape[0]
-        described.append((alias, value.dtype, value.shape[1:]))
-    if rows <= 0:
-        return None
-    return (inference.signature_name_or_default(signature_name), tuple(described)), rows
 
 
 async def _next_turn() -> None:
